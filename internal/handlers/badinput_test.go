@@ -1,0 +1,138 @@
+package handlers
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// TestBadInput: each kind of bad input gets its status and a clear
+// problem, and changes nothing.
+func TestBadInput(t *testing.T) {
+	g := newGateway(t, 4096)
+	a := g.create(map[string]any{"files": map[string]string{"seed.txt": "seed", "dir/inner.txt": "x"}})
+	id := a.SandboxID
+	own := lease(a.Token)
+	raw := func(s string) string { return s }
+	cases := []struct {
+		name         string
+		method, path string
+		body         any
+		hdr          map[string]string
+		status       int
+		code         string
+		mention      string // the detail or an error names this
+	}{
+		{"malformed JSON", "POST", "/v1/sandboxes", raw(`{"ttl_s": 5,`), key(), 400, "invalid_input", "JSON"},
+		{"wrong type", "POST", "/v1/sandboxes", raw(`{"ttl_s": "long"}`), key(), 422, "schema_violation", "ttl_s"},
+		{"unknown field", "POST", "/v1/sandboxes", raw(`{"colour": "red"}`), key(), 422, "schema_violation", "colour"},
+		{"port out of range", "POST", "/v1/sandboxes", raw(`{"ports": [0, 70000]}`), key(), 422, "schema_violation", "ports"},
+		{"duplicate ports", "POST", "/v1/sandboxes", raw(`{"ports": [80, 80]}`), key(), 422, "schema_violation", "ports"},
+		{"negative ttl", "POST", "/v1/sandboxes", raw(`{"ttl_s": -1}`), key(), 422, "schema_violation", "ttl_s"},
+		{"unknown provider option", "POST", "/v1/sandboxes", raw(`{"provider_options": {"gpus": "all"}}`), key(), 400, "invalid_input", "gpus"},
+		{"relative workdir", "POST", "/v1/sandboxes", raw(`{"workdir": "work"}`), key(), 400, "invalid_input", "workdir"},
+		{"file path escapes", "POST", "/v1/sandboxes", raw(`{"files": {"../../etc/x": "y"}}`), key(), 400, "invalid_input", ".."},
+		{"oversize body", "POST", "/v1/sandboxes", raw(`{"env": {"A": "` + strings.Repeat("x", 8192) + `"}}`), key(), 413, "too_large", "too large"},
+		{"exec without command", "POST", "/v1/sandboxes/" + id + "/exec", raw(`{"cwd": "/"}`), own, 422, "schema_violation", "command"},
+		{"exec command wrong type", "POST", "/v1/sandboxes/" + id + "/exec", raw(`{"command": ["ls"]}`), own, 422, "schema_violation", "command"},
+		{"exec bad base64 stdin", "POST", "/v1/sandboxes/" + id + "/exec", raw(`{"command": "cat", "stdin_b64": "***"}`), own, 400, "invalid_input", "stdin_b64"},
+		{"exec cwd escapes", "POST", "/v1/sandboxes/" + id + "/exec", raw(`{"command": "ls", "cwd": "../.."}`), own, 400, "invalid_input", "cwd"},
+		{"upload bad base64", "POST", "/v1/sandboxes/" + id + "/upload", raw(`{"target_path": "n.txt", "contents_b64": "@@@"}`), own, 400, "invalid_input", "contents_b64"},
+		{"upload path escapes", "POST", "/v1/sandboxes/" + id + "/upload", raw(`{"target_path": "../n.txt", "contents_b64": "aGk="}`), own, 400, "invalid_input", ".."},
+		{"upload missing field", "POST", "/v1/sandboxes/" + id + "/upload", raw(`{"target_path": "n.txt"}`), own, 422, "schema_violation", "contents_b64"},
+		{"download missing file", "GET", "/v1/sandboxes/" + id + "/download?remote_path=nope.txt", nil, own, 404, "not_found", "nope.txt"},
+		{"download a directory", "GET", "/v1/sandboxes/" + id + "/download?remote_path=dir", nil, own, 400, "invalid_input", "directory"},
+		{"download without path", "GET", "/v1/sandboxes/" + id + "/download", nil, own, 400, "invalid_input", "remote_path"},
+		{"get file escapes", "GET", "/v1/sandboxes/" + id + "/files?path=a/../../etc/passwd", nil, own, 400, "invalid_input", ".."},
+		{"put file escapes", "PUT", "/v1/sandboxes/" + id + "/files?path=../x", []byte("data"), own, 400, "invalid_input", ".."},
+		{"put file without path", "PUT", "/v1/sandboxes/" + id + "/files", []byte("data"), own, 400, "invalid_input", "path"},
+		{"bad sandbox id", "GET", "/v1/sandboxes/sbx-NOT-VALID", nil, own, 400, "invalid_input", "id"},
+		{"bad port", "GET", "/v1/sandboxes/" + id + "/endpoints/0", nil, own, 400, "invalid_input", "port"},
+		{"non-numeric port", "GET", "/v1/sandboxes/" + id + "/endpoints/http", nil, own, 400, "invalid_input", "port"},
+		{"bad status filter", "GET", "/v1/sandboxes?status=sleeping", nil, key(), 400, "invalid_input", "status"},
+		{"bad label filter", "GET", "/v1/sandboxes?label=novalue", nil, key(), 400, "invalid_input", "label"},
+		{"bad lease scope", "POST", "/v1/sandboxes/" + id + "/leases", raw(`{"scope": "admin"}`), own, 422, "schema_violation", "scope"},
+		{"zero lease ttl", "POST", "/v1/sandboxes/" + id + "/leases", raw(`{"scope": "operate", "ttl_s": 0}`), own, 400, "invalid_input", "ttl_s"},
+		{"renew negative", "POST", "/v1/sandboxes/" + id + "/renew", raw(`{"ttl_s": -5}`), own, 422, "schema_violation", "ttl_s"},
+		{"resume running", "POST", "/v1/sandboxes/" + id + "/resume", nil, own, 409, "conflict", "running"},
+		{"unknown route", "GET", "/v1/nothing", nil, nil, 404, "not_found", "/v1/nothing"},
+		{"wrong method", "PATCH", "/v1/sandboxes/" + id, nil, own, 405, "method_not_allowed", "PATCH"},
+	}
+	before := g.snapshot(id, a.Token)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			hdr := map[string]string{}
+			for k, v := range c.hdr {
+				hdr[k] = v
+			}
+			if _, ok := c.body.([]byte); ok {
+				hdr["Content-Type"] = "application/octet-stream"
+			}
+			r := g.do(c.method, c.path, c.body, hdr)
+			if r.status != c.status {
+				t.Fatalf("status %d, want %d: %s", r.status, c.status, r.body)
+			}
+			p := r.problem(t)
+			if p.Code != c.code {
+				t.Errorf("code %q, want %q", p.Code, c.code)
+			}
+			if !strings.Contains(string(r.body), c.mention) {
+				t.Errorf("problem does not mention %q: %s", c.mention, r.body)
+			}
+			if after := g.snapshot(id, a.Token); after != before {
+				t.Fatalf("state changed:\nbefore %s\nafter  %s", before, after)
+			}
+		})
+	}
+}
+
+// snapshot describes the gateway's observable state: the sandboxes and
+// the seeded sandbox's files and leases.
+func (g *gw) snapshot(id, tok string) string {
+	g.t.Helper()
+	list := g.do("GET", "/v1/sandboxes", nil, key())
+	var l struct {
+		Sandboxes []struct {
+			ID     string  `json:"sandbox_id"`
+			Status string  `json:"status"`
+			TTL    float64 `json:"ttl_s"`
+		} `json:"sandboxes"`
+	}
+	list.json(g.t, &l)
+	files := []string{}
+	for _, f := range []string{"n.txt", "x", "/etc/x", "seed.txt"} {
+		r := g.do("GET", "/v1/sandboxes/"+id+"/files?path="+f, nil, lease(tok))
+		files = append(files, f+":"+string(rune('0'+r.status/100)))
+	}
+	out, _ := json.Marshal(map[string]any{"list": l, "files": files, "providerSandboxes": len(must(g.p.List(nil)))})
+	return string(out)
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// TestAllProblemsAtOnce: a body with several schema violations lists each.
+func TestAllProblemsAtOnce(t *testing.T) {
+	g := newGateway(t, 0)
+	r := g.do("POST", "/v1/sandboxes", `{"ttl_s": "long", "colour": 1, "ports": [0], "env": {"A": 1}}`, key())
+	if r.status != 422 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	p := r.problem(t)
+	fields := map[string]bool{}
+	for _, e := range p.Errors {
+		fields[e.Field] = true
+	}
+	for _, want := range []string{"body.ttl_s", "body.ports.0", "body.env.A", "body"} {
+		if !fields[want] {
+			t.Errorf("no problem listed for %s: %s", want, r.body)
+		}
+	}
+	if len(p.Errors) != 4 {
+		t.Errorf("%d problems, want 4: %s", len(p.Errors), r.body)
+	}
+}

@@ -1,0 +1,81 @@
+package handlers
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// problem is the application/problem+json body of every error (RFC 9457).
+type problem struct {
+	Type   string                 `json:"type"`
+	Title  string                 `json:"title"`
+	Status int                    `json:"status"`
+	Detail string                 `json:"detail"`
+	Code   string                 `json:"code"`
+	Errors []providers.FieldError `json:"errors,omitempty"`
+}
+
+// kindStatus maps each error kind to its status and machine-readable code.
+var kindStatus = map[error]struct {
+	status int
+	code   string
+}{
+	providers.ErrInvalid:      {http.StatusBadRequest, "invalid_input"},
+	providers.ErrUnauthorized: {http.StatusUnauthorized, "unauthorized"},
+	providers.ErrForbidden:    {http.StatusForbidden, "forbidden"},
+	providers.ErrNotFound:     {http.StatusNotFound, "not_found"},
+	providers.ErrConflict:     {http.StatusConflict, "conflict"},
+	providers.ErrUnsupported:  {http.StatusConflict, "not_supported"},
+	providers.ErrTooLarge:     {http.StatusRequestEntityTooLarge, "too_large"},
+	providers.ErrUnavailable:  {http.StatusServiceUnavailable, "unavailable"},
+}
+
+// retryAfter is the Retry-After (seconds) sent with every 503.
+const retryAfter = "5"
+
+// writeError renders err as problem+json with the status of its kind. An
+// error of no kind is a bug: it is logged with its full chain and the
+// client gets a safe message.
+func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	p := problem{Detail: providers.Message(err)}
+	kind := providers.Kind(err)
+	var mbe *http.MaxBytesError
+	switch ks, ok := kindStatus[kind]; {
+	case errors.As(err, &mbe):
+		p.Status, p.Code = http.StatusRequestEntityTooLarge, "too_large"
+		p.Detail = "request body too large"
+	case ok:
+		p.Status, p.Code = ks.status, ks.code
+	default:
+		p.Status, p.Code = http.StatusInternalServerError, "internal"
+		p.Detail = "internal error; see the gateway log for request " + requestID(r)
+		log.Error("internal error", "method", r.Method, "path", r.URL.Path, "request_id", requestID(r), "err", err)
+	}
+	var fields providers.InvalidFields
+	if errors.As(err, &fields) {
+		p.Errors = fields
+	}
+	writeProblem(w, p)
+}
+
+// writeProblem writes p, filling the fields derived from the status.
+func writeProblem(w http.ResponseWriter, p problem) {
+	if p.Title == "" {
+		p.Title = http.StatusText(p.Status)
+	}
+	if p.Type == "" {
+		p.Type = "about:blank"
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	if p.Status == http.StatusServiceUnavailable || p.Status == http.StatusTooManyRequests {
+		h.Set("Retry-After", retryAfter)
+	}
+	w.WriteHeader(p.Status)
+	json.NewEncoder(w).Encode(p)
+}

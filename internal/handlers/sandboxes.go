@@ -1,0 +1,309 @@
+package handlers
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/api"
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/sandbox"
+)
+
+// seconds converts an optional number of seconds to a duration.
+func seconds(v *float64) *time.Duration {
+	if v == nil {
+		return nil
+	}
+	d := time.Duration(math.Round(*v * float64(time.Second)))
+	return &d
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func int64p(p *int) *int64 {
+	if p == nil {
+		return nil
+	}
+	v := int64(*p)
+	return &v
+}
+
+func (s *server) CreateSandbox(ctx context.Context, req api.CreateSandboxRequestObject) (api.CreateSandboxResponseObject, error) {
+	b := req.Body
+	cr := sandbox.CreateRequest{
+		Image:           deref(b.Image),
+		TTL:             seconds(b.TTLS),
+		IdleTimeout:     seconds(b.IdleTimeoutS),
+		ReadyTimeout:    seconds(b.ReadyTimeoutS),
+		Workdir:         deref(b.Workdir),
+		Env:             b.Env,
+		Files:           b.Files,
+		Metadata:        b.Metadata,
+		Entrypoint:      b.Entrypoint,
+		Ports:           b.Ports,
+		ProviderOptions: b.ProviderOptions,
+	}
+	if r := b.Resources; r != nil {
+		cr.Resources = providers.Resources{CPU: r.CPU, MemoryMiB: int64p(r.MemoryMib), DiskGiB: int64p(r.DiskGib), GPU: int64p(r.GPU), GPUType: r.GPUType}
+	}
+	ref, err := s.svc.Create(ctx, callerFrom(ctx), cr)
+	if err != nil {
+		return nil, err
+	}
+	return api.CreateSandbox201JSONResponse(s.ref(ref)), nil
+}
+
+func (s *server) ref(r sandbox.Ref) api.SandboxRef {
+	extra := map[string]any{"lease_id": r.LeaseID}
+	for k, v := range r.Extra {
+		extra[k] = v
+	}
+	if !r.ExpiresAt.IsZero() {
+		extra["expires_at"] = r.ExpiresAt.UTC().Format(time.RFC3339)
+	}
+	return api.SandboxRef{
+		ServerURL:    s.serverURL,
+		SandboxID:    r.SandboxID,
+		LeaseToken:   r.Token,
+		ProviderName: r.Provider,
+		Scope:        api.LeaseScope(r.Scope),
+		Workdir:      r.Workdir,
+		Extra:        extra,
+	}
+}
+
+func info(i sandbox.Info) api.SandboxInfo {
+	out := api.SandboxInfo{
+		SandboxID:      i.ID,
+		Status:         api.SandboxStatus(i.State),
+		ProviderName:   i.Provider,
+		Workdir:        i.Workdir,
+		CreatedAt:      i.CreatedAt.UTC(),
+		LastActivityAt: i.LastActivity.UTC(),
+		TTLS:           i.TTL.Seconds(),
+		Metadata:       i.Metadata,
+		Ports:          i.Ports,
+		Extra:          i.Extra,
+	}
+	if !i.ExpiresAt.IsZero() {
+		t := i.ExpiresAt.UTC()
+		out.ExpiresAt = &t
+	}
+	if i.IdleTimeout > 0 {
+		v := i.IdleTimeout.Seconds()
+		out.IdleTimeoutS = &v
+	}
+	if out.Metadata == nil {
+		out.Metadata = map[string]string{}
+	}
+	if out.Ports == nil {
+		out.Ports = []int{}
+	}
+	if out.Extra == nil {
+		out.Extra = map[string]any{}
+	}
+	return out
+}
+
+func (s *server) ListSandboxes(ctx context.Context, req api.ListSandboxesRequestObject) (api.ListSandboxesResponseObject, error) {
+	f := sandbox.ListFilter{Status: providers.State(deref(req.Params.Status)), Label: deref(req.Params.Label)}
+	list, err := s.svc.List(ctx, callerFrom(ctx), f)
+	if err != nil {
+		return nil, err
+	}
+	out := api.SandboxList{Sandboxes: make([]api.SandboxInfo, len(list))}
+	for i, v := range list {
+		out.Sandboxes[i] = info(v)
+	}
+	return api.ListSandboxes200JSONResponse(out), nil
+}
+
+func (s *server) GetSandbox(ctx context.Context, req api.GetSandboxRequestObject) (api.GetSandboxResponseObject, error) {
+	i, err := s.svc.Get(ctx, callerFrom(ctx), req.ID)
+	if err != nil {
+		return nil, err
+	}
+	return api.GetSandbox200JSONResponse(info(i)), nil
+}
+
+func (s *server) GetSandboxStatus(ctx context.Context, req api.GetSandboxStatusRequestObject) (api.GetSandboxStatusResponseObject, error) {
+	i, err := s.svc.Get(ctx, callerFrom(ctx), req.ID)
+	if err != nil {
+		return nil, err
+	}
+	return api.GetSandboxStatus200JSONResponse{Status: api.SandboxStatus(i.State)}, nil
+}
+
+func (s *server) DeleteSandbox(ctx context.Context, req api.DeleteSandboxRequestObject) (api.DeleteSandboxResponseObject, error) {
+	if err := s.svc.Delete(ctx, callerFrom(ctx), req.ID); err != nil {
+		return nil, err
+	}
+	return api.DeleteSandbox200JSONResponse{Deleted: true}, nil
+}
+
+// utf8 returns b as a string with invalid UTF-8 replaced by U+FFFD.
+func utf8(b []byte) string { return strings.ToValidUTF8(string(b), "\uFFFD") }
+
+func (s *server) ExecCommand(ctx context.Context, req api.ExecCommandRequestObject) (api.ExecCommandResponseObject, error) {
+	b := req.Body
+	res, err := s.svc.Exec(ctx, callerFrom(ctx), req.ID, sandbox.ExecRequest{
+		Command:            b.Command,
+		Cwd:                deref(b.Cwd),
+		Env:                b.Env,
+		Timeout:            seconds(b.TimeoutS),
+		User:               deref(b.User),
+		StdinB64:           b.StdinB64,
+		PreserveBackground: deref(b.PreserveBackgroundServices),
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := api.ExecResult{
+		Stdout:     utf8(res.Stdout),
+		Stderr:     utf8(res.Stderr),
+		ReturnCode: res.ReturnCode,
+		DurationMs: res.Duration.Milliseconds(),
+		Truncated:  res.Truncated,
+	}
+	if res.ErrorType != "" {
+		et := api.ExecErrorType(res.ErrorType)
+		out.ErrorType = &et
+	}
+	return api.ExecCommand200JSONResponse(out), nil
+}
+
+func (s *server) UploadFile(ctx context.Context, req api.UploadFileRequestObject) (api.UploadFileResponseObject, error) {
+	data, err := base64.StdEncoding.DecodeString(req.Body.ContentsB64)
+	if err != nil {
+		return nil, providers.InvalidFields{{Field: "contents_b64", Message: "is not valid base64"}}
+	}
+	if _, _, err := s.svc.WriteFile(ctx, callerFrom(ctx), req.ID, req.Body.TargetPath, strings.NewReader(string(data))); err != nil {
+		return nil, err
+	}
+	return api.UploadFile200JSONResponse{}, nil
+}
+
+func (s *server) DownloadFile(ctx context.Context, req api.DownloadFileRequestObject) (api.DownloadFileResponseObject, error) {
+	// The whole file is base64'd into one JSON body, so it must fit the same cap.
+	rc, _, err := s.svc.ReadFile(ctx, callerFrom(ctx), req.ID, req.Params.RemotePath, s.maxJSON)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	return downloadBody{rc}, nil
+}
+
+// downloadBody streams {"contents_b64": "..."} without building the
+// base64 string in memory first.
+type downloadBody struct{ r io.Reader }
+
+func (d downloadBody) VisitDownloadFileResponse(w http.ResponseWriter) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	io.WriteString(w, `{"contents_b64":"`)
+	enc := base64.NewEncoder(base64.StdEncoding, w)
+	if _, err := io.Copy(enc, d.r); err != nil {
+		return err
+	}
+	if err := enc.Close(); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, "\"}\n")
+	return err
+}
+
+func (s *server) PutFile(ctx context.Context, req api.PutFileRequestObject) (api.PutFileResponseObject, error) {
+	p, n, err := s.svc.WriteFile(ctx, callerFrom(ctx), req.ID, req.Params.Path, req.Body)
+	if err != nil {
+		return nil, err
+	}
+	return api.PutFile200JSONResponse{Path: p, Size: n}, nil
+}
+
+func (s *server) GetFile(ctx context.Context, req api.GetFileRequestObject) (api.GetFileResponseObject, error) {
+	rc, size, err := s.svc.ReadFile(ctx, callerFrom(ctx), req.ID, req.Params.Path, 0)
+	if err != nil {
+		return nil, err
+	}
+	return api.GetFile200ApplicationOctetStreamResponse{Body: rc, Headers: api.GetFile200ResponseHeaders{ContentLength: &size}}, nil
+}
+
+func (s *server) CreateLease(ctx context.Context, req api.CreateLeaseRequestObject) (api.CreateLeaseResponseObject, error) {
+	var scope sandbox.Scope
+	var ttl *time.Duration
+	if b := req.Body; b != nil {
+		scope = sandbox.Scope(deref(b.Scope))
+		ttl = seconds(b.TTLS)
+	}
+	ref, err := s.svc.Mint(ctx, callerFrom(ctx), req.ID, scope, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return api.CreateLease201JSONResponse(s.ref(ref)), nil
+}
+
+func (s *server) ReleaseLease(ctx context.Context, req api.ReleaseLeaseRequestObject) (api.ReleaseLeaseResponseObject, error) {
+	n, err := s.svc.Release(ctx, callerFrom(ctx), req.ID)
+	if err != nil {
+		return nil, err
+	}
+	return api.ReleaseLease200JSONResponse{Released: true, RemainingLeases: n}, nil
+}
+
+func (s *server) RenewSandbox(ctx context.Context, req api.RenewSandboxRequestObject) (api.RenewSandboxResponseObject, error) {
+	var ttl *time.Duration
+	if req.Body != nil {
+		ttl = seconds(req.Body.TTLS)
+	}
+	i, err := s.svc.Renew(ctx, callerFrom(ctx), req.ID, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return api.RenewSandbox200JSONResponse(info(i)), nil
+}
+
+func (s *server) PauseSandbox(ctx context.Context, req api.PauseSandboxRequestObject) (api.PauseSandboxResponseObject, error) {
+	i, err := s.svc.Pause(ctx, callerFrom(ctx), req.ID)
+	if err != nil {
+		return nil, err
+	}
+	return api.PauseSandbox200JSONResponse(info(i)), nil
+}
+
+func (s *server) ResumeSandbox(ctx context.Context, req api.ResumeSandboxRequestObject) (api.ResumeSandboxResponseObject, error) {
+	i, err := s.svc.Resume(ctx, callerFrom(ctx), req.ID)
+	if err != nil {
+		return nil, err
+	}
+	return api.ResumeSandbox200JSONResponse(info(i)), nil
+}
+
+func (s *server) GetEndpoint(ctx context.Context, req api.GetEndpointRequestObject) (api.GetEndpointResponseObject, error) {
+	e, err := s.svc.Endpoint(ctx, callerFrom(ctx), req.ID, req.Port)
+	if err != nil {
+		return nil, err
+	}
+	h := e.Headers
+	if h == nil {
+		h = map[string]string{}
+	}
+	return api.GetEndpoint200JSONResponse{Endpoint: e.URL, Headers: h}, nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,198 @@
+// Package handlers is the HTTP face of the sandbox service: it parses and
+// validates requests against the OpenAPI contract, calls one service
+// method, and renders the result or the error (problem+json, one mapping
+// in errors.go). It knows nothing of any particular provider.
+package handlers
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+
+	apispec "github.com/sandgate/sandgate/api"
+	"github.com/sandgate/sandgate/internal/api"
+	"github.com/sandgate/sandgate/internal/sandbox"
+)
+
+// Options configure the HTTP handler.
+type Options struct {
+	Service *sandbox.Service // required
+	// PublicURL is the gateway's external base URL (scheme://host[:port]);
+	// SandboxRef.server_url is PublicURL + "/v1".
+	PublicURL string
+	// MaxJSONBody caps JSON request bodies (the base64 file routes
+	// included). Default 64 MiB. The streaming file route has no cap.
+	MaxJSONBody int64
+	Logger      *slog.Logger
+}
+
+// New returns the gateway's HTTP handler.
+func New(opts Options) (http.Handler, error) {
+	if opts.MaxJSONBody <= 0 {
+		opts.MaxJSONBody = 64 << 20
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	base := strings.TrimSuffix(strings.TrimSuffix(opts.PublicURL, "/"), "/v1")
+	s := &server{svc: opts.Service, log: opts.Logger, serverURL: base + "/v1", maxJSON: opts.MaxJSONBody}
+
+	validate, err := s.validator()
+	if err != nil {
+		return nil, err
+	}
+	r := chi.NewRouter()
+	r.Use(middleware.RequestID, s.accessLog, s.recoverer)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, problem{Status: http.StatusNotFound, Code: "not_found", Detail: "no such route: " + r.Method + " " + r.URL.Path})
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, problem{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Detail: r.Method + " is not allowed on " + r.URL.Path})
+	})
+
+	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })
+	r.Get("/readyz", s.readyz)
+	r.Get("/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		w.Write(apispec.YAML)
+	})
+	r.Get("/", s.index)
+
+	strict := api.NewStrictHandlerWithOptions(s, nil, api.StrictHTTPServerOptions{
+		RequestErrorHandlerFunc:  s.requestError,
+		ResponseErrorHandlerFunc: s.responseError,
+	})
+	r.Group(func(r chi.Router) {
+		r.Use(s.limitBody, s.credentials, validate)
+		api.HandlerWithOptions(strict, api.ChiServerOptions{
+			BaseRouter:       r,
+			ErrorHandlerFunc: s.requestError,
+		})
+	})
+	return r, nil
+}
+
+// server implements api.StrictServerInterface.
+type server struct {
+	svc       *sandbox.Service
+	log       *slog.Logger
+	serverURL string
+	maxJSON   int64
+}
+
+var _ api.StrictServerInterface = (*server)(nil)
+
+type ctxKey int
+
+const callerKey ctxKey = iota
+
+// callerFrom returns the credentials the credentials middleware found.
+func callerFrom(ctx context.Context) sandbox.Caller {
+	c, _ := ctx.Value(callerKey).(sandbox.Caller)
+	return c
+}
+
+// LeaseHeaders are the request headers that carry a lease token, in the
+// order they are consulted.
+var LeaseHeaders = []string{"X-NeMo-Gym-Sandbox-Lease", "X-Sandbox-Lease"}
+
+// credentials puts the request's credentials into its context.
+func (s *server) credentials(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var c sandbox.Caller
+		for _, h := range LeaseHeaders {
+			if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
+				c.Lease = v
+				break
+			}
+		}
+		if auth := r.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
+			c.Bearer = strings.TrimSpace(auth[7:])
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey, c)))
+	})
+}
+
+// isStream reports whether r is the streaming upload, whose body is not
+// JSON and has no size cap.
+func isStream(r *http.Request) bool {
+	return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/files")
+}
+
+// limitBody caps every request body but the streaming upload's.
+func (s *server) limitBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !isStream(r) {
+			r.Body = http.MaxBytesReader(w, r.Body, s.maxJSON)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	if err := s.svc.Ready(ctx); err != nil {
+		writeError(w, r, s.log, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "provider": s.svc.ProviderName()})
+}
+
+// index is a placeholder until the browser terminal page lands.
+func (s *server) index(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Write([]byte("sandgate: sandbox gateway. API: " + s.serverURL + "  contract: /openapi.yaml\n"))
+}
+
+// requestError renders errors the generated router and strict handler
+// find while binding a request (bad path or query parameters, bad JSON).
+func (s *server) requestError(w http.ResponseWriter, r *http.Request, err error) {
+	writeProblem(w, problem{Status: http.StatusBadRequest, Code: "invalid_input", Detail: err.Error()})
+}
+
+// responseError renders an error a handler returned. If the response had
+// already started (a stream broke), it can only be logged.
+func (s *server) responseError(w http.ResponseWriter, r *http.Request, err error) {
+	if ww, ok := w.(middleware.WrapResponseWriter); ok && ww.Status() != 0 {
+		s.log.Warn("response failed after it started", "request_id", requestID(r), "err", err)
+		return
+	}
+	writeError(w, r, s.log, err)
+}
+
+func requestID(r *http.Request) string { return middleware.GetReqID(r.Context()) }
+
+// accessLog logs one line per request and echoes the request id.
+func (s *server) accessLog(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		w.Header().Set(middleware.RequestIDHeader, requestID(r))
+		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+		next.ServeHTTP(ww, r)
+		route := chi.RouteContext(r.Context()).RoutePattern()
+		s.log.Debug("request", "method", r.Method, "route", route, "status", ww.Status(),
+			"bytes", ww.BytesWritten(), "duration", time.Since(start), "request_id", requestID(r))
+	})
+}
+
+// recoverer turns a panic into a logged 500.
+func (s *server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("panic", "request_id", requestID(r), "panic", v)
+				writeProblem(w, problem{Status: http.StatusInternalServerError, Code: "internal", Detail: "internal error; see the gateway log for request " + requestID(r)})
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,224 @@
+// Package fake is an in-memory provider for tests of the layers above the
+// providers: it keeps files in maps and answers exec with a function the
+// test chooses. It runs no process; the point of it is to be fast and
+// fully controllable (failures, states, timing).
+package fake
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// ExecFunc answers one exec.
+type ExecFunc func(ctx context.Context, id string, req providers.ExecRequest) (providers.ExecResult, error)
+
+// Provider is the fake. Its zero value is not usable; call New.
+type Provider struct {
+	// Exec answers exec requests; default: echo the command on stdout,
+	// exit code 0.
+	ExecFunc ExecFunc
+	// CreateErr, when set, makes Create fail with it.
+	CreateErr error
+	// PingErr, when set, makes Ping fail with it.
+	PingErr error
+
+	mu    sync.Mutex
+	boxes map[string]*sandbox
+}
+
+type sandbox struct {
+	state providers.State
+	files map[string][]byte
+	dirs  map[string]bool
+}
+
+var (
+	_ providers.Provider = (*Provider)(nil)
+	_ providers.Pauser   = (*Provider)(nil)
+)
+
+// New returns an empty fake provider.
+func New() *Provider { return &Provider{boxes: map[string]*sandbox{}} }
+
+func (p *Provider) Name() string { return "fake" }
+
+func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.CreateErr != nil {
+		return providers.Sandbox{}, p.CreateErr
+	}
+	for k := range spec.Options {
+		return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "provider_options: unknown key %q", k)
+	}
+	p.boxes[spec.ID] = &sandbox{state: providers.StateRunning, files: map[string][]byte{}, dirs: map[string]bool{spec.Workdir: true}}
+	return providers.Sandbox{ID: spec.ID, Workdir: spec.Workdir, Extra: map[string]any{"fake": true}}, nil
+}
+
+func (p *Provider) get(id string) (*sandbox, error) {
+	b := p.boxes[id]
+	if b == nil {
+		return nil, providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
+	}
+	if b.state != providers.StateRunning {
+		return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", id, b.state)
+	}
+	return b, nil
+}
+
+func (p *Provider) Exec(ctx context.Context, id string, req providers.ExecRequest) (providers.ExecResult, error) {
+	p.mu.Lock()
+	_, err := p.get(id)
+	f := p.ExecFunc
+	p.mu.Unlock()
+	if err != nil {
+		return providers.ExecResult{}, err
+	}
+	if f != nil {
+		return f(ctx, id, req)
+	}
+	return providers.ExecResult{Stdout: []byte(req.Command), Duration: time.Millisecond}, nil
+}
+
+func (p *Provider) WriteFile(ctx context.Context, id, path string, r io.Reader) (int64, error) {
+	var buf bytes.Buffer
+	n, err := io.Copy(&buf, r)
+	if err != nil {
+		return 0, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, err := p.get(id)
+	if err != nil {
+		return 0, err
+	}
+	if b.dirs[path] {
+		return 0, providers.Errorf(providers.ErrInvalid, "%s is a directory", path)
+	}
+	b.files[path] = buf.Bytes()
+	for d := parent(path); d != "/"; d = parent(d) {
+		b.dirs[d] = true
+	}
+	return n, nil
+}
+
+func parent(p string) string {
+	i := strings.LastIndexByte(p, '/')
+	if i <= 0 {
+		return "/"
+	}
+	return p[:i]
+}
+
+func (p *Provider) ReadFile(ctx context.Context, id, path string) (io.ReadCloser, int64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, err := p.get(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	if b.dirs[path] {
+		return nil, 0, providers.Errorf(providers.ErrInvalid, "%s is a directory", path)
+	}
+	data, ok := b.files[path]
+	if !ok {
+		return nil, 0, providers.Errorf(providers.ErrNotFound, "%s: no such file", path)
+	}
+	return io.NopCloser(bytes.NewReader(data)), int64(len(data)), nil
+}
+
+func (p *Provider) Status(ctx context.Context, id string) (providers.State, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b := p.boxes[id]
+	if b == nil {
+		return "", providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
+	}
+	return b.state, nil
+}
+
+// Stop makes sandbox id stop as if its process died.
+func (p *Provider) Stop(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b := p.boxes[id]; b != nil {
+		b.state = providers.StateStopped
+	}
+}
+
+// Vanish forgets sandbox id as if the backend lost it.
+func (p *Provider) Vanish(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.boxes, id)
+}
+
+// Adopt makes the fake hold a sandbox it did not create (an orphan).
+func (p *Provider) Adopt(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.boxes[id] = &sandbox{state: providers.StateRunning, files: map[string][]byte{}, dirs: map[string]bool{}}
+}
+
+// Has reports whether the fake holds sandbox id.
+func (p *Provider) Has(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.boxes[id] != nil
+}
+
+func (p *Provider) Delete(ctx context.Context, id string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.boxes[id] == nil {
+		return providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
+	}
+	delete(p.boxes, id)
+	return nil
+}
+
+func (p *Provider) List(ctx context.Context) ([]providers.Owned, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []providers.Owned
+	for id, b := range p.boxes {
+		out = append(out, providers.Owned{ID: id, State: b.state})
+	}
+	return out, nil
+}
+
+func (p *Provider) Ping(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.PingErr
+}
+
+func (p *Provider) Close() error { return nil }
+
+func (p *Provider) Pause(ctx context.Context, id string) error {
+	return p.setState(id, providers.StateRunning, providers.StatePaused)
+}
+
+func (p *Provider) Resume(ctx context.Context, id string) error {
+	return p.setState(id, providers.StatePaused, providers.StateRunning)
+}
+
+func (p *Provider) setState(id string, from, to providers.State) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b := p.boxes[id]
+	if b == nil {
+		return providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
+	}
+	if b.state != from {
+		return providers.Errorf(providers.ErrConflict, "sandbox %s is %s", id, b.state)
+	}
+	b.state = to
+	return nil
+}

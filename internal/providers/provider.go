@@ -1,0 +1,158 @@
+// Package providers holds the contract between the sandbox service and the
+// backends that make sandboxes: the Provider interface, its optional
+// capabilities, the types they exchange and the error kinds. One subpackage
+// per backend implements it; providertest is the conformance suite every
+// backend must pass.
+package providers
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// State is a sandbox's lifecycle state; the strings are the API's.
+type State string
+
+const (
+	StateStarting State = "starting"
+	StateRunning  State = "running"
+	StatePaused   State = "paused"
+	StateStopped  State = "stopped"
+	StateError    State = "error"
+	StateUnknown  State = "unknown"
+)
+
+// Live reports whether a sandbox in state s holds backend resources.
+func (s State) Live() bool {
+	return s == StateStarting || s == StateRunning || s == StatePaused
+}
+
+// Resources are the limits asked for at create. Nil means "provider default".
+type Resources struct {
+	CPU       *float64
+	MemoryMiB *int64
+	DiskGiB   *int64
+	GPU       *int64
+	GPUType   *string
+}
+
+// CreateSpec is what the service asks a provider to make. The service has
+// validated everything provider-neutral; the provider validates Image and
+// Options (an unknown option key is ErrInvalid naming the key).
+type CreateSpec struct {
+	ID           string            // sbx-…, chosen by the service
+	Image        string            // required by docker; ignored by local
+	Workdir      string            // absolute, cleaned; created if missing
+	Env          map[string]string // environment of every process
+	Resources    Resources
+	Entrypoint   []string // nil = provider's keep-alive
+	Ports        []int    // declared ports, 1..65535, unique
+	Options      map[string]any
+	ReadyTimeout time.Duration // >0
+}
+
+// Sandbox is what Create returns.
+type Sandbox struct {
+	ID      string
+	Workdir string
+	// Extra is returned to the client in SandboxRef.extra (e.g. the local
+	// provider's isolation mode). Values must be JSON-encodable.
+	Extra map[string]any
+}
+
+// Owned is one sandbox a provider holds, as List reports it.
+type Owned struct {
+	ID    string
+	State State
+}
+
+// ExecRequest is one command. Paths are absolute (the service resolves them
+// against the workdir).
+type ExecRequest struct {
+	Command            string            // run by bash -c when bash exists, else sh -c
+	Cwd                string            // absolute; "" = the sandbox's workdir
+	Env                map[string]string // added to the sandbox's env
+	Timeout            time.Duration     // >0
+	User               string            // name or numeric uid; "" = sandbox default (root inside)
+	Stdin              []byte            // nil: stdin is /dev/null
+	PreserveBackground bool              // false: processes the command leaves behind are killed when it returns
+	MaxOutput          int               // cap per stream in bytes (>0); the rest is discarded
+}
+
+// ExecResult is the outcome of a command that ran (or timed out).
+type ExecResult struct {
+	Stdout, Stderr []byte
+	// ExitCode is the command's status; 128+N when killed by signal N;
+	// 125 when it timed out.
+	ExitCode  int
+	TimedOut  bool // the timeout fired and the process group was killed
+	Truncated bool // a stream exceeded MaxOutput
+	Duration  time.Duration
+}
+
+// Provider makes and runs sandboxes. All methods are safe for concurrent
+// use. Errors wrap the kinds in errors.go: ErrNotFound for a sandbox (or a
+// file) it does not have, ErrConflict for a sandbox in the wrong state,
+// ErrInvalid for bad input, ErrUnavailable when the backend cannot be
+// reached. Any other error from Exec means the runtime failed.
+type Provider interface {
+	// Name is the provider's name: "local", "docker", "kubernetes".
+	Name() string
+
+	// Create makes a sandbox and returns once it can run a command and
+	// take a file. On error it leaves nothing behind.
+	Create(ctx context.Context, spec CreateSpec) (Sandbox, error)
+
+	// Exec runs one command and waits for it. A non-zero exit is a result,
+	// not an error. When ctx is cancelled the command's process group is
+	// killed and ctx's error returned.
+	Exec(ctx context.Context, id string, req ExecRequest) (ExecResult, error)
+
+	// WriteFile streams r into the file at path (absolute), creating parent
+	// directories and replacing an existing file. It returns the bytes
+	// written. It never holds the whole file in memory.
+	WriteFile(ctx context.Context, id, path string, r io.Reader) (int64, error)
+
+	// ReadFile opens the regular file at path (absolute) for streaming and
+	// returns its size. ErrNotFound if missing, ErrInvalid for a directory.
+	// The caller closes the reader.
+	ReadFile(ctx context.Context, id, path string) (io.ReadCloser, int64, error)
+
+	// Status reports the sandbox's state as the backend sees it.
+	Status(ctx context.Context, id string) (State, error)
+
+	// Delete stops the sandbox and frees everything it holds. Deleting a
+	// sandbox the provider does not have returns ErrNotFound.
+	Delete(ctx context.Context, id string) error
+
+	// List reports every sandbox this provider instance owns, live or not,
+	// including those made before a restart.
+	List(ctx context.Context) ([]Owned, error)
+
+	// Ping reports whether the backend answers (for /readyz).
+	Ping(ctx context.Context) error
+
+	// Close releases the provider's own resources. Sandboxes keep running.
+	Close() error
+}
+
+// Pauser is implemented by providers that can freeze a sandbox.
+// Pause and Resume return ErrConflict when the sandbox is not in the
+// state they leave.
+type Pauser interface {
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+}
+
+// Endpoint is how a client reaches a port of a sandbox.
+type Endpoint struct {
+	URL     string
+	Headers map[string]string
+}
+
+// Endpointer is implemented by providers that publish sandbox ports.
+type Endpointer interface {
+	// Endpoint returns how to reach port, which was declared at create.
+	Endpoint(ctx context.Context, id string, port int) (Endpoint, error)
+}

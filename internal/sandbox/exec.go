@@ -1,0 +1,207 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// ExecRequest is one command as the client asked for it.
+type ExecRequest struct {
+	Command            string
+	Cwd                string         // "" = workdir; relative = against workdir
+	Env                map[string]string
+	Timeout            *time.Duration // nil = default (180 s)
+	User               string
+	StdinB64           *string
+	PreserveBackground bool
+}
+
+// Error types of ExecResult.
+const (
+	ExecTimeout = "timeout" // the command ran out of time; its process group was killed
+	ExecSandbox = "sandbox" // the sandbox runtime failed; the reason is in Stderr
+)
+
+// ExecResult is the outcome of one command. A non-zero exit is a result.
+type ExecResult struct {
+	Stdout, Stderr []byte
+	ReturnCode     int
+	ErrorType      string // "", ExecTimeout or ExecSandbox
+	Duration       time.Duration
+	Truncated      bool
+}
+
+// execGrace is how long past its timeout a command may take to be killed
+// and reported before the service gives up on the provider.
+const execGrace = 30 * time.Second
+
+// Exec runs one command in the sandbox and waits for it.
+func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest) (ExecResult, error) {
+	var bad providers.InvalidFields
+	if req.Command == "" {
+		bad.Add("command", "must not be empty")
+	}
+	if req.Cwd != "" {
+		if err := checkPath(req.Cwd); err != nil {
+			bad.Add("cwd", "%s", err)
+		}
+	}
+	timeout := s.opts.DefaultExecTimeout
+	if req.Timeout != nil {
+		if *req.Timeout <= 0 {
+			bad.Add("timeout_s", "must be positive")
+		}
+		timeout = *req.Timeout
+	}
+	var stdin []byte
+	if req.StdinB64 != nil {
+		var err error
+		if stdin, err = base64.StdEncoding.DecodeString(*req.StdinB64); err != nil {
+			bad.Add("stdin_b64", "is not valid base64")
+		}
+	}
+	if err := bad.Err(); err != nil {
+		return ExecResult{}, err
+	}
+	a, err := s.authorize(c, id, ScopeOperate)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	end, err := s.begin(a.box)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	defer end()
+
+	cwd := a.box.rec.Workdir
+	if req.Cwd != "" {
+		cwd = resolve(cwd, req.Cwd)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout+execGrace)
+	defer cancel()
+	res, err := s.p.Exec(ctx, id, providers.ExecRequest{
+		Command:            req.Command,
+		Cwd:                cwd,
+		Env:                req.Env,
+		Timeout:            timeout,
+		User:               req.User,
+		Stdin:              stdin,
+		PreserveBackground: req.PreserveBackground,
+		MaxOutput:          s.opts.MaxExecOutput,
+	})
+	if err != nil {
+		return s.execFailed(ctx, a.box, err)
+	}
+	out := ExecResult{
+		Stdout:     res.Stdout,
+		Stderr:     res.Stderr,
+		ReturnCode: res.ExitCode,
+		Duration:   res.Duration,
+		Truncated:  res.Truncated,
+	}
+	if res.TimedOut {
+		out.ReturnCode, out.ErrorType = 125, ExecTimeout
+	}
+	return out, nil
+}
+
+// execFailed turns a provider's exec error into the answer the client
+// gets: the client's own cancellation and invalid input pass through; a
+// sandbox known to be gone is 404/409; anything else is a runtime failure,
+// reported as a 125/"sandbox" result.
+func (s *Service) execFailed(ctx context.Context, b *box, err error) (ExecResult, error) {
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return ExecResult{}, err
+	}
+	switch providers.Kind(err) {
+	case providers.ErrInvalid:
+		return ExecResult{}, err
+	case providers.ErrNotFound, providers.ErrConflict:
+		// Let a stopped or vanished sandbox answer as such.
+		s.refresh(context.WithoutCancel(ctx), b)
+		s.mu.Lock()
+		state := b.rec.State
+		s.mu.Unlock()
+		if state != providers.StateRunning {
+			return ExecResult{}, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", b.rec.ID, state)
+		}
+	}
+	s.log.Warn("exec: sandbox runtime failed", "sandbox", b.rec.ID, "err", err)
+	return ExecResult{ReturnCode: 125, ErrorType: ExecSandbox, Stderr: []byte("sandbox error: " + providers.Message(err))}, nil
+}
+
+// WriteFile streams r into path in the sandbox and returns the absolute
+// path and the size written.
+func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Reader) (string, int64, error) {
+	a, end, abs, err := s.fileOp(c, id, p)
+	if err != nil {
+		return "", 0, err
+	}
+	defer end()
+	n, err := s.p.WriteFile(ctx, id, abs, r)
+	if err != nil {
+		return "", 0, fmt.Errorf("write %s: %w", p, err)
+	}
+	s.touch(a.box)
+	return abs, n, nil
+}
+
+// ReadFile opens path in the sandbox for streaming; the caller closes it.
+// limit > 0 refuses larger files with ErrTooLarge.
+func (s *Service) ReadFile(ctx context.Context, c Caller, id, p string, limit int64) (io.ReadCloser, int64, error) {
+	_, end, abs, err := s.fileOp(c, id, p)
+	if err != nil {
+		return nil, 0, err
+	}
+	rc, size, err := s.p.ReadFile(ctx, id, abs)
+	if err != nil {
+		end()
+		return nil, 0, fmt.Errorf("read %s: %w", p, err)
+	}
+	if limit > 0 && size > limit {
+		rc.Close()
+		end()
+		return nil, 0, providers.Errorf(providers.ErrTooLarge, "%s is %d bytes; this route returns at most %d (use GET /files)", p, size, limit)
+	}
+	return &endCloser{ReadCloser: rc, end: end}, size, nil
+}
+
+// endCloser ends a request's activity hold when the stream is closed.
+type endCloser struct {
+	io.ReadCloser
+	end func()
+}
+
+func (e *endCloser) Close() error {
+	err := e.ReadCloser.Close()
+	e.end()
+	return err
+}
+
+// fileOp validates p, authorizes, and marks a file request in flight.
+func (s *Service) fileOp(c Caller, id, p string) (access, func(), string, error) {
+	if err := checkPath(p); err != nil {
+		return access{}, nil, "", providers.InvalidFields{{Field: "path", Message: err.Error()}}
+	}
+	a, err := s.authorize(c, id, ScopeOperate)
+	if err != nil {
+		return access{}, nil, "", err
+	}
+	end, err := s.begin(a.box)
+	if err != nil {
+		return access{}, nil, "", err
+	}
+	abs := resolve(a.box.rec.Workdir, p)
+	if abs == "/" || path.Clean(abs) == "/" {
+		end()
+		return access{}, nil, "", providers.InvalidFields{{Field: "path", Message: "must name a file"}}
+	}
+	return a, end, abs, nil
+}

@@ -1,0 +1,158 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// Record is what the gateway promised a client about one sandbox; it is
+// persisted so that it survives a restart.
+type Record struct {
+	ID          string            `json:"id"`
+	Provider    string            `json:"provider"`
+	State       providers.State   `json:"state"`
+	Workdir     string            `json:"workdir"`
+	Image       string            `json:"image,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	ExpiresAt   time.Time         `json:"expires_at"` // zero: no expiry
+	TTL         time.Duration     `json:"ttl"`        // 0: no expiry
+	IdleTimeout time.Duration     `json:"idle_timeout,omitempty"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+	Ports       []int             `json:"ports,omitempty"`
+	Extra       map[string]any    `json:"extra,omitempty"`
+	Creator     string            `json:"creator,omitempty"` // fingerprint of the API key that created it
+}
+
+// Lease is one live grant of access to a sandbox. A token is valid only
+// while its lease is in the store.
+type Lease struct {
+	ID        string    `json:"id"`
+	SandboxID string    `json:"sandbox_id"`
+	Scope     Scope     `json:"scope"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"` // zero: lives as long as the sandbox
+}
+
+var (
+	bucketSandboxes = []byte("sandboxes") // id -> Record
+	bucketLeases    = []byte("leases")    // sandbox id -> bucket(lease id -> Lease)
+)
+
+// store is the durable half of the registry: a bbolt file. Every write is
+// one transaction, synced before it returns.
+type store struct {
+	db *bolt.DB
+}
+
+func openStore(dir string) (*store, error) {
+	db, err := bolt.Open(filepath.Join(dir, "sandgate.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open state store: %w", err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketSandboxes, bucketLeases} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init state store: %w", err)
+	}
+	return &store{db: db}, nil
+}
+
+func (s *store) close() error { return s.db.Close() }
+
+// load returns every record and lease.
+func (s *store) load() ([]Record, []Lease, error) {
+	var recs []Record
+	var leases []Lease
+	err := s.db.View(func(tx *bolt.Tx) error {
+		err := tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
+			var r Record
+			if err := json.Unmarshal(v, &r); err != nil {
+				return fmt.Errorf("record %s: %w", k, err)
+			}
+			recs = append(recs, r)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		return tx.Bucket(bucketLeases).ForEachBucket(func(sid []byte) error {
+			return tx.Bucket(bucketLeases).Bucket(sid).ForEach(func(k, v []byte) error {
+				var l Lease
+				if err := json.Unmarshal(v, &l); err != nil {
+					return fmt.Errorf("lease %s: %w", k, err)
+				}
+				leases = append(leases, l)
+				return nil
+			})
+		})
+	})
+	return recs, leases, err
+}
+
+// putRecord writes r and, when l is not nil, one of its leases, atomically.
+func (s *store) putRecord(r Record, l *Lease) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		v, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketSandboxes).Put([]byte(r.ID), v); err != nil {
+			return err
+		}
+		if l != nil {
+			return putLease(tx, *l)
+		}
+		return nil
+	})
+}
+
+func (s *store) putLease(l Lease) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return putLease(tx, l) })
+}
+
+func putLease(tx *bolt.Tx, l Lease) error {
+	b, err := tx.Bucket(bucketLeases).CreateBucketIfNotExists([]byte(l.SandboxID))
+	if err != nil {
+		return err
+	}
+	v, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(l.ID), v)
+}
+
+func (s *store) deleteLease(sandboxID, leaseID string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketLeases).Bucket([]byte(sandboxID)); b != nil {
+			return b.Delete([]byte(leaseID))
+		}
+		return nil
+	})
+}
+
+// deleteSandbox removes a record and all its leases.
+func (s *store) deleteSandbox(id string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketSandboxes).Delete([]byte(id)); err != nil {
+			return err
+		}
+		if tx.Bucket(bucketLeases).Bucket([]byte(id)) != nil {
+			return tx.Bucket(bucketLeases).DeleteBucket([]byte(id))
+		}
+		return nil
+	})
+}
