@@ -55,7 +55,9 @@ func New(opts Options) (http.Handler, error) {
 		writeProblem(w, problem{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed", Detail: r.Method + " is not allowed on " + r.URL.Path})
 	})
 
-	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })
+	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
 	r.Get("/readyz", s.readyz)
 	r.Get("/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")

@@ -15,7 +15,7 @@ import (
 // ExecRequest is one command as the client asked for it.
 type ExecRequest struct {
 	Command            string
-	Cwd                string         // "" = workdir; relative = against workdir
+	Cwd                string // "" = workdir; relative = against workdir
 	Env                map[string]string
 	Timeout            *time.Duration // nil = default (180 s)
 	User               string
