@@ -49,12 +49,16 @@ type gw struct {
 
 // newGateway serves the handler over a real loopback HTTP server, with the
 // fake provider behind the real service. Creates need testKey.
-func newGateway(t *testing.T, maxBody int64) *gw {
+func newGateway(t *testing.T, maxBody int64, mods ...func(*sandbox.Options)) *gw {
 	t.Helper()
 	g := &gw{t: t, p: fake.New(), clock: &fakeClock{t: time.Unix(1_800_000_000, 0)}}
-	svc, err := sandbox.New(context.Background(), sandbox.Options{
+	opts := sandbox.Options{
 		Provider: g.p, StateDir: t.TempDir(), APIKeys: []string{testKey}, Clock: g.clock, ReapInterval: time.Hour,
-	})
+	}
+	for _, m := range mods {
+		m(&opts)
+	}
+	svc, err := sandbox.New(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -201,15 +201,15 @@ func (s *server) DownloadFile(ctx context.Context, req api.DownloadFileRequestOb
 	if err != nil {
 		return nil, err
 	}
-	defer rc.Close()
 	return downloadBody{rc}, nil
 }
 
 // downloadBody streams {"contents_b64": "..."} without building the
-// base64 string in memory first.
-type downloadBody struct{ r io.Reader }
+// base64 string in memory first. Visiting it closes the file.
+type downloadBody struct{ r io.ReadCloser }
 
 func (d downloadBody) VisitDownloadFileResponse(w http.ResponseWriter) error {
+	defer d.r.Close()
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	io.WriteString(w, `{"contents_b64":"`)

@@ -8,6 +8,7 @@ package providers
 import (
 	"context"
 	"io"
+	"syscall"
 	"time"
 )
 
@@ -155,4 +156,47 @@ type Endpoint struct {
 type Endpointer interface {
 	// Endpoint returns how to reach port, which was declared at create.
 	Endpoint(ctx context.Context, id string, port int) (Endpoint, error)
+}
+
+// ProcessSpec is a long-lived process for a terminal session.
+type ProcessSpec struct {
+	Command string            // run by bash -c (else sh -c); "" = an interactive login shell (bash if present, else sh)
+	Cwd     string            // absolute; "" = the sandbox's workdir
+	Env     map[string]string // added to the sandbox's env (TERM defaults to xterm-256color in TTY mode)
+	User    string            // name or numeric uid; "" = sandbox default
+	TTY     bool              // true: a PTY (stdout and stderr merged); false: three pipes
+	Rows    uint16            // initial size in TTY mode; 0 = 24
+	Cols    uint16            // 0 = 80
+}
+
+// Process is a running process started by a ProcessStarter. Its methods
+// are safe for concurrent use. The process runs in its own session and
+// process group, with default signal dispositions.
+type Process interface {
+	// Stdout is the PTY master's output (TTY mode) or the stdout pipe.
+	// It reaches EOF (or EIO, which callers treat as EOF) after the
+	// process and every holder of the terminal or pipe is gone.
+	Stdout() io.Reader
+	// Stderr is the stderr pipe; nil in TTY mode.
+	Stderr() io.Reader
+	// Stdin writes to the PTY or the stdin pipe. Close sends EOF
+	// (pipe mode); in TTY mode it is a no-op until Kill.
+	Stdin() io.WriteCloser
+	// Resize sets the terminal size; ErrUnsupported in pipe mode.
+	Resize(rows, cols uint16) error
+	// Signal delivers sig: in TTY mode to the terminal's foreground
+	// process group (as a keyboard Ctrl-C would), in pipe mode to the
+	// process's group.
+	Signal(sig syscall.Signal) error
+	// Wait blocks until the process exits and returns its exit code
+	// (128+N when killed by signal N). It may be called more than once.
+	Wait() (int, error)
+	// Kill kills the process group and releases the terminal/pipes.
+	Kill() error
+}
+
+// ProcessStarter is implemented by providers that can run terminal
+// sessions. ctx bounds only the start; the process outlives it.
+type ProcessStarter interface {
+	StartProcess(ctx context.Context, id string, spec ProcessSpec) (Process, error)
 }

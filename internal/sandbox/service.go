@@ -95,6 +95,8 @@ type Service struct {
 	boxes  map[string]*box // live and stopped sandboxes with a record
 	leases map[string]Lease
 
+	onRemove []func(id string) // see OnRemove
+
 	stop     chan struct{}
 	reaperWG sync.WaitGroup
 }
@@ -772,9 +774,13 @@ func (s *Service) remove(ctx context.Context, b *box, why string) error {
 	release := b.hasSlot
 	b.hasSlot = false
 	b.rec.State = providers.StateStopped
+	hooks := s.onRemove
 	s.mu.Unlock()
 	if release {
 		s.slots.release()
+	}
+	for _, f := range hooks {
+		f(id)
 	}
 	if err := s.st.deleteSandbox(id); err != nil {
 		s.log.Error("forget sandbox", "sandbox", id, "err", err)
