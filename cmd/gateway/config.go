@@ -1,0 +1,138 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// config is the gateway's configuration. Every flag has an environment
+// twin SANDGATE_<FLAG> (upper case, dashes as underscores); a flag given
+// on the command line wins over its twin.
+type config struct {
+	Listen         string
+	PublicURL      string
+	Provider       string
+	StateDir       string
+	APIKeys        []string
+	LeaseSecret    string
+	InsecureNoAuth bool
+	MaxSandboxes   int
+	QueueTimeout   time.Duration
+	DefaultTTL     time.Duration
+	MaxExecOutput  int
+	MaxBody        int64
+	ShutdownGrace  time.Duration
+	LocalIsolation string
+	LogLevel       string
+	LogFormat      string
+}
+
+// envName is the environment twin of a flag.
+func envName(flagName string) string {
+	return "SANDGATE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func defaultStateDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/sandgate"
+	}
+	if d, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(d, ".local", "state", "sandgate")
+	}
+	return filepath.Join(os.TempDir(), "sandgate")
+}
+
+// newFlagSet defines every flag, bound to c (and keys, the raw
+// --api-key list). It is the single source of the configuration table.
+func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "address to listen on")
+	fs.StringVar(&c.PublicURL, "public-url", "", "external base URL of the gateway (default http://<listen address>)")
+	fs.StringVar(&c.Provider, "provider", "local", "sandbox backend: local")
+	fs.StringVar(&c.StateDir, "state-dir", defaultStateDir(), "directory for the state store, lease secret and local sandboxes")
+	fs.StringVar(keys, "api-key", "", "comma-separated API keys allowed to create and list sandboxes")
+	fs.StringVar(&c.LeaseSecret, "lease-secret", "", "HMAC secret for lease tokens (default: random, persisted in the state dir)")
+	fs.BoolVar(&c.InsecureNoAuth, "insecure-no-auth", false, "allow anonymous creates on a non-loopback address")
+	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", 64, "live sandboxes at most; further creates wait in a FIFO queue")
+	fs.DurationVar(&c.QueueTimeout, "queue-timeout", 600*time.Second, "how long a create waits for capacity before 503")
+	fs.DurationVar(&c.DefaultTTL, "default-ttl", 1800*time.Second, "sandbox lifetime when a create gives no ttl_s (0 = none)")
+	fs.IntVar(&c.MaxExecOutput, "max-exec-output", 16<<20, "bytes of stdout and of stderr kept per exec")
+	fs.Int64Var(&c.MaxBody, "max-body", 64<<20, "largest JSON request body in bytes (base64 file routes included)")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long SIGTERM waits for in-flight requests")
+	fs.StringVar(&c.LocalIsolation, "local-isolation", "namespaces", "local provider isolation: namespaces or none (plain host processes)")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", "text", "text or json")
+	return fs
+}
+
+// envOf is the environment twin of flag f.
+func envOf(f *flag.Flag) string {
+	if f.Name == "api-key" {
+		return "SANDGATE_API_KEYS"
+	}
+	return envName(f.Name)
+}
+
+// configTable renders the flags as the README's markdown table.
+func configTable() string {
+	var c config
+	var keys string
+	fs := newFlagSet(&c, &keys, io.Discard)
+	var b strings.Builder
+	b.WriteString("| flag | environment | default | meaning |\n|---|---|---|---|\n")
+	fs.VisitAll(func(f *flag.Flag) {
+		def := f.DefValue
+		if f.Name == "state-dir" {
+			def = "/var/lib/sandgate (root), else ~/.local/state/sandgate"
+		}
+		if def == "" {
+			def = "(none)"
+		}
+		fmt.Fprintf(&b, "| `--%s` | `%s` | `%s` | %s |\n", f.Name, envOf(f), def, f.Usage)
+	})
+	return b.String()
+}
+
+// parseConfig reads flags from args, with defaults from the environment.
+func parseConfig(args []string, lookup func(string) (string, bool), stderr io.Writer) (config, error) {
+	var c config
+	var keys string
+	fs := newFlagSet(&c, &keys, stderr)
+
+	var bad []string
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envOf(f)
+		if v, ok := lookup(name); ok && v != "" {
+			if err := f.Value.Set(v); err != nil {
+				bad = append(bad, fmt.Sprintf("%s=%q: %v", name, v, err))
+			}
+		}
+	})
+	if len(bad) > 0 {
+		return c, fmt.Errorf("bad environment: %s", strings.Join(bad, "; "))
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	for _, k := range strings.Split(keys, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			c.APIKeys = append(c.APIKeys, k)
+		}
+	}
+	if c.DefaultTTL == 0 {
+		c.DefaultTTL = -1 // the service's "no expiry"
+	}
+	if c.MaxSandboxes < 1 {
+		return c, fmt.Errorf("--max-sandboxes must be at least 1")
+	}
+	return c, nil
+}

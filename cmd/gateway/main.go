@@ -1,0 +1,153 @@
+// Command gateway is sandgate: an HTTP gateway for code-execution
+// sandboxes. This file only wires: flags and env -> config, provider,
+// service, handler, and a graceful shutdown.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/handlers"
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/local"
+	"github.com/sandgate/sandgate/internal/sandbox"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+// run parses args and serves until ctx ends or SIGTERM/SIGINT arrives.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "serve" {
+		args = args[1:]
+	}
+	cfg, err := parseConfig(args, os.LookupEnv, stderr)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	loopback := isLoopback(ln.Addr())
+	if len(cfg.APIKeys) == 0 && !loopback && !cfg.InsecureNoAuth {
+		return fmt.Errorf("refusing to listen on %s without an API key: set --api-key (or SANDGATE_API_KEYS), or --insecure-no-auth", ln.Addr())
+	}
+	publicURL := cfg.PublicURL
+	if publicURL == "" {
+		publicURL = "http://" + ln.Addr().String()
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+
+	p, err := newProvider(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	svc, err := sandbox.New(ctx, sandbox.Options{
+		Provider:       p,
+		StateDir:       cfg.StateDir,
+		LeaseSecret:    cfg.LeaseSecret,
+		APIKeys:        cfg.APIKeys,
+		AllowAnonymous: len(cfg.APIKeys) == 0,
+		MaxSandboxes:   cfg.MaxSandboxes,
+		QueueTimeout:   cfg.QueueTimeout,
+		DefaultTTL:     cfg.DefaultTTL,
+		MaxExecOutput:  cfg.MaxExecOutput,
+		Logger:         log,
+	})
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+	h, err := handlers.New(handlers.Options{Service: svc, PublicURL: publicURL, MaxJSONBody: cfg.MaxBody, Logger: log})
+	if err != nil {
+		return err
+	}
+
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	log.Info("sandgate listening", "url", publicURL, "provider", p.Name(), "state_dir", cfg.StateDir, "auth", authMode(cfg, loopback))
+	fmt.Fprintf(stdout, "sandgate is listening on %s (provider %s)\n", publicURL, p.Name())
+	fmt.Fprintf(stdout, "try:\n  curl -s -X POST %s/v1/sandboxes -H 'Content-Type: application/json' -d '{}'\n", publicURL)
+
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: draining in-flight requests; sandboxes keep running", "grace", cfg.ShutdownGrace)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownGrace)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		srv.Close()
+	}
+	<-served
+	return err
+}
+
+func authMode(cfg config, loopback bool) string {
+	switch {
+	case len(cfg.APIKeys) > 0:
+		return "api-key"
+	case loopback:
+		return "anonymous (loopback only)"
+	default:
+		return "none (--insecure-no-auth)"
+	}
+}
+
+func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
+	switch cfg.Provider {
+	case "local":
+		return local.New(local.Options{
+			StateDir:  filepath.Join(cfg.StateDir, "local"),
+			Isolation: cfg.LocalIsolation,
+			Logger:    log.With("provider", "local"),
+		})
+	default:
+		return nil, fmt.Errorf("unknown provider %q (have: local)", cfg.Provider)
+	}
+}
+
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
+}
+
+func newLogger(level, format string, w io.Writer) *slog.Logger {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		lv = slog.LevelInfo
+	}
+	o := &slog.HandlerOptions{Level: lv}
+	if strings.EqualFold(format, "json") {
+		return slog.New(slog.NewJSONHandler(w, o))
+	}
+	return slog.New(slog.NewTextHandler(w, o))
+}

@@ -1,0 +1,462 @@
+package local
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// agent is the server side of the protocol, running in a sandbox's init.
+// Every command is a child of init, so it inherits init's namespaces and
+// cgroups.
+type agent struct {
+	cfg initConfig
+
+	// mu is held across fork and waiter registration, and by the reaper
+	// while it reaps, so a child that exits at once is never reaped before
+	// its waiter is registered.
+	mu      sync.Mutex
+	waiters map[int]chan syscall.WaitStatus
+
+	forks chan forkReq
+}
+
+type forkReq struct {
+	argv0 string
+	argv  []string
+	attr  *syscall.ProcAttr
+	res   chan forkRes
+}
+
+type forkRes struct {
+	pid, pidfd int
+	wait       chan syscall.WaitStatus
+	err        error
+}
+
+func newAgent(cfg initConfig) *agent {
+	return &agent{cfg: cfg, waiters: make(map[int]chan syscall.WaitStatus), forks: make(chan forkReq)}
+}
+
+// start starts the reaper and the forker. They live as long as init.
+func (a *agent) start() error {
+	sigchld := make(chan os.Signal, 1)
+	signal.Notify(sigchld, syscall.SIGCHLD)
+	go a.reap(sigchld)
+
+	started := make(chan error, 1)
+	go a.forker(started)
+	return <-started
+}
+
+// forker performs every fork on one locked OS thread whose capability
+// bounding set lacks CAP_SYS_ADMIN and CAP_SYS_PTRACE. The bounding set is
+// per thread and a child inherits its forking thread's, so commands can
+// neither mount nor unmount (e.g. `umount /tmp` to uncover the lower layer)
+// nor ptrace init. This works with cgo linked too, where
+// AllThreadsSyscall (the whole-process drop) is not supported.
+func (a *agent) forker(started chan<- error) {
+	runtime.LockOSThread() // never unlocked: the thread is tainted on purpose
+	if a.cfg.Isolation == IsolationNamespaces {
+		for _, c := range []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_SYS_PTRACE} {
+			if err := unix.Prctl(unix.PR_CAPBSET_DROP, c, 0, 0, 0); err != nil {
+				started <- fmt.Errorf("drop capability %d: %w", c, err)
+				return
+			}
+		}
+	}
+	started <- nil
+	for r := range a.forks {
+		r.res <- a.fork(r)
+	}
+}
+
+func (a *agent) fork(r forkReq) forkRes {
+	pidfd := -1
+	r.attr.Sys.PidFD = &pidfd
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	pid, err := syscall.ForkExec(r.argv0, r.argv, r.attr)
+	if err != nil {
+		return forkRes{err: err}
+	}
+	ch := make(chan syscall.WaitStatus, 1)
+	a.waiters[pid] = ch
+	return forkRes{pid: pid, pidfd: pidfd, wait: ch}
+}
+
+// reap reaps every child of init: commands (whose status goes to their
+// waiter) and the orphans re-parented to init.
+func (a *agent) reap(sigchld <-chan os.Signal) {
+	for range sigchld {
+		a.mu.Lock()
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+			if ch, ok := a.waiters[pid]; ok {
+				ch <- ws
+				delete(a.waiters, pid)
+			}
+		}
+		a.mu.Unlock()
+	}
+}
+
+func (a *agent) serve(l *net.UnixListener) {
+	for {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			fmt.Fprintf(os.Stderr, "sandgate init: accept: %v\n", err)
+			continue
+		}
+		go a.handle(c)
+	}
+}
+
+func (a *agent) handle(c *net.UnixConn) {
+	defer c.Close()
+	var req request
+	files, err := recvMsg(c, &req)
+	if err != nil {
+		closeFiles(files)
+		return
+	}
+	switch req.Op {
+	case opExec:
+		a.exec(c, req, files)
+		return
+	case opPing:
+		sendMsg(c, reply{})
+	case opSignal:
+		// kill(-1) in init's pid namespace reaches every process of the
+		// sandbox but init; without that namespace it would reach the host.
+		if a.cfg.Isolation != IsolationNamespaces {
+			sendMsg(c, reply{Error: "signal needs a pid namespace", Kind: kindInvalid})
+			break
+		}
+		err := syscall.Kill(-1, syscall.Signal(req.Signal))
+		if err != nil && !errors.Is(err, syscall.ESRCH) {
+			sendMsg(c, reply{Error: err.Error(), Kind: kindRuntime})
+			break
+		}
+		sendMsg(c, reply{})
+	case opKillAll:
+		killTree(func(p procInfo) bool { return false }, os.Getpid())
+		sendMsg(c, reply{})
+	default:
+		sendMsg(c, reply{Error: "unknown op " + strconv.Quote(req.Op), Kind: kindInvalid})
+	}
+	closeFiles(files)
+}
+
+// exec starts one command, reports its pid and pidfd, and reports its
+// exit. Kill requests may arrive on the connection meanwhile.
+func (a *agent) exec(c *net.UnixConn, req request, files []*os.File) {
+	fail := func(kind string, err error) {
+		closeFiles(files)
+		sendMsg(c, reply{Error: err.Error(), Kind: kind})
+	}
+	if len(files) != 3 {
+		fail(kindInvalid, fmt.Errorf("exec needs 3 descriptors, got %d", len(files)))
+		return
+	}
+	u, err := lookupUser(req.User)
+	if err != nil {
+		fail(kindInvalid, err)
+		return
+	}
+	if fi, err := os.Stat(req.Dir); err != nil || !fi.IsDir() {
+		fail(kindInvalid, fmt.Errorf("working directory %s does not exist", req.Dir))
+		return
+	}
+	env := commandEnv(req.Env, u)
+	argv := req.Argv
+	if req.Command != "" {
+		shell := "/bin/sh"
+		if _, err := os.Stat("/bin/bash"); err == nil {
+			shell = "/bin/bash"
+		}
+		argv = []string{shell, "-c", req.Command}
+	}
+	if len(argv) == 0 {
+		fail(kindInvalid, errors.New("nothing to run"))
+		return
+	}
+	argv0, err := lookPath(argv[0], env)
+	if err != nil {
+		fail(kindInvalid, err)
+		return
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   req.Dir,
+		Env:   env,
+		Files: []uintptr{files[0].Fd(), files[1].Fd(), files[2].Fd()},
+		Sys: &syscall.SysProcAttr{
+			Setsid:     true, // own session and process group: the unit that timeouts and cleanup kill
+			Credential: &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: u.groups},
+		},
+	}
+	res := make(chan forkRes, 1)
+	a.forks <- forkReq{argv0: argv0, argv: argv, attr: attr, res: res}
+	r := <-res
+	closeFiles(files)
+	if r.err != nil {
+		sendMsg(c, reply{Error: fmt.Sprintf("start %s: %v", argv[0], r.err), Kind: kindInvalid})
+		return
+	}
+	pidfd := os.NewFile(uintptr(r.pidfd), "pidfd")
+	err = sendMsg(c, reply{Pid: r.pid}, pidfd)
+	pidfd.Close()
+	if err != nil {
+		// The gateway is gone; the command still runs to completion.
+		<-r.wait
+		return
+	}
+
+	// Kill requests; ends when the connection is closed below.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			var k request
+			files, err := recvMsg(c, &k)
+			closeFiles(files)
+			if err != nil {
+				return
+			}
+			if k.Op == opKill {
+				killSession(r.pid)
+			}
+		}
+	}()
+
+	ws := <-r.wait
+	if !req.Preserve {
+		killSession(r.pid)
+	}
+	sendMsg(c, reply{Exited: true, Code: exitCode(ws)})
+	c.CloseRead()
+	<-done
+}
+
+func exitCode(ws syscall.WaitStatus) int {
+	switch {
+	case ws.Exited():
+		return ws.ExitStatus()
+	case ws.Signaled():
+		return 128 + int(ws.Signal())
+	}
+	return 255
+}
+
+// killSession SIGKILLs what a command (its leader's pid is sid) started:
+// its process group, its session, and every descendant of a process in
+// them. A process that made its own session and whose parent has already
+// exited cannot be told apart from others and survives; only Delete (init's
+// death) reaches it.
+func killSession(sid int) {
+	syscall.Kill(-sid, syscall.SIGKILL)
+	killTree(func(p procInfo) bool { return p.sid == sid || p.pgid == sid }, 0)
+}
+
+// killTree SIGKILLs every live process that match selects or that descends
+// from root (if root > 0) or from a selected process, rescanning until a
+// scan finds nothing, so processes forked during the kill are caught too.
+func killTree(match func(procInfo) bool, root int) {
+	self := os.Getpid()
+	for round := 0; round < 50; round++ {
+		procs := scanProcs()
+		doomed := make(map[int]bool)
+		for _, p := range procs {
+			if p.pid != self && match(p) {
+				doomed[p.pid] = true
+			}
+		}
+		if root > 0 {
+			doomed[root] = true
+		}
+		for grew := true; grew; {
+			grew = false
+			for _, p := range procs {
+				if !doomed[p.pid] && doomed[p.ppid] && p.pid != self {
+					doomed[p.pid] = true
+					grew = true
+				}
+			}
+		}
+		delete(doomed, root)
+		delete(doomed, self)
+		if len(doomed) == 0 {
+			return
+		}
+		for pid := range doomed {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+type procInfo struct {
+	pid, ppid, pgid, sid int
+}
+
+// scanProcs lists the live (not zombie) processes in /proc.
+func scanProcs() []procInfo {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	var out []procInfo
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil {
+			continue
+		}
+		st, err := readProcStat("/proc", pid)
+		if err != nil || st.state == 'Z' || st.state == 'X' {
+			continue
+		}
+		out = append(out, procInfo{pid: pid, ppid: st.ppid, pgid: st.pgid, sid: st.sid})
+	}
+	return out
+}
+
+// user is a resolved command user.
+type user struct {
+	name     string
+	uid, gid uint32
+	groups   []uint32
+	home     string
+}
+
+// lookupUser resolves a name or numeric uid against the sandbox's
+// /etc/passwd and /etc/group; "" is root.
+func lookupUser(s string) (user, error) {
+	if s == "" {
+		s = "0"
+	}
+	uid, numErr := strconv.ParseUint(s, 10, 32)
+	var found *user
+	forEachLine("/etc/passwd", func(f []string) bool {
+		if len(f) < 7 {
+			return true
+		}
+		id, err := strconv.ParseUint(f[2], 10, 32)
+		if err != nil {
+			return true
+		}
+		if (numErr == nil && id == uid) || (numErr != nil && f[0] == s) {
+			gid, _ := strconv.ParseUint(f[3], 10, 32)
+			found = &user{name: f[0], uid: uint32(id), gid: uint32(gid), home: f[5]}
+			return false
+		}
+		return true
+	})
+	if found == nil {
+		if numErr != nil {
+			return user{}, fmt.Errorf("unknown user %q", s)
+		}
+		// A bare uid with no passwd entry is fine (as in docker exec -u).
+		found = &user{uid: uint32(uid), gid: uint32(uid), home: "/"}
+	}
+	found.groups = []uint32{found.gid}
+	if found.name != "" {
+		forEachLine("/etc/group", func(f []string) bool {
+			if len(f) < 4 {
+				return true
+			}
+			for _, m := range strings.Split(f[3], ",") {
+				if m == found.name {
+					if gid, err := strconv.ParseUint(f[2], 10, 32); err == nil && uint32(gid) != found.gid {
+						found.groups = append(found.groups, uint32(gid))
+					}
+				}
+			}
+			return true
+		})
+	}
+	return *found, nil
+}
+
+// forEachLine calls fn with the colon-separated fields of each line of
+// path until fn returns false.
+func forEachLine(path string, fn func([]string) bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if !fn(strings.Split(line, ":")) {
+			return
+		}
+	}
+}
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// commandEnv is env with PATH, HOME, USER and LOGNAME filled in where env
+// does not set them.
+func commandEnv(env []string, u user) []string {
+	has := make(map[string]bool, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		has[k] = true
+	}
+	out := make([]string, 0, len(env)+4)
+	add := func(k, v string) {
+		if !has[k] && v != "" {
+			out = append(out, k+"="+v)
+		}
+	}
+	add("PATH", defaultPath)
+	add("HOME", u.home)
+	add("USER", u.name)
+	add("LOGNAME", u.name)
+	return append(out, env...)
+}
+
+// lookPath finds file in env's PATH, as the shell would.
+func lookPath(file string, env []string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	path := defaultPath
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range strings.Split(path, ":") {
+		if dir == "" {
+			dir = "."
+		}
+		p := dir + "/" + file
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: command not found", file)
+}

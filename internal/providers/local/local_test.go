@@ -1,0 +1,509 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/providertest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(leakCheckedM{m})
+}
+
+// leakCheckedM fails the run if it leaves sandbox inits or cgroups behind:
+// sandboxes outlive the provider by design, so a missed cleanup would
+// otherwise go unnoticed. It compares the machine before and after, so it
+// assumes no other binary makes sandboxes meanwhile (go test runs one
+// binary per package).
+type leakCheckedM struct{ m *testing.M }
+
+func (l leakCheckedM) Run() int {
+	before := leftovers()
+	code := l.m.Run()
+	var leaked []string
+	for _, s := range leftovers() {
+		if !slices.Contains(before, s) {
+			leaked = append(leaked, s)
+		}
+	}
+	if code == 0 && len(leaked) > 0 {
+		fmt.Fprintf(os.Stderr, "left behind: %v\n", leaked)
+		return 1
+	}
+	return code
+}
+
+// leftovers lists live sandbox inits and sandbox cgroups on this machine.
+func leftovers() []string {
+	var out []string
+	for _, p := range scanProcs() {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/cmdline")
+		if strings.Contains(string(b), initArg) {
+			out = append(out, "init pid "+strconv.Itoa(p.pid))
+		}
+	}
+	own := ownCgroups()
+	for _, ctrl := range cgroupControllers {
+		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, ctrl, own[ctrl], cgroupPrefix+"*"))
+		out = append(out, dirs...)
+	}
+	return out
+}
+
+// requireRoot skips when the namespace sandbox cannot work here: only off
+// CI and only when not root. On CI a missing capability is a failure.
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("the local provider's tests need root on CI")
+	}
+	t.Skip("the namespace sandbox needs root")
+}
+
+func newLocal(t testing.TB, opts Options) *Local {
+	t.Helper()
+	requireRoot(t)
+	if opts.StateDir == "" {
+		opts.StateDir = t.TempDir()
+	}
+	l, err := New(opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func create(t testing.TB, l *Local, spec providers.CreateSpec) string {
+	t.Helper()
+	if spec.ID == "" {
+		spec.ID = providertest.NewID()
+	}
+	if spec.Workdir == "" {
+		spec.Workdir = "/workspace"
+	}
+	spec.ReadyTimeout = 30 * time.Second
+	if _, err := l.Create(ctxT(t), spec); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := l.Delete(context.Background(), spec.ID); err != nil && !errors.Is(err, providers.ErrNotFound) {
+			t.Errorf("Delete: %v", err)
+		}
+	})
+	return spec.ID
+}
+
+func sh(t testing.TB, l *Local, id, cmd string) (string, int) {
+	t.Helper()
+	res, err := l.Exec(ctxT(t), id, providers.ExecRequest{Command: cmd, Timeout: 30 * time.Second, MaxOutput: 1 << 20})
+	if err != nil {
+		t.Fatalf("Exec %q: %v", cmd, err)
+	}
+	return string(res.Stdout) + string(res.Stderr), res.ExitCode
+}
+
+func TestConformance(t *testing.T) {
+	providertest.Run(t, newLocal(t, Options{}), providers.CreateSpec{})
+}
+
+func TestNamespaceIsolation(t *testing.T) {
+	// A state directory outside /tmp, so that only hiding keeps it out of
+	// the sandbox's view (under /tmp the private tmpfs would).
+	stateDir, err := os.MkdirTemp("/var/tmp", "sandgate-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(stateDir) })
+	l := newLocal(t, Options{StateDir: stateDir})
+	id := create(t, l, providers.CreateSpec{})
+
+	// Registered after create's cleanup, so it runs first: the host
+	// directory must still exist while the sandbox is deleted.
+	hostDir, err := os.MkdirTemp("/var/tmp", "sandgate-host-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(hostDir) })
+	hostFile := filepath.Join(hostDir, "file")
+	if err := os.WriteFile(hostFile, []byte("host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tmpFile := filepath.Join(t.TempDir(), "in-host-tmp")
+	if err := os.WriteFile(tmpFile, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	checks := []struct {
+		name, cmd, want string
+	}{
+		{"hostname", "hostname", id + "\n"},
+		{"only lo", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", "lo\n"},
+		{"host root visible", "cat " + hostFile, "host\n"},
+		{"writes are copy-on-write", "echo sandbox >> " + hostFile + " && cat " + hostFile + " && rm " + hostFile + " && ls " + hostDir, "host\nsandbox\n"},
+		{"new files anywhere", "mkdir -p /usr/lib/sandgate-test && touch /usr/lib/sandgate-test/x /etc/sandgate-test && echo ok", "ok\n"},
+		{"private /tmp", "ls " + tmpFile + " 2>/dev/null; echo $?", "2\n"},
+		{"state dir hidden", "ls -A " + stateDir + " | wc -l", "0\n"},
+		{"pid 1 is init", "cat /proc/1/comm", "exe\n"},
+		{"no CAP_SYS_ADMIN", "umount /tmp 2>/dev/null || echo refused", "refused\n"},
+		{"no mounting", "mount -t tmpfs x /mnt 2>/dev/null || echo refused", "refused\n"},
+		{"/proc/sys read-only", "(echo 1 > /proc/sys/vm/drop_caches) 2>/dev/null || echo refused", "refused\n"},
+		{"sysrq read-only", "(echo h > /proc/sysrq-trigger) 2>/dev/null || echo refused", "refused\n"},
+		{"ptmx", "test -c /dev/pts/ptmx && test -L /dev/ptmx && test -c /dev/null && echo ok", "ok\n"},
+	}
+	for _, c := range checks {
+		if got, _ := sh(t, l, id, c.cmd); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+	if b, err := os.ReadFile(hostFile); err != nil || string(b) != "host\n" {
+		t.Errorf("host file after sandbox writes: %q %v", b, err)
+	}
+	for _, p := range []string{"/usr/lib/sandgate-test", "/etc/sandgate-test"} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s reached the host", p)
+			os.RemoveAll(p)
+		}
+	}
+
+	// Init survives the signals a Go program would die of by default.
+	sh(t, l, id, "kill -TERM 1; kill -HUP 1; kill -INT 1; kill -QUIT 1; kill -USR1 1; true")
+	if got, code := sh(t, l, id, "echo alive"); got != "alive\n" || code != 0 {
+		t.Errorf("after signalling init: %q %d", got, code)
+	}
+}
+
+func TestAdoptionAfterRestart(t *testing.T) {
+	stateDir := t.TempDir()
+	l1 := newLocal(t, Options{StateDir: stateDir})
+	id := create(t, l1, providers.CreateSpec{Env: map[string]string{"FROM_CREATE": "yes"}})
+	res, err := l1.Exec(ctxT(t), id, providers.ExecRequest{
+		Command: "sleep 3131.5 >/dev/null 2>&1 & echo started", Timeout: 30 * time.Second, MaxOutput: 1024, PreserveBackground: true,
+	})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("start background: %v %+v", err, res)
+	}
+	l1.Close()
+
+	l2 := newLocal(t, Options{StateDir: stateDir})
+	owned, err := l2.List(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(owned) != 1 || owned[0].ID != id || owned[0].State != providers.StateRunning {
+		t.Fatalf("List after restart: %+v", owned)
+	}
+	if got, _ := sh(t, l2, id, "echo $FROM_CREATE; pgrep -fc 'slee[p] 3131.5' || true"); got != "yes\n1\n" {
+		t.Errorf("exec through the new provider: %q", got)
+	}
+	l2.WriteFile(ctxT(t), id, "/workspace/adopted", strings.NewReader("ok"))
+	if got, _ := sh(t, l2, id, "cat /workspace/adopted"); got != "ok" {
+		t.Errorf("file through the new provider: %q", got)
+	}
+
+	// A killed init means a stopped sandbox.
+	st, err := readState(filepath.Join(stateDir, "sandboxes", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := l2.Status(ctxT(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s == providers.StateStopped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Status after killing init: %s", s)
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+	if _, err := l2.Exec(ctxT(t), id, providers.ExecRequest{Command: "true", Timeout: time.Second, MaxOutput: 1}); !errors.Is(err, providers.ErrConflict) {
+		t.Errorf("Exec in a stopped sandbox: %v, want ErrConflict", err)
+	}
+	if err := l2.Delete(ctxT(t), id); err != nil {
+		t.Errorf("Delete of a stopped sandbox: %v", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(stateDir, "sandboxes")); len(entries) != 0 {
+		t.Errorf("state dir after delete: %v", entries)
+	}
+}
+
+func TestResourceLimits(t *testing.T) {
+	l := newLocal(t, Options{})
+	mem, cpu := int64(64), 0.5
+	id := create(t, l, providers.CreateSpec{Resources: providers.Resources{MemoryMiB: &mem, CPU: &cpu}})
+	sb, err := l.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ctrl, want := range map[string][2]string{
+		"memory": {"memory.limit_in_bytes", strconv.Itoa(64 << 20)},
+		"cpu":    {"cpu.cfs_quota_us", "50000"},
+		"pids":   {"pids.max", strconv.Itoa(defaultPidsMax)},
+	} {
+		dir := sb.st.Cgroups[ctrl]
+		if dir == "" {
+			t.Errorf("no %s cgroup", ctrl)
+			continue
+		}
+		b, err := os.ReadFile(dir + "/" + want[0])
+		if got := strings.TrimSpace(string(b)); err != nil || got != want[1] {
+			t.Errorf("%s: %q %v, want %s", want[0], got, err, want[1])
+		}
+	}
+	// Allocating past the limit gets the command OOM-killed; the sandbox
+	// lives on.
+	if _, code := sh(t, l, id, `perl -e '$x = "a" x (512 * 1024 * 1024); print length($x)'`); code != 137 {
+		t.Errorf("512 MiB under a 64 MiB limit: exit %d, want 137", code)
+	}
+	if got, _ := sh(t, l, id, "echo alive"); got != "alive\n" {
+		t.Errorf("after OOM: %q", got)
+	}
+}
+
+func TestCreateFailureLeavesNothing(t *testing.T) {
+	stateDir := t.TempDir()
+	l := newLocal(t, Options{StateDir: stateDir})
+	id := providertest.NewID()
+	_, err := l.Create(ctxT(t), providers.CreateSpec{ID: id, Workdir: "/workspace", ReadyTimeout: time.Microsecond})
+	if err == nil {
+		t.Fatal("Create with a 1µs ready timeout succeeded")
+	}
+	if entries, _ := os.ReadDir(filepath.Join(stateDir, "sandboxes")); len(entries) != 0 {
+		t.Errorf("left behind: %v", entries)
+	}
+	for _, ctrl := range cgroupControllers {
+		own := ownCgroups()[ctrl]
+		if _, err := os.Stat(filepath.Join(cgroupRoot, ctrl, own, cgroupPrefix+id)); err == nil {
+			t.Errorf("%s cgroup left behind", ctrl)
+		}
+	}
+	if _, err := l.Status(ctxT(t), id); !errors.Is(err, providers.ErrNotFound) {
+		t.Errorf("Status of the failed sandbox: %v", err)
+	}
+	if strings.Contains(providers.Message(err), stateDir) {
+		t.Errorf("client message names a host path: %q", providers.Message(err))
+	}
+}
+
+func TestIsolationNone(t *testing.T) {
+	stateDir := t.TempDir()
+	l := newLocal(t, Options{StateDir: stateDir, Isolation: IsolationNone})
+	id := providertest.NewID()
+	sb, err := l.Create(ctxT(t), providers.CreateSpec{ID: id, Workdir: "/workspace", ReadyTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Extra["isolation"] != IsolationNone {
+		t.Errorf("Extra: %v", sb.Extra)
+	}
+	if _, err := l.WriteFile(ctxT(t), id, "/workspace/f.txt", strings.NewReader("hello")); err != nil {
+		t.Fatal(err)
+	}
+	got, code := sh(t, l, id, "cat f.txt; echo; echo err >&2; exit 4")
+	if got != "hello\nerr\n" || code != 4 {
+		t.Errorf("exec: %q %d", got, code)
+	}
+	res, err := l.Exec(ctxT(t), id, providers.ExecRequest{Command: "sleep 100", Timeout: 500 * time.Millisecond, MaxOutput: 1})
+	if err != nil || !res.TimedOut || res.ExitCode != 125 {
+		t.Errorf("timeout: %+v %v", res, err)
+	}
+	if _, err := l.Exec(ctxT(t), id, providers.ExecRequest{Command: "true", Cwd: "/nope", Timeout: time.Second, MaxOutput: 1}); err == nil || strings.Contains(providers.Message(err), stateDir) {
+		t.Errorf("missing cwd: %v", err)
+	}
+	// A preserved background process dies with the sandbox.
+	res, err = l.Exec(ctxT(t), id, providers.ExecRequest{Command: "sleep 3232.5 >/dev/null 2>&1 & echo $!", Timeout: 10 * time.Second, MaxOutput: 64, PreserveBackground: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(res.Stdout)))
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		t.Fatalf("background pid %q not running", res.Stdout)
+	}
+	if err := l.Delete(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := readProcStat("/proc", pid)
+		if err != nil || st.state == 'Z' {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("background process %d survived Delete", pid)
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	if _, err := New(Options{StateDir: t.TempDir(), Isolation: "chroot"}); err == nil {
+		t.Error("unknown isolation accepted")
+	}
+	if _, err := New(Options{}); err == nil {
+		t.Error("empty state dir accepted")
+	}
+}
+
+func BenchmarkExecTrue(b *testing.B) {
+	l := newLocal(b, Options{})
+	id := create(b, l, providers.CreateSpec{})
+	ctx := context.Background()
+	req := providers.ExecRequest{Command: "true", Timeout: 10 * time.Second, MaxOutput: 1024}
+	for b.Loop() {
+		res, err := l.Exec(ctx, id, req)
+		if err != nil || res.ExitCode != 0 {
+			b.Fatal(err, res.ExitCode)
+		}
+	}
+}
+
+// BenchmarkDirectTrue is the baseline: the same command started directly
+// on the host, without namespaces or the agent.
+func BenchmarkDirectTrue(b *testing.B) {
+	for b.Loop() {
+		if err := exec.Command("true").Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDirectBashTrue is the baseline with the shell Exec runs.
+func BenchmarkDirectBashTrue(b *testing.B) {
+	for b.Loop() {
+		if err := exec.Command("/bin/bash", "-c", "true").Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkCreateDelete(b *testing.B) {
+	l := newLocal(b, Options{})
+	ctx := context.Background()
+	for b.Loop() {
+		id := providertest.NewID()
+		if _, err := l.Create(ctx, providers.CreateSpec{ID: id, Workdir: "/workspace", ReadyTimeout: 30 * time.Second}); err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Delete(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestPauseWithoutFreezer covers the fallback: SIGSTOP to every process
+// of the sandbox from inside its pid namespace.
+func TestPauseWithoutFreezer(t *testing.T) {
+	l := newLocal(t, Options{})
+	id := create(t, l, providers.CreateSpec{})
+	sb, err := l.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fz := sb.st.Cgroups["freezer"]
+	sb.st.Cgroups = maps.Clone(sb.st.Cgroups)
+	delete(sb.st.Cgroups, "freezer")
+	// Runs before create's cleanup: Delete then removes the freezer cgroup.
+	t.Cleanup(func() { sb.st.Cgroups["freezer"] = fz })
+
+	res, err := l.Exec(ctxT(t), id, providers.ExecRequest{
+		Command: "sleep 3333.5 >/dev/null 2>&1 & echo $!", Timeout: 10 * time.Second, MaxOutput: 64, PreserveBackground: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := strings.TrimSpace(string(res.Stdout))
+	if err := l.Pause(ctxT(t), id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	if s, _ := l.Status(ctxT(t), id); s != providers.StatePaused {
+		t.Errorf("Status: %s", s)
+	}
+	if _, err := l.Exec(ctxT(t), id, providers.ExecRequest{Command: "true", Timeout: time.Second, MaxOutput: 1}); !errors.Is(err, providers.ErrConflict) {
+		t.Errorf("Exec while paused: %v", err)
+	}
+	if err := l.Resume(ctxT(t), id); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	// The background sleep was stopped and is running again.
+	if got, _ := sh(t, l, id, "cut -d' ' -f3 /proc/"+inner+"/stat"); got != "S\n" {
+		t.Errorf("sleep state after resume: %q", got)
+	}
+}
+
+// TestFilesStream checks that files pass through in bounded memory.
+func TestFilesStream(t *testing.T) {
+	l := newLocal(t, Options{})
+	id := create(t, l, providers.CreateSpec{})
+	const size = 256 << 20
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	n, err := l.WriteFile(ctxT(t), id, "/workspace/big", io.LimitReader(zeroReader{}, size))
+	if err != nil || n != size {
+		t.Fatalf("WriteFile: %d %v", n, err)
+	}
+	rc, got, err := l.ReadFile(ctxT(t), id, "/workspace/big")
+	if err != nil || got != size {
+		t.Fatalf("ReadFile: %d %v", got, err)
+	}
+	copied, err := io.CopyBuffer(io.Discard, rc, make([]byte, 64<<10))
+	rc.Close()
+	if err != nil || copied != size {
+		t.Fatalf("read back %d %v", copied, err)
+	}
+	runtime.ReadMemStats(&after)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16<<20 {
+		t.Errorf("moving 2×256 MiB allocated %d MiB", alloc>>20)
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+func TestEntrypoint(t *testing.T) {
+	l := newLocal(t, Options{})
+	id := create(t, l, providers.CreateSpec{Entrypoint: []string{"sleep", "3535.5"}})
+	if got, _ := sh(t, l, id, "pgrep -fc 'slee[p] 3535.5'"); got != "1\n" {
+		t.Errorf("entrypoint processes: %q", got)
+	}
+	_, err := l.Create(ctxT(t), providers.CreateSpec{ID: providertest.NewID(), Workdir: "/w", Entrypoint: []string{"no-such-binary-sandgate"}, ReadyTimeout: 30 * time.Second})
+	if !errors.Is(err, providers.ErrInvalid) {
+		t.Errorf("missing entrypoint binary: %v, want ErrInvalid", err)
+	}
+}

@@ -1,0 +1,164 @@
+package local
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+)
+
+// The agent protocol. The gateway and a sandbox's init talk over a
+// SOCK_SEQPACKET unix socket, one connection per operation. Every message is
+// JSON, split into chunks of at most chunkSize bytes; the first byte of each
+// chunk says whether more follow. File descriptors travel with SCM_RIGHTS on
+// the first chunk only.
+//
+// exec:   gateway → {op:exec} + [stdin, stdout, stderr]
+//         agent   → {pid} + [pidfd]   or {error, kind}
+//         gateway → {op:kill}          (optional, any number of times)
+//         agent   → {exited, code}     then closes
+// ping, signal, killall: one request, one reply.
+
+const (
+	opExec    = "exec"
+	opKill    = "kill"    // on an exec connection: kill the command's group, session and descendants
+	opPing    = "ping"    // readiness and liveness
+	opSignal  = "signal"  // kill(-1, Signal) inside the sandbox: the pause fallback
+	opKillAll = "killall" // SIGKILL every descendant of init (isolation none has no pid namespace to do it)
+)
+
+const (
+	chunkSize  = 32 << 10
+	maxMessage = 8 << 20 // execve caps argv+env at a few MiB; anything bigger is a bug
+	chunkMore  = 'M'
+	chunkEnd   = 'E'
+)
+
+// request is what the gateway sends.
+type request struct {
+	Op string `json:"op"`
+
+	// exec
+	Command  string   `json:"command,omitempty"` // run by bash -c or sh -c
+	Argv     []string `json:"argv,omitempty"`    // run as is (entrypoint); used when Command is ""
+	Env      []string `json:"env,omitempty"`     // KEY=VALUE; defaults (PATH, HOME, USER) fill what is missing
+	Dir      string   `json:"dir,omitempty"`
+	User     string   `json:"user,omitempty"`
+	Preserve bool     `json:"preserve,omitempty"`
+
+	// signal
+	Signal int `json:"signal,omitempty"`
+}
+
+// Error kinds the agent reports, so the gateway can map them.
+const (
+	kindInvalid = "invalid"
+	kindRuntime = "runtime"
+)
+
+// reply is what the agent sends.
+type reply struct {
+	Pid    int    `json:"pid,omitempty"`
+	Error  string `json:"error,omitempty"`
+	Kind   string `json:"kind,omitempty"`
+	Exited bool   `json:"exited,omitempty"`
+	Code   int    `json:"code,omitempty"`
+}
+
+// sendMsg writes v as one message, with files attached to its first chunk.
+func sendMsg(c *net.UnixConn, v any, files ...*os.File) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(b) > maxMessage {
+		return fmt.Errorf("message of %d bytes exceeds %d", len(b), maxMessage)
+	}
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = syscall.UnixRights(fds...)
+	}
+	chunk := make([]byte, 0, chunkSize+1)
+	for first := true; first || len(b) > 0; first = false {
+		n := min(len(b), chunkSize)
+		tag := byte(chunkEnd)
+		if n < len(b) {
+			tag = chunkMore
+		}
+		chunk = append(append(chunk[:0], tag), b[:n]...)
+		b = b[n:]
+		if _, _, err := c.WriteMsgUnix(chunk, oob, nil); err != nil {
+			return err
+		}
+		oob = nil
+	}
+	return nil
+}
+
+// errEmpty is a zero-length read: the peer closed the connection.
+var errEmpty = errors.New("connection closed by peer")
+
+// recvMsg reads one message into v and returns the files that came with it.
+// The caller owns (and closes) the files, also when err is not nil.
+func recvMsg(c *net.UnixConn, v any) ([]*os.File, error) {
+	buf := make([]byte, chunkSize+1)
+	oob := make([]byte, syscall.CmsgSpace(4*4))
+	var (
+		msg   []byte
+		files []*os.File
+	)
+	for {
+		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+		if oobn > 0 {
+			files = append(files, parseRights(oob[:oobn])...)
+		}
+		if err != nil {
+			return files, err
+		}
+		if n == 0 {
+			return files, errEmpty
+		}
+		msg = append(msg, buf[1:n]...)
+		if len(msg) > maxMessage {
+			return files, fmt.Errorf("message exceeds %d bytes", maxMessage)
+		}
+		if buf[0] == chunkEnd {
+			break
+		}
+	}
+	return files, json.Unmarshal(msg, v)
+}
+
+// parseRights turns SCM_RIGHTS control data into files. The net package
+// receives with MSG_CMSG_CLOEXEC, so the descriptors are already close-on-exec.
+func parseRights(oob []byte) []*os.File {
+	msgs, err := syscall.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var files []*os.File
+	for _, m := range msgs {
+		fds, err := syscall.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			files = append(files, os.NewFile(uintptr(fd), "scm-rights"))
+		}
+	}
+	return files
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		if f != nil {
+			f.Close()
+		}
+	}
+}

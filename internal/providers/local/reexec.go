@@ -1,0 +1,241 @@
+package local
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// The hidden subcommands. The gateway re-executes its own binary
+// (/proc/self/exe) with one of these as os.Args[1]; this package's init
+// function catches them before main (or TestMain) runs, so the same
+// mechanism works from the gateway binary and from test binaries.
+const (
+	setupArg = "__sandgate-local-setup" // privileged mount ns: clone / for the overlay, start init
+	initArg  = "__sandgate-local-init"  // the sandbox's init and agent
+	probeArg = "__sandgate-local-probe" // New: can we create the namespaces at all?
+)
+
+// Descriptors handed to setup and init (after stdin, stdout, stderr).
+const (
+	fdListener = 3 // the agent's listening socket, bound by the gateway
+	fdReady    = 4 // write end of the readiness pipe
+	fdConfig   = 5 // read end of a pipe holding the initConfig JSON
+)
+
+// nsFlags are the namespaces of a sandbox.
+const nsFlags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID | syscall.CLONE_NEWNS |
+	syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC
+
+// idMapSize is the size of the identity uid/gid mapping: sandbox ids
+// 0..65535 are the same ids on the host. See the package doc.
+const idMapSize = 65536
+
+// initConfig is what setup and init are told. It travels through a pipe,
+// not argv, because a sandbox's ps shows init's command line and the
+// config names host paths.
+type initConfig struct {
+	ID        string `json:"id"`
+	Dir       string `json:"dir"`       // the sandbox's state directory (host path)
+	StateDir  string `json:"state_dir"` // the provider's state directory, hidden inside the sandbox
+	Workdir   string `json:"workdir"`   // created if missing
+	Isolation string `json:"isolation"`
+}
+
+// readyMsg is one line on the readiness pipe: setup reports init's pid,
+// init reports ready or an error.
+type readyMsg struct {
+	Pid   int    `json:"pid,omitempty"`
+	Ready bool   `json:"ready,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+func init() {
+	if len(os.Args) < 2 {
+		return
+	}
+	switch os.Args[1] {
+	case setupArg:
+		os.Exit(runSetup())
+	case initArg:
+		os.Exit(runInit())
+	case probeArg:
+		os.Exit(runProbe())
+	}
+}
+
+// sandboxAttr is how init is started in a fresh set of namespaces.
+func sandboxAttr() *syscall.SysProcAttr {
+	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: idMapSize}}
+	return &syscall.SysProcAttr{
+		Cloneflags:                 nsFlags,
+		UidMappings:                idmap,
+		GidMappings:                idmap,
+		GidMappingsEnableSetgroups: true, // commands run with their user's supplementary groups
+		Setsid:                     true,
+	}
+}
+
+// writeReady writes one line (under PIPE_BUF: atomic) and reports whether
+// it went through.
+func writeReady(f *os.File, m readyMsg) bool {
+	b, _ := json.Marshal(m)
+	_, err := f.Write(append(b, '\n'))
+	return err == nil
+}
+
+// runSetup starts init and exits, so init is orphaned from the start and
+// survives the gateway. With namespaces it runs in a new mount namespace
+// without a user namespace, as host root, and first places a non-recursive, read-only clone of / at <dir>/lower (an
+// overlay refuses a lower layer with locked submounts, which is what a
+// clone made inside the user namespace would have).
+func runSetup() int {
+	ready := os.NewFile(fdReady, "ready")
+	fail := func(err error) int {
+		writeReady(ready, readyMsg{Error: err.Error()})
+		return 1
+	}
+	cfg, raw, err := readConfig()
+	if err != nil {
+		return fail(err)
+	}
+	cfgR, err := configPipe(raw)
+	if err != nil {
+		return fail(err)
+	}
+	cmd := exec.Command("/proc/self/exe", initArg)
+	cmd.Env = []string{}
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{os.NewFile(fdListener, "listener"), ready, cfgR}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if cfg.Isolation == IsolationNamespaces {
+		lower := cfg.Dir + "/lower"
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return fail(fmt.Errorf("make / private: %w", err))
+		}
+		if err := unix.Mount("/", lower, "", unix.MS_BIND, ""); err != nil {
+			return fail(fmt.Errorf("clone /: %w", err))
+		}
+		if err := unix.Mount("", lower, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			return fail(fmt.Errorf("make lower read-only: %w", err))
+		}
+		cmd.SysProcAttr = sandboxAttr()
+	}
+	if err := cmd.Start(); err != nil {
+		return fail(fmt.Errorf("start init: %w", err))
+	}
+	writeReady(ready, readyMsg{Pid: cmd.Process.Pid})
+	return 0
+}
+
+// runInit is the sandbox's init: it builds the root filesystem (in
+// isolation "namespaces"), then serves the agent protocol until killed.
+func runInit() int {
+	ready := os.NewFile(fdReady, "ready")
+	fail := func(err error) int {
+		writeReady(ready, readyMsg{Error: err.Error()})
+		return 1
+	}
+	// A Go program's default handlers exit on these; a namespace init is
+	// only shielded from signals it leaves at SIG_DFL, so without this a
+	// `kill -TERM 1` inside would end the sandbox. Notify, not Ignore: an
+	// ignored disposition would be inherited by every command.
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT,
+		syscall.SIGUSR1, syscall.SIGUSR2)
+	go func() {
+		for range sigs {
+		}
+	}()
+
+	cfg, _, err := readConfig()
+	if err != nil {
+		return fail(err)
+	}
+	if cfg.Isolation == IsolationNamespaces {
+		if err := setupRoot(cfg); err != nil {
+			return fail(err)
+		}
+		// Non-dumpable: together with CAP_SYS_PTRACE leaving the commands'
+		// bounding set, no command can ptrace init and borrow its
+		// CAP_SYS_ADMIN.
+		if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+			return fail(fmt.Errorf("set non-dumpable: %w", err))
+		}
+	} else {
+		// Without a pid namespace, orphans would go to host PID 1; as a
+		// subreaper init keeps them, so Delete can find and kill them.
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return fail(fmt.Errorf("become subreaper: %w", err))
+		}
+	}
+
+	lf := os.NewFile(fdListener, "listener")
+	l, err := net.FileListener(lf) // dups with O_CLOEXEC
+	lf.Close()                     // fd 3 is not close-on-exec: commands must not inherit it
+	if err != nil {
+		return fail(fmt.Errorf("agent socket: %w", err))
+	}
+	a := newAgent(cfg)
+	if err := a.start(); err != nil {
+		return fail(err)
+	}
+	// If the gateway gave up waiting, nobody will ever use this sandbox.
+	if !writeReady(ready, readyMsg{Ready: true}) {
+		return 1
+	}
+	ready.Close()
+	a.serve(l.(*net.UnixListener))
+	return 1
+}
+
+// readConfig reads the config from fdConfig and closes it.
+func readConfig() (initConfig, []byte, error) {
+	f := os.NewFile(fdConfig, "config")
+	defer f.Close()
+	var cfg initConfig
+	raw, err := io.ReadAll(f)
+	if err == nil {
+		err = json.Unmarshal(raw, &cfg)
+	}
+	if err != nil {
+		return cfg, nil, fmt.Errorf("read config: %w", err)
+	}
+	return cfg, raw, nil
+}
+
+// configPipe returns the read end of a pipe that holds raw (small enough
+// for the pipe buffer) and is closed for writing.
+func configPipe(raw []byte) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	if _, err := w.Write(raw); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// runProbe runs inside a fresh set of sandbox namespaces and checks that
+// mounting works there.
+func runProbe() int {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		fmt.Fprintf(os.Stderr, "make / private in the new mount namespace: %v", err)
+		return 1
+	}
+	if err := unix.Mount("tmpfs", "/tmp", "tmpfs", 0, "size=4k"); err != nil {
+		fmt.Fprintf(os.Stderr, "mount tmpfs in the new user namespace: %v", err)
+		return 1
+	}
+	return 0
+}

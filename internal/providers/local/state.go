@@ -1,0 +1,94 @@
+package local
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+)
+
+// persisted is what a sandbox's directory records in state.json, so that a
+// later gateway process can find and use the sandbox (adoption).
+type persisted struct {
+	ID        string            `json:"id"`
+	Isolation string            `json:"isolation"`
+	Workdir   string            `json:"workdir"`
+	Env       map[string]string `json:"env,omitempty"`
+	Pid       int               `json:"pid"`        // init, in the host's pid namespace
+	StartTime uint64            `json:"start_time"` // of init, field 22 of /proc/<pid>/stat
+	Cgroups   map[string]string `json:"cgroups,omitempty"`
+	Created   time.Time         `json:"created"`
+}
+
+const (
+	stateFile  = "state.json"
+	pausedFile = "paused" // exists while paused by signals (no freezer)
+	socketName = "agent.sock"
+	logName    = "init.log"
+)
+
+func writeState(dir string, st persisted) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := dir + "/" + stateFile + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dir+"/"+stateFile)
+}
+
+func readState(dir string) (persisted, error) {
+	var st persisted
+	b, err := os.ReadFile(dir + "/" + stateFile)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("%s: %w", stateFile, err)
+	}
+	return st, nil
+}
+
+// procStat is the part of /proc/<pid>/stat this package uses.
+type procStat struct {
+	state           byte
+	ppid, pgid, sid int
+	startTime       uint64
+}
+
+// readProcStat parses /proc/<pid>/stat under proc. The command name (field
+// 2) may hold spaces and parentheses, so fields are counted from the last ')'.
+func readProcStat(proc string, pid int) (procStat, error) {
+	b, err := os.ReadFile(proc + "/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return procStat{}, errors.New("malformed stat")
+	}
+	f := bytes.Fields(b[i+1:])
+	// f[0] is field 3 (state); field N is f[N-3].
+	if len(f) < 20 {
+		return procStat{}, errors.New("malformed stat")
+	}
+	atoi := func(b []byte) int { n, _ := strconv.Atoi(string(b)); return n }
+	start, _ := strconv.ParseUint(string(f[19]), 10, 64)
+	return procStat{state: f[0][0], ppid: atoi(f[1]), pgid: atoi(f[2]), sid: atoi(f[3]), startTime: start}, nil
+}
+
+// alive reports whether pid is still the process that started at
+// startTime and has not exited. A dead init stays a zombie with the same
+// start time until host PID 1 gets round to reaping it.
+func alive(pid int, startTime uint64) bool {
+	if pid <= 0 {
+		return false
+	}
+	st, err := readProcStat("/proc", pid)
+	return err == nil && st.startTime == startTime && st.state != 'Z' && st.state != 'X'
+}
