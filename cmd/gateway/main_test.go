@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sandgate/sandgate/internal/providers/local"
 )
 
 // gatewayBin is the gateway built once for the tests that run it as a real
@@ -104,8 +106,33 @@ func startGateway(t *testing.T, stateDir string, env []string, args ...string) *
 		<-p.done
 		t.Fatalf("gateway did not start in 30s\n%s", p.stderr)
 	}
-	t.Cleanup(func() { p.stop(syscall.SIGKILL) })
+	t.Cleanup(func() {
+		p.stop(syscall.SIGKILL)
+		reapSandboxes(t, stateDir)
+	})
 	return p
+}
+
+// reapSandboxes deletes every sandbox left in a gateway's state dir:
+// sandboxes outlive the gateway by design, but not the test.
+func reapSandboxes(t *testing.T, stateDir string) {
+	l, err := local.New(local.Options{StateDir: filepath.Join(stateDir, "local")})
+	if err != nil {
+		t.Errorf("reap sandboxes: %v", err)
+		return
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	owned, err := l.List(ctx)
+	if err != nil {
+		t.Errorf("reap sandboxes: %v", err)
+	}
+	for _, o := range owned {
+		if err := l.Delete(ctx, o.ID); err != nil {
+			t.Errorf("reap sandbox %s: %v", o.ID, err)
+		}
+	}
 }
 
 // stop sends sig and waits for the process to exit; it returns the wait error.

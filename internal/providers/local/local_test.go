@@ -29,9 +29,8 @@ func TestMain(m *testing.M) {
 
 // leakCheckedM fails the run if it leaves sandbox inits or cgroups behind:
 // sandboxes outlive the provider by design, so a missed cleanup would
-// otherwise go unnoticed. It compares the machine before and after, so it
-// assumes no other binary makes sandboxes meanwhile (go test runs one
-// binary per package).
+// otherwise go unnoticed. It counts only this binary's sandboxes (ids from
+// providertest.NewID), since other packages' tests run at the same time.
 type leakCheckedM struct{ m *testing.M }
 
 func (l leakCheckedM) Run() int {
@@ -53,15 +52,17 @@ func (l leakCheckedM) Run() int {
 // leftovers lists live sandbox inits and sandbox cgroups on this machine.
 func leftovers() []string {
 	var out []string
+	mine := cgroupPrefix + providertest.IDPrefix
 	for _, p := range scanProcs() {
 		b, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/cmdline")
-		if strings.Contains(string(b), initArg) {
+		cg, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/cgroup")
+		if strings.Contains(string(b), initArg) && strings.Contains(string(cg), mine) {
 			out = append(out, "init pid "+strconv.Itoa(p.pid))
 		}
 	}
 	own := ownCgroups()
 	for _, ctrl := range cgroupControllers {
-		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, ctrl, own[ctrl], cgroupPrefix+"*"))
+		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, ctrl, own[ctrl], mine+"*"))
 		out = append(out, dirs...)
 	}
 	return out

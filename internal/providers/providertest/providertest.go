@@ -86,9 +86,18 @@ type suite struct {
 
 // NewID returns a fresh sandbox id in the service's format.
 func NewID() string {
-	b := make([]byte, 13)
+	return IDPrefix + randomBase32(12)
+}
+
+// IDPrefix starts every id NewID makes in this process, so a test binary
+// can tell its own sandboxes from those of other binaries running at the
+// same time (go test runs packages in parallel).
+var IDPrefix = "sbx-" + randomBase32(8)
+
+func randomBase32(n int) string {
+	b := make([]byte, 10)
 	rand.Read(b)
-	return "sbx-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))[:20]
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))[:n]
 }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
