@@ -84,6 +84,12 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 	if req.Cwd != "" {
 		cwd = resolve(cwd, req.Cwd)
 	}
+	start := time.Now()
+	outcome := "error"
+	defer func() {
+		s.m.ExecTotal.WithLabelValues(outcome).Inc()
+		s.m.ExecSeconds.Observe(time.Since(start).Seconds())
+	}()
 	ctx, cancel := context.WithTimeout(ctx, timeout+execGrace)
 	defer cancel()
 	res, err := s.p.Exec(ctx, id, providers.ExecRequest{
@@ -97,7 +103,11 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 		MaxOutput:          s.opts.MaxExecOutput,
 	})
 	if err != nil {
-		return s.execFailed(ctx, a.box, err)
+		out, err := s.execFailed(ctx, a.box, err)
+		if err == nil {
+			outcome = out.ErrorType
+		}
+		return out, err
 	}
 	out := ExecResult{
 		Stdout:     res.Stdout,
@@ -106,8 +116,14 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 		Duration:   res.Duration,
 		Truncated:  res.Truncated,
 	}
-	if res.TimedOut {
+	switch {
+	case res.TimedOut:
 		out.ReturnCode, out.ErrorType = 125, ExecTimeout
+		outcome = ExecTimeout
+	case res.ExitCode != 0:
+		outcome = "nonzero"
+	default:
+		outcome = "ok"
 	}
 	return out, nil
 }

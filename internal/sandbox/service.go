@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -44,8 +45,9 @@ type Options struct {
 	MaxExecOutput       int           // default 16 MiB per stream
 	ReapInterval        time.Duration // default 1s
 
-	Clock  Clock // default: the wall clock
-	Logger *slog.Logger
+	Clock   Clock // default: the wall clock
+	Logger  *slog.Logger
+	Metrics *metrics.Metrics // default: metrics.Discard()
 }
 
 func (o *Options) defaults() {
@@ -78,6 +80,9 @@ func (o *Options) defaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.Discard()
+	}
 }
 
 // Service is the sandbox service. It is safe for concurrent use; Close
@@ -90,6 +95,7 @@ type Service struct {
 	keys  map[string]bool // fingerprints of the API keys
 	slots *slots
 	log   *slog.Logger
+	m     *metrics.Metrics
 
 	mu     sync.Mutex      // guards boxes and leases, and every box's fields
 	boxes  map[string]*box // live and stopped sandboxes with a record
@@ -141,6 +147,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		keys:   map[string]bool{},
 		slots:  newSlots(opts.MaxSandboxes),
 		log:    opts.Logger,
+		m:      opts.Metrics,
 		boxes:  map[string]*box{},
 		leases: map[string]Lease{},
 		stop:   make(chan struct{}),
@@ -154,6 +161,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		st.close()
 		return nil, err
 	}
+	s.m.WatchSandboxes(s.countStates, s.slots.waiting)
 	s.reaperWG.Add(1)
 	go s.reaper()
 	return s, nil
@@ -406,13 +414,30 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (Ref,
 		return Ref{}, err
 	}
 	if err := s.slots.acquire(ctx, s.opts.QueueTimeout); err != nil {
+		s.m.CreatesTotal.WithLabelValues(s.p.Name(), "unavailable").Inc()
 		return Ref{}, err
 	}
+	start := time.Now()
 	ref, err := s.create(ctx, creator, req)
 	if err != nil {
 		s.slots.release()
+		s.m.CreatesTotal.WithLabelValues(s.p.Name(), "error").Inc()
+		return Ref{}, err
 	}
-	return ref, err
+	s.m.CreatesTotal.WithLabelValues(s.p.Name(), "ok").Inc()
+	s.m.CreateSeconds.Observe(time.Since(start).Seconds())
+	return ref, nil
+}
+
+// countStates counts the sandboxes by state (for the metrics).
+func (s *Service) countStates() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := map[string]int{}
+	for _, b := range s.boxes {
+		n[string(b.rec.State)]++
+	}
+	return n
 }
 
 func (s *Service) create(ctx context.Context, creator string, req CreateRequest) (Ref, error) {
@@ -782,6 +807,7 @@ func (s *Service) remove(ctx context.Context, b *box, why string) error {
 	for _, f := range hooks {
 		f(id)
 	}
+	s.m.DeletesTotal.WithLabelValues(why).Inc()
 	if err := s.st.deleteSandbox(id); err != nil {
 		s.log.Error("forget sandbox", "sandbox", id, "err", err)
 	}
