@@ -31,6 +31,7 @@ var kindStatus = map[error]struct {
 	providers.ErrConflict:     {http.StatusConflict, "conflict"},
 	providers.ErrUnsupported:  {http.StatusConflict, "not_supported"},
 	providers.ErrTooLarge:     {http.StatusRequestEntityTooLarge, "too_large"},
+	providers.ErrTooMany:      {http.StatusTooManyRequests, "too_many_requests"},
 	providers.ErrUnavailable:  {http.StatusServiceUnavailable, "unavailable"},
 }
 
@@ -54,6 +55,12 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 		p.Status, p.Code = http.StatusInternalServerError, "internal"
 		p.Detail = "internal error; see the gateway log for request " + requestID(r)
 		log.Error("internal error", "method", r.Method, "path", r.URL.Path, "request_id", requestID(r), "err", err)
+	}
+	// Some errors carry the code the contract documents for them
+	// (pty.Error: CONTEXT_NOT_FOUND, ALREADY_CONNECTED).
+	var coded interface{ APICode() string }
+	if p.Status < 500 && errors.As(err, &coded) {
+		p.Code = coded.APICode()
 	}
 	var fields providers.InvalidFields
 	if errors.As(err, &fields) {

@@ -10,14 +10,15 @@ import (
 // wraps exactly one of them (with %w, or through *Error); the HTTP layer maps
 // a kind to a status in one place. An error that wraps none is a bug (500).
 var (
-	ErrInvalid      = errors.New("invalid input") // 400
-	ErrUnauthorized = errors.New("unauthorized")  // 401
-	ErrForbidden    = errors.New("forbidden")     // 403
-	ErrNotFound     = errors.New("not found")     // 404
-	ErrConflict     = errors.New("conflict")      // 409: wrong state
-	ErrTooLarge     = errors.New("too large")     // 413
-	ErrUnavailable  = errors.New("unavailable")   // 503: backend down, capacity
-	ErrUnsupported  = errors.New("not supported") // 409: capability missing
+	ErrInvalid      = errors.New("invalid input")     // 400
+	ErrUnauthorized = errors.New("unauthorized")      // 401
+	ErrForbidden    = errors.New("forbidden")         // 403
+	ErrNotFound     = errors.New("not found")         // 404
+	ErrConflict     = errors.New("conflict")          // 409: wrong state
+	ErrTooLarge     = errors.New("too large")         // 413
+	ErrTooMany      = errors.New("too many requests") // 429: a concurrency limit
+	ErrUnavailable  = errors.New("unavailable")       // 503: backend down, capacity
+	ErrUnsupported  = errors.New("not supported")     // 409: capability missing
 )
 
 // Error is an error of one kind with a message that is safe to show a
@@ -54,7 +55,7 @@ func (e *Error) Unwrap() []error {
 }
 
 // Kinds lists the error kinds in the order Kind checks them.
-var Kinds = []error{ErrInvalid, ErrUnauthorized, ErrForbidden, ErrNotFound, ErrConflict, ErrTooLarge, ErrUnavailable, ErrUnsupported}
+var Kinds = []error{ErrInvalid, ErrUnauthorized, ErrForbidden, ErrNotFound, ErrConflict, ErrTooLarge, ErrTooMany, ErrUnavailable, ErrUnsupported}
 
 // Kind returns the kind err wraps, or nil for an error of no kind (a bug).
 func Kind(err error) error {

@@ -79,6 +79,11 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 		return ExecResult{}, err
 	}
 	defer end()
+	done, err := s.execSlot(a.box)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	defer done()
 
 	cwd := a.box.rec.Workdir
 	if req.Cwd != "" {
@@ -126,6 +131,29 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 		outcome = "ok"
 	}
 	return out, nil
+}
+
+// execSlot counts one exec in flight against the concurrency limits, or
+// refuses it with ErrTooMany. The returned func gives the slot back.
+func (s *Service) execSlot(b *box) (func(), error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case b.execs >= s.opts.MaxExecsPerSandbox:
+		s.m.Refused.WithLabelValues("exec").Inc()
+		return nil, providers.Errorf(providers.ErrTooMany, "sandbox %s already runs %d execs (the limit); retry when one finishes", b.rec.ID, b.execs)
+	case s.execs >= s.opts.MaxExecs:
+		s.m.Refused.WithLabelValues("exec").Inc()
+		return nil, providers.Errorf(providers.ErrTooMany, "the gateway already runs %d execs (the limit); retry when one finishes", s.execs)
+	}
+	b.execs++
+	s.execs++
+	return func() {
+		s.mu.Lock()
+		b.execs--
+		s.execs--
+		s.mu.Unlock()
+	}, nil
 }
 
 // execFailed turns a provider's exec error into the answer the client

@@ -77,3 +77,42 @@ func TestServiceMetrics(t *testing.T) {
 		t.Fatalf("sandgate_sandboxes %v", states)
 	}
 }
+
+func TestExecLimits(t *testing.T) {
+	e := newEnv(t, func(o *Options) { o.MaxExecsPerSandbox = 2; o.MaxExecs = 3 })
+	ctx := context.Background()
+	a := e.create(t, CreateRequest{})
+	b := e.create(t, CreateRequest{})
+	release := make(chan struct{})
+	started := make(chan struct{}, 8)
+	e.p.ExecFunc = func(ctx context.Context, id string, req providers.ExecRequest) (providers.ExecResult, error) {
+		started <- struct{}{}
+		<-release
+		return providers.ExecResult{}, nil
+	}
+	errs := make(chan error, 8)
+	run := func(r Ref) {
+		_, err := e.svc.Exec(ctx, lease(r.Token), r.SandboxID, ExecRequest{Command: "x"})
+		errs <- err
+	}
+	go run(a)
+	go run(a)
+	<-started
+	<-started
+	_, err := e.svc.Exec(ctx, lease(a.Token), a.SandboxID, ExecRequest{Command: "x"})
+	wantKind(t, err, providers.ErrTooMany)
+	go run(b)
+	<-started
+	_, err = e.svc.Exec(ctx, lease(b.Token), b.SandboxID, ExecRequest{Command: "x"})
+	wantKind(t, err, providers.ErrTooMany)
+	close(release)
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.p.ExecFunc = nil
+	if _, err := e.svc.Exec(ctx, lease(a.Token), a.SandboxID, ExecRequest{Command: "x"}); err != nil {
+		t.Fatalf("after the slots freed: %v", err)
+	}
+}

@@ -43,6 +43,8 @@ type Options struct {
 	DefaultReadyTimeout time.Duration // default 60s
 	DefaultExecTimeout  time.Duration // default 180s
 	MaxExecOutput       int           // default 16 MiB per stream
+	MaxExecs            int           // concurrent execs in all sandboxes; default 1024
+	MaxExecsPerSandbox  int           // concurrent execs in one sandbox; default 256
 	ReapInterval        time.Duration // default 1s
 
 	Clock   Clock // default: the wall clock
@@ -70,6 +72,12 @@ func (o *Options) defaults() {
 	}
 	if o.MaxExecOutput <= 0 {
 		o.MaxExecOutput = 16 << 20
+	}
+	if o.MaxExecs <= 0 {
+		o.MaxExecs = 1024
+	}
+	if o.MaxExecsPerSandbox <= 0 {
+		o.MaxExecsPerSandbox = 256
 	}
 	if o.ReapInterval <= 0 {
 		o.ReapInterval = time.Second
@@ -100,6 +108,7 @@ type Service struct {
 	mu     sync.Mutex      // guards boxes and leases, and every box's fields
 	boxes  map[string]*box // live and stopped sandboxes with a record
 	leases map[string]Lease
+	execs  int // execs in flight in all sandboxes (MaxExecs)
 
 	onRemove []func(id string) // see OnRemove
 
@@ -113,6 +122,7 @@ type box struct {
 	rec          Record
 	lastActivity time.Time
 	busy         int  // requests in flight (exec, files): never idle while > 0
+	execs        int  // execs in flight (MaxExecsPerSandbox)
 	holds        int  // attached clients (PTY): never idle while > 0
 	hasSlot      bool // counts against MaxSandboxes
 }
