@@ -33,7 +33,7 @@ test: check-generated vet
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 bench:
-	CGO_ENABLED=1 $(GO) test -run '^$$' -bench . -benchtime 300x ./cmd/gateway/ ./internal/providers/local/
+	CGO_ENABLED=1 $(GO) test -run '^$$' -bench . -benchtime 300x ./cmd/gateway/ ./internal/providers/local/ ./internal/handlers/
 
 clean:
 	rm -rf bin .state

@@ -28,6 +28,8 @@ type config struct {
 	MaxBody        int64
 	ShutdownGrace  time.Duration
 	LocalIsolation string
+	PTYRingBytes   int
+	AllowedOrigins []string
 	LogLevel       string
 	LogFormat      string
 }
@@ -66,6 +68,16 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.Int64Var(&c.MaxBody, "max-body", 64<<20, "largest JSON request body in bytes (base64 file routes included)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long SIGTERM waits for in-flight requests")
 	fs.StringVar(&c.LocalIsolation, "local-isolation", "namespaces", "local provider isolation: namespaces or none (plain host processes)")
+	fs.IntVar(&c.PTYRingBytes, "pty-ring-bytes", 1<<20, "output retained per terminal session for replay, in bytes")
+	fs.Func("allowed-origins", "comma-separated browser origins allowed to attach to terminals besides the gateway's own: host patterns (*.example.com) or scheme://host", func(v string) error {
+		c.AllowedOrigins = c.AllowedOrigins[:0] // the command line replaces the environment's list
+		for _, o := range strings.Split(v, ",") {
+			if o = strings.TrimSpace(o); o != "" {
+				c.AllowedOrigins = append(c.AllowedOrigins, o)
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "text or json")
 	return fs
@@ -127,6 +139,9 @@ func parseConfig(args []string, lookup func(string) (string, bool), stderr io.Wr
 		if k = strings.TrimSpace(k); k != "" {
 			c.APIKeys = append(c.APIKeys, k)
 		}
+	}
+	if c.PTYRingBytes < 1 {
+		return c, fmt.Errorf("--pty-ring-bytes must be at least 1")
 	}
 	if c.DefaultTTL == 0 {
 		c.DefaultTTL = -1 // the service's "no expiry"

@@ -21,6 +21,7 @@ import (
 	"github.com/sandgate/sandgate/internal/handlers"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/local"
+	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
@@ -80,12 +81,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer svc.Close()
-	h, err := handlers.New(handlers.Options{Service: svc, PublicURL: publicURL, MaxJSONBody: cfg.MaxBody, Logger: log})
+	terms := pty.NewManager(svc, pty.Options{RingBytes: cfg.PTYRingBytes, AllowedOrigins: cfg.AllowedOrigins, Logger: log})
+	// Before svc.Close: closing ends the terminal sessions and waits for
+	// their goroutines and WebSockets.
+	defer terms.Close()
+	h, err := handlers.New(handlers.Options{Service: svc, PublicURL: publicURL, MaxJSONBody: cfg.MaxBody, PTY: terms, Logger: log})
 	if err != nil {
 		return err
 	}
 
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// Shutdown does not wait for hijacked connections: the WebSockets are
+	// told 1001 as it starts, and terms.Close below waits for them.
+	srv.RegisterOnShutdown(terms.Shutdown)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	served := make(chan error, 1)
@@ -108,6 +116,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		srv.Close()
 	}
 	<-served
+	terms.Close()
 	return err
 }
 

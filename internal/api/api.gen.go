@@ -459,6 +459,9 @@ type ExecCommandJSONRequestBody = ExecRequest
 // CreateLeaseJSONRequestBody defines body for CreateLease for application/json ContentType.
 type CreateLeaseJSONRequestBody = LeaseRequest
 
+// CreatePtySessionJSONRequestBody defines body for CreatePtySession for application/json ContentType.
+type CreatePtySessionJSONRequestBody = PtyCreateRequest
+
 // RenewSandboxJSONRequestBody defines body for RenewSandbox for application/json ContentType.
 type RenewSandboxJSONRequestBody = RenewRequest
 
@@ -679,6 +682,47 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
 	PauseSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListPtySessions List the sandbox's terminal sessions
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/pty (the `ListPtySessions` operationId).
+	ListPtySessions(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePtySessionWithBody Start a terminal session
+	//
+	// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
+	// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+	// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
+	// be omitted.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/pty (the `CreatePtySession` operationId).
+	CreatePtySessionWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePtySession Start a terminal session
+	//
+	// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
+	// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+	// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
+	// be omitted.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/pty (the `CreatePtySession` operationId).
+	CreatePtySession(ctx context.Context, id SandboxID, body CreatePtySessionJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeletePtySession Kill and forget a terminal session
+	//
+	// Kills the session's process group, closes any attached client and forgets the session.
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/pty/{sid} (the `DeletePtySession` operationId).
+	DeletePtySession(ctx context.Context, id SandboxID, sid SessionID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetPtySession Describe a terminal session
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/pty/{sid} (the `GetPtySession` operationId).
+	GetPtySession(ctx context.Context, id SandboxID, sid SessionID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RenewSandboxWithBody Extend a sandbox's lifetime (owner)
 	//
@@ -1014,6 +1058,97 @@ func (c *Client) ReleaseLease(ctx context.Context, id SandboxID, reqEditors ...R
 // Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
 func (c *Client) PauseSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPauseSandboxRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListPtySessions List the sandbox's terminal sessions
+//
+// Corresponds with GET /v1/sandboxes/{id}/pty (the `ListPtySessions` operationId).
+func (c *Client) ListPtySessions(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListPtySessionsRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePtySessionWithBody Start a terminal session
+//
+// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
+// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
+// be omitted.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/pty (the `CreatePtySession` operationId).
+func (c *Client) CreatePtySessionWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePtySessionRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePtySession Start a terminal session
+//
+// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
+// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
+// be omitted.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/pty (the `CreatePtySession` operationId).
+func (c *Client) CreatePtySession(ctx context.Context, id SandboxID, body CreatePtySessionJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePtySessionRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeletePtySession Kill and forget a terminal session
+//
+// Kills the session's process group, closes any attached client and forgets the session.
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/pty/{sid} (the `DeletePtySession` operationId).
+func (c *Client) DeletePtySession(ctx context.Context, id SandboxID, sid SessionID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeletePtySessionRequest(c.Server, id, sid)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetPtySession Describe a terminal session
+//
+// Corresponds with GET /v1/sandboxes/{id}/pty/{sid} (the `GetPtySession` operationId).
+func (c *Client) GetPtySession(ctx context.Context, id SandboxID, sid SessionID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetPtySessionRequest(c.Server, id, sid)
 	if err != nil {
 		return nil, err
 	}
@@ -1686,6 +1821,169 @@ func NewPauseSandboxRequest(server string, id SandboxID) (*http.Request, error) 
 	return req, nil
 }
 
+// NewListPtySessionsRequest constructs an http.Request for the ListPtySessions method
+func NewListPtySessionsRequest(server string, id SandboxID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/pty", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCreatePtySessionRequest calls the generic CreatePtySession builder with application/json body
+func NewCreatePtySessionRequest(server string, id SandboxID, body CreatePtySessionJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreatePtySessionRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewCreatePtySessionRequestWithBody constructs an http.Request for the CreatePtySession method, with any body, and a specified content type
+func NewCreatePtySessionRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/pty", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeletePtySessionRequest constructs an http.Request for the DeletePtySession method
+func NewDeletePtySessionRequest(server string, id SandboxID, sid SessionID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "sid", sid, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/pty/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetPtySessionRequest constructs an http.Request for the GetPtySession method
+func NewGetPtySessionRequest(server string, id SandboxID, sid SessionID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "sid", sid, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/pty/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewRenewSandboxRequest calls the generic RenewSandbox builder with application/json body
 func NewRenewSandboxRequest(server string, id SandboxID, body RenewSandboxJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -2048,6 +2346,53 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/pause (the `PauseSandbox` operationId).
 	PauseSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error)
+
+	// ListPtySessionsWithResponse List the sandbox's terminal sessions
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/pty (the `ListPtySessions` operationId).
+	ListPtySessionsWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ListPtySessionsResponse, error)
+
+	// CreatePtySessionWithBodyWithResponse Start a terminal session
+	//
+	// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
+	// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+	// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
+	// be omitted.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/pty (the `CreatePtySession` operationId).
+	CreatePtySessionWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePtySessionResponse, error)
+
+	// CreatePtySessionWithResponse Start a terminal session
+	//
+	// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
+	// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+	// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
+	// be omitted.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/pty (the `CreatePtySession` operationId).
+	CreatePtySessionWithResponse(ctx context.Context, id SandboxID, body CreatePtySessionJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePtySessionResponse, error)
+
+	// DeletePtySessionWithResponse Kill and forget a terminal session
+	//
+	// Kills the session's process group, closes any attached client and forgets the session.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/pty/{sid} (the `DeletePtySession` operationId).
+	DeletePtySessionWithResponse(ctx context.Context, id SandboxID, sid SessionID, reqEditors ...RequestEditorFn) (*DeletePtySessionResponse, error)
+
+	// GetPtySessionWithResponse Describe a terminal session
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/pty/{sid} (the `GetPtySession` operationId).
+	GetPtySessionWithResponse(ctx context.Context, id SandboxID, sid SessionID, reqEditors ...RequestEditorFn) (*GetPtySessionResponse, error)
 
 	// RenewSandboxWithBodyWithResponse Extend a sandbox's lifetime (owner)
 	//
@@ -3018,6 +3363,289 @@ func (r PauseSandboxResponse) ContentType() string {
 	return ""
 }
 
+type ListPtySessionsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PtySessionList
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListPtySessionsResponse) GetJSON200() *PtySessionList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListPtySessionsResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListPtySessionsResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListPtySessionsResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r ListPtySessionsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListPtySessionsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListPtySessionsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListPtySessionsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreatePtySessionResponse503Headers the declared response headers of an HTTP 503 response for CreatePtySession
+type CreatePtySessionResponse503Headers struct {
+	RetryAfter *int
+}
+
+type CreatePtySessionResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *PtyCreated
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreatePtySessionResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreatePtySessionResponse) GetJSON201() *PtyCreated {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreatePtySessionResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreatePtySessionResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CreatePtySessionResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r CreatePtySessionResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CreatePtySessionResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreatePtySessionResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CreatePtySessionResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreatePtySessionResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreatePtySessionResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreatePtySessionResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreatePtySessionResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DeletePtySessionResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *DeleteResult
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *SessionNotFound
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeletePtySessionResponse) GetJSON200() *DeleteResult {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DeletePtySessionResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r DeletePtySessionResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r DeletePtySessionResponse) GetApplicationProblemJSON404() *SessionNotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r DeletePtySessionResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeletePtySessionResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeletePtySessionResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeletePtySessionResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetPtySessionResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PtySession
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *SessionNotFound
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetPtySessionResponse) GetJSON200() *PtySession {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetPtySessionResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetPtySessionResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetPtySessionResponse) GetApplicationProblemJSON404() *SessionNotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r GetPtySessionResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetPtySessionResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetPtySessionResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetPtySessionResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type RenewSandboxResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3581,6 +4209,83 @@ func (c *ClientWithResponses) PauseSandboxWithResponse(ctx context.Context, id S
 		return nil, err
 	}
 	return ParsePauseSandboxResponse(rsp)
+}
+
+// ListPtySessionsWithResponse List the sandbox's terminal sessions
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/pty (the `ListPtySessions` operationId).
+func (c *ClientWithResponses) ListPtySessionsWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ListPtySessionsResponse, error) {
+	rsp, err := c.ListPtySessions(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListPtySessionsResponse(rsp)
+}
+
+// CreatePtySessionWithBodyWithResponse Start a terminal session
+//
+// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
+// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
+// be omitted.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/pty (the `CreatePtySession` operationId).
+func (c *ClientWithResponses) CreatePtySessionWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePtySessionResponse, error) {
+	rsp, err := c.CreatePtySessionWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePtySessionResponse(rsp)
+}
+
+// CreatePtySessionWithResponse Start a terminal session
+//
+// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
+// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
+// be omitted.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/pty (the `CreatePtySession` operationId).
+func (c *ClientWithResponses) CreatePtySessionWithResponse(ctx context.Context, id SandboxID, body CreatePtySessionJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePtySessionResponse, error) {
+	rsp, err := c.CreatePtySession(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePtySessionResponse(rsp)
+}
+
+// DeletePtySessionWithResponse Kill and forget a terminal session
+//
+// Kills the session's process group, closes any attached client and forgets the session.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/pty/{sid} (the `DeletePtySession` operationId).
+func (c *ClientWithResponses) DeletePtySessionWithResponse(ctx context.Context, id SandboxID, sid SessionID, reqEditors ...RequestEditorFn) (*DeletePtySessionResponse, error) {
+	rsp, err := c.DeletePtySession(ctx, id, sid, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeletePtySessionResponse(rsp)
+}
+
+// GetPtySessionWithResponse Describe a terminal session
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/pty/{sid} (the `GetPtySession` operationId).
+func (c *ClientWithResponses) GetPtySessionWithResponse(ctx context.Context, id SandboxID, sid SessionID, reqEditors ...RequestEditorFn) (*GetPtySessionResponse, error) {
+	rsp, err := c.GetPtySession(ctx, id, sid, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetPtySessionResponse(rsp)
 }
 
 // RenewSandboxWithBodyWithResponse Extend a sandbox's lifetime (owner)
@@ -4431,6 +5136,235 @@ func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error
 	return response, nil
 }
 
+// ParseListPtySessionsResponse parses an HTTP response from a ListPtySessionsWithResponse call
+func ParseListPtySessionsResponse(rsp *http.Response) (*ListPtySessionsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListPtySessionsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PtySessionList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseCreatePtySessionResponse parses an HTTP response from a CreatePtySessionWithResponse call
+func ParseCreatePtySessionResponse(rsp *http.Response) (*CreatePtySessionResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreatePtySessionResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest PtyCreated
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers CreatePtySessionResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeletePtySessionResponse parses an HTTP response from a DeletePtySessionWithResponse call
+func ParseDeletePtySessionResponse(rsp *http.Response) (*DeletePtySessionResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeletePtySessionResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest DeleteResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest SessionNotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetPtySessionResponse parses an HTTP response from a GetPtySessionWithResponse call
+func ParseGetPtySessionResponse(rsp *http.Response) (*GetPtySessionResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetPtySessionResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PtySession
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest SessionNotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseRenewSandboxResponse parses an HTTP response from a RenewSandboxWithResponse call
 func ParseRenewSandboxResponse(rsp *http.Response) (*RenewSandboxResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -4733,6 +5667,18 @@ type ServerInterface interface {
 	// PauseSandbox Freeze all of a sandbox's processes (owner)
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// ListPtySessions List the sandbox's terminal sessions
+	// (GET /v1/sandboxes/{id}/pty)
+	ListPtySessions(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// CreatePtySession Start a terminal session
+	// (POST /v1/sandboxes/{id}/pty)
+	CreatePtySession(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// DeletePtySession Kill and forget a terminal session
+	// (DELETE /v1/sandboxes/{id}/pty/{sid})
+	DeletePtySession(w http.ResponseWriter, r *http.Request, id SandboxID, sid SessionID)
+	// GetPtySession Describe a terminal session
+	// (GET /v1/sandboxes/{id}/pty/{sid})
+	GetPtySession(w http.ResponseWriter, r *http.Request, id SandboxID, sid SessionID)
 	// RenewSandbox Extend a sandbox's lifetime (owner)
 	// (POST /v1/sandboxes/{id}/renew)
 	RenewSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -4820,6 +5766,30 @@ func (_ Unimplemented) ReleaseLease(w http.ResponseWriter, r *http.Request, id S
 // PauseSandbox Freeze all of a sandbox's processes (owner)
 // (POST /v1/sandboxes/{id}/pause)
 func (_ Unimplemented) PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListPtySessions List the sandbox's terminal sessions
+// (GET /v1/sandboxes/{id}/pty)
+func (_ Unimplemented) ListPtySessions(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreatePtySession Start a terminal session
+// (POST /v1/sandboxes/{id}/pty)
+func (_ Unimplemented) CreatePtySession(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeletePtySession Kill and forget a terminal session
+// (DELETE /v1/sandboxes/{id}/pty/{sid})
+func (_ Unimplemented) DeletePtySession(w http.ResponseWriter, r *http.Request, id SandboxID, sid SessionID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetPtySession Describe a terminal session
+// (GET /v1/sandboxes/{id}/pty/{sid})
+func (_ Unimplemented) GetPtySession(w http.ResponseWriter, r *http.Request, id SandboxID, sid SessionID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -5233,6 +6203,128 @@ func (siw *ServerInterfaceWrapper) PauseSandbox(w http.ResponseWriter, r *http.R
 	handler.ServeHTTP(w, r)
 }
 
+// ListPtySessions operation middleware
+func (siw *ServerInterfaceWrapper) ListPtySessions(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListPtySessions(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreatePtySession operation middleware
+func (siw *ServerInterfaceWrapper) CreatePtySession(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreatePtySession(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeletePtySession operation middleware
+func (siw *ServerInterfaceWrapper) DeletePtySession(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "sid" -------------
+	var sid SessionID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sid", chi.URLParam(r, "sid"), &sid, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sid", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeletePtySession(w, r, id, sid)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetPtySession operation middleware
+func (siw *ServerInterfaceWrapper) GetPtySession(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "sid" -------------
+	var sid SessionID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sid", chi.URLParam(r, "sid"), &sid, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sid", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetPtySession(w, r, id, sid)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // RenewSandbox operation middleware
 func (siw *ServerInterfaceWrapper) RenewSandbox(w http.ResponseWriter, r *http.Request) {
 
@@ -5497,6 +6589,18 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/sandboxes/{id}/endpoints/{port}", wrapper.GetEndpoint)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/pty", wrapper.ListPtySessions)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/pty", wrapper.CreatePtySession)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/v1/sandboxes/{id}/pty/{sid}", wrapper.DeletePtySession)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/pty/{sid}", wrapper.GetPtySession)
 	})
 
 	return r
@@ -6735,6 +7839,356 @@ func (response PauseSandbox503ApplicationProblemPlusJSONResponse) VisitPauseSand
 	return err
 }
 
+type ListPtySessionsRequestObject struct {
+	ID SandboxID `json:"id"`
+}
+
+type ListPtySessionsResponseObject interface {
+	VisitListPtySessionsResponse(w http.ResponseWriter) error
+}
+
+type ListPtySessions200JSONResponse PtySessionList
+
+func (response ListPtySessions200JSONResponse) VisitListPtySessionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPtySessions401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListPtySessions401ApplicationProblemPlusJSONResponse) VisitListPtySessionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPtySessions403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListPtySessions403ApplicationProblemPlusJSONResponse) VisitListPtySessionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPtySessions404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ListPtySessions404ApplicationProblemPlusJSONResponse) VisitListPtySessionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePtySessionRequestObject struct {
+	ID   SandboxID `json:"id"`
+	Body *CreatePtySessionJSONRequestBody
+}
+
+type CreatePtySessionResponseObject interface {
+	VisitCreatePtySessionResponse(w http.ResponseWriter) error
+}
+
+type CreatePtySession201JSONResponse PtyCreated
+
+func (response CreatePtySession201JSONResponse) VisitCreatePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePtySession400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePtySession400ApplicationProblemPlusJSONResponse) VisitCreatePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePtySession401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePtySession401ApplicationProblemPlusJSONResponse) VisitCreatePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePtySession403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePtySession403ApplicationProblemPlusJSONResponse) VisitCreatePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePtySession404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePtySession404ApplicationProblemPlusJSONResponse) VisitCreatePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePtySession409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePtySession409ApplicationProblemPlusJSONResponse) VisitCreatePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePtySession422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePtySession422ApplicationProblemPlusJSONResponse) VisitCreatePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePtySession503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePtySession503ApplicationProblemPlusJSONResponse) VisitCreatePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePtySessionRequestObject struct {
+	ID  SandboxID `json:"id"`
+	Sid SessionID `json:"sid"`
+}
+
+type DeletePtySessionResponseObject interface {
+	VisitDeletePtySessionResponse(w http.ResponseWriter) error
+}
+
+type DeletePtySession200JSONResponse DeleteResult
+
+func (response DeletePtySession200JSONResponse) VisitDeletePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePtySession401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response DeletePtySession401ApplicationProblemPlusJSONResponse) VisitDeletePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePtySession403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response DeletePtySession403ApplicationProblemPlusJSONResponse) VisitDeletePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePtySession404ApplicationProblemPlusJSONResponse struct {
+	SessionNotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response DeletePtySession404ApplicationProblemPlusJSONResponse) VisitDeletePtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPtySessionRequestObject struct {
+	ID  SandboxID `json:"id"`
+	Sid SessionID `json:"sid"`
+}
+
+type GetPtySessionResponseObject interface {
+	VisitGetPtySessionResponse(w http.ResponseWriter) error
+}
+
+type GetPtySession200JSONResponse PtySession
+
+func (response GetPtySession200JSONResponse) VisitGetPtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPtySession401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetPtySession401ApplicationProblemPlusJSONResponse) VisitGetPtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPtySession403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetPtySession403ApplicationProblemPlusJSONResponse) VisitGetPtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPtySession404ApplicationProblemPlusJSONResponse struct {
+	SessionNotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetPtySession404ApplicationProblemPlusJSONResponse) VisitGetPtySessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type RenewSandboxRequestObject struct {
 	ID   SandboxID `json:"id"`
 	Body *RenewSandboxJSONRequestBody
@@ -7202,6 +8656,18 @@ type StrictServerInterface interface {
 	// PauseSandbox Freeze all of a sandbox's processes (owner)
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(ctx context.Context, request PauseSandboxRequestObject) (PauseSandboxResponseObject, error)
+	// ListPtySessions List the sandbox's terminal sessions
+	// (GET /v1/sandboxes/{id}/pty)
+	ListPtySessions(ctx context.Context, request ListPtySessionsRequestObject) (ListPtySessionsResponseObject, error)
+	// CreatePtySession Start a terminal session
+	// (POST /v1/sandboxes/{id}/pty)
+	CreatePtySession(ctx context.Context, request CreatePtySessionRequestObject) (CreatePtySessionResponseObject, error)
+	// DeletePtySession Kill and forget a terminal session
+	// (DELETE /v1/sandboxes/{id}/pty/{sid})
+	DeletePtySession(ctx context.Context, request DeletePtySessionRequestObject) (DeletePtySessionResponseObject, error)
+	// GetPtySession Describe a terminal session
+	// (GET /v1/sandboxes/{id}/pty/{sid})
+	GetPtySession(ctx context.Context, request GetPtySessionRequestObject) (GetPtySessionResponseObject, error)
 	// RenewSandbox Extend a sandbox's lifetime (owner)
 	// (POST /v1/sandboxes/{id}/renew)
 	RenewSandbox(ctx context.Context, request RenewSandboxRequestObject) (RenewSandboxResponseObject, error)
@@ -7595,6 +9061,122 @@ func (sh *strictHandler) PauseSandbox(w http.ResponseWriter, r *http.Request, id
 	}
 }
 
+// ListPtySessions operation middleware
+func (sh *strictHandler) ListPtySessions(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	var request ListPtySessionsRequestObject
+
+	request.ID = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListPtySessions(ctx, request.(ListPtySessionsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListPtySessions")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListPtySessionsResponseObject); ok {
+		if err := validResponse.VisitListPtySessionsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreatePtySession operation middleware
+func (sh *strictHandler) CreatePtySession(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	var request CreatePtySessionRequestObject
+
+	request.ID = id
+
+	var body CreatePtySessionJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		if !errors.Is(err, io.EOF) {
+			sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+			return
+		}
+	} else {
+		request.Body = &body
+	}
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreatePtySession(ctx, request.(CreatePtySessionRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreatePtySession")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreatePtySessionResponseObject); ok {
+		if err := validResponse.VisitCreatePtySessionResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeletePtySession operation middleware
+func (sh *strictHandler) DeletePtySession(w http.ResponseWriter, r *http.Request, id SandboxID, sid SessionID) {
+	var request DeletePtySessionRequestObject
+
+	request.ID = id
+	request.Sid = sid
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeletePtySession(ctx, request.(DeletePtySessionRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeletePtySession")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeletePtySessionResponseObject); ok {
+		if err := validResponse.VisitDeletePtySessionResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetPtySession operation middleware
+func (sh *strictHandler) GetPtySession(w http.ResponseWriter, r *http.Request, id SandboxID, sid SessionID) {
+	var request GetPtySessionRequestObject
+
+	request.ID = id
+	request.Sid = sid
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetPtySession(ctx, request.(GetPtySessionRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetPtySession")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetPtySessionResponseObject); ok {
+		if err := validResponse.VisitGetPtySessionResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // RenewSandbox operation middleware
 func (sh *strictHandler) RenewSandbox(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	var request RenewSandboxRequestObject
@@ -7721,124 +9303,128 @@ func (sh *strictHandler) UploadFile(w http.ResponseWriter, r *http.Request, id S
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H37chs30u+rdHG/qkjeISXZcnYjVf5wfEn8rWOrJLnypSyvBpxpkoiGwATAiGJsVZ2HOE94nuRUNzA3",
-	"cnix11Ly7eaPVMXDAaYB9OXXN+hDL9HTXCtUzvaOPvQmKFI0/L+n6Mz8ycihoX+laBMjcye16h31zjDR",
-	"KrUg6GeYTWQyATdBSDKJysFUzMHQ8EEv6tlkglNBc0ylktNi2jvaj3punmPvqCeVwzGa3u3tbdTLhRFT",
-	"dOH7L2SGJ8JNlr9OT0EqK1Pkr1qh0qG+OQaDmXDyGiEXbmJBGKwfOc3vzrS5SqUhwiTN9WuBZt6LekpM",
-	"iR4a2It6Bn8tpMG0d+RMgQtreIVqTGQdVKuwzkg17tEaTrRxyxQ/gVwb10FzBCkmmTCYglQQ01s2BuEg",
-	"MSgcVmQGukoq6SNrqRQ3fqe/fvz40eOo3vmDjp2PemeemJfPlik/r2kFmUYQ2+FNPwahUni4D5meoUmE",
-	"RRgKi48eQjIRRiR0hCtIl+lawvFGTPOM93R40xfDJMXReCJ/efjo8PHXf7vKpqpHfOIcGpr7n/TWO9H/",
-	"7WH/b+8/PNy//a9e16GcobVSq1XrOzn/Gax/BWS6gnC7gfL1jHFLQ22ulUVm7ieZQZHOn2qlMHE0H0mi",
-	"cqiYe0SeZzIRRONebvQww+lff7FE8IfGJ//L4Kh31PvLXi3De/5Xu3fiR/lPLzCj0m6CphTWic5S63ky",
-	"7AEdbuzEFeprNDHMhAWlHVh0sBMnOsUYpIX4yavT50+e/Xz59M3r18+fnj9/Fu8OerdR7zuRnuKvBVp3",
-	"n6t6qa5FJkmM8sIdQ4zGaGNjyKR1FvAazRzCR5nKp1qNMpncK40tYbIk8aySjFZjsE44hJE24CbSgvE7",
-	"CDs4GA8gF4XFFLQB63SeY+p3+oU2Q5mmqO6VfcDpK1RMqgisVGkzegY20TkpXE36obEkXZBGu416r7V7",
-	"oQt1r1z/Vl0pPVPV/u9oAyOZIdNMCtVv6YmYZ1qk51q/EmaM980d5bEPdTonFsmICNo/oUBkpG5TJvMM",
-	"zbVM8K0S10JmYpjdK6Vvrkl9iFwk0s15A4mPhyK5QpUS2YUyKJIJ0UXqdBFV9CtY0UVAeHuvAUBuG1r8",
-	"D8A8vOQiPGtaj6Z6fPrm9fnz/zm/fP3m/PLFm7evS/X4VonCTbSRv92v2v9RWivVOIKpyEbaTDGNAG9y",
-	"sma0HIPX+gpTAh4pKidFZgO5udEJWkuH+Vw56ea/l1BcS50Jh8FY8diNiv62tNHMfU8ZVQW4w7SnqaQv",
-	"iezE6ByNk2SfRyKzGPXyxqMPPVTOzHMt/aKlwyk/XrD0UU8VWRBIDxHCC8IYMaffUV2v/vL28+nhL5g4",
-	"eoG0mP2kKdtbTEDbEj6eGekQhjjSBgMAJRhfGGUjhtTQvyj29x8hvD1/0f87OLxxJN4bKZRphpdOTlEX",
-	"7tJ2uBNO58GXYEuRkUGcSTcBpQFvMIlYVRObkrQ5I0YjmTBOURqEcyKZYMq/eVBDVBGPC9c76qW6IOKi",
-	"lv+xgmZVTIekb6KenAqv/tukPtXKCanQAL8AOyUihOEcUp1coTkGOVY6PMp0IrLdNbtUn8oUnUiFE//C",
-	"UZ7yaWEKwoK0x1Cw1NK/SGTiTAwxi2kvaav1iJ+S3Gx1iuycdHhj9JjYB29ybcm7MboYTyD+/vk57F0f",
-	"7AWliXbvg0xv91ClLEV27wPNeBsz4C7F6VM8lw2yFvUKJX8t8KWfm964ZaG+limaS80LWCM4fsqFxYbR",
-	"fZtjIokJwzTHlT24wnnpev7C2N5z8uH+PigxlWrMu36F8602nd2EdbLzg555eSEBFtIFvFUDTadhiIme",
-	"EkEinX8B0TBodWGSoHSy7M2od/RuvYY/rYbcvl/8wm3Ucy7rWtsrOUJaOiFlG0IOI6OnXjmxwU1xJIrM",
-	"wcHf9/ePYR++9Sojl2a++wWWGsIF3X4j/UjnmUqDidNmDjtea6YgRzD19nYb2b/tOPhnmKHDU7RFxgan",
-	"bYxS/jVtqISh1hkK1fOuZumlvqvefN/1DT1ThHZXfSUYeXs5/PqwewtILX9lYTh3aCMOAnx92EdFKIgd",
-	"6eWFNmlrzd9F4POgK16qkV4mr9Qk7cDBxLn8aG/v4OHfBvuD/cHB0eE3B48f9ToUbgOWbq1vF0hcWFBF",
-	"UT1557JuMHlOsOWcf1nc2J8mcx9N09Mp2bhUpuyAm0KRNJN4ZUjvHgMxFswmqEA6eo/2HBVx97teUBq9",
-	"qBdUQYOWekFES8Nd/wRAFMhbpv+0UGT6YjuBfhLDzlDYiScyN2hROZaJtQGTqJfMOmZ+FqR9IZK30bR+",
-	"cczFCzHXeElOz9iQP3JpvU/Wocd4+ypdtXsEAVIHKFuec4YjB0OcSJWyAbmSWUbmIxxvgGLHF4qIOqKh",
-	"c7hCzIkxlFTjwYVavRmVfoh61qVSdcv0mRMqFSaEUbokeuNer7FVz2plHVj3Wwib8gV0dWG7QtVvLRoy",
-	"vIweC5lup47bWsrz+SpJXqmjC8NG6tIjm2p1UrmvD3tdcIZdmUsXlMJ2lrWtSzqtq2ecSzrCbi2ON9IB",
-	"/XwMBw8fg1YQDjHEcwKSGAmZFQYHnbRbl6Lp2n9yFSKQITzHlgIM5plIOk0Ez0Rq6wvM5EyhEhHs5GIU",
-	"yzqDYgocqMAU4qm4uSRf41IXLi9cHD5AgjkTFpLCNb6xytoG2qvtaG9+64SjFoM0ie1itBcSs5TPeZnR",
-	"RvTb8hL/++zNa++2BaSvRyNUKSEWHhEBxxZ90uHdwfs4hO+qNAyLTefGTtHa4B6tlx1PWj2ge2kZ/mSk",
-	"cz6O2V5b3pkBIqbllQnLXqtDBTtiaHVWOOxIs+x2M5r8rUMgvuNjD7O21NIqwV1Yc8gb8Oxd6/0BReYX",
-	"1V6qdcIVtg1m9NVGEBWGdX3pFQqLn2fcOYa7vRbiL53xGFJBQakTMTka4bC3BuTTUMgC1K/sgghhgOC7",
-	"hoP8l83E7aptOisX3KYu1jOFJj7ygSU3ITMLcVgVPa6iEzaCk/OfI/DnEUHl5x6DosHgkXjkg/kRGFQ4",
-	"I4mbSuWAP9NEb/ygF1Ub2IXdyrjZsnZTcPriKXxz+PhvZSwMUnRCZvSJRRjXZRZ+FMlEKuyTz0jbWSqL",
-	"oH3jCGKl3eWIkA/9YznaGXVliDrl0FPWCcR8cK8VcFvHhg0tebsceasFbNl8OekyXIP4l+3H29OXYHCE",
-	"BlWCIDloOpqX/n256zQadmIx1IU7GmZCXcUe0CmtcHezixRMhSevWkK1Z5E/vi7hP3FzH+78XHSfbQzI",
-	"rJC1xrau9BGeDMkRgG95s2iAEQnn6e0Esyz4DHJUegwRIEFoO9kulBach9/BL/DR8fZa6d0a/ZNuI01x",
-	"DN4t+BZymaOFHY8dGHB49AAiF8atW3ED1Bs9+wLnVWLozwhYVPyWdpg2nx+5lOlmyNB4dwVb/xg0Vqkq",
-	"adOjHu1it5Z085A6WiasjB13BVKiXojmXArXAvCpcNgnY9WlzAhLr4Dar72zLjOsPLbeNocyDbOtTaGE",
-	"bbmNeh6/XurRyGIHjD7XTmQB3OoR+LdJX6VFgilYDSNhYIfkUuGN4ze/slChKz/v7lbIKOqFhXbv72ey",
-	"RT3r4mKb2x/2LarPuHWgK3grcMorad1KNt7eHjVYb8keda+vG8idYuahXLenafzPK7jY4FRI2q5LfqvT",
-	"AC4QU03YMbqbPoWzz7MzFSr84rDutBWmXkfRYhLFj4NMTiXBN+ExKTlH3mqxVwNTFMqWxp6zAl/ZZjhj",
-	"wZ7mRUc26eSthZ0R2z6tbJni/xKR61Taq8uxHC4W3m1WN2NP6ScPqgIXW2S6ptrML6efTl3XOZfVa50x",
-	"4s9T4bk0aMOYTh2OqpVjmXCJVMg7tA+v8aHNcOTGGbEpIbVFdnWZdTaySyasu2QIJt38k3brs9KWq5OL",
-	"i4n1JkZfwPNVKs+X6HV8JpxPt4FpOgTrlHjgrzP/ctORXd7ndQmkDfatJrUB89tLrKdrmbIWx5bkLfFF",
-	"xxk3Dq88gZIJ368WtBW2sczybm0cm3K70TpWs68h7JS+tZxMqappGVqzt+2DcsfwGn/U8P18CrkwFi3I",
-	"DsW9lVAuVFQUhsviRiJxtvSc6zMi15iN6aVMmx5xvSD/K9fZLa/oTS5+LRCGKAyaRjEel0404iRL7L4k",
-	"L3WcicsUOmNkLQnaqjx3eY4ytLJtBImQoblGc1mYrDv4NxYOZ2L+lQW8cWiUyODt6SuQKskKjnDGe9cH",
-	"vLdrEoN/3//7/t71QRfJ24ttTWjUluHmGS4Lst+TpkBvlLuzSlst70cmR5jMkwxDHake1XH7ZlTJOmGc",
-	"R841hvbVpax2uLi0jFNzBQUXNXT6VZ6eVZj0s3Tr9qHNt7lPXH9eaOMLp7WjnhNmjO6yjFZv6hJoRXga",
-	"Q6PNKfFy4eWufwKwfZLNxNxC/OG2Q+tEvZv+WPdrWovEfbj1BXSYFEa6+RkdWoDTufwHzjsDj09OXsIV",
-	"zkFYiJ+ESkdOcxzBd15lcRFZcoVzX00WD+A1YoopJ7drTZ1J645BZFaDz/hodaFCfR+afom9uKy4xfBl",
-	"gU2YLPV5UWY5do2YinoDSC9USteT2BXv45+Dut20Nn6rXN3W3/6BSwY2fXunMlokT8LJYYbgqw12q94F",
-	"/++6e+F/+jSq//182g8i12eFW1MSTrRNy8MNxKz53obPEF/JgNjbH6BDJPUO0oJQ8MP5+Ump7tnMkRD2",
-	"8QaTgiuAKmQwgDeqdsX6CgtnRMbsqK/RgLhQbOU4q2VzkSD8ImQWgYBnXLcHqMZSoU+C/aMYolHo0EKS",
-	"FdahOYLT52fnTEKlbSPQCvt2ot2FIpKYbzkZcAw/4fCM5nU2jLlGcGimkozVzsn5z7tl2bCF2URbLEMx",
-	"XP3PRYYpz5cIdaGG6FOdc3rIlZICDCa+f2RwoS7UU658tJBoNZLjwiDEtXGCbyGYvx/enJ0fnbw5PScD",
-	"eRzqZduyxAXcKZoLFX+op7hdKOSLB3BOiIMrM2VZyaAcObNcnADfaw5/+xwqT21AqgsVc7xXiWxP5DLm",
-	"UocxKk5zpL6+S7qIB7na1ANTQhANhAvFhTpHJXI5mItpFvMm/OUvQHKJyoWKZHr4AB48CFrpwQP4f//n",
-	"/26vmE7L6s62anKatVOD+S4UwD9wTts/Rb+IuN8Xuexf4TyGPYjPnrx+9v2T8+eXT05eXv7j+c9nMexw",
-	"eLxvMRe8+N0B/BSqXll9lSeZ0uzNvRBJgrmjjdVqPtVF1S9iQatsXpWMEJGo6CFkWudDkVxx44MpiOmk",
-	"m9DEcb8vFet47CvdF4WbxLsDaKpy0sGEVHimrVSwdDR1rYDpDF7ViiOcg2nUq8YNwBSDVCAgroF9DDvD",
-	"efMIhnOm/eTNWWeVqQ9W0TreqGVaLVjuVHDMjwDxKv3oz4i1rMykm+9G9G77FU6bd3NUzHzxndEzi8YC",
-	"8SuBU1Erhyh0TyZClT1WoXIsqmgMKdBqDM1pi2FutNOJziAuVeaAVz1YtkFliwZ3OzYS/H7PYz6fUrFP",
-	"hAUBDx4wQn3w4AhCChR26hRo1EDarbTmnkFbTKvsplDMuuRz0as8kf+M3eVdKxOpsLNFIjWqJ/LDaG4/",
-	"m1cxHLWk36WzmI22SrwK1STL8/3i9HQ6YS49JM28MIr375z221f+avbQBrBlywWf1BE8eHC4f/DgwQAa",
-	"HVZEwvZNVui520/1iKdSVV2yLjciLWc6otnp1cMHD2hbcm3oV9YgZTV+iTqIK4aICq7RyJGklVgNMrUl",
-	"5w59zhNTkrgEydxCs9mt/LbXHrXXSvyt7IzE43D/sFTinMO19I/n/D77I9xWs6rbJIadMuW96yuuYzI+",
-	"5Gtz8pT+x3NUHF2o2OdPY9iZFFOhqjT3MbwQ1j05edm3bp6VDc2WS6dBul3fG+mbfHamnTlytm/dSfIk",
-	"9Bx+QsKcGJJrx7WBw4cPL1RHm0tZ31P2yQgHmnPSquqO4X39CN7Pgo/wIwrWRB8v1Md+v8//0Qv0pY9V",
-	"iRUXAR7V3Av/ffbmdRQaFtm0RxV7cUycnaU0OEz+/4mpIq4qchNwE+EAbSJybJV1QPj4AXws66ZpwSUd",
-	"jZ6k8s1H8HFDH2JbQMKwQ/hYUVy97NsAuUM7dJiU/Vxh1DfwsdWl6ZsyGfBpxWtbaM+sW9I51QvCt/tW",
-	"rSq7YeYDWgb3+jGd5AmGXx4+hI+hxyn0PVX0PObFl+139NWy866o2wGPIRHGSLQQN1ru4nIGOmUBw2J8",
-	"DJkej4liBnp9K1OMmr38YwKwZNdHCKGKiya5UE9AadX/DY329YNk/hV4YI5pVdRKKB6UNlORQVyXS8ZR",
-	"UKglxGdG9Z5aJhNU1qcSvDvxJKdt6z8c7PeiHgeF2HOyR3t7s9lsIPjngTbjvTDW7r16+fT567PnPKau",
-	"76i8i17Uu0bjk8K9/cGBfysAyt5R79Fgf/DI95pP2OPd6x19uI16exOu3vot/GuKzsjEhn818Wh4xOde",
-	"vt2EKTTn2OdnvbmRWr1Me0c9EvCz6q32rQjvlmKBpKurOX1HsbSeTVfdcVAFl7drzlsK0WygwfsycRlZ",
-	"jtl0EIqMr2KvmK9FViDE13EEY3kd3Omrb6/jVRRz31Kv+54Ah2L6LUffGtcCvPvnt+//+u3gQdd1AO8X",
-	"WvEf7u+vaWj8tEbGZoR8ff83qU6p6kYWbVI03HB56Onp+kxF916jx56HHGwe0uo7bYZ1mK3KgM6797RB",
-	"tphOhZlzC07TzaHtFGO7EJHn9I3tSJb5ehDbcAs8TOM69mCjHIMrU5AeLXUGu1jiCkF473KHpEgqtNZj",
-	"jN3oQmnD9cge+WUoyDckK0Cmw9fQDyBmOOk9zLJMNLQ3envp92YArYbmC9U0pjMhnfXuyIuXL94QhC58",
-	"n36Rkx8Ye5/kkp/X6Za4bk36en9/l1WqulAl1CEd7kFKUzuTR421U1TjcW/LAhD3SrKtNJJWY6sPMKJ1",
-	"3+l0/sWYu908e9uOY1al5i3JOvjSknWKoy7BCoVHgb24y+3eJCnqHR482jxo8WIBGvfw4TYfW+6/vo16",
-	"j/e3+GbHLQFbC/7T4GqXortC9BfNGnvfdYdad69v6a5N9fUCDqTnyDcLZRl5cU33rgHM7ABepjjNteNy",
-	"DO/8XCjvkkkFOBph4o6Iem4bDN5H09Mo8cfj/f0ugfIDmgJ1Ryaj1efXwdr+93Tw+dy5DafUN4nwiMPN",
-	"I6prGJY4qhXLfveeAEM7pNx4Vobb/aNVvPgsnF7j8g466d2V5qgTWI3R3cN5trLaayHAf/iR0q4MNyuY",
-	"JQDctYb6lb36Lqvb953KaS8NXa8NBN7VRe8VUzMTuJgIhKeCnb3a0h/Cj/K73WMoLF6oVQ3wAZRwUoA9",
-	"Pn5Afn7p+pYhdR8QWdZNYQEvJNecrHUQ7vCuNNLfDi//xSvT7hKOL/Q3rxDHcMRl5vV+ocNdSzIN+Gbz",
-	"gOo2rM+GM3evMk5RpKVHIEphXIjP+wDo7r3pksXLLDbqFMF1KhwH852H1jfgxZ2XA3pnaF6mBMhFCjcs",
-	"FuSWoUovFLsR0g2A/XCu4lp/qSDLur+sIz0GDpx5+V+hbsbontd97XcmrK1e/xWiWm73f7iM3r2s/aBn",
-	"ZAWYRUH42GjFVBUnfXkxiza+zBdsrhTHG0x81+jnivmqUMZpoSzEIUAR4lhrLjhoBTrIj/G5fTLy7aip",
-	"tBeqio8atlOcsiwbsBv3A3zFsbUMy9sDYGx0kRNOCBcFlBlzPw1PHTfaj2M4ePg4CikBLtaOIQ7fiSO/",
-	"JG4T9mUIvhFkAC9HLQ/NFIrGXCgffWl9j7vH93w+cqhv4npOg8JqxerI9zbFnIc+3D/cO9z/piqovlCN",
-	"jJGP0vP1NfW1h/CcODL0bksLiYdgwq1s4C7R2YU6+Jrg2THEVat1DA6zzO4O4LVuRsAhRZFmXAzCeQW+",
-	"fy9uBHfyrCBtPDYiwQuVo5E6Pa7VM+v3VNpQn8FJsgSz1nUPXaqWyH8aWubuJojTvO5jqxDO/hf+9Dok",
-	"Vsb/jFCwM5sIxx46iU91Q8Hun/Dsf3O06Q5QYaFAq5p3WhfkfErQaq+6R68TwJ2xyqmdQlY55PvEKzw3",
-	"Ugf1zVD8bH/QBa6CG/cJcqcTh67vlWBb/qqOhKFUgp21jpuI19e7LlzY+dST0C9duDXlslb+xknnapoO",
-	"uspOwfV3gf+J7u7TkxJgxIxPLRjW3wPXVde9MwYrNkhg+55cFQIWbbmEHXKdiCmPIU4Kk0H/PN6NQs5N",
-	"jSEXBpW7UKWUyqqOKM9EwoVaiiyPdaVo+wRNeTmvDyBPMGM/yze1eYjWZdvzopb0bez6vyjk92fXm/e3",
-	"dOiXn8qbVP6023/IsMpPfOtr0AZcuLqtPug2o3WT8R14YVUUpVUaym6GAIWzdhXpAJ6oeUijTsW8Kvir",
-	"yw75t+ML5WveVFXr6MfshKq6SmOEgtjdhdkaYwYQc/9dXPYMXyjfNOxLorNw2c01qZruG25qFUMfGSLo",
-	"KQlQSuqsrEwsixVXZoLLqvu7cCFatwrdLv9tg/tL+/5IkCH9t9Msnw3U715Z/Mg8z5LWaAP5DP2wF64Y",
-	"WJcqPuX6WNsQHF9bFHpw6jp/TFt/NOG4FbC4Qsxt44rEePFGgxgSXSjXksKvrG/YKNPPI4dmJkxqB/BU",
-	"+FsZWedUNfIXakfpak9CKTLutstbv+kS2PBqLbF3ZKbbd0h0SFN44Y+cav69sPQCeia29IZBZBnZhaxs",
-	"crqXpAOXm34pA7sAUmnq3z9LfsIFtYN/K/z3B46hvDCIvyHX3DSbeL6yjYtq15dcrGBUfxvWF+d/N9/7",
-	"YEOd0R26pPWfjdpIyd7M/u7EcF/L3eDuMwzm0d9wQhZO6Rn8tQK7O/F+fFRfgXK8cGPO0YJtTQrjXe8w",
-	"fncl6u22mApnd1vr2LrQqBPj3psuZFL+DVHuJ/vPf2BY/PzGoUpbmrO80PSzFKfvorsbE+/n/v1t/KlH",
-	"5CDGQqo/Tf09mfrziZjVHUvb1VN282h9wceGasuzst/k7jiteRPJqqJL3xLzH1xyed4ywbwf9+ayFHlZ",
-	"cfnlwQkHMD08SZErM7nTsrpGJeY2jcY1KzHsbK5+vFCh/HE5YwCNhEE7I5CsLwg9efspBaEdyMdv4yel",
-	"ET5NktrX6txzIqF1tc2fmYQ/UAXA75GF+Iz6zk3NLVzg4/WObyLdY7USplpyeoJx7LjtpX3te6NHpaoH",
-	"HTT6LSsKl3snz5sXwvBfIpU5bnMxzM6bHFVJIVGTNq4D2m18PecKjq6sfXWfRGhLbl7j0fqjllNdKOf/",
-	"nN2Er97AqlK1vrfF3+/S/PIMh5bn7/i+/xsIEVSNfRGEVtrIh3JTnRRTVK4qahv6SzQaV+jwcVZUNb+s",
-	"c0uW6P8HAAD//w==",
+	"7H3rchs30uirdHG/qkjeISXZcnYjVX44jp34S2yrJLnypSyvBpxpkoiGwATAiGJsVZ2HOE94nuRUNzA3",
+	"cnixYyn5dvPDVdbMAGgAfb/xfS/R01wrVM72jt73JihSNPzfU3Rm/mTk0NBfKdrEyNxJrXpHvTNMtEot",
+	"CHoNs4lMJuAmCEkmUTmYijkYGj7oRT2bTHAqaI6pVHJaTHtH+1HPzXPsHfWkcjhG07u9vY16uTBiii6s",
+	"/1xmeCLcZHl1egpSWZkir2qFSof65hgMZsLJa4RcuIkFYbB+5DR/O9PmKpWGAJM0168Fmnkv6ikxJXho",
+	"YC/qGfy1kAbT3pEzBS7s4UdUYwLroNqFdUaqcY/2cKKNW4b4CeTauA6YI0gxyYTBFKSCmL6yMQgHiUHh",
+	"sAIzwFVCSYushVLc+JP+8vHjR4+j+uQPOk4+6p15YF58uwz5eQ0ryDSC2A5v+jEIlcLDfcj0DE0iLMJQ",
+	"WHz0EJKJMCKhK1wBukzXAo43YppnfKbDm74YJimOxhP5y8NHh4+//MdVNlU9whPn0NDc/6Kv3or+bw/7",
+	"/3j3/uH+7X/1ui7lDK2VWq3a38n5z2D9JyDTFYDbDZCvR4xbGmpzrSwycj/JDIp0/lQrhYmj+YgSlUPF",
+	"2CPyPJOJIBj3cqOHGU7//oslgN83lvwvg6PeUe9vezUN7/m3du/Ej/JLLyCj0m6CpiTWic5S63EynAFd",
+	"buzEFeprNDHMhAWlHVh0sBMnOsUYpIX4yY+nz558+/Pl09evXj17ev7s23h30LuNet+I9BR/LdC6+9zV",
+	"C3UtMklklBfuGGI0RhsbQyats4DXaOYQFmUon2o1ymRyrzC2iMkSxTNLMlqNwTrhEEbagJtIC8afIOzg",
+	"YDyAXBQWU9AGrNN5jqk/6efaDGWaorpX9AGnr1AxqCKgUsXN6BnYROfEcDXxh8aWdEEc7TbqvdLuuS7U",
+	"vWL9G3Wl9ExV57+jDYxkhgwzMVR/pCdinmmRnmv9ozBjvG/sKK99qNM5oUhGQND5CQUiI3abMphnaK5l",
+	"gm+UuBYyE8PsXiF9fU3sQ+QikW7OB0h4PBTJFaqUwC6UQZFMCC5ip4taRb9SK7oACF/vNRSQ2wYX/xMg",
+	"D2+5CM+a0qPJHp++fnX+7H/OL1+9Pr98/vrNq5I9vlGicBNt5G/3y/ZfSmulGkcwFdlImymmEeBNTtKM",
+	"tmPwWl9hSopHispJkdkAbm50gtbSZT5TTrr5H0UU11JnwmEQVjx2I6O/LWU0Y99T1qqCusOwp6mklUR2",
+	"YnSOxkmSzyORWYx6eePR+x4qZ+a5ln7T0uGUHy9I+qiniiwQpFcRwgfCGDGn96iuV6+8/Xx6+Asmjj4g",
+	"LmY/asr2EZOibUk/nhnpEIY40gaDAkpqfGGUjVilhv5Fsb//COHN+fP+P8HhjSPy3gihTDO8dHKKunCX",
+	"tsOccDoPtgRLiowE4ky6CSgNeINJxKya0JSozRkxGsmE9RSlQTgnkgmm/M4rNQQV4bhwvaNeqgsCLmrZ",
+	"HytgVsV0SPwm6smp8Oy/DepTrZyQCg3wB7BTaoQwnEOqkys0xyDHSodHmU5EtrvmlOpbmaITqXDid1zl",
+	"Kd8WpiAsSHsMBVMt/UUkE2diiFlMZ0lHrUf8lOhmq1tk46TDGqPHhD54k2tL1o3RxXgC8XfPzmHv+mAv",
+	"ME20e+9leruHKmUqsnvvacbbmBXukpw+xnLZQGtRr1Dy1wJf+Lnpi1sm6muZornUvIE1hOOnXNhsGN23",
+	"OSaSkDBMc1zJgyucl6bnL6zbe0w+3N8HJaZSjfnUr3C+1aGzmbCOdr7XM08vRMBCuqBv1Yqm0zDERE8J",
+	"IJHOPwNpGLS6MElgOln2etQ7eruew59WQ27fLa5wG/Wcy7r29qMcIW2dNGUbXA4jo6eeObHATXEkiszB",
+	"wT/3949hH772LCOXZr77GbYa3AXddiO9pPtMpcHEaTOHHc81U5AjmHp5uw3t33Zc/LeYocNTtEXGAqct",
+	"jFJ+mzZYwlDrDIXqeVOztFLfVl++61pDzxRpu6tWCULeXg6/POw+AmLLX1gYzh3aiJ0AXx72UZEWxIb0",
+	"8kabsLXm7wLwWeAVL9RIL4NXcpK242DiXH60t3fw8B+D/cH+4ODo8KuDx496HQy3oZZuzW8XQFzYUAVR",
+	"PXnntm4weUZqyzm/WTzYnyZz703T0ynJuFSmbICbQhE1E3llSN8eAyEWzCaoQDr6js4cFWH3215gGr2o",
+	"F1hBA5Z6QwRLw1z/CIUogLcM/2mhSPTFdgL9JIadobATD2Ru0KJyTBNrHSZRL5l1zPxtoPYFT95G0frZ",
+	"dS7eiLnGSzJ6xobskUvrbbIOPsbHV/Gq3SMIKnVQZct7znDkYIgTqVIWIFcyy0h8hOsNqtjxhSKgjmjo",
+	"HK4Qc0IMJdV4cKFWH0bFH6KedalU3TR95oRKhQlulC6K3njWa2TVtzWzDqj7NYRD+Qy8urBdruo3Fg0J",
+	"XtYeC5lux47bXMrj+SpKXsmjC8NC6tJrNtXupHJfHva61Bk2ZS5dYArbSdY2L+mUrh5xLukKu7k43kgH",
+	"9PoYDh4+Bq0gXGLw5wRNYiRkVhgcdMJuXYqm6/zJVIhABvccSwowmGci6RQRPBOxrc8wkzOFSkSQk4te",
+	"LOsMiimwowJTiKfi5pJsjUtduLxwcViACHMmLCSFa6yxStoG2KvjaB9+64ajFoI0ge1CtOcSs5TveRnR",
+	"RvRueYv/ffb6lTfbgqavRyNUKWksPCIC9i36oMPbg3dxcN9VYRgmm86DnaK1wTxaTzsetHpA99Yy/MlI",
+	"57wfs723vDMCREjLOxOWrVaHCnbE0OqscNgRZtntRjT5WwdBfMPXHmZtsaVVhLuw5xA34Nm79vs9isxv",
+	"qr1V64QrbFuZ0VcblagwrGulH1FY/DThzj7c7bkQr3TGY4gFBaZOwORohMPeGiWfhkIWVP1KLojgBgi2",
+	"a7jI3y0mblcd01m54TZ0sZ4pNPGRdyy5CYlZiMOu6HHlnbARnJz/HIG/jwgqO/cYFA0Gr4lH3pkfgUGF",
+	"M6K4qVQOeJmm9sYPelF1gF26W+k3W+ZuCk6fP4WvDh//o/SFQYpOyIyWWFTjusTCS5FMpMI+2Yx0nCWz",
+	"CNw3jiBW2l2OSPOhP5a9nVFXhKiTDj1knYqYd+61HG7r0LDBJW+XPW81gS2LLyddhms0/mX58eb0BRgc",
+	"oUGVIEh2mo7mpX1fnjqNhp1YDHXhjoaZUFexV+iUVri72UQKosKDV22hOrPIX18X8Z+4uXd3fqp2n210",
+	"yKygtcaxrrQRngzJEICv+bBogBEJx+ntBLMs2AxyVFoMESCp0HaynSstGA9/gF3gvePtvdK3tfZPvI04",
+	"xTF4s+BryGWOFna87sAKh9ceQOTCuHU7bij1Rs8+w32VOvQnOCwqfEs7RJuPj1zKdLPK0Ph2BVq/DByr",
+	"ZJV06FGPTrGbS7p5CB0tA1b6jrscKVEveHMuhWsp8Klw2Cdh1cXMSJdeoWq/8sa6zLCy2HrbXMo0zLY2",
+	"hBKO5Tbqef31Uo9GFjvU6HPtRBaUWz0C/zXxq7RIMAWrYSQM7BBdKrxx/OUXFirtys+7u5VmFPXCRrvP",
+	"9xPRop51cbPN4w/nFtV33LrQFbgVMOVHad1KNN5eHjVQb0kede+vW5E7xcyrct2WpvGvV2CxwamQdFyX",
+	"/FWnAFwAppqwY3Q3fApnnyZnKq3ws6t1py039TqIFoMofhxkcipJfRNeJyXjyEsttmpgikLZUthzVOAL",
+	"23RnLMjTvOiIJp28sbAzYtmnlS1D/J/Dc51Ke3U5lsPFxLvN7GbsIf3oQZXjYotI11Sb+eX046Hruucy",
+	"e63TR/xpLDyXBm0Y08nDUbViLBNOkQpxh/blNRbarI7cOCM2BaS2iK4uo85GdMmEdZesgkk3/6jT+qSw",
+	"5erg4mJgvamjL+jzVSjPp+h1LBPup1vANA2CdUw84NeZ/7hpyC6f87oA0gb5VoPaUPPbW6yna4myFsaW",
+	"4C3hRccdNy6vvIESCd+tJrQVsrGM8m4tHJt0u1E6VrOvAeyU1loOplTZtKxas7XtnXLH8ApfavhuPoVc",
+	"GIsWZAfj3oooFzIqCsNpcSOROFtazvUdkWnMwvRSpk2LuN6Qf8t5dss7ep2LXwuEIQqDppGMx6kTDT/J",
+	"Erov0UvtZ+I0hU4fWYuCtkrPXZ6jdK1s60EizdBco7ksTNbt/BsLhzMx/8IC3jg0SmTw5vRHkCrJCvZw",
+	"xnvXB3y2awKD/9z/5/7e9UEXyNuTbQ1o1Kbh5h0uE7I/kyZBb6S7s4pbLZ9HJkeYzJMMQx6pHtV++6ZX",
+	"yTphnNecax3aZ5cy2+Hk0tJPzRkUnNTQaVd5eFbppJ/EW7d3bb7JfeD601wbnzmsHfWcMGN0l6W3elOV",
+	"QMvD0xgabQ6JlxsvT/0jFNsn2UzMLcTvbzu4TtS76Y91v4a1SNz7W59Ah0lhpJuf0aUFdTqXP+C80/H4",
+	"5OQFXOEchIX4Sch05DDHEXzjWRYnkSVXOPfZZPEAXiGmmHJwu+bUmbTuGERmNfiIj1YXKuT3oemXuhen",
+	"FbcQvkywCZOlPi7KKMemEUNRHwDxhYrpehC7/H38OrDbTXvjr8rdbb3295wysGntnUpoET0JJ4cZgs82",
+	"2K1qF/zfdfXC//RpVP+7+bQfSK7PDLeGJNxoG5aHG4BZs96GZQivZNDY2wvQJRJ7B2lBKPj+/PykZPcs",
+	"5ogI+3iDScEZQJVmMIDXqjbF+goLZ0TG6Kiv0YC4UCzlOKplc5Eg/CJkFoGAbzlvD1CNpUIfBPuhGKJR",
+	"6NBCkhXWoTmC02dn5wxCxW0j0Ar7dqLdhSKQGG85GHAMP+HwjOZ1Noy5RnBoppKE1c7J+c+7ZdqwhdlE",
+	"WyxdMZz9z0mGKc+XCHWhhuhDnXN6yJmSAgwmvn5kcKEu1FPOfLSQaDWS48IgxLVwgq8hiL/vX5+dH528",
+	"Pj0nAXkc8mXbtMQJ3CmaCxW/r6e4XUjkiwdwThoHZ2bKMpNBOTJmOTkBvtPs/vYxVJ7agFQXKmZ/rxLZ",
+	"nshlzKkOY1Qc5kh9fpd0EQ9ytagHhoRUNBAuJBfqHJXI5WAuplnMh/C3vwHRJSoXMpLp4QN48CBwpQcP",
+	"4P/9n/+7PWM6LbM726zJaeZODeS7UAA/4JyOf4p+E3G/L3LZv8J5DHsQnz159e13T86fXT45eXH5w7Of",
+	"z2LYYfd432IuePO7A/gpZL0y+ypvMqXZm2chkgRzRwer1Xyqi6pexIJW2bxKGSEgUdFDyLTOhyK54sIH",
+	"UxDSSTehieN+Xyrm8dhXui8KN4l3B9Bk5cSDSVPhmbZiwdLR1DUDpjv4sWYc4R5MI181bihMMUgFAuJa",
+	"sY9hZzhvXsFwzrCfvD7rzDL1zirax2u1DKsFy5UKjvERIF7FH/0dMZeVmXTz3Yi+bX/CYfNujIoZL74x",
+	"embRWCB8JeVU1MwhCtWTiVBljVXIHIsqGEMItBpDc9pimBvtdKIziEuWOeBdD5ZlUFmiwdWOjQC/P/OY",
+	"76dk7BNhQcCDB6yhPnhwBCEECjt1CDRqaNqtsOaeQVtMq+imUIy6ZHPRpzyRX8bu8qmVgVTY2SKQGtUT",
+	"+WE0t5/Nsxj2WtJ76Sxmo60Cr0I1wfJ4vzg93U6YSw+JMy+M4vM7p/P2mb+aLbQBbFlywTd1BA8eHO4f",
+	"PHgwgEaFFYGwfZEVeuz2Uz3iqVSVl6zLg0jLmY5odvr08MEDOpZcG3rLHKTMxi+1DsKKIaKCazRyJGkn",
+	"VoNMbYm5Qx/zxJQoLkESt9AsdivX9tyjtloJv5WdEXkc7h+WTJxjuJb+eMbfsz3CZTWrqk1i2ClD3rs+",
+	"4zom4UO2NgdP6T8eo+LoQsU+fhrDzqSYClWFuY/hubDuycmLvnXzrCxotpw6DdLt+tpIX+SzM+2MkbN8",
+	"6w6SJ6Hm8CMC5oSQnDuuDRw+fHihOspcyvyesk5GONAck1ZVdQyf6wfwdhZ8gJcomBN9uFAf+v0+/6MP",
+	"aKUPVYoVJwEe1dgL/332+lUUChZZtEcVerFPnI2lNBhM/v+EVBFnFbkJuIlwgDYRObbSOiAsfgAfyrxp",
+	"2nAJR6MmqfzyEXzYUIfYJpAw7BA+VBBXH/syQK7QDhUmZT1XGPUVfGhVafqiTFb4tOK9LZRn1iXpHOoF",
+	"4ct9q1KV3TDzAW2Da/0YTrIEw5uHD+FDqHEKdU8VPI9582X5Ha1aVt4VdTngMSTCGIkW4kbJXVzOQLcs",
+	"YFiMjyHT4zFBzIpe38oUo2Yt/5gUWJLrI4SQxUWTXKgnoLTq/4ZG+/xBEv8KvGKOaZXUSlo8KG2mIoO4",
+	"TpeMo8BQSxWfEdVbaplMUFkfSvDmxJOcjq3/cLDfi3rsFGLLyR7t7c1ms4Hg1wNtxnthrN378cXTZ6/O",
+	"nvGYOr+jsi56Ue8ajQ8K9/YHB/6roFD2jnqPBvuDR77WfMIW717v6P1t1NubcPbWb+GvKTojExv+auqj",
+	"4RHfe/l1U02hOcc+PuvFjdTqRdo76hGBn1VftbsivF3yBRKvrub0FcXSejRd1eOgci5vV5y35KLZAIO3",
+	"ZeLSsxyz6CAtMr6KPWO+FlmBEF/HEYzldTCnr76+jldBzHVLve4+AQ7F9Gv2vjXaArz919fv/v714EFX",
+	"O4B3C6X4D/f31xQ0flwhY9NDvr7+m1inVHUhizYpGi64PPTwdC1Twb3XqLHnIQebh7TqTptuHUar0qHz",
+	"9h0dkC2mU2HmXILTNHPoOMXYLnjkOXxjO4JlPh/ENswCr6ZxHnuQUY6VK1MQHy15BptY4gpBeOtyh6hI",
+	"KrTW6xi70YXShvORveaXoSDbkKQAiQ6fQz+AmNVJb2GWaaKhvNHLS382A2gVNF+opjCdCemsN0eev3j+",
+	"mlTowtfpFznZgbG3SS75eR1uievSpC/393eZpaoLVao6xMO9ktLkzmRRY20U1fq4l2VBEfdMss00klZh",
+	"q3cwonXf6HT+2ZC7XTx72/ZjVqnmLco6+NyUdYqjLsIKiUcBvbjK7d4oKeodHjzaPGixsQCNe/hwm8WW",
+	"669vo97j/S3W7OgSsDXhPw2mdkm6K0h/Uayx9V1XqHXX+pbm2lRfL+iB9By5s1CWkRXXNO8aipkdwIsU",
+	"p7l2nI7hjZ8L5U0yqQBHI0zcEUHPZYPB+mhaGqX+8Xh/v4ug/IAmQd2RyGjV+XWgtn+fDj4dO7fBlLqT",
+	"CI843DyiasOwhFEtX/bbd6QwtF3KjWelu90/WoWL34bbazTvoJveXSmOOhWrMbp7uM9WVHutCvAffqV0",
+	"KsPNDGZJAe7aQ/3JXt3L6vZdJ3PaS0PVa0MD76qi94ypGQlcDATCU8HGXi3pD+Gl/Gb3GAqLF2pVAXxQ",
+	"SjgowBYfPyA7vzR9S5e6d4gs86awgeeSc07WGgh32CuN+LfDy9/ZMu0u1fGF+uYV5BiuuIy83q/qcNeU",
+	"TAO+2jyg6ob1yerM3bOMUxRpaRGIkhgX/PPeAbp7b7xksZnFRp4iOE+F/WC+8tD6Ary4szmgN4bmZUiA",
+	"TKTQYbEgswxVeqHYjJBuAGyHcxbX+qaCTOu+WUd6DOw48/S/gt2M0T2r69rvjFhbtf4rSLU87v9wGr17",
+	"Wvtez0gKMIqC8L7RCqkqTPr8ZBZt/JgbbK4kxxtMfNXop5L5KlfGaaEsxMFBEfxYaxoctBwdZMf42D4J",
+	"+bbXVNoLVflHDcspDlmWBdiN/gBfsG8tw7J7AIyNLnLSE0KjgDJi7qfhqeNG+XEMBw8fRyEkwMnaMcRh",
+	"nTjyW+IyYZ+G4AtBBvBi1LLQTKFozIXy3pfWelw9vufjkUN9E9dzGhRWK2ZHvrYp5jj04f7h3uH+V1VC",
+	"9YVqRIy8l57b19RtD+EZYWSo3ZYWEq+CCbeygLvUzi7UwZeknh1DXJVax+Awy+zuAF7ppgccUhRpxskg",
+	"HFfg/ntxw7mTZwVx47ERCV6oHI3U6XHNnpm/p9KG/AwOkiWYtdo9dLFaAv9pKJm7GydOs93HVi6c/c+8",
+	"9DpNrPT/GaFgZzYRji10Ip+qQ8HuX+rZ/2Zv0x1ohYUCrWrcaTXI+Rin1V7VR69TgTtjllMbhcxyyPaJ",
+	"V1huxA7qzlD8bH/QpVwFM+4j6E4nDl3fM8E2/VUVCUOpBBtrHZ2I1+e7LjTsfOpB6Jcm3Jp0WSt/46Bz",
+	"NU0HXGWl4Ppe4H9pd/dpSQkwYsa3FgTrH6HXVe3eWQcrNlBgu0+uCg6LNl3CDplOhJTHECeFyaB/Hu9G",
+	"IeamxpALg8pdqJJKZZVHlGci4UQtRZLHupK0fYCmbM7rHcgTzNjO8kVtXkXrku15UVP6NnL9dxL5/cn1",
+	"Zv+WDv7yU9lJ5S+5/ad0q/zEXV8DN+DE1W35QbcYrYuM78AKq7wordRQNjMEKJy1s0gH8ETNQxh1KuZV",
+	"wl+ddsjvji+Uz3lTVa6jH7MTsuoqjhESYncXZmuMGUDM9XdxWTN8oXzRsE+JzkKzm2tiNd0dbmoWQ4sM",
+	"EfSUCCgldlZmJpbJiisjwWXW/V2YEK2uQrfLv21wf2Hfl6QypP92nOWTFfW7ZxYvGeeZ0hplIJ/AH/ZC",
+	"i4F1oeJTzo+1DcLxuUWhBqfO88e09aMJxy2HxRVibhstEuPFjgYxJLpQrkWFX1hfsFGGn0cOzUyY1A7g",
+	"qfBdGZnnVDnyF2pH6epMQioy7rbTW7/qItjwaU2xdySm2z0kOqgpfPBnDjX/Ubr0gvZMaOkFg8gykgtZ",
+	"WeR0L0EHTjf9XAJ2QUmlqf/4KPkJJ9QO/q30vz+xD+W5QfwNOeemWcTzhW00ql2fcrECUX03rJVprnV7",
+	"HHuXyLbQ1mdVVkaZWvSfnJbB6Z5tOVjVLNr6qkoUoAv+fRxulaZ/5oThxPMy2BF0/JPznxut1LTxz0MH",
+	"tTh38yPfVi3eLcsguFAlxDTIvLlQIQVUqDIhv1VyyZ2vMmEdHMBL+Q3/roNfL8RIqk5YbCH5zlOWdPE6",
+	"PNRU+euT/Kg2dy0zgOs/gx2wWulvdJu6G81/qaXgHWv/jZZyHUTLKPJvqP5/tGPh39Oxz9cLYon/LLGf",
+	"lbJn773dkIz6g8yy1m/f1SLPR1cjSDLtE1Dr6p0yysfF3tpwhUxjjsGKZNIF8vwrn3QBydq/7nUPGEa3",
+	"37jEbXBtdWrp/dxus6HgWjXmr/tt5ZhucbF3GNuof390pUlXcqu92e9znX4OYLhA+m4cuGclr/St8sBp",
+	"UHoGf6+8pjvxfnxU99I7Xmi9uKhSJYXxMZwwfnel+7Tb9aJwdrdFM63OmJ3q0r0Z1QzKX/rSn9q/+uzG",
+	"oUpbJnjZGf+TLHDfjuFufEV+7j/eWXTqXbsgxkKqv3xG96Sen0/ErC59364wpxtH605xG8p2zsrC5bvD",
+	"tGZLu1UKlq+t/g92Ep23RDCfx735vou8LN35/MoJR8K9epIil/hwy46qH1/M9b6Nfn0x7Gwuo7lQoY5m",
+	"OfUEGpkn7dSSZH1l0cmbj6ks6tB8/DF+VD7Kx1FSuz/jPWektHok/pWS8idKJf0j0lk+oVBoU5U0Z4p7",
+	"vuO7kewxWwlTLRk9QTh2tA1s/35Qo9i5KiwaNBp3VBAuN+E4b3YW5J+0lzlu02Fw53WOqoSQoEkbfSV3",
+	"G6vn7DHsSv+sGpOV7vRGP7jWr6NPdaGc/13kCfdww6rkqW4A6BsFNlee4dDy/B3r+x/TiqDqEBFB6MkS",
+	"+ZyAVCfFtPTW8c/U+25sjV6MfJ0VVM2VdW5JEv3/AAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

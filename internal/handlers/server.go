@@ -16,6 +16,7 @@ import (
 
 	apispec "github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/internal/api"
+	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
@@ -28,7 +29,11 @@ type Options struct {
 	// MaxJSONBody caps JSON request bodies (the base64 file routes
 	// included). Default 64 MiB. The streaming file route has no cap.
 	MaxJSONBody int64
-	Logger      *slog.Logger
+	// PTY serves the terminal sessions. The caller owns it and closes it
+	// on shutdown (closing attached WebSockets with 1001). Nil: a manager
+	// with default options that nobody closes (tests without sessions).
+	PTY    *pty.Manager
+	Logger *slog.Logger
 }
 
 // New returns the gateway's HTTP handler.
@@ -40,7 +45,10 @@ func New(opts Options) (http.Handler, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	base := strings.TrimSuffix(strings.TrimSuffix(opts.PublicURL, "/"), "/v1")
-	s := &server{svc: opts.Service, log: opts.Logger, serverURL: base + "/v1", maxJSON: opts.MaxJSONBody}
+	if opts.PTY == nil {
+		opts.PTY = pty.NewManager(opts.Service, pty.Options{Logger: opts.Logger})
+	}
+	s := &server{svc: opts.Service, pty: opts.PTY, log: opts.Logger, serverURL: base + "/v1", maxJSON: opts.MaxJSONBody}
 
 	validate, err := s.validator()
 	if err != nil {
@@ -76,12 +84,22 @@ func New(opts Options) (http.Handler, error) {
 			ErrorHandlerFunc: s.requestError,
 		})
 	})
+	// The WebSocket attach, documented in the contract, mounted by hand.
+	wsValidate, err := s.wsValidator()
+	if err != nil {
+		return nil, err
+	}
+	r.Group(func(r chi.Router) {
+		r.Use(s.credentials, wsValidate)
+		r.Get("/v1/sandboxes/{id}/pty/{sid}/ws", s.attachPty)
+	})
 	return r, nil
 }
 
 // server implements api.StrictServerInterface.
 type server struct {
 	svc       *sandbox.Service
+	pty       *pty.Manager
 	log       *slog.Logger
 	serverURL string
 	maxJSON   int64

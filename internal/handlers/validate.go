@@ -11,6 +11,7 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	middleware "github.com/oapi-codegen/nethttp-middleware"
 
+	apispec "github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/internal/api"
 	"github.com/sandgate/sandgate/internal/providers"
 )
@@ -23,6 +24,21 @@ func (s *server) validator() (func(http.Handler) http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.validatorFor(spec), nil
+}
+
+// wsValidator validates the routes mounted by hand (the WebSocket attach),
+// which the generated code's embedded spec leaves out, against the whole
+// contract.
+func (s *server) wsValidator() (func(http.Handler) http.Handler, error) {
+	spec, err := openapi3.NewLoader().LoadFromData(apispec.YAML)
+	if err != nil {
+		return nil, err
+	}
+	return s.validatorFor(spec), nil
+}
+
+func (s *server) validatorFor(spec *openapi3.T) func(http.Handler) http.Handler {
 	return middleware.OapiRequestValidatorWithOptions(spec, &middleware.Options{
 		Options: openapi3filter.Options{
 			MultiError: true,
@@ -33,7 +49,7 @@ func (s *server) validator() (func(http.Handler) http.Handler, error) {
 		// The streaming upload's body is raw bytes of any size: never read it here.
 		Skipper:              isStream,
 		ErrorHandlerWithOpts: s.validationError,
-	}), nil
+	})
 }
 
 // validationError renders what the validator found: malformed JSON and bad

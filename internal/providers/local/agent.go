@@ -172,6 +172,20 @@ func (a *agent) exec(c *net.UnixConn, req request, files []*os.File) {
 		closeFiles(files)
 		sendMsg(c, reply{Error: err.Error(), Kind: kind})
 	}
+	var master *os.File // TTY: sent back with the pidfd
+	if req.TTY {
+		if len(files) != 0 {
+			fail(kindInvalid, fmt.Errorf("a tty exec takes no descriptors, got %d", len(files)))
+			return
+		}
+		m, slave, err := openPTY(req.Rows, req.Cols)
+		if err != nil {
+			fail(kindRuntime, err)
+			return
+		}
+		defer m.Close()
+		master, files = m, []*os.File{slave, slave, slave}
+	}
 	if len(files) != 3 {
 		fail(kindInvalid, fmt.Errorf("exec needs 3 descriptors, got %d", len(files)))
 		return
@@ -193,6 +207,12 @@ func (a *agent) exec(c *net.UnixConn, req request, files []*os.File) {
 			shell = "/bin/bash"
 		}
 		argv = []string{shell, "-c", req.Command}
+	} else if req.Shell && len(argv) == 0 {
+		shell := "/bin/sh"
+		if _, err := os.Stat("/bin/bash"); err == nil {
+			shell = "/bin/bash"
+		}
+		argv = []string{shell, "-l"}
 	}
 	if len(argv) == 0 {
 		fail(kindInvalid, errors.New("nothing to run"))
@@ -208,7 +228,8 @@ func (a *agent) exec(c *net.UnixConn, req request, files []*os.File) {
 		Env:   env,
 		Files: []uintptr{files[0].Fd(), files[1].Fd(), files[2].Fd()},
 		Sys: &syscall.SysProcAttr{
-			Setsid:     true, // own session and process group: the unit that timeouts and cleanup kill
+			Setsid:     true,    // own session and process group: the unit that timeouts and cleanup kill
+			Setctty:    req.TTY, // the PTY slave (fd 0 in the child) becomes its controlling terminal
 			Credential: &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: u.groups},
 		},
 	}
@@ -221,8 +242,15 @@ func (a *agent) exec(c *net.UnixConn, req request, files []*os.File) {
 		return
 	}
 	pidfd := os.NewFile(uintptr(r.pidfd), "pidfd")
-	err = sendMsg(c, reply{Pid: r.pid}, pidfd)
+	back := []*os.File{pidfd}
+	if master != nil {
+		back = append(back, master)
+	}
+	err = sendMsg(c, reply{Pid: r.pid}, back...)
 	pidfd.Close()
+	if master != nil {
+		master.Close() // the gateway holds the only master: when it lets go, the terminal hangs up
+	}
 	if err != nil {
 		// The gateway is gone; the command still runs to completion.
 		<-r.wait

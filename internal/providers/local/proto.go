@@ -16,7 +16,8 @@ import (
 // the first chunk only.
 //
 // exec:   gateway → {op:exec} + [stdin, stdout, stderr]
-//         agent   → {pid} + [pidfd]   or {error, kind}
+//                   or {op:exec, tty} (no descriptors: the agent opens a PTY inside)
+//         agent   → {pid} + [pidfd] (+ [pty master] with tty)   or {error, kind}
 //         gateway → {op:kill}          (optional, any number of times)
 //         agent   → {exited, code}     then closes
 // ping, signal, killall: one request, one reply.
@@ -47,6 +48,15 @@ type request struct {
 	Dir      string   `json:"dir,omitempty"`
 	User     string   `json:"user,omitempty"`
 	Preserve bool     `json:"preserve,omitempty"`
+	// Shell runs the interactive login shell (bash, else sh) when Command
+	// and Argv are empty: a terminal session.
+	Shell bool `json:"shell,omitempty"`
+	// TTY has the agent open a PTY inside the sandbox (Rows x Cols), make
+	// its slave the command's stdio and controlling terminal, and send its
+	// master back with the pidfd.
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
 
 	// signal
 	Signal int `json:"signal,omitempty"`

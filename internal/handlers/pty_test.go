@@ -1,0 +1,884 @@
+package handlers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	u8 "unicode/utf8"
+
+	"github.com/coder/websocket"
+
+	"github.com/sandgate/sandgate/internal/providers/local"
+	"github.com/sandgate/sandgate/internal/pty"
+	"github.com/sandgate/sandgate/internal/sandbox"
+)
+
+// The terminal-session tests run end to end: a real gateway handler over
+// loopback HTTP, the real service, the real local provider (processes in
+// real namespaces), and real WebSocket dials.
+
+// ptyEnv is a gateway on the local provider with one sandbox.
+type ptyEnv struct {
+	*gw
+	mgr   *pty.Manager
+	id    string
+	token string
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func requireNamespaces(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("terminal session tests need root on CI")
+		}
+		t.Skip("the local provider's namespaces need root")
+	}
+}
+
+// newPtyEnv starts a gateway with manager options o and creates a sandbox.
+// Cleanup closes the manager (clients get 1001), deletes the sandbox and
+// stops everything.
+func newPtyEnv(t *testing.T, o pty.Options) *ptyEnv {
+	t.Helper()
+	requireNamespaces(t)
+	p, err := local.New(local.Options{StateDir: t.TempDir(), Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := sandbox.New(context.Background(), sandbox.Options{
+		Provider: p, StateDir: t.TempDir(), APIKeys: []string{testKey}, ReapInterval: time.Hour,
+	})
+	if err != nil {
+		p.Close()
+		t.Fatal(err)
+	}
+	mgr := pty.NewManager(svc, o)
+	h, err := New(Options{Service: svc, PTY: mgr, PublicURL: "http://gw.example:9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &ptyEnv{gw: &gw{t: t, srv: httptest.NewServer(h), svc: svc}, mgr: mgr}
+	t.Cleanup(func() {
+		mgr.Close()
+		if e.id != "" {
+			e.do("DELETE", "/v1/sandboxes/"+e.id, nil, key())
+		}
+		e.srv.Close()
+		svc.Close()
+		p.Close()
+	})
+	r := e.create(map[string]any{})
+	e.id, e.token = r.SandboxID, r.Token
+	return e
+}
+
+// session starts a terminal session and returns its id.
+func (e *ptyEnv) session(body map[string]any) string {
+	e.t.Helper()
+	r := e.do("POST", "/v1/sandboxes/"+e.id+"/pty", body, lease(e.token))
+	if r.status != 201 {
+		e.t.Fatalf("create session: %d %s", r.status, r.body)
+	}
+	var out struct {
+		SessionID string `json:"session_id"`
+	}
+	r.json(e.t, &out)
+	return out.SessionID
+}
+
+type sessionInfo struct {
+	SessionID    string `json:"session_id"`
+	Running      bool   `json:"running"`
+	OutputOffset int64  `json:"output_offset"`
+	ExitCode     *int   `json:"exit_code"`
+	Mode         string `json:"mode"`
+	Attached     bool   `json:"attached"`
+}
+
+func (e *ptyEnv) info(sid string) sessionInfo {
+	e.t.Helper()
+	r := e.do("GET", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token))
+	if r.status != 200 {
+		e.t.Fatalf("get session: %d %s", r.status, r.body)
+	}
+	var i sessionInfo
+	r.json(e.t, &i)
+	return i
+}
+
+// waitFor polls cond every 10 ms until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval, not a wait for the condition
+	}
+}
+
+func (e *ptyEnv) wsURL(sid, query string) string {
+	u := "ws" + strings.TrimPrefix(e.srv.URL, "http") + "/v1/sandboxes/" + e.id + "/pty/" + sid + "/ws"
+	if query != "" {
+		u += "?" + query
+	}
+	return u
+}
+
+// frame is one message a client received.
+type frame struct {
+	text bool
+	data []byte
+}
+
+// wsClient is a test client. Its reader goroutine (started by read)
+// collects frames until the connection ends.
+type wsClient struct {
+	t      *testing.T
+	conn   *websocket.Conn
+	frames chan frame
+	done   chan struct{}
+	err    error // why reading stopped; valid after done
+}
+
+// dial attaches with the lease in a header; the test fails on error.
+func (e *ptyEnv) dial(sid, query string) *wsClient {
+	e.t.Helper()
+	c, res, err := e.tryDial(sid, query, http.Header{"X-Sandbox-Lease": {e.token}}, nil)
+	if err != nil {
+		status := 0
+		if res != nil {
+			status = res.StatusCode
+		}
+		e.t.Fatalf("dial %s?%s: %v (HTTP %d)", sid, query, err, status)
+	}
+	c.read()
+	return c
+}
+
+func (e *ptyEnv) tryDial(sid, query string, hdr http.Header, protos []string) (*wsClient, *http.Response, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, res, err := websocket.Dial(ctx, e.wsURL(sid, query), &websocket.DialOptions{HTTPHeader: hdr, Subprotocols: protos})
+	if err != nil {
+		return nil, res, err
+	}
+	conn.SetReadLimit(-1)
+	c := &wsClient{t: e.t, conn: conn, frames: make(chan frame, 1<<16), done: make(chan struct{})}
+	e.t.Cleanup(func() { conn.CloseNow(); c.wait() })
+	return c, res, nil
+}
+
+// read starts the reader goroutine.
+func (c *wsClient) read() {
+	go func() {
+		defer close(c.done)
+		defer close(c.frames)
+		for {
+			typ, b, err := c.conn.Read(context.Background())
+			if err != nil {
+				c.err = err
+				return
+			}
+			c.frames <- frame{typ == websocket.MessageText, b}
+		}
+	}()
+}
+
+func (c *wsClient) wait() {
+	select {
+	case <-c.done:
+	case <-time.After(15 * time.Second):
+		c.t.Errorf("client reader did not end")
+	}
+}
+
+// closeCode waits for the connection to end and returns its close code.
+func (c *wsClient) closeCode() websocket.StatusCode {
+	c.t.Helper()
+	for range c.frames {
+	}
+	c.wait()
+	return websocket.CloseStatus(c.err)
+}
+
+func (c *wsClient) send(typ websocket.MessageType, b []byte) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.conn.Write(ctx, typ, b); err != nil {
+		c.t.Fatalf("send: %v", err)
+	}
+}
+
+func (c *wsClient) stdin(s string) { c.send(websocket.MessageBinary, append([]byte{0}, s...)) }
+
+func (c *wsClient) json(v any) {
+	b, _ := json.Marshal(v)
+	c.send(websocket.MessageText, b)
+}
+
+// stream is what a client has seen so far.
+type stream struct {
+	out, errOut []byte // channel 1 (and replay) / channel 2
+	start       int64  // absolute offset of out[0], from the replay frame
+	replays     int
+	texts       []pty.ServerMsg
+}
+
+func (s *stream) add(t *testing.T, f frame) {
+	if f.text {
+		var m pty.ServerMsg
+		if err := json.Unmarshal(f.data, &m); err != nil {
+			t.Fatalf("bad text frame %q: %v", f.data, err)
+		}
+		s.texts = append(s.texts, m)
+		return
+	}
+	sf, err := pty.DecodeServer(f.data)
+	if err != nil {
+		t.Fatalf("bad binary frame: %v", err)
+	}
+	switch sf.Channel {
+	case pty.ChanReplay:
+		if s.replays > 0 || len(s.out) > 0 || len(s.texts) > 0 {
+			t.Fatalf("replay frame not first")
+		}
+		s.replays++
+		s.start = sf.Offset
+		s.out = append(s.out, sf.Data...)
+	case pty.ChanOutput:
+		s.out = append(s.out, sf.Data...)
+	case pty.ChanStderr:
+		s.errOut = append(s.errOut, sf.Data...)
+	}
+}
+
+func (s *stream) hasText(typ string) *pty.ServerMsg {
+	for i := range s.texts {
+		if s.texts[i].Type == typ {
+			return &s.texts[i]
+		}
+	}
+	return nil
+}
+
+// until reads frames into s until cond holds; it fails after d.
+func (c *wsClient) until(s *stream, d time.Duration, what string, cond func(*stream) bool) {
+	c.t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for !cond(s) {
+		select {
+		case f, ok := <-c.frames:
+			if !ok {
+				c.t.Fatalf("connection ended (%v) before %s; output so far: %q", c.err, what, tail(s.out))
+			}
+			s.add(c.t, f)
+		case <-timer.C:
+			c.t.Fatalf("timed out waiting for %s; output so far: %q", what, tail(s.out))
+		}
+	}
+}
+
+func tail(b []byte) []byte {
+	if len(b) > 400 {
+		return b[len(b)-400:]
+	}
+	return b
+}
+
+func outContains(sub string) func(*stream) bool {
+	return func(s *stream) bool { return bytes.Contains(s.out, []byte(sub)) }
+}
+
+func connected(s *stream) bool { return s.hasText("connected") != nil }
+
+// 1. A shell session: type a command and read it back; a resize sent as
+// JSON shows in stty size.
+func TestPTYShellEchoAndResize(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{})
+	sid := e.session(map[string]any{})
+	c := e.dial(sid, "")
+	var s stream
+	c.until(&s, 10*time.Second, "connected", connected)
+	if m := s.hasText("connected"); m.SessionID != sid || m.Mode != pty.ModePTY {
+		t.Fatalf("connected frame %+v", m)
+	}
+	c.stdin("echo h\"\"i\n")
+	c.until(&s, 10*time.Second, "hi", outContains("hi\r\n"))
+	c.json(map[string]any{"type": "resize", "cols": 132, "rows": 43})
+	c.stdin("stty size\n")
+	c.until(&s, 10*time.Second, "43 132", outContains("43 132"))
+	c.stdin("tty\n")
+	c.until(&s, 10*time.Second, "a tty of the sandbox's own devpts", outContains("/dev/pts/"))
+	if i := e.info(sid); !i.Running || !i.Attached || i.Mode != "pty" || i.OutputOffset == 0 || i.ExitCode != nil {
+		t.Fatalf("session info %+v", i)
+	}
+}
+
+func seqOutput(n int, eol string) []byte {
+	var b bytes.Buffer
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, "%d%s", i, eol)
+	}
+	return b.Bytes()
+}
+
+// 2. Drop the connection while output keeps coming; re-attaching with
+// since = bytes received gives exactly the rest.
+func TestPTYReattachSinceLosesNothing(t *testing.T) {
+	// The ring holds the whole output, so whatever the timing, nothing
+	// the client missed has left it.
+	e := newPtyEnv(t, pty.Options{RingBytes: 8 << 20})
+	sid := e.session(map[string]any{"command": "sleep 0.3; seq 1 200000"})
+	want := seqOutput(200000, "\r\n")
+
+	c := e.dial(sid, "")
+	var s1 stream
+	c.until(&s1, 20*time.Second, "some output", func(s *stream) bool { return len(s.out) > 50000 })
+	c.conn.CloseNow()
+	got := s1.out
+	if s1.start != 0 {
+		t.Fatalf("first attach replay offset %d", s1.start)
+	}
+
+	c2 := e.dial(sid, fmt.Sprintf("since=%d&takeover=1", len(got)))
+	var s2 stream
+	c2.until(&s2, 30*time.Second, "exit", func(s *stream) bool { return s.hasText("exit") != nil })
+	if s2.replays == 1 && s2.start != int64(len(got)) {
+		t.Fatalf("re-attach replay starts at %d, want %d", s2.start, len(got))
+	}
+	got = append(got, s2.out...)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("concatenated output differs: got %d bytes, want %d (first difference at %d)", len(got), len(want), firstDiff(got, want))
+	}
+	if code := c2.closeCode(); code != websocket.StatusNormalClosure {
+		t.Fatalf("close code %v, want 1000", code)
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// 3. After more than the ring of output, since=0 replays the last 1 MiB
+// from offset total - 1 MiB.
+func TestPTYReplayClampsToRing(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{})
+	sid := e.session(map[string]any{"command": "seq 1 400000", "pty": false})
+	want := seqOutput(400000, "\n")
+	waitFor(t, 20*time.Second, "the process to exit", func() bool { return !e.info(sid).Running })
+	if i := e.info(sid); i.OutputOffset != int64(len(want)) {
+		t.Fatalf("output_offset %d, want %d", i.OutputOffset, len(want))
+	}
+
+	c := e.dial(sid, "since=0")
+	var s stream
+	c.until(&s, 10*time.Second, "exit", func(s *stream) bool { return s.hasText("exit") != nil })
+	const ring = 1 << 20
+	if s.replays != 1 || s.start != int64(len(want)-ring) {
+		t.Fatalf("replay offset %d (%d replay frames), want %d", s.start, s.replays, len(want)-ring)
+	}
+	if !bytes.Equal(s.out, want[len(want)-ring:]) {
+		t.Fatalf("replay is not the last 1 MiB (%d bytes)", len(s.out))
+	}
+
+	// since at the total: no replay frame at all.
+	c2 := e.dial(sid, fmt.Sprintf("since=%d", len(want)))
+	var s2 stream
+	c2.until(&s2, 10*time.Second, "exit", func(s *stream) bool { return s.hasText("exit") != nil })
+	if s2.replays != 0 || len(s2.out) != 0 || s2.texts[0].Type != "connected" {
+		t.Fatalf("since=total: %d replay frames, %d bytes, first text %+v", s2.replays, len(s2.out), s2.texts[0])
+	}
+}
+
+// 4. One holder: a second attach is refused with 409 before the upgrade;
+// with takeover the holder gets 4001 and the newcomer the replay and live
+// output.
+func TestPTYTakeover(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{})
+	sid := e.session(map[string]any{})
+	a := e.dial(sid, "")
+	var sa stream
+	a.stdin("echo fi\"\"rst\n")
+	a.until(&sa, 10*time.Second, "first", outContains("first\r\n"))
+
+	_, res, err := e.tryDial(sid, "", http.Header{"X-Sandbox-Lease": {e.token}}, nil)
+	if err == nil || res == nil || res.StatusCode != http.StatusConflict {
+		t.Fatalf("second attach: %v, %v", err, res)
+	}
+	var p problemBody
+	if err := json.NewDecoder(res.Body).Decode(&p); err != nil || p.Code != "ALREADY_CONNECTED" {
+		t.Fatalf("409 body: %+v, %v", p, err)
+	}
+
+	start := time.Now()
+	b := e.dial(sid, "takeover=1")
+	var sb stream
+	b.until(&sb, time.Second, "connected within 1 s", connected)
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("takeover took %v", d)
+	}
+	if code := a.closeCode(); code != pty.CloseTakenOver {
+		t.Fatalf("evicted client got close %v (%v), want 4001", code, a.err)
+	}
+	if sb.replays != 1 || !bytes.Contains(sb.out, []byte("first\r\n")) {
+		t.Fatalf("newcomer's replay: %q", sb.out)
+	}
+	b.stdin("echo sec\"\"ond\n")
+	b.until(&sb, 10*time.Second, "second", outContains("second\r\n"))
+}
+
+// 8b. 200 takeovers in a row: every evicted client receives 4001.
+func TestPTYManyTakeovers(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{})
+	sid := e.session(map[string]any{"command": "while :; do echo tick; sleep 0.01; done"})
+	prev := e.dial(sid, "")
+	for i := 0; i < 200; i++ {
+		next := e.dial(sid, "takeover=1")
+		if code := prev.closeCode(); code != pty.CloseTakenOver {
+			t.Fatalf("takeover %d: evicted client got %v (%v), want 4001", i, code, prev.err)
+		}
+		prev = next
+	}
+	var s stream
+	prev.until(&s, 10*time.Second, "live output", outContains("tick"))
+}
+
+// 5. A client that never reads is closed with 1008; the process keeps
+// running and another client attaches normally.
+func TestPTYSlowClientDropped(t *testing.T) {
+	// About 4 MB/s in bursts of 100 KB: a reading client keeps up, even
+	// under the race detector; one that does not read fills its TCP
+	// buffers and then its queue within seconds.
+	e := newPtyEnv(t, pty.Options{QueueBytes: 1 << 20})
+	sid := e.session(map[string]any{"command": "while :; do seq 1 20000; sleep 0.02; done", "pty": false})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	slow, _, err := websocket.Dial(ctx, e.wsURL(sid, ""), &websocket.DialOptions{HTTPHeader: http.Header{"X-Sandbox-Lease": {e.token}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.CloseNow()
+	waitFor(t, 30*time.Second, "the slow client to be detached", func() bool { return !e.info(sid).Attached })
+	before := e.info(sid)
+	if !before.Running {
+		t.Fatal("the process stopped")
+	}
+
+	// Another client attaches without takeover and gets live output.
+	c := e.dial(sid, "")
+	var s stream
+	c.until(&s, 10*time.Second, "live output", func(s *stream) bool { return len(s.out) > 1<<20 })
+	if after := e.info(sid); !after.Running || after.OutputOffset <= before.OutputOffset {
+		t.Fatalf("process stalled: %+v then %+v", before, after)
+	}
+
+	// The slow client, reading at last, finds the 1008 close.
+	slow.SetReadLimit(-1)
+	for {
+		_, _, err := slow.Read(ctx)
+		if err != nil {
+			if code := websocket.CloseStatus(err); code != websocket.StatusPolicyViolation {
+				t.Fatalf("slow client closed with %v (%v), want 1008", code, err)
+			}
+			break
+		}
+	}
+	e.do("DELETE", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token))
+}
+
+// 6. The process exits while nobody is attached; a later attach gets the
+// replay, the exit frame and close 1000.
+func TestPTYExitWhileDetached(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{})
+	sid := e.session(map[string]any{"command": "echo bye; exit 3"})
+	waitFor(t, 10*time.Second, "the process to exit", func() bool { return !e.info(sid).Running })
+	if i := e.info(sid); i.ExitCode == nil || *i.ExitCode != 3 || i.Attached {
+		t.Fatalf("session info %+v", i)
+	}
+	c := e.dial(sid, "")
+	var s stream
+	c.until(&s, 10*time.Second, "exit", func(s *stream) bool { return s.hasText("exit") != nil })
+	if s.replays != 1 || string(s.out) != "bye\r\n" {
+		t.Fatalf("replay %q (%d frames)", s.out, s.replays)
+	}
+	if len(s.texts) != 2 || s.texts[0].Type != "connected" || s.texts[1].Type != "exit" || *s.texts[1].ExitCode != 3 {
+		t.Fatalf("text frames %+v", s.texts)
+	}
+	if code := c.closeCode(); code != websocket.StatusNormalClosure {
+		t.Fatalf("close %v, want 1000", code)
+	}
+}
+
+// 7. Pipe mode: stdout on channel 1, stderr on channel 2, eof closes
+// stdin.
+func TestPipeMode(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{})
+	// It waits for a line, so that its output comes live rather than in
+	// the replay (which merges the streams).
+	sid := e.session(map[string]any{"command": "read go; echo out; echo err >&2; cat", "pty": false})
+	c := e.dial(sid, "pty=0")
+	var s stream
+	c.until(&s, 10*time.Second, "connected", connected)
+	c.stdin("go\n")
+	c.until(&s, 10*time.Second, "out and err", func(s *stream) bool {
+		return connected(s) && bytes.Contains(s.out, []byte("out\n")) && bytes.Contains(s.errOut, []byte("err\n"))
+	})
+	if m := s.hasText("connected"); m.Mode != pty.ModePipe {
+		t.Fatalf("mode %q", m.Mode)
+	}
+	c.stdin("hello\n")
+	c.json(map[string]any{"type": "stdin", "data": "wörld\n"})
+	c.until(&s, 10*time.Second, "echoed stdin", outContains("hello\nwörld\n"))
+	c.json(map[string]any{"type": "eof"})
+	c.until(&s, 10*time.Second, "exit", func(s *stream) bool { return s.hasText("exit") != nil })
+	if m := s.hasText("exit"); *m.ExitCode != 0 {
+		t.Fatalf("exit %d", *m.ExitCode)
+	}
+	if bytes.Contains(s.out, []byte("err")) {
+		t.Fatalf("stderr leaked into stdout: %q", s.out)
+	}
+	if code := c.closeCode(); code != websocket.StatusNormalClosure {
+		t.Fatalf("close %v", code)
+	}
+}
+
+// 8. SIGINT goes to the terminal's foreground group: it interrupts sleep
+// typed into the shell, which survives; also when the gateway ignores
+// SIGINT. Unknown signals get an error frame and change nothing.
+func TestPTYSignalForegroundGroup(t *testing.T) {
+	for _, ignored := range []bool{false, true} {
+		t.Run(fmt.Sprintf("gateway-ignores-SIGINT=%v", ignored), func(t *testing.T) {
+			if ignored {
+				// Sandboxes made now inherit the ignored SIGINT, as from a
+				// gateway started with it ignored.
+				signal.Ignore(syscall.SIGINT)
+				defer signal.Reset(syscall.SIGINT)
+			}
+			e := newPtyEnv(t, pty.Options{})
+			sid := e.session(map[string]any{})
+			c := e.dial(sid, "")
+			var s stream
+			c.stdin("sleep 100\n")
+			waitFor(t, 10*time.Second, "sleep to run", func() bool {
+				r := e.do("POST", "/v1/sandboxes/"+e.id+"/exec", map[string]any{"command": "pgrep -x sleep"}, lease(e.token))
+				var res struct {
+					ReturnCode int `json:"return_code"`
+				}
+				r.json(t, &res)
+				return res.ReturnCode == 0
+			})
+			c.json(map[string]any{"type": "signal", "signal": "SIGINT"})
+			c.stdin("echo al\"\"ive $?\n")
+			c.until(&s, 10*time.Second, "the shell to report 130", outContains("alive 130"))
+
+			c.json(map[string]any{"type": "signal", "signal": "SIGFOO"})
+			c.until(&s, 10*time.Second, "an error frame", func(s *stream) bool { return s.hasText("error") != nil })
+			if m := s.hasText("error"); m.Code != pty.CodeUnknownSignal {
+				t.Fatalf("error frame %+v", m)
+			}
+			c.stdin("echo st\"\"ill $$\n")
+			c.until(&s, 10*time.Second, "the shell to live on", outContains("still "))
+			if !e.info(sid).Running {
+				t.Fatal("the shell died")
+			}
+		})
+	}
+}
+
+// 9. Multi-byte UTF-8 split across reads arrives intact.
+func TestPTYUTF8SplitAcrossReads(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{})
+	sid := e.session(map[string]any{
+		"command": `printf '\342\202'; sleep 0.3; printf '\254\n'; i=0; while [ $i -lt 20000 ]; do printf '€'; i=$((i+1)); done`,
+		"pty":     false,
+	})
+	c := e.dial(sid, "")
+	var s stream
+	c.until(&s, 60*time.Second, "exit", func(s *stream) bool { return s.hasText("exit") != nil })
+	want := "€\n" + strings.Repeat("€", 20000)
+	if string(s.out) != want || !u8.Valid(s.out) {
+		t.Fatalf("got %d bytes (valid UTF-8: %v), want %d", len(s.out), u8.Valid(s.out), len(want))
+	}
+}
+
+// 10. A marker-delimited exec as NeMo Gym's PTY client does it.
+func TestPTYMarkerDelimitedExec(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{})
+	sid := e.session(map[string]any{})
+	c := e.dial(sid, "")
+	var s stream
+	c.stdin("{ echo out; false\n} </dev/null\nprintf '%s%s:%s\\n' 'NGPTY' 'abc123def456' \"$?\"\n")
+	c.until(&s, 10*time.Second, "the marker", outContains("NGPTYabc123def456:1"))
+	if !bytes.Contains(s.out, []byte("out\r\n")) {
+		t.Fatalf("no command output before the marker: %q", s.out)
+	}
+}
+
+// 11. 200 concurrent sessions each echo a unique token.
+func TestPTYConcurrentSessions(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{})
+	const n = 200
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- e.echoToken(i)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// echoToken runs one session that echoes a token; it reports instead of
+// failing, as it runs off the test goroutine.
+func (e *ptyEnv) echoToken(i int) error {
+	r := e.do("POST", "/v1/sandboxes/"+e.id+"/pty", map[string]any{"command": "sh"}, lease(e.token))
+	var cr struct {
+		SessionID string `json:"session_id"`
+	}
+	if r.status != 201 || json.Unmarshal(r.body, &cr) != nil {
+		return fmt.Errorf("session %d: create %d %s", i, r.status, r.body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, _, err := websocket.Dial(ctx, e.wsURL(cr.SessionID, ""), &websocket.DialOptions{HTTPHeader: http.Header{"X-Sandbox-Lease": {e.token}}})
+	if err != nil {
+		return fmt.Errorf("session %d: dial: %w", i, err)
+	}
+	defer conn.CloseNow()
+	conn.SetReadLimit(-1)
+	if err := conn.Write(ctx, websocket.MessageBinary, fmt.Appendf([]byte{0}, "echo tok\"\"en-%d-x\n", i)); err != nil {
+		return fmt.Errorf("session %d: %w", i, err)
+	}
+	want := []byte(fmt.Sprintf("token-%d-x", i))
+	var out []byte
+	for !bytes.Contains(out, want) {
+		typ, b, err := conn.Read(ctx)
+		if err != nil {
+			return fmt.Errorf("session %d: read: %w (got %q)", i, err, out)
+		}
+		if typ == websocket.MessageBinary && len(b) > 0 {
+			sf, err := pty.DecodeServer(b)
+			if err != nil {
+				return err
+			}
+			out = append(out, sf.Data...)
+		}
+	}
+	conn.Close(websocket.StatusNormalClosure, "")
+	return nil
+}
+
+// 12. Bad input gets its documented error and breaks nothing.
+func TestPTYBadInput(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{MaxFrame: 4096})
+	sid := e.session(map[string]any{})
+	hdr := http.Header{"X-Sandbox-Lease": {e.token}}
+	for _, q := range []string{"since=abc", "since=-1", "since=1.5", "takeover=maybe", "pty=2"} {
+		_, res, err := e.tryDial(sid, q, hdr, nil)
+		if err == nil || res == nil || res.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: %v %v", q, err, res)
+		}
+	}
+	_, res, err := e.tryDial("pty-nosuchsession", "", hdr, nil)
+	if err == nil || res == nil || res.StatusCode != http.StatusNotFound {
+		t.Fatalf("unknown session: %v %v", err, res)
+	}
+	var p problemBody
+	json.NewDecoder(res.Body).Decode(&p)
+	if p.Code != "CONTEXT_NOT_FOUND" {
+		t.Fatalf("unknown session code %q", p.Code)
+	}
+	for _, m := range []string{"GET", "DELETE"} {
+		r := e.do(m, "/v1/sandboxes/"+e.id+"/pty/pty-nosuchsession", nil, lease(e.token))
+		if r.status != 404 || r.problem(t).Code != "CONTEXT_NOT_FOUND" {
+			t.Fatalf("%s unknown session: %d %s", m, r.status, r.body)
+		}
+	}
+	r := e.do("POST", "/v1/sandboxes/"+e.id+"/pty", map[string]any{"rows": 0}, lease(e.token))
+	if r.status != 422 && r.status != 400 {
+		t.Fatalf("rows 0: %d %s", r.status, r.body)
+	}
+	r = e.do("POST", "/v1/sandboxes/"+e.id+"/pty", `{"command":`, lease(e.token))
+	if r.status != 400 {
+		t.Fatalf("malformed body: %d %s", r.status, r.body)
+	}
+
+	c := e.dial(sid, "")
+	var s stream
+	wantErr := func(code string) {
+		t.Helper()
+		n := len(s.texts)
+		c.until(&s, 10*time.Second, "error "+code, func(s *stream) bool {
+			for _, m := range s.texts[n:] {
+				if m.Type == "error" {
+					return true
+				}
+			}
+			return false
+		})
+		for _, m := range s.texts[n:] {
+			if m.Type == "error" && m.Code != code {
+				t.Fatalf("error frame %+v, want %s", m, code)
+			}
+		}
+	}
+	c.send(websocket.MessageBinary, append([]byte{0}, bytes.Repeat([]byte("x"), 10000)...))
+	wantErr(pty.CodeFrameTooLarge)
+	c.send(websocket.MessageText, []byte(`{"type":"resize","cols":`))
+	wantErr(pty.CodeInvalidFrame)
+	c.send(websocket.MessageBinary, []byte{0x07, 'x'})
+	wantErr(pty.CodeUnknownChannel)
+	c.send(websocket.MessageText, []byte(`{"type":"launch-missiles"}`))
+	wantErr(pty.CodeUnknownType)
+	c.send(websocket.MessageText, []byte(`{"type":"resize","cols":0,"rows":5}`))
+	wantErr(pty.CodeInvalidFrame)
+	c.json(map[string]any{"type": "ping"})
+	c.until(&s, 10*time.Second, "pong", func(s *stream) bool { return s.hasText("pong") != nil })
+	c.stdin("echo o\"\"k\n")
+	c.until(&s, 10*time.Second, "the session to still work", outContains("ok\r\n"))
+}
+
+// Browsers: lease as subprotocol (echoed) or ?lease=; Origin checked.
+func TestPTYBrowserAuthAndOrigin(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{AllowedOrigins: []string{"https://*.example.com"}})
+	sid := e.session(map[string]any{})
+
+	proto := "sandgate.lease." + e.token
+	c, _, err := e.tryDial(sid, "", nil, []string{proto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.conn.Subprotocol() != proto {
+		t.Fatalf("subprotocol %q not echoed", c.conn.Subprotocol())
+	}
+	c.read()
+	var s stream
+	c.until(&s, 10*time.Second, "connected", connected)
+	c.conn.Close(websocket.StatusNormalClosure, "")
+	c.closeCode()
+
+	for _, tc := range []struct {
+		query  string
+		hdr    http.Header
+		status int
+	}{
+		{"", nil, 401},
+		{"lease=bogus", nil, 401},
+		{"takeover=1&lease=" + e.token, http.Header{"Origin": {"https://evil.test"}}, 403},
+		{"takeover=1&lease=" + e.token, http.Header{"Origin": {"http://app.example.com"}}, 403},
+	} {
+		_, res, err := e.tryDial(sid, tc.query, tc.hdr, nil)
+		if err == nil || res == nil || res.StatusCode != tc.status {
+			t.Fatalf("%q %v: %v %v, want %d", tc.query, tc.hdr, err, res, tc.status)
+		}
+	}
+	for _, origin := range []string{"https://app.example.com", strings.Replace(e.srv.URL, "127.0.0.1", "127.0.0.1", 1)} {
+		c, res, err := e.tryDial(sid, "takeover=1&lease="+e.token, http.Header{"Origin": {origin}}, nil)
+		if err != nil {
+			t.Fatalf("origin %s: %v %v", origin, err, res)
+		}
+		c.read()
+		var s stream
+		c.until(&s, 10*time.Second, "connected", connected)
+	}
+}
+
+// Deleting the sandbox ends its sessions: the client gets SESSION_GONE
+// and 1001; deleting a session likewise, and it is forgotten.
+func TestPTYSessionGone(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{})
+	sid := e.session(map[string]any{})
+	c := e.dial(sid, "")
+	var s stream
+	c.until(&s, 10*time.Second, "connected", connected)
+	if r := e.do("DELETE", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.status != 200 {
+		t.Fatalf("delete session: %d %s", r.status, r.body)
+	}
+	c.until(&s, 10*time.Second, "SESSION_GONE", func(s *stream) bool { return s.hasText("error") != nil })
+	if code := c.closeCode(); code != websocket.StatusGoingAway {
+		t.Fatalf("close %v, want 1001", code)
+	}
+	if r := e.do("GET", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.status != 404 {
+		t.Fatalf("deleted session still there: %d", r.status)
+	}
+
+	sid2 := e.session(map[string]any{})
+	c2 := e.dial(sid2, "")
+	var s2 stream
+	c2.until(&s2, 10*time.Second, "connected", connected)
+	if r := e.do("DELETE", "/v1/sandboxes/"+e.id, nil, lease(e.token)); r.status != 200 {
+		t.Fatalf("delete sandbox: %d %s", r.status, r.body)
+	}
+	e.id = ""
+	c2.until(&s2, 10*time.Second, "SESSION_GONE", func(s *stream) bool { return s.hasText("error") != nil })
+	if m := s2.hasText("error"); m.Code != pty.CodeSessionGone {
+		t.Fatalf("error frame %+v", m)
+	}
+	if code := c2.closeCode(); code != websocket.StatusGoingAway {
+		t.Fatalf("close %v, want 1001", code)
+	}
+}
+
+// Shutdown closes attached clients with 1001; a silent client is dropped.
+func TestPTYShutdownAndSilentClient(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{PingInterval: 50 * time.Millisecond, IdleTimeout: 300 * time.Millisecond})
+	sid := e.session(map[string]any{})
+
+	// A client that never reads never answers pings.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	silent, _, err := websocket.Dial(ctx, e.wsURL(sid, ""), &websocket.DialOptions{HTTPHeader: http.Header{"X-Sandbox-Lease": {e.token}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.CloseNow()
+	waitFor(t, 10*time.Second, "the silent client to be dropped", func() bool { return !e.info(sid).Attached })
+	if !e.info(sid).Running {
+		t.Fatal("the session ended with its client")
+	}
+
+	c := e.dial(sid, "")
+	var s stream
+	c.until(&s, 10*time.Second, "connected", connected)
+	done := make(chan error, 1)
+	go func() { done <- e.mgr.Close() }()
+	if code := c.closeCode(); code != websocket.StatusGoingAway {
+		t.Fatalf("close %v, want 1001", code)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if r := e.do("POST", "/v1/sandboxes/"+e.id+"/pty", map[string]any{}, lease(e.token)); r.status != 503 {
+		t.Fatalf("create after shutdown: %d", r.status)
+	}
+}

@@ -1,0 +1,319 @@
+package pty
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+const (
+	// maxLiveFrame caps how much queued output of one channel the writer
+	// coalesces into one frame (clients such as Python's websockets refuse
+	// messages over 1 MiB by default).
+	maxLiveFrame = 256 << 10
+	// maxTexts caps the text frames (pongs, errors) waiting to be written:
+	// a client that floods pings but never reads is too slow.
+	maxTexts = 64
+	// keepSpare is the largest queue buffer kept for reuse after a burst.
+	keepSpare = 1 << 20
+)
+
+// queue is a client's outgoing output, frame after frame in one buffer:
+// each frame starts with its channel byte and ends[i] is where frame i
+// ends. Consecutive output of one channel is coalesced into one frame.
+type queue struct {
+	buf  []byte
+	ends []int
+}
+
+func (q *queue) push(ch byte, p []byte) {
+	if n := len(q.ends); n > 0 {
+		start := 0
+		if n > 1 {
+			start = q.ends[n-2]
+		}
+		if q.buf[start] == ch && q.ends[n-1]-start+len(p) <= maxLiveFrame {
+			q.buf = append(q.buf, p...)
+			q.ends[n-1] = len(q.buf)
+			return
+		}
+	}
+	q.buf = append(append(q.buf, ch), p...)
+	q.ends = append(q.ends, len(q.buf))
+}
+
+func (q *queue) reset() {
+	q.buf, q.ends = q.buf[:0], q.ends[:0]
+}
+
+// client is one attached WebSocket connection. Output reaches it through a
+// bounded queue that only its writer goroutine drains, so a slow client
+// never blocks the session; every frame, and the close, is written by the
+// writer, which makes "close with this code" a matter of setting cause.
+type client struct {
+	s        *Session
+	conn     *websocket.Conn // set before the writer starts
+	maxQueue int
+	lastSeen atomic.Int64 // unix nanos of the last frame or pong from the client
+
+	// mu guards the fields below. Lock order: Session.mu, then client.mu.
+	mu     sync.Mutex
+	q      queue       // output not yet written
+	spare  queue       // the writer's recycled buffer
+	texts  [][]byte    // text frames (pong, error) not yet written
+	replay []byte      // the replay frame, written first; nil = none
+	exit   *int        // the process exited; all its output is in q
+	cause  *closeCause // set once: why the writer closes the connection
+	wake   chan struct{}
+}
+
+func newClient(s *Session) *client {
+	c := &client{s: s, maxQueue: s.m.opts.QueueBytes, wake: make(chan struct{}, 1)}
+	c.lastSeen.Store(time.Now().UnixNano())
+	return c
+}
+
+func (c *client) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// push queues output. It returns false when the queue is full: c is then
+// closing with 1008 and the caller (holding Session.mu) must detach it.
+func (c *client) push(ch byte, p []byte) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cause != nil {
+		return false
+	}
+	if len(c.q.buf)+1+len(p) > c.maxQueue {
+		c.cause = causeSlow
+		c.q.reset()
+		c.signal()
+		return false
+	}
+	c.q.push(ch, p)
+	c.signal()
+	return true
+}
+
+// sendText queues a text frame (pong, error).
+func (c *client) sendText(f []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cause != nil {
+		return
+	}
+	if len(c.texts) >= maxTexts {
+		c.cause = causeSlow
+		c.signal()
+		return
+	}
+	c.texts = append(c.texts, f)
+	c.signal()
+}
+
+// finish tells c the process exited with code, after all its output was
+// pushed: the writer sends the rest of the output, the exit frame, and
+// closes with 1000.
+func (c *client) finish(code int) {
+	c.mu.Lock()
+	c.exit = &code
+	c.mu.Unlock()
+	c.signal()
+}
+
+// closeWith makes the writer close the connection with cause, dropping
+// the output still queued. The first cause wins. It never blocks.
+func (c *client) closeWith(cause *closeCause) {
+	c.mu.Lock()
+	if c.cause == nil {
+		c.cause = cause
+		c.q.reset()
+	}
+	c.mu.Unlock()
+	c.signal()
+}
+
+// write writes one frame with the write timeout. A failed write has
+// closed the connection.
+func (c *client) write(ctx context.Context, typ websocket.MessageType, p []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, c.s.m.opts.WriteTimeout)
+	defer cancel()
+	return c.conn.Write(ctx, typ, p)
+}
+
+// writeLoop is the connection's only writer: the replay frame, the
+// connected frame, then live output and text frames until the process
+// exits (exit frame, close 1000), a cause is set (close with its code), a
+// write fails, or ctx ends. It returns why it stopped.
+func (c *client) writeLoop(ctx context.Context) error {
+	if c.replay != nil {
+		if err := c.write(ctx, websocket.MessageBinary, c.replay); err != nil {
+			return err
+		}
+		c.replay = nil
+	}
+	if err := c.write(ctx, websocket.MessageText, ConnectedFrame(c.s.id, c.s.mode)); err != nil {
+		return err
+	}
+	for {
+		c.mu.Lock()
+		for c.cause == nil && c.exit == nil && len(c.q.ends) == 0 && len(c.texts) == 0 {
+			c.mu.Unlock()
+			select {
+			case <-c.wake:
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+			c.mu.Lock()
+		}
+		if cause := c.cause; cause != nil {
+			c.mu.Unlock()
+			return c.closeConn(ctx, cause)
+		}
+		q := c.q
+		c.q, c.spare = c.spare, queue{}
+		texts := c.texts
+		c.texts = nil
+		exit := c.exit
+		c.mu.Unlock()
+
+		for _, t := range texts {
+			if err := c.write(ctx, websocket.MessageText, t); err != nil {
+				return err
+			}
+		}
+		start := 0
+		for _, end := range q.ends {
+			if err := c.write(ctx, websocket.MessageBinary, q.buf[start:end]); err != nil {
+				return err
+			}
+			start = end
+		}
+		if exit != nil {
+			if err := c.write(ctx, websocket.MessageText, ExitFrame(*exit)); err != nil {
+				return err
+			}
+			return c.closeConn(ctx, causeExited)
+		}
+		q.reset()
+		if cap(q.buf) > keepSpare {
+			q = queue{}
+		}
+		c.mu.Lock()
+		c.spare = q
+		c.mu.Unlock()
+	}
+}
+
+// closeConn sends the error frame of cause, if any, and performs the close
+// handshake with its code. The close frame is written before anything can
+// cut the connection, so the peer always receives the code.
+func (c *client) closeConn(ctx context.Context, cause *closeCause) error {
+	c.s.detach(c)
+	if cause.errFrame != "" {
+		c.write(ctx, websocket.MessageText, ErrorFrame(cause.errFrame, cause.reason))
+	}
+	c.conn.Close(cause.code, cause.reason)
+	return cause
+}
+
+// readLoop reads client frames until the connection fails or closes, and
+// acts on them. Frames over the limit are discarded and answered with an
+// error frame, as are malformed ones; neither ends the connection.
+func (c *client) readLoop(ctx context.Context) error {
+	limit := c.s.m.opts.MaxFrame
+	buf := make([]byte, limit+1)
+	for {
+		typ, r, err := c.conn.Reader(ctx)
+		if err != nil {
+			return err
+		}
+		c.lastSeen.Store(time.Now().UnixNano())
+		n, err := io.ReadFull(r, buf)
+		switch {
+		case n > limit:
+			if _, err := io.Copy(io.Discard, r); err != nil {
+				return err
+			}
+			c.sendText(ErrorFrame(CodeFrameTooLarge, "frame larger than the read limit; discarded"))
+			continue
+		case err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF):
+			return err
+		}
+		msg, err := DecodeClient(typ == websocket.MessageText, buf[:n])
+		if err != nil {
+			var fe *FrameError
+			errors.As(err, &fe)
+			c.sendText(ErrorFrame(fe.Code, fe.Msg))
+			continue
+		}
+		c.handle(msg)
+	}
+}
+
+// handle acts on one client frame. Stdin writes block while the terminal
+// or pipe is full, which back-pressures the client.
+func (c *client) handle(msg ClientMsg) {
+	p := c.s.proc
+	var err error
+	switch msg.Kind {
+	case MsgPing:
+		c.sendText(pongFrame)
+		return
+	case MsgStdin:
+		if len(msg.Data) == 0 {
+			return
+		}
+		_, err = p.Stdin().Write(msg.Data)
+		c.s.touch()
+	case MsgResize:
+		if c.s.mode != ModePTY {
+			c.sendText(ErrorFrame(CodeUnsupported, "resize needs a PTY session"))
+			return
+		}
+		err = p.Resize(msg.Rows, msg.Cols)
+	case MsgSignal:
+		err = p.Signal(msg.Signal)
+	case MsgEOF:
+		if c.s.mode == ModePTY {
+			// On a terminal, end of input is the VEOF character (Ctrl-D).
+			_, err = p.Stdin().Write([]byte{0x04})
+		} else {
+			err = p.Stdin().Close()
+		}
+	}
+	if err != nil {
+		c.sendText(ErrorFrame(CodeInputFailed, "the process did not take it (it may have exited)"))
+	}
+}
+
+// pingLoop pings every PingInterval and closes the connection with 1008
+// when nothing (no frame, no pong) came from the client for IdleTimeout.
+func (c *client) pingLoop(ctx context.Context) {
+	o := c.s.m.opts
+	t := time.NewTicker(o.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if time.Since(time.Unix(0, c.lastSeen.Load())) > o.IdleTimeout {
+			c.closeWith(causeSilent)
+			return
+		}
+		pctx, cancel := context.WithTimeout(ctx, o.PingInterval)
+		c.conn.Ping(pctx) // the pong (via OnPongReceived) is what counts
+		cancel()
+	}
+}
