@@ -14,24 +14,28 @@ import (
 // twin SANDGATE_<FLAG> (upper case, dashes as underscores); a flag given
 // on the command line wins over its twin.
 type config struct {
-	Listen         string
-	PublicURL      string
-	Provider       string
-	StateDir       string
-	APIKeys        []string
-	LeaseSecret    string
-	InsecureNoAuth bool
-	MaxSandboxes   int
-	QueueTimeout   time.Duration
-	DefaultTTL     time.Duration
-	MaxExecOutput  int
-	MaxBody        int64
-	ShutdownGrace  time.Duration
-	LocalIsolation string
-	PTYRingBytes   int
-	AllowedOrigins []string
-	LogLevel       string
-	LogFormat      string
+	Listen             string
+	PublicURL          string
+	Provider           string
+	StateDir           string
+	APIKeys            []string
+	LeaseSecret        string
+	InsecureNoAuth     bool
+	MaxSandboxes       int
+	QueueTimeout       time.Duration
+	DefaultTTL         time.Duration
+	MaxExecOutput      int
+	MaxExecs           int
+	MaxExecsPerSandbox int
+	MaxPTYSessions     int
+	MaxPTYPerSandbox   int
+	MaxBody            int64
+	ShutdownGrace      time.Duration
+	LocalIsolation     string
+	PTYRingBytes       int
+	AllowedOrigins     []string
+	LogLevel           string
+	LogFormat          string
 }
 
 // envName is the environment twin of a flag.
@@ -65,6 +69,10 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", 600*time.Second, "how long a create waits for capacity before 503")
 	fs.DurationVar(&c.DefaultTTL, "default-ttl", 1800*time.Second, "sandbox lifetime when a create gives no ttl_s (0 = none)")
 	fs.IntVar(&c.MaxExecOutput, "max-exec-output", 16<<20, "bytes of stdout and of stderr kept per exec")
+	fs.IntVar(&c.MaxExecs, "max-execs", 1024, "concurrent execs in all sandboxes; beyond it 429")
+	fs.IntVar(&c.MaxExecsPerSandbox, "max-execs-per-sandbox", 256, "concurrent execs in one sandbox; beyond it 429")
+	fs.IntVar(&c.MaxPTYSessions, "max-pty-sessions", 4096, "terminal sessions in all sandboxes; beyond it 503")
+	fs.IntVar(&c.MaxPTYPerSandbox, "max-pty-per-sandbox", 64, "terminal sessions in one sandbox; beyond it 429")
 	fs.Int64Var(&c.MaxBody, "max-body", 64<<20, "largest JSON request body in bytes (base64 file routes included)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long SIGTERM waits for in-flight requests")
 	fs.StringVar(&c.LocalIsolation, "local-isolation", "namespaces", "local provider isolation: namespaces or none (plain host processes)")

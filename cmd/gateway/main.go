@@ -18,7 +18,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sandgate/sandgate/internal/handlers"
+	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/local"
 	"github.com/sandgate/sandgate/internal/pty"
@@ -65,27 +68,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer p.Close()
+	reg := prometheus.NewRegistry()
+	met := metrics.New(reg)
 	svc, err := sandbox.New(ctx, sandbox.Options{
-		Provider:       p,
-		StateDir:       cfg.StateDir,
-		LeaseSecret:    cfg.LeaseSecret,
-		APIKeys:        cfg.APIKeys,
-		AllowAnonymous: len(cfg.APIKeys) == 0,
-		MaxSandboxes:   cfg.MaxSandboxes,
-		QueueTimeout:   cfg.QueueTimeout,
-		DefaultTTL:     cfg.DefaultTTL,
-		MaxExecOutput:  cfg.MaxExecOutput,
-		Logger:         log,
+		Provider:           p,
+		StateDir:           cfg.StateDir,
+		LeaseSecret:        cfg.LeaseSecret,
+		APIKeys:            cfg.APIKeys,
+		AllowAnonymous:     len(cfg.APIKeys) == 0,
+		MaxSandboxes:       cfg.MaxSandboxes,
+		QueueTimeout:       cfg.QueueTimeout,
+		DefaultTTL:         cfg.DefaultTTL,
+		MaxExecOutput:      cfg.MaxExecOutput,
+		MaxExecs:           cfg.MaxExecs,
+		MaxExecsPerSandbox: cfg.MaxExecsPerSandbox,
+		Logger:             log,
+		Metrics:            met,
 	})
 	if err != nil {
 		return err
 	}
 	defer svc.Close()
-	terms := pty.NewManager(svc, pty.Options{RingBytes: cfg.PTYRingBytes, AllowedOrigins: cfg.AllowedOrigins, Logger: log})
+	terms := pty.NewManager(svc, pty.Options{
+		RingBytes: cfg.PTYRingBytes, AllowedOrigins: cfg.AllowedOrigins,
+		MaxSessions: cfg.MaxPTYSessions, MaxPerSandbox: cfg.MaxPTYPerSandbox,
+		Logger: log, Metrics: met,
+	})
 	// Before svc.Close: closing ends the terminal sessions and waits for
 	// their goroutines and WebSockets.
 	defer terms.Close()
-	h, err := handlers.New(handlers.Options{Service: svc, PublicURL: publicURL, MaxJSONBody: cfg.MaxBody, PTY: terms, Logger: log})
+	h, err := handlers.New(handlers.Options{Service: svc, PublicURL: publicURL, MaxJSONBody: cfg.MaxBody, PTY: terms, Logger: log, Metrics: met, Gatherer: reg})
 	if err != nil {
 		return err
 	}

@@ -8,14 +8,18 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	apispec "github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/internal/api"
+	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
@@ -34,6 +38,10 @@ type Options struct {
 	// with default options that nobody closes (tests without sessions).
 	PTY    *pty.Manager
 	Logger *slog.Logger
+	// Metrics records the HTTP metrics; Gatherer is what /metrics serves.
+	// Both nil: no /metrics (tests without metrics).
+	Metrics  *metrics.Metrics
+	Gatherer prometheus.Gatherer
 }
 
 // New returns the gateway's HTTP handler.
@@ -44,11 +52,14 @@ func New(opts Options) (http.Handler, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.Discard()
+	}
 	base := strings.TrimSuffix(strings.TrimSuffix(opts.PublicURL, "/"), "/v1")
 	if opts.PTY == nil {
-		opts.PTY = pty.NewManager(opts.Service, pty.Options{Logger: opts.Logger})
+		opts.PTY = pty.NewManager(opts.Service, pty.Options{Logger: opts.Logger, Metrics: opts.Metrics})
 	}
-	s := &server{svc: opts.Service, pty: opts.PTY, log: opts.Logger, serverURL: base + "/v1", maxJSON: opts.MaxJSONBody}
+	s := &server{svc: opts.Service, pty: opts.PTY, log: opts.Logger, met: opts.Metrics, serverURL: base + "/v1", maxJSON: opts.MaxJSONBody}
 
 	validate, err := s.validator()
 	if err != nil {
@@ -67,6 +78,9 @@ func New(opts Options) (http.Handler, error) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	r.Get("/readyz", s.readyz)
+	if opts.Gatherer != nil {
+		r.Handle("/metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
+	}
 	r.Get("/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		w.Write(apispec.YAML)
@@ -101,6 +115,7 @@ type server struct {
 	svc       *sandbox.Service
 	pty       *pty.Manager
 	log       *slog.Logger
+	met       *metrics.Metrics
 	serverURL string
 	maxJSON   int64
 }
@@ -188,16 +203,28 @@ func (s *server) responseError(w http.ResponseWriter, r *http.Request, err error
 
 func requestID(r *http.Request) string { return middleware.GetReqID(r.Context()) }
 
-// accessLog logs one line per request and echoes the request id.
+// accessLog logs one line per request, counts it in the metrics by route
+// pattern (never the raw path, which holds ids) and status, and echoes the
+// request id. The raw URL is not logged: its query may hold a lease.
 func (s *server) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		w.Header().Set(middleware.RequestIDHeader, requestID(r))
 		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
 		next.ServeHTTP(ww, r)
+		took := time.Since(start)
 		route := chi.RouteContext(r.Context()).RoutePattern()
-		s.log.Debug("request", "method", r.Method, "route", route, "status", ww.Status(),
-			"bytes", ww.BytesWritten(), "duration", time.Since(start), "request_id", requestID(r))
+		if route == "" {
+			route = "unmatched"
+		}
+		status := ww.Status()
+		if status == 0 {
+			status = http.StatusSwitchingProtocols // a hijacked WebSocket
+		}
+		s.met.HTTPRequests.WithLabelValues(route, strconv.Itoa(status)).Inc()
+		s.met.HTTPSeconds.WithLabelValues(route).Observe(took.Seconds())
+		s.log.Info("request", "method", r.Method, "route", route, "status", status,
+			"bytes", ww.BytesWritten(), "duration", took, "request_id", requestID(r))
 	})
 }
 

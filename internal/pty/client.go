@@ -274,6 +274,7 @@ func (c *client) handle(msg ClientMsg) {
 			return
 		}
 		_, err = p.Stdin().Write(msg.Data)
+		c.s.m.in.Add(float64(len(msg.Data)))
 		c.s.touch()
 	case MsgResize:
 		if c.s.mode != ModePTY {

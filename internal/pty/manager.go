@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
@@ -49,11 +51,19 @@ type Options struct {
 	IdleTimeout    time.Duration // a client silent this long is dropped; default 60 s
 	WriteTimeout   time.Duration // per frame; default 10 s
 	DrainGrace     time.Duration // output read after the process exited; default 250 ms
-	MaxSessions    int           // live sessions in all; default 4096
+	MaxSessions    int           // live sessions in all; default 4096 (503 beyond)
+	MaxPerSandbox  int           // live sessions in one sandbox; default 64 (429 beyond)
 	Logger         *slog.Logger
+	Metrics        *metrics.Metrics // default metrics.Discard()
 }
 
 func (o *Options) defaults() {
+	if o.Metrics == nil {
+		o.Metrics = metrics.Discard()
+	}
+	if o.MaxPerSandbox <= 0 {
+		o.MaxPerSandbox = 64
+	}
 	if o.RingBytes <= 0 {
 		o.RingBytes = 1 << 20
 	}
@@ -99,6 +109,9 @@ type Manager struct {
 	svc  Service
 	opts Options
 	log  *slog.Logger
+	met  *metrics.Metrics
+	out  prometheus.Counter // bytes of process output
+	in   prometheus.Counter // bytes of client input
 
 	mu       sync.Mutex                     // guards sessions, count, clients, closed
 	sessions map[string]map[string]*Session // sandbox id -> session id -> session
@@ -117,6 +130,9 @@ func NewManager(svc Service, opts Options) *Manager {
 		svc:      svc,
 		opts:     opts,
 		log:      opts.Logger,
+		met:      opts.Metrics,
+		out:      opts.Metrics.PTYBytesTotal.WithLabelValues("out"),
+		in:       opts.Metrics.PTYBytesTotal.WithLabelValues("in"),
 		sessions: map[string]map[string]*Session{},
 		clients:  map[*client]struct{}{},
 	}
@@ -142,13 +158,17 @@ func newSessionID() string {
 // ErrUnavailable when at MaxSessions or shutting down.
 func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec providers.ProcessSpec) (Info, error) {
 	m.mu.Lock()
-	closed, full := m.closed, m.count >= m.opts.MaxSessions
+	closed, full, fullHere := m.closed, m.count >= m.opts.MaxSessions, len(m.sessions[id]) >= m.opts.MaxPerSandbox
 	m.mu.Unlock()
-	if closed {
+	switch {
+	case closed:
 		return Info{}, errShuttingDown()
-	}
-	if full {
+	case full:
+		m.met.Refused.WithLabelValues("pty").Inc()
 		return Info{}, providers.Errorf(providers.ErrUnavailable, "too many terminal sessions (%d)", m.opts.MaxSessions)
+	case fullHere:
+		m.met.Refused.WithLabelValues("pty").Inc()
+		return Info{}, providers.Errorf(providers.ErrTooMany, "sandbox %s already has %d terminal sessions (the limit); delete one first", id, m.opts.MaxPerSandbox)
 	}
 	proc, err := m.svc.StartProcess(ctx, c, id, spec)
 	if err != nil {
@@ -180,6 +200,7 @@ func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec 
 	}
 	m.sessions[id][s.id] = s
 	m.count++
+	m.met.PTYSessions.Inc()
 	m.wg.Add(s.goroutines())
 	m.mu.Unlock()
 	s.start()
@@ -192,6 +213,7 @@ func (m *Manager) sessionDone() {
 	m.mu.Lock()
 	m.count--
 	m.mu.Unlock()
+	m.met.PTYSessions.Dec()
 }
 
 // lookup authorises c and finds session sid of sandbox id.
@@ -399,6 +421,8 @@ func (m *Manager) serve(parent context.Context, cl *client) {
 	}
 	m.mu.Unlock()
 	release := m.svc.Hold(s.sandboxID)
+	m.met.PTYAttachments.Inc()
+	defer m.met.PTYAttachments.Dec()
 
 	ctx, cancel := context.WithCancelCause(parent)
 	var wg sync.WaitGroup
@@ -421,7 +445,29 @@ func (m *Manager) serve(parent context.Context, cl *client) {
 	m.mu.Lock()
 	delete(m.clients, cl)
 	m.mu.Unlock()
+	cl.mu.Lock()
+	cause := cl.cause
+	cl.mu.Unlock()
+	if why := dropReason(cause); why != "" {
+		m.met.PTYDropped.WithLabelValues(why).Inc()
+	}
 	m.log.Debug("terminal client left", "sandbox", s.sandboxID, "session", s.id, "why", context.Cause(ctx))
+}
+
+// dropReason names, for the metrics, why the gateway closed a client;
+// "" when it did not (the client left) or the session ended.
+func dropReason(cause *closeCause) string {
+	switch cause {
+	case causeSlow:
+		return "slow"
+	case causeSilent:
+		return "silent"
+	case causeTakenOver:
+		return "taken_over"
+	case causeShutdown:
+		return "shutdown"
+	}
+	return ""
 }
 
 // checkOrigin allows requests without an Origin (non-browser clients),

@@ -150,6 +150,7 @@ func (s *Session) read(r io.Reader, ch byte) {
 // queue is full is detached and closed with 1008: the process and the ring
 // never wait for a client.
 func (s *Session) output(ch byte, p []byte) {
+	s.m.out.Add(float64(len(p)))
 	s.mu.Lock()
 	s.ring.Write(p)
 	if h := s.holder; h != nil && !h.push(ch, p) {

@@ -188,8 +188,11 @@ func (s *Service) Close() error {
 // ProviderName is the name of the provider the service dispatches to.
 func (s *Service) ProviderName() string { return s.p.Name() }
 
-// Ready reports whether the provider answers.
+// Ready reports whether the store is open and the provider answers.
 func (s *Service) Ready(ctx context.Context) error {
+	if err := s.st.ping(); err != nil {
+		return providers.Wrap(providers.ErrUnavailable, err, "the state store is not open")
+	}
 	if err := s.p.Ping(ctx); err != nil {
 		return providers.Wrap(providers.ErrUnavailable, err, "provider "+s.p.Name()+" is not answering")
 	}

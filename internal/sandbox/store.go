@@ -72,6 +72,9 @@ func openStore(dir string) (*store, error) {
 
 func (s *store) close() error { return s.db.Close() }
 
+// ping fails once the store is closed.
+func (s *store) ping() error { return s.db.View(func(*bolt.Tx) error { return nil }) }
+
 // load returns every record and lease.
 func (s *store) load() ([]Record, []Lease, error) {
 	var recs []Record
