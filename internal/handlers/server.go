@@ -107,6 +107,12 @@ func New(opts Options) (http.Handler, error) {
 		r.Use(s.credentials, wsValidate)
 		r.Get("/v1/sandboxes/{id}/pty/{sid}/ws", s.attachPty)
 	})
+	// The reverse proxy to sandbox ports: any method and body, so neither
+	// validated against the contract nor size-capped.
+	r.Group(func(r chi.Router) {
+		r.Use(s.credentials)
+		r.Handle("/v1/sandboxes/{id}/proxy/{port}/*", http.HandlerFunc(s.proxy))
+	})
 	return r, nil
 }
 

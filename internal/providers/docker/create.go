@@ -1,0 +1,300 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/network"
+	"github.com/docker/go-connections/nat"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+const loopback = "127.0.0.1"
+
+// keepAlive is the entrypoint of a sandbox created without one. docker-init
+// (Init: true) is PID 1 and reaps orphans; the shell only has to stay.
+var keepAlive = []string{"/bin/sh", "-c", "while :; do sleep 3600; done"}
+
+// createOptions are the provider_options a create may carry.
+type createOptions struct {
+	network   string // "" = none (or bridge when ports are declared)
+	pidsLimit int64  // 0 = Options.PidsLimit
+}
+
+// parseOptions validates provider_options: every unknown key and every bad
+// value is reported at once, each naming its key.
+func (d *Docker) parseOptions(in map[string]any) (createOptions, error) {
+	var o createOptions
+	var bad providers.InvalidFields
+	keys := make([]string, 0, len(in))
+	for k := range in {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := in[k]
+		field := "provider_options." + k
+		switch k {
+		case "network":
+			s, ok := v.(string)
+			switch {
+			case !ok:
+				bad.Add(field, "must be a string")
+			case s == "none" || s == "":
+				o.network = "none"
+			case s == "host" || strings.HasPrefix(s, "container:"):
+				bad.Add(field, "network %q is not allowed", s)
+			case !slices.Contains(d.opts.Networks, s):
+				bad.Add(field, "network %q is not allowed (allowed: none, %s)", s, strings.Join(d.opts.Networks, ", "))
+			default:
+				o.network = s
+			}
+		case "pids_limit":
+			n, ok := wholeNumber(v)
+			if !ok || n < 16 || n > 1<<22 {
+				bad.Add(field, "must be an integer from 16 to %d", 1<<22)
+			} else {
+				o.pidsLimit = n
+			}
+		default:
+			bad.Add(field, "unknown option for the docker provider (known: network, pids_limit)")
+		}
+	}
+	return o, bad.Err()
+}
+
+// wholeNumber accepts the numeric types a decoded JSON or Go caller uses.
+func wholeNumber(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int:
+		return int64(n), true
+	case int64:
+		return n, true
+	case float64:
+		if n != math.Trunc(n) || math.IsInf(n, 0) {
+			return 0, false
+		}
+		return int64(n), true
+	case interface{ Int64() (int64, error) }: // json.Number
+		i, err := n.Int64()
+		return i, err == nil
+	}
+	return 0, false
+}
+
+// Create makes and starts the sandbox's container and returns once an exec
+// in its workdir succeeds (or spec.ReadyTimeout passes). On any failure the
+// container it made is removed. ErrInvalid for a bad spec (missing image,
+// unknown option, unsupported resource), ErrConflict if a container of
+// that name exists, ErrUnavailable when the daemon cannot be reached.
+func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
+	opts, err := d.parseOptions(spec.Options)
+	var bad providers.InvalidFields
+	if err != nil {
+		bad = err.(providers.InvalidFields)
+	}
+	if spec.Image == "" {
+		bad.Add("image", "is required by the docker provider")
+	}
+	if spec.Resources.GPU != nil && *spec.Resources.GPU > 0 {
+		bad.Add("resources.gpu", "GPUs are not supported by the docker provider")
+	}
+	if spec.Resources.CPU != nil && (*spec.Resources.CPU <= 0 || *spec.Resources.CPU > 1024) {
+		bad.Add("resources.cpu", "must be more than 0")
+	}
+	if spec.Resources.MemoryMiB != nil && *spec.Resources.MemoryMiB < 6 {
+		bad.Add("resources.memory_mib", "must be at least 6")
+	}
+	if err := bad.Err(); err != nil {
+		return providers.Sandbox{}, err
+	}
+	workdir := spec.Workdir
+	if workdir == "" {
+		workdir = "/"
+	}
+
+	cfg, hc, nc := d.containerConfig(spec, opts, workdir)
+	created, err := d.cli.ContainerCreate(ctx, cfg, hc, nc, nil, spec.ID)
+	if err != nil {
+		switch {
+		case cerrdefs.IsConflict(err):
+			return providers.Sandbox{}, providers.Wrap(providers.ErrConflict, err, "sandbox "+spec.ID+" already exists")
+		case cerrdefs.IsNotFound(err) && strings.Contains(err.Error(), "image"):
+			return providers.Sandbox{}, providers.Wrap(providers.ErrInvalid, err, fmt.Sprintf("image %q is not on the docker host (this provider does not pull)", spec.Image))
+		}
+		return providers.Sandbox{}, d.kind(err, "create sandbox %s", spec.ID)
+	}
+	// From here on, a failure removes what was made, even when ctx is done.
+	ok := false
+	defer func() {
+		if ok {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := d.cli.ContainerRemove(rctx, created.ID, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			d.log.Error("removing a half-made sandbox", "sandbox", spec.ID, "err", err)
+		}
+	}()
+
+	if err := d.cli.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
+		return providers.Sandbox{}, d.kind(err, "start sandbox %s", spec.ID)
+	}
+	if err := d.waitReady(ctx, spec.ID, workdir, spec.ReadyTimeout, len(spec.Entrypoint) > 0); err != nil {
+		return providers.Sandbox{}, err
+	}
+	ok = true
+	return providers.Sandbox{
+		ID:      spec.ID,
+		Workdir: workdir,
+		Extra:   map[string]any{"container_id": created.ID[:12]},
+	}, nil
+}
+
+// containerConfig builds the container for spec.
+func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, workdir string) (*container.Config, *container.HostConfig, *network.NetworkingConfig) {
+	env := make([]string, 0, len(spec.Env))
+	for k, v := range spec.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	entry := keepAlive
+	if len(spec.Entrypoint) > 0 {
+		entry = spec.Entrypoint
+	}
+	stop := 1
+	cfg := &container.Config{
+		Image:       spec.Image,
+		Hostname:    "sandbox",
+		Env:         env,
+		Entrypoint:  entry,
+		Cmd:         []string{},
+		WorkingDir:  workdir,
+		Labels:      map[string]string{LabelSandbox: spec.ID, LabelInstance: d.instance},
+		StopTimeout: &stop,
+	}
+	init := true
+	pids := d.opts.PidsLimit
+	if o.pidsLimit > 0 {
+		pids = o.pidsLimit
+	}
+	hc := &container.HostConfig{
+		Init:          &init,
+		CapDrop:       d.opts.CapDrop,
+		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
+		LogConfig:     container.LogConfig{Type: "none"},
+	}
+	if pids > 0 {
+		hc.PidsLimit = &pids
+	}
+	if c := spec.Resources.CPU; c != nil {
+		hc.NanoCPUs = int64(*c * 1e9)
+	}
+	if m := spec.Resources.MemoryMiB; m != nil {
+		hc.Memory = *m << 20
+		hc.MemorySwap = hc.Memory // no swap beyond the limit
+	}
+	netMode := o.network
+	if netMode == "" {
+		netMode = "none"
+		if len(spec.Ports) > 0 {
+			netMode = "bridge"
+		}
+	}
+	if len(spec.Ports) > 0 && netMode == "none" {
+		// Ports cannot be published without a network.
+		netMode = "bridge"
+	}
+	hc.NetworkMode = container.NetworkMode(netMode)
+	if len(spec.Ports) > 0 {
+		cfg.ExposedPorts = nat.PortSet{}
+		hc.PortBindings = nat.PortMap{}
+		for _, p := range spec.Ports {
+			k := portKey(p)
+			cfg.ExposedPorts[k] = struct{}{}
+			hc.PortBindings[k] = []nat.PortBinding{{HostIP: loopback, HostPort: ""}}
+		}
+	}
+	return cfg, hc, nil
+}
+
+func portKey(p int) nat.Port { return nat.Port(strconv.Itoa(p) + "/tcp") }
+
+// waitReady polls until the sandbox can run a command and take a file, the
+// container stops, or timeout passes. With the provider's own keep-alive
+// entrypoint, a running container whose workdir and /bin/sh exist is
+// ready (two archive stats, no exec: an exec costs 50 ms here); a
+// caller's entrypoint must also let an exec in the workdir succeed.
+func (d *Docker) waitReady(ctx context.Context, id, workdir string, timeout time.Duration, custom bool) error {
+	if timeout <= 0 {
+		timeout = time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	delay := 5 * time.Millisecond
+	var last error
+	for {
+		info, err := d.cli.ContainerInspect(ctx, id)
+		switch {
+		case err != nil && unavailable(err):
+			return d.kind(err, "start sandbox %s", id)
+		case err != nil:
+			last = err
+		case info.State != nil && info.State.Running:
+			last = d.probe(ctx, id, workdir, custom)
+			if last == nil {
+				return nil
+			}
+			if providers.Kind(last) == providers.ErrInvalid {
+				return last
+			}
+		case info.State != nil && info.State.Status != container.StateCreated && info.State.Status != container.StateRestarting:
+			return providers.Errorf(providers.ErrInvalid, "sandbox %s exited during start (exit code %d): check the image and entrypoint", id, info.State.ExitCode)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return providers.Wrap(providers.ErrUnavailable, last, fmt.Sprintf("sandbox %s was not ready within %v", id, timeout))
+			}
+			return fmt.Errorf("start sandbox %s: %w", id, ctx.Err())
+		case <-t.C:
+		}
+		delay = min(delay*2, 500*time.Millisecond)
+	}
+}
+
+// probe checks a running container once: workdir and /bin/sh exist, and,
+// for a caller's entrypoint, an exec in workdir succeeds.
+func (d *Docker) probe(ctx context.Context, id, workdir string, custom bool) error {
+	if _, st, err := d.stat(ctx, id, workdir); err != nil {
+		return err
+	} else if !st.Mode.IsDir() {
+		return providers.Errorf(providers.ErrInvalid, "workdir %s is not a directory in the image", workdir)
+	}
+	if _, _, err := d.stat(ctx, id, "/bin/sh"); err != nil {
+		if providers.Kind(err) == providers.ErrNotFound {
+			return providers.Wrap(providers.ErrInvalid, err, "image has no /bin/sh (the docker provider runs commands with it)")
+		}
+		return err
+	}
+	if !custom {
+		return nil
+	}
+	_, code, err := d.run(ctx, id, execSpec{Cmd: []string{"/bin/sh", "-c", ":"}, WorkingDir: workdir})
+	if err == nil && code != 0 {
+		err = fmt.Errorf("probe exited %d", code)
+	}
+	return err
+}

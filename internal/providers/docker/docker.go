@@ -1,0 +1,329 @@
+// Package docker is the Docker provider: one container per sandbox, driven
+// through the Docker Engine API (never the docker CLI).
+//
+// Each sandbox is a container named by the sandbox id and labelled
+// sandgate.sandbox=<id> and sandgate.instance=<instance id>, so that a
+// provider started later with the same instance id finds (List) and serves
+// the sandboxes of an earlier one. Commands run through exec-create/attach
+// under a small sh wrapper (see exec.go), files move through the archive
+// endpoints as streamed tar (files.go), and terminal sessions are execs
+// with a TTY (process.go).
+//
+// The daemon may be older than the client: the client negotiates the API
+// version (Debian's docker.io 20.10 speaks 1.41).
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/client"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// Labels every sandbox container carries.
+const (
+	LabelSandbox  = "sandgate.sandbox"
+	LabelInstance = "sandgate.instance"
+)
+
+// Defaults for Options.
+const (
+	DefaultPidsLimit   = 1024
+	DefaultPingTimeout = 3 * time.Second
+)
+
+// DefaultCapDrop are the capabilities dropped from Docker's default set
+// unless Options.CapDrop says otherwise: raw sockets, device nodes, audit
+// writes and file capabilities are not needed by code under test and widen
+// the kernel surface.
+var DefaultCapDrop = []string{"NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP"}
+
+// Options configure New.
+type Options struct {
+	// Host is the daemon address (unix:///var/run/docker.sock,
+	// tcp://...). "" = DOCKER_HOST and the other DOCKER_* variables, else
+	// the default socket.
+	Host string
+	// InstanceID names the gateway instance that owns the sandboxes; it is
+	// the sandgate.instance label. List reports only this instance's
+	// containers. "" = "default".
+	InstanceID string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// PidsLimit is the per-sandbox process limit unless the create asks
+	// for pids_limit. 0 = DefaultPidsLimit; <0 = unlimited.
+	PidsLimit int64
+	// CapDrop replaces DefaultCapDrop when non-nil.
+	CapDrop []string
+	// Networks are the networks a create may name in
+	// provider_options.network. nil = {"bridge"}. "host" and
+	// "container:..." are never allowed.
+	Networks []string
+	// PingTimeout bounds Ping. 0 = DefaultPingTimeout.
+	PingTimeout time.Duration
+	// SpoolDir is where WriteFile spools a stream of unknown length
+	// larger than 1 MiB before sending it (a tar header needs the size up
+	// front). "" = os.TempDir().
+	SpoolDir string
+}
+
+// Docker is the Docker provider. It is safe for concurrent use. It starts
+// no goroutines of its own outside a call; Processes it starts own theirs.
+// Close releases the client's connections; containers keep running.
+type Docker struct {
+	cli      *client.Client
+	log      *slog.Logger
+	instance string
+	opts     Options
+}
+
+var (
+	_ providers.Provider       = (*Docker)(nil)
+	_ providers.Pauser         = (*Docker)(nil)
+	_ providers.Endpointer     = (*Docker)(nil)
+	_ providers.ProcessStarter = (*Docker)(nil)
+)
+
+// New returns a provider for the daemon at opts.Host. It does not contact
+// the daemon: a daemon that is down at start-up makes calls fail with
+// ErrUnavailable until it answers, then everything works without a new
+// provider.
+func New(opts Options) (*Docker, error) {
+	if opts.InstanceID == "" {
+		opts.InstanceID = "default"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.PidsLimit == 0 {
+		opts.PidsLimit = DefaultPidsLimit
+	}
+	if opts.CapDrop == nil {
+		opts.CapDrop = DefaultCapDrop
+	}
+	if opts.Networks == nil {
+		opts.Networks = []string{"bridge"}
+	}
+	if opts.PingTimeout <= 0 {
+		opts.PingTimeout = DefaultPingTimeout
+	}
+	if opts.SpoolDir == "" {
+		opts.SpoolDir = os.TempDir()
+	}
+	copts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
+	if opts.Host != "" {
+		copts = append(copts, client.WithHost(opts.Host))
+	}
+	cli, err := client.NewClientWithOpts(copts...)
+	if err != nil {
+		return nil, fmt.Errorf("docker: %w", err)
+	}
+	return &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts}, nil
+}
+
+// Name returns "docker".
+func (d *Docker) Name() string { return "docker" }
+
+// Close closes the client's idle connections. Calls in flight are not
+// interrupted; sandboxes keep running.
+func (d *Docker) Close() error { return d.cli.Close() }
+
+// Ping reports whether the daemon answers within Options.PingTimeout
+// (ErrUnavailable if not).
+func (d *Docker) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, d.opts.PingTimeout)
+	defer cancel()
+	if _, err := d.cli.Ping(ctx); err != nil {
+		return providers.Wrap(providers.ErrUnavailable, err, "docker daemon is not answering")
+	}
+	return nil
+}
+
+// Status maps the container's state to the sandbox states: created and
+// restarting are starting, running is running (paused when frozen),
+// exited and removing are stopped, dead is error. A missing container is
+// ErrNotFound.
+func (d *Docker) Status(ctx context.Context, id string) (providers.State, error) {
+	info, err := d.cli.ContainerInspect(ctx, id)
+	if err != nil {
+		return providers.StateUnknown, d.kind(err, "sandbox %s", id)
+	}
+	if info.Config == nil || info.Config.Labels[LabelSandbox] != id {
+		return providers.StateUnknown, providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
+	}
+	return stateOf(info.State)
+}
+
+func stateOf(s *container.State) (providers.State, error) {
+	if s == nil {
+		return providers.StateUnknown, nil
+	}
+	if s.Paused {
+		return providers.StatePaused, nil
+	}
+	return mapState(s.Status), nil
+}
+
+func mapState(status string) providers.State {
+	switch status {
+	case container.StateCreated, container.StateRestarting:
+		return providers.StateStarting
+	case container.StateRunning:
+		return providers.StateRunning
+	case container.StatePaused:
+		return providers.StatePaused
+	case container.StateExited, container.StateRemoving:
+		return providers.StateStopped
+	case container.StateDead:
+		return providers.StateError
+	}
+	return providers.StateUnknown
+}
+
+// List reports every container labelled with this instance's id, in any
+// state.
+func (d *Docker) List(ctx context.Context) ([]providers.Owned, error) {
+	cs, err := d.cli.ContainerList(ctx, container.ListOptions{
+		All:     true,
+		Filters: filters.NewArgs(filters.Arg("label", LabelInstance+"="+d.instance), filters.Arg("label", LabelSandbox)),
+	})
+	if err != nil {
+		return nil, d.kind(err, "list sandboxes")
+	}
+	out := make([]providers.Owned, 0, len(cs))
+	for _, c := range cs {
+		id := c.Labels[LabelSandbox]
+		if id == "" {
+			continue
+		}
+		out = append(out, providers.Owned{ID: id, State: mapState(string(c.State))})
+	}
+	return out, nil
+}
+
+// Delete force-removes the container and its anonymous volumes.
+// ErrNotFound if there is none.
+func (d *Docker) Delete(ctx context.Context, id string) error {
+	err := d.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	if err != nil {
+		if cerrdefs.IsConflict(err) && strings.Contains(err.Error(), "already in progress") {
+			return nil
+		}
+		return d.kind(err, "delete sandbox %s", id)
+	}
+	return nil
+}
+
+// Pause freezes every process of the sandbox. ErrConflict if it is not
+// running (already paused, or stopped).
+func (d *Docker) Pause(ctx context.Context, id string) error {
+	if err := d.cli.ContainerPause(ctx, id); err != nil {
+		return d.kind(err, "pause sandbox %s", id)
+	}
+	return nil
+}
+
+// Resume thaws a paused sandbox. ErrConflict if it is not paused.
+func (d *Docker) Resume(ctx context.Context, id string) error {
+	if err := d.cli.ContainerUnpause(ctx, id); err != nil {
+		return d.kind(err, "resume sandbox %s", id)
+	}
+	return nil
+}
+
+// Endpoint returns http://127.0.0.1:<host port> for a port declared at
+// create (published on the loopback address at a random host port).
+// ErrNotFound if the port was not declared or the sandbox is not running.
+func (d *Docker) Endpoint(ctx context.Context, id string, port int) (providers.Endpoint, error) {
+	info, err := d.cli.ContainerInspect(ctx, id)
+	if err != nil {
+		return providers.Endpoint{}, d.kind(err, "sandbox %s", id)
+	}
+	if info.NetworkSettings != nil {
+		for _, b := range info.NetworkSettings.Ports[portKey(port)] {
+			if b.HostIP == loopback && b.HostPort != "" {
+				return providers.Endpoint{URL: "http://" + net.JoinHostPort(loopback, b.HostPort)}, nil
+			}
+		}
+	}
+	return providers.Endpoint{}, providers.Errorf(providers.ErrNotFound, "port %d of sandbox %s is not published", port, id)
+}
+
+// kind wraps a Docker client error in the matching error kind, with a
+// client-safe message built from format (the raw error is kept as cause).
+// Context errors are returned as they are so callers can match them.
+func (d *Docker) kind(err error, format string, args ...any) error {
+	what := fmt.Sprintf(format, args...)
+	switch {
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s: %w", what, err)
+	case unavailable(err):
+		return providers.Wrap(providers.ErrUnavailable, err, what+": docker daemon is unreachable")
+	case cerrdefs.IsNotFound(err):
+		return providers.Wrap(providers.ErrNotFound, err, what+": not found")
+	case cerrdefs.IsConflict(err) || stateError(err):
+		return providers.Wrap(providers.ErrConflict, err, what+": "+conflictReason(err))
+	case cerrdefs.IsInvalidArgument(err):
+		return providers.Wrap(providers.ErrInvalid, err, what+": invalid request")
+	}
+	return providers.Wrap(providers.ErrUnavailable, err, what+": docker daemon error")
+}
+
+// conflictReason turns a daemon conflict into a short client-safe reason.
+func conflictReason(err error) string {
+	s := strings.ToLower(err.Error())
+	switch {
+	case strings.Contains(s, "is paused"), strings.Contains(s, "already paused"):
+		return "sandbox is paused"
+	case strings.Contains(s, "not paused"):
+		return "sandbox is not paused"
+	case strings.Contains(s, "not running"):
+		return "sandbox is not running"
+	case strings.Contains(s, "already in use"):
+		return "sandbox already exists"
+	}
+	return "wrong state"
+}
+
+// stateError reports whether err is a daemon's complaint about the
+// container's state that older daemons send as a 500 (API 1.41 answers an
+// unpause of a running container so).
+func stateError(err error) bool {
+	s := err.Error()
+	for _, m := range []string{"is not paused", "is already paused", "is paused", "is not running", "is restarting"} {
+		if strings.Contains(s, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// unavailable reports whether err means the daemon could not be reached
+// (refused, socket missing, reset, dial timeout).
+func unavailable(err error) bool {
+	if client.IsErrConnectionFailed(err) {
+		return true
+	}
+	for _, e := range []error{syscall.ECONNREFUSED, syscall.ENOENT, syscall.ECONNRESET, syscall.EPIPE} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return true
+	}
+	return strings.Contains(err.Error(), "cannot connect to the Docker daemon")
+}

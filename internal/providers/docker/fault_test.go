@@ -1,0 +1,271 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// sockProxy is a unix-socket proxy in front of the real daemon socket:
+// stopping it is the daemon going away for one provider (closing every
+// connection, refusing new ones) without disturbing other users of the
+// shared daemon; starting it again is the daemon coming back.
+type sockProxy struct {
+	path, target string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup // accept loop and connection pumps
+}
+
+func newSockProxy(t *testing.T) *sockProxy {
+	s := &sockProxy{path: filepath.Join(t.TempDir(), "docker.sock"), target: "/var/run/docker.sock", conns: map[net.Conn]struct{}{}}
+	s.start(t)
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *sockProxy) start(t *testing.T) {
+	ln, err := net.Listen("unix", s.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	s.ln = ln
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				s.pump(c)
+			}()
+		}
+	}()
+}
+
+// pump joins c to a new connection to the daemon, passing half-closes on.
+func (s *sockProxy) pump(c net.Conn) {
+	u, err := net.Dial("unix", s.target)
+	if err != nil {
+		c.Close()
+		return
+	}
+	if !s.track(c, u) {
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		io.Copy(u, c)
+		u.(*net.UnixConn).CloseWrite()
+	}()
+	go func() {
+		defer wg.Done()
+		io.Copy(c, u)
+		c.(*net.UnixConn).CloseWrite()
+	}()
+	wg.Wait()
+	c.Close()
+	u.Close()
+	s.mu.Lock()
+	delete(s.conns, c)
+	delete(s.conns, u)
+	s.mu.Unlock()
+}
+
+func (s *sockProxy) track(c, u net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		c.Close()
+		u.Close()
+		return false
+	}
+	s.conns[c], s.conns[u] = struct{}{}, struct{}{}
+	return true
+}
+
+// stop closes the listener and every connection and waits for the pumps.
+func (s *sockProxy) stop() {
+	s.mu.Lock()
+	if s.ln != nil {
+		s.ln.Close()
+		s.ln = nil
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// TestDaemonDown: with the daemon unreachable, an exec in flight ends
+// promptly with an error, Ping and every call fail fast with
+// ErrUnavailable; when it is back the same provider works again.
+func TestDaemonDown(t *testing.T) {
+	px := newSockProxy(t)
+	p := newProvider(t, func(o *Options) { o.Host = "unix://" + px.path; o.PingTimeout = time.Second })
+	id := create(t, p, providers.CreateSpec{})
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(context.Background(), id, providers.ExecRequest{Command: "sleep 300", Timeout: 5 * time.Minute, MaxOutput: 1024})
+		done <- err
+	}()
+	m := "sleep 300"
+	eventually(t, "the sleep to start", func() bool {
+		return contains(run(t, p, id, "ps -o args").Stdout, m)
+	})
+
+	px.stop()
+	select {
+	case err := <-done:
+		if !errors.Is(err, providers.ErrUnavailable) {
+			t.Errorf("Exec in flight when the daemon went away: %v, want ErrUnavailable", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Exec hangs with the daemon gone")
+	}
+
+	ctx := ctxFor(t, time.Minute)
+	calls := map[string]func() error{
+		"Ping":   func() error { return p.Ping(ctx) },
+		"Status": func() error { _, err := p.Status(ctx, id); return err },
+		"List":   func() error { _, err := p.List(ctx); return err },
+		"Exec": func() error {
+			_, err := p.Exec(ctx, id, providers.ExecRequest{Command: "true", Timeout: time.Minute, MaxOutput: 10})
+			return err
+		},
+		"ReadFile": func() error { _, _, err := p.ReadFile(ctx, id, "/etc/passwd"); return err },
+		"Create": func() error {
+			_, err := p.Create(ctx, providers.CreateSpec{ID: "sbx-aaaaaaaaaaaaaaaaaaab", Image: testImage, Workdir: "/w", ReadyTimeout: time.Minute})
+			return err
+		},
+	}
+	for name, call := range calls {
+		start := time.Now()
+		err := call()
+		if !errors.Is(err, providers.ErrUnavailable) {
+			t.Errorf("%s with the daemon down: %v, want ErrUnavailable", name, err)
+		}
+		if el := time.Since(start); el > 2*time.Second {
+			t.Errorf("%s took %v to fail", name, el)
+		}
+	}
+
+	px.start(t)
+	if err := p.Ping(ctx); err != nil {
+		t.Fatalf("Ping after the daemon came back: %v", err)
+	}
+	if out := run(t, p, id, "echo back; pkill sleep; true"); string(out.Stdout) != "back\n" {
+		t.Errorf("exec after the daemon came back: %q %q", out.Stdout, out.Stderr)
+	}
+}
+
+func contains(b []byte, s string) bool { return strings.Contains(string(b), s) }
+
+// TestRealDaemonRestart stops the real daemon (the one whose pid is in
+// /var/run/docker.pid, as scripts/ci-docker.sh starts it) and starts it
+// again. It disturbs every other user of the daemon, so it runs only when
+// SANDGATE_DOCKER_RESTART_TEST=1 and never in parallel with other
+// packages' docker tests:
+//
+//	SANDGATE_DOCKER_RESTART_TEST=1 go test -run TestRealDaemonRestart ./internal/providers/docker/
+func TestRealDaemonRestart(t *testing.T) {
+	if os.Getenv("SANDGATE_DOCKER_RESTART_TEST") != "1" {
+		t.Skip("stops the shared daemon; set SANDGATE_DOCKER_RESTART_TEST=1")
+	}
+	p := newProvider(t, func(o *Options) { o.PingTimeout = time.Second })
+	id := create(t, p, providers.CreateSpec{})
+	b, err := os.ReadFile("/var/run/docker.pid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(context.Background(), id, providers.ExecRequest{Command: "sleep 300", Timeout: 5 * time.Minute, MaxOutput: 1024})
+		done <- err
+	}()
+	eventually(t, "the sleep to start", func() bool { return contains(run(t, p, id, "ps -o args").Stdout, "sleep 300") })
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		t.Logf("Exec in flight when the daemon stopped: %v", err)
+		if err == nil {
+			t.Error("Exec in flight returned no error when the daemon stopped")
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("Exec hangs with the daemon stopping")
+	}
+	ctx := ctxFor(t, 3*time.Minute)
+	eventually(t, "the daemon to stop answering", func() bool { return p.Ping(ctx) != nil })
+	// The pid file goes when the daemon has exited.
+	eventually(t, "dockerd to exit", func() bool { return syscall.Kill(pid, 0) != nil })
+	start := time.Now()
+	if err := p.Ping(ctx); !errors.Is(err, providers.ErrUnavailable) {
+		t.Errorf("Ping with the daemon down: %v", err)
+	}
+	if _, err := p.Exec(ctx, id, providers.ExecRequest{Command: "true", Timeout: time.Minute, MaxOutput: 10}); !errors.Is(err, providers.ErrUnavailable) {
+		t.Errorf("Exec with the daemon down: %v", err)
+	}
+	if el := time.Since(start); el > 3*time.Second {
+		t.Errorf("failing took %v", el)
+	}
+
+	log, err := os.OpenFile("/tmp/dockerd.log", os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	d := exec.Command("dockerd")
+	d.Stdout, d.Stderr = log, log
+	d.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon outlives the test; release it.
+	d.Process.Release()
+	deadline := time.Now().Add(60 * time.Second)
+	for p.Ping(ctx) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("daemon did not come back")
+		}
+		tick := time.NewTimer(100 * time.Millisecond)
+		<-tick.C
+	}
+	// Without live-restore the container died with the daemon.
+	if st, err := p.Status(ctx, id); err != nil || st != providers.StateStopped {
+		t.Errorf("Status after the restart: %q %v", st, err)
+	}
+	id2 := create(t, p, providers.CreateSpec{})
+	if out := run(t, p, id2, "echo recovered"); string(out.Stdout) != "recovered\n" {
+		t.Errorf("exec after the restart: %q", out.Stdout)
+	}
+}
