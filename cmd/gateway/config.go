@@ -32,6 +32,7 @@ type config struct {
 	MaxBody            int64
 	ShutdownGrace      time.Duration
 	LocalIsolation     string
+	DockerHost         string
 	PTYRingBytes       int
 	AllowedOrigins     []string
 	LogLevel           string
@@ -60,7 +61,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "address to listen on")
 	fs.StringVar(&c.PublicURL, "public-url", "", "external base URL of the gateway (default http://<listen address>)")
-	fs.StringVar(&c.Provider, "provider", "local", "sandbox backend: local")
+	fs.StringVar(&c.Provider, "provider", "local", "sandbox backend: local or docker")
 	fs.StringVar(&c.StateDir, "state-dir", defaultStateDir(), "directory for the state store, lease secret and local sandboxes")
 	fs.StringVar(keys, "api-key", "", "comma-separated API keys allowed to create and list sandboxes")
 	fs.StringVar(&c.LeaseSecret, "lease-secret", "", "HMAC secret for lease tokens (default: random, persisted in the state dir)")
@@ -86,6 +87,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 		}
 		return nil
 	})
+	fs.StringVar(&c.DockerHost, "docker-host", "", "docker provider: daemon address (default: DOCKER_HOST, else the local socket)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "text or json")
 	return fs

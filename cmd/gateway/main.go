@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +25,7 @@ import (
 	"github.com/sandgate/sandgate/internal/handlers"
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/docker"
 	"github.com/sandgate/sandgate/internal/providers/local"
 	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
@@ -151,9 +154,45 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 			Isolation: cfg.LocalIsolation,
 			Logger:    log.With("provider", "local"),
 		})
+	case "docker":
+		id, err := instanceID(cfg.StateDir)
+		if err != nil {
+			return nil, err
+		}
+		spool := filepath.Join(cfg.StateDir, "spool")
+		if err := os.MkdirAll(spool, 0o700); err != nil {
+			return nil, err
+		}
+		return docker.New(docker.Options{
+			Host:       cfg.DockerHost,
+			InstanceID: id,
+			SpoolDir:   spool,
+			Logger:     log.With("provider", "docker"),
+		})
 	default:
-		return nil, fmt.Errorf("unknown provider %q (have: local)", cfg.Provider)
+		return nil, fmt.Errorf("unknown provider %q (have: local, docker)", cfg.Provider)
 	}
+}
+
+// instanceID is this gateway's identity towards a shared backend (the
+// sandgate.instance label): random, made once and kept in the state dir,
+// so a restarted gateway adopts its own sandboxes and no other's.
+func instanceID(stateDir string) (string, error) {
+	path := filepath.Join(stateDir, "instance.id")
+	if b, err := os.ReadFile(path); err == nil {
+		if id := strings.TrimSpace(string(b)); id != "" {
+			return id, nil
+		}
+	}
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	id := hex.EncodeToString(b)
+	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write instance id: %w", err)
+	}
+	return id, nil
 }
 
 func isLoopback(a net.Addr) bool {
