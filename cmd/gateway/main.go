@@ -40,8 +40,13 @@ func main() {
 
 // run parses args and serves until ctx ends or SIGTERM/SIGINT arrives.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "serve" {
-		args = args[1:]
+	if len(args) > 0 {
+		switch args[0] {
+		case "serve":
+			args = args[1:]
+		case "healthcheck":
+			return healthcheck(args[1:], stderr)
+		}
 	}
 	cfg, err := parseConfig(args, os.LookupEnv, stderr)
 	if err != nil {
