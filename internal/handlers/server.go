@@ -228,6 +228,9 @@ func (s *server) accessLog(next http.Handler) http.Handler {
 			status = http.StatusSwitchingProtocols // a hijacked WebSocket
 		}
 		s.met.HTTPRequests.WithLabelValues(route, strconv.Itoa(status)).Inc()
+		if status == http.StatusRequestEntityTooLarge {
+			s.met.Refused.WithLabelValues("body").Inc()
+		}
 		s.met.HTTPSeconds.WithLabelValues(route).Observe(took.Seconds())
 		s.log.Info("request", "method", r.Method, "route", route, "status", status,
 			"bytes", ww.BytesWritten(), "duration", took, "request_id", requestID(r))

@@ -244,6 +244,7 @@ func (c *client) readLoop(ctx context.Context) error {
 			if _, err := io.Copy(io.Discard, r); err != nil {
 				return err
 			}
+			c.s.m.met.Refused.WithLabelValues("frame").Inc()
 			c.sendText(ErrorFrame(CodeFrameTooLarge, "frame larger than the read limit; discarded"))
 			continue
 		case err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF):
