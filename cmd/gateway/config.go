@@ -73,7 +73,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.MaxExecs, "max-execs", 1024, "concurrent execs in all sandboxes; beyond it 429")
 	fs.IntVar(&c.MaxExecsPerSandbox, "max-execs-per-sandbox", 256, "concurrent execs in one sandbox; beyond it 429")
 	fs.IntVar(&c.MaxPTYSessions, "max-pty-sessions", 4096, "terminal sessions in all sandboxes; beyond it 503")
-	fs.IntVar(&c.MaxPTYPerSandbox, "max-pty-per-sandbox", 64, "terminal sessions in one sandbox; beyond it 429")
+	fs.IntVar(&c.MaxPTYPerSandbox, "max-pty-per-sandbox", 256, "terminal sessions in one sandbox; beyond it 429")
 	fs.Int64Var(&c.MaxBody, "max-body", 64<<20, "largest JSON request body in bytes (base64 file routes included)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long SIGTERM waits for in-flight requests")
 	fs.StringVar(&c.LocalIsolation, "local-isolation", "namespaces", "local provider isolation: namespaces or none (plain host processes)")

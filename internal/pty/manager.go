@@ -52,7 +52,7 @@ type Options struct {
 	WriteTimeout   time.Duration // per frame; default 10 s
 	DrainGrace     time.Duration // output read after the process exited; default 250 ms
 	MaxSessions    int           // live sessions in all; default 4096 (503 beyond)
-	MaxPerSandbox  int           // live sessions in one sandbox; default 64 (429 beyond)
+	MaxPerSandbox  int           // live sessions in one sandbox; default 256 (429 beyond)
 	Logger         *slog.Logger
 	Metrics        *metrics.Metrics // default metrics.Discard()
 }
@@ -62,7 +62,7 @@ func (o *Options) defaults() {
 		o.Metrics = metrics.Discard()
 	}
 	if o.MaxPerSandbox <= 0 {
-		o.MaxPerSandbox = 64
+		o.MaxPerSandbox = 256
 	}
 	if o.RingBytes <= 0 {
 		o.RingBytes = 1 << 20
@@ -113,11 +113,17 @@ type Manager struct {
 	out  prometheus.Counter // bytes of process output
 	in   prometheus.Counter // bytes of client input
 
-	mu       sync.Mutex                     // guards sessions, count, clients, closed
+	mu       sync.Mutex                     // guards sessions, count, starting, clients, closed
 	sessions map[string]map[string]*Session // sandbox id -> session id -> session
 	count    int
-	clients  map[*client]struct{} // connected clients
-	closed   bool
+	// starting and startingAll count the creates between their limit
+	// check and their entry in sessions (the process start is a round trip
+	// to the backend), by sandbox id and in all: they hold their slots, so
+	// concurrent creates cannot overshoot the limits.
+	starting    map[string]int
+	startingAll int
+	clients     map[*client]struct{} // connected clients
+	closed      bool
 
 	wg sync.WaitGroup // every goroutine and Attach call; Add only under mu while !closed
 }
@@ -134,6 +140,7 @@ func NewManager(svc Service, opts Options) *Manager {
 		out:      opts.Metrics.PTYBytesTotal.WithLabelValues("out"),
 		in:       opts.Metrics.PTYBytesTotal.WithLabelValues("in"),
 		sessions: map[string]map[string]*Session{},
+		starting: map[string]int{},
 		clients:  map[*client]struct{}{},
 	}
 	svc.OnRemove(m.removeSandbox)
@@ -158,7 +165,13 @@ func newSessionID() string {
 // ErrUnavailable when at MaxSessions or shutting down.
 func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec providers.ProcessSpec) (Info, error) {
 	m.mu.Lock()
-	closed, full, fullHere := m.closed, m.count >= m.opts.MaxSessions, len(m.sessions[id]) >= m.opts.MaxPerSandbox
+	closed := m.closed
+	full := m.count+m.startingAll >= m.opts.MaxSessions
+	fullHere := len(m.sessions[id])+m.starting[id] >= m.opts.MaxPerSandbox
+	if !closed && !full && !fullHere {
+		m.starting[id]++
+		m.startingAll++
+	}
 	m.mu.Unlock()
 	switch {
 	case closed:
@@ -172,6 +185,9 @@ func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec 
 	}
 	proc, err := m.svc.StartProcess(ctx, c, id, spec)
 	if err != nil {
+		m.mu.Lock()
+		m.started(id)
+		m.mu.Unlock()
 		return Info{}, err
 	}
 	s := &Session{
@@ -189,6 +205,7 @@ func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec 
 		s.mode = ModePTY
 	}
 	m.mu.Lock()
+	m.started(id)
 	if m.closed {
 		m.mu.Unlock()
 		proc.Kill()
@@ -205,6 +222,15 @@ func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec 
 	m.mu.Unlock()
 	s.start()
 	return s.Info(), nil
+}
+
+// started releases the slot a create held while its process started.
+// Caller holds m.mu.
+func (m *Manager) started(id string) {
+	m.startingAll--
+	if m.starting[id]--; m.starting[id] == 0 {
+		delete(m.starting, id)
+	}
 }
 
 // sessionDone is the last act of a session's owner: the session no
