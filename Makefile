@@ -8,10 +8,24 @@ STATE   ?= $(CURDIR)/.state
 # all threads, which the Go runtime only allows in a cgo-free binary.
 export CGO_ENABLED ?= 0
 
-.PHONY: build run test check-generated generate vet bench clean
+.PHONY: build run test check-generated generate vet bench clean web
 
-build:
+build: web
 	$(GO) build -o $(BIN) ./cmd/gateway
+
+# The terminal page's xterm.js files: npm ci from web/package-lock.json,
+# then a copy into web/static/vendor (embedded; not committed).
+web: web/static/vendor/.stamp
+
+web/static/vendor/.stamp: web/package.json web/package-lock.json
+	cd web && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	rm -f web/static/vendor/*.mjs web/static/vendor/*.css web/static/vendor/LICENSE-*
+	cp web/node_modules/@xterm/xterm/lib/xterm.mjs web/node_modules/@xterm/xterm/css/xterm.css \
+	  web/node_modules/@xterm/addon-fit/lib/addon-fit.mjs web/static/vendor/
+	cp web/node_modules/@xterm/xterm/LICENSE web/static/vendor/LICENSE-xterm
+	cp web/node_modules/@xterm/addon-fit/LICENSE web/static/vendor/LICENSE-addon-fit
+	sed -i '/^\/\/# sourceMappingURL=/d' web/static/vendor/*.mjs
+	touch $@
 
 run: build
 	$(BIN) serve --listen $(LISTEN) --state-dir $(STATE)
@@ -29,7 +43,7 @@ vet:
 
 # -race needs cgo; the tests build their own cgo-free gateway binary where
 # they need one.
-test: check-generated vet
+test: web check-generated vet
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 bench:

@@ -32,6 +32,10 @@ import (
 )
 
 func main() {
+	// gateway shell / gateway exec: clients of a gateway (clientcmd.go).
+	if code, ok := runClientCommand(os.Args[1:]); ok {
+		os.Exit(code)
+	}
 	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		os.Exit(1)

@@ -22,6 +22,7 @@ import (
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
+	"github.com/sandgate/sandgate/web"
 )
 
 // Options configure the HTTP handler.
@@ -85,7 +86,9 @@ func New(opts Options) (http.Handler, error) {
 		w.Header().Set("Content-Type", "application/yaml")
 		w.Write(apispec.YAML)
 	})
-	r.Get("/", s.index)
+	page := web.Handler() // the browser terminal page and its assets
+	r.Handle("/", page)
+	r.Handle(web.AssetsPrefix+"*", page)
 
 	strict := api.NewStrictHandlerWithOptions(s, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  s.requestError,
@@ -183,12 +186,6 @@ func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "provider": s.svc.ProviderName()})
-}
-
-// index is a placeholder until the browser terminal page lands.
-func (s *server) index(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Write([]byte("sandgate: sandbox gateway. API: " + s.serverURL + "  contract: /openapi.yaml\n"))
 }
 
 // requestError renders errors the generated router and strict handler

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/sandgate/sandgate/internal/client"
+)
+
+// Exit statuses of the client subcommands when there is no remote status
+// to pass on (as ssh does: 255 for its own failures).
+const (
+	exitUsage  = 2
+	exitFailed = 255
+)
+
+// runClientCommand runs `gateway shell` and `gateway exec`, which talk to
+// a gateway rather than serve one. It reports false for every other
+// command line (serve, the default).
+func runClientCommand(args []string) (code int, handled bool) {
+	if len(args) == 0 {
+		return 0, false
+	}
+	switch args[0] {
+	case "shell":
+		return runShell(context.Background(), args[1:], os.LookupEnv, os.Stdin, os.Stdout, os.Stderr), true
+	case "exec":
+		return runExec(context.Background(), args[1:], os.LookupEnv, os.Stdout, os.Stderr), true
+	}
+	return 0, false
+}
+
+// clientFlags are the flags every client subcommand has.
+type clientFlags struct {
+	url, lease string
+}
+
+func (c *clientFlags) register(fs *flag.FlagSet, env func(string) (string, bool)) {
+	def := func(name string) string { v, _ := env(name); return v }
+	fs.StringVar(&c.url, "url", def("SANDGATE_URL"), "gateway URL, e.g. http://127.0.0.1:8080 (env SANDGATE_URL)")
+	fs.StringVar(&c.lease, "lease", def("SANDGATE_LEASE"), "lease token of the sandbox, or an API key that created it (env SANDGATE_LEASE)")
+}
+
+func (c *clientFlags) client() (*client.Client, error) {
+	if c.url == "" {
+		return nil, errors.New("no gateway URL: give --url or set SANDGATE_URL")
+	}
+	if c.lease == "" {
+		return nil, errors.New("no lease: give --lease or set SANDGATE_LEASE")
+	}
+	return client.New(c.url, c.lease, nil)
+}
+
+// parseInterleaved parses flags that may come before or after the
+// positional arguments; everything after a "--" is positional as is. It
+// returns the positional arguments and those after "--" apart.
+func parseInterleaved(fs *flag.FlagSet, args []string) (pos, rest []string, err error) {
+	for i, a := range args {
+		if a == "--" {
+			args, rest = args[:i], args[i+1:]
+			break
+		}
+	}
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, rest, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func clientFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("gateway "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: gateway %s %s\n", name, usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// shellQuote joins argv into one sh command line that runs exactly argv.
+func shellQuote(argv []string) string {
+	q := make([]string, len(argv))
+	for i, a := range argv {
+		if a != "" && strings.Trim(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") == "" {
+			q[i] = a
+		} else {
+			q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(q, " ")
+}
