@@ -62,6 +62,14 @@ func TestMetricsAndLogs(t *testing.T) {
 	if err := first.Write(ctx, websocket.MessageBinary, append([]byte{0}, "ping-metrics\n"...)); err != nil {
 		t.Fatal(err)
 	}
+	// Wait for cat's answer, so the bytes both ways were counted.
+	for seen := ""; strings.Count(seen, "ping-metrics") < 2; {
+		_, b, err := first.Read(ctx)
+		if err != nil {
+			t.Fatalf("waiting for the echo: %v (have %q)", err, seen)
+		}
+		seen += string(b)
+	}
 	second, _, err := websocket.Dial(ctx, ws+"?takeover=1", &websocket.DialOptions{Subprotocols: []string{"sandgate.lease." + op.Token}})
 	if err != nil {
 		t.Fatal(err)
