@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 )
 
 // dockerCLI runs the docker CLI (the image test drives the CLI on purpose:
@@ -56,7 +58,7 @@ func TestContainerImage(t *testing.T) {
 	if exec.Command("docker", "image", "inspect", builder).Run() != nil {
 		importBuilder(t, builder)
 	}
-	sandboxImage := busyboxImage(t)
+	sandboxImage := dockertest.Image(t)
 
 	ctxDir := buildContext(t)
 	image := "sandgate-test/gateway:test"
@@ -208,25 +210,6 @@ func importBuilder(t *testing.T, tag string) {
 	dockerCLI(t, pr, "import",
 		"--change", "ENV PATH=/usr/local/go/bin:/bin", "--change", "ENV HOME=/root",
 		"--change", "ENV GOTOOLCHAIN=local", "--change", "ENV GOFLAGS=-buildvcs=false", "-", tag)
-}
-
-// busyboxImage returns a local busybox image for sandboxes, building it
-// (FROM scratch + the static busybox) when missing.
-func busyboxImage(t *testing.T) string {
-	t.Helper()
-	const tag = "sandgate-test/busybox:1"
-	if exec.Command("docker", "image", "inspect", tag).Run() == nil {
-		return tag
-	}
-	dir := t.TempDir()
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dir, "busybox"), bb, 0o755)
-	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\",\"--install\",\"-s\",\"/bin\"]\nRUN [\"/bin/sh\",\"-c\",\"mkdir -p /tmp /root && chmod 1777 /tmp\"]\n"), 0o644)
-	dockerCLI(t, nil, "build", "-q", "-t", tag, dir)
-	return tag
 }
 
 // buildContext copies the repository's tracked files (plus the web

@@ -3,9 +3,11 @@ package handlers
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -19,21 +21,39 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/docker"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/local"
 	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
 // The terminal-session tests run end to end: a real gateway handler over
-// loopback HTTP, the real service, the real local provider (processes in
-// real namespaces), and real WebSocket dials.
+// loopback HTTP, the real service, a real provider and real WebSocket
+// dials. The provider is the local one (processes in real namespaces)
+// unless SANDGATE_TEST_PROVIDER=docker (containers of the busybox test
+// image on the Docker daemon):
+//
+//	SANDGATE_TEST_PROVIDER=docker CGO_ENABLED=1 go test -race -run 'TestPTY|TestPipeMode' ./internal/handlers/
 
-// ptyEnv is a gateway on the local provider with one sandbox.
+// ptyEnv is a gateway with one sandbox.
 type ptyEnv struct {
 	*gw
-	mgr   *pty.Manager
-	id    string
-	token string
+	mgr      *pty.Manager
+	id       string
+	token    string
+	required map[string]any // create fields the provider needs (docker: image)
+}
+
+// create creates a sandbox from body plus the fields the provider needs
+// (it shadows gw.create, so every test's creates work on any provider).
+func (e *ptyEnv) create(body map[string]any) ref {
+	e.t.Helper()
+	b := map[string]any{}
+	maps.Copy(b, e.required)
+	maps.Copy(b, body)
+	return e.gw.create(b)
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -48,21 +68,48 @@ func requireNamespaces(t *testing.T) {
 	}
 }
 
+// testProvider returns the provider SANDGATE_TEST_PROVIDER names and the
+// create body its sandboxes need. Cleanup closes it and, for docker,
+// removes every container it made (its own instance id).
+func testProvider(t *testing.T) (providers.Provider, map[string]any) {
+	t.Helper()
+	switch name := os.Getenv("SANDGATE_TEST_PROVIDER"); name {
+	case "", "local":
+		requireNamespaces(t)
+		p, err := local.New(local.Options{StateDir: t.TempDir(), Logger: discard()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p, nil
+	case "docker":
+		image := dockertest.Image(t)
+		instance := "ptytest-" + rand.Text()[:10]
+		p, err := docker.New(docker.Options{InstanceID: instance, Logger: discard()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			p.Close()
+			dockertest.RemoveInstance(t, instance)
+		})
+		return p, map[string]any{"image": image}
+	default:
+		t.Fatalf("SANDGATE_TEST_PROVIDER=%q: want local or docker", name)
+		return nil, nil
+	}
+}
+
 // newPtyEnv starts a gateway with manager options o and creates a sandbox.
 // Cleanup closes the manager (clients get 1001), deletes the sandbox and
 // stops everything.
 func newPtyEnv(t *testing.T, o pty.Options) *ptyEnv {
 	t.Helper()
-	requireNamespaces(t)
-	p, err := local.New(local.Options{StateDir: t.TempDir(), Logger: discard()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, required := testProvider(t)
 	svc, err := sandbox.New(context.Background(), sandbox.Options{
 		Provider: p, StateDir: t.TempDir(), APIKeys: []string{testKey}, ReapInterval: time.Hour,
 	})
 	if err != nil {
-		p.Close()
 		t.Fatal(err)
 	}
 	mgr := pty.NewManager(svc, o)
@@ -70,7 +117,7 @@ func newPtyEnv(t *testing.T, o pty.Options) *ptyEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &ptyEnv{gw: &gw{t: t, srv: httptest.NewServer(h), svc: svc}, mgr: mgr}
+	e := &ptyEnv{gw: &gw{t: t, srv: httptest.NewServer(h), svc: svc}, mgr: mgr, required: required}
 	t.Cleanup(func() {
 		mgr.Close()
 		if e.id != "" {
@@ -78,9 +125,8 @@ func newPtyEnv(t *testing.T, o pty.Options) *ptyEnv {
 		}
 		e.srv.Close()
 		svc.Close()
-		p.Close()
 	})
-	r := e.create(map[string]any{})
+	r := e.create(nil)
 	e.id, e.token = r.SandboxID, r.Token
 	return e
 }
@@ -564,6 +610,10 @@ func TestPipeMode(t *testing.T) {
 	}
 }
 
+// sleeping100 exits 0 when a process with the command line "sleep 100"
+// runs in the sandbox.
+const sleeping100 = `for f in /proc/[0-9]*/cmdline; do [ "$(tr '\0' ' ' < "$f" 2>/dev/null)" = "sleep 100 " ] && exit 0; done; exit 1`
+
 // 8. SIGINT goes to the terminal's foreground group: it interrupts sleep
 // typed into the shell, which survives; also when the gateway ignores
 // SIGINT. Unknown signals get an error frame and change nothing.
@@ -581,8 +631,11 @@ func TestPTYSignalForegroundGroup(t *testing.T) {
 			c := e.dial(sid, "")
 			var s stream
 			c.stdin("sleep 100\n")
+			// No pgrep in every sandbox (busybox-static has none), and a
+			// docker sandbox's keep-alive is a sleep too: look for this
+			// one by its whole command line.
 			waitFor(t, 10*time.Second, "sleep to run", func() bool {
-				r := e.do("POST", "/v1/sandboxes/"+e.id+"/exec", map[string]any{"command": "pgrep -x sleep"}, lease(e.token))
+				r := e.do("POST", "/v1/sandboxes/"+e.id+"/exec", map[string]any{"command": sleeping100}, lease(e.token))
 				var res struct {
 					ReturnCode int `json:"return_code"`
 				}
@@ -656,6 +709,41 @@ func TestPTYConcurrentSessions(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// 11b. Concurrent creates never overshoot the per-sandbox session limit
+// (each holds its slot while its process starts): exactly the limit get
+// 201, the others 429; deleting a session frees a slot.
+func TestPTYSessionLimitUnderConcurrency(t *testing.T) {
+	const limit, n = 4, 16
+	e := newPtyEnv(t, pty.Options{MaxPerSandbox: limit})
+	status := make([]int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status[i] = e.do("POST", "/v1/sandboxes/"+e.id+"/pty", map[string]any{"command": "sleep 300"}, lease(e.token)).status
+		}()
+	}
+	wg.Wait()
+	counts := map[int]int{}
+	for _, s := range status {
+		counts[s]++
+	}
+	if counts[201] != limit || counts[429] != n-limit {
+		t.Fatalf("%d concurrent creates with a limit of %d: statuses %v", n, limit, counts)
+	}
+	r := e.do("GET", "/v1/sandboxes/"+e.id+"/pty", nil, lease(e.token))
+	var list struct{ Sessions []sessionInfo }
+	r.json(t, &list)
+	if len(list.Sessions) != limit {
+		t.Fatalf("%d sessions listed, want %d", len(list.Sessions), limit)
+	}
+	if r := e.do("DELETE", "/v1/sandboxes/"+e.id+"/pty/"+list.Sessions[0].SessionID, nil, lease(e.token)); r.status != 200 {
+		t.Fatalf("delete session: %d %s", r.status, r.body)
+	}
+	e.session(map[string]any{"command": "sleep 300"})
 }
 
 // echoToken runs one session that echoes a token; it reports instead of

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
 )
 
@@ -32,7 +33,7 @@ func cli(b *testing.B, args ...string) string {
 func cliRun(b *testing.B) string {
 	return cli(b, "run", "-d", "--init", "--network", "none", "--pids-limit", "1024",
 		"--cap-drop", "NET_RAW", "--cap-drop", "MKNOD", "--cap-drop", "AUDIT_WRITE", "--cap-drop", "SETFCAP",
-		"-w", "/workspace", "--label", "sandgate.bench=1", "--entrypoint", "/bin/sh", testImage, "-c", "while :; do sleep 3600; done")
+		"-w", "/workspace", "--label", "sandgate.bench=1", "--entrypoint", "/bin/sh", dockertest.ImageRef, "-c", "while :; do sleep 3600; done")
 }
 
 // sideBySide reports the mean of each side's timed runs and their ratio.
@@ -58,7 +59,7 @@ func BenchmarkCreateFirstExec(b *testing.B) {
 		n++
 		t0 := time.Now()
 		id := providertest.NewID()
-		if _, err := p.Create(ctx, providers.CreateSpec{ID: id, Image: testImage, Workdir: "/workspace", ReadyTimeout: time.Minute}); err != nil {
+		if _, err := p.Create(ctx, providers.CreateSpec{ID: id, Image: dockertest.ImageRef, Workdir: "/workspace", ReadyTimeout: time.Minute}); err != nil {
 			b.Fatal(err)
 		}
 		if res, err := p.Exec(ctx, id, providers.ExecRequest{Command: "true", Timeout: time.Minute, MaxOutput: 1024}); err != nil || res.ExitCode != 0 {
@@ -122,7 +123,7 @@ func BenchmarkConcurrentCreate50(b *testing.B) {
 			go func() {
 				defer wg.Done()
 				t0 := time.Now()
-				_, errs[i] = p.Create(ctx, providers.CreateSpec{ID: ids[i], Image: testImage, Workdir: "/workspace", ReadyTimeout: 2 * time.Minute})
+				_, errs[i] = p.Create(ctx, providers.CreateSpec{ID: ids[i], Image: dockertest.ImageRef, Workdir: "/workspace", ReadyTimeout: 2 * time.Minute})
 				durs[i] = time.Since(t0)
 			}()
 		}

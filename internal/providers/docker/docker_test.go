@@ -17,6 +17,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
 )
 
@@ -31,7 +32,7 @@ func ctxFor(t testing.TB, d time.Duration) context.Context {
 func create(t testing.TB, p *Docker, spec providers.CreateSpec) string {
 	t.Helper()
 	if spec.Image == "" {
-		spec.Image = testImage
+		spec.Image = dockertest.ImageRef
 	}
 	if spec.ID == "" {
 		spec.ID = providertest.NewID()
@@ -112,10 +113,10 @@ func TestCreateErrors(t *testing.T) {
 	}{
 		{"no image", providers.CreateSpec{}, "image"},
 		{"missing image", providers.CreateSpec{Image: "sandgate-test/no-such-image:1"}, "not on the docker host"},
-		{"host network", providers.CreateSpec{Image: testImage, Options: map[string]any{"network": "host"}}, "provider_options.network"},
-		{"bad pids", providers.CreateSpec{Image: testImage, Options: map[string]any{"pids_limit": "many"}}, "provider_options.pids_limit"},
-		{"gpu", providers.CreateSpec{Image: testImage, Resources: providers.Resources{GPU: &gpu}}, "resources.gpu"},
-		{"bad entrypoint", providers.CreateSpec{Image: testImage, Entrypoint: []string{"/bin/false"}}, "exited during start"},
+		{"host network", providers.CreateSpec{Image: dockertest.ImageRef, Options: map[string]any{"network": "host"}}, "provider_options.network"},
+		{"bad pids", providers.CreateSpec{Image: dockertest.ImageRef, Options: map[string]any{"pids_limit": "many"}}, "provider_options.pids_limit"},
+		{"gpu", providers.CreateSpec{Image: dockertest.ImageRef, Resources: providers.Resources{GPU: &gpu}}, "resources.gpu"},
+		{"bad entrypoint", providers.CreateSpec{Image: dockertest.ImageRef, Entrypoint: []string{"/bin/false"}}, "exited during start"},
 	} {
 		spec := c.spec
 		spec.ID = providertest.NewID()
@@ -280,7 +281,7 @@ func TestAdoption(t *testing.T) {
 	// An orphan: made straight through the Engine API with our labels.
 	orphan := providertest.NewID()
 	ctx := ctxFor(t, time.Minute)
-	c, err := p1.cli.ContainerCreate(ctx, &container.Config{Image: testImage, Entrypoint: keepAlive,
+	c, err := p1.cli.ContainerCreate(ctx, &container.Config{Image: dockertest.ImageRef, Entrypoint: keepAlive,
 		Labels: map[string]string{LabelSandbox: orphan, LabelInstance: p1.instance}}, &container.HostConfig{NetworkMode: "none"}, nil, nil, orphan)
 	if err != nil {
 		t.Fatal(err)

@@ -205,28 +205,14 @@ func (d *Docker) endedWithoutMarker(ctx context.Context, id, execID string, rerr
 		}
 		return providers.ExecResult{}, err
 	}
-	// The wrapper died without its marker. When the container was killed,
-	// its exec streams close before the daemon has marked it exited: give
-	// the state a moment to settle before believing the container lives.
-	deadline := time.Now().Add(time.Second)
-	for {
-		info, err := d.cli.ContainerInspect(ctx, id)
-		switch {
-		case err != nil:
-			return providers.ExecResult{}, d.kind(err, "exec in %s", id)
-		case info.State == nil || !info.State.Running:
-			return providers.ExecResult{}, providers.Errorf(providers.ErrConflict, "sandbox %s stopped during the command", id)
-		}
-		if !started || time.Now().After(deadline) {
-			break
-		}
-		t := time.NewTimer(20 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return providers.ExecResult{}, fmt.Errorf("exec in %s: %w", id, ctx.Err())
-		case <-t.C:
-		}
+	// The wrapper died without its marker: the container may have been
+	// killed (or the wrapper alone).
+	settle := stopSettle
+	if !started {
+		settle = 0
+	}
+	if err := d.stopped(ctx, id, settle, "the command"); err != nil {
+		return providers.ExecResult{}, err
 	}
 	if rerr != nil {
 		return providers.ExecResult{}, providers.Wrap(providers.ErrUnavailable, rerr, "exec in "+id+": lost the command's output stream")
@@ -237,6 +223,39 @@ func (d *Docker) endedWithoutMarker(ctx context.Context, id, execID string, rerr
 	}
 	res.ExitCode = code
 	return res, nil
+}
+
+// stopSettle bounds how long stopped waits for a container that still
+// looks alive: when a container is killed, its exec streams close before
+// the daemon has marked it exited.
+const stopSettle = time.Second
+
+// stopped reports whether sandbox id has stopped (or is being removed),
+// as the error a call that was running in it returns: ErrConflict
+// "sandbox stopped during <what>", or the inspect's error kind
+// (ErrNotFound once removed). It polls for up to settle while the
+// container still runs and returns nil if it runs on.
+func (d *Docker) stopped(ctx context.Context, id string, settle time.Duration, what string) error {
+	deadline := time.Now().Add(settle)
+	for {
+		info, err := d.cli.ContainerInspect(ctx, id)
+		switch {
+		case err != nil:
+			return d.kind(err, "sandbox %s", id)
+		case info.State == nil || !info.State.Running || info.State.Dead || info.State.Status == container.StateRemoving:
+			return providers.Errorf(providers.ErrConflict, "sandbox %s stopped during %s", id, what)
+		}
+		if !time.Now().Before(deadline) {
+			return nil
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("sandbox %s: %w", id, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // killExec SIGKILLs the process group of the exec whose wrapper carries

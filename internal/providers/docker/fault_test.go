@@ -3,129 +3,24 @@ package docker
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 )
-
-// sockProxy is a unix-socket proxy in front of the real daemon socket:
-// stopping it is the daemon going away for one provider (closing every
-// connection, refusing new ones) without disturbing other users of the
-// shared daemon; starting it again is the daemon coming back.
-type sockProxy struct {
-	path, target string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup // accept loop and connection pumps
-}
-
-func newSockProxy(t *testing.T) *sockProxy {
-	s := &sockProxy{path: filepath.Join(t.TempDir(), "docker.sock"), target: "/var/run/docker.sock", conns: map[net.Conn]struct{}{}}
-	s.start(t)
-	t.Cleanup(s.stop)
-	return s
-}
-
-func (s *sockProxy) start(t *testing.T) {
-	ln, err := net.Listen("unix", s.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.mu.Lock()
-	s.ln = ln
-	s.mu.Unlock()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				s.pump(c)
-			}()
-		}
-	}()
-}
-
-// pump joins c to a new connection to the daemon, passing half-closes on.
-func (s *sockProxy) pump(c net.Conn) {
-	u, err := net.Dial("unix", s.target)
-	if err != nil {
-		c.Close()
-		return
-	}
-	if !s.track(c, u) {
-		return
-	}
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		io.Copy(u, c)
-		u.(*net.UnixConn).CloseWrite()
-	}()
-	go func() {
-		defer wg.Done()
-		io.Copy(c, u)
-		c.(*net.UnixConn).CloseWrite()
-	}()
-	wg.Wait()
-	c.Close()
-	u.Close()
-	s.mu.Lock()
-	delete(s.conns, c)
-	delete(s.conns, u)
-	s.mu.Unlock()
-}
-
-func (s *sockProxy) track(c, u net.Conn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ln == nil {
-		c.Close()
-		u.Close()
-		return false
-	}
-	s.conns[c], s.conns[u] = struct{}{}, struct{}{}
-	return true
-}
-
-// stop closes the listener and every connection and waits for the pumps.
-func (s *sockProxy) stop() {
-	s.mu.Lock()
-	if s.ln != nil {
-		s.ln.Close()
-		s.ln = nil
-	}
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
-}
 
 // TestDaemonDown: with the daemon unreachable, an exec in flight ends
 // promptly with an error, Ping and every call fail fast with
 // ErrUnavailable; when it is back the same provider works again.
 func TestDaemonDown(t *testing.T) {
-	px := newSockProxy(t)
-	p := newProvider(t, func(o *Options) { o.Host = "unix://" + px.path; o.PingTimeout = time.Second })
+	px := dockertest.NewProxy(t)
+	p := newProvider(t, func(o *Options) { o.Host = px.Host(); o.PingTimeout = time.Second })
 	id := create(t, p, providers.CreateSpec{})
 
 	done := make(chan error, 1)
@@ -138,7 +33,7 @@ func TestDaemonDown(t *testing.T) {
 		return contains(run(t, p, id, "ps -o args").Stdout, m)
 	})
 
-	px.stop()
+	px.Cut()
 	select {
 	case err := <-done:
 		if !errors.Is(err, providers.ErrUnavailable) {
@@ -159,7 +54,7 @@ func TestDaemonDown(t *testing.T) {
 		},
 		"ReadFile": func() error { _, _, err := p.ReadFile(ctx, id, "/etc/passwd"); return err },
 		"Create": func() error {
-			_, err := p.Create(ctx, providers.CreateSpec{ID: "sbx-aaaaaaaaaaaaaaaaaaab", Image: testImage, Workdir: "/w", ReadyTimeout: time.Minute})
+			_, err := p.Create(ctx, providers.CreateSpec{ID: "sbx-aaaaaaaaaaaaaaaaaaab", Image: dockertest.ImageRef, Workdir: "/w", ReadyTimeout: time.Minute})
 			return err
 		},
 	}
@@ -174,7 +69,7 @@ func TestDaemonDown(t *testing.T) {
 		}
 	}
 
-	px.start(t)
+	px.Restore(t)
 	if err := p.Ping(ctx); err != nil {
 		t.Fatalf("Ping after the daemon came back: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -156,6 +157,7 @@ type process struct {
 	done     chan struct{} // closed when copy has returned; code and err are set
 	code     int
 	err      error
+	killing  atomic.Bool // Kill has begun: a SIGKILL status is its doing
 	killOnce sync.Once
 	killErr  error
 }
@@ -186,6 +188,15 @@ func (p *process) copy(rest []byte) {
 	p.code, _, p.err = p.d.exitCode(ctx, p.execID)
 	if p.err != nil && err != nil {
 		p.err = fmt.Errorf("%w (stream: %v)", p.err, err)
+	}
+	// A container that is killed or removed SIGKILLs its execs: that is
+	// the sandbox gone, not an exit of the process's own (the local
+	// provider loses its processes with the sandbox the same way). Kill
+	// SIGKILLs too, but then the caller knows why.
+	if p.err == nil && p.code == 128+int(syscall.SIGKILL) && !p.killing.Load() {
+		if gone := p.d.stopped(ctx, p.sandbox, stopSettle, "the process"); gone != nil {
+			p.code, p.err = -1, gone
+		}
 	}
 }
 
@@ -257,7 +268,10 @@ func (p *process) helper(cmd []string, what string) error {
 
 // Wait blocks until the attach stream has ended (the process and every
 // holder of its terminal or pipes are gone) and returns the exit status
-// the daemon recorded (128+N when killed by signal N).
+// the daemon recorded (128+N when killed by signal N). When the sandbox
+// stopped or was removed under the process there is no exit status of its
+// own: -1 and ErrConflict (or ErrNotFound, or ErrUnavailable when the
+// daemon cannot say).
 func (p *process) Wait() (int, error) {
 	<-p.done
 	return p.code, p.err
@@ -268,6 +282,7 @@ func (p *process) Wait() (int, error) {
 // idempotent.
 func (p *process) Kill() error {
 	p.killOnce.Do(func() {
+		p.killing.Store(true)
 		select {
 		case <-p.done:
 		default:

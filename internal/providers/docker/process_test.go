@@ -148,6 +148,23 @@ func TestStartProcessPipe(t *testing.T) {
 		}
 		eventually(t, "sleep 103 to be gone", func() bool { return !contains(run(t, p, id, "ps -o args").Stdout, "sleep 103") })
 	})
+	t.Run("OwnSIGKILL", func(t *testing.T) {
+		// A process SIGKILLed in a sandbox that lives on has exited with
+		// 137; only a stopped sandbox makes it lost.
+		proc, err := p.StartProcess(ctx, id, providers.ProcessSpec{Command: "kill -9 $$"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		_, joinOut := drain(proc.Stdout())
+		_, joinErr := drain(proc.Stderr())
+		code, err := proc.Wait()
+		joinOut()
+		joinErr()
+		if code != 137 || err != nil {
+			t.Errorf("Wait: %d %v, want 137", code, err)
+		}
+	})
 	t.Run("StartErrors", func(t *testing.T) {
 		if _, err := p.StartProcess(ctx, id, providers.ProcessSpec{Command: "true", User: "no-such-user"}); !errors.Is(err, providers.ErrInvalid) {
 			t.Errorf("unknown user: %v", err)
@@ -159,4 +176,37 @@ func TestStartProcessPipe(t *testing.T) {
 			t.Errorf("unknown sandbox: %v", err)
 		}
 	})
+}
+
+// TestProcessSandboxRemoved: removing the sandbox under a terminal process
+// is the process lost (an error, code -1), not an exit of its own.
+func TestProcessSandboxRemoved(t *testing.T) {
+	p := newProvider(t)
+	id := create(t, p, providers.CreateSpec{})
+	proc, err := p.StartProcess(ctxFor(t, time.Minute), id, providers.ProcessSpec{TTY: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proc.Kill()
+	out, join := drain(proc.Stdout())
+	defer join()
+	io.WriteString(proc.Stdin(), "echo rea\"\"dy\n")
+	waitOutput(t, out, "ready")
+	if err := p.Delete(ctxFor(t, time.Minute), id); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan struct{})
+	var code int
+	go func() {
+		defer close(waited)
+		code, err = proc.Wait()
+	}()
+	select {
+	case <-waited:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Wait hangs after the sandbox was removed")
+	}
+	if code != -1 || !(errors.Is(err, providers.ErrNotFound) || errors.Is(err, providers.ErrConflict)) {
+		t.Errorf("Wait after the sandbox was removed: %d %v, want -1 and ErrNotFound or ErrConflict", code, err)
+	}
 }

@@ -1,0 +1,162 @@
+// Package dockertest is test support for code that runs sandboxes on a
+// real Docker daemon: the busybox test image (built locally; nothing is
+// pulled), a client for poking containers from a test, clean-up by
+// instance label, and a unix-socket proxy that can cut a provider off the
+// shared daemon without disturbing anyone else.
+//
+// Outside CI a test that needs the daemon skips when none answers; with
+// CI=true it fails (scripts/ci-docker.sh starts one).
+package dockertest
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/build"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/client"
+)
+
+// ImageRef is the test image: FROM scratch with Debian's static busybox
+// (from busybox-static), its applets, a /tmp, and the users root and
+// nobody.
+const ImageRef = "sandgate-test/busybox:1"
+
+// LabelInstance is the label the docker provider puts the owning gateway
+// instance in (docker.LabelInstance; repeated here because the docker
+// package's own tests import this one).
+const LabelInstance = "sandgate.instance"
+
+const dockerfile = `FROM scratch
+COPY busybox /bin/busybox
+RUN ["/bin/busybox", "--install", "-s", "/bin"]
+RUN ["/bin/sh", "-c", "mkdir -p /tmp /root /etc /var/www && chmod 1777 /tmp && printf 'root:x:0:0:root:/root:/bin/sh\\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\\n' > /etc/passwd && printf 'root:x:0:\\nnogroup:x:65534:\\n' > /etc/group"]
+`
+
+var (
+	setupOnce sync.Once
+	setupErr  error
+)
+
+// Require skips the test (outside CI) or fails it (CI=true) when no
+// daemon answers or the test image cannot be built. The first call in a
+// process pings the daemon and builds ImageRef unless it exists; later
+// calls reuse the outcome.
+func Require(t testing.TB) {
+	t.Helper()
+	setupOnce.Do(func() { setupErr = setup() })
+	if setupErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("docker daemon required in CI (run scripts/ci-docker.sh): %v", setupErr)
+		}
+		t.Skipf("no docker daemon (scripts/ci-docker.sh starts one): %v", setupErr)
+	}
+}
+
+// Image is Require, then ImageRef.
+func Image(t testing.TB) string {
+	t.Helper()
+	Require(t)
+	return ImageRef
+}
+
+// Client returns a client for the default daemon (DOCKER_HOST or the
+// default socket), closed when t ends. It calls Require first.
+func Client(t testing.TB) *client.Client {
+	t.Helper()
+	Require(t)
+	cli, err := newClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func newClient() (*client.Client, error) {
+	return client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+}
+
+// RemoveInstance force-removes every container labelled with the given
+// gateway instance id, reporting failures with t.Errorf. Meant for
+// t.Cleanup: sandboxes outlive their gateway by design, not the test.
+func RemoveInstance(t testing.TB, instance string) {
+	t.Helper()
+	cli, err := newClient()
+	if err != nil {
+		t.Errorf("remove containers of %s: %v", instance, err)
+		return
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cs, err := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelInstance+"="+instance))})
+	if err != nil {
+		t.Errorf("remove containers of %s: %v", instance, err)
+		return
+	}
+	for _, c := range cs {
+		if err := cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("remove container %s of %s: %v", c.ID[:12], instance, err)
+		}
+	}
+}
+
+func setup() error {
+	cli, err := newClient()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer pcancel()
+	if _, err := cli.Ping(pctx); err != nil {
+		return err
+	}
+	if _, err := cli.ImageInspect(ctx, ImageRef); err == nil {
+		return nil
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		return errors.New("building the test image needs /bin/busybox from busybox-static")
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range []struct {
+		name string
+		mode int64
+		data []byte
+	}{{"Dockerfile", 0o644, []byte(dockerfile)}, {"busybox", 0o755, bb}} {
+		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.data))}); err != nil {
+			return err
+		}
+		if _, err := tw.Write(f.data); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	resp, err := cli.ImageBuild(ctx, &buf, build.ImageBuildOptions{Tags: []string{ImageRef}, Remove: true, ForceRemove: true})
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if _, err := cli.ImageInspect(ctx, ImageRef); err != nil {
+		return fmt.Errorf("building %s failed: %s", ImageRef, out)
+	}
+	return nil
+}
