@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -332,6 +333,9 @@ func TestStatusMapping(t *testing.T) {
 func dockerCLI(t testing.TB) string {
 	path, err := exec.LookPath("docker")
 	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no docker CLI (scripts/ci-docker.sh installs docker.io)")
+		}
 		t.Skip("no docker CLI")
 	}
 	return path
