@@ -49,7 +49,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	if err != nil {
 		b.Fatal(err)
 	}
-	mgr := pty.NewManager(svc, pty.Options{})
+	mgr := pty.NewManager(svc, pty.Options{MaxPerSandbox: 2000}) // the idle benchmark holds 1,000 in one sandbox
 	h, err := New(Options{Service: svc, PTY: mgr})
 	if err != nil {
 		b.Fatal(err)
