@@ -450,7 +450,10 @@ func TestCapacityQueue(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	e.svc.opts.QueueTimeout = time.Minute
 	go func() {
-		waitFor(t, func() bool { return e.svc.slots.waiting() == 1 })
+		// Not waitFor: t.Fatal must not be called off the test goroutine.
+		for e.svc.slots.waiting() != 1 {
+			time.Sleep(time.Millisecond)
+		}
 		cancel()
 	}()
 	_, err = e.svc.Create(cctx, Caller{}, CreateRequest{})
