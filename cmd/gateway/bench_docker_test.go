@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/handlers"
+	"github.com/sandgate/sandgate/internal/providers/docker"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/sandbox"
+)
+
+// BenchmarkDockerCreateFirstExec alternates, on the same daemon and image,
+// a create + first exec of `true` through the whole gateway over HTTP
+// with `docker run -d` + `docker exec` by the CLI, and reports both and
+// their ratio (issue 4's target: the gateway faster, ratio < 1).
+func BenchmarkDockerCreateFirstExec(b *testing.B) {
+	image := dockertest.Image(b)
+	instance := "bench-" + randomSuffix()
+	p, err := docker.New(docker.Options{InstanceID: instance, SpoolDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	svc, err := sandbox.New(context.Background(), sandbox.Options{Provider: p, StateDir: b.TempDir(), AllowAnonymous: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h, err := handlers.New(handlers.Options{Service: svc})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	b.Cleanup(func() {
+		srv.Close()
+		svc.Close()
+		p.Close()
+		dockertest.RemoveInstance(b, instance)
+	})
+	c := srv.Client()
+	cli := func(args ...string) string {
+		out, err := exec.Command("docker", args...).Output()
+		if err != nil {
+			b.Fatalf("docker %v: %v", args, err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	var viaGateway, viaCLI time.Duration
+	n := 0
+	for b.Loop() {
+		n++
+		t0 := time.Now()
+		var ref struct {
+			ID  string `json:"sandbox_id"`
+			Tok string `json:"lease_token"`
+		}
+		json.Unmarshal(post(b, c, srv.URL+"/v1/sandboxes", "", `{"image":"`+image+`"}`), &ref)
+		post(b, c, srv.URL+"/v1/sandboxes/"+ref.ID+"/exec", ref.Tok, `{"command":"true"}`)
+		t1 := time.Now()
+		cid := cli("run", "-d", "--network", "none", image, "sh", "-c", "while :; do sleep 3600; done")
+		cli("exec", cid, "true")
+		t2 := time.Now()
+		viaGateway += t1.Sub(t0)
+		viaCLI += t2.Sub(t1)
+		b.StopTimer()
+		req, _ := http.NewRequest("DELETE", srv.URL+"/v1/sandboxes/"+ref.ID, nil)
+		req.Header.Set("X-Sandbox-Lease", ref.Tok)
+		if res, err := c.Do(req); err == nil {
+			res.Body.Close()
+		}
+		cli("rm", "-f", cid)
+		b.StartTimer()
+	}
+	g, k := viaGateway.Seconds()*1000/float64(n), viaCLI.Seconds()*1000/float64(n)
+	b.ReportMetric(g, "gateway-ms")
+	b.ReportMetric(k, "cli-ms")
+	b.ReportMetric(g/k, "ratio")
+}
