@@ -334,6 +334,10 @@ func startError(err error, id string) error {
 	case strings.Contains(s, "unable to find user"), strings.Contains(s, "no matching entries in passwd"),
 		strings.Contains(s, "unable to find group"), strings.Contains(s, "no users found"):
 		return providers.Wrap(providers.ErrInvalid, err, "unknown user")
+	case strings.Contains(s, "namespace path"), strings.Contains(s, "unable to create new parent process"),
+		strings.Contains(s, "cannot exec in a stopped"):
+		// runc found the container's init gone: it is dying or dead.
+		return providers.Wrap(providers.ErrConflict, err, "sandbox "+id+" is not running")
 	case strings.Contains(s, "chdir to cwd"), strings.Contains(s, "chdir"):
 		return providers.Wrap(providers.ErrInvalid, err, "working directory does not exist in the sandbox")
 	case strings.Contains(s, "executable file not found"), strings.Contains(s, "no such file or directory"):
