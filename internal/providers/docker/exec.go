@@ -196,7 +196,7 @@ func (d *Docker) Exec(ctx context.Context, id string, req providers.ExecRequest)
 // was killed (then exec-inspect has the status).
 func (d *Docker) endedWithoutMarker(ctx context.Context, id, execID string, rerr error, result func() providers.ExecResult) (providers.ExecResult, error) {
 	if rerr != nil && strings.HasPrefix(rerr.Error(), "error from daemon in stream") {
-		return providers.ExecResult{}, startError(rerr, id)
+		return providers.ExecResult{}, d.startFailure(ctx, id, rerr)
 	}
 	code, started, err := d.exitCode(ctx, execID)
 	if err != nil {
@@ -219,7 +219,7 @@ func (d *Docker) endedWithoutMarker(ctx context.Context, id, execID string, rerr
 	}
 	res := result()
 	if !started {
-		return providers.ExecResult{}, startError(errors.New(string(res.Stdout)+string(res.Stderr)), id)
+		return providers.ExecResult{}, d.startFailure(ctx, id, errors.New(string(res.Stdout)+string(res.Stderr)))
 	}
 	res.ExitCode = code
 	return res, nil
@@ -326,6 +326,22 @@ func (d *Docker) startExec(ctx context.Context, id string, s execSpec) (startedE
 // unlikely, since the daemon holds back a typed prefix of it.
 const detachKeys = "ctrl-^,ctrl-],ctrl-^,ctrl-]"
 
+// startFailure is the error for an exec the daemon did not start. A
+// reason startError cannot place may mean the container is dying (runc
+// fails in many ways then), so the container's state decides: a stopped
+// or vanished sandbox is ErrConflict/ErrNotFound, like any call that ran
+// into a killed container.
+func (d *Docker) startFailure(ctx context.Context, id string, err error) error {
+	e := startError(err, id)
+	if providers.Kind(e) != providers.ErrUnavailable {
+		return e
+	}
+	if serr := d.stopped(context.WithoutCancel(ctx), id, stopSettle, "the start of a command"); serr != nil {
+		return serr
+	}
+	return e
+}
+
 // startError maps the daemon's reason for not starting an exec to a kind
 // with a client-safe message.
 func startError(err error, id string) error {
@@ -374,13 +390,13 @@ func (d *Docker) run(ctx context.Context, id string, s execSpec) ([]byte, int, e
 	}
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "error from daemon in stream") {
-			return nil, 0, startError(err, id)
+			return nil, 0, d.startFailure(ctx, id, err)
 		}
 		return nil, 0, providers.Wrap(providers.ErrUnavailable, err, "exec in "+id+": lost the output stream")
 	}
 	code, started, err := d.exitCode(ctx, ex.id)
 	if err == nil && !started {
-		return nil, 0, startError(errors.New(string(out.buf)), id)
+		return nil, 0, d.startFailure(ctx, id, errors.New(string(out.buf)))
 	}
 	return out.buf, code, err
 }

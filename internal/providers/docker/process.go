@@ -110,7 +110,7 @@ func (d *Docker) StartProcess(ctx context.Context, id string, spec providers.Pro
 		ex.hj.Close()
 		var se startErr
 		if errors.As(s.err, &se) {
-			return nil, startError(se, id)
+			return nil, d.startFailure(ctx, id, se)
 		}
 		if _, err := d.Status(context.WithoutCancel(ctx), id); err != nil {
 			return nil, err
