@@ -1,19 +1,15 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
-	"net/http/httptest"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/handlers"
 	"github.com/sandgate/sandgate/internal/providers/docker"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
-	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
 // BenchmarkDockerCreateFirstExec alternates, on the same daemon and image,
@@ -27,21 +23,8 @@ func BenchmarkDockerCreateFirstExec(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	svc, err := sandbox.New(context.Background(), sandbox.Options{Provider: p, StateDir: b.TempDir(), AllowAnonymous: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h, err := handlers.New(handlers.Options{Service: svc})
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := httptest.NewServer(h)
-	b.Cleanup(func() {
-		srv.Close()
-		svc.Close()
-		p.Close()
-		dockertest.RemoveInstance(b, instance)
-	})
+	srv := serveInProcess(b, p)
+	b.Cleanup(func() { dockertest.RemoveInstance(b, instance) })
 	c := srv.Client()
 	cli := func(args ...string) string {
 		out, err := exec.Command("docker", args...).Output()

@@ -17,16 +17,22 @@ import (
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
-// benchGateway wires the real stack in-process: local provider, service,
-// handlers, a loopback HTTP server.
+// benchGateway wires the real stack in-process on the local provider:
+// service, handlers, a loopback HTTP server.
 func benchGateway(b *testing.B) (*httptest.Server, *local.Local) {
 	b.Helper()
-	dir := b.TempDir()
-	p, err := local.New(local.Options{StateDir: dir + "/local"})
+	p, err := local.New(local.Options{StateDir: b.TempDir()})
 	if err != nil {
 		b.Fatal(err)
 	}
-	svc, err := sandbox.New(context.Background(), sandbox.Options{Provider: p, StateDir: dir, AllowAnonymous: true, MaxSandboxes: 1000})
+	return serveInProcess(b, p), p
+}
+
+// serveInProcess puts service and handlers over p on a loopback HTTP
+// server; cleanup closes them and p.
+func serveInProcess(b *testing.B, p providers.Provider) *httptest.Server {
+	b.Helper()
+	svc, err := sandbox.New(context.Background(), sandbox.Options{Provider: p, StateDir: b.TempDir(), AllowAnonymous: true, MaxSandboxes: 1000})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -40,7 +46,7 @@ func benchGateway(b *testing.B) (*httptest.Server, *local.Local) {
 		svc.Close()
 		p.Close()
 	})
-	return srv, p
+	return srv
 }
 
 func post(b *testing.B, c *http.Client, url, tok, body string) []byte {

@@ -357,21 +357,9 @@ func TestDockerProxyAndEndpoint(t *testing.T) {
 func TestDockerKillMidExec(t *testing.T) {
 	g := startDockerGateway(t, t.TempDir())
 	sb := dkCreate(t, g, "")
-	type answer struct {
-		status int
-		res    dkExecResult
-		err    error
-	}
-	done := make(chan answer, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	go func() {
-		s, r, err := dkExec(ctx, sb, "echo started; sleep 300", false)
-		done <- answer{s, r, err}
-	}()
-	dkEventually(t, 20*time.Second, "the sleep to run", func() bool {
-		return strings.Contains(dkRun(t, sb, "ps -o args"), "sleep 300")
-	})
+	done := dkExecInFlight(t, ctx, sb, "echo started; sleep 300")
 	if err := dockertest.Client(t).ContainerKill(ctx, sb.id, "KILL"); err != nil {
 		t.Fatal(err)
 	}
@@ -422,21 +410,9 @@ func TestDockerDaemonUnreachable(t *testing.T) {
 		t.Fatalf("readyz: %d %s", s, b)
 	}
 
-	type answer struct {
-		status int
-		res    dkExecResult
-		err    error
-	}
-	done := make(chan answer, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	go func() {
-		s, r, err := dkExec(ctx, sb, "sleep 300", false)
-		done <- answer{s, r, err}
-	}()
-	dkEventually(t, 20*time.Second, "the sleep to run", func() bool {
-		return strings.Contains(dkRun(t, sb, "ps -o args"), "sleep 300")
-	})
+	done := dkExecInFlight(t, ctx, sb, "sleep 300")
 
 	px.Cut()
 	cut := time.Now()
@@ -605,4 +581,26 @@ func TestDockerGatewayKilledAndRestarted(t *testing.T) {
 	if _, ok := dkContainer(t, sb.id); ok {
 		t.Fatal("container still there after delete")
 	}
+}
+
+// dkAnswer is how an exec in flight ended.
+type dkAnswer struct {
+	status int
+	res    dkExecResult
+	err    error
+}
+
+// dkExecInFlight starts cmd (which runs `sleep 300`) as an exec on its own
+// goroutine and returns once the sleep runs; the channel gets the answer.
+func dkExecInFlight(t *testing.T, ctx context.Context, sb dkBox, cmd string) <-chan dkAnswer {
+	t.Helper()
+	done := make(chan dkAnswer, 1)
+	go func() {
+		s, r, err := dkExec(ctx, sb, cmd, false)
+		done <- dkAnswer{s, r, err}
+	}()
+	dkEventually(t, 20*time.Second, "the sleep to run", func() bool {
+		return strings.Contains(dkRun(t, sb, "ps -o args"), "sleep 300")
+	})
+	return done
 }
