@@ -32,6 +32,7 @@ type agent struct {
 }
 
 type forkReq struct {
+	fn    func() // run on the forker thread instead of a fork
 	argv0 string
 	argv  []string
 	attr  *syscall.ProcAttr
@@ -77,6 +78,11 @@ func (a *agent) forker(started chan<- error) {
 	}
 	started <- nil
 	for r := range a.forks {
+		if r.fn != nil {
+			r.fn()
+			r.res <- forkRes{}
+			continue
+		}
 		r.res <- a.fork(r)
 	}
 }
@@ -159,10 +165,37 @@ func (a *agent) handle(c *net.UnixConn) {
 	case opKillAll:
 		killTree(func(p procInfo) bool { return false }, os.Getpid())
 		sendMsg(c, reply{})
+	case opOpen:
+		a.open(c, req)
 	default:
 		sendMsg(c, reply{Error: "unknown op " + strconv.Quote(req.Op), Kind: kindInvalid})
 	}
 	closeFiles(files)
+}
+
+// open opens req.Path for the gateway and sends the file back. It runs on
+// the forker thread, with exactly a command's privileges (sandbox root, no
+// CAP_SYS_ADMIN, the seccomp filter), so the gateway never touches a
+// sandbox's path with host credentials.
+func (a *agent) open(c *net.UnixConn, req request) {
+	var (
+		f   *os.File
+		err error
+	)
+	res := make(chan forkRes, 1)
+	a.forks <- forkReq{fn: func() { f, err = openInSandbox(req.Path, req.Write) }, res: res}
+	<-res
+	if err != nil {
+		rep := reply{Error: err.Error(), Kind: kindInvalid}
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			rep.Errno = int(errno)
+		}
+		sendMsg(c, rep)
+		return
+	}
+	sendMsg(c, reply{}, f)
+	f.Close()
 }
 
 // exec starts one command, reports its pid and pidfd, and reports its
@@ -268,8 +301,11 @@ func (a *agent) exec(c *net.UnixConn, req request, files []*os.File) {
 			if err != nil {
 				return
 			}
-			if k.Op == opKill {
+			switch k.Op {
+			case opKill:
 				killSession(r.pid)
+			case opSignal:
+				signalSession(r.pid, syscall.Signal(k.Signal), k.Foreground)
 			}
 		}
 	}()
@@ -291,6 +327,29 @@ func exitCode(ws syscall.WaitStatus) int {
 		return 128 + int(ws.Signal())
 	}
 	return 255
+}
+
+// signalSession sends sig to the process group of the session led by sid
+// or, with foreground, to the foreground group of its controlling
+// terminal (what a keystroke would signal). It runs in the sandbox's pid
+// namespace, so whatever the numbers, only the sandbox's own processes can
+// be reached. The leader is a child of init not yet reaped (its waiter is
+// pending), so sid still names it.
+func signalSession(sid int, sig syscall.Signal, foreground bool) {
+	pgrp := sid
+	if foreground {
+		st, err := readProcStat("/proc", sid)
+		if err != nil || st.tpgid <= 0 {
+			return
+		}
+		// The group must belong to the leader's session: a stale number
+		// is never signalled.
+		if g, err := readProcStat("/proc", st.tpgid); err == nil && g.sid != sid {
+			return
+		}
+		pgrp = st.tpgid
+	}
+	syscall.Kill(-pgrp, sig)
 }
 
 // killSession SIGKILLs what a command (its leader's pid is sid) started:

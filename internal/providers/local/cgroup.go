@@ -18,14 +18,22 @@ import (
 
 // Cgroup v1 handling. Each sandbox gets one cgroup per controller, named
 // sandgate-<id>, created under the gateway's own cgroup of that hierarchy
-// (for memory that nests the sandbox's limit inside the gateway's). Init is
-// moved in before the first command; commands inherit.
+// (for memory that nests the sandbox's limit inside the gateway's); in the
+// pids hierarchy under a common parent, pidsParent, whose limit bounds all
+// sandboxes together so that they can never take every pid of the host.
+// Setup joins the cgroups before it starts init, so init and every command
+// are inside from the start, and the sandbox's cgroup namespace is rooted
+// there: the hierarchy above is not even visible.
+//
+// The cgroup files belong to host root. Sandbox root is an unprivileged
+// host uid without a way to a user namespace of its own, so it can neither
+// write its limits nor mount a hierarchy to get at them.
 
 const (
-	cgroupRoot     = "/sys/fs/cgroup"
-	cgroupPrefix   = "sandgate-"
-	defaultPidsMax = 4096
-	cfsPeriod      = 100000 // µs
+	cgroupRoot   = "/sys/fs/cgroup"
+	cgroupPrefix = "sandgate-"
+	pidsParent   = "sandgate"
+	cfsPeriod    = 100000 // µs
 )
 
 var cgroupControllers = []string{"memory", "cpu", "pids", "freezer"}
@@ -51,10 +59,40 @@ func ownCgroups() map[string]string {
 	return out
 }
 
+// hostPidMax is the kernel's pid_max (32768 if unreadable).
+func hostPidMax() int64 {
+	b, err := os.ReadFile("/proc/sys/kernel/pid_max")
+	if err != nil {
+		return 32768
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || n <= 0 {
+		return 32768
+	}
+	return n
+}
+
+// ensurePidsParent creates the pids cgroup all sandboxes share and caps it
+// at max. Without a writable pids hierarchy it does nothing.
+func ensurePidsParent(max int64) error {
+	base := cgroupRoot + "/pids"
+	if _, err := os.Stat(base + "/cgroup.procs"); err != nil {
+		return nil
+	}
+	dir := base + strings.TrimSuffix(ownCgroups()["pids"], "/") + "/" + pidsParent
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create pids cgroup %s: %w", dir, err)
+	}
+	if err := os.WriteFile(dir+"/pids.max", []byte(strconv.FormatInt(max, 10)), 0); err != nil {
+		return fmt.Errorf("limit pids of all sandboxes: %w", err)
+	}
+	return nil
+}
+
 // cgroupLimits are the files to write in each controller's cgroup.
-func cgroupLimits(res providers.Resources) map[string][][2]string {
+func cgroupLimits(res providers.Resources, pidsMax int64) map[string][][2]string {
 	lim := map[string][][2]string{
-		"pids": {{"pids.max", strconv.Itoa(defaultPidsMax)}},
+		"pids": {{"pids.max", strconv.FormatInt(pidsMax, 10)}},
 	}
 	if res.MemoryMiB != nil {
 		b := strconv.FormatInt(*res.MemoryMiB<<20, 10)
@@ -69,22 +107,28 @@ func cgroupLimits(res providers.Resources) map[string][][2]string {
 	return lim
 }
 
-// setupCgroups creates the sandbox's cgroups, writes res into them and
-// moves pid in. A hierarchy the gateway cannot write to is skipped (the
-// returned map lacks it); a memory limit then falls back to RLIMIT_AS on
-// pid. On error the cgroups made so far are removed.
-func setupCgroups(id string, pid int, res providers.Resources) (map[string]string, []string, error) {
+// createCgroups creates the sandbox's cgroups and writes res into them;
+// setup moves itself in before starting init. A hierarchy the gateway
+// cannot write to is skipped (the returned map lacks it; see
+// limitWithoutCgroup). On error the cgroups made so far are removed.
+func createCgroups(id string, res providers.Resources, pidsMax int64) (map[string]string, []string, error) {
 	own := ownCgroups()
 	paths := make(map[string]string)
 	var skipped []string
-	limits := cgroupLimits(res)
+	limits := cgroupLimits(res, pidsMax)
 	for _, ctrl := range cgroupControllers {
 		base := cgroupRoot + "/" + ctrl
 		if _, err := os.Stat(base + "/cgroup.procs"); err != nil {
 			skipped = append(skipped, ctrl)
 			continue
 		}
-		dir := base + strings.TrimSuffix(own[ctrl], "/") + "/" + cgroupPrefix + id
+		parent := base + strings.TrimSuffix(own[ctrl], "/")
+		if ctrl == "pids" {
+			if _, err := os.Stat(parent + "/" + pidsParent); err == nil {
+				parent += "/" + pidsParent
+			}
+		}
+		dir := parent + "/" + cgroupPrefix + id
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			skipped = append(skipped, ctrl)
 			continue
@@ -97,18 +141,20 @@ func setupCgroups(id string, pid int, res providers.Resources) (map[string]strin
 				return nil, nil, fmt.Errorf("set %s: %w", name, err)
 			}
 		}
-		if err := os.WriteFile(dir+"/cgroup.procs", []byte(strconv.Itoa(pid)), 0); err != nil {
-			removeCgroups(context.Background(), paths)
-			return nil, nil, fmt.Errorf("move init into %s cgroup: %w", ctrl, err)
-		}
 	}
+	return paths, skipped, nil
+}
+
+// limitWithoutCgroup applies a memory limit as RLIMIT_AS on init (which
+// commands inherit) when there is no memory cgroup to hold it.
+func limitWithoutCgroup(pid int, paths map[string]string, res providers.Resources) error {
 	if _, ok := paths["memory"]; !ok && res.MemoryMiB != nil {
 		lim := uint64(*res.MemoryMiB << 20)
 		if err := unix.Prlimit(pid, unix.RLIMIT_AS, &unix.Rlimit{Cur: lim, Max: lim}, nil); err != nil {
-			return nil, nil, fmt.Errorf("set RLIMIT_AS: %w", err)
+			return fmt.Errorf("set RLIMIT_AS: %w", err)
 		}
 	}
-	return paths, skipped, nil
+	return nil
 }
 
 // removeCgroups removes the cgroups in paths, SIGKILLing what is still in

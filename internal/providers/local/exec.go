@@ -1,13 +1,11 @@
 package local
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -84,7 +82,7 @@ type execRun struct {
 	errR    *os.File
 	inW     *os.File // nil without stdin bytes
 	wg      sync.WaitGroup
-	hostPid int
+	leader  *os.File // pidfd of the command, once started; closed by exec
 	killed  bool
 }
 
@@ -146,6 +144,9 @@ func (sb *sandbox) exec(ctx context.Context, req request, pr providers.ExecReque
 
 	res, err := r.wait(ctx, sb, pr.Timeout)
 	r.finish(res.exited && !pr.PreserveBackground || r.killed)
+	if r.leader != nil {
+		r.leader.Close()
+	}
 	if err != nil {
 		return providers.ExecResult{}, err
 	}
@@ -163,10 +164,10 @@ func (sb *sandbox) exec(ctx context.Context, req request, pr providers.ExecReque
 	return out, nil
 }
 
-// agentReply is a reply with, for the first, the command's host pid.
+// agentReply is a reply with, for the first, the command's pidfd.
 type agentReply struct {
 	reply
-	hostPid int
+	pidfd *os.File
 }
 
 type waitResult struct {
@@ -214,7 +215,7 @@ func (r *execRun) wait(ctx context.Context, sb *sandbox, timeout time.Duration) 
 				}
 				return res, nil
 			case m.Pid > 0:
-				r.hostPid = m.hostPid
+				r.leader = m.pidfd
 				if r.killed {
 					r.kill()
 				}
@@ -237,13 +238,14 @@ func (r *execRun) wait(ctx context.Context, sb *sandbox, timeout time.Duration) 
 }
 
 // kill has the agent kill the command's group, session and descendants,
-// and kills the group from here too, which works even when the agent is
-// stuck.
+// and kills the command itself from here through its pidfd, which works
+// even when the agent is stuck. Never by pid number: a number can be
+// reused, a pidfd cannot.
 func (r *execRun) kill() {
 	r.killed = true
 	sendMsg(r.conn, request{Op: opKill})
-	if r.hostPid > 0 {
-		unix.Kill(-r.hostPid, unix.SIGKILL)
+	if r.leader != nil {
+		unix.PidfdSendSignal(int(r.leader.Fd()), unix.SIGKILL, nil, 0)
 	}
 }
 
@@ -257,7 +259,7 @@ func (r *execRun) readReplies() {
 		var m agentReply
 		files, err := recvMsg(r.conn, &m.reply)
 		if len(files) > 0 && m.Pid > 0 {
-			m.hostPid = pidfdPid(files[0])
+			m.pidfd, files = files[0], files[1:]
 		}
 		closeFiles(files)
 		if err != nil {
@@ -286,24 +288,6 @@ func (r *execRun) finish(cleaned bool) {
 		r.inW.Close()
 	}
 	r.wg.Wait()
-}
-
-// pidfdPid returns the pid (in this pid namespace) of the process a pidfd
-// refers to, or 0.
-func pidfdPid(f *os.File) int {
-	fi, err := os.Open("/proc/self/fdinfo/" + strconv.Itoa(int(f.Fd())))
-	if err != nil {
-		return 0
-	}
-	defer fi.Close()
-	sc := bufio.NewScanner(fi)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "Pid:"); ok {
-			pid, _ := strconv.Atoi(strings.TrimSpace(v))
-			return max(pid, 0)
-		}
-	}
-	return 0
 }
 
 // capture keeps the first max bytes of a stream and discards the rest,

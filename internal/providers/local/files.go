@@ -3,22 +3,31 @@ package local
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path"
 	"strings"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
-// Files are read and written by the gateway itself, resolving every path
-// with openat2(RESOLVE_IN_ROOT) against the sandbox's root (init's root as
-// /proc/<pid>/root shows it, mounts included): "..", absolute symlinks and
+// Files are opened inside the sandbox by its agent, as sandbox root on the
+// forker thread (no CAP_SYS_ADMIN, the seccomp filter), and handed to the
+// gateway, which only streams bytes through the descriptor: the gateway
+// never resolves a sandbox path with host credentials. Every path is
+// resolved with openat2(RESOLVE_IN_ROOT): "..", absolute symlinks and
 // symlinks with too many ".." all stay inside the sandbox, and magic links
-// (/proc/<pid>/root and the like) are refused. Nothing is ever resolved on
-// the host.
+// (/proc/<pid>/root and the like) are refused. Kernel interfaces (/proc,
+// /sys, cgroup, debug and security filesystems) are refused by filesystem
+// type, whatever path leads to them.
+//
+// With isolation "none" the gateway resolves paths itself against the
+// sandbox's directory (<dir>/fs), the same way.
 
 const resolveFlags = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS
 
@@ -91,9 +100,133 @@ func fileErr(err error) error {
 	case errors.Is(err, unix.ENAMETOOLONG):
 		return providers.Wrap(providers.ErrInvalid, err, "path too long")
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
-		return providers.Wrap(providers.ErrTooLarge, err, "no space left in the sandbox")
+		return providers.Wrap(providers.ErrTooLarge, err, "no space left in the sandbox (its disk limit is reached)")
+	case errors.Is(err, errKernelFS):
+		return providers.Wrap(providers.ErrInvalid, err, "refusing a kernel interface file (/proc, /sys and the like)")
 	}
 	return err
+}
+
+// errKernelFS is an open refused because the file lives on a kernel
+// interface filesystem.
+var errKernelFS = errors.New("kernel interface filesystem")
+
+const configfsMagic = 0x62656570 // not in x/sys/unix
+
+// kernelFS are the filesystem types the file routes refuse: reading them
+// tells about the host kernel, and writing them configures it.
+var kernelFS = map[int64]bool{
+	unix.PROC_SUPER_MAGIC: true, unix.SYSFS_MAGIC: true, unix.CGROUP_SUPER_MAGIC: true,
+	unix.CGROUP2_SUPER_MAGIC: true, unix.DEBUGFS_MAGIC: true, unix.TRACEFS_MAGIC: true,
+	unix.SECURITYFS_MAGIC: true, unix.BPF_FS_MAGIC: true, unix.DEVPTS_SUPER_MAGIC: true,
+	configfsMagic: true, unix.EFIVARFS_MAGIC: true, unix.PSTOREFS_MAGIC: true,
+	unix.SELINUX_MAGIC: true, unix.SMACK_MAGIC: true, unix.BINFMTFS_MAGIC: true,
+	unix.NSFS_MAGIC: true,
+}
+
+// onKernelFS reports errKernelFS if fd is on a kernel interface filesystem.
+func onKernelFS(fd int) error {
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sfs); err != nil {
+		return err
+	}
+	if kernelFS[int64(sfs.Type)] {
+		return errKernelFS
+	}
+	return nil
+}
+
+// openInSandbox opens the regular file at the absolute path p, resolved
+// inside this process's root: for reading, or with write for writing
+// (created 0644 with missing parents 0755, truncated). Runs in the agent.
+// The parent directory is checked too, so that a write is refused before
+// a kernel file is opened (and truncated).
+func openInSandbox(p string, write bool) (*os.File, error) {
+	rel, err := relPath(p)
+	if err != nil {
+		return nil, err
+	}
+	if rel == "." {
+		return nil, unix.EISDIR
+	}
+	root, err := os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	flags, mode := unix.O_RDONLY, uint32(0)
+	if write {
+		if err := mkdirParents(root, rel); err != nil {
+			return nil, err
+		}
+		flags, mode = unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, 0o644
+	}
+	parent := path.Dir(rel)
+	pfd, err := openIn(root, parent, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	err = onKernelFS(pfd)
+	unix.Close(pfd)
+	if err != nil {
+		return nil, err
+	}
+	// O_NONBLOCK so that a FIFO fails (ENXIO) instead of blocking.
+	fd, err := openIn(root, rel, flags|unix.O_NONBLOCK|unix.O_NOCTTY, mode)
+	if err != nil {
+		return nil, err
+	}
+	if err := onKernelFS(fd); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if err := regular(fd); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), "sandbox-file"), nil
+}
+
+// openVia has the sandbox's agent open p (see openInSandbox) and returns
+// the file.
+func (sb *sandbox) openVia(ctx context.Context, p string, write bool) (*os.File, error) {
+	c, err := sb.dial(ctx)
+	if err != nil {
+		if s := sb.state(); s != providers.StateRunning {
+			return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", sb.id, s)
+		}
+		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	if err := sendMsg(c, request{Op: opOpen, Path: p, Write: write}); err != nil {
+		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
+	}
+	var rep reply
+	files, err := recvMsg(c, &rep)
+	if err != nil {
+		closeFiles(files)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
+	}
+	if rep.Error != "" {
+		closeFiles(files)
+		switch {
+		case rep.Errno != 0:
+			return nil, fileErr(syscall.Errno(rep.Errno))
+		case rep.Error == errKernelFS.Error():
+			return nil, fileErr(errKernelFS)
+		}
+		return nil, providers.Errorf(providers.ErrInvalid, "%s", rep.Error)
+	}
+	if len(files) != 1 {
+		closeFiles(files)
+		return nil, fmt.Errorf("open in %s: agent sent %d descriptors, want 1", sb.id, len(files))
+	}
+	return files[0], nil
 }
 
 // WriteFile streams r into the file at p, creating parent directories
@@ -112,24 +245,11 @@ func (l *Local) WriteFile(ctx context.Context, id, p string, r io.Reader) (int64
 	if rel == "." {
 		return 0, providers.Errorf(providers.ErrInvalid, "is a directory")
 	}
-	root, err := sb.openRoot()
+	f, err := sb.open(ctx, p, rel, true)
 	if err != nil {
 		return 0, err
 	}
-	defer root.Close()
-	if err := mkdirParents(root, rel); err != nil {
-		return 0, err
-	}
-	// O_NONBLOCK so that a FIFO fails (ENXIO) instead of blocking.
-	fd, err := openIn(root, rel, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NONBLOCK|unix.O_NOCTTY, 0o644)
-	if err != nil {
-		return 0, fileErr(err)
-	}
-	f := os.NewFile(uintptr(fd), "sandbox-file")
 	defer f.Close()
-	if err := regular(fd); err != nil {
-		return 0, err
-	}
 	n, err := io.CopyBuffer(f, ctxReader{ctx, r}, make([]byte, copyBuf))
 	if err != nil {
 		if ctx.Err() != nil {
@@ -145,6 +265,37 @@ func (l *Local) WriteFile(ctx context.Context, id, p string, r io.Reader) (int64
 		return n, fileErr(err)
 	}
 	return n, nil
+}
+
+// open opens the sandbox file at p (rel: p relative to the root) for
+// reading or writing: through the agent with namespaces, else resolved
+// here against the sandbox's directory.
+func (sb *sandbox) open(ctx context.Context, p, rel string, write bool) (*os.File, error) {
+	if sb.st.Isolation == IsolationNamespaces {
+		return sb.openVia(ctx, p, write)
+	}
+	root, err := sb.openRoot()
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	flags, mode := unix.O_RDONLY, uint32(0)
+	if write {
+		if err := mkdirParents(root, rel); err != nil {
+			return nil, err
+		}
+		flags, mode = unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, 0o644
+	}
+	// O_NONBLOCK so that a FIFO fails (ENXIO) instead of blocking.
+	fd, err := openIn(root, rel, flags|unix.O_NONBLOCK|unix.O_NOCTTY, mode)
+	if err != nil {
+		return nil, fileErr(err)
+	}
+	if err := regular(fd); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), "sandbox-file"), nil
 }
 
 // mkdirParents creates the missing parent directories of rel, each one
@@ -213,20 +364,10 @@ func (l *Local) ReadFile(ctx context.Context, id, p string) (io.ReadCloser, int6
 	if err != nil {
 		return nil, 0, err
 	}
-	root, err := sb.openRoot()
+	f, err := sb.open(ctx, p, rel, false)
 	if err != nil {
 		return nil, 0, err
 	}
-	defer root.Close()
-	fd, err := openIn(root, rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
-	if err != nil {
-		return nil, 0, fileErr(err)
-	}
-	if err := regular(fd); err != nil {
-		unix.Close(fd)
-		return nil, 0, err
-	}
-	f := os.NewFile(uintptr(fd), "sandbox-file")
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()

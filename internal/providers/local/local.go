@@ -11,12 +11,16 @@
 // unix socket in the sandbox's directory: every command is a fork of init,
 // so every process of a sandbox shares its namespaces and cgroups.
 //
-// Users: the gateway runs as root and maps sandbox ids 0..65535 to the same
-// host ids. Sandbox root is host uid 0 confined by the namespaces, by
-// read-only and masked /proc paths, and by a capability bounding set
-// without CAP_SYS_ADMIN and CAP_SYS_PTRACE for every command; non-root
-// users are the host users of the same uid. Files the gateway writes are
-// owned by sandbox root.
+// Users: the gateway runs as root and gives each sandbox its own range of
+// 65,536 host ids (idmap.go): sandbox root is an unprivileged host uid,
+// never host root. The root filesystem (hostview.go, rootfs.go) is not the
+// host's: a curated, read-only, id-mapped view of the host's system
+// directories or an image, with the sandbox's writes on a filesystem of
+// its own sized by its disk limit (disk.go). Commands run without
+// CAP_SYS_ADMIN and CAP_SYS_PTRACE, under a seccomp filter, unable to make
+// user namespaces, in cgroups they cannot write (cgroup.go). Files the
+// gateway reads and writes are opened by the agent inside the sandbox, as
+// sandbox root (files.go).
 //
 // Everything the provider needs is in the sandbox's directory (state.json),
 // so a new gateway process on the same state directory adopts the
@@ -66,6 +70,15 @@ const (
 	defaultReadyTimeout = 30 * time.Second
 	defaultWorkdir      = "/workspace"
 	deleteTimeout       = 20 * time.Second
+
+	// DefaultIDBase is the first host id given to sandboxes, as in
+	// /etc/subuid conventions.
+	DefaultIDBase = 100000
+	// DefaultMemoryMiB, DefaultDiskGiB and DefaultShmMiB apply when a
+	// create asks for no limit of its own.
+	DefaultMemoryMiB = 2048
+	DefaultDiskGiB   = 10
+	DefaultShmMiB    = 64
 )
 
 // Options configure New.
@@ -78,6 +91,21 @@ type Options struct {
 	Isolation string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+
+	// IDBase is the first host uid/gid of the sandboxes' id ranges;
+	// default DefaultIDBase. Sandbox n owns IDBase+n*65536 … +65535.
+	IDBase uint32
+	// DefaultMemoryMiB, DefaultCPU and DefaultDiskGiB are the limits of a
+	// sandbox whose create does not set them (0: DefaultMemoryMiB,
+	// no CPU limit, DefaultDiskGiB; negative: none).
+	DefaultMemoryMiB int64
+	DefaultCPU       float64
+	DefaultDiskGiB   int64
+	// PidsMax is each sandbox's process limit (0: the host's pid_max/16);
+	// all sandboxes together get at most half of pid_max.
+	PidsMax int64
+	// ShmMiB sizes /dev/shm (0: DefaultShmMiB).
+	ShmMiB int64
 }
 
 // Local is the local provider. It is safe for concurrent use. It holds no
@@ -88,9 +116,17 @@ type Local struct {
 	isolation string
 	log       *slog.Logger
 
+	idBase  uint32
+	view    hostView // the root image of sandboxes without one (namespaces only)
+	mkfs    string   // mkfs.ext4, "" if disk limits cannot be made
+	limits  providers.Resources
+	pidsMax int64
+	shm     int64 // bytes
+
 	mu       sync.Mutex
 	boxes    map[string]*sandbox // known sandboxes: created here or adopted from disk
 	creating map[string]bool     // ids whose Create is in progress
+	ranges   map[int]string      // id ranges in use (index -> sandbox id), see idmap.go
 	closed   bool
 }
 
@@ -140,8 +176,14 @@ func New(opts Options) (*Local, error) {
 	if strings.ContainsAny(dir, ",:\\\n") {
 		return nil, fmt.Errorf("local: state directory %q contains one of , : \\ or a newline", dir)
 	}
+	if opts.IDBase == 0 {
+		opts.IDBase = DefaultIDBase
+	}
+	if uint64(opts.IDBase)+maxRanges*idMapSize > 1<<32-2 {
+		return nil, fmt.Errorf("local: id base %d leaves no room for %d ranges of %d ids", opts.IDBase, maxRanges, idMapSize)
+	}
 	if opts.Isolation == IsolationNamespaces {
-		if err := probeNamespaces(); err != nil {
+		if err := probeNamespaces(opts.IDBase); err != nil {
 			return nil, fmt.Errorf("local: namespaces unavailable (use isolation %q to run without): %w", IsolationNone, err)
 		}
 	}
@@ -150,16 +192,98 @@ func New(opts Options) (*Local, error) {
 		boxesDir:  dir + "/sandboxes",
 		isolation: opts.Isolation,
 		log:       opts.Logger,
+		idBase:    opts.IDBase,
 		boxes:     make(map[string]*sandbox),
 		creating:  make(map[string]bool),
+		ranges:    make(map[int]string),
+	}
+	if err := l.setLimits(opts); err != nil {
+		return nil, err
+	}
+	// The state directory holds the lease key and the store: only root
+	// may enter it, whatever its parent allows.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("local: %w", err)
+	}
+	views := l.loadRanges()
+	if l.isolation == IsolationNamespaces {
+		viewsDir := dir + "/views"
+		if err := os.MkdirAll(viewsDir, 0o700); err != nil {
+			return nil, fmt.Errorf("local: %w", err)
+		}
+		if l.view, err = buildView(viewsDir); err != nil {
+			return nil, fmt.Errorf("local: build the host view: %w", err)
+		}
+		views[l.view.dir] = true
+		pruneViews(viewsDir, views)
+		if err := ensurePidsParent(hostPidMax() / 2); err != nil {
+			return nil, fmt.Errorf("local: %w", err)
+		}
 	}
 	l.removeTrash()
 	return l, nil
 }
 
+// setLimits fills in the default limits from opts.
+func (l *Local) setLimits(opts Options) error {
+	mem, disk := opts.DefaultMemoryMiB, opts.DefaultDiskGiB
+	if mem == 0 {
+		mem = DefaultMemoryMiB
+	}
+	if disk == 0 {
+		disk = DefaultDiskGiB
+	}
+	if mem > 0 {
+		l.limits.MemoryMiB = &mem
+	}
+	if opts.DefaultCPU > 0 {
+		cpu := opts.DefaultCPU
+		l.limits.CPU = &cpu
+	}
+	if disk > 0 {
+		l.limits.DiskGiB = &disk
+	}
+	l.pidsMax = opts.PidsMax
+	if l.pidsMax <= 0 {
+		l.pidsMax = max(hostPidMax()/16, 64)
+	}
+	l.shm = opts.ShmMiB << 20
+	if l.shm <= 0 {
+		l.shm = DefaultShmMiB << 20
+	}
+	if l.isolation == IsolationNamespaces {
+		mkfs, err := findMkfs()
+		if err != nil && disk > 0 {
+			return fmt.Errorf("local: disk limits cannot be enforced (%v); set the default disk limit to none to run without", err)
+		}
+		l.mkfs = mkfs
+	}
+	return nil
+}
+
+// loadRanges marks the id ranges of the sandboxes on disk (also those
+// half deleted) as used, and returns the host views they are built on.
+func (l *Local) loadRanges() map[string]bool {
+	views := make(map[string]bool)
+	entries, _ := os.ReadDir(l.boxesDir)
+	for _, e := range entries {
+		st, err := readState(filepath.Join(l.boxesDir, e.Name()))
+		if err != nil {
+			continue
+		}
+		if i := rangeIndex(l.idBase, st.IDBase); st.IDBase != 0 && i >= 0 {
+			l.ranges[i] = st.ID
+		}
+		if st.View != "" {
+			views[st.View] = true
+		}
+	}
+	return views
+}
+
 // probeNamespaces starts a process in a fresh set of sandbox namespaces and
 // reports why that failed, if it did.
-func probeNamespaces() error {
+func probeNamespaces(idBase uint32) error {
 	if os.Geteuid() != 0 {
 		// The overlay root needs a mount namespace made without a user
 		// namespace, which takes CAP_SYS_ADMIN on the host.
@@ -170,7 +294,7 @@ func probeNamespaces() error {
 	}
 	cmd := exec.Command("/proc/self/exe", probeArg)
 	cmd.Env = []string{}
-	cmd.SysProcAttr = sandboxAttr()
+	cmd.SysProcAttr = sandboxAttr(idBase)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		var ee *exec.ExitError
@@ -215,6 +339,9 @@ func validateSpec(spec providers.CreateSpec) error {
 	if r.MemoryMiB != nil && *r.MemoryMiB <= 0 {
 		problems = append(problems, "resources.memory_mib must be positive")
 	}
+	if r.DiskGiB != nil && *r.DiskGiB < 0 {
+		problems = append(problems, "resources.disk_gib must not be negative")
+	}
 	if (r.GPU != nil && *r.GPU > 0) || (r.GPUType != nil && *r.GPUType != "") {
 		problems = append(problems, "the local provider has no GPUs")
 	}
@@ -234,8 +361,8 @@ func validateEnv(env map[string]string) error {
 }
 
 // Create makes a sandbox and returns once its agent answers. Options must
-// be empty; Resources.DiskGiB is accepted but not enforced. On error
-// nothing is left behind.
+// be empty. A resource the spec leaves unset (or disk_gib 0) gets the
+// provider's default limit. On error nothing is left behind.
 func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
 	if err := validateSpec(spec); err != nil {
 		return providers.Sandbox{}, err
@@ -255,13 +382,26 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 		l.mu.Unlock()
 		return providers.Sandbox{}, providers.Errorf(providers.ErrConflict, "sandbox %s already exists", spec.ID)
 	}
+	var idBase uint32
+	if l.isolation == IsolationNamespaces {
+		var err error
+		if idBase, err = l.allocRange(spec.ID); err != nil {
+			l.mu.Unlock()
+			return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "no id range left for a sandbox")
+		}
+	}
 	l.creating[spec.ID] = true
 	l.mu.Unlock()
+	ok := false
 	defer func() {
 		l.mu.Lock()
 		delete(l.creating, spec.ID)
 		l.mu.Unlock()
+		if !ok {
+			l.freeRange(idBase)
+		}
 	}()
+	res := l.withDefaults(spec.Resources)
 
 	dir := filepath.Join(l.boxesDir, spec.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -270,8 +410,7 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 		}
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot create sandbox directory")
 	}
-	st := persisted{ID: spec.ID, Isolation: l.isolation, Workdir: spec.Workdir, Env: spec.Env, Created: time.Now().UTC()}
-	ok := false
+	st := persisted{ID: spec.ID, Isolation: l.isolation, Workdir: spec.Workdir, Env: spec.Env, Created: time.Now().UTC(), IDBase: idBase}
 	defer func() {
 		if !ok {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteTimeout)
@@ -284,9 +423,29 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 
 	readyCtx, cancel := context.WithTimeout(ctx, spec.ReadyTimeout)
 	defer cancel()
-	pid, err := l.startInit(readyCtx, dir, initConfig{
+	cfg := initConfig{
 		ID: spec.ID, Dir: dir, StateDir: l.stateDir, Workdir: spec.Workdir, Isolation: l.isolation,
-	}, &st)
+		IDBase: idBase, ShmBytes: l.shm,
+	}
+	cgroups, skipped, err := createCgroups(spec.ID, res, l.pidsMax)
+	if err != nil {
+		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply resource limits")
+	}
+	st.Cgroups, cfg.Cgroups = cgroups, cgroups
+	if len(skipped) > 0 {
+		l.log.Warn("local: cgroup controllers not writable; limits not applied", "sandbox", spec.ID, "controllers", skipped)
+	}
+	if l.isolation == IsolationNamespaces {
+		if res.DiskGiB != nil {
+			cfg.DiskBytes, cfg.Mkfs = *res.DiskGiB<<30, l.mkfs
+			if l.mkfs == "" {
+				return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "this host cannot enforce disk limits (no loop devices or mkfs.ext4)")
+			}
+		}
+		cfg.Lower, cfg.Binds = l.view.dir, l.view.binds
+		st.View, st.DiskBytes = l.view.dir, cfg.DiskBytes
+	}
+	pid, err := l.startInit(readyCtx, dir, cfg, &st)
 	if err != nil {
 		return providers.Sandbox{}, err
 	}
@@ -295,14 +454,8 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "sandbox init exited during start")
 	}
 	st.StartTime = ps.startTime
-
-	cgroups, skipped, err := setupCgroups(spec.ID, pid, spec.Resources)
-	if err != nil {
+	if err := limitWithoutCgroup(pid, st.Cgroups, res); err != nil {
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply resource limits")
-	}
-	st.Cgroups = cgroups
-	if len(skipped) > 0 {
-		l.log.Warn("local: cgroup controllers not writable; limits not applied", "sandbox", spec.ID, "controllers", skipped)
 	}
 	if err := writeState(dir, st); err != nil {
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot record sandbox state")
@@ -323,11 +476,25 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	return providers.Sandbox{ID: spec.ID, Workdir: spec.Workdir, Extra: map[string]any{"isolation": l.isolation}}, nil
 }
 
+// withDefaults is r with the provider's default limits where r sets none.
+func (l *Local) withDefaults(r providers.Resources) providers.Resources {
+	if r.MemoryMiB == nil {
+		r.MemoryMiB = l.limits.MemoryMiB
+	}
+	if r.CPU == nil {
+		r.CPU = l.limits.CPU
+	}
+	if r.DiskGiB == nil || *r.DiskGiB == 0 {
+		r.DiskGiB = l.limits.DiskGiB
+	}
+	return r
+}
+
 // startInit starts the sandbox's init through the setup process and waits
 // until init reports ready. It records init's pid in st as soon as it is
 // known, so a failed start can be cleaned up.
 func (l *Local) startInit(ctx context.Context, dir string, cfg initConfig, st *persisted) (int, error) {
-	subdirs := []string{"upper", "work", "lower", "root"}
+	subdirs := []string{"lower", "root", "rw"}
 	if cfg.Isolation == IsolationNone {
 		subdirs = []string{"fs", "fs" + cfg.Workdir}
 	}
@@ -764,6 +931,7 @@ func (l *Local) Delete(ctx context.Context, id string) error {
 	if err := destroy(ctx, trash, sb.st); err != nil {
 		return fmt.Errorf("delete %s: %w", id, err)
 	}
+	l.freeRange(sb.st.IDBase)
 	return nil
 }
 
@@ -862,6 +1030,8 @@ func (l *Local) removeTrash() {
 		ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
 		if err := destroy(ctx, dir, st); err != nil {
 			l.log.Warn("local: removing a half-deleted sandbox", "dir", dir, "err", err)
+		} else {
+			l.freeRange(st.IDBase)
 		}
 		cancel()
 	}

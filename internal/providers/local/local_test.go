@@ -64,6 +64,8 @@ func leftovers() []string {
 	for _, ctrl := range cgroupControllers {
 		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, ctrl, own[ctrl], mine+"*"))
 		out = append(out, dirs...)
+		dirs, _ = filepath.Glob(filepath.Join(cgroupRoot, ctrl, own[ctrl], pidsParent, mine+"*"))
+		out = append(out, dirs...)
 	}
 	return out
 }
@@ -166,11 +168,14 @@ func TestNamespaceIsolation(t *testing.T) {
 	}{
 		{"hostname", "hostname", id + "\n"},
 		{"only lo", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", "lo\n"},
-		{"host root visible", "cat " + hostFile, "host\n"},
-		{"writes are copy-on-write", "echo sandbox >> " + hostFile + " && cat " + hostFile + " && rm " + hostFile + " && ls " + hostDir, "host\nsandbox\n"},
-		{"new files anywhere", "mkdir -p /usr/lib/sandgate-test && touch /usr/lib/sandgate-test/x /etc/sandgate-test && echo ok", "ok\n"},
+		{"host files outside the view invisible", "cat " + hostFile + " 2>/dev/null || echo absent", "absent\n"},
+		{"etc is copy-on-write", "echo 127.0.0.9 sandgate-test >> /etc/hosts && grep -c sandgate-test /etc/hosts", "1\n"},
+		{"new files in the root", "mkdir -p /opt2/x /var/lib/y && touch /etc/sandgate-test /opt2/x/f && echo ok", "ok\n"},
+		{"/usr read-only", "touch /usr/lib/sandgate-test 2>/dev/null || echo refused", "refused\n"},
+		{"root-owned image", "stat -c %u:%g /usr/bin /etc/passwd /", "0:0\n0:0\n0:0\n"},
+		{"tools of the host", "bash -c 'echo $BASH_VERSINFO' >/dev/null && python3 -c 'print(1+1)'", "2\n"},
 		{"private /tmp", "ls " + tmpFile + " 2>/dev/null; echo $?", "2\n"},
-		{"state dir hidden", "ls -A " + stateDir + " | wc -l", "0\n"},
+		{"state dir hidden", "test -e " + stateDir + " || echo absent", "absent\n"},
 		{"pid 1 is init", "cat /proc/1/comm", "exe\n"},
 		{"no CAP_SYS_ADMIN", "umount /tmp 2>/dev/null || echo refused", "refused\n"},
 		{"no mounting", "mount -t tmpfs x /mnt 2>/dev/null || echo refused", "refused\n"},
@@ -186,7 +191,10 @@ func TestNamespaceIsolation(t *testing.T) {
 	if b, err := os.ReadFile(hostFile); err != nil || string(b) != "host\n" {
 		t.Errorf("host file after sandbox writes: %q %v", b, err)
 	}
-	for _, p := range []string{"/usr/lib/sandgate-test", "/etc/sandgate-test"} {
+	if b, _ := os.ReadFile("/etc/hosts"); strings.Contains(string(b), "sandgate-test") {
+		t.Errorf("a sandbox write reached the host's /etc/hosts")
+	}
+	for _, p := range []string{"/usr/lib/sandgate-test", "/etc/sandgate-test", "/opt2"} {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("%s reached the host", p)
 			os.RemoveAll(p)
@@ -272,7 +280,7 @@ func TestResourceLimits(t *testing.T) {
 	for ctrl, want := range map[string][2]string{
 		"memory": {"memory.limit_in_bytes", strconv.Itoa(64 << 20)},
 		"cpu":    {"cpu.cfs_quota_us", "50000"},
-		"pids":   {"pids.max", strconv.Itoa(defaultPidsMax)},
+		"pids":   {"pids.max", strconv.FormatInt(l.pidsMax, 10)},
 	} {
 		dir := sb.st.Cgroups[ctrl]
 		if dir == "" {
@@ -307,8 +315,10 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 	}
 	for _, ctrl := range cgroupControllers {
 		own := ownCgroups()[ctrl]
-		if _, err := os.Stat(filepath.Join(cgroupRoot, ctrl, own, cgroupPrefix+id)); err == nil {
-			t.Errorf("%s cgroup left behind", ctrl)
+		for _, p := range []string{filepath.Join(cgroupRoot, ctrl, own, cgroupPrefix+id), filepath.Join(cgroupRoot, ctrl, own, pidsParent, cgroupPrefix+id)} {
+			if _, err := os.Stat(p); err == nil {
+				t.Errorf("%s cgroup left behind", ctrl)
+			}
 		}
 	}
 	if _, err := l.Status(ctxT(t), id); !errors.Is(err, providers.ErrNotFound) {

@@ -2,7 +2,6 @@ package local
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -95,7 +94,7 @@ type process struct {
 	sb      *sandbox
 	tty     bool
 	conn    *net.UnixConn
-	hostPid int // the session leader's pid on the host (its group id)
+	leader  *os.File // pidfd of the session leader
 
 	master *os.File // TTY mode: the PTY master, pollable
 	stdin  *os.File // pipe mode: write ends / read ends, pollable
@@ -177,7 +176,7 @@ func (p *process) start(ctx context.Context, req request) (err error) {
 	if rep.Pid <= 0 || len(files) != want {
 		return fmt.Errorf("start process in %s: agent sent %d descriptors, want %d", p.sb.id, len(files), want)
 	}
-	p.hostPid = pidfdPid(files[0])
+	p.leader, files[0] = files[0], nil
 	if p.tty {
 		if p.master, err = pollable(files[1], "ptmx"); err != nil {
 			return fmt.Errorf("start process in %s: %w", p.sb.id, err)
@@ -254,28 +253,18 @@ func (p *process) Resize(rows, cols uint16) error {
 	})
 }
 
-// Signal sends sig to the terminal's foreground process group (TTY mode:
-// what the keyboard would signal) or to the process's group (pipe mode).
-// The gateway is in the parent pid namespace, so TIOCGPGRP answers the
-// group's host id.
+// Signal has the agent send sig to the terminal's foreground process
+// group (TTY mode: what the keyboard would signal) or to the process's
+// group (pipe mode). The agent does it inside the sandbox's pid
+// namespace: the gateway never signals a process group by number, which
+// could name someone else's once the group is gone.
 func (p *process) Signal(sig syscall.Signal) error {
-	pgrp := p.hostPid
-	if p.tty {
-		err := p.control(func(fd int) error {
-			g, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
-			if err == nil && g > 0 {
-				pgrp = g
-			}
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("signal: foreground group: %w", err)
-		}
+	select {
+	case <-p.exited:
+		return nil
+	default:
 	}
-	if pgrp <= 0 {
-		return errors.New("signal: process not found")
-	}
-	if err := unix.Kill(-pgrp, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := sendMsg(p.conn, request{Op: opSignal, Signal: int(sig), Foreground: p.tty}); err != nil {
 		return fmt.Errorf("signal: %w", err)
 	}
 	return nil
@@ -312,12 +301,12 @@ func (p *process) Kill() error {
 	case <-p.exited:
 	default:
 		sendMsg(p.conn, request{Op: opKill})
-		if p.hostPid > 0 {
-			unix.Kill(-p.hostPid, unix.SIGKILL)
+		if p.leader != nil {
+			unix.PidfdSendSignal(int(p.leader.Fd()), unix.SIGKILL, nil, 0)
 		}
 	}
 	p.killOnce.Do(func() {
-		closeFiles([]*os.File{p.master, p.stdin, p.stdout, p.stderr})
+		closeFiles([]*os.File{p.master, p.stdin, p.stdout, p.stderr, p.leader})
 	})
 	return nil
 }

@@ -20,6 +20,9 @@ import (
 //         agent   → {pid} + [pidfd] (+ [pty master] with tty)   or {error, kind}
 //         gateway → {op:kill}          (optional, any number of times)
 //         agent   → {exited, code}     then closes
+//         gateway → {op:signal, signal, foreground} (optional: a signal delivered inside)
+// open:   gateway → {op:open, path, write}
+//         agent   → {} + [the opened file]   or {error, kind, errno}
 // ping, signal, killall: one request, one reply.
 
 const (
@@ -28,6 +31,7 @@ const (
 	opPing    = "ping"    // readiness and liveness
 	opSignal  = "signal"  // kill(-1, Signal) inside the sandbox: the pause fallback
 	opKillAll = "killall" // SIGKILL every descendant of init (isolation none has no pid namespace to do it)
+	opOpen    = "open"    // open a regular file inside the sandbox, as sandbox root, and send it back
 )
 
 const (
@@ -58,8 +62,14 @@ type request struct {
 	Rows uint16 `json:"rows,omitempty"`
 	Cols uint16 `json:"cols,omitempty"`
 
-	// signal
-	Signal int `json:"signal,omitempty"`
+	// signal (also on an exec connection: to the command's group, or with
+	// Foreground to its terminal's foreground group)
+	Signal     int  `json:"signal,omitempty"`
+	Foreground bool `json:"foreground,omitempty"`
+
+	// open
+	Path  string `json:"path,omitempty"`  // absolute, inside the sandbox
+	Write bool   `json:"write,omitempty"` // create (with parents) and truncate, else read
 }
 
 // Error kinds the agent reports, so the gateway can map them.
@@ -75,6 +85,7 @@ type reply struct {
 	Kind   string `json:"kind,omitempty"`
 	Exited bool   `json:"exited,omitempty"`
 	Code   int    `json:"code,omitempty"`
+	Errno  int    `json:"errno,omitempty"` // open: the system error, for the gateway to classify
 }
 
 // sendMsg writes v as one message, with files attached to its first chunk.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -20,7 +21,8 @@ import (
 const (
 	setupArg = "__sandgate-local-setup" // privileged mount ns: clone / for the overlay, start init
 	initArg  = "__sandgate-local-init"  // the sandbox's init and agent
-	probeArg = "__sandgate-local-probe" // New: can we create the namespaces at all?
+	probeArg  = "__sandgate-local-probe"  // New: can we create the namespaces at all?
+	usernsArg = "__sandgate-local-userns" // a placeholder process holding a user namespace (idmap.go)
 )
 
 // Descriptors handed to setup and init (after stdin, stdout, stderr).
@@ -30,23 +32,38 @@ const (
 	fdConfig   = 5 // read end of a pipe holding the initConfig JSON
 )
 
-// nsFlags are the namespaces of a sandbox.
+// nsFlags are the namespaces of a sandbox. The cgroup namespace is rooted
+// at the sandbox's own cgroups, which setup joins before starting init.
 const nsFlags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID | syscall.CLONE_NEWNS |
-	syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC
-
-// idMapSize is the size of the identity uid/gid mapping: sandbox ids
-// 0..65535 are the same ids on the host. See the package doc.
-const idMapSize = 65536
+	syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWCGROUP
 
 // initConfig is what setup and init are told. It travels through a pipe,
 // not argv, because a sandbox's ps shows init's command line and the
 // config names host paths.
+//
+// With namespaces, setup prepares in the sandbox's directory (dir):
+// lower/ (the id-mapped, read-only root image: a host view or an image),
+// ro/<name> (id-mapped, read-only host directories to bind at /<name>),
+// rw/ (the sandbox's own filesystem when it has a disk limit) with
+// rw/upper and rw/work, and root/ (where init mounts the overlay). dir is
+// owned by the sandbox's root and is init's working directory, so init
+// reaches all of it by relative paths without the right to traverse the
+// provider's state directory.
 type initConfig struct {
 	ID        string `json:"id"`
 	Dir       string `json:"dir"`       // the sandbox's state directory (host path)
 	StateDir  string `json:"state_dir"` // the provider's state directory, hidden inside the sandbox
 	Workdir   string `json:"workdir"`   // created if missing
 	Isolation string `json:"isolation"`
+
+	IDBase    uint32            `json:"id_base"`              // host id of sandbox root
+	Lower     string            `json:"lower"`                // host view skeleton or image root
+	Image     bool              `json:"image,omitempty"`      // Lower is an image: keep its setuid bits
+	Binds     []string          `json:"binds,omitempty"`      // host top-level directories bound read-only
+	DiskBytes int64             `json:"disk_bytes,omitempty"` // 0: no filesystem of its own
+	Mkfs      string            `json:"mkfs,omitempty"`
+	Cgroups   map[string]string `json:"cgroups,omitempty"` // joined by setup, so init starts inside
+	ShmBytes  int64             `json:"shm_bytes"`
 }
 
 // readyMsg is one line on the readiness pipe: setup reports init's pid,
@@ -68,17 +85,23 @@ func init() {
 		os.Exit(runInit())
 	case probeArg:
 		os.Exit(runProbe())
+	case usernsArg:
+		os.Exit(runUserns())
 	}
 }
 
-// sandboxAttr is how init is started in a fresh set of namespaces.
-func sandboxAttr() *syscall.SysProcAttr {
-	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: idMapSize}}
+// sandboxAttr is how init is started in a fresh set of namespaces, as the
+// root of the id range that starts at base. The range does not hold the
+// caller's uid, so init's credentials are set explicitly: without that
+// it would run as the overflow uid with no capabilities.
+func sandboxAttr(base uint32) *syscall.SysProcAttr {
+	idmap := idMapping(base)
 	return &syscall.SysProcAttr{
 		Cloneflags:                 nsFlags,
 		UidMappings:                idmap,
 		GidMappings:                idmap,
 		GidMappingsEnableSetgroups: true, // commands run with their user's supplementary groups
+		Credential:                 &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true},
 		Setsid:                     true,
 	}
 }
@@ -92,10 +115,11 @@ func writeReady(f *os.File, m readyMsg) bool {
 }
 
 // runSetup starts init and exits, so init is orphaned from the start and
-// survives the gateway. With namespaces it runs in a new mount namespace
-// without a user namespace, as host root, and first places a non-recursive, read-only clone of / at <dir>/lower (an
-// overlay refuses a lower layer with locked submounts, which is what a
-// clone made inside the user namespace would have).
+// survives the gateway. With namespaces it runs as host root in a new
+// mount namespace of its own (no user namespace: an overlay refuses a
+// lower layer with locked submounts, which is what a clone made inside the
+// user namespace would have) and prepares what init mounts (see
+// initConfig); none of it is visible on the host.
 func runSetup() int {
 	ready := os.NewFile(fdReady, "ready")
 	fail := func(err error) int {
@@ -115,24 +139,72 @@ func runSetup() int {
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.ExtraFiles = []*os.File{os.NewFile(fdListener, "listener"), ready, cfgR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	for ctrl, dir := range cfg.Cgroups {
+		if err := os.WriteFile(dir+"/cgroup.procs", []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+			return fail(fmt.Errorf("join %s cgroup: %w", ctrl, err))
+		}
+	}
 	if cfg.Isolation == IsolationNamespaces {
-		lower := cfg.Dir + "/lower"
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			return fail(fmt.Errorf("make / private: %w", err))
+		if err := prepareRoot(cfg); err != nil {
+			return fail(err)
 		}
-		if err := unix.Mount("/", lower, "", unix.MS_BIND, ""); err != nil {
-			return fail(fmt.Errorf("clone /: %w", err))
-		}
-		if err := unix.Mount("", lower, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
-			return fail(fmt.Errorf("make lower read-only: %w", err))
-		}
-		cmd.SysProcAttr = sandboxAttr()
+		cmd.SysProcAttr = sandboxAttr(cfg.IDBase)
 	}
 	if err := cmd.Start(); err != nil {
 		return fail(fmt.Errorf("start init: %w", err))
 	}
 	writeReady(ready, readyMsg{Pid: cmd.Process.Pid})
 	return 0
+}
+
+// prepareRoot is setup's part of the namespaced sandbox (setup has joined
+// the sandbox's cgroups already: init inherits them, and its cgroup
+// namespace is rooted there): it makes the sandbox's filesystem, mounts the id-mapped
+// read-only layers, hands dir to sandbox root and makes it the working
+// directory init starts in.
+func prepareRoot(cfg initConfig) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / private: %w", err)
+	}
+	base := int(cfg.IDBase)
+	rw := cfg.Dir + "/rw"
+	if cfg.DiskBytes > 0 {
+		if err := makeDisk(cfg.Mkfs, cfg.Dir, rw, cfg.DiskBytes, cfg.IDBase); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{rw, rw + "/upper", rw + "/work", cfg.Dir + "/root", cfg.Dir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chown(d, base, base); err != nil {
+			return err
+		}
+	}
+	userns, err := openUserns(cfg.IDBase)
+	if err != nil {
+		return err
+	}
+	defer userns.Close()
+	var nosuid uint64 = unix.MOUNT_ATTR_NOSUID
+	if cfg.Image {
+		nosuid = 0 // an image's setuid programs are the image's business
+	}
+	if err := mountIdmapped(cfg.Lower, cfg.Dir+"/lower", userns, nosuid); err != nil {
+		return err
+	}
+	for _, name := range cfg.Binds {
+		dst := cfg.Dir + "/ro/" + name
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return err
+		}
+		if err := mountIdmapped("/"+name, dst, userns, unix.MOUNT_ATTR_NOSUID); err != nil {
+			return err
+		}
+	}
+	// Init, started with this working directory, reaches everything above
+	// by relative paths.
+	return os.Chdir(cfg.Dir)
 }
 
 // runInit is the sandbox's init: it builds the root filesystem (in

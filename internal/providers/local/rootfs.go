@@ -9,58 +9,67 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// procReadOnly and procMasked follow runc's defaults. Sandbox root is host
-// uid 0 (identity mapping), so plain file permissions would let it write
-// /proc/sysrq-trigger or /proc/sys; the mounts, not the uid, protect them.
+// procReadOnly and procMasked follow runc's defaults. Sandbox root is an
+// unprivileged host uid, so the kernel already refuses it most of these;
+// the mounts are a second wall.
 var (
 	procReadOnly = []string{"bus", "fs", "irq", "sys", "sysrq-trigger"}
 	procMasked   = []string{"acpi", "asound", "kcore", "keys", "latency_stats", "timer_list",
-		"timer_stats", "sched_debug", "scsi"}
+		"timer_stats", "sched_debug", "scsi", "kallsyms"}
 	devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 )
 
 // setupRoot builds the sandbox's root filesystem and pivots into it. It
-// runs in init, inside the new user and mount namespaces:
-//   - / is an overlay: the read-only clone of the host root that setup left
-//     at <dir>/lower, with <dir>/upper taking every write (copy-on-write);
-//   - fresh /proc with the sensitive parts read-only or masked, read-only
-//     /sys, a tmpfs /dev with device binds and its own devpts, private
-//     tmpfs /tmp and /dev/shm;
-//   - the provider's state directory is covered by an empty read-only
-//     tmpfs, so no sandbox sees another one's files;
+// runs in init, inside the new user and mount namespaces, in the working
+// directory setup left it (the sandbox's directory; see initConfig):
+//   - / is an overlay: the read-only, id-mapped root image at lower/, with
+//     rw/upper taking every write (copy-on-write);
+//   - the host directories of a host view (ro/<name>) are bound read-only
+//     at /<name>;
+//   - fresh /proc with the sensitive parts read-only or masked and nested
+//     user namespaces switched off, read-only /sys, a tmpfs /dev with
+//     read-only device binds and its own devpts, a sized tmpfs /dev/shm;
+//   - the provider's state directory, should the root show it, is covered
+//     by an empty read-only tmpfs;
 //   - the workdir exists.
 func setupRoot(cfg initConfig) error {
-	root := cfg.Dir + "/root"
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
 	}
 	// userxattr: overlay in a user namespace cannot use trusted.* xattrs;
 	// without it, renaming or removing a lower directory fails with EIO.
-	opts := fmt.Sprintf("lowerdir=%s/lower,upperdir=%s/upper,workdir=%s/work,userxattr", cfg.Dir, cfg.Dir, cfg.Dir)
-	if err := unix.Mount("overlay", root, "overlay", 0, opts); err != nil {
+	if err := unix.Mount("overlay", "root", "overlay", unix.MS_NODEV,
+		"lowerdir=lower,upperdir=rw/upper,workdir=rw/work,userxattr"); err != nil {
 		return fmt.Errorf("mount overlay root: %w", err)
 	}
-
-	if err := mountProc(root + "/proc"); err != nil {
+	for _, name := range cfg.Binds {
+		dst := "root/" + name
+		if err := unix.Mount("ro/"+name, dst, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind /%s: %w", name, err)
+		}
+	}
+	if err := mountProc("root/proc"); err != nil {
 		return err
 	}
 	// sysfs needs the sandbox's own netns, which it has; still best-effort
 	// because nothing essential depends on it.
-	if err := unix.Mount("sysfs", root+"/sys", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		fmt.Fprintf(os.Stderr, "sandgate init: mount sysfs: %v\n", err)
+	if err := os.MkdirAll("root/sys", 0o555); err == nil {
+		if err := unix.Mount("sysfs", "root/sys", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			fmt.Fprintf(os.Stderr, "sandgate init: mount sysfs: %v\n", err)
+		}
 	}
-	if err := mountDev(root + "/dev"); err != nil {
+	if err := mountDev("root/dev", cfg.ShmBytes); err != nil {
 		return err
 	}
-	if err := mountTmpfs(root+"/tmp", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
-		return err
+	if err := os.MkdirAll("root/tmp", 0o1777); err != nil {
+		return fmt.Errorf("create /tmp: %w", err)
 	}
-	if err := hideDir(root, cfg.StateDir); err != nil {
+	if err := hideDir("root", cfg.StateDir); err != nil {
 		return err
 	}
 	// pivot_root(".", ".") stacks the old root under the new one; the
 	// detach then drops it without needing an old-root directory.
-	if err := unix.Chdir(root); err != nil {
+	if err := unix.Chdir("root"); err != nil {
 		return fmt.Errorf("chdir to new root: %w", err)
 	}
 	if err := unix.PivotRoot(".", "."); err != nil {
@@ -91,6 +100,12 @@ func mountProc(proc string) error {
 	}
 	if err := unix.Mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount /proc: %w", err)
+	}
+	// The limit is per user namespace and binds every namespace below it:
+	// no command can make a user namespace of its own, in which it would
+	// be root again (and could mount, e.g. a cgroup hierarchy).
+	if err := os.WriteFile(proc+"/sys/user/max_user_namespaces", []byte("0"), 0); err != nil {
+		return fmt.Errorf("switch off nested user namespaces: %w", err)
 	}
 	for _, name := range procReadOnly {
 		p := proc + "/" + name
@@ -125,7 +140,7 @@ func mountProc(proc string) error {
 	return nil
 }
 
-func mountDev(dev string) error {
+func mountDev(dev string, shmBytes int64) error {
 	if err := mountTmpfs(dev, unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755,size=64k"); err != nil {
 		return err
 	}
@@ -138,6 +153,11 @@ func mountDev(dev string) error {
 		f.Close()
 		if err := unix.Mount("/dev/"+name, p, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind /dev/%s: %w", name, err)
+		}
+		// Read-only as runc binds them rootless: the node is the host's,
+		// and its mode and owner must not change from inside.
+		if err := unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("make /dev/%s read-only: %w", name, err)
 		}
 	}
 	links := [][2]string{
@@ -159,7 +179,7 @@ func mountDev(dev string) error {
 	if err := os.Mkdir(dev+"/shm", 0o1777); err != nil {
 		return fmt.Errorf("create /dev/shm: %w", err)
 	}
-	return mountTmpfs(dev+"/shm", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777")
+	return mountTmpfs(dev+"/shm", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("mode=1777,size=%d", shmBytes))
 }
 
 func mountTmpfs(p string, flags uintptr, data string) error {

@@ -21,6 +21,18 @@ type persisted struct {
 	StartTime uint64            `json:"start_time"` // of init, field 22 of /proc/<pid>/stat
 	Cgroups   map[string]string `json:"cgroups,omitempty"`
 	Created   time.Time         `json:"created"`
+	// IDBase is the host uid and gid of the sandbox's root: the sandbox
+	// owns host ids IDBase..IDBase+65535. 0 for sandboxes made before
+	// ranges (identity mapping) and for isolation "none".
+	IDBase uint32 `json:"id_base,omitempty"`
+	// DiskBytes is the size of the sandbox's own filesystem (0: none; its
+	// writes land on the state directory's filesystem).
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+	// View is the host-view directory the sandbox's root is built from
+	// (under <state>/views), or "" for an image root.
+	View string `json:"view,omitempty"`
+	// Image is the root filesystem directory of an image, if one was asked for.
+	Image string `json:"image,omitempty"`
 }
 
 const (
@@ -58,6 +70,7 @@ func readState(dir string) (persisted, error) {
 type procStat struct {
 	state           byte
 	ppid, pgid, sid int
+	tpgid           int // foreground process group of the controlling terminal, or -1
 	startTime       uint64
 }
 
@@ -79,7 +92,7 @@ func readProcStat(proc string, pid int) (procStat, error) {
 	}
 	atoi := func(b []byte) int { n, _ := strconv.Atoi(string(b)); return n }
 	start, _ := strconv.ParseUint(string(f[19]), 10, 64)
-	return procStat{state: f[0][0], ppid: atoi(f[1]), pgid: atoi(f[2]), sid: atoi(f[3]), startTime: start}, nil
+	return procStat{state: f[0][0], ppid: atoi(f[1]), pgid: atoi(f[2]), sid: atoi(f[3]), tpgid: atoi(f[5]), startTime: start}, nil
 }
 
 // alive reports whether pid is still the process that started at

@@ -548,8 +548,8 @@ func (s *suite) testFileParents(t *testing.T, id string) {
 		t.Errorf("parents: %q", out)
 	}
 	// Outside the workdir too.
-	s.write(t, id, "/opt/providertest/f.txt", []byte("opt"))
-	if out := s.sh(t, id, "cat /opt/providertest/f.txt"); out != "opt" {
+	s.write(t, id, "/srv/providertest/f.txt", []byte("srv"))
+	if out := s.sh(t, id, "cat /srv/providertest/f.txt"); out != "srv" {
 		t.Errorf("outside the workdir: %q", out)
 	}
 }
