@@ -91,10 +91,10 @@ func cmp(v, def uint16) uint16 {
 // stays open for its life: kill requests go out on it and the exit
 // status comes back on it.
 type process struct {
-	sb      *sandbox
-	tty     bool
-	conn    *net.UnixConn
-	leader  *os.File // pidfd of the session leader
+	sb     *sandbox
+	tty    bool
+	conn   *net.UnixConn
+	leader *os.File // pidfd of the session leader
 
 	master *os.File // TTY mode: the PTY master, pollable
 	stdin  *os.File // pipe mode: write ends / read ends, pollable

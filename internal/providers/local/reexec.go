@@ -19,8 +19,8 @@ import (
 // function catches them before main (or TestMain) runs, so the same
 // mechanism works from the gateway binary and from test binaries.
 const (
-	setupArg = "__sandgate-local-setup" // privileged mount ns: clone / for the overlay, start init
-	initArg  = "__sandgate-local-init"  // the sandbox's init and agent
+	setupArg  = "__sandgate-local-setup"  // privileged mount ns: clone / for the overlay, start init
+	initArg   = "__sandgate-local-init"   // the sandbox's init and agent
 	probeArg  = "__sandgate-local-probe"  // New: can we create the namespaces at all?
 	usernsArg = "__sandgate-local-userns" // a placeholder process holding a user namespace (idmap.go)
 )
