@@ -14,6 +14,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/seccomp"
 )
 
 // agent is the server side of the protocol, running in a sandbox's init.
@@ -61,10 +63,12 @@ func (a *agent) start() error {
 }
 
 // forker performs every fork on one locked OS thread whose capability
-// bounding set lacks CAP_SYS_ADMIN and CAP_SYS_PTRACE. The bounding set is
-// per thread and a child inherits its forking thread's, so commands can
-// neither mount nor unmount (e.g. `umount /tmp` to uncover the lower layer)
-// nor ptrace init. This works with cgo linked too, where
+// bounding set lacks CAP_SYS_ADMIN and CAP_SYS_PTRACE and which runs under
+// the seccomp filter of Docker's default profile. The bounding set and the
+// filter are per thread and a child inherits its forking thread's, so
+// commands can neither mount nor unmount (e.g. to uncover what a mount
+// hides), nor ptrace init, nor make namespaces, nor reach the kernel
+// interfaces the profile closes. This works with cgo linked too, where
 // AllThreadsSyscall (the whole-process drop) is not supported.
 func (a *agent) forker(started chan<- error) {
 	runtime.LockOSThread() // never unlocked: the thread is tainted on purpose
@@ -74,6 +78,10 @@ func (a *agent) forker(started chan<- error) {
 				started <- fmt.Errorf("drop capability %d: %w", c, err)
 				return
 			}
+		}
+		if err := seccomp.Install(); err != nil {
+			started <- fmt.Errorf("seccomp filter: %w", err)
+			return
 		}
 	}
 	started <- nil
