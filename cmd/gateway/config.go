@@ -4,8 +4,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -25,6 +27,8 @@ type config struct {
 	QueueTimeout       time.Duration
 	DefaultTTL         time.Duration
 	MaxExecOutput      int
+	MaxExecOutputTotal int64
+	MemoryLimit        byteSize // 0: leave GOMEMLIMIT as the environment set it
 	MaxExecs           int
 	MaxExecsPerSandbox int
 	MaxPTYSessions     int
@@ -70,6 +74,8 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", 600*time.Second, "how long a create waits for capacity before 503")
 	fs.DurationVar(&c.DefaultTTL, "default-ttl", 1800*time.Second, "sandbox lifetime when a create gives no ttl_s (0 = none)")
 	fs.IntVar(&c.MaxExecOutput, "max-exec-output", 16<<20, "bytes of stdout and of stderr kept per exec")
+	fs.Int64Var(&c.MaxExecOutputTotal, "max-exec-output-total", 256<<20, "bytes of exec output held at once by all execs in flight; an exec that finds less than twice --max-exec-output left keeps less (at least 64 KiB per stream) and is truncated")
+	fs.Var(&c.MemoryLimit, "memory-limit", "soft limit on the gateway's memory, in bytes or with a unit (512MiB, 1GiB), as GOMEMLIMIT (default: GOMEMLIMIT, else none)")
 	fs.IntVar(&c.MaxExecs, "max-execs", 1024, "concurrent execs in all sandboxes; beyond it 429")
 	fs.IntVar(&c.MaxExecsPerSandbox, "max-execs-per-sandbox", 256, "concurrent execs in one sandbox; beyond it 429")
 	fs.IntVar(&c.MaxPTYSessions, "max-pty-sessions", 4096, "terminal sessions in all sandboxes; beyond it 503")
@@ -159,5 +165,39 @@ func parseConfig(args []string, lookup func(string) (string, bool), stderr io.Wr
 	if c.MaxSandboxes < 1 {
 		return c, fmt.Errorf("--max-sandboxes must be at least 1")
 	}
+	if c.MaxExecOutputTotal < 1 {
+		return c, fmt.Errorf("--max-exec-output-total must be at least 1")
+	}
 	return c, nil
+}
+
+// byteSize is a flag value in bytes, written as GOMEMLIMIT is: a number
+// with an optional unit B, KiB, MiB, GiB or TiB. Zero means unset.
+type byteSize int64
+
+func (b byteSize) String() string {
+	if b == 0 {
+		return ""
+	}
+	return strconv.FormatInt(int64(b), 10)
+}
+
+func (b *byteSize) Set(v string) error {
+	v = strings.TrimSpace(v)
+	num, mult := v, int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}} {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			num, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 1 || n > math.MaxInt64/mult {
+		return fmt.Errorf("want a positive number of bytes, optionally with a unit B, KiB, MiB, GiB or TiB (like 1GiB)")
+	}
+	*b = byteSize(n * mult)
+	return nil
 }

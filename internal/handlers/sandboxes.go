@@ -153,9 +153,6 @@ func (s *server) DeleteSandbox(ctx context.Context, req api.DeleteSandboxRequest
 	return api.DeleteSandbox200JSONResponse{Deleted: true}, nil
 }
 
-// utf8 returns b as a string with invalid UTF-8 replaced by U+FFFD.
-func utf8(b []byte) string { return strings.ToValidUTF8(string(b), "\uFFFD") }
-
 func (s *server) ExecCommand(ctx context.Context, req api.ExecCommandRequestObject) (api.ExecCommandResponseObject, error) {
 	b := req.Body
 	res, err := s.svc.Exec(ctx, callerFrom(ctx), req.ID, sandbox.ExecRequest{
@@ -170,18 +167,7 @@ func (s *server) ExecCommand(ctx context.Context, req api.ExecCommandRequestObje
 	if err != nil {
 		return nil, err
 	}
-	out := api.ExecResult{
-		Stdout:     utf8(res.Stdout),
-		Stderr:     utf8(res.Stderr),
-		ReturnCode: res.ReturnCode,
-		DurationMs: res.Duration.Milliseconds(),
-		Truncated:  res.Truncated,
-	}
-	if res.ErrorType != "" {
-		et := api.ExecErrorType(res.ErrorType)
-		out.ErrorType = &et
-	}
-	return api.ExecCommand200JSONResponse(out), nil
+	return execReply{res}, nil
 }
 
 func (s *server) UploadFile(ctx context.Context, req api.UploadFileRequestObject) (api.UploadFileResponseObject, error) {

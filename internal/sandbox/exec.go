@@ -30,19 +30,37 @@ const (
 )
 
 // ExecResult is the outcome of one command. A non-zero exit is a result.
+// Its output counts against the service's output budget until Release.
 type ExecResult struct {
 	Stdout, Stderr []byte
 	ReturnCode     int
 	ErrorType      string // "", ExecTimeout or ExecSandbox
 	Duration       time.Duration
 	Truncated      bool
+
+	release func() // gives the output budget back; nil: holds none
+}
+
+// Release gives the room the result's output holds in the service's
+// output budget back. The caller must call it once it no longer needs
+// Stdout and Stderr (when the reply has been written); until then later
+// execs get less. It may be called more than once, and on a zero
+// ExecResult.
+func (r ExecResult) Release() {
+	if r.release != nil {
+		r.release()
+	}
 }
 
 // execGrace is how long past its timeout a command may take to be killed
 // and reported before the service gives up on the provider.
 const execGrace = 30 * time.Second
 
-// Exec runs one command in the sandbox and waits for it.
+// Exec runs one command in the sandbox and waits for it. Each stream is
+// capped at MaxExecOutput bytes, or less when the output budget
+// (MaxExecOutputTotal) is short; either cut sets Truncated. While the
+// command runs it holds room for two full streams in the budget; once it
+// returns, only what its output takes, until the caller calls Release.
 func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest) (ExecResult, error) {
 	var bad providers.InvalidFields
 	if req.Command == "" {
@@ -95,6 +113,10 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 		s.m.ExecTotal.WithLabelValues(outcome).Inc()
 		s.m.ExecSeconds.Observe(time.Since(start).Seconds())
 	}()
+	maxOut, room := s.out.reserve(s.opts.MaxExecOutput)
+	if maxOut < s.opts.MaxExecOutput {
+		s.log.Debug("exec output budget short", "sandbox", id, "max_output", maxOut)
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout+execGrace)
 	defer cancel()
 	res, err := s.p.Exec(ctx, id, providers.ExecRequest{
@@ -105,21 +127,24 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 		User:               req.User,
 		Stdin:              stdin,
 		PreserveBackground: req.PreserveBackground,
-		MaxOutput:          s.opts.MaxExecOutput,
+		MaxOutput:          maxOut,
 	})
 	if err != nil {
+		room.release() // a failure's result holds a line at most
 		out, err := s.execFailed(ctx, a.box, err)
 		if err == nil {
 			outcome = out.ErrorType
 		}
 		return out, err
 	}
+	room.keep(int64(len(res.Stdout) + len(res.Stderr)))
 	out := ExecResult{
 		Stdout:     res.Stdout,
 		Stderr:     res.Stderr,
 		ReturnCode: res.ExitCode,
 		Duration:   res.Duration,
 		Truncated:  res.Truncated,
+		release:    room.release,
 	}
 	switch {
 	case res.TimedOut:

@@ -43,6 +43,7 @@ type Options struct {
 	DefaultReadyTimeout time.Duration // default 60s
 	DefaultExecTimeout  time.Duration // default 180s
 	MaxExecOutput       int           // default 16 MiB per stream
+	MaxExecOutputTotal  int64         // default 256 MiB: output held at once by all execs until released (see Exec)
 	MaxExecs            int           // concurrent execs in all sandboxes; default 1024
 	MaxExecsPerSandbox  int           // concurrent execs in one sandbox; default 256
 	ReapInterval        time.Duration // default 1s
@@ -72,6 +73,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxExecOutput <= 0 {
 		o.MaxExecOutput = 16 << 20
+	}
+	if o.MaxExecOutputTotal <= 0 {
+		o.MaxExecOutputTotal = 256 << 20
 	}
 	if o.MaxExecs <= 0 {
 		o.MaxExecs = 1024
@@ -109,6 +113,8 @@ type Service struct {
 	boxes  map[string]*box // live and stopped sandboxes with a record
 	leases map[string]Lease
 	execs  int // execs in flight in all sandboxes (MaxExecs)
+
+	out *outputBudget // MaxExecOutputTotal
 
 	onRemove []func(id string) // see OnRemove
 
@@ -160,6 +166,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		m:      opts.Metrics,
 		boxes:  map[string]*box{},
 		leases: map[string]Lease{},
+		out:    &outputBudget{total: opts.MaxExecOutputTotal},
 		stop:   make(chan struct{}),
 	}
 	for _, k := range opts.APIKeys {
@@ -251,12 +258,20 @@ func (s *Service) reconcile(ctx context.Context) error {
 type access struct {
 	box     *box
 	scope   Scope
-	leaseID string // "" when the caller used an API key
+	leaseID string    // "" when the caller used an API key
+	expires time.Time // the calling lease's expiry; zero: none (or an API key)
 }
 
 // authorize checks c for sandbox id and scope need: 401 for missing, bad,
 // expired or revoked credentials, 403 for another sandbox's token or too
 // low a scope, 404 for an unknown sandbox (only after the token verified).
+//
+// A lease token only names a lease: its sandbox, scope and expiry are
+// those of the Lease in the store. The MAC proves the token came from
+// someone holding the secret, not that its claims are true; a token whose
+// claims differ from the lease it names (say, owner scope for an operate
+// lease, or a later expiry) was never minted by this gateway and is
+// refused with 401, as is one naming another sandbox's lease.
 // Caller must not hold s.mu.
 func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
 	tok := c.Lease
@@ -286,7 +301,11 @@ func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
 	if err != nil {
 		return access{}, providers.Errorf(providers.ErrUnauthorized, "invalid lease token")
 	}
-	if !cl.Expires.IsZero() && !s.opts.Clock.Now().Before(cl.Expires) {
+	// These two use the claims only to keep the order of the answers (an
+	// expired or misdirected token says so before the sandbox's existence
+	// is revealed); the stored lease decides below.
+	now := s.opts.Clock.Now()
+	if !cl.Expires.IsZero() && !now.Before(cl.Expires) {
 		return access{}, providers.Errorf(providers.ErrUnauthorized, "lease token expired")
 	}
 	if cl.SandboxID != id {
@@ -298,13 +317,29 @@ func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
 	if b == nil {
 		return access{}, errSandboxNotFound(id)
 	}
-	if l, ok := s.leases[cl.LeaseID]; !ok || l.SandboxID != id {
+	l, ok := s.leases[cl.LeaseID]
+	if !ok {
 		return access{}, providers.Errorf(providers.ErrUnauthorized, "lease token was revoked")
 	}
-	if !cl.Scope.covers(need) {
+	if l.SandboxID != cl.SandboxID || l.Scope != cl.Scope || !sameSecond(l.ExpiresAt, cl.Expires) {
+		return access{}, providers.Errorf(providers.ErrUnauthorized, "invalid lease token")
+	}
+	if !l.ExpiresAt.IsZero() && !now.Before(l.ExpiresAt) {
+		return access{}, providers.Errorf(providers.ErrUnauthorized, "lease token expired")
+	}
+	if !l.Scope.covers(need) {
 		return access{}, providers.Errorf(providers.ErrForbidden, "this needs a lease of scope %s", need)
 	}
-	return access{box: b, scope: cl.Scope, leaseID: cl.LeaseID}, nil
+	return access{box: b, scope: l.Scope, leaseID: l.ID, expires: l.ExpiresAt}, nil
+}
+
+// sameSecond reports whether a and b are the same expiry as a token
+// carries it: both none, or the same Unix second.
+func sameSecond(a, b time.Time) bool {
+	if a.IsZero() || b.IsZero() {
+		return a.IsZero() == b.IsZero()
+	}
+	return a.Unix() == b.Unix()
 }
 
 // apiKey reports whether tok is a configured API key, and its fingerprint.
@@ -637,6 +672,12 @@ func (s *Service) setState(b *box, state providers.State) {
 
 // Mint returns a new lease for the sandbox. An operate caller can mint only
 // operate leases. ttl nil: the lease lives as long as the sandbox.
+//
+// A lease never outlives the lease that mints it: when the caller's lease
+// expires, ttl nil means the caller's expiry, and a ttl that would end
+// after it is refused (ErrInvalid on ttl_s, naming the time the caller's
+// lease has left) rather than silently shortened. An API key has no
+// expiry of its own and mints any ttl.
 func (s *Service) Mint(ctx context.Context, c Caller, id string, scope Scope, ttl *time.Duration) (Ref, error) {
 	if scope == "" {
 		scope = ScopeOperate
@@ -655,6 +696,15 @@ func (s *Service) Mint(ctx context.Context, c Caller, id string, scope Scope, tt
 	l := Lease{ID: newLeaseID(), SandboxID: id, Scope: scope, CreatedAt: now}
 	if ttl != nil {
 		l.ExpiresAt = now.Add(*ttl).Truncate(time.Second)
+	}
+	if parent := a.expires; !parent.IsZero() {
+		switch {
+		case ttl == nil:
+			l.ExpiresAt = parent
+		case l.ExpiresAt.After(parent):
+			return Ref{}, providers.InvalidFields{{Field: "ttl_s", Message: fmt.Sprintf(
+				"must not outlive the calling lease, which has %d s left", int64(parent.Sub(now)/time.Second))}}
+		}
 	}
 	if err := s.st.putLease(l); err != nil {
 		return Ref{}, err

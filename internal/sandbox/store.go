@@ -30,7 +30,8 @@ type Record struct {
 }
 
 // Lease is one live grant of access to a sandbox. A token is valid only
-// while its lease is in the store.
+// while its lease is in the store, and grants what the lease says: the
+// token names it, the stored lease decides (see Service.authorize).
 type Lease struct {
 	ID        string    `json:"id"`
 	SandboxID string    `json:"sandbox_id"`

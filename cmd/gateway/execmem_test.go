@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// nulFlood writes 16 MiB of NULs to stdout and 16 MiB to stderr: each NUL
+// is six bytes of JSON (\u0000), so the reply is 192 MiB.
+const nulFlood = "head -c 16M /dev/zero; head -c 16M /dev/zero >&2"
+
+type execReply struct {
+	Stdout     string  `json:"stdout"`
+	Stderr     string  `json:"stderr"`
+	ReturnCode int     `json:"return_code"`
+	ErrorType  *string `json:"error_type"`
+	Truncated  bool    `json:"truncated"`
+}
+
+// execJSON runs command in the sandbox and decodes the reply, which must
+// be one JSON value and nothing else.
+func execJSON(ctx context.Context, base, id, tok, command string) (int, execReply, error) {
+	body, _ := json.Marshal(map[string]any{"command": command})
+	req, err := http.NewRequestWithContext(ctx, "POST", base+"/v1/sandboxes/"+id+"/exec", bytes.NewReader(body))
+	if err != nil {
+		return 0, execReply{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Sandbox-Lease", tok)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, execReply{}, err
+	}
+	defer res.Body.Close()
+	var out execReply
+	dec := json.NewDecoder(res.Body)
+	if err := dec.Decode(&out); err != nil {
+		return res.StatusCode, out, err
+	}
+	if dec.More() {
+		return res.StatusCode, out, errors.New("data after the JSON value")
+	}
+	return res.StatusCode, out, nil
+}
+
+func newLocalSandbox(t *testing.T, g *proc) (id, tok string) {
+	t.Helper()
+	s, body := call(t, "POST", g.URL+"/v1/sandboxes", `{}`)
+	var ref struct {
+		ID  string `json:"sandbox_id"`
+		Tok string `json:"lease_token"`
+	}
+	if err := json.Unmarshal(body, &ref); s != 201 || err != nil {
+		t.Fatalf("create: %d %s", s, body)
+	}
+	return ref.ID, ref.Tok
+}
+
+func allNUL(s string) bool { return strings.Trim(s, "\x00") == "" }
+
+// TestExecOutputBoundedMemory: 16 MiB of NULs on each stream through a real
+// gateway (a 192 MiB reply) comes back whole and exact, and the gateway
+// never holds the reply: its peak RSS stays far below the reply's size.
+// (Rendered in one buffer as before, the same exec took it past 900 MB.)
+func TestExecOutputBoundedMemory(t *testing.T) {
+	g := startGateway(t, t.TempDir(), nil)
+	id, tok := newLocalSandbox(t, g)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	status, res, err := execJSON(ctx, g.URL, id, tok, nulFlood)
+	if err != nil || status != 200 {
+		t.Fatalf("exec: %d %v\n%s", status, err, g.stderr)
+	}
+	if len(res.Stdout) != 16<<20 || len(res.Stderr) != 16<<20 || !allNUL(res.Stdout) || !allNUL(res.Stderr) ||
+		res.Truncated || res.ReturnCode != 0 || res.ErrorType != nil {
+		t.Fatalf("reply: stdout %d bytes, stderr %d, truncated %v, rc %d", len(res.Stdout), len(res.Stderr), res.Truncated, res.ReturnCode)
+	}
+	const bound = 200 << 20
+	hwm := peakRSS(t, g.cmd.Process.Pid)
+	t.Logf("gateway peak RSS %d MiB for a 192 MiB reply", hwm>>20)
+	if hwm > bound {
+		t.Fatalf("gateway peak RSS %d MiB, over %d MiB", hwm>>20, bound>>20)
+	}
+}
+
+// TestExecOutputBudget: eight such execs at once against a total budget
+// of 8 MiB all answer 200, each cut to what the budget let it keep (the
+// same length on both streams, between the 64 KiB floor and half the
+// budget), and the gateway's memory stays bounded. The budget and a
+// memory limit given through the environment both reach the gateway.
+func TestExecOutputBudget(t *testing.T) {
+	const total, floor, n = 8 << 20, 64 << 10, 8
+	g := startGateway(t, t.TempDir(), []string{"SANDGATE_MEMORY_LIMIT=1GiB"}, "--max-exec-output-total", "8388608")
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(g.stderr.String(), "memory_limit=1073741824"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("SANDGATE_MEMORY_LIMIT=1GiB not in effect:\n%s", g.stderr)
+		}
+		time.Sleep(10 * time.Millisecond) // the log is copied from the process's pipe
+	}
+	id, tok := newLocalSandbox(t, g)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	type answer struct {
+		status int
+		res    execReply
+		err    error
+	}
+	answers := make(chan answer, n)
+	for range n {
+		go func() {
+			status, res, err := execJSON(ctx, g.URL, id, tok, nulFlood)
+			answers <- answer{status, res, err}
+		}()
+	}
+	for range n {
+		a := <-answers
+		if a.err != nil || a.status != 200 {
+			t.Fatalf("exec: %d %v\n%s", a.status, a.err, g.stderr)
+		}
+		r := a.res
+		if !r.Truncated || len(r.Stdout) != len(r.Stderr) || len(r.Stdout) < floor || len(r.Stdout) > total/2 ||
+			!allNUL(r.Stdout) || !allNUL(r.Stderr) || r.ReturnCode != 0 {
+			t.Fatalf("reply: stdout %d bytes, stderr %d, truncated %v, rc %d", len(r.Stdout), len(r.Stderr), r.Truncated, r.ReturnCode)
+		}
+		t.Logf("kept %d KiB per stream", len(r.Stdout)>>10)
+	}
+	const bound = 100 << 20
+	hwm := peakRSS(t, g.cmd.Process.Pid)
+	t.Logf("gateway peak RSS %d MiB for %d execs at once", hwm>>20, n)
+	if hwm > bound {
+		t.Fatalf("gateway peak RSS %d MiB, over %d MiB", hwm>>20, bound>>20)
+	}
+}

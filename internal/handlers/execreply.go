@@ -1,0 +1,133 @@
+package handlers
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/sandgate/sandgate/internal/api"
+	"github.com/sandgate/sandgate/internal/sandbox"
+)
+
+// execReply renders an exec result as api.ExecResult JSON, escaping the
+// output straight onto the connection: the generated response would
+// encode the whole reply into one buffer first, and a stream of NULs
+// escapes to six times its size. Visiting it releases the result's output
+// budget, whether or not the write succeeded.
+type execReply struct{ res sandbox.ExecResult }
+
+var _ api.ExecCommandResponseObject = execReply{}
+
+func (e execReply) VisitExecCommandResponse(w http.ResponseWriter) error {
+	defer e.res.Release()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	return writeExecResult(w, e.res)
+}
+
+// writeExecResult writes res as encoding/json writes api.ExecResult (the
+// same fields in the same order, the same escapes), each stream made valid
+// UTF-8 as strings.ToValidUTF8 does: every run of invalid bytes becomes
+// one U+FFFD. It holds no copy of the output beyond a 32 KiB buffer.
+func writeExecResult(w io.Writer, res sandbox.ExecResult) error {
+	bw := bufio.NewWriterSize(w, 32<<10)
+	var num [20]byte
+	bw.WriteString(`{"duration_ms":`)
+	bw.Write(strconv.AppendInt(num[:0], res.Duration.Milliseconds(), 10))
+	bw.WriteString(`,"error_type":`)
+	if res.ErrorType == "" {
+		bw.WriteString("null")
+	} else if err := writeJSONString(bw, []byte(res.ErrorType)); err != nil {
+		return err
+	}
+	bw.WriteString(`,"return_code":`)
+	bw.Write(strconv.AppendInt(num[:0], int64(res.ReturnCode), 10))
+	bw.WriteString(`,"stderr":`)
+	if err := writeJSONString(bw, res.Stderr); err != nil {
+		return err
+	}
+	bw.WriteString(`,"stdout":`)
+	if err := writeJSONString(bw, res.Stdout); err != nil {
+		return err
+	}
+	bw.WriteString(`,"truncated":`)
+	bw.WriteString(strconv.FormatBool(res.Truncated))
+	bw.WriteString("}\n")
+	return bw.Flush()
+}
+
+// asciiEscape is how encoding/json writes each ASCII byte: nil for the
+// bytes it writes as they are, else the escape. It escapes control
+// characters, quote and backslash, and <, > and & (for HTML).
+var asciiEscape = func() (t [utf8.RuneSelf][]byte) {
+	const hex = "0123456789abcdef"
+	for c := range byte(0x20) {
+		t[c] = []byte{'\\', 'u', '0', '0', hex[c>>4], hex[c&0xf]}
+	}
+	for c, e := range map[byte]string{'\b': `\b`, '\f': `\f`, '\n': `\n`, '\r': `\r`, '\t': `\t`, '"': `\"`, '\\': `\\`, '<': `\u003c`, '>': `\u003e`, '&': `\u0026`} {
+		t[c] = []byte(e)
+	}
+	return t
+}()
+
+var (
+	replacement  = []byte("\uFFFD")
+	lineSep      = []byte(`\u2028`)
+	paragraphSep = []byte(`\u2029`)
+)
+
+// writeJSONString writes b as a JSON string (see writeExecResult). Runs
+// of bytes that need no escaping are written without copying; the first
+// write error stops it.
+func writeJSONString(w *bufio.Writer, b []byte) error {
+	if err := w.WriteByte('"'); err != nil {
+		return err
+	}
+	start := 0 // b[start:i] is pending, to be written as it is
+	for i := 0; i < len(b); {
+		var rep []byte // what b[i:i+n] is written as
+		n := 1
+		if c := b[i]; c < utf8.RuneSelf {
+			if rep = asciiEscape[c]; rep == nil {
+				i++
+				continue
+			}
+		} else {
+			r, size := utf8.DecodeRune(b[i:])
+			switch {
+			case r == utf8.RuneError && size == 1:
+				// One U+FFFD for the whole run of invalid bytes.
+				for i+n < len(b) {
+					if r, size := utf8.DecodeRune(b[i+n:]); r != utf8.RuneError || size != 1 {
+						break
+					}
+					n++
+				}
+				rep = replacement
+			case r == '\u2028':
+				rep, n = lineSep, size
+			case r == '\u2029':
+				rep, n = paragraphSep, size
+			default:
+				i += size
+				continue
+			}
+		}
+		if start < i {
+			if _, err := w.Write(b[start:i]); err != nil {
+				return err
+			}
+		}
+		if _, err := w.Write(rep); err != nil {
+			return err
+		}
+		i += n
+		start = i
+	}
+	if _, err := w.Write(b[start:]); err != nil {
+		return err
+	}
+	return w.WriteByte('"')
+}
