@@ -11,11 +11,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -57,6 +60,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
+	if cfg.MemoryLimit > 0 {
+		// Process-wide: put back what was there when run returns.
+		defer debug.SetMemoryLimit(debug.SetMemoryLimit(int64(cfg.MemoryLimit)))
+	}
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -92,6 +99,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		QueueTimeout:       cfg.QueueTimeout,
 		DefaultTTL:         cfg.DefaultTTL,
 		MaxExecOutput:      cfg.MaxExecOutput,
+		MaxExecOutputTotal: cfg.MaxExecOutputTotal,
 		MaxExecs:           cfg.MaxExecs,
 		MaxExecsPerSandbox: cfg.MaxExecsPerSandbox,
 		Logger:             log,
@@ -123,7 +131,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 
-	log.Info("sandgate listening", "url", publicURL, "provider", p.Name(), "state_dir", cfg.StateDir, "auth", authMode(cfg, loopback))
+	log.Info("sandgate listening", "url", publicURL, "provider", p.Name(), "state_dir", cfg.StateDir, "auth", authMode(cfg, loopback), "memory_limit", memoryLimit())
 	fmt.Fprintf(stdout, "sandgate is listening on %s (provider %s)\n", publicURL, p.Name())
 	fmt.Fprintf(stdout, "try:\n  curl -s -X POST %s/v1/sandboxes -H 'Content-Type: application/json' -d '{}'\n", publicURL)
 
@@ -144,6 +152,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return err
 }
 
+// memoryLimit describes the Go runtime's soft memory limit.
+func memoryLimit() string {
+	if n := debug.SetMemoryLimit(-1); n != math.MaxInt64 { // -1 only reads it
+		return strconv.FormatInt(n, 10)
+	}
+	return "none"
+}
+
 func authMode(cfg config, loopback bool) string {
 	switch {
 	case len(cfg.APIKeys) > 0:
@@ -162,6 +178,8 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 			StateDir:  filepath.Join(cfg.StateDir, "local"),
 			Isolation: cfg.LocalIsolation,
 			Logger:    log.With("provider", "local"),
+			// The lease key and the store: never inside a sandbox.
+			Private: []string{cfg.StateDir},
 		})
 	case "docker":
 		id, err := instanceID(cfg.StateDir)

@@ -106,6 +106,12 @@ type Options struct {
 	PidsMax int64
 	// ShmMiB sizes /dev/shm (0: DefaultShmMiB).
 	ShmMiB int64
+	// Private lists more host directories no sandbox may see (the
+	// gateway's state directory with its lease key and store), besides
+	// StateDir. A sandbox's view of the host does not hold them unless they
+	// are under a directory it gets (/usr, /opt, /etc); there they are
+	// covered by an empty read-only directory.
+	Private []string
 }
 
 // Local is the local provider. It is safe for concurrent use. It holds no
@@ -117,6 +123,7 @@ type Local struct {
 	log       *slog.Logger
 
 	idBase  uint32
+	private []string // host directories covered in every sandbox: StateDir and Options.Private
 	view    hostView // the root image of sandboxes without one (namespaces only)
 	mkfs    string   // mkfs.ext4, "" if disk limits cannot be made
 	limits  providers.Resources
@@ -199,6 +206,15 @@ func New(opts Options) (*Local, error) {
 	}
 	if err := l.setLimits(opts); err != nil {
 		return nil, err
+	}
+	l.private = []string{dir}
+	for _, p := range opts.Private {
+		if p, err := filepath.Abs(p); err == nil {
+			if r, err := filepath.EvalSymlinks(p); err == nil {
+				p = r
+			}
+			l.private = append(l.private, p)
+		}
 	}
 	// The state directory holds the lease key and the store: only root
 	// may enter it, whatever its parent allows.
@@ -424,7 +440,7 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	readyCtx, cancel := context.WithTimeout(ctx, spec.ReadyTimeout)
 	defer cancel()
 	cfg := initConfig{
-		ID: spec.ID, Dir: dir, StateDir: l.stateDir, Workdir: spec.Workdir, Isolation: l.isolation,
+		ID: spec.ID, Dir: dir, Private: l.private, Workdir: spec.Workdir, Isolation: l.isolation,
 		IDBase: idBase, ShmBytes: l.shm,
 	}
 	cgroups, skipped, err := createCgroups(spec.ID, res, l.pidsMax)

@@ -50,11 +50,11 @@ const nsFlags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID | syscall.CLONE_NEW
 // reaches all of it by relative paths without the right to traverse the
 // provider's state directory.
 type initConfig struct {
-	ID        string `json:"id"`
-	Dir       string `json:"dir"`       // the sandbox's state directory (host path)
-	StateDir  string `json:"state_dir"` // the provider's state directory, hidden inside the sandbox
-	Workdir   string `json:"workdir"`   // created if missing
-	Isolation string `json:"isolation"`
+	ID        string   `json:"id"`
+	Dir       string   `json:"dir"`     // the sandbox's state directory (host path)
+	Private   []string `json:"private"` // host directories covered inside the sandbox
+	Workdir   string   `json:"workdir"` // created if missing
+	Isolation string   `json:"isolation"`
 
 	IDBase    uint32            `json:"id_base"`              // host id of sandbox root
 	Lower     string            `json:"lower"`                // host view skeleton or image root

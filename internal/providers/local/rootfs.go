@@ -29,8 +29,8 @@ var (
 //   - fresh /proc with the sensitive parts read-only or masked and nested
 //     user namespaces switched off, read-only /sys, a tmpfs /dev with
 //     read-only device binds and its own devpts, a sized tmpfs /dev/shm;
-//   - the provider's state directory, should the root show it, is covered
-//     by an empty read-only tmpfs;
+//   - the provider's and the gateway's state directories, should the root
+//     show them, are covered by an empty read-only tmpfs;
 //   - the workdir exists.
 func setupRoot(cfg initConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -64,8 +64,10 @@ func setupRoot(cfg initConfig) error {
 	if err := os.MkdirAll("root/tmp", 0o1777); err != nil {
 		return fmt.Errorf("create /tmp: %w", err)
 	}
-	if err := hideDir("root", cfg.StateDir); err != nil {
-		return err
+	for _, d := range cfg.Private {
+		if err := hideDir("root", d); err != nil {
+			return err
+		}
 	}
 	// pivot_root(".", ".") stacks the old root under the new one; the
 	// detach then drops it without needing an old-root directory.
