@@ -94,9 +94,12 @@ func wholeNumber(v any) (int64, bool) {
 
 // Create makes and starts the sandbox's container and returns once an exec
 // in its workdir succeeds (or spec.ReadyTimeout passes). On any failure the
-// container it made is removed. ErrInvalid for a bad spec (missing image,
-// unknown option, unsupported resource), ErrConflict if a container of
-// that name exists, ErrUnavailable when the daemon cannot be reached.
+// container it made is removed. Resources the spec leaves nil get the
+// provider's defaults (Options); resources.disk_gib is enforced only where
+// the daemon's storage driver can (Extra["disk_limit"] says whether).
+// ErrInvalid for a bad spec (missing image, unknown option, unsupported
+// resource), ErrConflict if a container of that name exists,
+// ErrUnavailable when the daemon cannot be reached.
 func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
 	opts, err := d.parseOptions(spec.Options)
 	var bad providers.InvalidFields
@@ -109,8 +112,8 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 	if spec.Resources.GPU != nil && *spec.Resources.GPU > 0 {
 		bad.Add("resources.gpu", "GPUs are not supported by the docker provider")
 	}
-	if spec.Resources.CPU != nil && (*spec.Resources.CPU <= 0 || *spec.Resources.CPU > 1024) {
-		bad.Add("resources.cpu", "must be more than 0")
+	if c := spec.Resources.CPU; c != nil && !(*c >= 0.01 && *c <= 1024) {
+		bad.Add("resources.cpu", "must be from 0.01 to 1024")
 	}
 	if spec.Resources.MemoryMiB != nil && *spec.Resources.MemoryMiB < 6 {
 		bad.Add("resources.memory_mib", "must be at least 6")
@@ -123,8 +126,19 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 		workdir = "/"
 	}
 
-	cfg, hc, nc := d.containerConfig(spec, opts, workdir)
+	facts, err := d.daemonFacts(ctx)
+	if err != nil {
+		return providers.Sandbox{}, err
+	}
+	cfg, hc, nc, extra := d.containerConfig(spec, opts, workdir, facts)
 	created, err := d.cli.ContainerCreate(ctx, cfg, hc, nc, nil, spec.ID)
+	if err != nil && hc.StorageOpt != nil && storageOptRefused(err) {
+		d.log.Warn("the docker daemon refused a disk limit: resources.disk_gib is no longer enforced", "sandbox", spec.ID, "err", err)
+		d.noDiskQuota()
+		hc.StorageOpt = nil
+		extra["disk_limit"] = diskNotEnforced
+		created, err = d.cli.ContainerCreate(ctx, cfg, hc, nc, nil, spec.ID)
+	}
 	if err != nil {
 		switch {
 		case cerrdefs.IsConflict(err):
@@ -154,15 +168,13 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 		return providers.Sandbox{}, err
 	}
 	ok = true
-	return providers.Sandbox{
-		ID:      spec.ID,
-		Workdir: workdir,
-		Extra:   map[string]any{"container_id": created.ID[:12]},
-	}, nil
+	extra["container_id"] = created.ID[:12]
+	return providers.Sandbox{ID: spec.ID, Workdir: workdir, Extra: extra}, nil
 }
 
-// containerConfig builds the container for spec.
-func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, workdir string) (*container.Config, *container.HostConfig, *network.NetworkingConfig) {
+// containerConfig builds the container for spec, and what the sandbox's
+// Extra says about its limits.
+func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, workdir string, f daemonFacts) (*container.Config, *container.HostConfig, *network.NetworkingConfig, map[string]any) {
 	env := make([]string, 0, len(spec.Env))
 	for k, v := range spec.Env {
 		env = append(env, k+"="+v)
@@ -184,26 +196,14 @@ func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, wor
 		StopTimeout: &stop,
 	}
 	init := true
-	pids := d.opts.PidsLimit
-	if o.pidsLimit > 0 {
-		pids = o.pidsLimit
-	}
 	hc := &container.HostConfig{
 		Init:          &init,
 		CapDrop:       d.opts.CapDrop,
+		SecurityOpt:   securityOpt,
 		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
 		LogConfig:     container.LogConfig{Type: "none"},
 	}
-	if pids > 0 {
-		hc.PidsLimit = &pids
-	}
-	if c := spec.Resources.CPU; c != nil {
-		hc.NanoCPUs = int64(*c * 1e9)
-	}
-	if m := spec.Resources.MemoryMiB; m != nil {
-		hc.Memory = *m << 20
-		hc.MemorySwap = hc.Memory // no swap beyond the limit
-	}
+	extra := d.setLimits(hc, spec.Resources, o, f)
 	netMode := o.network
 	if netMode == "" {
 		netMode = "none"
@@ -225,7 +225,7 @@ func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, wor
 			hc.PortBindings[k] = []nat.PortBinding{{HostIP: loopback, HostPort: ""}}
 		}
 	}
-	return cfg, hc, nil
+	return cfg, hc, nil, extra
 }
 
 func portKey(p int) nat.Port { return nat.Port(strconv.Itoa(p) + "/tcp") }

@@ -9,6 +9,12 @@
 // endpoints as streamed tar (files.go), and terminal sessions are execs
 // with a TTY (process.go).
 //
+// Containers are hardened against the code they run (limits.go): memory,
+// CPU and pids limits by default, no-new-privileges, a few capabilities
+// dropped beyond Docker's defaults, and the daemon's default seccomp
+// profile, masked and read-only paths kept. No process is ever signalled
+// from the host: signals and kills are execs inside the container.
+//
 // The daemon may be older than the client: the client negotiates the API
 // version (Debian's docker.io 20.10 speaks 1.41).
 package docker
@@ -21,6 +27,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -40,8 +47,10 @@ const (
 
 // Defaults for Options.
 const (
-	DefaultPidsLimit   = 1024
-	DefaultPingTimeout = 3 * time.Second
+	DefaultPidsLimit      = 1024
+	DefaultMemoryLimitMiB = 2048
+	DefaultCPULimit       = 2.0
+	DefaultPingTimeout    = 3 * time.Second
 )
 
 // DefaultCapDrop are the capabilities dropped from Docker's default set
@@ -65,6 +74,16 @@ type Options struct {
 	// PidsLimit is the per-sandbox process limit unless the create asks
 	// for pids_limit. 0 = DefaultPidsLimit; <0 = unlimited.
 	PidsLimit int64
+	// DefaultMemoryMiB is a sandbox's memory limit, swap included
+	// (Memory = MemorySwap), when the create gives no
+	// resources.memory_mib. 0 = DefaultMemoryLimitMiB; <0 = unlimited;
+	// 1 to 5 make New fail (the daemon's minimum is 6 MiB).
+	DefaultMemoryMiB int64
+	// DefaultCPU is the CPUs a sandbox may use (NanoCPUs) when the create
+	// gives no resources.cpu. 0 = DefaultCPULimit; <0 = unlimited. Any
+	// CPU limit above the daemon's CPU count is lowered to it (the daemon
+	// refuses more).
+	DefaultCPU float64
 	// CapDrop replaces DefaultCapDrop when non-nil.
 	CapDrop []string
 	// Networks are the networks a create may name in
@@ -87,6 +106,9 @@ type Docker struct {
 	log      *slog.Logger
 	instance string
 	opts     Options
+
+	factsMu sync.Mutex   // guards facts
+	facts   *daemonFacts // nil until the daemon has answered Info
 }
 
 var (
@@ -109,6 +131,15 @@ func New(opts Options) (*Docker, error) {
 	}
 	if opts.PidsLimit == 0 {
 		opts.PidsLimit = DefaultPidsLimit
+	}
+	switch {
+	case opts.DefaultMemoryMiB == 0:
+		opts.DefaultMemoryMiB = DefaultMemoryLimitMiB
+	case opts.DefaultMemoryMiB > 0 && opts.DefaultMemoryMiB < 6:
+		return nil, fmt.Errorf("docker: default memory limit of %d MiB is below the daemon's minimum of 6 MiB", opts.DefaultMemoryMiB)
+	}
+	if opts.DefaultCPU == 0 {
+		opts.DefaultCPU = DefaultCPULimit
 	}
 	if opts.CapDrop == nil {
 		opts.CapDrop = DefaultCapDrop

@@ -239,7 +239,9 @@ func (p *process) Resize(rows, cols uint16) error {
 
 // Signal delivers sig through a helper exec: in TTY mode to the
 // terminal's foreground process group, in pipe mode to the process's
-// group. It blocks for one exec round trip.
+// group. It blocks for one exec round trip. The pid is one in the
+// container's pid namespace and is only ever signalled from inside the
+// container: nothing on the host is signalled by pid.
 func (p *process) Signal(sig syscall.Signal) error {
 	mode := "fg"
 	if !p.tty {
@@ -388,7 +390,7 @@ func parseMarker(buf []byte, nonce string) (pid int, rest []byte, ok, bad bool) 
 		return 0, nil, false, len(tail) > 12
 	}
 	pid, err := strconv.Atoi(string(tail[:i]))
-	if err != nil {
+	if err != nil || pid <= 0 {
 		return 0, nil, false, true
 	}
 	return pid, tail[i+1:], true, false
