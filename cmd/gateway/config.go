@@ -36,6 +36,13 @@ type config struct {
 	MaxBody            int64
 	ShutdownGrace      time.Duration
 	LocalIsolation     string
+	DefaultMemoryMiB   int64
+	DefaultCPU         float64
+	DefaultDiskGiB     int64
+	PidsMax            int64
+	IDBase             uint
+	ShmMiB             int64
+	LocalImages        string
 	DockerHost         string
 	PTYRingBytes       int
 	AllowedOrigins     []string
@@ -83,6 +90,13 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.Int64Var(&c.MaxBody, "max-body", 64<<20, "largest JSON request body in bytes (base64 file routes included)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long SIGTERM waits for in-flight requests")
 	fs.StringVar(&c.LocalIsolation, "local-isolation", "namespaces", "local provider isolation: namespaces or none (plain host processes)")
+	fs.Int64Var(&c.DefaultMemoryMiB, "default-memory-mib", 2048, "memory limit of a sandbox whose create sets none, in MiB (0 = none)")
+	fs.Float64Var(&c.DefaultCPU, "default-cpu", 2, "CPU limit of a sandbox whose create sets none, in cores (0 = none)")
+	fs.Int64Var(&c.DefaultDiskGiB, "default-disk-gib", 10, "local: disk limit of a sandbox whose create sets none, in GiB, a filesystem of its own (0 = none: writes land on the state dir's filesystem)")
+	fs.Int64Var(&c.PidsMax, "pids-max", 0, "processes per sandbox (0 = the provider's default: local 1/16 of the host's pid_max, all sandboxes together 1/2; docker 1024)")
+	fs.UintVar(&c.IDBase, "id-base", 100000, "local: first host uid/gid of the sandboxes' id ranges (65,536 ids each; sandbox root is never host root)")
+	fs.Int64Var(&c.ShmMiB, "shm-mib", 64, "local: size of each sandbox's /dev/shm, in MiB")
+	fs.StringVar(&c.LocalImages, "local-images", "", "local: directory of images a create may name in `image` (root filesystem directories, docker save or OCI tarballs) (default <state-dir>/images)")
 	fs.IntVar(&c.PTYRingBytes, "pty-ring-bytes", 1<<20, "output retained per terminal session for replay, in bytes")
 	fs.Func("allowed-origins", "comma-separated browser origins allowed to attach to terminals besides the gateway's own: host patterns (*.example.com) or scheme://host", func(v string) error {
 		c.AllowedOrigins = c.AllowedOrigins[:0] // the command line replaces the environment's list

@@ -174,10 +174,21 @@ func authMode(cfg config, loopback bool) string {
 func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 	switch cfg.Provider {
 	case "local":
+		images := cfg.LocalImages
+		if images == "" {
+			images = filepath.Join(cfg.StateDir, "images")
+		}
 		return local.New(local.Options{
-			StateDir:  filepath.Join(cfg.StateDir, "local"),
-			Isolation: cfg.LocalIsolation,
-			Logger:    log.With("provider", "local"),
+			StateDir:         filepath.Join(cfg.StateDir, "local"),
+			Isolation:        cfg.LocalIsolation,
+			Logger:           log.With("provider", "local"),
+			IDBase:           uint32(cfg.IDBase),
+			DefaultMemoryMiB: noneIfZero(cfg.DefaultMemoryMiB),
+			DefaultCPU:       cfg.DefaultCPU,
+			DefaultDiskGiB:   noneIfZero(cfg.DefaultDiskGiB),
+			PidsMax:          cfg.PidsMax,
+			ShmMiB:           cfg.ShmMiB,
+			Images:           images,
 			// The lease key and the store: never inside a sandbox.
 			Private: []string{cfg.StateDir},
 		})
@@ -191,14 +202,26 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 			return nil, err
 		}
 		return docker.New(docker.Options{
-			Host:       cfg.DockerHost,
-			InstanceID: id,
-			SpoolDir:   spool,
-			Logger:     log.With("provider", "docker"),
+			Host:             cfg.DockerHost,
+			InstanceID:       id,
+			SpoolDir:         spool,
+			Logger:           log.With("provider", "docker"),
+			DefaultMemoryMiB: noneIfZero(cfg.DefaultMemoryMiB),
+			DefaultCPU:       noneIfZero(cfg.DefaultCPU),
+			PidsLimit:        cfg.PidsMax,
 		})
 	default:
 		return nil, fmt.Errorf("unknown provider %q (have: local, docker)", cfg.Provider)
 	}
+}
+
+// noneIfZero turns the flags' "0 = no limit" into the providers' "0 =
+// their default, negative = no limit".
+func noneIfZero[T int64 | float64](v T) T {
+	if v == 0 {
+		return -1
+	}
+	return v
 }
 
 // instanceID is this gateway's identity towards a shared backend (the

@@ -58,6 +58,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/rootfs"
 )
 
 // Isolation modes.
@@ -106,6 +107,12 @@ type Options struct {
 	PidsMax int64
 	// ShmMiB sizes /dev/shm (0: DefaultShmMiB).
 	ShmMiB int64
+	// Images is the directory of images a create may name (absolute, or
+	// relative to it): root filesystem directories, `docker save` or OCI
+	// layout tarballs (unpacked once into <StateDir>/image-cache). Only
+	// what is under it can be an image: the administrator's choice, never
+	// an arbitrary host path. "" refuses every image.
+	Images string
 	// Private lists more host directories no sandbox may see (the
 	// gateway's state directory with its lease key and store), besides
 	// StateDir. A sandbox's view of the host does not hold them unless they
@@ -124,6 +131,8 @@ type Local struct {
 
 	idBase  uint32
 	private []string // host directories covered in every sandbox: StateDir and Options.Private
+	images  string   // Options.Images, absolute; "" without
+	store   *rootfs.Store
 	view    hostView // the root image of sandboxes without one (namespaces only)
 	mkfs    string   // mkfs.ext4, "" if disk limits cannot be made
 	limits  providers.Resources
@@ -222,6 +231,17 @@ func New(opts Options) (*Local, error) {
 		return nil, fmt.Errorf("local: %w", err)
 	}
 	views := l.loadRanges()
+	if l.isolation == IsolationNamespaces && opts.Images != "" {
+		if l.images, err = filepath.Abs(opts.Images); err != nil {
+			return nil, fmt.Errorf("local: %w", err)
+		}
+		if err := os.MkdirAll(l.images, 0o700); err != nil {
+			return nil, fmt.Errorf("local: image directory: %w", err)
+		}
+		if l.store, err = rootfs.Open(dir + "/image-cache"); err != nil {
+			return nil, fmt.Errorf("local: %w", err)
+		}
+	}
 	if l.isolation == IsolationNamespaces {
 		viewsDir := dir + "/views"
 		if err := os.MkdirAll(viewsDir, 0o700); err != nil {
@@ -451,6 +471,29 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	if len(skipped) > 0 {
 		l.log.Warn("local: cgroup controllers not writable; limits not applied", "sandbox", spec.ID, "controllers", skipped)
 	}
+	var img rootfs.Image
+	extra := map[string]any{"isolation": l.isolation}
+	if spec.Image != "" {
+		var found bool
+		if img, found, err = l.image(ctx, spec.Image); err != nil {
+			return providers.Sandbox{}, err
+		}
+		if found {
+			// The image's environment (PATH and the like) under the request's.
+			env := make(map[string]string, len(img.Config.Env)+len(spec.Env))
+			for _, kv := range img.Config.Env {
+				if k, v, ok := strings.Cut(kv, "="); ok {
+					env[k] = v
+				}
+			}
+			for k, v := range spec.Env {
+				env[k] = v
+			}
+			st.Env, st.Image = env, spec.Image
+		} else {
+			extra["image"] = "ignored: not an image in the local image directory"
+		}
+	}
 	if l.isolation == IsolationNamespaces {
 		if res.DiskGiB != nil {
 			cfg.DiskBytes, cfg.Mkfs = *res.DiskGiB<<30, l.mkfs
@@ -459,7 +502,12 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 			}
 		}
 		cfg.Lower, cfg.Binds = l.view.dir, l.view.binds
-		st.View, st.DiskBytes = l.view.dir, cfg.DiskBytes
+		st.View = l.view.dir
+		if img.Dir != "" {
+			cfg.Lower, cfg.Binds, cfg.Image = img.Dir, nil, true
+			st.View = ""
+		}
+		st.DiskBytes = cfg.DiskBytes
 	}
 	pid, err := l.startInit(readyCtx, dir, cfg, &st)
 	if err != nil {
@@ -489,7 +537,40 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	l.boxes[spec.ID] = sb
 	l.mu.Unlock()
 	ok = true
-	return providers.Sandbox{ID: spec.ID, Workdir: spec.Workdir, Extra: map[string]any{"isolation": l.isolation}}, nil
+	return providers.Sandbox{ID: spec.ID, Workdir: spec.Workdir, Extra: extra}, nil
+}
+
+// image resolves a create's image name to a root filesystem under the
+// image directory. ok is false for a name that is no image there (a
+// registry reference, say): the local provider ignores it, as it always
+// has, and the caller says so. ErrInvalid for an absolute path outside the
+// directory or an unusable image.
+func (l *Local) image(ctx context.Context, name string) (img rootfs.Image, ok bool, err error) {
+	if l.store == nil {
+		return img, false, nil
+	}
+	p := name
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(l.images, p)
+	}
+	p = filepath.Clean(p)
+	if !strings.HasPrefix(p, l.images+"/") {
+		if filepath.IsAbs(name) {
+			return img, false, providers.Errorf(providers.ErrInvalid, "image %q: the local provider runs images from its image directory only", name)
+		}
+		return img, false, nil
+	}
+	img, err = l.store.Resolve(ctx, p)
+	msg := func() string { return strings.ReplaceAll(err.Error(), l.images+"/", "") }
+	switch {
+	case err == nil:
+		return img, true, nil
+	case errors.Is(err, rootfs.ErrNotFound) && !filepath.IsAbs(name):
+		return img, false, nil
+	case errors.Is(err, rootfs.ErrNotFound), errors.Is(err, rootfs.ErrInvalid), errors.Is(err, rootfs.ErrNotLocal):
+		return img, false, providers.Errorf(providers.ErrInvalid, "%s", msg())
+	}
+	return img, false, providers.Wrap(providers.ErrUnavailable, err, "cannot unpack the image")
 }
 
 // withDefaults is r with the provider's default limits where r sets none.
