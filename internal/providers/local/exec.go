@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -88,6 +89,7 @@ type execRun struct {
 
 func (sb *sandbox) exec(ctx context.Context, req request, pr providers.ExecRequest) (providers.ExecResult, error) {
 	start := time.Now()
+	ooms := sb.oomKills()
 	r := &execRun{replies: make(chan agentReply, 2)}
 	r.stdout.max, r.stderr.max = pr.MaxOutput, pr.MaxOutput
 
@@ -161,7 +163,34 @@ func (sb *sandbox) exec(ctx context.Context, req request, pr providers.ExecReque
 	if res.timedOut {
 		out.ExitCode = 125
 	}
+	if out.ExitCode == 128+int(unix.SIGKILL) && sb.oomKills() > ooms {
+		out.Stderr = append(out.Stderr, fmt.Sprintf("\nsandgate: killed: out of memory (the sandbox's memory limit is %d MiB)\n", sb.memoryLimit()>>20)...)
+	}
 	return out, nil
+}
+
+// oomKills is how many processes the kernel has killed in the sandbox for
+// want of memory (0 without a memory cgroup).
+func (sb *sandbox) oomKills() int64 {
+	dir := sb.st.Cgroups["memory"]
+	if dir == "" {
+		return 0
+	}
+	b, _ := os.ReadFile(dir + "/memory.oom_control")
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// memoryLimit is the sandbox's memory limit in bytes.
+func (sb *sandbox) memoryLimit() int64 {
+	b, _ := os.ReadFile(sb.st.Cgroups["memory"] + "/memory.limit_in_bytes")
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n
 }
 
 // agentReply is a reply with, for the first, the command's pidfd.

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -294,8 +295,9 @@ func TestResourceLimits(t *testing.T) {
 	}
 	// Allocating past the limit gets the command OOM-killed; the sandbox
 	// lives on.
-	if _, code := sh(t, l, id, `perl -e '$x = "a" x (512 * 1024 * 1024); print length($x)'`); code != 137 {
-		t.Errorf("512 MiB under a 64 MiB limit: exit %d, want 137", code)
+	out, code := sh(t, l, id, `perl -e '$x = "a" x (512 * 1024 * 1024); print length($x)'`)
+	if code != 137 || !strings.Contains(out, "out of memory (the sandbox's memory limit is 64 MiB)") {
+		t.Errorf("512 MiB under a 64 MiB limit: exit %d %q, want 137 and the reason", code, out)
 	}
 	if got, _ := sh(t, l, id, "echo alive"); got != "alive\n" {
 		t.Errorf("after OOM: %q", got)
@@ -516,5 +518,94 @@ func TestEntrypoint(t *testing.T) {
 	_, err := l.Create(ctxT(t), providers.CreateSpec{ID: providertest.NewID(), Workdir: "/w", Entrypoint: []string{"no-such-binary-sandgate"}, ReadyTimeout: 30 * time.Second})
 	if !errors.Is(err, providers.ErrInvalid) {
 		t.Errorf("missing entrypoint binary: %v, want ErrInvalid", err)
+	}
+}
+
+// TestSignalsStayInside: a terminal's signal goes to its foreground group
+// as the agent finds it inside the sandbox, never to a process group
+// number on the host. Here the foreground group is left stale (its only
+// member exited): a storm of signals then reaches nobody, neither a host
+// process of the test's own in a group of its own nor the sandbox's
+// background process; with a live foreground group the signal lands.
+func TestSignalsStayInside(t *testing.T) {
+	l := newLocal(t, Options{})
+	id := create(t, l, providers.CreateSpec{})
+	victim := exec.Command("sleep", "120")
+	victim.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	victimDone := make(chan error, 1)
+	go func() { victimDone <- victim.Wait() }()
+	t.Cleanup(func() { victim.Process.Kill(); <-victimDone })
+
+	// The child takes the terminal's foreground and exits; the parent,
+	// now in the background, waits on in silence.
+	script := `import os, sys, time
+pid = os.fork()
+if pid == 0:
+    os.setpgid(0, 0)
+    time.sleep(0.3)
+    os._exit(0)
+os.setpgid(pid, pid)
+os.tcsetpgrp(0, pid)
+os.waitpid(pid, 0)
+os.write(1, b"stale-ready\n")
+time.sleep(120)  # stale-marker
+`
+	if _, err := l.WriteFile(ctxT(t), id, "/workspace/stale.py", strings.NewReader(script)); err != nil {
+		t.Fatal(err)
+	}
+	p, err := l.StartProcess(ctxT(t), id, providers.ProcessSpec{Command: "exec python3 /workspace/stale.py", TTY: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	var out bytes.Buffer
+	buf := make([]byte, 4096)
+	for !strings.Contains(out.String(), "stale-ready") {
+		n, err := p.Stdout().Read(buf)
+		out.Write(buf[:n])
+		if err != nil {
+			t.Fatalf("reading the terminal: %v (%q)", err, out.String())
+		}
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT, syscall.SIGHUP, syscall.SIGKILL} {
+		if err := p.Signal(sig); err != nil {
+			t.Fatalf("signal %v: %v", sig, err)
+		}
+	}
+	if got, _ := sh(t, l, id, "ps -eo args | grep -c '[s]tale.py'"); got != "1\n" {
+		t.Errorf("the background process after signals to a stale foreground group: %q", got)
+	}
+	select {
+	case err := <-victimDone:
+		t.Fatalf("the host process died: %v", err)
+	default:
+	}
+	if err := victim.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the host process is gone: %v", err)
+	}
+
+	// A shell's foreground command gets the keyboard's signal.
+	sh2, err := l.StartProcess(ctxT(t), id, providers.ProcessSpec{Command: "sleep 100; echo interrupted-$?", TTY: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh2.Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if got, _ := sh(t, l, id, "ps -eo args | grep -c '^[s]leep 100'"); got == "1\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sleep never started")
+		}
+	}
+	if err := sh2.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := sh2.Wait(); err != nil || code == 0 {
+		t.Errorf("after SIGINT to the foreground: %d %v", code, err)
 	}
 }
