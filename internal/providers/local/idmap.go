@@ -2,10 +2,7 @@ package local
 
 import (
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -64,43 +61,6 @@ func (l *Local) freeRange(base uint32) {
 // idMapping maps sandbox ids 0..65535 to host ids base..base+65535.
 func idMapping(base uint32) []syscall.SysProcIDMap {
 	return []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(base), Size: idMapSize}}
-}
-
-// openUserns returns a user namespace (as an open /proc/<pid>/ns/user)
-// carrying the range that starts at base, for idmapped mounts. The kernel
-// has no call that makes a user namespace without a process in it, so a
-// short-lived child is made in one; the namespace outlives the child for
-// as long as the descriptor is open.
-func openUserns(base uint32) (*os.File, error) {
-	cmd := exec.Command("/proc/self/exe", usernsArg)
-	cmd.Env = []string{}
-	idmap := idMapping(base)
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: idmap,
-		GidMappings: idmap,
-	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	// Start returns once the maps are written and the child runs.
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start a process in a new user namespace: %w", err)
-	}
-	f, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
-	stdin.Close()
-	cmd.Wait()
-	if err != nil {
-		return nil, fmt.Errorf("open user namespace: %w", err)
-	}
-	return f, nil
-}
-
-// runUserns is the child of openUserns: it waits for its stdin to close.
-func runUserns() int {
-	io.Copy(io.Discard, os.Stdin)
-	return 0
 }
 
 // mountIdmapped mounts a non-recursive clone of src at dst, read-only, with

@@ -496,7 +496,7 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	}
 	if l.isolation == IsolationNamespaces {
 		if res.DiskGiB != nil {
-			cfg.DiskBytes, cfg.Mkfs = *res.DiskGiB<<30, l.mkfs
+			cfg.DiskBytes, cfg.Mkfs, cfg.DiskTemplates = *res.DiskGiB<<30, l.mkfs, l.stateDir+"/disk-templates"
 			if l.mkfs == "" {
 				return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "this host cannot enforce disk limits (no loop devices or mkfs.ext4)")
 			}

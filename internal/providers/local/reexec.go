@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 
@@ -19,10 +20,9 @@ import (
 // function catches them before main (or TestMain) runs, so the same
 // mechanism works from the gateway binary and from test binaries.
 const (
-	setupArg  = "__sandgate-local-setup"  // privileged mount ns: clone / for the overlay, start init
-	initArg   = "__sandgate-local-init"   // the sandbox's init and agent
-	probeArg  = "__sandgate-local-probe"  // New: can we create the namespaces at all?
-	usernsArg = "__sandgate-local-userns" // a placeholder process holding a user namespace (idmap.go)
+	setupArg = "__sandgate-local-setup" // privileged mount ns: clone / for the overlay, start init
+	initArg  = "__sandgate-local-init"  // the sandbox's init and agent
+	probeArg = "__sandgate-local-probe" // New: can we create the namespaces at all?
 )
 
 // Descriptors handed to setup and init (after stdin, stdout, stderr).
@@ -56,14 +56,15 @@ type initConfig struct {
 	Workdir   string   `json:"workdir"` // created if missing
 	Isolation string   `json:"isolation"`
 
-	IDBase    uint32            `json:"id_base"`              // host id of sandbox root
-	Lower     string            `json:"lower"`                // host view skeleton or image root
-	Image     bool              `json:"image,omitempty"`      // Lower is an image: keep its setuid bits
-	Binds     []string          `json:"binds,omitempty"`      // host top-level directories bound read-only
-	DiskBytes int64             `json:"disk_bytes,omitempty"` // 0: no filesystem of its own
-	Mkfs      string            `json:"mkfs,omitempty"`
-	Cgroups   map[string]string `json:"cgroups,omitempty"` // joined by setup, so init starts inside
-	ShmBytes  int64             `json:"shm_bytes"`
+	IDBase        uint32            `json:"id_base"`              // host id of sandbox root
+	Lower         string            `json:"lower"`                // host view skeleton or image root
+	Image         bool              `json:"image,omitempty"`      // Lower is an image: keep its setuid bits
+	Binds         []string          `json:"binds,omitempty"`      // host top-level directories bound read-only
+	DiskBytes     int64             `json:"disk_bytes,omitempty"` // 0: no filesystem of its own
+	Mkfs          string            `json:"mkfs,omitempty"`
+	DiskTemplates string            `json:"disk_templates,omitempty"` // formatted empty filesystems, one per size
+	Cgroups       map[string]string `json:"cgroups,omitempty"`        // joined by setup, so init starts inside
+	ShmBytes      int64             `json:"shm_bytes"`
 }
 
 // readyMsg is one line on the readiness pipe: setup reports init's pid,
@@ -85,8 +86,6 @@ func init() {
 		os.Exit(runInit())
 	case probeArg:
 		os.Exit(runProbe())
-	case usernsArg:
-		os.Exit(runUserns())
 	}
 }
 
@@ -130,22 +129,30 @@ func runSetup() int {
 	if err != nil {
 		return fail(err)
 	}
-	cfgR, err := configPipe(raw)
+	// Only this thread joins the sandbox's cgroups, and forks init from
+	// there: a child starts in its forking thread's cgroups. Moving one's
+	// own thread (0 in tasks) skips the whole-process migration lock,
+	// which costs an RCU grace period (~10 ms) per create.
+	runtime.LockOSThread() // for good: setup exits soon after
+	for ctrl, dir := range cfg.Cgroups {
+		if err := os.WriteFile(dir+"/tasks", []byte("0"), 0); err != nil {
+			return fail(fmt.Errorf("join %s cgroup: %w", ctrl, err))
+		}
+	}
+	// Init waits for its config, which is written once its root's layers
+	// are in place (see prepareRoot).
+	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
 		return fail(err)
 	}
+	defer cfgW.Close()
 	cmd := exec.Command("/proc/self/exe", initArg)
 	cmd.Env = []string{}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.ExtraFiles = []*os.File{os.NewFile(fdListener, "listener"), ready, cfgR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	for ctrl, dir := range cfg.Cgroups {
-		if err := os.WriteFile(dir+"/cgroup.procs", []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-			return fail(fmt.Errorf("join %s cgroup: %w", ctrl, err))
-		}
-	}
 	if cfg.Isolation == IsolationNamespaces {
-		if err := prepareRoot(cfg); err != nil {
+		if err := stageRoot(cfg); err != nil {
 			return fail(err)
 		}
 		cmd.SysProcAttr = sandboxAttr(cfg.IDBase)
@@ -153,27 +160,52 @@ func runSetup() int {
 	if err := cmd.Start(); err != nil {
 		return fail(fmt.Errorf("start init: %w", err))
 	}
+	cfgR.Close()
+	// Reported at once, so that whatever happens next the gateway can
+	// clean up after init.
 	writeReady(ready, readyMsg{Pid: cmd.Process.Pid})
+	if cfg.Isolation == IsolationNamespaces {
+		if err := mountLayers(cfg, cmd.Process.Pid); err != nil {
+			// Init reads no config and exits.
+			return fail(err)
+		}
+	}
+	if _, err := cfgW.Write(raw); err != nil {
+		return fail(fmt.Errorf("hand init its config: %w", err))
+	}
 	return 0
 }
 
-// prepareRoot is setup's part of the namespaced sandbox (setup has joined
-// the sandbox's cgroups already: init inherits them, and its cgroup
-// namespace is rooted there): it makes the sandbox's filesystem, mounts the id-mapped
-// read-only layers, hands dir to sandbox root and makes it the working
+// stageRoot is setup's part of the namespaced sandbox before init starts
+// (setup has joined the sandbox's cgroups already: init inherits them, and
+// its cgroup namespace is rooted there). It binds dir onto itself as a
+// shared mount, so that what is mounted under it later reaches init's
+// mount namespace too (a copy owned by a less privileged user namespace
+// receives a shared mount's events as a slave); makes the sandbox's
+// filesystem; hands dir to sandbox root; and makes dir the working
 // directory init starts in.
-func prepareRoot(cfg initConfig) error {
+func stageRoot(cfg initConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
+	}
+	if err := unix.Mount(cfg.Dir, cfg.Dir, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind the sandbox directory: %w", err)
+	}
+	if err := unix.Mount("", cfg.Dir, "", unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("share the sandbox directory: %w", err)
 	}
 	base := int(cfg.IDBase)
 	rw := cfg.Dir + "/rw"
 	if cfg.DiskBytes > 0 {
-		if err := makeDisk(cfg.Mkfs, cfg.Dir, rw, cfg.DiskBytes, cfg.IDBase); err != nil {
+		if err := makeDisk(cfg.Mkfs, cfg.DiskTemplates, cfg.Dir, rw, cfg.DiskBytes); err != nil {
 			return err
 		}
 	}
-	for _, d := range []string{rw, rw + "/upper", rw + "/work", cfg.Dir + "/root", cfg.Dir} {
+	dirs := []string{rw, rw + "/upper", rw + "/work", cfg.Dir + "/root", cfg.Dir + "/lower", cfg.Dir}
+	for _, name := range cfg.Binds {
+		dirs = append(dirs, cfg.Dir+"/ro/"+name)
+	}
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
@@ -181,9 +213,19 @@ func prepareRoot(cfg initConfig) error {
 			return err
 		}
 	}
-	userns, err := openUserns(cfg.IDBase)
+	// Init, started with this working directory (the bind, not what it
+	// covers), reaches everything by relative paths.
+	return os.Chdir(cfg.Dir)
+}
+
+// mountLayers mounts the id-mapped, read-only layers of the sandbox's root
+// under dir, mapped through init's own user namespace (so no process is
+// needed to hold one). They reach init's mount namespace through the
+// shared bind stageRoot made.
+func mountLayers(cfg initConfig, initPid int) error {
+	userns, err := os.Open("/proc/" + strconv.Itoa(initPid) + "/ns/user")
 	if err != nil {
-		return err
+		return fmt.Errorf("open init's user namespace: %w", err)
 	}
 	defer userns.Close()
 	var nosuid uint64 = unix.MOUNT_ATTR_NOSUID
@@ -194,17 +236,11 @@ func prepareRoot(cfg initConfig) error {
 		return err
 	}
 	for _, name := range cfg.Binds {
-		dst := cfg.Dir + "/ro/" + name
-		if err := os.MkdirAll(dst, 0o755); err != nil {
-			return err
-		}
-		if err := mountIdmapped("/"+name, dst, userns, unix.MOUNT_ATTR_NOSUID); err != nil {
+		if err := mountIdmapped("/"+name, cfg.Dir+"/ro/"+name, userns, unix.MOUNT_ATTR_NOSUID); err != nil {
 			return err
 		}
 	}
-	// Init, started with this working directory, reaches everything above
-	// by relative paths.
-	return os.Chdir(cfg.Dir)
+	return nil
 }
 
 // runInit is the sandbox's init: it builds the root filesystem (in
