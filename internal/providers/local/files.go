@@ -137,10 +137,7 @@ func onKernelFS(fd int) error {
 }
 
 // openInSandbox opens the regular file at the absolute path p, resolved
-// inside this process's root: for reading, or with write for writing
-// (created 0644 with missing parents 0755, truncated). Runs in the agent.
-// The parent directory is checked too, so that a write is refused before
-// a kernel file is opened (and truncated).
+// inside this process's root (see openUnder). Runs in the agent.
 func openInSandbox(p string, write bool) (*os.File, error) {
 	rel, err := relPath(p)
 	if err != nil {
@@ -154,6 +151,15 @@ func openInSandbox(p string, write bool) (*os.File, error) {
 		return nil, err
 	}
 	defer root.Close()
+	return openUnder(root, rel, write)
+}
+
+// openUnder opens rel, resolved inside root, for reading or writing
+// (created 0644 with missing parents 0755, truncated): a regular file,
+// not on a kernel interface filesystem. The parent directory is checked
+// too, so that a write is refused before a kernel file is opened (and
+// truncated).
+func openUnder(root *os.File, rel string, write bool) (*os.File, error) {
 	flags, mode := unix.O_RDONLY, uint32(0)
 	if write {
 		if err := mkdirParents(root, rel); err != nil {
@@ -161,8 +167,7 @@ func openInSandbox(p string, write bool) (*os.File, error) {
 		}
 		flags, mode = unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, 0o644
 	}
-	parent := path.Dir(rel)
-	pfd, err := openIn(root, parent, unix.O_PATH|unix.O_DIRECTORY, 0)
+	pfd, err := openIn(root, path.Dir(rel), unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -279,23 +284,11 @@ func (sb *sandbox) open(ctx context.Context, p, rel string, write bool) (*os.Fil
 		return nil, err
 	}
 	defer root.Close()
-	flags, mode := unix.O_RDONLY, uint32(0)
-	if write {
-		if err := mkdirParents(root, rel); err != nil {
-			return nil, err
-		}
-		flags, mode = unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, 0o644
-	}
-	// O_NONBLOCK so that a FIFO fails (ENXIO) instead of blocking.
-	fd, err := openIn(root, rel, flags|unix.O_NONBLOCK|unix.O_NOCTTY, mode)
+	f, err := openUnder(root, rel, write)
 	if err != nil {
 		return nil, fileErr(err)
 	}
-	if err := regular(fd); err != nil {
-		unix.Close(fd)
-		return nil, err
-	}
-	return os.NewFile(uintptr(fd), "sandbox-file"), nil
+	return f, nil
 }
 
 // mkdirParents creates the missing parent directories of rel, each one

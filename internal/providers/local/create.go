@@ -1,0 +1,395 @@
+package local
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/rootfs"
+)
+
+func validateSpec(spec providers.CreateSpec) error {
+	var problems []string
+	if !idPattern.MatchString(spec.ID) {
+		problems = append(problems, "sandbox id must be 1-63 lowercase letters, digits or dashes")
+	}
+	keys := slices.Sorted(func(yield func(string) bool) {
+		for k := range spec.Options {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	for _, k := range keys {
+		problems = append(problems, fmt.Sprintf("unknown provider option %q (local takes none)", k))
+	}
+	if spec.Workdir != "" && (!filepath.IsAbs(spec.Workdir) || filepath.Clean(spec.Workdir) != spec.Workdir) {
+		problems = append(problems, "workdir must be an absolute, clean path")
+	}
+	if err := validateEnv(spec.Env); err != nil {
+		problems = append(problems, err.Error())
+	}
+	r := spec.Resources
+	if r.CPU != nil && *r.CPU <= 0 {
+		problems = append(problems, "resources.cpu must be positive")
+	}
+	if r.MemoryMiB != nil && *r.MemoryMiB <= 0 {
+		problems = append(problems, "resources.memory_mib must be positive")
+	}
+	if r.DiskGiB != nil && *r.DiskGiB < 0 {
+		problems = append(problems, "resources.disk_gib must not be negative")
+	}
+	if (r.GPU != nil && *r.GPU > 0) || (r.GPUType != nil && *r.GPUType != "") {
+		problems = append(problems, "the local provider has no GPUs")
+	}
+	if len(problems) > 0 {
+		return providers.Errorf(providers.ErrInvalid, "%s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func validateEnv(env map[string]string) error {
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("invalid environment variable %q", k)
+		}
+	}
+	return nil
+}
+
+// Create makes a sandbox and returns once its agent answers. Options must
+// be empty. A resource the spec leaves unset (or disk_gib 0) gets the
+// provider's default limit. On error nothing is left behind.
+func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
+	if err := validateSpec(spec); err != nil {
+		return providers.Sandbox{}, err
+	}
+	if spec.Workdir == "" {
+		spec.Workdir = defaultWorkdir
+	}
+	if spec.ReadyTimeout <= 0 {
+		spec.ReadyTimeout = defaultReadyTimeout
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return providers.Sandbox{}, providers.Errorf(providers.ErrUnavailable, "provider is closed")
+	}
+	if l.creating[spec.ID] || l.boxes[spec.ID] != nil {
+		l.mu.Unlock()
+		return providers.Sandbox{}, providers.Errorf(providers.ErrConflict, "sandbox %s already exists", spec.ID)
+	}
+	var idBase uint32
+	if l.isolation == IsolationNamespaces {
+		var err error
+		if idBase, err = l.allocRange(spec.ID); err != nil {
+			l.mu.Unlock()
+			return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "no id range left for a sandbox")
+		}
+	}
+	l.creating[spec.ID] = true
+	l.mu.Unlock()
+	ok := false
+	defer func() {
+		l.mu.Lock()
+		delete(l.creating, spec.ID)
+		l.mu.Unlock()
+		if !ok {
+			l.freeRange(idBase)
+		}
+	}()
+	res := l.withDefaults(spec.Resources)
+
+	dir := filepath.Join(l.boxesDir, spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return providers.Sandbox{}, providers.Errorf(providers.ErrConflict, "sandbox %s already exists", spec.ID)
+		}
+		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot create sandbox directory")
+	}
+	st := persisted{ID: spec.ID, Isolation: l.isolation, Workdir: spec.Workdir, Env: spec.Env, Created: time.Now().UTC(), IDBase: idBase}
+	defer func() {
+		if !ok {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteTimeout)
+			defer cancel()
+			if err := destroy(ctx, dir, st); err != nil {
+				l.log.Error("local: cleanup after failed create", "sandbox", spec.ID, "err", err)
+			}
+		}
+	}()
+
+	readyCtx, cancel := context.WithTimeout(ctx, spec.ReadyTimeout)
+	defer cancel()
+	cfg := initConfig{
+		ID: spec.ID, Dir: dir, Private: l.private, Workdir: spec.Workdir, Isolation: l.isolation,
+		IDBase: idBase, ShmBytes: l.shm,
+	}
+	cgroups, skipped, err := createCgroups(spec.ID, res, l.pidsMax)
+	if err != nil {
+		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply resource limits")
+	}
+	st.Cgroups, cfg.Cgroups = cgroups, cgroups
+	if len(skipped) > 0 {
+		l.log.Warn("local: cgroup controllers not writable; limits not applied", "sandbox", spec.ID, "controllers", skipped)
+	}
+	var img rootfs.Image
+	extra := map[string]any{"isolation": l.isolation}
+	if spec.Image != "" {
+		var found bool
+		if img, found, err = l.image(ctx, spec.Image); err != nil {
+			return providers.Sandbox{}, err
+		}
+		if found {
+			// The image's environment (PATH and the like) under the request's.
+			env := make(map[string]string, len(img.Config.Env)+len(spec.Env))
+			for _, kv := range img.Config.Env {
+				if k, v, ok := strings.Cut(kv, "="); ok {
+					env[k] = v
+				}
+			}
+			for k, v := range spec.Env {
+				env[k] = v
+			}
+			st.Env, st.Image = env, spec.Image
+		} else {
+			extra["image"] = "ignored: not an image in the local image directory"
+		}
+	}
+	if l.isolation == IsolationNamespaces {
+		if res.DiskGiB != nil {
+			cfg.DiskBytes, cfg.Mkfs, cfg.DiskTemplates = *res.DiskGiB<<30, l.mkfs, l.stateDir+"/disk-templates"
+			if l.mkfs == "" {
+				return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "this host cannot enforce disk limits (no loop devices or mkfs.ext4)")
+			}
+		}
+		cfg.Lower, cfg.Binds = l.view.dir, l.view.binds
+		st.View = l.view.dir
+		if img.Dir != "" {
+			cfg.Lower, cfg.Binds, cfg.Image = img.Dir, nil, true
+			st.View = ""
+		}
+		st.DiskBytes = cfg.DiskBytes
+	}
+	pid, err := l.startInit(readyCtx, dir, cfg, &st)
+	if err != nil {
+		return providers.Sandbox{}, err
+	}
+	ps, err := readProcStat("/proc", pid)
+	if err != nil {
+		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "sandbox init exited during start")
+	}
+	st.StartTime = ps.startTime
+	if err := limitWithoutCgroup(pid, st.Cgroups, res); err != nil {
+		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply resource limits")
+	}
+	if err := writeState(dir, st); err != nil {
+		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot record sandbox state")
+	}
+	sb := &sandbox{id: spec.ID, dir: dir, st: st}
+	if err := sb.ping(readyCtx); err != nil {
+		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
+	}
+	if spec.Entrypoint != nil {
+		if err := sb.spawn(readyCtx, spec.Entrypoint); err != nil {
+			return providers.Sandbox{}, err
+		}
+	}
+	l.mu.Lock()
+	l.boxes[spec.ID] = sb
+	l.mu.Unlock()
+	ok = true
+	return providers.Sandbox{ID: spec.ID, Workdir: spec.Workdir, Extra: extra}, nil
+}
+
+// image resolves a create's image name to a root filesystem under the
+// image directory. ok is false for a name that is no image there (a
+// registry reference, say): the local provider ignores it, as it always
+// has, and the caller says so. ErrInvalid for an absolute path outside the
+// directory or an unusable image.
+func (l *Local) image(ctx context.Context, name string) (img rootfs.Image, ok bool, err error) {
+	if l.store == nil {
+		return img, false, nil
+	}
+	p := name
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(l.images, p)
+	}
+	p = filepath.Clean(p)
+	if !strings.HasPrefix(p, l.images+"/") {
+		if filepath.IsAbs(name) {
+			return img, false, providers.Errorf(providers.ErrInvalid, "image %q: the local provider runs images from its image directory only", name)
+		}
+		return img, false, nil
+	}
+	img, err = l.store.Resolve(ctx, p)
+	msg := func() string { return strings.ReplaceAll(err.Error(), l.images+"/", "") }
+	switch {
+	case err == nil:
+		return img, true, nil
+	case errors.Is(err, rootfs.ErrNotFound) && !filepath.IsAbs(name):
+		return img, false, nil
+	case errors.Is(err, rootfs.ErrNotFound), errors.Is(err, rootfs.ErrInvalid), errors.Is(err, rootfs.ErrNotLocal):
+		return img, false, providers.Errorf(providers.ErrInvalid, "%s", msg())
+	}
+	return img, false, providers.Wrap(providers.ErrUnavailable, err, "cannot unpack the image")
+}
+
+// withDefaults is r with the provider's default limits where r sets none.
+func (l *Local) withDefaults(r providers.Resources) providers.Resources {
+	if r.MemoryMiB == nil {
+		r.MemoryMiB = l.limits.MemoryMiB
+	}
+	if r.CPU == nil {
+		r.CPU = l.limits.CPU
+	}
+	if r.DiskGiB == nil || *r.DiskGiB == 0 {
+		r.DiskGiB = l.limits.DiskGiB
+	}
+	return r
+}
+
+// startInit starts the sandbox's init through the setup process and waits
+// until init reports ready. It records init's pid in st as soon as it is
+// known, so a failed start can be cleaned up.
+func (l *Local) startInit(ctx context.Context, dir string, cfg initConfig, st *persisted) (int, error) {
+	subdirs := []string{"lower", "root", "rw"}
+	if cfg.Isolation == IsolationNone {
+		subdirs = []string{"fs", "fs" + cfg.Workdir}
+	}
+	for _, d := range subdirs {
+		if err := os.MkdirAll(dir+"/"+d, 0o755); err != nil {
+			return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot create sandbox directory")
+		}
+	}
+	lf, err := listenAgent(dir)
+	if err != nil {
+		return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot create agent socket")
+	}
+	defer lf.Close()
+	logf, err := os.OpenFile(dir+"/"+logName, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot create init log")
+	}
+	defer logf.Close()
+	rr, rw, err := os.Pipe()
+	if err != nil {
+		return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot create readiness pipe")
+	}
+	defer rr.Close()
+	arg, _ := json.Marshal(cfg)
+
+	cfgR, err := configPipe(arg)
+	if err != nil {
+		return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot create config pipe")
+	}
+	defer cfgR.Close()
+
+	cmd := exec.Command("/proc/self/exe", setupArg)
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{lf, rw, cfgR}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if cfg.Isolation == IsolationNamespaces {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNS
+	}
+	err = cmd.Start()
+	rw.Close()
+	if err != nil {
+		return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot start sandbox setup")
+	}
+	// The deadline follows ctx until the final drain below takes over.
+	var mu sync.Mutex
+	draining := false
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !draining {
+			rr.SetReadDeadline(time.Now())
+		}
+	})
+	defer stop()
+
+	br := bufio.NewReader(rr)
+	pid, err := readReady(br, st)
+	if err == nil {
+		// Setup exits right after starting init.
+		cmd.Wait()
+		return pid, nil
+	}
+	// Init may be running although readiness failed (a deadline, say):
+	// setup reports its pid before exiting, so once setup is gone the pid
+	// is in the pipe if it will ever be. destroy then kills init.
+	if st.Pid == 0 {
+		waitSetup(cmd)
+		mu.Lock()
+		draining = true
+		rr.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		mu.Unlock()
+		readReady(br, st)
+	} else {
+		waitSetup(cmd)
+	}
+	if ctx.Err() != nil {
+		return 0, providers.Wrap(providers.ErrUnavailable, ctx.Err(), "sandbox did not become ready in time")
+	}
+	if tl := tail(dir + "/" + logName); tl != "" {
+		err = fmt.Errorf("%w; init log: %s", err, tl)
+	}
+	return 0, providers.Wrap(providers.ErrUnavailable, err, "sandbox init failed")
+}
+
+// waitSetup waits for the setup process, which exits at once unless it
+// is stuck in the kernel; then it is killed.
+func waitSetup(cmd *exec.Cmd) {
+	t := time.AfterFunc(5*time.Second, func() { cmd.Process.Kill() })
+	cmd.Wait()
+	t.Stop()
+}
+
+// readReady reads the readiness pipe until it has both init's ready and
+// setup's report of init's pid (they race: setup writes after init has
+// started), or an error. It records the pid in st as soon as it arrives.
+func readReady(br *bufio.Reader, st *persisted) (int, error) {
+	ready := false
+	for !ready || st.Pid == 0 {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			return 0, fmt.Errorf("init exited before ready: %w", err)
+		}
+		var m readyMsg
+		if err := json.Unmarshal(line, &m); err != nil {
+			return 0, fmt.Errorf("readiness pipe: %w", err)
+		}
+		switch {
+		case m.Error != "":
+			return 0, errors.New(m.Error)
+		case m.Pid > 0:
+			st.Pid = m.Pid
+		case m.Ready:
+			ready = true
+		}
+	}
+	return st.Pid, nil
+}
+
+// tail returns the end of a log file, for error causes (never shown to
+// clients).
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return strings.TrimSpace(string(b))
+}
