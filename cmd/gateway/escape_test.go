@@ -302,18 +302,18 @@ func TestEscapeNestedUsernsAndCgroups(t *testing.T) {
 func TestEscapeDiskAndProcesses(t *testing.T) {
 	stateDir := t.TempDir()
 	g := startGateway(t, stateDir, nil)
-	b := escCreate(t, g, `{"resources":{"disk_gib":1}}`)
-	out, code := b.sh("head -c 1200M /dev/zero > /workspace/big; echo rc=$?; sync")
+	b := escCreate(t, g, `{"resources":{"disk_gib":0.5}}`)
+	out, code := b.sh("head -c 1G /dev/zero > /workspace/big; echo rc=$?; sync")
 	if !strings.Contains(out, "No space left on device") || !strings.Contains(out, "rc=1") {
-		t.Errorf("1.2 GiB into a 1 GiB disk: %q %d", out, code)
+		t.Errorf("1 GiB into a 0.5 GiB disk: %q %d", out, code)
 	}
 	img := filepath.Join(stateDir, "local", "sandboxes", b.ID, "disk.img")
 	var st syscall.Stat_t
 	if err := syscall.Stat(img, &st); err != nil {
 		t.Fatal(err)
 	}
-	if used := st.Blocks * 512; used > 1<<30+64<<20 {
-		t.Errorf("disk image holds %d bytes on the host, over the 1 GiB limit", used)
+	if used := st.Blocks * 512; used > 512<<20 {
+		t.Errorf("disk image holds %d bytes on the host, over the 0.5 GiB limit", used)
 	}
 	if out, s := b.file("PUT", "/workspace/more", strings.Repeat("x", 1<<20)); out != 413 {
 		t.Errorf("upload into a full disk: %d %.100q, want 413", out, s)

@@ -56,7 +56,7 @@ func (s *server) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest
 		ProviderOptions: b.ProviderOptions,
 	}
 	if r := b.Resources; r != nil {
-		cr.Resources = providers.Resources{CPU: r.CPU, MemoryMiB: int64p(r.MemoryMib), DiskGiB: int64p(r.DiskGib), GPU: int64p(r.GPU), GPUType: r.GPUType}
+		cr.Resources = providers.Resources{CPU: r.CPU, MemoryMiB: int64p(r.MemoryMib), DiskGiB: r.DiskGib, GPU: int64p(r.GPU), GPUType: r.GPUType}
 	}
 	ref, err := s.svc.Create(ctx, callerFrom(ctx), cr)
 	if err != nil {

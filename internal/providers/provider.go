@@ -33,7 +33,7 @@ func (s State) Live() bool {
 type Resources struct {
 	CPU       *float64
 	MemoryMiB *int64
-	DiskGiB   *int64
+	DiskGiB   *float64 // fractions allowed (0.5 = 512 MiB)
 	GPU       *int64
 	GPUType   *string
 }

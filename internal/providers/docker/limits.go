@@ -137,7 +137,7 @@ func (d *Docker) setLimits(hc *container.HostConfig, r providers.Resources, o cr
 	}
 	if g := r.DiskGiB; g != nil && *g > 0 {
 		if f.diskQuota {
-			hc.StorageOpt = map[string]string{"size": fmt.Sprintf("%dG", *g)}
+			hc.StorageOpt = map[string]string{"size": fmt.Sprintf("%dM", int64(*g*1024))}
 			extra["disk_limit"] = diskEnforced
 		} else {
 			extra["disk_limit"] = diskNotEnforced

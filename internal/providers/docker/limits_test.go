@@ -91,7 +91,7 @@ func TestDiskLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := providers.CreateSpec{ID: providertest.NewID(), Image: dockertest.ImageRef, Resources: providers.Resources{DiskGiB: ptr(int64(5))}, ReadyTimeout: time.Minute}
+	spec := providers.CreateSpec{ID: providertest.NewID(), Image: dockertest.ImageRef, Resources: providers.Resources{DiskGiB: ptr(5.0)}, ReadyTimeout: time.Minute}
 	sb, err := p.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +106,7 @@ func TestDiskLimit(t *testing.T) {
 	// then the provider says so and remembers.
 	f2, _ := p.daemonFacts(ctx)
 	switch {
-	case f2.diskQuota && (got != diskEnforced || info.HostConfig.StorageOpt["size"] != "5G"):
+	case f2.diskQuota && (got != diskEnforced || info.HostConfig.StorageOpt["size"] != "5120M"):
 		t.Errorf("able daemon: extra %v, StorageOpt %v", sb.Extra, info.HostConfig.StorageOpt)
 	case !f2.diskQuota && (got != diskNotEnforced || len(info.HostConfig.StorageOpt) != 0):
 		t.Errorf("daemon that cannot limit disk: extra %v, StorageOpt %v", sb.Extra, info.HostConfig.StorageOpt)

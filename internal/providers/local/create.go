@@ -47,8 +47,8 @@ func validateSpec(spec providers.CreateSpec) error {
 	if r.MemoryMiB != nil && *r.MemoryMiB <= 0 {
 		problems = append(problems, "resources.memory_mib must be positive")
 	}
-	if r.DiskGiB != nil && *r.DiskGiB < 0 {
-		problems = append(problems, "resources.disk_gib must not be negative")
+	if r.DiskGiB != nil && *r.DiskGiB != 0 && *r.DiskGiB*(1<<30) < minDiskBytes {
+		problems = append(problems, fmt.Sprintf("resources.disk_gib must be 0 (the default) or at least %g (%d MiB)", float64(minDiskBytes)/(1<<30), minDiskBytes>>20))
 	}
 	if (r.GPU != nil && *r.GPU > 0) || (r.GPUType != nil && *r.GPUType != "") {
 		problems = append(problems, "the local provider has no GPUs")
@@ -168,7 +168,9 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	}
 	if l.isolation == IsolationNamespaces {
 		if res.DiskGiB != nil {
-			cfg.DiskBytes, cfg.Mkfs, cfg.DiskTemplates = *res.DiskGiB<<30, l.mkfs, l.stateDir+"/disk-templates"
+			// Whole 1 MiB units: the filesystem's size, and its template's name.
+			cfg.DiskBytes = int64(*res.DiskGiB*(1<<10)) << 20
+			cfg.Mkfs, cfg.DiskTemplates = l.mkfs, l.stateDir+"/disk-templates"
 			if l.mkfs == "" {
 				return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "this host cannot enforce disk limits (no loop devices or mkfs.ext4)")
 			}

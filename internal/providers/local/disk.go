@@ -22,6 +22,10 @@ import (
 
 const diskImage = "disk.img"
 
+// minDiskBytes is the smallest disk limit: room for ext4's own metadata
+// and the overlay's work directory, with space to spare.
+const minDiskBytes = 64 << 20
+
 // mkfsPaths are where Debian and others keep mkfs.ext4 (setup runs with an
 // empty environment, so no PATH lookup).
 var mkfsPaths = []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4", "/usr/bin/mkfs.ext4"}

@@ -94,7 +94,7 @@ type Options struct {
 	// no CPU limit, DefaultDiskGiB; negative: none).
 	DefaultMemoryMiB int64
 	DefaultCPU       float64
-	DefaultDiskGiB   int64
+	DefaultDiskGiB   float64
 	// PidsMax is each sandbox's process limit (0: the host's pid_max/16);
 	// all sandboxes together get at most half of pid_max.
 	PidsMax int64
@@ -256,6 +256,9 @@ func New(opts Options) (*Local, error) {
 // setLimits fills in the default limits from opts.
 func (l *Local) setLimits(opts Options) error {
 	mem, disk := opts.DefaultMemoryMiB, opts.DefaultDiskGiB
+	if disk > 0 && disk*(1<<30) < minDiskBytes {
+		return fmt.Errorf("local: a default disk limit of %g GiB is below the least, %d MiB", disk, minDiskBytes>>20)
+	}
 	if mem == 0 {
 		mem = DefaultMemoryMiB
 	}
