@@ -25,6 +25,17 @@ func benchGateway(b *testing.B) (*httptest.Server, *local.Local) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// Registered first, so it runs last: sandboxes outlive the gateway by
+	// design, but not the benchmark.
+	b.Cleanup(func() {
+		ctx := context.Background()
+		owned, _ := p.List(ctx)
+		for _, o := range owned {
+			if err := p.Delete(ctx, o.ID); err != nil {
+				b.Errorf("delete %s: %v", o.ID, err)
+			}
+		}
+	})
 	return serveInProcess(b, p), p
 }
 
