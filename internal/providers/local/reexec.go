@@ -140,7 +140,7 @@ func runSetup() int {
 		}
 	}
 	// Init waits for its config, which is written once its root's layers
-	// are in place (see prepareRoot).
+	// are in place (see mountLayers).
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
 		return fail(err)
