@@ -31,6 +31,9 @@ type agent struct {
 	waiters map[int]chan syscall.WaitStatus
 
 	forks chan forkReq
+	// forkerTid is the forker thread's id in the sandbox's pid namespace:
+	// the gateway moves that thread alone into the sandbox's pids cgroup.
+	forkerTid int
 }
 
 type forkReq struct {
@@ -84,6 +87,7 @@ func (a *agent) forker(started chan<- error) {
 			return
 		}
 	}
+	a.forkerTid = unix.Gettid()
 	started <- nil
 	for r := range a.forks {
 		if r.fn != nil {
@@ -156,7 +160,7 @@ func (a *agent) handle(c *net.UnixConn) {
 		a.exec(c, req, files)
 		return
 	case opPing:
-		sendMsg(c, reply{})
+		sendMsg(c, reply{Pid: a.forkerTid})
 	case opSignal:
 		// kill(-1) in init's pid namespace reaches every process of the
 		// sandbox but init; without that namespace it would reach the host.

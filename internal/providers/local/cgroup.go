@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -155,6 +156,60 @@ func limitWithoutCgroup(pid int, paths map[string]string, res providers.Resource
 		}
 	}
 	return nil
+}
+
+// setupCgroups are the cgroups setup's forking thread joins, so that init
+// starts in them: the sandbox's own, except for pids, where init's
+// threads stay in the parent (see joinPids).
+func setupCgroups(paths map[string]string) map[string]string {
+	out := make(map[string]string, len(paths))
+	for ctrl, dir := range paths {
+		if ctrl == "pids" {
+			dir = filepath.Dir(dir)
+		}
+		out[ctrl] = dir
+	}
+	return out
+}
+
+// joinPids moves init's forker thread (tid in the sandbox's pid
+// namespace), and so every command it forks from then on, into the
+// sandbox's pids cgroup dir. Init's other threads stay in the parent: a
+// fork bomb that fills the sandbox's limit cannot stop the Go runtime of
+// init from starting a thread (which would end init, and the sandbox).
+// Moving one thread takes no whole-process migration lock.
+func joinPids(dir string, initPid, tid int) error {
+	if dir == "" {
+		return nil
+	}
+	host, err := hostTid(initPid, tid)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dir+"/tasks", []byte(strconv.Itoa(host)), 0)
+}
+
+// hostTid finds, among pid's threads, the one whose id in its own pid
+// namespace is tid, and returns its id on the host.
+func hostTid(pid, tid int) (int, error) {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 2 && f[0] == "NSpid:" && f[len(f)-1] == strconv.Itoa(tid) {
+				return strconv.Atoi(f[1])
+			}
+		}
+	}
+	return 0, fmt.Errorf("no thread %d in process %d", tid, pid)
 }
 
 // removeCgroups removes the cgroups in paths, SIGKILLing what is still in

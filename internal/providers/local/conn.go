@@ -96,6 +96,16 @@ func (sb *sandbox) ping(ctx context.Context) error {
 	return err
 }
 
+// forkerTid asks the agent for its forker thread's id (in the sandbox's
+// pid namespace).
+func (sb *sandbox) forkerTid(ctx context.Context) (int, error) {
+	rep, err := sb.call(ctx, request{Op: opPing})
+	if err == nil && rep.Pid <= 0 {
+		err = errors.New("agent did not name its forker thread")
+	}
+	return rep.Pid, err
+}
+
 // spawn starts argv in the background (the entrypoint), output discarded.
 func (sb *sandbox) spawn(ctx context.Context, argv []string) error {
 	null, err := os.Open(os.DevNull)

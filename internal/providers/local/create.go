@@ -139,7 +139,7 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	if err != nil {
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply resource limits")
 	}
-	st.Cgroups, cfg.Cgroups = cgroups, cgroups
+	st.Cgroups, cfg.Cgroups = cgroups, setupCgroups(cgroups)
 	if len(skipped) > 0 {
 		l.log.Warn("local: cgroup controllers not writable; limits not applied", "sandbox", spec.ID, "controllers", skipped)
 	}
@@ -199,8 +199,12 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot record sandbox state")
 	}
 	sb := &sandbox{id: spec.ID, dir: dir, st: st}
-	if err := sb.ping(readyCtx); err != nil {
+	tid, err := sb.forkerTid(readyCtx)
+	if err != nil {
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
+	}
+	if err := joinPids(st.Cgroups["pids"], pid, tid); err != nil {
+		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply the process limit")
 	}
 	if spec.Entrypoint != nil {
 		if err := sb.spawn(readyCtx, spec.Entrypoint); err != nil {

@@ -80,7 +80,7 @@ const (
 
 // reply is what the agent sends.
 type reply struct {
-	Pid    int    `json:"pid,omitempty"`
+	Pid    int    `json:"pid,omitempty"` // exec: the command's; ping: the forker thread's id
 	Error  string `json:"error,omitempty"`
 	Kind   string `json:"kind,omitempty"`
 	Exited bool   `json:"exited,omitempty"`
