@@ -294,18 +294,21 @@ func (p *process) Wait() (int, error) {
 }
 
 // Kill has the agent kill the process's group, session and descendants,
-// kills the group from here too (which works when the agent is stuck),
-// and closes the terminal or pipes, ending their readers. Idempotent.
+// kills the leader from here through its pidfd (which works when the agent
+// is stuck), and closes the terminal or pipes, ending their readers.
+// Idempotent; the first call does it all.
 func (p *process) Kill() error {
-	select {
-	case <-p.exited:
-	default:
-		sendMsg(p.conn, request{Op: opKill})
-		if p.leader != nil {
-			unix.PidfdSendSignal(int(p.leader.Fd()), unix.SIGKILL, nil, 0)
-		}
-	}
+	// Once: the pidfd is closed here, and a concurrent Kill must not use
+	// it meanwhile.
 	p.killOnce.Do(func() {
+		select {
+		case <-p.exited:
+		default:
+			sendMsg(p.conn, request{Op: opKill})
+			if p.leader != nil {
+				unix.PidfdSendSignal(int(p.leader.Fd()), unix.SIGKILL, nil, 0)
+			}
+		}
 		closeFiles([]*os.File{p.master, p.stdin, p.stdout, p.stderr, p.leader})
 	})
 	return nil
