@@ -258,7 +258,7 @@ type PtyCreateRequest struct {
 	Cwd     *string           `json:"cwd,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
 
-	// Pty true (default) = a PTY; false = pipes (stdout and stderr apart).
+	// Pty true = a PTY, false = pipes (stdout and stderr apart), either started at once; absent or null = chosen by the first attach (`?pty=0`: pipes, else a PTY), started then.
 	Pty  *bool   `json:"pty,omitempty"`
 	Rows *int    `json:"rows,omitempty"`
 	User *string `json:"user,omitempty"`
@@ -692,8 +692,11 @@ type ClientInterface interface {
 
 	// CreatePtySessionWithBody Start a terminal session
 	//
-	// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
-	// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+	// With `pty` in the body, starts the process at once with a PTY (`true`) or with pipes
+	// (`false`), so output from before any attach is retained (the last 1 MiB by default, with
+	// absolute byte offsets). Without `pty` (as OpenSandbox execd's clients create sessions), the
+	// process starts at the first WebSocket attach, in the mode that attach asks for (`?pty=0`:
+	// pipes; otherwise a PTY); until then the session is listed with `output_offset` 0.
 	// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
 	// be omitted.
 	//
@@ -704,8 +707,11 @@ type ClientInterface interface {
 
 	// CreatePtySession Start a terminal session
 	//
-	// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
-	// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+	// With `pty` in the body, starts the process at once with a PTY (`true`) or with pipes
+	// (`false`), so output from before any attach is retained (the last 1 MiB by default, with
+	// absolute byte offsets). Without `pty` (as OpenSandbox execd's clients create sessions), the
+	// process starts at the first WebSocket attach, in the mode that attach asks for (`?pty=0`:
+	// pipes; otherwise a PTY); until then the session is listed with `output_offset` 0.
 	// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
 	// be omitted.
 	//
@@ -1087,8 +1093,11 @@ func (c *Client) ListPtySessions(ctx context.Context, id SandboxID, reqEditors .
 
 // CreatePtySessionWithBody Start a terminal session
 //
-// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
-// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+// With `pty` in the body, starts the process at once with a PTY (`true`) or with pipes
+// (`false`), so output from before any attach is retained (the last 1 MiB by default, with
+// absolute byte offsets). Without `pty` (as OpenSandbox execd's clients create sessions), the
+// process starts at the first WebSocket attach, in the mode that attach asks for (`?pty=0`:
+// pipes; otherwise a PTY); until then the session is listed with `output_offset` 0.
 // `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
 // be omitted.
 //
@@ -1109,8 +1118,11 @@ func (c *Client) CreatePtySessionWithBody(ctx context.Context, id SandboxID, con
 
 // CreatePtySession Start a terminal session
 //
-// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
-// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+// With `pty` in the body, starts the process at once with a PTY (`true`) or with pipes
+// (`false`), so output from before any attach is retained (the last 1 MiB by default, with
+// absolute byte offsets). Without `pty` (as OpenSandbox execd's clients create sessions), the
+// process starts at the first WebSocket attach, in the mode that attach asks for (`?pty=0`:
+// pipes; otherwise a PTY); until then the session is listed with `output_offset` 0.
 // `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
 // be omitted.
 //
@@ -2358,8 +2370,11 @@ type ClientWithResponsesInterface interface {
 
 	// CreatePtySessionWithBodyWithResponse Start a terminal session
 	//
-	// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
-	// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+	// With `pty` in the body, starts the process at once with a PTY (`true`) or with pipes
+	// (`false`), so output from before any attach is retained (the last 1 MiB by default, with
+	// absolute byte offsets). Without `pty` (as OpenSandbox execd's clients create sessions), the
+	// process starts at the first WebSocket attach, in the mode that attach asks for (`?pty=0`:
+	// pipes; otherwise a PTY); until then the session is listed with `output_offset` 0.
 	// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
 	// be omitted.
 	//
@@ -2370,8 +2385,11 @@ type ClientWithResponsesInterface interface {
 
 	// CreatePtySessionWithResponse Start a terminal session
 	//
-	// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
-	// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+	// With `pty` in the body, starts the process at once with a PTY (`true`) or with pipes
+	// (`false`), so output from before any attach is retained (the last 1 MiB by default, with
+	// absolute byte offsets). Without `pty` (as OpenSandbox execd's clients create sessions), the
+	// process starts at the first WebSocket attach, in the mode that attach asks for (`?pty=0`:
+	// pipes; otherwise a PTY); until then the session is listed with `output_offset` 0.
 	// `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
 	// be omitted.
 	//
@@ -4228,8 +4246,11 @@ func (c *ClientWithResponses) ListPtySessionsWithResponse(ctx context.Context, i
 
 // CreatePtySessionWithBodyWithResponse Start a terminal session
 //
-// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
-// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+// With `pty` in the body, starts the process at once with a PTY (`true`) or with pipes
+// (`false`), so output from before any attach is retained (the last 1 MiB by default, with
+// absolute byte offsets). Without `pty` (as OpenSandbox execd's clients create sessions), the
+// process starts at the first WebSocket attach, in the mode that attach asks for (`?pty=0`:
+// pipes; otherwise a PTY); until then the session is listed with `output_offset` 0.
 // `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
 // be omitted.
 //
@@ -4246,8 +4267,11 @@ func (c *ClientWithResponses) CreatePtySessionWithBodyWithResponse(ctx context.C
 
 // CreatePtySessionWithResponse Start a terminal session
 //
-// Starts a process with a PTY (default) or with pipes (`pty: false`) at once, so output from
-// before any attach is retained (the last 1 MiB by default, with absolute byte offsets).
+// With `pty` in the body, starts the process at once with a PTY (`true`) or with pipes
+// (`false`), so output from before any attach is retained (the last 1 MiB by default, with
+// absolute byte offsets). Without `pty` (as OpenSandbox execd's clients create sessions), the
+// process starts at the first WebSocket attach, in the mode that attach asks for (`?pty=0`:
+// pipes; otherwise a PTY); until then the session is listed with `output_offset` 0.
 // `command` absent: the sandbox's interactive shell (bash if present, else sh). The body may
 // be omitted.
 //
@@ -9305,134 +9329,137 @@ func (sh *strictHandler) UploadFile(w http.ResponseWriter, r *http.Request, id S
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3rbhu31uirLGh/QO3skWwnTveujeAgTZ02X9PYsB30K+psDzWzJLEekVOSY1tNDJyHOE94nuRgLXJu",
-	"0uiSNHZ79u6PAPHMkFwk1/2m971ET3OtUDnbO3jfm6BI0fB/T9GZ2fORQ0N/pWgTI3Mnteod9M4w0Sq1",
-	"IOg13ExkMgE3QUgyicrBVMzA0PBBL+rZZIJTQXNMpZLTYto72I16bpZj76AnlcMxmt7d3V3Uy4URU3Rh",
-	"/ZcywxPhJour01OQysoUeVUrVDrUt4dgMBNOXiPkwk0sCIP1I6f52xttrlJpCDBJc/1aoJn1op4SU4KH",
-	"BvainsFfC2kw7R04U+DcHl6jGhNYe9UurDNSjXu0hxNt3CLEzyHXxnXAHEGKSSYMpiAVxPSVjUE4SAwK",
-	"hxWYAa4SSlpkJZTi1p/0l0+fPnka1Se/13HyUe/MA/Pqm0XIz2tYQaYRxHZ4249BqBQe70Kmb9AkwiIM",
-	"hcUnjyGZCCMSusIloMt0JeB4K6Z5xmc6vO2LYZLiaDyRvzx+sv/0y39cZVPVIzxxDg3N/S/66mfR/+1x",
-	"/x/v3j/evfuvXtelnKG1Uqtl+zs5/wms/wRkugRwuwby1YhxR0NtrpVFRu7nmUGRzl5opTBxNB9RonKo",
-	"GHtEnmcyEQTjTm70MMPp33+xBPD7xpL/ZXDUO+j9baem4R3/1u6c+FF+6TlkVNpN0JTEOtFZaj1OhjOg",
-	"y42duEJ9jSaGG2FBaQcWHWzFiU4xBmkhfv769Oj5Nz9dvjh+8+boxfnRN/H2oHcX9b4W6Sn+WqB1D7mr",
-	"V+paZJLIKC/cIcRojDY2hkxaZwGv0cwgLMpQvtBqlMnkQWFsEZMlimeWZLQag3XCIYy0ATeRFow/QdjC",
-	"wXgAuSgspqANWKfzHFN/0i+1Gco0RfWg6ANOX6FiUEVApYqb0TOwic6J4WriD40t6YI42l3Ue6PdS12o",
-	"B8X6t+pK6RtVnf+WNjCSGTLMxFD9kZ6IWaZFeq71a2HG+NDYUV77UKczQpGMgKDzEwpERuw2ZTDP0FzL",
-	"BN8qcS1kJobZg0J6fE3sQ+QikW7GB0h4PBTJFaqUwC6UQZFMCC5ip/NaRb9SK7oACF/vNBSQuwYX/xMg",
-	"D2+5CM+a0qPJHl8cvzk/+p/zyzfH55cvj9++KdnjWyUKN9FG/vawbP8Haa1U4wimIhtpM8U0ArzNSZrR",
-	"dgxe6ytMSfFIUTkpMhvAzY1O0Fq6zCPlpJv9UURxLXUmHAZhxWPXMvq7UkYz9r1grSqoOwx7mkpaSWQn",
-	"RudonCT5PBKZxaiXNx6976FyZpZr6TctHU758Zykj3qqyAJBehUhfCCMETN6j+p6+cqbz6eHv2Di6APi",
-	"YvajpmwfMSnalvTjGyMdwhBH2mBQQEmNL4yyEavU0L8odnefILw9f9n/Jzi8dUTeayGUaYaXTk5RF+7S",
-	"dpgTTufBlmBJkZFAvJFuAkoD3mISMasmNCVqc0aMRjJhPUVpEM6JZIIpv/NKDUFFOC5c76CX6oKAi1r2",
-	"xxKYVTEdEr+JenIqPPtvg/pCKyekQgP8AWyVGiEMZ5Dq5ArN9gAynYjsgPGU1EfQIxAqjAhSfywc3ojZ",
-	"F9Z/HF6m0mDitJnBVtzv85s+v7Hx9gEIMFo7Pgs7sw6n9fdB9MYeBLDiGmN6dPziFWRipgsHTpihyDLY",
-	"0rnHkmwGMYE3cMIcGMz1gRPjePsQhJqBF+wMPakqY6UNcQxhIcZbZ8SAwYppL8QXZ3YFJtSYN0UnUuHE",
-	"70DXU8ZITAkUaQ+hYM5Ef9GxxpkYYhbTGRE66RE/Jd6wEaayAdZhcdJjIhG8zbUlC87oYjyB+Nujc9i5",
-	"3tsJggHtznuZ3u2gSplT2J33NONdzEZFyTI+xjpbw0+iXqHkrwW+8nPTF3fMuK5liubS3/QK5uCnnNts",
-	"GN23OSaSCC1Mc1jJvCucleb1L2y/eGrd390ljJFqzKd+hbONDp1NoVX84Tt943kCMSkhXdApa2XaaRhi",
-	"oqcEkEhnn4H8DVpdmCQw1iw7HvUOfl4txU6rIXfv5le4i3rOZV17ey1HSFsnvmCDW2Vk9NQzYFYqUhyJ",
-	"InOw98/d3UPYhWeeLebSzLY/w1aDS6TbNqaXdJ8NxuQlQwpyBFOvU2xvQPt3HRf/DWbo8BRtkbFQbQvc",
-	"lN+mDZYw1DpDoXrenC4t8Z+rL991raFvFGn0y1YJioy9HH65330ExG6/sDCcObQROzq+3O+jIk2PnQWL",
-	"G23C1pq/C8CjwCteqZFeBK/kJG3nyMS5/GBnZ+/xPwa7g93B3sH+V3tPn/Q6GG5D9d6Y386BOLehCqJ6",
-	"8s5t3WJyRKrZOb+ZP9gfJzPvMdTTKcnxVKbsZDCFImom8sqQvj0EQiy4ITEjHX1HZ46KsPvnXmAavagX",
-	"WEEDlnpDBEvDJfERSl8AbxH+00KRxI/tBPpJDFtDYSceyNygReWYJlY6haJectMx8zeB2ue8lWtF62fX",
-	"K3kj5hovybAbG7K5Lq23Ozv4GB9fxau2DyCYDUFdL+85w5GDIU6kSlmAXMksI/ERrjeom4cXioBiDWoG",
-	"V4g5IYaSajy4UMsPo+IPUc+6VKpumj5zQqXCBFdRF0WvPesVsuqbmlkH1H0G4VA+A68ubJc7/q0tVTWy",
-	"S2W6GTtucymP58soeSmPLgwLqUuv2VS7k8p9ud/rUmfYXLt0gSlsJlnbvKRTunrEuaQr7ObieCsd0OtD",
-	"2Hv8FLSCcInBZxU0iZGQWWFw0Am7dSmarvMncygCGVyQLCnAYJ6JpFNE8EzEtj7DTM4UKhFBTs576qwz",
-	"KKbAzhhMIZ6K20uypy514fLCxWEBIswbYSEpXGONZdI2wF4dR/vwWzcctRCkCWwXor2UmKV8z4uINqJ3",
-	"i1v877PjN940DZq+Ho1QpaSx8IgI2H/qAys/772Lg51UhZqYbDoPdorWBhNwNe140OoB3VvL8EcjnfO+",
-	"2vbe8s4oFyEt70xYtswdKtgSQ6uzwmFHKGm7G9Hkbx0E8TVfe5i1xZaWEe7cnkNshGfv2u93KDK/qfZW",
-	"rROusG1lRl+tVaLCsK6VXqOw+GnCnf3Um3MhXumMxxALCkydgMnRCIe9FUo+DYUsqPqVXBDB1RFs13CR",
-	"v1tM3C07prNyw23oYn2j0MQH3nnmJiRmIQ67oseVB8ZGcHL+UwT+PiKo7NxDUDQYvCYe+YBFBAYV3hDF",
-	"TaVywMs0tTd+0IuqA+zS3Urf4CJ3U3D68gV8tf/0H6W/D1J0Qma0xLwa1yUWfhDJRCrsk81Ix1kyi8B9",
-	"4whipd3liDQf+mPRoxt1RcE66dBD1qmIeQdmy6m4Cg0bXPJu0btYE9ii+HLSZbhC41+UH29PX4HBERpU",
-	"CYJkx/BoVtr35anTaNiKxVAX7mCYCXUVe4VOaYXb602kICo8eNUWqjOL/PV1Ef+Jm3mX7qdq99lah8wS",
-	"Wmsc61Ib4fmQDAF4xodFA4xIOBfBTjDLgs0gR6XFEAGSCm0n2xvpoMF4+APsAh8BaO+Vvq21f+JtxCkO",
-	"wZsFzyCXOVrY8roDKxxeewCRC+NW7bih1Bt98xnuq9ShP8FhUeFb2iHafAzoUqbrVYbGt0vQ+ofAsUpW",
-	"SYce9egUu7mkm4Xw2CJgpX+8y5ES9YI351K4lgKfCod9ElZdzIx06SWq9htvrMsMK4utt8mlTMNsK8NE",
-	"4Vjuop7XXy/1aGSxQ40+105kQbnVI/BfE79KiwRTsBpGwsAW++fx1vGXX1iotCs/7/ZGmlHUCxvtPt9P",
-	"RIt61vnNNo8/nFtU33HrQpfgVsCU19K6pWi8uTxqoN6CPOreX7cid4qZV+W6LU3jXy/BYoNTIem4Lvmr",
-	"TgE4B0w1YcfobvgU3nyanKm0ws+u1p223NSrIJoPovhxkMmpJPVNeJ2UjCMvtdiqgSkKZUthz1GBL2zT",
-	"nTEnT/OiI2J28tbC1ohln1a2TGP4HJ7rVNqry7EcdnhhpL3yewOp4Fv5dQcEh2WYTjige3fw5T78IL/e",
-	"PoRdOgg+EGnnonWlM34r7vfD//sER38sh3Ed+hPNKF2wTYN+/4UlTfiQzS9SpXJaWjp2PVgfSDl6c3x2",
-	"8qI08kha7u89qaJOLjilfUaNHYS44wGgGmmTeHeaCcah04YDi0b6pA3FbE+VUTw+Qj4on7VQThF/jvsZ",
-	"e3zYYEyDm47zonIPbRBPnGozu5x6HPiYhbqoqcyD7PTEf5qgzKVBG8Z0SkpUrUjWhJPtQnSnfQWNhdYr",
-	"fXS568J+G8TpFxFg7aVnwrpLVnSlm33UaX1ScHh5CHc+RaNpCc1ZTVXA1Cd7diwT7qdbjDfNrlWiMuDX",
-	"mf+46S5YPOdVYbo1WkQNasOYam+xnq6lMLQwtgRvAS867rhxeeUNlEj4bjmhLdFAylj6xipIk27X6iDV",
-	"7CsAO6W1FkNWVV42s2T2aXjX5yG8wR80fDubQi6MRQuyQzxuRJRzuTmF4TyMkUicLf0T9R3FEcSsslzK",
-	"tOl3qDfk33LG5uKOjnPxa4EwRGHQNNI6OQmn4Y1aQPcFeqm9eSz/Oj2RLQraKNF7cY7SgbWpn470b3ON",
-	"5rIwWbeLtZbseOvQKJHB29PXIFWSFexHjneu9/hsV4Rf/7n7z92d670ukDcn2xrQqE3DzTtcJGR/Jk2C",
-	"Xkt3ZxW3WjyPTI4wmSUZhoxkPaqjI03fnXXCOG+f1JaKz1NmtsNpymU0gPNUOHWk03r18CzT/D+Jt27u",
-	"QH6b+/SAT3MgfebkgajnhBmjuyxjAuvqTVp+tMbQaH3iQbnx8tQ/wnx4nt2ImYX4/V0H14l6t/2x7tew",
-	"Fol7f+dTMTEpjHSzM7q0YLTk8nucdbp3n5+8giuccc7Z85Azy8GkA/jasyxOR0yucObzEuMBvEFMMeUU",
-	"gppTZ9K6QxCZ1eDjalpdqJApiqZf6l6sTrcQvkxjCpOlPvrMKMcGKENRHwDxhYrpehC7vKr8OrDbdXvj",
-	"r8rdbbz2d5yYsW7trUpoET0JJ4cZgs/p2K6qYPzfdR3M//RpVP/b2bQfSK7PDLeGJNxoG5bHa4BZsd6a",
-	"ZQivZNDY2wvQJRJ7J8NGKPju/PykZPcs5ogI+3iLScF5VpVmMIBjVRu8fYWFMyJjdNRkRIkL5XM2CUSb",
-	"iwThFyGzCAR849MvUY2lQh9q/L4YolHo0EKSFdaRoXZ6dHbOIFTcNgKtsG8n2l0oAonxlk3IQ/gRh2c0",
-	"r7NhzDWCQzOVJKy2Ts5/2i4T0C3cTLTF0uHFdSScrpryfIlQF2qIPqA8o4eccyvAYOIrkQYX6kK94Bxa",
-	"C4lWIzkuDEJcCyd4BkH8fXd8dn5wcnx6TgLyMGRet2mJSwFSNBcqfl9PcTeXLhkP4Jw0DrZpZZkvohwZ",
-	"7D6J9lvNQQYfqeapDUh1oWL2qiuR7YhcxpxQMkbFwaTUZ9FJF/GghhEPDAmpaGT5+xROnaMSuRzMxDSL",
-	"+RD+9jcgukTlQm47PXwEjx4FrvToEfzf//1/NmdMp2WecJs1Oc3cqYF8Fwrge5zR8U/RbyLu90Uu+1c4",
-	"i2EH4rPnb7759vn50eXzk1eX3x/9dBbDFgch+hZzwZvfHsCPIX+a2Vd5kynN3jwLkSSYOzpYrWZTXVSV",
-	"Rxa0ymZVYg4BiYoeQqZ1PhTJFZfQmEJ5nwVNHPf7UjGPx77SfVG4Sbw9gCYrJx5MmgrPtBELlo6mrhkw",
-	"3cHrmnGEezCNrOC4oTDFIBUIiGvFPoat4ax5BcMZw35yfNaZy+tdgrSPY7UIqwXLNS+O8REgXsYf/R0x",
-	"l5WZdLPtiL5tf8LJCd0YFTNefG30jUVjgfCVlFNRM4co1OEmQpXVeiE/L6pgDIHmagzNaYthbrTTic4g",
-	"LlnmgHc9WJRBZbEP18020ij8mcd8PyVjnwgLAh49Yg310aMDCIFm2KoDzVFD024Fj3cM2mJaxZCFYtQl",
-	"m4s+5Yn8MnabT60MV8PWBuHqqJ7ID6O5/WyexbBvmN5LZzEbbRTeFqoJlsf7+enZAefn0kPizHOj+PzO",
-	"6bx9frVmC20AGxbv8E0dwKNH+7t7jx4NoFGrRyBsXq4XfIt+qic8laqyv3V5EGk50wHNTp/uP3pEx5Jr",
-	"Q2+Zg5R1HaXWQVgxRFRwjUaOJO3EapCpLTF36CPLmBLFJUjiFpplk+XannvUVivht7I3RB77u/slE+dI",
-	"uaU/jvh7tkfY1bmsbimGrTKxYNu7Y2MSPmRrc4ia/uMxKo4uVOyj1DFsTYqpUFUywSG8FNY9P3nVt26W",
-	"laXxlhPUQbptX2Xry8W2pp2ZCCzfulMRklC9+hFpCYSQnKGvDew/fnyhOgqmSk91WXElHGiO/KuqzorP",
-	"9QN4Ows+wA8omBN9uFAf+v0+/6MPaKUPVSIbp1oe1NgL/312/CYKpa8s2qMKvTjywMZSGgwm/39Cqohz",
-	"t9wE3EQ4QJuIHFvJMxAW34MPZXY6bbiEo1HdVn75BD6sqWhtE0gYtg8fKoirj31BKdf6h1qlsjIwjPoK",
-	"PrTqfX15Lyt8WvHe5gp96+YGHFAH4QvHq6Kn7TDzHm2Dq0YZTrIEw5vHj+FDqJYLFXQVPE9582UhJ61a",
-	"1nAWdWHpISTCGIkW4kbxZlzOQLcsYFiMDyHT4zFBzIpe38oUo2ZXiDEpsCTXRwghV44muVDPQWnV/w2N",
-	"9lmavlrKK+aYVqnDpMWD0mYqMojrpNQ4Cgy1VPEZUb2llskElfWhBG9OPM/p2PqPB7u9qMdOIbac7MHO",
-	"zs3NzUDw64E2450w1u68fvXi6M3ZEY+ps2gq66IX9a7R+NB7b3ew578KCmXvoPdksDt44rsWTNji3ekd",
-	"vL+LejsTzpH7Lfw1RWdkYsNfTX00POJ7L79uqik059hHwb24kVq9SnsHPSLws+qrdn+Nnxd8gcSrqzl9",
-	"lZq0Hk2XdcuonMublXkuuGjWwOBtmbj0LMcsOkiLjK9iz5ivRVYgxNdxBGN5Hczpq2fX8TKIuTqs191x",
-	"wqGYPmPvW6PBxM//evbu788Gj7oaS7yba+rweHd3RWnsx5XENj3kqzsJEOuUqi4X0iZFw6W7+x6ermUq",
-	"uHca3Rp4yN76Ia0K5qZbh9GqdOj8/I4OyBbTqTAzLnRqmjl0nGJs5zzyHL6xHcEyn3VjG2aBV9O4WiDI",
-	"KMfKlSmIj5Y8g00scYUhHgtbREVSobVex9iOLpQ2IfTq6xME2YYkBUh0+EqFAcSsTnoLs0zGDYWyXl76",
-	"sxlAqzT+QjWF6Y2Qznpz5OWrl8ekQhe+40ORkx0Ye5vkkp/X4Za4LgD7cnd3m1mqulClqkM83CspTe5M",
-	"FjXWRlGtj3tZFhRxzyTbTCNplUh7ByNa97VOZ58Nudtl2HdtP2aV0N+irL3PTVmnOOoirJDeFdCLawkf",
-	"jJKi3v7ek/WD5ltU0LjHjzdZbLGS/y7qPd3dYM2OfhMbE/6LYGqXpLuE9OfFGlvfdR1gd9V4aa5N9fWc",
-	"HkjPkXtUZRlZcU3zrqGY2QG8SnGaa8dJL974uVDeJJMKcDTCxB0Q9FycGayPpqVR6h9Pd3e7CMoPaBLU",
-	"PYmMVjVlB2r79+ng07FzE0ype9LwiP31I6qGHgsY1fJl//yOFIa2S7nxrHS3+0fLcPGbcHuNNjB009tL",
-	"xVGnYjVG9wD32Ypqr1QB/sOvlE5luJ7BLCjAXXuoP9mpu6LdvetkTjtpqC1uaOBdvQpslbFVRgLnA4Hw",
-	"QrCxV0v6MhOtsHihlrUZCEoJBwXY4uMHZOeXpm/pUvcOkUXeFDbwUnLOyUoD4R677hH/dnj5O5vv3ac6",
-	"PldFvoQcwxWXkdeHVR3um5JpwFfrB1R91T5Znbl/lnGKIi0tAlES45x/3jtAtx+Ml8y3DFnLUwTnqbAf",
-	"zNd3Wl/mGHe2mfTG0KwMCZCJFHp1FmSWoUovFJsR0g2A7XDO4lrdnpJp3bdESQ99xxhP/0vYzRjdUd09",
-	"4N6ItdVRYQmplsf9H06j909r3+kbkgKMoiC8b7RCqgqTPj+ZRWs/5latS8nxFhNfm/upZL7MlXFaKAtx",
-	"cFAEP9aKNhItRwfZMT62T0K+7TWV9kJV/lHDcopDlmWZe6MLwxfsW8uw7NEAY6OLnPSE0I6hjJj7aXjq",
-	"uFHkHcPe46dRCAlwsnYMcVgnjvyWuBjbpyH4cpsBvGqlwYMpFI25UN770lqPa/R3fDxyqG/jek6DwmrF",
-	"7MhXkMUch97f3d/Z3/2qSqi+UI2IkffSc5OguoEmHBFGhgp5aSHxKphwS8vkS+3sQu19SerZIcRVQXsM",
-	"DrPMbg/gjW56wCFFkWacDMJxBe7kGDecO3lWEDceG5HghcrRSJ0e1uyZ+XsqbcjP4CBZglmrqUYXqyXw",
-	"X4TCxPtx4jSbqmzkwtn9zEuv0sRK/58RCrZuJsKxhU7kU/WB2P5LPfv/2dt0D1phoUCrGndabYg+xmm1",
-	"U3Vk7FTgzpjl1EYhsxyyfeIllhuxg7r/Fj/bHXQpV8GM+wi604lD1/dMsE1/VUXCUCrBxlpHT+vV+a5z",
-	"rV9feBD6pQm3Il3Wyt846FxN0wFXWY+5uqv8X9rdQ1pSAoy44VsLgvWP0OuqHw5gHaxYQ4HtjssqOCza",
-	"dAlbZDoRUh5CnBQmg/55vB2FmBuX8BlU7kKVVCqrPKI8EwknaimSPNaVpO0DNGWbZ+9AnmDGdpYvavMq",
-	"Wpdsz4ua0jeR67+TyB9Orje75HTwlx/LfjV/ye0/pVvlR+4fHLgBJ65uyg+6xWhdyn0PVljlRWmlhrKZ",
-	"IUDhTTuLdADP1SyEUadiViX81WmH/O7wQvmcN1XlOvoxWyGrruIYISF2e262xpgBxFx/F5eV2RfKl2b7",
-	"lOgstBS6JlbT3UeoZjG0yBBBT4mAUmJnZWZimay4NBJcZt3fhwnR6t10t/grGQ8X9v2BVIb0346zfLKi",
-	"fv/M4gfGeaa0RhnIJ/CHndDIYVWo+JTzY22DcHxuUajBqfP8MW39/MZhy2FxhZjbRiPKeL5vRAyJLpSz",
-	"c9X+XLBRhp9HDs2NMKkdwAvhe18yz6ly5C/UltLVmYRUZNxup7d+1UWw4dOaYu9JTLc7dXRQU/jgzxxq",
-	"/qN06TntmdDSCwaRZSQXsrLI6UGCDpxu+rkE7JySSlP/8VHyE06oHfxb6X9/Yh/KS4P4G3LOTbOI5wvb",
-	"aAe8OuViCaIafTsLkbGd92SU3f0utN00OhC97/w9EuvKTPm3p68jGGlm6b76yJV9O7WakwME/SHxcVLH",
-	"JjpLwWbCTtBeqK146aa5tlzkcodbIfyvX5/txXWNVjz3JihyXb8Zty64vhBOX3ITvvvb0oTjuh2UvU+y",
-	"n2tjtSw/pkzy+k9OkOHE2zYmVtWjtr6qkhjpgn+frFlmc505YbgEoAw7BWvr5PynRutAbfzz0DEwzt3s",
-	"wLcRjLfLghQuGQrRJTI0L1RIxhWqLI1oFb9yp7dMWAd78IP8mn+rxa8XolVV5ze2VX2nNUvEVAfqmsZX",
-	"fZIf1daxZZBxJW6wyJabX43uavdjgy200LxnO6zRQrGDaBlF/g0NsY928fx7hlj4ekEs8J8F9rNU9uy8",
-	"t2vSgr+XWdb6Pcta+fBx7giSTPtU4LqOqoy3ctm9Nlyr1JhjsCStd448/8rsnUOy9i/2PQCG0e03LnET",
-	"XFue5Pswt9tsoLlSjfnrflvZvhtc7D3aB/VvCq/QlD232rmx92ysrAeGS9Xvx5V+VvJK37QQnAalb+Dv",
-	"lf96K96ND+quhodzrUbnVaqkMD6aFsZvL3VkdzvBFN7cb/lSqxNsp7r0YO4NBuUvfelP7ek+unWo0pYz",
-	"pPwliE/yhfjGGPfjtfNz//Fuu1PvZAcxFlL95b17IPX8fCJu6iYEm5VIdeNo3bNvTQHVWVlCfn+Y1mwu",
-	"uEzB8lXu/8FOovOWCObzeLAoRJGXRVSfXznhnASvnqTIxVbcPKXqjBhz5XWjc2IMW+sLmi5UqGhaTAKC",
-	"Rg5QO8knWV3jdfL2Y2q8OjQff4wflRn0cZTU7pT5wLlBrW6VfyUH/YmSev+IxKJPKNlaV6/OOfue7/i+",
-	"MDvMVsJUC0ZPEI4dDRzbv5fVKDuvSrwGjRYqFYQdsaZmj0eyl3KZ4ya9HreOc1QlhARN2ujwud1YPWeP",
-	"YVeMq2oRV7rTG535mn2Ntqa6UM7//PmEu+lhVXxWt2L0LRubK9/g0PL8S2NsdBtcoXLLJmWpjfiytE9d",
-	"lqfrWNL/Xl0EVXuQCEJDnsgnhKQ6Kaalg5BWGfpWfI1GnIxBFUTNVXVuSfj9vwAAAP//",
+	"7H3tbhu3tuirLGgfoHb2SLYTp3vXRnCQpk6b0zQ2bAc9RZ3joWaWJNYjckpyLKuJgfsQ9wnvk1ysRc6X",
+	"NLKUNHZ79u6PAPHMkFwk1/eX3vcSPc21QuVs7+B9b4IiRcP/PUVn5s9HDg39laJNjMyd1Kp30DvDRKvU",
+	"gqDXMJvIZAJugpBkEpWDqZiDoeGDXtSzyQSnguaYSiWnxbR3sBv13DzH3kFPKodjNL3b29uolwsjpujC",
+	"+i9lhifCTZZXp6cglZUp8qpWqHSobw7BYCacvEbIhZtYEAbrR07ztzNtrlJpCDBJc/1aoJn3op4SU4KH",
+	"BvainsFfC2kw7R04U+DCHl6jGhNYe9UurDNSjXu0hxNt3DLEzyHXxnXAHEGKSSYMpiAVxPSVjUE4SAwK",
+	"hxWYAa4SSlrkTijFjT/pL58+ffI0qk9+r+Pko96ZB+bVN8uQn9ewgkwjiO3wph+DUCk83oVMz9AkwiIM",
+	"hcUnjyGZCCMSusIVoMv0TsDxRkzzjM90eNMXwyTF0Xgif3n8ZP/pl/+4yqaqR3jiHBqa+3/oq59F/7fH",
+	"/X+8e/949/Y/el2XcobWSq1W7e/k/Cew/hOQ6QrA7RrI70aMWxpqc60sMnI/zwyKdP5CK4WJo/mIEpVD",
+	"xdgj8jyTiSAYd3KjhxlO//6LJYDfN5b8D4Oj3kHvbzs1De/4t3bnxI/ySy8go9JugqYk1onOUutxMpwB",
+	"XW7sxBXqazQxzIQFpR1YdLAVJzrFGKSF+Pnr06Pn3/x0+eL4zZujF+dH38Tbg95t1PtapKf4a4HWPeSu",
+	"XqlrkUkio7xwhxCjMdrYGDJpnQW8RjOHsChD+UKrUSaTB4WxRUyWKJ5ZktFqDNYJhzDSBtxEWjD+BGEL",
+	"B+MB5KKwmII2YJ3Oc0z9Sb/UZijTFNWDog84fYWKQRUBlSpuRs/AJjonhquJPzS2pAviaLdR7412L3Wh",
+	"HhTr36orpWeqOv8tbWAkM2SYiaH6Iz0R80yL9Fzr18KM8aGxo7z2oU7nhCIZAUHnJxSIjNhtymCeobmW",
+	"Cb5V4lrITAyzB4X0+JrYh8hFIt2cD5DweCiSK1QpgV0ogyKZEFzEThe1in6lVnQBEL7eaSggtw0u/idA",
+	"Ht5yEZ41pUeTPb44fnN+9N/nl2+Ozy9fHr99U7LHt0oUbqKN/O1h2f4P0lqpxhFMRTbSZoppBHiTkzSj",
+	"7Ri81leYkuKRonJSZDaAmxudoLV0mUfKSTf/o4jiWupMOAzCiseuZfS3pYxm7HvBWlVQdxj2NJW0kshO",
+	"jM7ROEnyeSQyi1Evbzx630PlzDzX0m9aOpzy4wVJH/VUkQWC9CpC+EAYI+b0HtX16pU3n08Pf8HE0QfE",
+	"xexHTdk+YlK0LenHMyMdwhBH2mBQQEmNL4yyEavU0L8odnefILw9f9n/Jzi8cUTeayGUaYaXTk5RF+7S",
+	"dpgTTufBlmBJkZFAnEk3AaUBbzCJmFUTmhK1OSNGI5mwnqI0COdEMsGU33mlhqAiHBeud9BLdUHARS37",
+	"YwXMqpgOid9EPTkVnv23QX2hlRNSoQH+ALZKjRCGc0h1coVmewCZTkR2wHhK6iPoEQgVRgSpPxYOZ2L+",
+	"hfUfh5epNJg4beawFff7/KbPb2y8fQACjNaOz8LOrcNp/X0QvbEHAay4xpgeHb94BZmY68KBE2Yosgy2",
+	"dO6xJJtDTOANnDAHBnN94MQ43j4EoebgBTtDT6rKWGlDHENYiPHGGTFgsGLaC/HFub0DE2rMm6ITqXDi",
+	"d6DrKWMkpgSKtIdQMGeiv+hY40wMMYvpjAid9IifEm/YCFPZAOuwOOkxkQje5NqSBWd0MZ5A/O3ROexc",
+	"7+0EwYB2571Mb3dQpcwp7M57mvE2ZqOiZBkfY52t4SdRr1Dy1wJf+bnpi1tmXNcyRXPpb/oO5uCnXNhs",
+	"GN23OSaSCC1Mc1jJvCucl+b1L2y/eGrd390ljJFqzKd+hfONDp1Nobv4w3d65nkCMSkhXdApa2XaaRhi",
+	"oqcEkEjnn4H8DVpdmCQw1iw7HvUOfr5bip1WQ27fLa5wG/Wcy7r29lqOkLZOfMEGt8rI6KlnwKxUpDgS",
+	"ReZg75+7u4ewC888W8ylmW9/hq0Gl0i3bUwv6T4bjMlLhhTkCKZep9jegPZvOy7+G8zQ4SnaImOh2ha4",
+	"Kb9NGyxhqHWGQvW8OV1a4j9XX77rWkPPFGn0q1YJioy9HH65330ExG6/sDCcO7QROzq+3O+jIk2PnQXL",
+	"G23C1pq/C8CjwCteqZFeBq/kJG3nyMS5/GBnZ+/xPwa7g93B3sH+V3tPn/Q6GG5D9d6Y3y6AuLChCqJ6",
+	"8s5t3WByRKrZOb9ZPNgfJ3PvMdTTKcnxVKbsZDCFImom8sqQvj0EQiyYkZiRjr6jM0dF2P1zLzCNXtQL",
+	"rKABS70hgqXhkvgIpS+Atwz/aaFI4sd2Av0khq2hsBMPZG7QonJME3c6haJeMuuY+ZtA7QveyrWi9bPr",
+	"lbwRc42XZNiNDdlcl9bbnR18jI+v4lXbBxDMhqCul/ec4cjBECdSpSxArmSWkfgI1xvUzcMLRUCxBjWH",
+	"K8ScEENJNR5cqNWHUfGHqGddKlU3TZ85oVJhgquoi6LXnvUdsuqbmlkH1H0G4VA+A68ubJc7/q0tVTWy",
+	"S2W6GTtucymP56soeSWPLgwLqUuv2VS7k8p9ud/rUmfYXLt0gSlsJlnbvKRTunrEuaQr7ObieCMd0OtD",
+	"2Hv8FLSCcInBZxU0iZGQWWFw0Am7dSmarvMncygCGVyQLCnAYJ6JpFNE8EzEtj7DTM4UKhFBTi566qwz",
+	"KKbAzhhMIZ6Km0uypy514fLCxWEBIsyZsJAUrrHGKmkbYK+Oo334rRuOWgjSBLYL0V5KzFK+52VEG9G7",
+	"5S3+19nxG2+aBk1fj0aoUtJYeEQE7D/1gZWf997FwU6qQk1MNp0HO0Vrgwl4N+140OoB3VvL8EcjnfO+",
+	"2vbe8s4oFyEt70xYtswdKtgSQ6uzwmFHKGm7G9Hkbx0E8TVfe5i1xZZWEe7CnkNshGfv2u93KDK/qfZW",
+	"rROusG1lRl+tVaLCsK6VXqOw+GnCnf3Um3MhXumMxxALCkydgMnRCIe9O5R8GgpZUPUruSCCqyPYruEi",
+	"f7eYuF11TGflhtvQxXqm0MQH3nnmJiRmIQ67oseVB8ZGcHL+UwT+PiKo7NxDUDQYvCYe+YBFBAYVzoji",
+	"plI54GWa2hs/6EXVAXbpbqVvcJm7KTh9+QK+2n/6j9LfByk6ITNaYlGN6xILP4hkIhX2yWak4yyZReC+",
+	"cQSx0u5yRJoP/bHs0Y26omCddOgh61TEvAOz5VS8Cw0bXPJ22btYE9iy+HLSZXiHxr8sP96evgKDIzSo",
+	"EgTJjuHRvLTvy1On0bAVi6Eu3MEwE+oq9gqd0gq315tIQVR48KotVGcW+evrIv4TN/cu3U/V7rO1DpkV",
+	"tNY41pU2wvMhGQLwjA+LBhiRcC6CnWCWBZtBjkqLIQIkFdpOtjfSQYPx8AfYBT4C0N4rfUsczfMHbww8",
+	"g1zmaGHLawysZnidAUQujNuOAKWPHzphHKYgHGiV4CEIf3TalKwymWiLbHI5NsmNdcHxC1vxf+Zu/mw3",
+	"PvDrhXNkULajam438aJuve1g9OwzoEWpqn+CX6RC67RDgvpQ06VM12smjW9XUM8PgTGWHJnuNurRMXYz",
+	"YzcPUbhlwEo3fJe/JuoFp9GlcC07IRUO+yQTu3gmqewrNPo33icgM6wMw94mlzINs90ZjQrHchv1vJp8",
+	"qUcjix3a+rl2Igs6tB6B/5rYYlokmILVMBIGtjgMgDeOv/zCQqXE+Xm3N1LAol7YaPf5fiJa1LMubrZ5",
+	"/OHcovqOWxe6ArcCpryW1q1E483FXgP1lsRe9/669cVTzLzG2G3QGv96BRYbnApJx3XJX3XK2QVgqgk7",
+	"RnfDp3D2aeKsUj4/u/Z42vKG3wXRYqzGj4NMTiVpicLzc7LBPIdn4wmmKJQtdQoOPnxhm16TBbGdFx2B",
+	"uZO3FrZGLGK1smW2xOdwkKfSXl2O5bDD2SPtld8bSAXfyq87IDgso4HCAd27gy/34Qf59fYh7FYCTtqF",
+	"oGDp89+K+/3w/z7B0R/LYVxHGEUzGBhM4GBGfGFJ4T5kK480tpyWlo49HNbHa47eHJ+dvChtSRLP+3tP",
+	"quCWC75vn7hjByG8eQCoRtok3mtngg3qtOH4pZE+N0Qx21NlsJCPkA/KJ0eUU8Sf437GHh82GNPgpuO8",
+	"qLxQG4Qtp9rML6ceBz5moS5qKtMtOx3+nyYoc2nQhjGdkhJVK2A24Zy+EERqX0FjofW6JV3uuujiBukA",
+	"ywiw9tIzYd0l69PSzT/qtD4pBr06UryYCdI0uBaMsyou63NKO5YJ99MtxpvW3V2iMuDXmf+46ZVYPue7",
+	"ooFrtIga1IbN1t5iPV1LYWhhbAneEl503HHj8sobKJHw3WpCW6GBlCH7jVWQJt2u1UGq2e8A7JTWWo6M",
+	"VenfzJLZdeI9rIfwBn/Q8O18CrkwFi3IDvG4EVEupAAVhu2wkUicLd0g9R3FEcSsslzKtOneqDfk33Ji",
+	"6PKOjnPxa4EwRGHQNLJHOden4fRaQvcleqmdhiz/Oh2eLQraKJ98eY7ST7apO5D0b3ON5rIwWbcnt5bs",
+	"eOPQKJHB29PXIFWSFeyujneu9/hs74jy/nP3n7s713tdIG9OtjWgUZuGm3e4TMj+TJoEvZbuziputXwe",
+	"mRxhMk8yDInPelQHYZouQrbevX1SWyo+HZrZDmdDl0EHTofhDJVO69XDs0rz/yTeurmf+m3usxA+zU/1",
+	"mXMUop4TZozusgw9rCtrabnrGkOj9fkN5cbLU/8I8+F5NhNzC/H72w6uE/Vu+mPdr2EtEvf+1md8YlIY",
+	"6eZndGnBaMnl9zjv9CI/P3kFVzjn1LbnITWXY1YH8LVnWZz1mFzh3Kc/xgN4g5hiypkKNafOpHWHIDKr",
+	"wYfvtLpQISEVTb/UvVidbiF8mS0VJkt9kJtRjg1QhqI+AOILFdP1IHY5b/l1YLfr9sZflbvbeO3vOP9j",
+	"3dpbldAiehJODjMEnzqyXRXb+L/rcpv/7tOo/rfzaT+QXJ8Zbg1JuNE2LI/XAHPHemuWIbySQWNvL0CX",
+	"SOydDBuh4Lvz85OS3bOYIyLs4w0mBadzVZrBAI5VbfD2FRbOiIzRUZMRJS6UTw0lEG0uEoRfhMwiEPCN",
+	"z/JENZYKfUTz+2KIRqFDC0lWWEeG2unR2TmDUHHbCLTCvp1od6EIJMZbNiEP4UccntG8zoYx1wgOzVSS",
+	"sNo6Of9pu8xztzCbaIulw4vLVTgrNuX5EqEu1BB93HpODzm1V4DBxBc8DS7UhXrBqboWEq1GclwYhLgW",
+	"TvAMgvj77vjs/ODk+PScBORhSPBu0xJXHKRoLlT8vp7idiErMx7AOWkcbNPKMi1FOTLYfa7ut5pjGT4g",
+	"zlMbkOpCxey8VyLbEbmMOW9ljIpjVqlP1pMu4kENIx4YElLRyPL3maI6RyVyOZiLaRbzIfztb0B0icqF",
+	"FHp6+AgePQpc6dEj+H//5/9uzphOy3TkNmtymrlTA/kuFMD3OKfjn6LfRNzvi1z2r3Aeww7EZ8/ffPPt",
+	"8/Ojy+cnry6/P/rpLIYtjnX0LeaCN789gB9Dmjazr/ImU5q9eRYiSTB3dLBazae6qAqcLGiVzav8HwIS",
+	"FT2ETOt8KJIrrtQxhfI+C5o47velYh6PfaX7onCTeHsATVZOPJg0FZ5pIxYsHU1dM2C6g9c14wj3YBrJ",
+	"x3FDYYpBKhAQ14p9DFvDefMKhnOG/eT4rDNl2LsEaR/HahlWC5ZLaxzjI0C8ij/6O2IuKzPp5tsRfdv+",
+	"hHMgujEqZrz42uiZRWOB8JWUU1EzhyiU+yZClUWBIQ0wqmAM8exqDM1pi2FutNOJziAuWeaAdz1YlkFl",
+	"TRGX5zayNfyZx3w/JWOfCAsCHj1iDfXRowMI8WzYquPZUUPTbsWodwzaYlqFqoVi1CWbiz7lifwydptP",
+	"rYyKw9YGUfGonsgPo7n9bJ7FsG+Y3ktnMRttFEUXqgmWx/vF6dkB5+fSQ+LMC6P4/M7pvH0at2YLbQAb",
+	"1gjxTR3Ao0f7u3uPHg2gURJIIGxeFRh8i36qJzyVqpLMdXkQaTnTAc1On+4/ekTHkmuO7DEHKctHSq2D",
+	"sGKIqOAajRxJ2onVIFNbYu7QB7AxJYpLkMQtNKszy7U996itVsJvZWdEHvu7+yUT54C8pT+O+Hu2R9jV",
+	"uao8KoatMn9h27tjYxI+ZGtzJJz+4zEqji5U7IPhMWxNiqlQVc7CIbwU1j0/edW3bp6VFfiW8+BBum1f",
+	"zOur0ramnQkPLN+6Mx6SUCT7EdkPhJBcCKAN7D9+fKE66rJKT3VZ2BXCvlwCH8q5+Fw/gLez4AP8gII5",
+	"0YcL9aHf7/M/+oBW+lDly3FG50GNvfBfZ8dvolBhy6I9qtCLIw9sLKXBYPL/J6SKOEXMTcBNhAO0icix",
+	"laMDYfE9+FAmwdOGSzgaRXTll0/gw5rC2TaBhGH78KGCuPrY161yS4FQElUWIIZRX8GHVlmxryJmhU8r",
+	"3ttCPXHdQ4HD5iB8fXpVW7UdZt6jbXBxKsNJlmB48/gxfAhFeaFQr4LnKW++rBelVctS0aKuXz2ERBgj",
+	"0ULcqBGNyxnolgUMi/EhZHo8JohZ0etbmWLUbD4xJgWW5PoIIaTk0SQX6jkorfq/odE+GdQXZXnFHNMq",
+	"Q5m0eFDaTEUGcZ37GkeBoZYqPiOqt9QymaCyPpTgzYnnOR1b//Fgtxf12CnElpM92NmZzWYDwa8H2ox3",
+	"wli78/rVi6M3Z0c8pk7WqayLXtS7RuND773dwZ7/KiiUvYPek8Hu4IlvjjBhi3end/D+NurtTDgV77fw",
+	"1xSdkYkNfzX10fCI7738uqmm0JxjHwX34kZq9SrtHfSIwM+qr9ptPH5e8gUSr67m9MVw0no0XdWUo3Iu",
+	"b1ZNuuSiWQODt2Xi0rMcs+ggLTK+ij1jvhZZgRBfxxGM5XUwp6+eXcerIOYitF53YwuHYvqMvW+NPhY/",
+	"/8+zd39/NnjU1b/i3ULviMe7u3dU4H5c5W3TQ353wwJinVLVVUnapGi4Qnjfw9O1TAX3TqMpBA/ZWz+k",
+	"VSjddOswWpUOnZ/f0QHZYjoVZs71VE0zh45TjO2CR57DN7YjWOazbmzDLPBqGhclBBnlWLkyBfHRkmew",
+	"iSWuMMRjYYuoSCq01usY29GF0iaEXn0ZhCDbkKQAiQ5fEDGAmNVJb2GWOb+hHtfLS382A2hV4F+opjCd",
+	"CemsN0devnp5TCp04RtLFDnZgbG3SS75eR1uies6sy93d7eZpaoLVao6xMO9ktLkzmRRY20U1fq4l2VB",
+	"EfdMss00klYltncwonVf63T+2ZC7Xe192/ZjVnUDLcra+9yUdYqjLsIK6V0Bvbhk8cEoKert7z1ZP2ix",
+	"EwaNe/x4k8WWGwbcRr2nuxus2dHWYmPCfxFM7ZJ0V5D+olhj67suN+wuTi/Ntam+XtAD6TlyK6wsIyuu",
+	"ad41FDM7gFcpTnPtOOnFGz8XyptkUgGORpi4A4Kea0CD9dG0NEr94+nubhdB+QFNgronkdEq2uxAbf8+",
+	"HXw6dm6CKXXrGx6xv35E1TdkCaNavuyf35HC0HYpN56V7nb/aBUufhNur9Fthm56e6U46lSsxuge4D5b",
+	"Ue07VYB/8yulUxmuZzBLCnDXHupPdurma7fvOpnTThpKmBsaeFdLBFtlbJWRwMVAILwQbOzVkr7MRCss",
+	"XqhV3QyCUsJBAbb4+AHZ+aXpW7rUvUNkmTeFDbyUnHNyp4Fwj839iH87vPydPf7uUx1fKFZfQY7hisvI",
+	"68OqDvdNyTTgq/UDqvZtn6zO3D/LOEWRlhaBKIlxwT/vHaDbD8ZLFjuTrOUpgvNU2A/my0itr6aMO7tZ",
+	"emNoXoYEyEQKLUELMstQpReKzQjpBsB2OGdx3d0Fk2ndd15JD31jGk//K9jNGN1R3aTg3oi11bhhBamW",
+	"x/1vTqP3T2vf6RlJAUZREN43WiFVhUmfn8yitR9zR9iV5HiDiS8B/lQyX+XKOC2UhTg4KIIf645uFS1H",
+	"B9kxPrZPQr7tNZX2QlX+UcNyikOWZTV9o9nDF+xby7BsBQFjo4uc9ITQ9aGMmPtpeOq4UUsew97jp1EI",
+	"CXCydgxxWCeO/Ja45tunIfhymwG8aqXBgykUjblQ3vvSWo9bAez4eORQ38T1nAaF1YrZkS9ZizkOvb+7",
+	"v7O/+1WVUH2hGhEj76XnXkR1n044IowMhfjSQuJVMOFWVuOX2tmF2vuS1LNDiKu6+RgcZpndHsAb3fSA",
+	"Q4oizTgZhOMK3DAybjh38qwgbjw2IsELlaOROj2s2TPz91TakJ/BQbIEs1bvji5WS+C/CPWP9+PEafZu",
+	"2ciFs/uZl75LEyv9f0Yo2JpNhGMLncinajex/Zd69r/Z23QPWmGhQKsad1rdjj7GabVTNX7sVODOmOXU",
+	"RiGzHLJ94hWWG7GDus0XP9sddClXwYz7CLrTiUPX90ywTX9VRcJQKsHGWkfr7LvzXRc6zL7wIPRLE+6O",
+	"dFkrf+OgczVNB1xlPebdzev/0u4e0pISYMSMby0I1j9Cr6t+n4B1sGINBbYbO6vgsGjTJWyR6URIeQhx",
+	"UpgM+ufxdhRiblzCZ1C5C1VSqazyiPJMJJyopUjyWFeStg/QlN2kvQN5ghnbWb6ozatoXbI9L2pK30Su",
+	"/04ifzi53mzG08Fffizb4vwlt/+UbpUfuU1x4AacuLopP+gWo3Up9z1YYZUXpZUaymaGAIWzdhbpAJ6r",
+	"eQijTsW8Svir0w753eGF8jlvqsp19GO2QlZdxTFCQuz2wmyNMQOIuf4uLiuzL5QvzfYp0VnoXHRNrKa7",
+	"XVHNYmiRIYKeEgGlxM7KzMQyWXFlJLjMur8PE6LVIup2+cc4Hi7s+wOpDOm/HGf5ZEX9/pnFD4zzTGmN",
+	"MpBP4A87oZHDXaHiU86PtQ3C8blFoQanzvPndjT1r3wcthwWV4i5bfS7jBf7RsSQ6EI5u1DtzwUbZfh5",
+	"5NDMhEntAF4I32KTeU6VI3+htpSuziSkIuN2O731qy6CDZ/WFHtPYrrdqaODmsIHf+ZQ8x+lSy9oz4SW",
+	"XjCILCO5kJVFTg8SdOB0088lYBeUVJr6j4+Sn3BC7eBfSv/7E/tQXhrE35BzbppFPF/YRtfhu1MuViCq",
+	"0TfzEBnbeU9G2e3vQttNowPR+86fPbGuzJR/e/o6gpFmlu6rj1zZHlSrBTlA0B8SHyd1bKKzFGwm7ATt",
+	"hdqKV26aa8tFLne4FcJ//vpsL65rtOKFN0GR6/ppunXB9aVw+oqb8E3mViYc1+2g7H2S/UIbq1X5MWWS",
+	"179zggwn3rYxsaoetfVVlcRIF/z7ZM0qm4srEuPczePyt1bIOAmNAKsuUxyQKgtPgj12cv4TbMWEsTFX",
+	"e/Fj7ilIpMMl6vE21xGFkBNbnyFBV6iyXKJVEMvd3zJhHezBD/Jr/pkYH9+JQkFj1Q6ODVjffs2Gykpd",
+	"uLCVLWHhOEcVToDrFtIvbFXwE0Ll5Un7BN6LUukuNy9co39iVZ8X4I7K85pqjuuLqsWisFe+KLjutXih",
+	"+GBCPH4mq46Lh1AoJzP/wzDNnxWU1pd3BlU0bvWbi2GXVN0qXtm0QWuE+qgmmi27lAuSg2G62gptNJm7",
+	"H1N0qWHpPZujjU6SHbzrzLfG/MvT9a8ZaeLrBbHEhpe48EoRvPPersmO/l5mWevXQ2sdzIf7I0gy7TOi",
+	"63KyMuzM3Qe04ZKtxhyDFdnNC+T5V4LzApK1fx/xATCMbr9xiZvg2upc54e53WYf0Tu1ub/ut5X0vMHF",
+	"3qOZVP+C8x0Gg+dWOzN7zzbbemC4Yv9+IgpnJa/0vRvBaVB6Bn+v3Phb8W58UDd3PFzouLqoUiWF8UHF",
+	"MH57pT+/2xeocHa/VVythrid6tKDeXkYlL/0pT+1w//oxqFKWz6h8nc3Pskl5PuD3I/z0s/9x3svT32s",
+	"AcRYSPWXE/OB1PPziZjVvRg2qxTrxtG6deGaOrKzspL+/jCt2WNxlYLli/3/jX1l5y0RzOfxYMGYIi9r",
+	"ye7B9WZk+fvcKXLNGfeQqRpExlyA3mggGcPW+rquCxUKu5ZzoaCRCtXOdUruLnU7efsxpW4dmo8/xo9K",
+	"kPo4Smo3DH3gFKlW086/cqT+RLnNf0R+1SdUrq0r2+fSBc93fHucHWYrYaoloycIx44+lu1fJ2tU31eV",
+	"boNGJ5kKwo6QW7PVJdlLucxxk5aXW0tu+Uaj0+3G6jl7DLtCfYue+GaDwmZ7p62pLpTzPzY/4aaCWNXg",
+	"1R0pfefK5sozHFqef2WokW6D4yI3bFKW2oivzvvUZXm6jiX9rwNGUHVJiSD0JYp8Xkyqk2JaOgg5guM7",
+	"Ejb6kTIGVRA1V9W5JeH3/wMAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

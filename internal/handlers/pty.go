@@ -19,19 +19,20 @@ const leaseSubprotocol = "sandgate.lease."
 
 func (s *server) CreatePtySession(ctx context.Context, req api.CreatePtySessionRequestObject) (api.CreatePtySessionResponseObject, error) {
 	spec := providers.ProcessSpec{TTY: true}
+	at := pty.StartAtAttach // no mode named: the first attach picks it
 	if b := req.Body; b != nil {
 		spec.Command = deref(b.Command)
 		spec.Cwd = deref(b.Cwd)
 		spec.Env = b.Env
 		spec.User = deref(b.User)
 		if b.Pty != nil {
-			spec.TTY = *b.Pty
+			spec.TTY, at = *b.Pty, pty.StartNow
 		}
 		// The contract bounds both to 1..65535.
 		spec.Rows = uint16(deref(b.Rows))
 		spec.Cols = uint16(deref(b.Cols))
 	}
-	info, err := s.pty.Create(ctx, callerFrom(ctx), req.ID, spec)
+	info, err := s.pty.Create(ctx, callerFrom(ctx), req.ID, spec, at)
 	if err != nil {
 		return nil, err
 	}
@@ -87,6 +88,13 @@ func (s *server) attachPty(w http.ResponseWriter, r *http.Request) {
 		SandboxID: chi.URLParam(r, "id"),
 		SessionID: chi.URLParam(r, "sid"),
 		Takeover:  q.Get("takeover") == "1" || q.Get("takeover") == "true",
+	}
+	switch q.Get("pty") {
+	case "0":
+		req.PTY = new(bool)
+	case "1":
+		req.PTY = new(bool)
+		*req.PTY = true
 	}
 	var bad providers.InvalidFields
 	if v := q.Get("since"); v != "" {

@@ -165,6 +165,20 @@ func (e *ptyEnv) info(sid string) sessionInfo {
 	return i
 }
 
+// exec runs command in the sandbox and returns its stdout.
+func (e *ptyEnv) exec(command string) string {
+	e.t.Helper()
+	r := e.do("POST", "/v1/sandboxes/"+e.id+"/exec", map[string]any{"command": command}, lease(e.token))
+	var out struct {
+		Stdout string `json:"stdout"`
+	}
+	if r.status != 200 {
+		e.t.Fatalf("exec: %d %s", r.status, r.body)
+	}
+	r.json(e.t, &out)
+	return out.Stdout
+}
+
 // waitFor polls cond every 10 ms until it holds or d passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -555,10 +569,11 @@ func TestPTYSlowClientDropped(t *testing.T) {
 }
 
 // 6. The process exits while nobody is attached; a later attach gets the
-// replay, the exit frame and close 1000.
+// replay, the exit frame and close 1000. (A create that names its mode
+// starts the process at once.)
 func TestPTYExitWhileDetached(t *testing.T) {
 	e := newPtyEnv(t, pty.Options{})
-	sid := e.session(map[string]any{"command": "echo bye; exit 3"})
+	sid := e.session(map[string]any{"command": "echo bye; exit 3", "pty": true})
 	waitFor(t, 10*time.Second, "the process to exit", func() bool { return !e.info(sid).Running })
 	if i := e.info(sid); i.ExitCode == nil || *i.ExitCode != 3 || i.Attached {
 		t.Fatalf("session info %+v", i)
@@ -607,6 +622,63 @@ func TestPipeMode(t *testing.T) {
 	}
 	if code := c.closeCode(); code != websocket.StatusNormalClosure {
 		t.Fatalf("close %v", code)
+	}
+}
+
+// 7b. A create that names no mode (OpenSandbox execd's clients, NeMo Gym's
+// among them) starts its process at the first attach, in the mode that
+// attach asks for: ?pty=0 gets pipes (stdout and stderr apart, the exit
+// code), no ?pty a terminal. A session deleted before any attach never
+// starts.
+func TestPTYModeAtFirstAttach(t *testing.T) {
+	e := newPtyEnv(t, pty.Options{})
+	// Gym's PTY client with pty=False: the shell, pipe mode on attach,
+	// commands on stdin.
+	sid := e.session(map[string]any{})
+	if i := e.info(sid); !i.Running || i.OutputOffset != 0 || i.Mode != "pty" {
+		t.Fatalf("before the first attach: %+v", i)
+	}
+	c := e.dial(sid, "pty=0")
+	var s stream
+	c.until(&s, 10*time.Second, "connected", connected)
+	if m := s.hasText("connected"); m.Mode != pty.ModePipe {
+		t.Fatalf("mode %q, want pipe", m.Mode)
+	}
+	c.stdin("echo out; echo err >&2; exit 3\n")
+	c.until(&s, 10*time.Second, "exit", func(s *stream) bool { return s.hasText("exit") != nil })
+	if string(s.out) != "out\n" || string(s.errOut) != "err\n" || *s.hasText("exit").ExitCode != 3 {
+		t.Fatalf("pipe mode: out %q err %q exit %+v", s.out, s.errOut, s.hasText("exit"))
+	}
+	if i := e.info(sid); i.Mode != "pipe" {
+		t.Fatalf("after: %+v", i)
+	}
+
+	// No ?pty: a terminal, as before.
+	sid = e.session(map[string]any{"command": "echo out; echo err >&2; tty >/dev/null && echo tty"})
+	c = e.dial(sid, "")
+	s = stream{}
+	c.until(&s, 10*time.Second, "exit", func(s *stream) bool { return s.hasText("exit") != nil })
+	if m := s.hasText("connected"); m.Mode != pty.ModePTY || string(s.out) != "out\r\nerr\r\ntty\r\n" || len(s.errOut) != 0 {
+		t.Fatalf("pty mode %q: out %q err %q", m.Mode, s.out, s.errOut)
+	}
+	// A later ?pty=0 changes nothing: the process runs in its mode.
+	c = e.dial(sid, "pty=0")
+	s = stream{}
+	c.until(&s, 10*time.Second, "exit", func(s *stream) bool { return s.hasText("exit") != nil })
+	if m := s.hasText("connected"); m.Mode != pty.ModePTY {
+		t.Fatalf("re-attach with pty=0: mode %q", m.Mode)
+	}
+
+	// Deleted before its first attach: it never ran.
+	sid = e.session(map[string]any{"command": "touch /tmp/deferred-ran"})
+	if r := e.do("DELETE", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.status != 200 {
+		t.Fatalf("delete: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.status != 404 {
+		t.Fatalf("get after delete: %d", r.status)
+	}
+	if out := e.exec("test -e /tmp/deferred-ran && echo ran || echo never"); out != "never\n" {
+		t.Fatalf("a session deleted before its attach: %q", out)
 	}
 }
 

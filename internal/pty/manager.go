@@ -159,11 +159,24 @@ func newSessionID() string {
 	return "pty-" + strings.ToLower(idEncoding.EncodeToString(b))
 }
 
-// Create starts a process in sandbox id for caller c and returns the new
-// session; its output is retained from the first byte. Errors: those of
-// the service (401/403/404, 409 wrong state or no PTY support, 400), and
-// ErrUnavailable when at MaxSessions or shutting down.
-func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec providers.ProcessSpec) (Info, error) {
+// Start is when a session's process starts.
+type Start int
+
+const (
+	// StartNow starts it at create, in spec's mode, so that output from
+	// before any attach is retained (a create that names its mode).
+	StartNow Start = iota
+	// StartAtAttach starts it at the first attach, in the mode that attach
+	// asks for (a create that names no mode: OpenSandbox execd's clients
+	// choose pipe mode with ?pty=0 on the WebSocket).
+	StartAtAttach
+)
+
+// Create makes a session in sandbox id for caller c, its process started
+// now or at the first attach; its output is retained from the first byte.
+// Errors: those of the service (401/403/404, 409 wrong state or no PTY
+// support, 400), and ErrUnavailable when at MaxSessions or shutting down.
+func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec providers.ProcessSpec, at Start) (Info, error) {
 	m.mu.Lock()
 	closed := m.closed
 	full := m.count+m.startingAll >= m.opts.MaxSessions
@@ -183,7 +196,20 @@ func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec 
 		m.met.Refused.WithLabelValues("pty").Inc()
 		return Info{}, providers.Errorf(providers.ErrTooMany, "sandbox %s already has %d terminal sessions (the limit); delete one first", id, m.opts.MaxPerSandbox)
 	}
-	proc, err := m.svc.StartProcess(ctx, c, id, spec)
+	var proc providers.Process
+	var err error
+	if at == StartAtAttach {
+		if err = m.svc.Access(c, id); err == nil {
+			spec.TTY = true // the mode until the first attach says otherwise
+			proc = newDeferred(func(ctx context.Context, c sandbox.Caller, tty bool) (providers.Process, error) {
+				s := spec
+				s.TTY = tty
+				return m.svc.StartProcess(ctx, c, id, s)
+			})
+		}
+	} else {
+		proc, err = m.svc.StartProcess(ctx, c, id, spec)
+	}
 	if err != nil {
 		m.mu.Lock()
 		m.started(id)
@@ -376,6 +402,10 @@ type AttachRequest struct {
 	SandboxID, SessionID string
 	Since                int64 // replay from this absolute offset (>= 0)
 	Takeover             bool  // evict the current holder with 4001 instead of refusing
+	// PTY is the mode the client asks for (?pty=0/1; nil: not said). It
+	// picks the mode of a session whose process starts at this, its first
+	// attach; a running process keeps its mode.
+	PTY *bool
 	// Subprotocol is the subprotocol the client offered that carried its
 	// lease (sandgate.lease.<token>); the server selects it. "" = none.
 	Subprotocol string
@@ -410,6 +440,16 @@ func (m *Manager) Attach(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	m.mu.Unlock()
 	defer m.wg.Done()
 
+	if d, ok := s.proc.(*deferred); ok {
+		tty := req.PTY == nil || *req.PTY
+		started, err := d.start(r.Context(), c, tty)
+		if err != nil {
+			return err
+		}
+		if started && !tty {
+			s.setMode(ModePipe)
+		}
+	}
 	cl := newClient(s)
 	if err := s.attach(cl, req.Since, req.Takeover); err != nil {
 		return err

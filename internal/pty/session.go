@@ -92,20 +92,9 @@ type Session struct {
 }
 
 // start starts the readers and the owner. The caller has added
-// 2 or 3 (readers + owner) to m.wg.
+// s.goroutines() to m.wg.
 func (s *Session) start() {
-	streams := []struct {
-		r  io.Reader
-		ch byte
-	}{{s.proc.Stdout(), ChanOutput}}
-	if s.mode == ModePipe {
-		if e := s.proc.Stderr(); e != nil {
-			streams = append(streams, struct {
-				r  io.Reader
-				ch byte
-			}{e, ChanStderr})
-		}
-	}
+	streams := s.streams()
 	s.readers.Store(int32(len(streams)))
 	for _, st := range streams {
 		go s.read(st.r, st.ch)
@@ -113,12 +102,35 @@ func (s *Session) start() {
 	go s.run()
 }
 
-// goroutines is how many goroutines start starts.
-func (s *Session) goroutines() int {
-	if s.mode == ModePipe && s.proc.Stderr() != nil {
-		return 3
+type stream struct {
+	r  io.Reader
+	ch byte
+}
+
+// streams are the output streams to read: stdout, and stderr in pipe mode
+// or while the mode is not known yet (a deferred process: its stderr is
+// at EOF if it starts with a PTY).
+func (s *Session) streams() []stream {
+	out := []stream{{s.proc.Stdout(), ChanOutput}}
+	_, deferred := s.proc.(*deferred)
+	if s.mode == ModePipe || deferred {
+		if e := s.proc.Stderr(); e != nil {
+			out = append(out, stream{e, ChanStderr})
+		}
 	}
-	return 2
+	return out
+}
+
+// goroutines is how many goroutines start starts: the readers and the
+// owner.
+func (s *Session) goroutines() int { return len(s.streams()) + 1 }
+
+// setMode records the mode a deferred process started in, before any
+// client sees the session.
+func (s *Session) setMode(mode Mode) {
+	s.mu.Lock()
+	s.mode = mode
+	s.mu.Unlock()
 }
 
 // read copies one output stream into the ring and to the attached client
