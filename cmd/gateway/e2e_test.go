@@ -162,6 +162,10 @@ func TestLifecycle(t *testing.T) {
 	if r := ex.JSON200; r.Stdout != "seeded" || r.Stderr != "err\n" || r.ReturnCode != 7 || r.ErrorType != nil {
 		t.Fatalf("exec result %+v", r)
 	}
+	// The local provider measures each command inside the sandbox.
+	if r := ex.JSON200; r.CPUTimeS == nil || r.PeakMemoryMib == nil || *r.PeakMemoryMib <= 0 || r.OomKilled == nil || *r.OomKilled {
+		t.Fatalf("exec accounting %s", ex.Body)
+	}
 	timeout := 0.5
 	ex, _ = owner.ExecCommandWithResponse(ctx, id, api.ExecRequest{Command: "echo started; sleep 30", TimeoutS: &timeout})
 	if r := ex.JSON200; r == nil || r.ReturnCode != 125 || r.ErrorType == nil || *r.ErrorType != api.ExecErrorTypeTimeout || r.Stdout != "started\n" {

@@ -3,6 +3,7 @@ package handlers
 import (
 	"bufio"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"unicode/utf8"
@@ -33,14 +34,26 @@ func (e execReply) VisitExecCommandResponse(w http.ResponseWriter) error {
 // one U+FFFD. It holds no copy of the output beyond a 32 KiB buffer.
 func writeExecResult(w io.Writer, res sandbox.ExecResult) error {
 	bw := bufio.NewWriterSize(w, 32<<10)
-	var num [20]byte
-	bw.WriteString(`{"duration_ms":`)
+	var num [24]byte
+	bw.WriteByte('{')
+	if u := res.Usage; u != nil {
+		bw.WriteString(`"cpu_time_s":`)
+		bw.Write(appendJSONFloat(num[:0], u.CPUTime.Seconds()))
+		bw.WriteByte(',')
+	}
+	bw.WriteString(`"duration_ms":`)
 	bw.Write(strconv.AppendInt(num[:0], res.Duration.Milliseconds(), 10))
 	bw.WriteString(`,"error_type":`)
 	if res.ErrorType == "" {
 		bw.WriteString("null")
 	} else if err := writeJSONString(bw, []byte(res.ErrorType)); err != nil {
 		return err
+	}
+	if u := res.Usage; u != nil {
+		bw.WriteString(`,"oom_killed":`)
+		bw.WriteString(strconv.FormatBool(u.OOMKilled))
+		bw.WriteString(`,"peak_memory_mib":`)
+		bw.Write(appendJSONFloat(num[:0], float64(u.PeakMemory)/(1<<20)))
 	}
 	bw.WriteString(`,"return_code":`)
 	bw.Write(strconv.AppendInt(num[:0], int64(res.ReturnCode), 10))
@@ -56,6 +69,25 @@ func writeExecResult(w io.Writer, res sandbox.ExecResult) error {
 	bw.WriteString(strconv.FormatBool(res.Truncated))
 	bw.WriteString("}\n")
 	return bw.Flush()
+}
+
+// appendJSONFloat appends f as encoding/json writes a float64: the
+// shortest decimal, in exponent form (with at least two exponent digits
+// dropped to one, e-07 as e-7) only below 1e-6 or from 1e21. f is finite.
+func appendJSONFloat(b []byte, f float64) []byte {
+	abs := math.Abs(f)
+	format := byte('f')
+	if abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' {
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b
 }
 
 // asciiEscape is how encoding/json writes each ASCII byte: nil for the

@@ -35,6 +35,10 @@ func encodingJSON(t *testing.T, res sandbox.ExecResult) []byte {
 		et := api.ExecErrorType(res.ErrorType)
 		out.ErrorType = &et
 	}
+	if u := res.Usage; u != nil {
+		cpu, mem, oom := u.CPUTime.Seconds(), float64(u.PeakMemory)/(1<<20), u.OOMKilled
+		out.CPUTimeS, out.PeakMemoryMib, out.OomKilled = &cpu, &mem, &oom
+	}
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(out); err != nil {
 		t.Fatal(err)
@@ -86,6 +90,15 @@ func TestExecReplyMatchesEncodingJSON(t *testing.T) {
 			res.ErrorType = sandbox.ExecTimeout
 		case 2:
 			res.ErrorType = sandbox.ExecSandbox
+		}
+		if i%2 == 0 {
+			// Accounting, with CPU times and sizes across the float
+			// formats encoding/json switches between.
+			res.Usage = &providers.ExecUsage{
+				CPUTime:    time.Duration(r.Int64N(int64(time.Hour))) >> r.IntN(40),
+				PeakMemory: r.Int64N(1<<40) >> r.IntN(40),
+				OOMKilled:  r.IntN(2) == 0,
+			}
 		}
 		var got bytes.Buffer
 		if err := writeExecResult(&got, res); err != nil {

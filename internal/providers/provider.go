@@ -90,6 +90,16 @@ type ExecResult struct {
 	TimedOut  bool // the timeout fired and the process group was killed
 	Truncated bool // a stream exceeded MaxOutput
 	Duration  time.Duration
+	// Usage is what the command used, where the provider can tell (nil
+	// otherwise).
+	Usage *ExecUsage
+}
+
+// ExecUsage is one command's accounting, measured inside the sandbox.
+type ExecUsage struct {
+	CPUTime    time.Duration // user + system, of the command and the processes it waited for
+	PeakMemory int64         // bytes: peak RSS of the command or the largest process it waited for
+	OOMKilled  bool          // killed for want of memory
 }
 
 // Provider makes and runs sandboxes. All methods are safe for concurrent

@@ -37,6 +37,7 @@ type ExecResult struct {
 	ErrorType      string // "", ExecTimeout or ExecSandbox
 	Duration       time.Duration
 	Truncated      bool
+	Usage          *providers.ExecUsage // nil where the provider cannot tell
 
 	release func() // gives the output budget back; nil: holds none
 }
@@ -144,6 +145,7 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 		ReturnCode: res.ExitCode,
 		Duration:   res.Duration,
 		Truncated:  res.Truncated,
+		Usage:      res.Usage,
 		release:    room.release,
 	}
 	switch {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -28,7 +29,7 @@ type agent struct {
 	// while it reaps, so a child that exits at once is never reaped before
 	// its waiter is registered.
 	mu      sync.Mutex
-	waiters map[int]chan syscall.WaitStatus
+	waiters map[int]chan exited
 
 	forks chan forkReq
 	// forkerTid is the forker thread's id in the sandbox's pid namespace:
@@ -46,12 +47,20 @@ type forkReq struct {
 
 type forkRes struct {
 	pid, pidfd int
-	wait       chan syscall.WaitStatus
+	start      time.Time
+	wait       chan exited
 	err        error
 }
 
+// exited is how a command ended and what it used.
+type exited struct {
+	status syscall.WaitStatus
+	usage  syscall.Rusage // of the command and the children it waited for
+	at     time.Time
+}
+
 func newAgent(cfg initConfig) *agent {
-	return &agent{cfg: cfg, waiters: make(map[int]chan syscall.WaitStatus), forks: make(chan forkReq)}
+	return &agent{cfg: cfg, waiters: make(map[int]chan exited), forks: make(chan forkReq)}
 }
 
 // start starts the reaper and the forker. They live as long as init.
@@ -108,9 +117,9 @@ func (a *agent) fork(r forkReq) forkRes {
 	if err != nil {
 		return forkRes{err: err}
 	}
-	ch := make(chan syscall.WaitStatus, 1)
+	ch := make(chan exited, 1)
 	a.waiters[pid] = ch
-	return forkRes{pid: pid, pidfd: pidfd, wait: ch}
+	return forkRes{pid: pid, pidfd: pidfd, start: time.Now(), wait: ch}
 }
 
 // reap reaps every child of init: commands (whose status goes to their
@@ -119,13 +128,14 @@ func (a *agent) reap(sigchld <-chan os.Signal) {
 	for range sigchld {
 		a.mu.Lock()
 		for {
-			var ws syscall.WaitStatus
-			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			var e exited
+			pid, err := syscall.Wait4(-1, &e.status, syscall.WNOHANG, &e.usage)
 			if pid <= 0 || err != nil {
 				break
 			}
 			if ch, ok := a.waiters[pid]; ok {
-				ch <- ws
+				e.at = time.Now()
+				ch <- e
 				delete(a.waiters, pid)
 			}
 		}
@@ -322,11 +332,13 @@ func (a *agent) exec(c *net.UnixConn, req request, files []*os.File) {
 		}
 	}()
 
-	ws := <-r.wait
+	e := <-r.wait
 	if !req.Preserve {
 		killSession(r.pid)
 	}
-	sendMsg(c, reply{Exited: true, Code: exitCode(ws)})
+	cpu := time.Duration(e.usage.Utime.Nano() + e.usage.Stime.Nano())
+	sendMsg(c, reply{Exited: true, Code: exitCode(e.status),
+		Ran: e.at.Sub(r.start), CPU: cpu, MaxRSS: e.usage.Maxrss << 10})
 	c.CloseRead()
 	<-done
 }

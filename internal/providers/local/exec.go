@@ -160,10 +160,17 @@ func (sb *sandbox) exec(ctx context.Context, req request, pr providers.ExecReque
 		Truncated: r.stdout.truncated || r.stderr.truncated,
 		Duration:  time.Since(start),
 	}
+	oom := out.ExitCode == 128+int(unix.SIGKILL) && sb.oomKills() > ooms
 	if res.timedOut {
 		out.ExitCode = 125
 	}
-	if out.ExitCode == 128+int(unix.SIGKILL) && sb.oomKills() > ooms {
+	if res.exited {
+		out.Usage = &providers.ExecUsage{CPUTime: res.exit.CPU, PeakMemory: res.exit.MaxRSS, OOMKilled: oom}
+		if res.exit.Ran > 0 {
+			out.Duration = res.exit.Ran // measured inside: no gateway or transport time
+		}
+	}
+	if oom {
 		out.Stderr = append(out.Stderr, fmt.Sprintf("\nsandgate: killed: out of memory (the sandbox's memory limit is %d MiB)\n", sb.memoryLimit()>>20)...)
 	}
 	return out, nil
@@ -203,6 +210,7 @@ type waitResult struct {
 	exited   bool
 	code     int
 	timedOut bool
+	exit     reply // the agent's exit report, with the accounting
 }
 
 // wait follows the agent's replies until the command exits, killing it on
@@ -238,7 +246,7 @@ func (r *execRun) wait(ctx context.Context, sb *sandbox, timeout time.Duration) 
 				}
 				return res, fmt.Errorf("exec in %s: %s", sb.id, msg)
 			case m.Exited:
-				res.exited, res.code = true, m.Code
+				res.exited, res.code, res.exit = true, m.Code, m.reply
 				if ctx.Err() != nil {
 					return res, ctx.Err()
 				}

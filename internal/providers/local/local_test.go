@@ -609,3 +609,43 @@ time.sleep(120)  # stale-marker
 		t.Errorf("after SIGINT to the foreground: %d %v", code, err)
 	}
 }
+
+// TestExecUsage: an exec reports what its command used, measured inside
+// the sandbox: CPU time, peak memory, how long it ran, and whether it was
+// killed for want of memory.
+func TestExecUsage(t *testing.T) {
+	l := newLocal(t, Options{})
+	mem := int64(256)
+	id := create(t, l, providers.CreateSpec{Resources: providers.Resources{MemoryMiB: &mem}})
+	run := func(cmd string) providers.ExecResult {
+		t.Helper()
+		res, err := l.Exec(ctxT(t), id, providers.ExecRequest{Command: cmd, Timeout: 30 * time.Second, MaxOutput: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Usage == nil {
+			t.Fatalf("%q: no usage", cmd)
+		}
+		return res
+	}
+	// 100 MiB touched and 0.3 s of CPU, in a child the shell waits for.
+	res := run(`python3 -c '
+import time
+x = bytearray(100 << 20)
+t = time.process_time()
+while time.process_time() - t < 0.3: pass
+'; true`)
+	if u := res.Usage; u.PeakMemory < 100<<20 || u.PeakMemory > 200<<20 || u.CPUTime < 300*time.Millisecond || u.OOMKilled {
+		t.Errorf("usage %+v", *u)
+	}
+	if res.Duration < 300*time.Millisecond || res.Duration > 10*time.Second {
+		t.Errorf("duration %v", res.Duration)
+	}
+	if u := run("true").Usage; u.CPUTime > 100*time.Millisecond || u.PeakMemory > 64<<20 {
+		t.Errorf("true: %+v", *u)
+	}
+	res = run(`python3 -c 'x = bytearray(512 << 20)'`)
+	if res.ExitCode != 137 || !res.Usage.OOMKilled {
+		t.Errorf("512 MiB under 256: exit %d usage %+v", res.ExitCode, *res.Usage)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 )
 
 // The agent protocol. The gateway and a sandbox's init talk over a
@@ -86,6 +87,11 @@ type reply struct {
 	Exited bool   `json:"exited,omitempty"`
 	Code   int    `json:"code,omitempty"`
 	Errno  int    `json:"errno,omitempty"` // open: the system error, for the gateway to classify
+
+	// exec's exit: what the command used, measured in the sandbox
+	Ran    time.Duration `json:"ran,omitempty"`     // from its start to its exit
+	CPU    time.Duration `json:"cpu,omitempty"`     // user + system, with the children it waited for
+	MaxRSS int64         `json:"max_rss,omitempty"` // bytes, its or its largest waited-for child's
 }
 
 // sendMsg writes v as one message, with files attached to its first chunk.
