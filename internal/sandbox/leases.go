@@ -1,0 +1,194 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// authorize checks c for sandbox id and scope need: 401 for missing, bad,
+// expired or revoked credentials, 403 for another sandbox's token or too
+// low a scope, 404 for an unknown sandbox (only after the token verified).
+//
+// A lease token only names a lease: its sandbox, scope and expiry are
+// those of the Lease in the store. The MAC proves the token came from
+// someone holding the secret, not that its claims are true; a token whose
+// claims differ from the lease it names (say, owner scope for an operate
+// lease, or a later expiry) was never minted by this gateway and is
+// refused with 401, as is one naming another sandbox's lease.
+// Caller must not hold s.mu.
+func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
+	tok := c.Lease
+	if tok == "" {
+		tok = c.Bearer
+	}
+	if tok == "" {
+		return access{}, providers.Errorf(providers.ErrUnauthorized, "a lease token or API key is required")
+	}
+	if !strings.HasPrefix(tok, tokenPrefix) {
+		fp, ok := s.apiKey(tok)
+		if !ok {
+			return access{}, providers.Errorf(providers.ErrUnauthorized, "invalid credentials")
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		b := s.boxes[id]
+		if b == nil {
+			return access{}, errSandboxNotFound(id)
+		}
+		if b.rec.Creator != fp {
+			return access{}, providers.Errorf(providers.ErrForbidden, "this API key did not create sandbox %s", id)
+		}
+		return access{box: b, scope: ScopeOwner}, nil
+	}
+	cl, err := s.sign.verify(tok)
+	if err != nil {
+		return access{}, providers.Errorf(providers.ErrUnauthorized, "invalid lease token")
+	}
+	// These two use the claims only to keep the order of the answers (an
+	// expired or misdirected token says so before the sandbox's existence
+	// is revealed); the stored lease decides below.
+	now := s.opts.Clock.Now()
+	if !cl.Expires.IsZero() && !now.Before(cl.Expires) {
+		return access{}, providers.Errorf(providers.ErrUnauthorized, "lease token expired")
+	}
+	if cl.SandboxID != id {
+		return access{}, providers.Errorf(providers.ErrForbidden, "lease token is for another sandbox")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.boxes[id]
+	if b == nil {
+		return access{}, errSandboxNotFound(id)
+	}
+	l, ok := s.leases[cl.LeaseID]
+	if !ok {
+		return access{}, providers.Errorf(providers.ErrUnauthorized, "lease token was revoked")
+	}
+	if l.SandboxID != cl.SandboxID || l.Scope != cl.Scope || !sameSecond(l.ExpiresAt, cl.Expires) {
+		return access{}, providers.Errorf(providers.ErrUnauthorized, "invalid lease token")
+	}
+	if !l.ExpiresAt.IsZero() && !now.Before(l.ExpiresAt) {
+		return access{}, providers.Errorf(providers.ErrUnauthorized, "lease token expired")
+	}
+	if !l.Scope.covers(need) {
+		return access{}, providers.Errorf(providers.ErrForbidden, "this needs a lease of scope %s", need)
+	}
+	return access{box: b, scope: l.Scope, leaseID: l.ID, expires: l.ExpiresAt}, nil
+}
+
+// sameSecond reports whether a and b are the same expiry as a token
+// carries it: both none, or the same Unix second.
+func sameSecond(a, b time.Time) bool {
+	if a.IsZero() || b.IsZero() {
+		return a.IsZero() == b.IsZero()
+	}
+	return a.Unix() == b.Unix()
+}
+
+// apiKey reports whether tok is a configured API key, and its fingerprint.
+func (s *Service) apiKey(tok string) (string, bool) {
+	fp := keyFingerprint(tok)
+	ok := false
+	for k := range s.keys {
+		// Every key is compared so the time taken does not say which matched.
+		if subtle.ConstantTimeCompare([]byte(k), []byte(fp)) == 1 {
+			ok = true
+		}
+	}
+	return fp, ok
+}
+
+// authorizeKey checks the credentials for create and list and returns the
+// creator fingerprint ("" for an anonymous caller).
+func (s *Service) authorizeKey(c Caller) (string, error) {
+	if c.Bearer == "" {
+		if s.opts.AllowAnonymous && len(s.keys) == 0 {
+			return "", nil
+		}
+		return "", providers.Errorf(providers.ErrUnauthorized, "an API key is required (Authorization: Bearer <key>)")
+	}
+	if len(s.keys) == 0 && s.opts.AllowAnonymous {
+		return "", nil
+	}
+	fp, ok := s.apiKey(c.Bearer)
+	if !ok {
+		return "", providers.Errorf(providers.ErrUnauthorized, "invalid API key")
+	}
+	return fp, nil
+}
+
+// Mint returns a new lease for the sandbox. An operate caller can mint only
+// operate leases. ttl nil: the lease lives as long as the sandbox.
+//
+// A lease never outlives the lease that mints it: when the caller's lease
+// expires, ttl nil means the caller's expiry, and a ttl that would end
+// after it is refused (ErrInvalid on ttl_s, naming the time the caller's
+// lease has left) rather than silently shortened. An API key has no
+// expiry of its own and mints any ttl.
+func (s *Service) Mint(ctx context.Context, c Caller, id string, scope Scope, ttl *time.Duration) (Ref, error) {
+	if scope == "" {
+		scope = ScopeOperate
+	}
+	if !scope.valid() {
+		return Ref{}, providers.InvalidFields{{Field: "scope", Message: "must be owner or operate"}}
+	}
+	if ttl != nil && *ttl <= 0 {
+		return Ref{}, providers.InvalidFields{{Field: "ttl_s", Message: "must be positive"}}
+	}
+	a, err := s.authorize(c, id, scope)
+	if err != nil {
+		return Ref{}, err
+	}
+	now := s.opts.Clock.Now()
+	l := Lease{ID: newLeaseID(), SandboxID: id, Scope: scope, CreatedAt: now}
+	if ttl != nil {
+		l.ExpiresAt = now.Add(*ttl).Truncate(time.Second)
+	}
+	if parent := a.expires; !parent.IsZero() {
+		switch {
+		case ttl == nil:
+			l.ExpiresAt = parent
+		case l.ExpiresAt.After(parent):
+			return Ref{}, providers.InvalidFields{{Field: "ttl_s", Message: fmt.Sprintf(
+				"must not outlive the calling lease, which has %d s left", int64(parent.Sub(now)/time.Second))}}
+		}
+	}
+	if err := s.st.putLease(l); err != nil {
+		return Ref{}, err
+	}
+	s.mu.Lock()
+	s.leases[l.ID] = l
+	rec := a.box.rec
+	s.mu.Unlock()
+	return s.ref(rec, l), nil
+}
+
+// Release revokes the caller's own lease and returns how many leases the
+// sandbox has left.
+func (s *Service) Release(ctx context.Context, c Caller, id string) (int, error) {
+	a, err := s.authorize(c, id, ScopeOperate)
+	if err != nil {
+		return 0, err
+	}
+	if a.leaseID == "" {
+		return 0, providers.Errorf(providers.ErrConflict, "release revokes the calling lease token; an API key has none")
+	}
+	if err := s.st.deleteLease(id, a.leaseID); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.leases, a.leaseID)
+	n := 0
+	for _, l := range s.leases {
+		if l.SandboxID == id {
+			n++
+		}
+	}
+	return n, nil
+}

@@ -1,0 +1,397 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+func (r *CreateRequest) validate() error {
+	var bad providers.InvalidFields
+	if r.Workdir == "" {
+		r.Workdir = defaultWorkdir
+	} else if !path.IsAbs(r.Workdir) {
+		bad.Add("workdir", "must be an absolute path")
+	} else if err := checkPath(r.Workdir); err != nil {
+		bad.Add("workdir", "%s", err)
+	} else {
+		r.Workdir = path.Clean(r.Workdir)
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+	}{{"ttl_s", r.TTL}, {"idle_timeout_s", r.IdleTimeout}, {"ready_timeout_s", r.ReadyTimeout}} {
+		if d.v != nil && *d.v < 0 {
+			bad.Add(d.name, "must not be negative")
+		}
+	}
+	seen := map[int]bool{}
+	for i, p := range r.Ports {
+		if p < 1 || p > 65535 {
+			bad.Add(fmt.Sprintf("ports[%d]", i), "port %d is outside 1..65535", p)
+		} else if seen[p] {
+			bad.Add(fmt.Sprintf("ports[%d]", i), "port %d is listed twice", p)
+		}
+		seen[p] = true
+	}
+	for k := range r.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			bad.Add("env", "invalid variable name %q", k)
+		}
+	}
+	for _, p := range sortedKeys(r.Files) {
+		if err := checkPath(p); err != nil {
+			bad.Add("files", "%q: %s", p, err)
+		}
+	}
+	return bad.Err()
+}
+
+// Create makes a sandbox, waiting in the capacity queue if the gateway is
+// full, and returns an owner lease for it. It returns only once the
+// sandbox is ready and its files are written; on failure nothing is left.
+func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (Ref, error) {
+	creator, err := s.authorizeKey(c)
+	if err != nil {
+		return Ref{}, err
+	}
+	if err := req.validate(); err != nil {
+		return Ref{}, err
+	}
+	if err := s.slots.acquire(ctx, s.opts.QueueTimeout); err != nil {
+		s.m.CreatesTotal.WithLabelValues(s.p.Name(), "unavailable").Inc()
+		return Ref{}, err
+	}
+	start := time.Now()
+	ref, err := s.create(ctx, creator, req)
+	if err != nil {
+		s.slots.release()
+		s.m.CreatesTotal.WithLabelValues(s.p.Name(), "error").Inc()
+		return Ref{}, err
+	}
+	s.m.CreatesTotal.WithLabelValues(s.p.Name(), "ok").Inc()
+	s.m.CreateSeconds.Observe(time.Since(start).Seconds())
+	return ref, nil
+}
+
+// countStates counts the sandboxes by state (for the metrics).
+func (s *Service) countStates() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := map[string]int{}
+	for _, b := range s.boxes {
+		n[string(b.rec.State)]++
+	}
+	return n
+}
+
+func (s *Service) create(ctx context.Context, creator string, req CreateRequest) (Ref, error) {
+	ttl := s.opts.DefaultTTL
+	if req.TTL != nil {
+		ttl = *req.TTL
+	}
+	ready := s.opts.DefaultReadyTimeout
+	if req.ReadyTimeout != nil && *req.ReadyTimeout > 0 {
+		ready = *req.ReadyTimeout
+	}
+	id := newSandboxID()
+	start := s.opts.Clock.Now()
+	sb, err := s.p.Create(ctx, providers.CreateSpec{
+		ID:           id,
+		Image:        req.Image,
+		Workdir:      req.Workdir,
+		Env:          req.Env,
+		Resources:    req.Resources,
+		Entrypoint:   req.Entrypoint,
+		Ports:        req.Ports,
+		Options:      req.ProviderOptions,
+		ReadyTimeout: ready,
+	})
+	if err != nil {
+		return Ref{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	for _, p := range sortedKeys(req.Files) {
+		if _, err = s.p.WriteFile(ctx, id, resolve(sb.Workdir, p), strings.NewReader(req.Files[p])); err != nil {
+			err = fmt.Errorf("write file %q: %w", p, err)
+			break
+		}
+	}
+	now := s.opts.Clock.Now()
+	rec := Record{
+		ID:        id,
+		Provider:  s.p.Name(),
+		State:     providers.StateRunning,
+		Workdir:   sb.Workdir,
+		Image:     req.Image,
+		CreatedAt: start,
+		TTL:       ttl,
+		Metadata:  req.Metadata,
+		Ports:     req.Ports,
+		Extra:     sb.Extra,
+		Creator:   creator,
+	}
+	if ttl > 0 {
+		rec.ExpiresAt = now.Add(ttl)
+	}
+	if req.IdleTimeout != nil {
+		rec.IdleTimeout = *req.IdleTimeout
+	}
+	lease := Lease{ID: newLeaseID(), SandboxID: id, Scope: ScopeOwner, CreatedAt: now}
+	if err == nil {
+		err = s.st.putRecord(rec, &lease)
+	}
+	if err != nil {
+		// Detached: the client's context may be what failed.
+		if derr := s.p.Delete(context.WithoutCancel(ctx), id); derr != nil {
+			s.log.Error("delete half-made sandbox", "sandbox", id, "err", derr)
+		}
+		return Ref{}, err
+	}
+	s.mu.Lock()
+	s.boxes[id] = &box{rec: rec, lastActivity: now, hasSlot: true}
+	s.leases[lease.ID] = lease
+	s.mu.Unlock()
+	s.log.Info("sandbox created", "sandbox", id, "provider", s.p.Name(), "duration", now.Sub(start))
+	return s.ref(rec, lease), nil
+}
+
+func (s *Service) ref(rec Record, l Lease) Ref {
+	return Ref{
+		SandboxID: rec.ID,
+		Token:     s.sign.mint(claims{SandboxID: rec.ID, LeaseID: l.ID, Scope: l.Scope, Expires: l.ExpiresAt}),
+		LeaseID:   l.ID,
+		Scope:     l.Scope,
+		Provider:  rec.Provider,
+		Workdir:   rec.Workdir,
+		ExpiresAt: l.ExpiresAt,
+		Extra:     rec.Extra,
+	}
+}
+
+// List returns the sandboxes the caller's API key created (all of them for
+// an anonymous caller on a gateway without keys), oldest first.
+func (s *Service) List(ctx context.Context, c Caller, f ListFilter) ([]Info, error) {
+	creator, err := s.authorizeKey(c)
+	if err != nil {
+		return nil, err
+	}
+	var lk, lv string
+	if f.Label != "" {
+		var ok bool
+		if lk, lv, ok = strings.Cut(f.Label, "="); !ok || lk == "" {
+			return nil, providers.InvalidFields{{Field: "label", Message: "must be key=value"}}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []Info{}
+	for _, b := range s.boxes {
+		if b.rec.Creator != creator || (f.Status != "" && b.rec.State != f.Status) {
+			continue
+		}
+		if lk != "" {
+			if v, ok := b.rec.Metadata[lk]; !ok || v != lv {
+				continue
+			}
+		}
+		out = append(out, b.info())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out, nil
+}
+
+// Get returns a sandbox's info, with its state refreshed from the provider.
+func (s *Service) Get(ctx context.Context, c Caller, id string) (Info, error) {
+	a, err := s.authorize(c, id, ScopeOperate)
+	if err != nil {
+		return Info{}, err
+	}
+	s.refresh(ctx, a.box)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return a.box.info(), nil
+}
+
+// refresh asks the provider for a live sandbox's state and records a
+// sandbox that ended on its own as stopped.
+func (s *Service) refresh(ctx context.Context, b *box) {
+	s.mu.Lock()
+	id, state := b.rec.ID, b.rec.State
+	s.mu.Unlock()
+	if !state.Live() || state == providers.StateStarting {
+		return
+	}
+	got, err := s.p.Status(ctx, id)
+	switch {
+	case errors.Is(err, providers.ErrNotFound):
+		got = providers.StateStopped
+	case err != nil:
+		s.log.Warn("sandbox status", "sandbox", id, "err", err)
+		return
+	}
+	if got == state || got == providers.StateUnknown {
+		return
+	}
+	s.setState(b, got)
+}
+
+// setState records a new state for b and frees its slot when it stops.
+func (s *Service) setState(b *box, state providers.State) {
+	s.mu.Lock()
+	b.rec.State = state
+	rec := b.rec
+	release := b.hasSlot && !state.Live()
+	if release {
+		b.hasSlot = false
+	}
+	s.mu.Unlock()
+	if release {
+		s.slots.release()
+	}
+	if err := s.st.putRecord(rec, nil); err != nil {
+		s.log.Error("persist sandbox state", "sandbox", rec.ID, "err", err)
+	}
+}
+
+// Renew sets the sandbox's expiry to now + ttl (nil: its current TTL;
+// 0: no expiry).
+func (s *Service) Renew(ctx context.Context, c Caller, id string, ttl *time.Duration) (Info, error) {
+	if ttl != nil && *ttl < 0 {
+		return Info{}, providers.InvalidFields{{Field: "ttl_s", Message: "must not be negative"}}
+	}
+	a, err := s.authorize(c, id, ScopeOwner)
+	if err != nil {
+		return Info{}, err
+	}
+	s.mu.Lock()
+	b := a.box
+	if !b.rec.State.Live() {
+		s.mu.Unlock()
+		return Info{}, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", id, b.rec.State)
+	}
+	if ttl != nil {
+		b.rec.TTL = *ttl
+	}
+	b.rec.ExpiresAt = time.Time{}
+	if b.rec.TTL > 0 {
+		b.rec.ExpiresAt = s.opts.Clock.Now().Add(b.rec.TTL)
+	}
+	rec := b.rec
+	info := b.info()
+	s.mu.Unlock()
+	return info, s.st.putRecord(rec, nil)
+}
+
+// Pause freezes a running sandbox.
+func (s *Service) Pause(ctx context.Context, c Caller, id string) (Info, error) {
+	return s.pauseResume(ctx, c, id, true)
+}
+
+// Resume thaws a paused sandbox.
+func (s *Service) Resume(ctx context.Context, c Caller, id string) (Info, error) {
+	return s.pauseResume(ctx, c, id, false)
+}
+
+func (s *Service) pauseResume(ctx context.Context, c Caller, id string, pause bool) (Info, error) {
+	a, err := s.authorize(c, id, ScopeOwner)
+	if err != nil {
+		return Info{}, err
+	}
+	p, ok := s.p.(providers.Pauser)
+	if !ok {
+		return Info{}, providers.Errorf(providers.ErrUnsupported, "pause is not supported by provider %s", s.p.Name())
+	}
+	from, to, do := providers.StateRunning, providers.StatePaused, p.Pause
+	if !pause {
+		from, to, do = providers.StatePaused, providers.StateRunning, p.Resume
+	}
+	s.mu.Lock()
+	state := a.box.rec.State
+	s.mu.Unlock()
+	if state != from {
+		return Info{}, providers.Errorf(providers.ErrConflict, "sandbox %s is %s, not %s", id, state, from)
+	}
+	if err := do(ctx, id); err != nil {
+		return Info{}, fmt.Errorf("%s %s: %w", map[bool]string{true: "pause", false: "resume"}[pause], id, err)
+	}
+	s.setState(a.box, to)
+	s.touch(a.box)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return a.box.info(), nil
+}
+
+// Endpoint returns how to reach a port declared at create.
+func (s *Service) Endpoint(ctx context.Context, c Caller, id string, port int) (providers.Endpoint, error) {
+	a, err := s.authorize(c, id, ScopeOperate)
+	if err != nil {
+		return providers.Endpoint{}, err
+	}
+	e, ok := s.p.(providers.Endpointer)
+	if !ok {
+		return providers.Endpoint{}, providers.Errorf(providers.ErrUnsupported, "endpoints are not supported by provider %s", s.p.Name())
+	}
+	s.mu.Lock()
+	declared := false
+	for _, p := range a.box.rec.Ports {
+		declared = declared || p == port
+	}
+	s.mu.Unlock()
+	if !declared {
+		return providers.Endpoint{}, providers.Errorf(providers.ErrNotFound, "port %d was not declared at create", port)
+	}
+	return e.Endpoint(ctx, id, port)
+}
+
+// Delete stops the sandbox and forgets it and every lease for it. Only an
+// owner may delete; a second delete answers ErrNotFound.
+func (s *Service) Delete(ctx context.Context, c Caller, id string) error {
+	a, err := s.authorize(c, id, ScopeOwner)
+	if err != nil {
+		return err
+	}
+	return s.remove(ctx, a.box, "deleted")
+}
+
+// remove deletes the sandbox from the provider, then from the registry.
+// When the provider fails the sandbox stays so the delete can be retried.
+func (s *Service) remove(ctx context.Context, b *box, why string) error {
+	id := b.rec.ID
+	if err := s.p.Delete(ctx, id); err != nil && !errors.Is(err, providers.ErrNotFound) {
+		return fmt.Errorf("delete %s: %w", id, err)
+	}
+	s.mu.Lock()
+	if s.boxes[id] != b {
+		s.mu.Unlock()
+		return errSandboxNotFound(id) // a concurrent delete won
+	}
+	delete(s.boxes, id)
+	for lid, l := range s.leases {
+		if l.SandboxID == id {
+			delete(s.leases, lid)
+		}
+	}
+	release := b.hasSlot
+	b.hasSlot = false
+	b.rec.State = providers.StateStopped
+	hooks := s.onRemove
+	s.mu.Unlock()
+	if release {
+		s.slots.release()
+	}
+	for _, f := range hooks {
+		f(id)
+	}
+	s.m.DeletesTotal.WithLabelValues(why).Inc()
+	if err := s.st.deleteSandbox(id); err != nil {
+		s.log.Error("forget sandbox", "sandbox", id, "err", err)
+	}
+	s.log.Info("sandbox removed", "sandbox", id, "why", why)
+	return nil
+}
