@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
 )
 
 // config is the gateway's configuration. Every flag has an environment
@@ -80,7 +82,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", 64, "live sandboxes at most; further creates wait in a FIFO queue")
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", 600*time.Second, "how long a create waits for capacity before 503")
 	fs.DurationVar(&c.DefaultTTL, "default-ttl", 1800*time.Second, "sandbox lifetime when a create gives no ttl_s (0 = none)")
-	fs.IntVar(&c.MaxExecOutput, "max-exec-output", 16<<20, "bytes of stdout and of stderr kept per exec")
+	fs.IntVar(&c.MaxExecOutput, "max-exec-output", providers.DefaultMaxOutput, "bytes of stdout and of stderr kept per exec")
 	fs.Int64Var(&c.MaxExecOutputTotal, "max-exec-output-total", 256<<20, "bytes of exec output held at once by all execs in flight; an exec that finds less than twice --max-exec-output left keeps less (at least 64 KiB per stream) and is truncated")
 	fs.Var(&c.MemoryLimit, "memory-limit", "soft limit on the gateway's memory, in bytes or with a unit (512MiB, 1GiB), as GOMEMLIMIT (default: GOMEMLIMIT, else none)")
 	fs.IntVar(&c.MaxExecs, "max-execs", 1024, "concurrent execs in all sandboxes; beyond it 429")

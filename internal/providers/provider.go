@@ -29,6 +29,15 @@ func (s State) Live() bool {
 	return s == StateStarting || s == StateRunning || s == StatePaused
 }
 
+// The contract's defaults (SPEC §4, §7), in one place. The service fills
+// them in; a provider applies them only to a request that reaches it
+// without them (a direct caller such as a test).
+const (
+	DefaultExecTimeout = 180 * time.Second
+	DefaultMaxOutput   = 16 << 20 // bytes of stdout and of stderr kept per exec
+	DefaultTERM        = "xterm-256color"
+)
+
 // Resources are the limits asked for at create. Nil means "provider default".
 type Resources struct {
 	CPU       *float64

@@ -86,10 +86,10 @@ func (d *Docker) Exec(ctx context.Context, id string, req providers.ExecRequest)
 		return providers.ExecResult{}, providers.Errorf(providers.ErrInvalid, "command is %d bytes; the docker provider takes at most %d", len(req.Command), maxArg)
 	}
 	if req.MaxOutput <= 0 {
-		req.MaxOutput = 16 << 20
+		req.MaxOutput = providers.DefaultMaxOutput
 	}
 	if req.Timeout <= 0 {
-		req.Timeout = 180 * time.Second
+		req.Timeout = providers.DefaultExecTimeout
 	}
 	nonce := newNonce()
 	preserve := "0"

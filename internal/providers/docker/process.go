@@ -63,7 +63,7 @@ const helperTimeout = 10 * time.Second
 func (d *Docker) StartProcess(ctx context.Context, id string, spec providers.ProcessSpec) (providers.Process, error) {
 	env := map[string]string{}
 	if spec.TTY {
-		env["TERM"] = "xterm-256color"
+		env["TERM"] = providers.DefaultTERM
 	}
 	for k, v := range spec.Env {
 		env[k] = v

@@ -17,8 +17,6 @@ import (
 )
 
 const (
-	defaultExecTimeout = 180 * time.Second
-	defaultMaxOutput   = 16 << 20
 	// killGrace bounds the wait for the exit report once the command was
 	// killed; past it (the agent is frozen or gone) Exec returns anyway.
 	killGrace = 5 * time.Second
@@ -43,10 +41,10 @@ func (l *Local) Exec(ctx context.Context, id string, req providers.ExecRequest) 
 		return providers.ExecResult{}, providers.Errorf(providers.ErrInvalid, "timeout must be positive")
 	}
 	if req.Timeout == 0 {
-		req.Timeout = defaultExecTimeout
+		req.Timeout = providers.DefaultExecTimeout
 	}
 	if req.MaxOutput <= 0 {
-		req.MaxOutput = defaultMaxOutput
+		req.MaxOutput = providers.DefaultMaxOutput
 	}
 	cwd := req.Cwd
 	if cwd == "" {

@@ -56,7 +56,7 @@ func (l *Local) StartProcess(ctx context.Context, id string, spec providers.Proc
 			for k, v := range spec.Env {
 				env[k] = v
 			}
-			env["TERM"] = "xterm-256color"
+			env["TERM"] = providers.DefaultTERM
 		}
 	}
 	req := request{
