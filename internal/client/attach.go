@@ -3,7 +3,6 @@ package client
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,16 +12,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-)
 
-// The attach protocol's frame bytes and close code (SPEC §7).
-const (
-	chanStdin  byte = 0x00
-	chanOutput byte = 0x01
-	chanStderr byte = 0x02
-	chanReplay byte = 0x03
-
-	closeTakenOver websocket.StatusCode = 4001
+	"github.com/sandgate/sandgate/internal/wire"
 )
 
 const (
@@ -245,7 +236,7 @@ func (a *attachment) once(ctx context.Context, takeover bool) (r result, err err
 			switch {
 			case exit != nil:
 				return result{attached: r.attached, exited: true, code: *exit}, nil
-			case websocket.CloseStatus(err) == closeTakenOver:
+			case websocket.CloseStatus(err) == wire.CloseTakenOver:
 				return r, ErrTakenOver
 			case gone:
 				return r, errSessionGone
@@ -255,12 +246,7 @@ func (a *attachment) once(ctx context.Context, takeover bool) (r result, err err
 			return r, err
 		}
 		if typ == websocket.MessageText {
-			var m struct {
-				Type     string `json:"type"`
-				ExitCode int    `json:"exit_code"`
-				Code     string `json:"code"`
-				Error    string `json:"error"`
-			}
+			var m wire.ServerMsg
 			if json.Unmarshal(data, &m) != nil {
 				continue
 			}
@@ -271,27 +257,28 @@ func (a *attachment) once(ctx context.Context, takeover bool) (r result, err err
 				close(connected)
 				a.o.Notify(Event{Kind: Connected})
 			case "exit":
-				code := m.ExitCode
+				code := 0
+				if m.ExitCode != nil {
+					code = *m.ExitCode
+				}
 				exit = &code
 			case "error":
-				if m.Code == "SESSION_GONE" {
+				if m.Code == wire.CodeSessionGone {
 					gone = true
 				}
 				a.o.Notify(Event{Kind: Notice, Err: fmt.Errorf("%s: %s", m.Code, m.Error)})
 			}
 			continue
 		}
-		if len(data) == 0 {
+		f, ferr := wire.DecodeServer(data)
+		if ferr != nil {
 			continue
 		}
-		switch data[0] {
-		case chanOutput, chanStderr:
-			err = a.output(a.received, data[1:])
-		case chanReplay:
-			if len(data) < 9 {
-				continue
-			}
-			err = a.output(int64(binary.BigEndian.Uint64(data[1:9])), data[9:])
+		switch f.Channel {
+		case wire.ChanOutput, wire.ChanStderr:
+			err = a.output(a.received, f.Data)
+		case wire.ChanReplay:
+			err = a.output(f.Offset, f.Data)
 		}
 		if err != nil {
 			return r, fmt.Errorf("%w: %w", errOutput, err)
@@ -357,7 +344,7 @@ func (a *attachment) write(ctx context.Context, fail context.CancelCauseFunc, co
 				in = nil
 				continue
 			}
-			if !send(websocket.MessageBinary, append([]byte{chanStdin}, b...)) {
+			if !send(websocket.MessageBinary, append([]byte{wire.ChanStdin}, b...)) {
 				return
 			}
 		case <-ping.C:

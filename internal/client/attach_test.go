@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sandgate/sandgate/internal/api"
+	"github.com/sandgate/sandgate/internal/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -100,13 +101,13 @@ func (c *fakeConn) send(typ websocket.MessageType, p []byte) {
 
 func (c *fakeConn) replay(off int64, s string) {
 	p := make([]byte, 9, 9+len(s))
-	p[0] = chanReplay
+	p[0] = wire.ChanReplay
 	binary.BigEndian.PutUint64(p[1:], uint64(off))
 	c.send(websocket.MessageBinary, append(p, s...))
 }
 
 func (c *fakeConn) output(s string) {
-	c.send(websocket.MessageBinary, append([]byte{chanOutput}, s...))
+	c.send(websocket.MessageBinary, append([]byte{wire.ChanOutput}, s...))
 }
 func (c *fakeConn) text(s string) { c.send(websocket.MessageText, []byte(s)) }
 func (c *fakeConn) connected()    { c.text(`{"type":"connected","session_id":"pty-1","mode":"pty"}`) }
@@ -238,7 +239,7 @@ func TestTakenOverDoesNotRedial(t *testing.T) {
 	f := newFake(t, func(c *fakeConn) {
 		c.accept()
 		c.connected()
-		c.conn.Close(closeTakenOver, "TAKEN_OVER")
+		c.conn.Close(wire.CloseTakenOver, "TAKEN_OVER")
 	})
 	_, _, _, err := attach(t, f.client(t), AttachOptions{})
 	if !errors.Is(err, ErrTakenOver) {

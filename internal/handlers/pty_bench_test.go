@@ -22,6 +22,7 @@ import (
 	"github.com/sandgate/sandgate/internal/providers/local"
 	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
+	"github.com/sandgate/sandgate/internal/wire"
 )
 
 // The terminal-session benchmarks (SPEC §11), on the real stack in this
@@ -234,7 +235,7 @@ func BenchmarkPTYKeystrokeEcho(b *testing.B) {
 		}
 		if typ == websocket.MessageBinary {
 			out = append(out, m[1:]...)
-			if m[0] == pty.ChanReplay {
+			if m[0] == wire.ChanReplay {
 				out = append(out[:0], m[9:]...)
 			}
 		}

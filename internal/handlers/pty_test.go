@@ -27,6 +27,7 @@ import (
 	"github.com/sandgate/sandgate/internal/providers/local"
 	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
+	"github.com/sandgate/sandgate/internal/wire"
 )
 
 // The terminal-session tests run end to end: a real gateway handler over
@@ -297,38 +298,38 @@ type stream struct {
 	out, errOut []byte // channel 1 (and replay) / channel 2
 	start       int64  // absolute offset of out[0], from the replay frame
 	replays     int
-	texts       []pty.ServerMsg
+	texts       []wire.ServerMsg
 }
 
 func (s *stream) add(t *testing.T, f frame) {
 	if f.text {
-		var m pty.ServerMsg
+		var m wire.ServerMsg
 		if err := json.Unmarshal(f.data, &m); err != nil {
 			t.Fatalf("bad text frame %q: %v", f.data, err)
 		}
 		s.texts = append(s.texts, m)
 		return
 	}
-	sf, err := pty.DecodeServer(f.data)
+	sf, err := wire.DecodeServer(f.data)
 	if err != nil {
 		t.Fatalf("bad binary frame: %v", err)
 	}
 	switch sf.Channel {
-	case pty.ChanReplay:
+	case wire.ChanReplay:
 		if s.replays > 0 || len(s.out) > 0 || len(s.texts) > 0 {
 			t.Fatalf("replay frame not first")
 		}
 		s.replays++
 		s.start = sf.Offset
 		s.out = append(s.out, sf.Data...)
-	case pty.ChanOutput:
+	case wire.ChanOutput:
 		s.out = append(s.out, sf.Data...)
-	case pty.ChanStderr:
+	case wire.ChanStderr:
 		s.errOut = append(s.errOut, sf.Data...)
 	}
 }
 
-func (s *stream) hasText(typ string) *pty.ServerMsg {
+func (s *stream) hasText(typ string) *wire.ServerMsg {
 	for i := range s.texts {
 		if s.texts[i].Type == typ {
 			return &s.texts[i]
@@ -376,7 +377,7 @@ func TestPTYShellEchoAndResize(t *testing.T) {
 	c := e.dial(sid, "")
 	var s stream
 	c.until(&s, 10*time.Second, "connected", connected)
-	if m := s.hasText("connected"); m.SessionID != sid || m.Mode != pty.ModePTY {
+	if m := s.hasText("connected"); m.SessionID != sid || m.Mode != wire.ModePTY {
 		t.Fatalf("connected frame %+v", m)
 	}
 	c.stdin("echo h\"\"i\n")
@@ -499,7 +500,7 @@ func TestPTYTakeover(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("takeover took %v", d)
 	}
-	if code := a.closeCode(); code != pty.CloseTakenOver {
+	if code := a.closeCode(); code != wire.CloseTakenOver {
 		t.Fatalf("evicted client got close %v (%v), want 4001", code, a.err)
 	}
 	if sb.replays != 1 || !bytes.Contains(sb.out, []byte("first\r\n")) {
@@ -516,7 +517,7 @@ func TestPTYManyTakeovers(t *testing.T) {
 	prev := e.dial(sid, "")
 	for i := 0; i < 200; i++ {
 		next := e.dial(sid, "takeover=1")
-		if code := prev.closeCode(); code != pty.CloseTakenOver {
+		if code := prev.closeCode(); code != wire.CloseTakenOver {
 			t.Fatalf("takeover %d: evicted client got %v (%v), want 4001", i, code, prev.err)
 		}
 		prev = next
@@ -606,7 +607,7 @@ func TestPipeMode(t *testing.T) {
 	c.until(&s, 10*time.Second, "out and err", func(s *stream) bool {
 		return connected(s) && bytes.Contains(s.out, []byte("out\n")) && bytes.Contains(s.errOut, []byte("err\n"))
 	})
-	if m := s.hasText("connected"); m.Mode != pty.ModePipe {
+	if m := s.hasText("connected"); m.Mode != wire.ModePipe {
 		t.Fatalf("mode %q", m.Mode)
 	}
 	c.stdin("hello\n")
@@ -641,7 +642,7 @@ func TestPTYModeAtFirstAttach(t *testing.T) {
 	c := e.dial(sid, "pty=0")
 	var s stream
 	c.until(&s, 10*time.Second, "connected", connected)
-	if m := s.hasText("connected"); m.Mode != pty.ModePipe {
+	if m := s.hasText("connected"); m.Mode != wire.ModePipe {
 		t.Fatalf("mode %q, want pipe", m.Mode)
 	}
 	c.stdin("echo out; echo err >&2; exit 3\n")
@@ -658,14 +659,14 @@ func TestPTYModeAtFirstAttach(t *testing.T) {
 	c = e.dial(sid, "")
 	s = stream{}
 	c.until(&s, 10*time.Second, "exit", func(s *stream) bool { return s.hasText("exit") != nil })
-	if m := s.hasText("connected"); m.Mode != pty.ModePTY || string(s.out) != "out\r\nerr\r\ntty\r\n" || len(s.errOut) != 0 {
+	if m := s.hasText("connected"); m.Mode != wire.ModePTY || string(s.out) != "out\r\nerr\r\ntty\r\n" || len(s.errOut) != 0 {
 		t.Fatalf("pty mode %q: out %q err %q", m.Mode, s.out, s.errOut)
 	}
 	// A later ?pty=0 changes nothing: the process runs in its mode.
 	c = e.dial(sid, "pty=0")
 	s = stream{}
 	c.until(&s, 10*time.Second, "exit", func(s *stream) bool { return s.hasText("exit") != nil })
-	if m := s.hasText("connected"); m.Mode != pty.ModePTY {
+	if m := s.hasText("connected"); m.Mode != wire.ModePTY {
 		t.Fatalf("re-attach with pty=0: mode %q", m.Mode)
 	}
 
@@ -720,7 +721,7 @@ func TestPTYSignalForegroundGroup(t *testing.T) {
 
 			c.json(map[string]any{"type": "signal", "signal": "SIGFOO"})
 			c.until(&s, 10*time.Second, "an error frame", func(s *stream) bool { return s.hasText("error") != nil })
-			if m := s.hasText("error"); m.Code != pty.CodeUnknownSignal {
+			if m := s.hasText("error"); m.Code != wire.CodeUnknownSignal {
 				t.Fatalf("error frame %+v", m)
 			}
 			c.stdin("echo st\"\"ill $$\n")
@@ -847,7 +848,7 @@ func (e *ptyEnv) echoToken(i int) error {
 			return fmt.Errorf("session %d: read: %w (got %q)", i, err, out)
 		}
 		if typ == websocket.MessageBinary && len(b) > 0 {
-			sf, err := pty.DecodeServer(b)
+			sf, err := wire.DecodeServer(b)
 			if err != nil {
 				return err
 			}
@@ -913,15 +914,15 @@ func TestPTYBadInput(t *testing.T) {
 		}
 	}
 	c.send(websocket.MessageBinary, append([]byte{0}, bytes.Repeat([]byte("x"), 10000)...))
-	wantErr(pty.CodeFrameTooLarge)
+	wantErr(wire.CodeFrameTooLarge)
 	c.send(websocket.MessageText, []byte(`{"type":"resize","cols":`))
-	wantErr(pty.CodeInvalidFrame)
+	wantErr(wire.CodeInvalidFrame)
 	c.send(websocket.MessageBinary, []byte{0x07, 'x'})
-	wantErr(pty.CodeUnknownChannel)
+	wantErr(wire.CodeUnknownChannel)
 	c.send(websocket.MessageText, []byte(`{"type":"launch-missiles"}`))
-	wantErr(pty.CodeUnknownType)
+	wantErr(wire.CodeUnknownType)
 	c.send(websocket.MessageText, []byte(`{"type":"resize","cols":0,"rows":5}`))
-	wantErr(pty.CodeInvalidFrame)
+	wantErr(wire.CodeInvalidFrame)
 	c.json(map[string]any{"type": "ping"})
 	c.until(&s, 10*time.Second, "pong", func(s *stream) bool { return s.hasText("pong") != nil })
 	c.stdin("echo o\"\"k\n")
@@ -1001,7 +1002,7 @@ func TestPTYSessionGone(t *testing.T) {
 	}
 	e.id = ""
 	c2.until(&s2, 10*time.Second, "SESSION_GONE", func(s *stream) bool { return s.hasText("error") != nil })
-	if m := s2.hasText("error"); m.Code != pty.CodeSessionGone {
+	if m := s2.hasText("error"); m.Code != wire.CodeSessionGone {
 		t.Fatalf("error frame %+v", m)
 	}
 	if code := c2.closeCode(); code != websocket.StatusGoingAway {

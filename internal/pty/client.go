@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/sandgate/sandgate/internal/wire"
 )
 
 const (
@@ -161,7 +163,7 @@ func (c *client) writeLoop(ctx context.Context) error {
 		}
 		c.replay = nil
 	}
-	if err := c.write(ctx, websocket.MessageText, ConnectedFrame(c.s.id, c.s.mode)); err != nil {
+	if err := c.write(ctx, websocket.MessageText, wire.ConnectedFrame(c.s.id, c.s.mode)); err != nil {
 		return err
 	}
 	for {
@@ -199,7 +201,7 @@ func (c *client) writeLoop(ctx context.Context) error {
 			start = end
 		}
 		if exit != nil {
-			if err := c.write(ctx, websocket.MessageText, ExitFrame(*exit)); err != nil {
+			if err := c.write(ctx, websocket.MessageText, wire.ExitFrame(*exit)); err != nil {
 				return err
 			}
 			return c.closeConn(ctx, causeExited)
@@ -220,7 +222,7 @@ func (c *client) writeLoop(ctx context.Context) error {
 func (c *client) closeConn(ctx context.Context, cause *closeCause) error {
 	c.s.detach(c)
 	if cause.errFrame != "" {
-		c.write(ctx, websocket.MessageText, ErrorFrame(cause.errFrame, cause.reason))
+		c.write(ctx, websocket.MessageText, wire.ErrorFrame(cause.errFrame, cause.reason))
 	}
 	c.conn.Close(cause.code, cause.reason)
 	return cause
@@ -245,16 +247,16 @@ func (c *client) readLoop(ctx context.Context) error {
 				return err
 			}
 			c.s.m.met.Refused.WithLabelValues("frame").Inc()
-			c.sendText(ErrorFrame(CodeFrameTooLarge, "frame larger than the read limit; discarded"))
+			c.sendText(wire.ErrorFrame(wire.CodeFrameTooLarge, "frame larger than the read limit; discarded"))
 			continue
 		case err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF):
 			return err
 		}
-		msg, err := DecodeClient(typ == websocket.MessageText, buf[:n])
+		msg, err := wire.DecodeClient(typ == websocket.MessageText, buf[:n])
 		if err != nil {
-			var fe *FrameError
+			var fe *wire.FrameError
 			errors.As(err, &fe)
-			c.sendText(ErrorFrame(fe.Code, fe.Msg))
+			c.sendText(wire.ErrorFrame(fe.Code, fe.Msg))
 			continue
 		}
 		c.handle(msg)
@@ -263,30 +265,30 @@ func (c *client) readLoop(ctx context.Context) error {
 
 // handle acts on one client frame. Stdin writes block while the terminal
 // or pipe is full, which back-pressures the client.
-func (c *client) handle(msg ClientMsg) {
+func (c *client) handle(msg wire.ClientMsg) {
 	p := c.s.proc
 	var err error
 	switch msg.Kind {
-	case MsgPing:
-		c.sendText(pongFrame)
+	case wire.MsgPing:
+		c.sendText(wire.PongFrame)
 		return
-	case MsgStdin:
+	case wire.MsgStdin:
 		if len(msg.Data) == 0 {
 			return
 		}
 		_, err = p.Stdin().Write(msg.Data)
 		c.s.m.in.Add(float64(len(msg.Data)))
 		c.s.touch()
-	case MsgResize:
-		if c.s.mode != ModePTY {
-			c.sendText(ErrorFrame(CodeUnsupported, "resize needs a PTY session"))
+	case wire.MsgResize:
+		if c.s.mode != wire.ModePTY {
+			c.sendText(wire.ErrorFrame(wire.CodeUnsupported, "resize needs a PTY session"))
 			return
 		}
 		err = p.Resize(msg.Rows, msg.Cols)
-	case MsgSignal:
+	case wire.MsgSignal:
 		err = p.Signal(msg.Signal)
-	case MsgEOF:
-		if c.s.mode == ModePTY {
+	case wire.MsgEOF:
+		if c.s.mode == wire.ModePTY {
 			// On a terminal, end of input is the VEOF character (Ctrl-D).
 			_, err = p.Stdin().Write([]byte{0x04})
 		} else {
@@ -294,7 +296,7 @@ func (c *client) handle(msg ClientMsg) {
 		}
 	}
 	if err != nil {
-		c.sendText(ErrorFrame(CodeInputFailed, "the process did not take it (it may have exited)"))
+		c.sendText(wire.ErrorFrame(wire.CodeInputFailed, "the process did not take it (it may have exited)"))
 	}
 }
 

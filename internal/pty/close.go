@@ -1,21 +1,9 @@
 package pty
 
-import "github.com/coder/websocket"
+import (
+	"github.com/coder/websocket"
 
-// The WebSocket close codes of the attach protocol, all in one place.
-// Clients re-dial on every code but CloseTakenOver.
-const (
-	// CloseNormal: the process exited (sent after the exit frame).
-	CloseNormal = websocket.StatusNormalClosure // 1000
-	// CloseGoingAway: the gateway is shutting down, or the session was
-	// deleted or its sandbox removed (after a SESSION_GONE error frame).
-	CloseGoingAway = websocket.StatusGoingAway // 1001
-	// ClosePolicy: the client could not keep up (its outgoing queue
-	// filled) or was silent too long. It may re-attach with since.
-	ClosePolicy = websocket.StatusPolicyViolation // 1008
-	// CloseTakenOver: another client attached with takeover=1. A client
-	// must not re-dial on it, or two clients would fight over the session.
-	CloseTakenOver websocket.StatusCode = 4001
+	"github.com/sandgate/sandgate/internal/wire"
 )
 
 // closeCause is why the server closes a connection: the code, a short
@@ -30,10 +18,10 @@ type closeCause struct {
 func (c *closeCause) Error() string { return c.reason }
 
 var (
-	causeExited    = &closeCause{code: CloseNormal, reason: "process exited"}
-	causeShutdown  = &closeCause{code: CloseGoingAway, reason: "gateway shutting down"}
-	causeGone      = &closeCause{code: CloseGoingAway, reason: "session gone", errFrame: CodeSessionGone}
-	causeSlow      = &closeCause{code: ClosePolicy, reason: "client too slow; re-attach with since"}
-	causeSilent    = &closeCause{code: ClosePolicy, reason: "client silent"}
-	causeTakenOver = &closeCause{code: CloseTakenOver, reason: "TAKEN_OVER"}
+	causeExited    = &closeCause{code: wire.CloseNormal, reason: "process exited"}
+	causeShutdown  = &closeCause{code: wire.CloseGoingAway, reason: "gateway shutting down"}
+	causeGone      = &closeCause{code: wire.CloseGoingAway, reason: "session gone", errFrame: wire.CodeSessionGone}
+	causeSlow      = &closeCause{code: wire.ClosePolicy, reason: "client too slow; re-attach with since"}
+	causeSilent    = &closeCause{code: wire.ClosePolicy, reason: "client silent"}
+	causeTakenOver = &closeCause{code: wire.CloseTakenOver, reason: "TAKEN_OVER"}
 )

@@ -2,6 +2,7 @@ package pty
 
 import (
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/wire"
 )
 
 // API codes of the session errors that clients match on.
@@ -25,7 +26,7 @@ func (e *Error) Unwrap() error { return e.Err }
 func (e *Error) APICode() string { return e.Code }
 
 func errSessionNotFound(sid string) error {
-	return &Error{Code: CodeContextNotFound, Err: providers.Errorf(providers.ErrNotFound, "no terminal session %q in this sandbox", truncate(sid, 64))}
+	return &Error{Code: CodeContextNotFound, Err: providers.Errorf(providers.ErrNotFound, "no terminal session %q in this sandbox", wire.Truncate(sid, 64))}
 }
 
 func errAlreadyConnected(sid string) error {

@@ -19,6 +19,7 @@ import (
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/sandbox"
+	"github.com/sandgate/sandgate/internal/wire"
 )
 
 // Service is what the manager needs of the sandbox service
@@ -219,16 +220,16 @@ func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec 
 	s := &Session{
 		id:        newSessionID(),
 		sandboxID: id,
-		mode:      ModePipe,
+		mode:      wire.ModePipe,
 		created:   time.Now(),
 		proc:      proc,
 		m:         m,
-		ring:      NewRing(m.opts.RingBytes),
+		ring:      wire.NewRing(m.opts.RingBytes),
 		drained:   make(chan struct{}),
 		done:      make(chan struct{}),
 	}
 	if spec.TTY {
-		s.mode = ModePTY
+		s.mode = wire.ModePTY
 	}
 	m.mu.Lock()
 	m.started(id)
@@ -447,7 +448,7 @@ func (m *Manager) Attach(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 			return err
 		}
 		if started && !tty {
-			s.setMode(ModePipe)
+			s.setMode(wire.ModePipe)
 		}
 	}
 	cl := newClient(s)
@@ -559,5 +560,5 @@ func (m *Manager) checkOrigin(r *http.Request) error {
 			return nil
 		}
 	}
-	return providers.Errorf(providers.ErrForbidden, "origin %s is not allowed to attach (see --allowed-origins)", truncate(origin, 128))
+	return providers.Errorf(providers.ErrForbidden, "origin %s is not allowed to attach (see --allowed-origins)", wire.Truncate(origin, 128))
 }

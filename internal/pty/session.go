@@ -4,12 +4,13 @@
 // come back to replay exactly what it missed (SPEC §7, OpenSandbox execd
 // compatible).
 //
-// The pieces: Ring (retained output), Session (the process, its reader
-// goroutines, the ring and the attached client under one lock), client
-// (one WebSocket connection: a bounded outgoing queue, a writer, a pinger),
-// Manager (the sessions of every sandbox, the attach protocol, and the
-// join point of every goroutine), the frame codec (frame.go) and the close
-// codes (close.go).
+// The pieces: Session (the process, its reader goroutines, the ring and
+// the attached client under one lock), client (one WebSocket connection: a
+// bounded outgoing queue, a writer, a pinger), Manager (the sessions of
+// every sandbox, the attach protocol, and the join point of every
+// goroutine), and the close causes (close.go). The protocol itself (frame
+// codec, close codes, the retained ring) is package wire, which clients
+// share.
 package pty
 
 import (
@@ -19,15 +20,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers"
-)
-
-// Mode is a session's terminal mode, as the API names it.
-type Mode string
-
-// The modes.
-const (
-	ModePTY  Mode = "pty"  // a terminal: all output on channel 0x01
-	ModePipe Mode = "pipe" // three pipes: stdout 0x01, stderr 0x02
+	"github.com/sandgate/sandgate/internal/wire"
 )
 
 // state is a session's lifecycle. It only moves forward:
@@ -57,7 +50,7 @@ type Info struct {
 	Running      bool
 	OutputOffset int64 // total output so far: the next byte's absolute offset
 	ExitCode     *int  // nil while running
-	Mode         Mode
+	Mode         wire.Mode
 	Attached     bool
 	CreatedAt    time.Time
 }
@@ -70,7 +63,7 @@ type Info struct {
 type Session struct {
 	id        string
 	sandboxID string
-	mode      Mode
+	mode      wire.Mode
 	created   time.Time
 	proc      providers.Process
 	m         *Manager
@@ -80,7 +73,7 @@ type Session struct {
 	// or sent twice at the seam. It is never held across a network write
 	// (pushing to a client only appends to its queue).
 	mu       sync.Mutex
-	ring     *Ring
+	ring     *wire.Ring
 	holder   *client // the attached client; nil when nobody is attached
 	state    state
 	exitCode int
@@ -111,11 +104,11 @@ type stream struct {
 // or while the mode is not known yet (a deferred process: its stderr is
 // at EOF if it starts with a PTY).
 func (s *Session) streams() []stream {
-	out := []stream{{s.proc.Stdout(), ChanOutput}}
+	out := []stream{{s.proc.Stdout(), wire.ChanOutput}}
 	_, deferred := s.proc.(*deferred)
-	if s.mode == ModePipe || deferred {
+	if s.mode == wire.ModePipe || deferred {
 		if e := s.proc.Stderr(); e != nil {
-			out = append(out, stream{e, ChanStderr})
+			out = append(out, stream{e, wire.ChanStderr})
 		}
 	}
 	return out
@@ -127,7 +120,7 @@ func (s *Session) goroutines() int { return len(s.streams()) + 1 }
 
 // setMode records the mode a deferred process started in, before any
 // client sees the session.
-func (s *Session) setMode(mode Mode) {
+func (s *Session) setMode(mode wire.Mode) {
 	s.mu.Lock()
 	s.mode = mode
 	s.mu.Unlock()
@@ -271,11 +264,11 @@ func (s *Session) attach(c *client, since int64, takeover bool) error {
 		c.exit = &code
 	}
 	if since < s.ring.Total() {
-		c.replay = make([]byte, 0, replayHeader+int(s.ring.Total()-max(since, s.ring.Start())))
-		c.replay = append(c.replay, ChanReplay, 0, 0, 0, 0, 0, 0, 0, 0)
+		c.replay = make([]byte, 0, wire.ReplayHeader+int(s.ring.Total()-max(since, s.ring.Start())))
+		c.replay = append(c.replay, wire.ChanReplay, 0, 0, 0, 0, 0, 0, 0, 0)
 		var off int64
 		c.replay, off = s.ring.AppendSince(c.replay, since)
-		AppendReplay(c.replay[:0], off, nil) // fill in the header
+		wire.AppendReplay(c.replay[:0], off, nil) // fill in the header
 	}
 	return nil
 }

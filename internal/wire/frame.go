@@ -1,4 +1,4 @@
-package pty
+package wire
 
 import (
 	"bytes"
@@ -8,6 +8,15 @@ import (
 	"fmt"
 	"strings"
 	"syscall"
+)
+
+// Mode is a session's terminal mode, as the API names it.
+type Mode string
+
+// The modes.
+const (
+	ModePTY  Mode = "pty"  // a terminal: all output on channel 0x01
+	ModePipe Mode = "pipe" // three pipes: stdout 0x01, stderr 0x02
 )
 
 // The frame codec of the attach protocol (OpenSandbox execd compatible).
@@ -22,8 +31,8 @@ const (
 	ChanReplay byte = 0x03 // server -> client: 0x03, 8-byte big-endian offset, bytes
 )
 
-// replayHeader is the length of a replay frame's header.
-const replayHeader = 1 + 8
+// ReplayHeader is the length of a replay frame's header.
+const ReplayHeader = 1 + 8
 
 // Codes of the error frame {"type":"error","code","error"}.
 const (
@@ -128,7 +137,7 @@ func DecodeClient(text bool, frame []byte) (ClientMsg, error) {
 		}
 		sig, ok := Signals[name]
 		if !ok {
-			return ClientMsg{}, frameErr(CodeUnknownSignal, "unknown signal %q: want SIGINT, SIGTERM, SIGKILL, SIGQUIT or SIGHUP", truncate(*j.Signal, 32))
+			return ClientMsg{}, frameErr(CodeUnknownSignal, "unknown signal %q: want SIGINT, SIGTERM, SIGKILL, SIGQUIT or SIGHUP", Truncate(*j.Signal, 32))
 		}
 		return ClientMsg{Kind: MsgSignal, Signal: sig}, nil
 	case "ping":
@@ -138,7 +147,7 @@ func DecodeClient(text bool, frame []byte) (ClientMsg, error) {
 	case "":
 		return ClientMsg{}, frameErr(CodeInvalidFrame, "frame has no type")
 	default:
-		return ClientMsg{}, frameErr(CodeUnknownType, "unknown type %q", truncate(j.Type, 32))
+		return ClientMsg{}, frameErr(CodeUnknownType, "unknown type %q", Truncate(j.Type, 32))
 	}
 }
 
@@ -155,7 +164,9 @@ func jsonProblem(err error) string {
 	return "malformed JSON"
 }
 
-func truncate(s string, n int) string {
+// Truncate shortens a client-supplied string to n bytes (and an ellipsis)
+// for an error message.
+func Truncate(s string, n int) string {
 	if len(s) > n {
 		return s[:n] + "…"
 	}
@@ -186,14 +197,14 @@ func DecodeServer(frame []byte) (ServerFrame, error) {
 	case ChanOutput, ChanStderr:
 		return ServerFrame{Channel: frame[0], Data: frame[1:]}, nil
 	case ChanReplay:
-		if len(frame) < replayHeader {
+		if len(frame) < ReplayHeader {
 			return ServerFrame{}, fmt.Errorf("replay frame of %d bytes is shorter than its header", len(frame))
 		}
-		off := binary.BigEndian.Uint64(frame[1:replayHeader])
+		off := binary.BigEndian.Uint64(frame[1:ReplayHeader])
 		if off > 1<<62 {
 			return ServerFrame{}, fmt.Errorf("replay offset %d out of range", off)
 		}
-		return ServerFrame{Channel: ChanReplay, Offset: int64(off), Data: frame[replayHeader:]}, nil
+		return ServerFrame{Channel: ChanReplay, Offset: int64(off), Data: frame[ReplayHeader:]}, nil
 	default:
 		return ServerFrame{}, fmt.Errorf("unknown channel 0x%02x", frame[0])
 	}
@@ -231,5 +242,5 @@ func ErrorFrame(code, msg string) []byte {
 	return encodeMsg(ServerMsg{Type: "error", Code: code, Error: msg})
 }
 
-// pongFrame answers a client's {"type":"ping"}.
-var pongFrame = []byte(`{"type":"pong"}`)
+// PongFrame answers a client's {"type":"ping"}.
+var PongFrame = []byte(`{"type":"pong"}`)
