@@ -282,6 +282,10 @@ func (p *process) Wait() (int, error) {
 			closeFiles(files)
 			if err != nil {
 				p.code, p.waitErr = -1, fmt.Errorf("process in %s: agent connection lost: %w", p.sb.id, err)
+				if s := p.sb.state(); s != providers.StateRunning {
+					// The sandbox went, and the process with it.
+					p.waitErr = providers.Errorf(providers.ErrConflict, "sandbox %s is %s", p.sb.id, s)
+				}
 				return
 			}
 			if rep.Exited {

@@ -1,7 +1,8 @@
 // Package providertest is the conformance suite every sandbox provider
 // must pass: Run drives a providers.Provider through the behaviour the
 // service and the API promise (exec semantics, timeouts, background
-// processes, files, lifecycle, isolation). A provider's own tests call Run
+// processes, files, lifecycle, isolation, and the terminal processes of
+// providers that start them). A provider's own tests call Run
 // with a real backend; nothing here is faked.
 package providertest
 
@@ -73,6 +74,10 @@ func Run(t *testing.T, p providers.Provider, base providers.CreateSpec) {
 	t.Run("Status", func(t *testing.T) { s.testStatus(t, a) })
 	t.Run("List", func(t *testing.T) { s.testList(t, a, b) })
 	t.Run("CreateErrors", func(t *testing.T) { s.testCreateErrors(t, a) })
+	if ps, ok := p.(providers.ProcessStarter); ok {
+		t.Run("Processes", func(t *testing.T) { s.testProcesses(t, ps, a) })
+		t.Run("ProcessSandboxRemoved", func(t *testing.T) { s.testProcessSandboxRemoved(t, ps) })
+	}
 	if _, ok := p.(providers.Pauser); ok {
 		t.Run("PauseResume", func(t *testing.T) { s.testPause(t, b) })
 	}
