@@ -1,7 +1,6 @@
 package local
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -225,16 +224,14 @@ func copyFile(src, dst string, perm os.FileMode) error {
 	return out.Close()
 }
 
-// pruneViews removes the skeletons under viewsDir that neither keep nor a
-// sandbox in use names.
+// pruneViews removes the skeletons under viewsDir that no sandbox uses
+// (inUse holds the current one too), best effort: one left behind is
+// removed by the next start.
 func pruneViews(viewsDir string, inUse map[string]bool) {
 	entries, _ := os.ReadDir(viewsDir)
 	for _, e := range entries {
-		p := filepath.Join(viewsDir, e.Name())
-		if !inUse[p] {
-			if err := os.RemoveAll(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-				continue
-			}
+		if p := filepath.Join(viewsDir, e.Name()); !inUse[p] {
+			os.RemoveAll(p)
 		}
 	}
 }
