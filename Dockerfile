@@ -13,10 +13,11 @@ COPY . .
 # A context with vendor/ builds offline; otherwise modules are downloaded.
 RUN if [ -d vendor ]; then flags=-mod=vendor; fi; \
     CGO_ENABLED=0 go build $flags -trimpath -ldflags='-s -w' -o /out/gateway ./cmd/gateway && \
+    CGO_ENABLED=0 go build $flags -trimpath -ldflags='-s -w' -o /out/sandgate-agent ./cmd/sandgate-agent && \
     mkdir -p /out/data
 
 FROM ${RUNTIME}
-COPY --from=build /out/gateway /usr/local/bin/gateway
+COPY --from=build /out/gateway /out/sandgate-agent /usr/local/bin/
 COPY --from=build --chown=65532:65532 /out/data /data
 USER 65532:65532
 ENV SANDGATE_STATE_DIR=/data SANDGATE_LISTEN=0.0.0.0:8080 SANDGATE_PROVIDER=docker

@@ -12,6 +12,7 @@ export CGO_ENABLED ?= 0
 
 build: web
 	$(GO) build -o $(BIN) ./cmd/gateway
+	$(GO) build -o $(dir $(BIN))sandgate-agent ./cmd/sandgate-agent
 
 # The terminal page's xterm.js files: npm ci from web/package-lock.json,
 # then a copy into web/static/vendor (embedded; not committed).

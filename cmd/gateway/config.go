@@ -45,6 +45,7 @@ type config struct {
 	IDBase             uint
 	ShmMiB             int64
 	LocalImages        string
+	AgentBinary        string
 	DockerHost         string
 	PTYRingBytes       int
 	AllowedOrigins     []string
@@ -109,6 +110,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 		}
 		return nil
 	})
+	fs.StringVar(&c.AgentBinary, "agent-binary", "", "docker provider: the static sandgate-agent binary every sandbox runs (default: sandgate-agent beside the gateway's executable; make build puts it there)")
 	fs.StringVar(&c.DockerHost, "docker-host", "", "docker provider: daemon address (default: DOCKER_HOST, else the local socket)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "text or json")

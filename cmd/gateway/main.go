@@ -197,14 +197,18 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 		if err != nil {
 			return nil, err
 		}
-		spool := filepath.Join(cfg.StateDir, "spool")
-		if err := os.MkdirAll(spool, 0o700); err != nil {
-			return nil, err
+		bin := cfg.AgentBinary
+		if bin == "" {
+			self, err := os.Executable()
+			if err != nil {
+				return nil, err
+			}
+			bin = filepath.Join(filepath.Dir(self), "sandgate-agent")
 		}
 		return docker.New(docker.Options{
 			Host:             cfg.DockerHost,
 			InstanceID:       id,
-			SpoolDir:         spool,
+			AgentBinary:      bin,
 			Logger:           log.With("provider", "docker"),
 			DefaultMemoryMiB: noneIfZero(cfg.DefaultMemoryMiB),
 			DefaultCPU:       noneIfZero(cfg.DefaultCPU),

@@ -38,6 +38,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build gateway: %v\n%s", err, out)
 		os.Exit(1)
 	}
+	// The docker provider finds the agent beside the gateway, as make
+	// build places it.
+	build = exec.Command("go", "build", "-o", filepath.Join(dir, "sandgate-agent"), "../sandgate-agent")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
+		os.Exit(1)
+	}
 	code := 0
 	func() {
 		defer func() {

@@ -52,7 +52,7 @@ func ptySession(i pty.Info) api.PtySession {
 }
 
 func (s *server) ListPtySessions(ctx context.Context, req api.ListPtySessionsRequestObject) (api.ListPtySessionsResponseObject, error) {
-	list, err := s.pty.List(callerFrom(ctx), req.ID)
+	list, err := s.pty.List(ctx, callerFrom(ctx), req.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +64,7 @@ func (s *server) ListPtySessions(ctx context.Context, req api.ListPtySessionsReq
 }
 
 func (s *server) GetPtySession(ctx context.Context, req api.GetPtySessionRequestObject) (api.GetPtySessionResponseObject, error) {
-	i, err := s.pty.Get(callerFrom(ctx), req.ID, req.Sid)
+	i, err := s.pty.Get(ctx, callerFrom(ctx), req.ID, req.Sid)
 	if err != nil {
 		return nil, err
 	}

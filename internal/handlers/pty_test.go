@@ -86,7 +86,7 @@ func testProvider(t *testing.T) (providers.Provider, map[string]any) {
 	case "docker":
 		image := dockertest.Image(t)
 		instance := "ptytest-" + rand.Text()[:10]
-		p, err := docker.New(docker.Options{InstanceID: instance, Logger: discard()})
+		p, err := docker.New(docker.Options{InstanceID: instance, Logger: discard(), AgentBinary: dockertest.AgentBinary(t)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -88,6 +88,7 @@ func info(i sandbox.Info) api.SandboxInfo {
 	out := api.SandboxInfo{
 		SandboxID:      i.ID,
 		Status:         api.SandboxStatus(i.State),
+		StatusReason:   nonEmpty(i.StateReason),
 		ProviderName:   i.Provider,
 		Workdir:        i.Workdir,
 		CreatedAt:      i.CreatedAt.UTC(),
@@ -143,7 +144,7 @@ func (s *server) GetSandboxStatus(ctx context.Context, req api.GetSandboxStatusR
 	if err != nil {
 		return nil, err
 	}
-	return api.GetSandboxStatus200JSONResponse{Status: api.SandboxStatus(i.State)}, nil
+	return api.GetSandboxStatus200JSONResponse{Status: api.SandboxStatus(i.State), StatusReason: nonEmpty(i.StateReason)}, nil
 }
 
 func (s *server) DeleteSandbox(ctx context.Context, req api.DeleteSandboxRequestObject) (api.DeleteSandboxResponseObject, error) {
@@ -292,4 +293,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(v)
+}
+
+// nonEmpty is &s, or nil for "".
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }

@@ -165,6 +165,12 @@ type Pauser interface {
 	Resume(ctx context.Context, id string) error
 }
 
+// StateReasoner is implemented by providers that can say why a sandbox
+// is in StateError.
+type StateReasoner interface {
+	StateReason(id string) string
+}
+
 // Endpoint is how a client reaches a port of a sandbox.
 type Endpoint struct {
 	URL     string

@@ -10,6 +10,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/wire"
 )
 
@@ -58,12 +59,18 @@ func (q *queue) reset() {
 // never blocks the session; every frame, and the close, is written by the
 // writer, which makes "close with this code" a matter of setting cause.
 type client struct {
-	s        *Session
-	conn     *websocket.Conn // set before the writer starts
-	maxQueue int
-	lastSeen atomic.Int64 // unix nanos of the last frame or pong from the client
+	m         *Manager
+	sandboxID string
+	sid       string
+	mode      wire.Mode
+	att       *agent.Attachment // the subscription to the session's output
+	holding   bool              // the session runs and this client holds it (set before serve)
+	conn      *websocket.Conn   // set before the writer starts
+	lastTouch time.Time         // feeder only: the last activity recorded for the sandbox
+	maxQueue  int
+	lastSeen  atomic.Int64 // unix nanos of the last frame or pong from the client
 
-	// mu guards the fields below. Lock order: Session.mu, then client.mu.
+	// mu guards the fields below. Lock order: Manager.mu, then client.mu.
 	mu     sync.Mutex
 	q      queue       // output not yet written
 	spare  queue       // the writer's recycled buffer
@@ -74,8 +81,11 @@ type client struct {
 	wake   chan struct{}
 }
 
-func newClient(s *Session) *client {
-	c := &client{s: s, maxQueue: s.m.opts.QueueBytes, wake: make(chan struct{}, 1)}
+func newClient(m *Manager, sandboxID, sid string, att *agent.Attachment) *client {
+	c := &client{m: m, sandboxID: sandboxID, sid: sid, mode: wire.ModePipe, att: att, maxQueue: m.opts.QueueBytes, wake: make(chan struct{}, 1)}
+	if att.Info.TTY {
+		c.mode = wire.ModePTY
+	}
 	c.lastSeen.Store(time.Now().UnixNano())
 	return c
 }
@@ -88,7 +98,7 @@ func (c *client) signal() {
 }
 
 // push queues output. It returns false when the queue is full: c is then
-// closing with 1008 and the caller (holding Session.mu) must detach it.
+// closing with 1008.
 func (c *client) push(ch byte, p []byte) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -147,7 +157,7 @@ func (c *client) closeWith(cause *closeCause) {
 // write writes one frame with the write timeout. A failed write has
 // closed the connection.
 func (c *client) write(ctx context.Context, typ websocket.MessageType, p []byte) error {
-	ctx, cancel := context.WithTimeout(ctx, c.s.m.opts.WriteTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.m.opts.WriteTimeout)
 	defer cancel()
 	return c.conn.Write(ctx, typ, p)
 }
@@ -163,7 +173,7 @@ func (c *client) writeLoop(ctx context.Context) error {
 		}
 		c.replay = nil
 	}
-	if err := c.write(ctx, websocket.MessageText, wire.ConnectedFrame(c.s.id, c.s.mode)); err != nil {
+	if err := c.write(ctx, websocket.MessageText, wire.ConnectedFrame(c.sid, c.mode)); err != nil {
 		return err
 	}
 	for {
@@ -220,7 +230,7 @@ func (c *client) writeLoop(ctx context.Context) error {
 // handshake with its code. The close frame is written before anything can
 // cut the connection, so the peer always receives the code.
 func (c *client) closeConn(ctx context.Context, cause *closeCause) error {
-	c.s.detach(c)
+	c.m.detach(c)
 	if cause.errFrame != "" {
 		c.write(ctx, websocket.MessageText, wire.ErrorFrame(cause.errFrame, cause.reason))
 	}
@@ -232,7 +242,7 @@ func (c *client) closeConn(ctx context.Context, cause *closeCause) error {
 // acts on them. Frames over the limit are discarded and answered with an
 // error frame, as are malformed ones; neither ends the connection.
 func (c *client) readLoop(ctx context.Context) error {
-	limit := c.s.m.opts.MaxFrame
+	limit := c.m.opts.MaxFrame
 	buf := make([]byte, limit+1)
 	for {
 		typ, r, err := c.conn.Reader(ctx)
@@ -246,7 +256,7 @@ func (c *client) readLoop(ctx context.Context) error {
 			if _, err := io.Copy(io.Discard, r); err != nil {
 				return err
 			}
-			c.s.m.met.Refused.WithLabelValues("frame").Inc()
+			c.m.met.Refused.WithLabelValues("frame").Inc()
 			c.sendText(wire.ErrorFrame(wire.CodeFrameTooLarge, "frame larger than the read limit; discarded"))
 			continue
 		case err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF):
@@ -263,10 +273,9 @@ func (c *client) readLoop(ctx context.Context) error {
 	}
 }
 
-// handle acts on one client frame. Stdin writes block while the terminal
-// or pipe is full, which back-pressures the client.
+// handle acts on one client frame. Input goes to the session's host on
+// the attachment; a full connection back-pressures the client.
 func (c *client) handle(msg wire.ClientMsg) {
-	p := c.s.proc
 	var err error
 	switch msg.Kind {
 	case wire.MsgPing:
@@ -276,23 +285,23 @@ func (c *client) handle(msg wire.ClientMsg) {
 		if len(msg.Data) == 0 {
 			return
 		}
-		_, err = p.Stdin().Write(msg.Data)
-		c.s.m.in.Add(float64(len(msg.Data)))
-		c.s.touch()
+		err = c.att.Input(msg.Data)
+		c.m.in.Add(float64(len(msg.Data)))
+		c.m.svc.Touch(c.sandboxID)
 	case wire.MsgResize:
-		if c.s.mode != wire.ModePTY {
+		if c.mode != wire.ModePTY {
 			c.sendText(wire.ErrorFrame(wire.CodeUnsupported, "resize needs a PTY session"))
 			return
 		}
-		err = p.Resize(msg.Rows, msg.Cols)
+		err = c.att.Resize(msg.Rows, msg.Cols)
 	case wire.MsgSignal:
-		err = p.Signal(msg.Signal)
+		err = c.att.Signal(msg.Signal)
 	case wire.MsgEOF:
-		if c.s.mode == wire.ModePTY {
+		if c.mode == wire.ModePTY {
 			// On a terminal, end of input is the VEOF character (Ctrl-D).
-			_, err = p.Stdin().Write([]byte{0x04})
+			err = c.att.Input([]byte{0x04})
 		} else {
-			err = p.Stdin().Close()
+			err = c.att.CloseStdin()
 		}
 	}
 	if err != nil {
@@ -300,10 +309,41 @@ func (c *client) handle(msg wire.ClientMsg) {
 	}
 }
 
+// feed moves the session's live output from the host to the client's
+// queue until the process exits (exit frame, close 1000), the host loses
+// it (SESSION_GONE), the client falls too far behind (1008: it re-attaches
+// with since), or the attachment is closed (the client left).
+func (c *client) feed() {
+	for {
+		ev, err := c.att.Next()
+		switch {
+		case err != nil:
+			c.closeWith(causeGone) // a no-op when the connection is already closing
+			return
+		case ev.Exited && ev.Lost:
+			c.closeWith(causeGone)
+			return
+		case ev.Exited:
+			c.m.detach(c)
+			c.finish(ev.Code)
+			return
+		}
+		c.m.out.Add(float64(len(ev.Data)))
+		if !c.push(ev.Chan, ev.Data) {
+			c.m.detach(c)
+			return
+		}
+		if now := time.Now(); now.Sub(c.lastTouch) >= touchEvery {
+			c.lastTouch = now
+			c.m.svc.Touch(c.sandboxID)
+		}
+	}
+}
+
 // pingLoop pings every PingInterval and closes the connection with 1008
 // when nothing (no frame, no pong) came from the client for IdleTimeout.
 func (c *client) pingLoop(ctx context.Context) {
-	o := c.s.m.opts
+	o := c.m.opts
 	t := time.NewTicker(o.PingInterval)
 	defer t.Stop()
 	for {

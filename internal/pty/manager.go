@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base32"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -16,6 +17,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/sandbox"
@@ -25,8 +27,13 @@ import (
 // Service is what the manager needs of the sandbox service
 // (*sandbox.Service implements it).
 type Service interface {
-	// StartProcess authorises c (operate) and starts a process.
-	StartProcess(ctx context.Context, c sandbox.Caller, id string, spec providers.ProcessSpec) (providers.Process, error)
+	// SessionHost authorises c (operate) and returns where sandbox id's
+	// terminal sessions live: its agent, or one the service runs in
+	// process for a provider without.
+	SessionHost(ctx context.Context, c sandbox.Caller, id string) (*agent.Client, error)
+	// ProcessSpec authorises c and validates spec for sandbox id,
+	// resolving its cwd against the sandbox's workdir.
+	ProcessSpec(c sandbox.Caller, id string, spec providers.ProcessSpec) (providers.ProcessSpec, error)
 	// Access authorises c to operate sandbox id (401/403/404).
 	Access(c sandbox.Caller, id string) error
 	// Hold marks a client attached (the sandbox is not idle) until release.
@@ -99,13 +106,16 @@ func (o *Options) defaults() {
 // and discarded and answered with an error frame.
 const hardReadLimit = 16 << 20
 
-// Manager holds the terminal sessions of every sandbox and serves their
-// WebSocket attaches. It is safe for concurrent use.
+// Manager serves the terminal sessions of every sandbox. The sessions
+// themselves (process, retained output, exit status) live in a session
+// host per sandbox, its agent, and outlive the gateway; the manager keeps
+// what is about connections: which client holds a session, takeover, the
+// WebSocket protocol, and the limits. It is safe for concurrent use.
 //
-// It owns every goroutine of this package: each session's readers and
-// owner, and each connection's writer and pinger, and it counts the
-// Attach calls themselves, since http.Server.Shutdown does not wait for
-// hijacked connections. Close ends them all and waits.
+// It owns every goroutine of this package: each connection's writer,
+// pinger and feeder, and it counts the Attach calls themselves, since
+// http.Server.Shutdown does not wait for hijacked connections. Close ends
+// them all and waits.
 type Manager struct {
 	svc  Service
 	opts Options
@@ -114,23 +124,27 @@ type Manager struct {
 	out  prometheus.Counter // bytes of process output
 	in   prometheus.Counter // bytes of client input
 
-	mu       sync.Mutex                     // guards sessions, count, starting, clients, closed
-	sessions map[string]map[string]*Session // sandbox id -> session id -> session
-	count    int
+	mu      sync.Mutex           // guards everything below
+	holders map[skey]*client     // the client attached to a running session
+	counts  map[string]int       // sessions by sandbox, once listed or created here
+	count   int                  // sessions in all (of the sandboxes in counts)
+	clients map[*client]struct{} // connected clients
+	closed  bool
 	// starting and startingAll count the creates between their limit
-	// check and their entry in sessions (the process start is a round trip
-	// to the backend), by sandbox id and in all: they hold their slots, so
-	// concurrent creates cannot overshoot the limits.
+	// check and their session's start (a round trip to the host), by
+	// sandbox id and in all: they hold their slots, so concurrent creates
+	// cannot overshoot the limits.
 	starting    map[string]int
 	startingAll int
-	clients     map[*client]struct{} // connected clients
-	closed      bool
 
 	wg sync.WaitGroup // every goroutine and Attach call; Add only under mu while !closed
 }
 
-// NewManager returns a manager over svc and registers with svc to end a
-// sandbox's sessions when it is removed. It starts no goroutine.
+// skey names a session.
+type skey struct{ sandbox, session string }
+
+// NewManager returns a manager over svc and registers with svc to close a
+// sandbox's clients when it is removed. It starts no goroutine.
 func NewManager(svc Service, opts Options) *Manager {
 	opts.defaults()
 	m := &Manager{
@@ -140,9 +154,10 @@ func NewManager(svc Service, opts Options) *Manager {
 		met:      opts.Metrics,
 		out:      opts.Metrics.PTYBytesTotal.WithLabelValues("out"),
 		in:       opts.Metrics.PTYBytesTotal.WithLabelValues("in"),
-		sessions: map[string]map[string]*Session{},
-		starting: map[string]int{},
+		holders:  map[skey]*client{},
+		counts:   map[string]int{},
 		clients:  map[*client]struct{}{},
+		starting: map[string]int{},
 	}
 	svc.OnRemove(m.removeSandbox)
 	return m
@@ -173,15 +188,51 @@ const (
 	StartAtAttach
 )
 
+// host authorises c and returns sandbox id's session host, and the
+// number of sessions it holds once known.
+func (m *Manager) host(ctx context.Context, c sandbox.Caller, id string) (*agent.Client, error) {
+	h, err := m.svc.SessionHost(ctx, c, id)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	_, known := m.counts[id]
+	m.mu.Unlock()
+	if known {
+		return h, nil
+	}
+	list, err := h.Sessions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	if _, known := m.counts[id]; !known {
+		m.counts[id] = len(list)
+		m.count += len(list)
+		m.met.PTYSessions.Add(float64(len(list)))
+	}
+	m.mu.Unlock()
+	return h, nil
+}
+
 // Create makes a session in sandbox id for caller c, its process started
 // now or at the first attach; its output is retained from the first byte.
 // Errors: those of the service (401/403/404, 409 wrong state or no PTY
-// support, 400), and ErrUnavailable when at MaxSessions or shutting down.
+// support, 400), ErrTooMany at MaxPerSandbox, and ErrUnavailable at
+// MaxSessions or when shutting down.
 func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec providers.ProcessSpec, at Start) (Info, error) {
+	spec, err := m.svc.ProcessSpec(c, id, spec)
+	if err != nil {
+		return Info{}, err
+	}
+	h, err := m.host(ctx, c, id)
+	if err != nil {
+		return Info{}, err
+	}
 	m.mu.Lock()
 	closed := m.closed
 	full := m.count+m.startingAll >= m.opts.MaxSessions
-	fullHere := len(m.sessions[id])+m.starting[id] >= m.opts.MaxPerSandbox
+	fullHere := m.counts[id]+m.starting[id] >= m.opts.MaxPerSandbox
 	if !closed && !full && !fullHere {
 		m.starting[id]++
 		m.startingAll++
@@ -197,116 +248,72 @@ func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec 
 		m.met.Refused.WithLabelValues("pty").Inc()
 		return Info{}, providers.Errorf(providers.ErrTooMany, "sandbox %s already has %d terminal sessions (the limit); delete one first", id, m.opts.MaxPerSandbox)
 	}
-	var proc providers.Process
-	var err error
 	if at == StartAtAttach {
-		if err = m.svc.Access(c, id); err == nil {
-			spec.TTY = true // the mode until the first attach says otherwise
-			proc = newDeferred(func(ctx context.Context, c sandbox.Caller, tty bool) (providers.Process, error) {
-				s := spec
-				s.TTY = tty
-				return m.svc.StartProcess(ctx, c, id, s)
-			})
-		}
-	} else {
-		proc, err = m.svc.StartProcess(ctx, c, id, spec)
+		spec.TTY = true // the mode until the first attach says otherwise
 	}
-	if err != nil {
-		m.mu.Lock()
-		m.started(id)
-		m.mu.Unlock()
-		return Info{}, err
-	}
-	s := &Session{
-		id:        newSessionID(),
-		sandboxID: id,
-		mode:      wire.ModePipe,
-		created:   time.Now(),
-		proc:      proc,
-		m:         m,
-		ring:      wire.NewRing(m.opts.RingBytes),
-		drained:   make(chan struct{}),
-		done:      make(chan struct{}),
-	}
-	if spec.TTY {
-		s.mode = wire.ModePTY
-	}
+	si, err := h.StartSession(ctx, newSessionID(), spec, at == StartAtAttach, m.opts.RingBytes)
 	m.mu.Lock()
-	m.started(id)
-	if m.closed {
-		m.mu.Unlock()
-		proc.Kill()
-		proc.Wait()
-		return Info{}, errShuttingDown()
-	}
-	if m.sessions[id] == nil {
-		m.sessions[id] = map[string]*Session{}
-	}
-	m.sessions[id][s.id] = s
-	m.count++
-	m.met.PTYSessions.Inc()
-	m.wg.Add(s.goroutines())
-	m.mu.Unlock()
-	s.start()
-	return s.Info(), nil
-}
-
-// started releases the slot a create held while its process started.
-// Caller holds m.mu.
-func (m *Manager) started(id string) {
 	m.startingAll--
 	if m.starting[id]--; m.starting[id] == 0 {
 		delete(m.starting, id)
 	}
+	if err == nil {
+		if _, known := m.counts[id]; known {
+			m.counts[id]++
+			m.count++
+			m.met.PTYSessions.Inc()
+		}
+	}
+	m.mu.Unlock()
+	if err != nil {
+		return Info{}, fmt.Errorf("start process in %s: %w", id, err)
+	}
+	return m.info(id, si), nil
 }
 
-// sessionDone is the last act of a session's owner: the session no
-// longer counts against MaxSessions.
-func (m *Manager) sessionDone() {
-	m.mu.Lock()
-	m.count--
-	m.mu.Unlock()
-	m.met.PTYSessions.Dec()
-}
-
-// lookup authorises c and finds session sid of sandbox id.
-func (m *Manager) lookup(c sandbox.Caller, id, sid string) (*Session, error) {
-	if err := m.svc.Access(c, id); err != nil {
-		return nil, err
+// info describes session si of sandbox id.
+func (m *Manager) info(id string, si agent.SessionInfo) Info {
+	i := Info{
+		ID: si.ID, Running: si.Running, OutputOffset: si.OutputOffset,
+		ExitCode: si.ExitCode, Mode: wire.ModePipe, CreatedAt: si.CreatedAt,
+	}
+	if si.TTY {
+		i.Mode = wire.ModePTY
 	}
 	m.mu.Lock()
-	s := m.sessions[id][sid]
+	i.Attached = m.holders[skey{id, si.ID}] != nil
 	m.mu.Unlock()
-	if s == nil {
-		return nil, errSessionNotFound(sid)
-	}
-	return s, nil
+	return i
 }
 
 // Get describes session sid of sandbox id. Unknown session: *Error with
 // CONTEXT_NOT_FOUND (404).
-func (m *Manager) Get(c sandbox.Caller, id, sid string) (Info, error) {
-	s, err := m.lookup(c, id, sid)
+func (m *Manager) Get(ctx context.Context, c sandbox.Caller, id, sid string) (Info, error) {
+	list, err := m.List(ctx, c, id)
 	if err != nil {
 		return Info{}, err
 	}
-	return s.Info(), nil
+	for _, i := range list {
+		if i.ID == sid {
+			return i, nil
+		}
+	}
+	return Info{}, errSessionNotFound(sid)
 }
 
 // List describes the sessions of sandbox id, oldest first.
-func (m *Manager) List(c sandbox.Caller, id string) ([]Info, error) {
-	if err := m.svc.Access(c, id); err != nil {
+func (m *Manager) List(ctx context.Context, c sandbox.Caller, id string) ([]Info, error) {
+	h, err := m.host(ctx, c, id)
+	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	ss := make([]*Session, 0, len(m.sessions[id]))
-	for _, s := range m.sessions[id] {
-		ss = append(ss, s)
+	list, err := h.Sessions(ctx)
+	if err != nil {
+		return nil, err
 	}
-	m.mu.Unlock()
-	out := make([]Info, len(ss))
-	for i, s := range ss {
-		out[i] = s.Info()
+	out := make([]Info, len(list))
+	for i, si := range list {
+		out[i] = m.info(id, si)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
@@ -318,46 +325,60 @@ func (m *Manager) List(c sandbox.Caller, id string) ([]Info, error) {
 }
 
 // Delete kills session sid's process group, closes its client (error
-// frame SESSION_GONE, close 1001) and forgets it. It blocks until the
-// session is torn down (bounded by DrainGrace and the kill).
+// frame SESSION_GONE, close 1001) and forgets it.
 func (m *Manager) Delete(ctx context.Context, c sandbox.Caller, id, sid string) error {
-	s, err := m.lookup(c, id, sid)
+	h, err := m.host(ctx, c, id)
 	if err != nil {
 		return err
 	}
+	// The holder hears SESSION_GONE, not the exit the kill causes.
 	m.mu.Lock()
-	if m.sessions[id][sid] != s {
-		m.mu.Unlock()
-		return errSessionNotFound(sid) // a concurrent delete won
-	}
-	m.forget(s)
+	cl := m.holders[skey{id, sid}]
+	delete(m.holders, skey{id, sid})
 	m.mu.Unlock()
-	s.end(causeGone)
-	select {
-	case <-s.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	if cl != nil {
+		cl.closeWith(causeGone)
 	}
+	if err := h.DeleteSession(ctx, sid); err != nil {
+		if providers.Kind(err) == providers.ErrNotFound {
+			return errSessionNotFound(sid)
+		}
+		return err
+	}
+	m.mu.Lock()
+	if _, known := m.counts[id]; known {
+		m.counts[id]--
+		m.count--
+		m.met.PTYSessions.Dec()
+	}
+	m.mu.Unlock()
+	return nil
 }
 
-// forget removes s from the maps. Caller holds m.mu.
-func (m *Manager) forget(s *Session) {
-	delete(m.sessions[s.sandboxID], s.id)
-	if len(m.sessions[s.sandboxID]) == 0 {
-		delete(m.sessions, s.sandboxID)
-	}
-}
-
-// removeSandbox ends every session of a removed sandbox without waiting
-// (it runs on the service's removing goroutine).
+// removeSandbox closes the clients of a removed sandbox's sessions
+// (SESSION_GONE) and forgets its count, without waiting.
 func (m *Manager) removeSandbox(id string) {
 	m.mu.Lock()
-	ss := m.sessions[id]
-	delete(m.sessions, id)
+	var cs []*client
+	for k, cl := range m.holders {
+		if k.sandbox == id {
+			cs = append(cs, cl)
+			delete(m.holders, k)
+		}
+	}
+	for cl := range m.clients {
+		if cl.sandboxID == id {
+			cs = append(cs, cl)
+		}
+	}
+	if n, known := m.counts[id]; known {
+		m.count -= n
+		m.met.PTYSessions.Sub(float64(n))
+		delete(m.counts, id)
+	}
 	m.mu.Unlock()
-	for _, s := range ss {
-		s.end(causeGone)
+	for _, cl := range cs {
+		cl.closeWith(causeGone)
 	}
 }
 
@@ -377,23 +398,10 @@ func (m *Manager) Shutdown() {
 	}
 }
 
-// Close shuts down (clients get 1001), kills every session's process and
-// waits for every goroutine and attached connection to finish. Sandboxes
-// are not touched.
+// Close shuts down (clients get 1001) and waits for every goroutine and
+// attached connection to finish. The sessions live on in their hosts.
 func (m *Manager) Close() error {
 	m.Shutdown()
-	m.mu.Lock()
-	var ss []*Session
-	for id, byID := range m.sessions {
-		for _, s := range byID {
-			ss = append(ss, s)
-		}
-		delete(m.sessions, id)
-	}
-	m.mu.Unlock()
-	for _, s := range ss {
-		s.end(causeShutdown)
-	}
 	m.wg.Wait()
 	return nil
 }
@@ -432,28 +440,49 @@ func (m *Manager) Attach(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 		m.mu.Unlock()
 		return errShuttingDown()
 	}
-	s := m.sessions[req.SandboxID][req.SessionID]
-	if s == nil {
-		m.mu.Unlock()
-		return errSessionNotFound(req.SessionID)
-	}
 	m.wg.Add(1)
 	m.mu.Unlock()
 	defer m.wg.Done()
 
-	if d, ok := s.proc.(*deferred); ok {
-		tty := req.PTY == nil || *req.PTY
-		started, err := d.start(r.Context(), c, tty)
-		if err != nil {
-			return err
-		}
-		if started && !tty {
-			s.setMode(wire.ModePipe)
-		}
-	}
-	cl := newClient(s)
-	if err := s.attach(cl, req.Since, req.Takeover); err != nil {
+	h, err := m.host(r.Context(), c, req.SandboxID)
+	if err != nil {
 		return err
+	}
+	k := skey{req.SandboxID, req.SessionID}
+	m.mu.Lock()
+	held := m.holders[k] != nil
+	m.mu.Unlock()
+	if held && !req.Takeover {
+		return errAlreadyConnected(req.SessionID)
+	}
+	att, err := h.Attach(r.Context(), req.SessionID, req.Since, req.PTY)
+	if err != nil {
+		if providers.Kind(err) == providers.ErrNotFound {
+			return errSessionNotFound(req.SessionID)
+		}
+		return err
+	}
+	cl := newClient(m, req.SandboxID, req.SessionID, att)
+	if len(att.Replay) > 0 {
+		cl.replay = wire.AppendReplay(make([]byte, 0, wire.ReplayHeader+len(att.Replay)), att.From, att.Replay)
+	}
+	if !att.Info.Running && att.Info.ExitCode != nil {
+		code := *att.Info.ExitCode
+		cl.exit = &code // all its output is in the replay; it holds nothing
+	} else {
+		m.mu.Lock()
+		old := m.holders[k]
+		if old != nil && !req.Takeover {
+			m.mu.Unlock()
+			att.Close()
+			return errAlreadyConnected(req.SessionID)
+		}
+		m.holders[k] = cl
+		cl.holding = true
+		m.mu.Unlock()
+		if old != nil {
+			old.closeWith(causeTakenOver)
+		}
 	}
 	opts := &websocket.AcceptOptions{
 		// Origin was checked above, with problem+json refusals.
@@ -467,7 +496,8 @@ func (m *Manager) Attach(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	}
 	conn, err := websocket.Accept(w, r, opts)
 	if err != nil {
-		s.detach(cl) // Accept has answered the request
+		m.detach(cl) // Accept has answered the request
+		att.Close()
 		m.log.Debug("terminal attach: upgrade failed", "sandbox", req.SandboxID, "session", req.SessionID, "err", err)
 		return nil
 	}
@@ -477,17 +507,26 @@ func (m *Manager) Attach(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	return nil
 }
 
-// serve runs an upgraded connection: the writer and pinger on their own
-// goroutines, the reader on this one, and joins them.
+// detach forgets cl as its session's holder, if it still is.
+func (m *Manager) detach(cl *client) {
+	m.mu.Lock()
+	if k := (skey{cl.sandboxID, cl.sid}); m.holders[k] == cl {
+		delete(m.holders, k)
+	}
+	m.mu.Unlock()
+}
+
+// serve runs an upgraded connection: the writer, the pinger and (for a
+// holder) the feeder on their own goroutines, the reader on this one, and
+// joins them.
 func (m *Manager) serve(parent context.Context, cl *client) {
-	s := cl.s
 	m.mu.Lock()
 	m.clients[cl] = struct{}{}
 	if m.closed {
 		cl.closeWith(causeShutdown)
 	}
 	m.mu.Unlock()
-	release := m.svc.Hold(s.sandboxID)
+	release := m.svc.Hold(cl.sandboxID)
 	m.met.PTYAttachments.Inc()
 	defer m.met.PTYAttachments.Dec()
 
@@ -502,12 +541,23 @@ func (m *Manager) serve(parent context.Context, cl *client) {
 		defer wg.Done()
 		cl.pingLoop(ctx)
 	}()
+	fed := make(chan struct{})
+	if cl.holding {
+		go func() {
+			defer close(fed)
+			cl.feed()
+		}()
+	} else {
+		close(fed)
+	}
 	err := cl.readLoop(ctx)
 	cancel(err)
 	wg.Wait()
 	cl.conn.CloseNow()
+	cl.att.Close()
+	<-fed
 
-	s.detach(cl)
+	m.detach(cl)
 	release()
 	m.mu.Lock()
 	delete(m.clients, cl)
@@ -518,7 +568,7 @@ func (m *Manager) serve(parent context.Context, cl *client) {
 	if why := dropReason(cause); why != "" {
 		m.met.PTYDropped.WithLabelValues(why).Inc()
 	}
-	m.log.Debug("terminal client left", "sandbox", s.sandboxID, "session", s.id, "why", context.Cause(ctx))
+	m.log.Debug("terminal client left", "sandbox", cl.sandboxID, "session", cl.sid, "why", context.Cause(ctx))
 }
 
 // dropReason names, for the metrics, why the gateway closed a client;

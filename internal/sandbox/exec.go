@@ -198,10 +198,10 @@ func (s *Service) execFailed(ctx context.Context, b *box, err error) (ExecResult
 		// Let a stopped or vanished sandbox answer as such.
 		s.refresh(context.WithoutCancel(ctx), b)
 		s.mu.Lock()
-		state := b.rec.State
+		state, why := b.rec.State, b.rec.StateReason
 		s.mu.Unlock()
 		if state != providers.StateRunning {
-			return ExecResult{}, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", b.rec.ID, state)
+			return ExecResult{}, providers.Errorf(providers.ErrConflict, "sandbox %s is %s%s", b.rec.ID, state, reason(why))
 		}
 	}
 	s.log.Warn("exec: sandbox runtime failed", "sandbox", b.rec.ID, "err", err)

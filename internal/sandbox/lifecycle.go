@@ -238,6 +238,11 @@ func (s *Service) refresh(ctx context.Context, b *box) {
 	if got == state || got == providers.StateUnknown {
 		return
 	}
+	if r, ok := s.p.(providers.StateReasoner); ok && got == providers.StateError {
+		s.mu.Lock()
+		b.rec.StateReason = r.StateReason(id)
+		s.mu.Unlock()
+	}
 	s.setState(b, got)
 }
 
@@ -385,6 +390,7 @@ func (s *Service) remove(ctx context.Context, b *box, why string) error {
 	if release {
 		s.slots.release()
 	}
+	s.hosts.drop(id)
 	for _, f := range hooks {
 		f(id)
 	}

@@ -116,6 +116,7 @@ type Service struct {
 	out *outputBudget // MaxExecOutputTotal
 
 	onRemove []func(id string) // see OnRemove
+	hosts    hosts             // in-process terminal session hosts (see SessionHost)
 
 	stop     chan struct{}
 	reaperWG sync.WaitGroup
@@ -188,6 +189,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 func (s *Service) Close() error {
 	close(s.stop)
 	s.reaperWG.Wait()
+	s.hosts.close()
 	return s.st.close()
 }
 
@@ -328,7 +330,7 @@ func (s *Service) begin(b *box) (end func(), err error) {
 	case providers.StatePaused:
 		return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is paused", b.rec.ID)
 	default:
-		return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", b.rec.ID, st)
+		return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is %s%s", b.rec.ID, st, reason(b.rec.StateReason))
 	}
 	b.busy++
 	b.lastActivity = s.opts.Clock.Now()
@@ -401,3 +403,11 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 var _ io.Reader // files.go
+
+// reason is ": why" for an error message, "" without one.
+func reason(why string) string {
+	if why == "" {
+		return ""
+	}
+	return ": " + why
+}

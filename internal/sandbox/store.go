@@ -17,6 +17,7 @@ type Record struct {
 	ID          string            `json:"id"`
 	Provider    string            `json:"provider"`
 	State       providers.State   `json:"state"`
+	StateReason string            `json:"state_reason,omitempty"` // why it is in error
 	Workdir     string            `json:"workdir"`
 	Image       string            `json:"image,omitempty"`
 	CreatedAt   time.Time         `json:"created_at"`

@@ -13,6 +13,7 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/go-connections/nat"
 
@@ -130,6 +131,9 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 	if err != nil {
 		return providers.Sandbox{}, err
 	}
+	if err := d.ensureAgentVolume(ctx, spec.Image); err != nil {
+		return providers.Sandbox{}, err
+	}
 	cfg, hc, nc, extra := d.containerConfig(spec, opts, workdir, facts)
 	created, err := d.cli.ContainerCreate(ctx, cfg, hc, nc, nil, spec.ID)
 	if err != nil && hc.StorageOpt != nil && storageOptRefused(err) {
@@ -156,6 +160,7 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
+		d.dropAgent(spec.ID)
 		if err := d.cli.ContainerRemove(rctx, created.ID, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
 			d.log.Error("removing a half-made sandbox", "sandbox", spec.ID, "err", err)
 		}
@@ -164,7 +169,7 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 	if err := d.cli.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
 		return providers.Sandbox{}, d.kind(err, "start sandbox %s", spec.ID)
 	}
-	if err := d.waitReady(ctx, spec.ID, workdir, spec.ReadyTimeout, len(spec.Entrypoint) > 0); err != nil {
+	if err := d.waitReady(ctx, spec.ID, workdir, spec.ReadyTimeout); err != nil {
 		return providers.Sandbox{}, err
 	}
 	ok = true
@@ -202,6 +207,7 @@ func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, wor
 		SecurityOpt:   securityOpt,
 		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
 		LogConfig:     container.LogConfig{Type: "none"},
+		Mounts:        []mount.Mount{d.agentMount()},
 	}
 	extra := d.setLimits(hc, spec.Resources, o, f)
 	netMode := o.network
@@ -230,12 +236,10 @@ func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, wor
 
 func portKey(p int) nat.Port { return nat.Port(strconv.Itoa(p) + "/tcp") }
 
-// waitReady polls until the sandbox can run a command and take a file, the
-// container stops, or timeout passes. With the provider's own keep-alive
-// entrypoint, a running container whose workdir and /bin/sh exist is
-// ready (two archive stats, no exec: an exec costs 50 ms here); a
-// caller's entrypoint must also let an exec in the workdir succeed.
-func (d *Docker) waitReady(ctx context.Context, id, workdir string, timeout time.Duration, custom bool) error {
+// waitReady polls until the sandbox's container runs, then starts its
+// agent and checks, through it, that a command runs in workdir; it fails
+// when the container stops or timeout passes.
+func (d *Docker) waitReady(ctx context.Context, id, workdir string, timeout time.Duration) error {
 	if timeout <= 0 {
 		timeout = time.Minute
 	}
@@ -251,12 +255,15 @@ func (d *Docker) waitReady(ctx context.Context, id, workdir string, timeout time
 		case err != nil:
 			last = err
 		case info.State != nil && info.State.Running:
-			last = d.probe(ctx, id, workdir, custom)
+			last = d.probe(ctx, id, workdir)
 			if last == nil {
 				return nil
 			}
 			if providers.Kind(last) == providers.ErrInvalid {
 				return last
+			}
+			if why := d.StateReason(id); why != "" {
+				return providers.Errorf(providers.ErrUnavailable, "sandbox %s: %s", id, why)
 			}
 		case info.State != nil && info.State.Status != container.StateCreated && info.State.Status != container.StateRestarting:
 			return providers.Errorf(providers.ErrInvalid, "sandbox %s exited during start (exit code %d): check the image and entrypoint", id, info.State.ExitCode)
@@ -275,26 +282,24 @@ func (d *Docker) waitReady(ctx context.Context, id, workdir string, timeout time
 	}
 }
 
-// probe checks a running container once: workdir and /bin/sh exist, and,
-// for a caller's entrypoint, an exec in workdir succeeds.
-func (d *Docker) probe(ctx context.Context, id, workdir string, custom bool) error {
-	if _, st, err := d.stat(ctx, id, workdir); err != nil {
-		return err
-	} else if !st.Mode.IsDir() {
-		return providers.Errorf(providers.ErrInvalid, "workdir %s is not a directory in the image", workdir)
+// probe starts the agent of a running container and runs a command in
+// workdir through it: the image must have /bin/sh and workdir.
+func (d *Docker) probe(ctx context.Context, id, workdir string) error {
+	d.links.dialMu.Lock()
+	c, err := d.cachedAgent(id)
+	if c == nil && err == nil {
+		c, err = d.connect(ctx, id, true)
 	}
-	if _, _, err := d.stat(ctx, id, "/bin/sh"); err != nil {
-		if providers.Kind(err) == providers.ErrNotFound {
-			return providers.Wrap(providers.ErrInvalid, err, "image has no /bin/sh (the docker provider runs commands with it)")
-		}
+	d.links.dialMu.Unlock()
+	if err != nil {
 		return err
 	}
-	if !custom {
-		return nil
+	res, err := c.Exec(ctx, providers.ExecRequest{Command: ":", Cwd: workdir, Timeout: 30 * time.Second, MaxOutput: 4 << 10})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("probe exited %d: %s", res.ExitCode, res.Stderr)
 	}
-	_, code, err := d.run(ctx, id, execSpec{Cmd: []string{"/bin/sh", "-c", ":"}, WorkingDir: workdir})
-	if err == nil && code != 0 {
-		err = fmt.Errorf("probe exited %d", code)
+	if providers.Kind(err) == providers.ErrInvalid {
+		return providers.Wrap(providers.ErrInvalid, err, "sandbox "+id+": "+providers.Message(err))
 	}
 	return err
 }

@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,17 +91,24 @@ type Options struct {
 	Networks []string
 	// PingTimeout bounds Ping. 0 = DefaultPingTimeout.
 	PingTimeout time.Duration
-	// SpoolDir is where WriteFile spools a stream of unknown length
-	// larger than 1 MiB before sending it (a tar header needs the size up
-	// front). "" = os.TempDir().
-	SpoolDir string
+	// AgentBinary is the static sandgate-agent binary every sandbox runs
+	// (see agent.go). Required.
+	AgentBinary string
 }
 
 // Docker is the Docker provider. It is safe for concurrent use. It starts
 // no goroutines of its own outside a call; Processes it starts own theirs.
 // Close releases the client's connections; containers keep running.
 type Docker struct {
-	cli      *client.Client
+	cli    *client.Client
+	links  links
+	paused map[string]bool // guarded by links.mu: a paused sandbox's agent is frozen
+
+	volMu     sync.Mutex // guards volReady
+	volReady  bool
+	volName   string
+	agentSize int64
+
 	log      *slog.Logger
 	instance string
 	opts     Options
@@ -150,9 +156,6 @@ func New(opts Options) (*Docker, error) {
 	if opts.PingTimeout <= 0 {
 		opts.PingTimeout = DefaultPingTimeout
 	}
-	if opts.SpoolDir == "" {
-		opts.SpoolDir = os.TempDir()
-	}
 	copts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
 	if opts.Host != "" {
 		copts = append(copts, client.WithHost(opts.Host))
@@ -161,7 +164,13 @@ func New(opts Options) (*Docker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker: %w", err)
 	}
-	return &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts}, nil
+	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}}
+	d.links.byID, d.links.broken = map[string]*link{}, map[string]string{}
+	if d.volName, d.agentSize, err = agentVolume(opts.AgentBinary); err != nil {
+		cli.Close()
+		return nil, err
+	}
+	return d, nil
 }
 
 // Name returns "docker".
@@ -169,7 +178,16 @@ func (d *Docker) Name() string { return "docker" }
 
 // Close closes the client's idle connections. Calls in flight are not
 // interrupted; sandboxes keep running.
-func (d *Docker) Close() error { return d.cli.Close() }
+func (d *Docker) Close() error {
+	d.links.mu.Lock()
+	ls := d.links.byID
+	d.links.byID = map[string]*link{}
+	d.links.mu.Unlock()
+	for _, l := range ls {
+		l.c.Close()
+	}
+	return d.cli.Close()
+}
 
 // Ping reports whether the daemon answers within Options.PingTimeout
 // (ErrUnavailable if not).
@@ -194,7 +212,29 @@ func (d *Docker) Status(ctx context.Context, id string) (providers.State, error)
 	if info.Config == nil || info.Config.Labels[LabelSandbox] != id {
 		return providers.StateUnknown, providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
 	}
-	return stateOf(info.State)
+	st, err := stateOf(info.State)
+	d.setPaused(id, st == providers.StatePaused)
+	if st == providers.StateRunning && d.agentState(ctx, id) != "" {
+		return providers.StateError, nil
+	}
+	return st, err
+}
+
+// StateReason says why sandbox id is in error ("" when it is not).
+func (d *Docker) StateReason(id string) string {
+	d.links.mu.Lock()
+	defer d.links.mu.Unlock()
+	return d.links.broken[id]
+}
+
+func (d *Docker) setPaused(id string, paused bool) {
+	d.links.mu.Lock()
+	defer d.links.mu.Unlock()
+	if paused {
+		d.paused[id] = true
+	} else {
+		delete(d.paused, id)
+	}
 }
 
 func stateOf(s *container.State) (providers.State, error) {
@@ -239,7 +279,9 @@ func (d *Docker) List(ctx context.Context) ([]providers.Owned, error) {
 		if id == "" {
 			continue
 		}
-		out = append(out, providers.Owned{ID: id, State: mapState(string(c.State))})
+		st := mapState(string(c.State))
+		d.setPaused(id, st == providers.StatePaused)
+		out = append(out, providers.Owned{ID: id, State: st})
 	}
 	return out, nil
 }
@@ -247,6 +289,8 @@ func (d *Docker) List(ctx context.Context) ([]providers.Owned, error) {
 // Delete force-removes the container and its anonymous volumes.
 // ErrNotFound if there is none.
 func (d *Docker) Delete(ctx context.Context, id string) error {
+	d.dropAgent(id)
+	d.setPaused(id, false)
 	err := d.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	if err != nil {
 		if cerrdefs.IsConflict(err) && strings.Contains(err.Error(), "already in progress") {
@@ -263,6 +307,7 @@ func (d *Docker) Pause(ctx context.Context, id string) error {
 	if err := d.cli.ContainerPause(ctx, id); err != nil {
 		return d.kind(err, "pause sandbox %s", id)
 	}
+	d.setPaused(id, true)
 	return nil
 }
 
@@ -271,6 +316,7 @@ func (d *Docker) Resume(ctx context.Context, id string) error {
 	if err := d.cli.ContainerUnpause(ctx, id); err != nil {
 		return d.kind(err, "resume sandbox %s", id)
 	}
+	d.setPaused(id, false)
 	return nil
 }
 

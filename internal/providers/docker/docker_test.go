@@ -75,34 +75,6 @@ func eventually(t testing.TB, what string, cond func() bool) {
 	}
 }
 
-// TestCaptureMarker feeds a stream with the end marker split at every
-// position and checks output, cap and status.
-func TestCaptureMarker(t *testing.T) {
-	tok := []byte("<<sandgate:0123456789abcdef:")
-	body := []byte("hello <<sandgate:0123 not a marker\n")
-	stream := append(append(append([]byte{}, body...), tok...), []byte("42;trailing junk")...)
-	for cut := 0; cut <= len(stream); cut++ {
-		for _, max := range []int{1000, 5} {
-			marked := make(chan struct{}, 1)
-			c := &capture{max: max, tok: tok, marked: marked}
-			c.Write(stream[:cut])
-			c.Write(stream[cut:])
-			c.flush()
-			want := body[:min(max, len(body))]
-			if !bytes.Equal(c.buf, want) || c.state != stateDone || c.code != 42 || c.truncated != (max < len(body)) || len(marked) != 1 {
-				t.Fatalf("cut %d max %d: buf %q state %d code %d truncated %v", cut, max, c.buf, c.state, c.code, c.truncated)
-			}
-		}
-	}
-	// No marker at all: everything is kept at flush.
-	c := &capture{max: 1000, tok: tok, marked: make(chan struct{}, 1)}
-	c.Write([]byte("abc<<sandgate:0"))
-	c.flush()
-	if string(c.buf) != "abc<<sandgate:0" || c.state != stateScanning {
-		t.Fatalf("unmarked: %q", c.buf)
-	}
-}
-
 func TestCreateErrors(t *testing.T) {
 	p := newProvider(t)
 	ctx := ctxFor(t, time.Minute)

@@ -20,7 +20,7 @@ func TestMain(m *testing.M) {
 func newProvider(t testing.TB, mod ...func(*Options)) *Docker {
 	t.Helper()
 	dockertest.Require(t)
-	opts := Options{InstanceID: "dockertest-" + newNonce()[:8], Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	opts := Options{InstanceID: "dockertest-" + newNonce()[:8], Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AgentBinary: dockertest.AgentBinary(t)}
 	for _, f := range mod {
 		f(&opts)
 	}

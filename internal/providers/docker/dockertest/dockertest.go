@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -159,4 +161,34 @@ func setup() error {
 		return fmt.Errorf("building %s failed: %s", ImageRef, out)
 	}
 	return nil
+}
+
+var (
+	agentOnce sync.Once
+	agentPath string
+	agentErr  error
+)
+
+// AgentBinary builds the static sandgate-agent once per test process and
+// returns its path (in a directory of its own under the system temp
+// dir, shared by the process's tests).
+func AgentBinary(t testing.TB) string {
+	t.Helper()
+	agentOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sandgate-agent-")
+		if err != nil {
+			agentErr = err
+			return
+		}
+		agentPath = filepath.Join(dir, "sandgate-agent")
+		cmd := exec.Command("go", "build", "-o", agentPath, "github.com/sandgate/sandgate/cmd/sandgate-agent")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			agentErr = fmt.Errorf("build the agent: %v\n%s", err, out)
+		}
+	})
+	if agentErr != nil {
+		t.Fatal(agentErr)
+	}
+	return agentPath
 }

@@ -1,0 +1,321 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// pair serves a fresh server on one end of a pipe and dials the other.
+func pair(t *testing.T) (*Server, *Client) {
+	t.Helper()
+	srv := NewServer(false)
+	a, b := net.Pipe()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.Serve(a, nil)
+	}()
+	c, err := Dial(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		<-served
+		srv.Close()
+	})
+	return srv, c
+}
+
+func run(t *testing.T, c *Client, req providers.ExecRequest) providers.ExecResult {
+	t.Helper()
+	if req.Timeout == 0 {
+		req.Timeout = 30 * time.Second
+	}
+	res, err := c.Exec(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestExec(t *testing.T) {
+	_, c := pair(t)
+	res := run(t, c, providers.ExecRequest{Command: "echo out; echo err >&2; read x; echo got $x; exit 3", Stdin: []byte("in\n")})
+	if string(res.Stdout) != "out\ngot in\n" || string(res.Stderr) != "err\n" || res.ExitCode != 3 {
+		t.Fatalf("got %q %q %d", res.Stdout, res.Stderr, res.ExitCode)
+	}
+	if res.Usage == nil || res.Duration <= 0 {
+		t.Fatalf("no accounting: %+v", res)
+	}
+	res = run(t, c, providers.ExecRequest{Command: "head -c 100000 /dev/zero", MaxOutput: 1000})
+	if len(res.Stdout) != 1000 || !res.Truncated {
+		t.Fatalf("cap: %d bytes, truncated %v", len(res.Stdout), res.Truncated)
+	}
+	res = run(t, c, providers.ExecRequest{Command: "kill -TERM $$"})
+	if res.ExitCode != 128+15 {
+		t.Fatalf("signalled: exit %d", res.ExitCode)
+	}
+	_, err := c.Exec(context.Background(), providers.ExecRequest{Command: "true", Cwd: "/nonexistent/dir", Timeout: time.Second})
+	if !errors.Is(err, providers.ErrInvalid) {
+		t.Fatalf("missing cwd: %v", err)
+	}
+	_, err = c.Exec(context.Background(), providers.ExecRequest{Command: "true", User: "no-such-user-here", Timeout: time.Second})
+	if !errors.Is(err, providers.ErrInvalid) {
+		t.Fatalf("unknown user: %v", err)
+	}
+}
+
+// gone waits until pid has exited (or is a zombie).
+func gone(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !zombie(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d still runs", pid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func leftover(t *testing.T, res providers.ExecResult) int {
+	t.Helper()
+	pid, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout)))
+	if err != nil {
+		t.Fatalf("no pid in %q (stderr %q)", res.Stdout, res.Stderr)
+	}
+	return pid
+}
+
+func TestExecKillsLeftovers(t *testing.T) {
+	_, c := pair(t)
+	// A setsid leftover leaves the command's session and group.
+	res := run(t, c, providers.ExecRequest{Command: "setsid sleep 300 >/dev/null 2>&1 & echo $!"})
+	gone(t, leftover(t, res))
+
+	// Preserved, it runs on.
+	res = run(t, c, providers.ExecRequest{Command: "setsid sleep 300 >/dev/null 2>&1 & echo $!", PreserveBackground: true})
+	pid := leftover(t, res)
+	time.Sleep(50 * time.Millisecond)
+	if zombie(pid) {
+		t.Fatal("a preserved background process was killed")
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+
+	// A timeout kills the tree, setsid leftovers too, and says so.
+	dir := t.TempDir()
+	res = run(t, c, providers.ExecRequest{Command: "setsid sleep 300 >/dev/null 2>&1 & echo $! > " + dir + "/pid; sleep 300", Timeout: 300 * time.Millisecond})
+	if !res.TimedOut || res.ExitCode != 125 {
+		t.Fatalf("timeout: %+v", res)
+	}
+	b, _ := os.ReadFile(dir + "/pid")
+	pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	gone(t, pid)
+
+	// A cancelled context too.
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for {
+			if _, err := os.Stat(dir + "/pid2"); err == nil {
+				cancel()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	_, err := c.Exec(ctx, providers.ExecRequest{Command: "setsid sleep 300 >/dev/null 2>&1 & echo $! > " + dir + "/pid2.tmp; mv " + dir + "/pid2.tmp " + dir + "/pid2; sleep 300", Timeout: time.Minute})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancel: %v", err)
+	}
+	b, _ = os.ReadFile(dir + "/pid2")
+	pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	gone(t, pid)
+}
+
+func TestFiles(t *testing.T) {
+	_, c := pair(t)
+	ctx := context.Background()
+	p := filepath.Join(t.TempDir(), "a", "b", "f")
+	data := bytes.Repeat([]byte("0123456789"), 300_000)
+	n, err := c.WriteFile(ctx, p, bytes.NewReader(data))
+	if err != nil || n != int64(len(data)) {
+		t.Fatalf("write: %d %v", n, err)
+	}
+	r, size, err := c.ReadFile(ctx, p)
+	if err != nil || size != int64(len(data)) {
+		t.Fatalf("read: %d %v", size, err)
+	}
+	got, err := io.ReadAll(r)
+	r.Close()
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes, %v", len(got), err)
+	}
+	if _, _, err := c.ReadFile(ctx, p+".missing"); !errors.Is(err, providers.ErrNotFound) {
+		t.Fatalf("missing: %v", err)
+	}
+	if _, _, err := c.ReadFile(ctx, filepath.Dir(p)); !errors.Is(err, providers.ErrInvalid) {
+		t.Fatalf("directory: %v", err)
+	}
+	if _, err := c.WriteFile(ctx, filepath.Dir(p), strings.NewReader("x")); !errors.Is(err, providers.ErrInvalid) {
+		t.Fatalf("write over a directory: %v", err)
+	}
+	if _, err := c.WriteFile(ctx, "relative", strings.NewReader("x")); !errors.Is(err, providers.ErrInvalid) {
+		t.Fatalf("relative: %v", err)
+	}
+}
+
+// collect reads an attachment's events until want is seen in the output
+// or the exit, and returns the output.
+func collect(t *testing.T, a *Attachment, want string) (string, *Event) {
+	t.Helper()
+	var out bytes.Buffer
+	for !strings.Contains(out.String(), want) {
+		ev, err := a.Next()
+		if err != nil {
+			t.Fatalf("next: %v (so far %q)", err, out.String())
+		}
+		if ev.Exited {
+			return out.String(), &ev
+		}
+		out.Write(ev.Data)
+	}
+	return out.String(), nil
+}
+
+func TestSessionReplay(t *testing.T) {
+	_, c := pair(t)
+	ctx := context.Background()
+	info, err := c.StartSession(ctx, "s1", providers.ProcessSpec{Command: "cat", TTY: true, Rows: 30, Cols: 100}, false, 0)
+	if err != nil || !info.Running || !info.TTY {
+		t.Fatalf("start: %+v %v", info, err)
+	}
+	a, err := c.Attach(ctx, "s1", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Input([]byte("hello\n"))
+	collect(t, a, "hello\r\nhello\r\n")
+	a.Close()
+	// Output while nobody is attached is retained.
+	b, err := c.Attach(ctx, "s1", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Input([]byte("again\n"))
+	collect(t, b, "again\r\nagain\r\n")
+	b.Close()
+	list, _ := c.Sessions(ctx)
+	if len(list) != 1 || list[0].OutputOffset != int64(len("hello\r\nhello\r\nagain\r\nagain\r\n")) {
+		t.Fatalf("list: %+v", list)
+	}
+	// since replays exactly the missed bytes.
+	d, err := c.Attach(ctx, "s1", 14, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.From != 14 || string(d.Replay) != "again\r\nagain\r\n" {
+		t.Fatalf("replay from %d: %q", d.From, d.Replay)
+	}
+	d.Input([]byte{4}) // ^D: cat exits
+	_, ev := collect(t, d, "\x00never")
+	if ev == nil || ev.Code != 0 {
+		t.Fatalf("exit: %+v", ev)
+	}
+	d.Close()
+	if err := c.DeleteSession(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Attach(ctx, "s1", 0, nil); !errors.Is(err, providers.ErrNotFound) {
+		t.Fatalf("attach deleted: %v", err)
+	}
+}
+
+func TestSessionPipeDeferred(t *testing.T) {
+	_, c := pair(t)
+	ctx := context.Background()
+	info, err := c.StartSession(ctx, "p1", providers.ProcessSpec{Command: "read x; echo out $x; echo err >&2; exit 7"}, true, 0)
+	if err != nil || info.Started {
+		t.Fatalf("deferred: %+v %v", info, err)
+	}
+	pipe := false
+	a, err := c.Attach(ctx, "p1", 0, &pipe)
+	if err != nil || a.Info.TTY {
+		t.Fatalf("attach: %+v %v", a, err)
+	}
+	a.Input([]byte("x\n"))
+	var out, errOut string
+	for {
+		ev, err := a.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Exited {
+			if ev.Code != 7 {
+				t.Fatalf("exit %d", ev.Code)
+			}
+			break
+		}
+		if ev.Chan == 2 {
+			errOut += string(ev.Data)
+		} else {
+			out += string(ev.Data)
+		}
+	}
+	a.Close()
+	if out != "out x\n" || errOut != "err\n" {
+		t.Fatalf("stdout %q stderr %q", out, errOut)
+	}
+}
+
+func TestVersionMismatch(t *testing.T) {
+	srv := NewServer(false)
+	defer srv.Close()
+	a, b := net.Pipe()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.Serve(a, nil)
+	}()
+	_, err := dial(context.Background(), b, "99") // a gateway of another protocol version
+	<-served
+	if err == nil || !strings.Contains(err.Error(), "99") || !strings.Contains(err.Error(), "speaks "+Version) {
+		t.Fatalf("mismatch: %v", err)
+	}
+}
+
+func TestConnectionGone(t *testing.T) {
+	srv := NewServer(false)
+	defer srv.Close()
+	a, b := net.Pipe()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.Serve(a, nil)
+	}()
+	c, err := Dial(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	<-served
+	<-c.Done()
+	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "true", Timeout: time.Second}); !errors.Is(err, ErrGone) {
+		t.Fatalf("exec on a dead connection: %v", err)
+	}
+}

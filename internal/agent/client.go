@@ -1,0 +1,394 @@
+package agent
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// ErrGone is the cause of every call on a connection that has ended: the
+// agent exited (or was killed), or the byte stream under it broke.
+var ErrGone = errors.New("the connection to the sandbox agent is gone")
+
+// Client is the gateway's end of one connection to an agent. It is safe
+// for concurrent use; each call is a stream of its own.
+type Client struct {
+	ys    *yamux.Session
+	agent string
+}
+
+// Dial speaks the hello on conn and returns the client, or an error that
+// names both protocol versions when the agent speaks another. conn is
+// closed on error and by Close.
+func Dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
+	return dial(ctx, conn, Version)
+}
+
+// dial is Dial for a gateway that speaks protocol version (tests pass
+// another).
+func dial(ctx context.Context, conn io.ReadWriteCloser, version string) (*Client, error) {
+	ys, err := yamux.Client(conn, muxConfig())
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	c := &Client{ys: ys}
+	rep, st, err := c.call(ctx, request{Op: opHello, Version: version})
+	if err != nil {
+		ys.Close()
+		return nil, fmt.Errorf("sandbox agent hello: %w", err)
+	}
+	st.Close()
+	if rep.Version != version {
+		ys.Close()
+		return nil, fmt.Errorf("the sandbox agent speaks protocol %q (%s); this gateway speaks %s", rep.Version, rep.Agent, version)
+	}
+	c.agent = rep.Agent
+	return c, nil
+}
+
+// Agent describes the agent (its build and protocol).
+func (c *Client) Agent() string { return c.agent }
+
+// Done is closed when the connection ends.
+func (c *Client) Done() <-chan struct{} { return c.ys.CloseChan() }
+
+// Close ends the connection. The agent and its sessions keep running.
+func (c *Client) Close() error { return c.ys.Close() }
+
+// fail is err, or ErrGone when the connection has ended.
+func (c *Client) fail(err error) error {
+	if c.ys.IsClosed() {
+		return fmt.Errorf("%w: %v", ErrGone, err)
+	}
+	return err
+}
+
+// open opens a stream that ctx aborts: when ctx ends, its reads and
+// writes fail. stop releases the watch.
+func (c *Client) open(ctx context.Context) (*yamux.Stream, func() bool, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	st, err := c.ys.OpenStream()
+	if err != nil {
+		return nil, nil, c.fail(err)
+	}
+	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
+	return st, stop, nil
+}
+
+// call opens a stream, sends req and reads the reply. A reply carrying an
+// error is returned as that error (with its kind), the stream closed.
+func (c *Client) call(ctx context.Context, req request) (reply, *yamux.Stream, error) {
+	st, stop, err := c.open(ctx)
+	if err != nil {
+		return reply{}, nil, err
+	}
+	var rep reply
+	err = writeMsg(st, req)
+	if err == nil {
+		err = readMsg(st, &rep)
+	}
+	stop()
+	if err != nil {
+		st.Close()
+		if ctx.Err() != nil {
+			return reply{}, nil, ctx.Err()
+		}
+		return reply{}, nil, c.fail(err)
+	}
+	if rep.Error != "" && req.Op != opHello {
+		st.Close()
+		return reply{}, nil, remoteError(rep.Error, rep.Kind)
+	}
+	if rep.Error != "" {
+		st.Close()
+		return reply{}, nil, errors.New(rep.Error)
+	}
+	return rep, st, nil
+}
+
+// simple is call for an op whose reply is all there is.
+func (c *Client) simple(ctx context.Context, req request) (reply, error) {
+	rep, st, err := c.call(ctx, req)
+	if err == nil {
+		st.Close()
+	}
+	return rep, err
+}
+
+// Exec runs one command and waits for it; ctx ending kills its tree.
+func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers.ExecResult, error) {
+	er := &execRequest{
+		Command: req.Command, Cwd: req.Cwd, Env: req.Env, TimeoutMS: req.Timeout.Milliseconds(),
+		User: req.User, Stdin: req.Stdin, HasStdin: req.Stdin != nil,
+		PreserveBackground: req.PreserveBackground, MaxOutput: req.MaxOutput,
+	}
+	start := time.Now()
+	_, st, err := c.call(ctx, request{Op: opExec, Exec: er})
+	if err != nil {
+		return providers.ExecResult{}, err
+	}
+	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
+	defer stop()
+	defer st.Close()
+	var res providers.ExecResult
+	var buf []byte
+	for {
+		typ, p, err := readFrame(st, buf)
+		if err != nil {
+			if ctx.Err() != nil {
+				return providers.ExecResult{}, ctx.Err()
+			}
+			return providers.ExecResult{}, c.fail(fmt.Errorf("exec: %w", err))
+		}
+		buf = p[:0]
+		switch typ {
+		case frameStdout:
+			res.Stdout = append(res.Stdout, p...)
+		case frameStderr:
+			res.Stderr = append(res.Stderr, p...)
+		case frameResult:
+			var r execResult
+			if err := json.Unmarshal(p, &r); err != nil {
+				return providers.ExecResult{}, fmt.Errorf("exec: bad result from the agent: %w", err)
+			}
+			if r.Error != "" {
+				return providers.ExecResult{}, remoteError(r.Error, r.Kind)
+			}
+			res.ExitCode, res.TimedOut, res.Truncated = r.ExitCode, r.TimedOut, r.Truncated
+			res.Duration = time.Duration(r.DurationUS) * time.Microsecond
+			if res.Duration <= 0 {
+				res.Duration = time.Since(start)
+			}
+			res.Usage = &providers.ExecUsage{
+				CPUTime:    time.Duration(r.CPUTimeUS) * time.Microsecond,
+				PeakMemory: r.PeakRSS,
+				OOMKilled:  r.OOMKilled,
+			}
+			if res.Stdout == nil {
+				res.Stdout = []byte{}
+			}
+			if res.Stderr == nil {
+				res.Stderr = []byte{}
+			}
+			return res, nil
+		}
+	}
+}
+
+// ReadFile opens the regular file at path for streaming and returns its
+// size. Closing the reader (or ctx ending) ends the stream.
+func (c *Client) ReadFile(ctx context.Context, path string) (io.ReadCloser, int64, error) {
+	rep, st, err := c.call(ctx, request{Op: opRead, Path: path})
+	if err != nil {
+		return nil, 0, err
+	}
+	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
+	return &fileReader{st: st, stop: stop, left: rep.Size, c: c}, rep.Size, nil
+}
+
+type fileReader struct {
+	st   *yamux.Stream
+	stop func() bool
+	left int64
+	c    *Client
+}
+
+func (f *fileReader) Read(p []byte) (int, error) {
+	n, err := f.st.Read(p)
+	f.left -= int64(n)
+	if err == io.EOF && f.left > 0 {
+		err = f.c.fail(io.ErrUnexpectedEOF)
+	}
+	return n, err
+}
+
+func (f *fileReader) Close() error {
+	f.stop()
+	return f.st.Close()
+}
+
+// WriteFile streams r into the file at path, replacing it, and returns
+// the bytes written.
+func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader) (int64, error) {
+	st, stop, err := c.open(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer stop()
+	defer st.Close()
+	if err := writeMsg(st, request{Op: opWrite, Path: path}); err != nil {
+		return 0, c.fail(err)
+	}
+	// The agent may refuse before it has read everything: send on a
+	// goroutine and stop sending when the reply comes.
+	sent := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(st, r)
+		if err == nil {
+			err = st.Close() // EOF: the file is complete
+		}
+		sent <- err
+	}()
+	var rep reply
+	rerr := readMsg(st, &rep)
+	st.SetWriteDeadline(time.Now())
+	serr := <-sent
+	switch {
+	case ctx.Err() != nil:
+		return 0, ctx.Err()
+	case rerr != nil && serr != nil && !errors.Is(serr, yamux.ErrTimeout) && !errors.Is(serr, yamux.ErrStreamClosed):
+		return 0, fmt.Errorf("write %s: %w", path, serr) // the source failed
+	case rerr != nil:
+		return 0, c.fail(fmt.Errorf("write %s: %w", path, rerr))
+	case rep.Error != "":
+		return 0, remoteError(rep.Error, rep.Kind)
+	}
+	return rep.Size, nil
+}
+
+// StartSession starts terminal session id (deferred: at its first
+// attach, in that attach's mode), retaining ringBytes of output.
+func (c *Client) StartSession(ctx context.Context, id string, spec providers.ProcessSpec, deferred bool, ringBytes int) (SessionInfo, error) {
+	rep, err := c.simple(ctx, request{Op: opStart, Start: &startRequest{ID: id, Spec: spec, Deferred: deferred, RingBytes: ringBytes}})
+	if err != nil {
+		return SessionInfo{}, err
+	}
+	return *rep.Session, nil
+}
+
+// Sessions lists the sessions the agent holds.
+func (c *Client) Sessions(ctx context.Context) ([]SessionInfo, error) {
+	rep, err := c.simple(ctx, request{Op: opList})
+	return rep.Sessions, err
+}
+
+// DeleteSession kills a session's process and forgets it.
+func (c *Client) DeleteSession(ctx context.Context, id string) error {
+	_, err := c.simple(ctx, request{Op: opDelete, Session: id})
+	return err
+}
+
+// Shutdown asks the agent to exit (tests).
+func (c *Client) Shutdown(ctx context.Context) error {
+	_, err := c.simple(ctx, request{Op: opShutdown})
+	return err
+}
+
+// Attach subscribes to session id's output from offset since. tty, when
+// not nil, is the mode a deferred session starts in.
+func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool) (*Attachment, error) {
+	rep, st, err := c.call(ctx, request{Op: opAttach, Session: id, Since: since, TTY: tty})
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
+	typ, p, err := readFrame(st, nil)
+	stop()
+	if err != nil || typ != frameReplay {
+		st.Close()
+		if err == nil {
+			err = fmt.Errorf("attach: frame %q before the replay", typ)
+		}
+		return nil, c.fail(err)
+	}
+	return &Attachment{st: st, c: c, Info: *rep.Session, From: rep.Replay, Replay: p}, nil
+}
+
+// Attachment is one subscription to a session: the replay, then Next.
+type Attachment struct {
+	Info   SessionInfo // at the attach
+	From   int64       // the offset of Replay's first byte
+	Replay []byte
+
+	st  *yamux.Stream
+	c   *Client
+	wmu sync.Mutex
+	buf []byte
+}
+
+// Event is what Next returns: output on a channel (wire.ChanOutput or
+// wire.ChanStderr), or the exit.
+type Event struct {
+	Chan   byte
+	Data   []byte // valid until the next call
+	Exited bool
+	Code   int
+	Lost   bool // the process ended without an exit status
+}
+
+// Next blocks for the next output or the exit. After the exit (or an
+// error) the attachment is over.
+func (a *Attachment) Next() (Event, error) {
+	typ, p, err := readFrame(a.st, a.buf)
+	if err != nil {
+		return Event{}, a.c.fail(err)
+	}
+	a.buf = p[:0]
+	switch typ {
+	case frameStdout:
+		return Event{Chan: 0x01, Data: p}, nil
+	case frameStderr:
+		return Event{Chan: 0x02, Data: p}, nil
+	case frameExit:
+		var x exitInfo
+		json.Unmarshal(p, &x)
+		return Event{Exited: true, Code: x.Code, Lost: x.Lost}, nil
+	}
+	return Event{}, fmt.Errorf("attach: unexpected frame %q", typ)
+}
+
+func (a *Attachment) send(typ byte, p []byte) error {
+	a.wmu.Lock()
+	defer a.wmu.Unlock()
+	if err := writeFrame(a.st, typ, p); err != nil {
+		return a.c.fail(err)
+	}
+	return nil
+}
+
+// Input writes to the process's terminal or stdin.
+func (a *Attachment) Input(p []byte) error {
+	for len(p) > 0 {
+		n := min(len(p), maxFrame)
+		if err := a.send(frameStdin, p[:n]); err != nil {
+			return err
+		}
+		p = p[n:]
+	}
+	return nil
+}
+
+// CloseStdin sends EOF (pipe mode).
+func (a *Attachment) CloseStdin() error { return a.send(frameEOF, nil) }
+
+// Resize sets the terminal's size.
+func (a *Attachment) Resize(rows, cols uint16) error {
+	var b [4]byte
+	binary.BigEndian.PutUint16(b[:], rows)
+	binary.BigEndian.PutUint16(b[2:], cols)
+	return a.send(frameResize, b[:])
+}
+
+// Signal delivers sig to the foreground group (TTY) or the process group.
+func (a *Attachment) Signal(sig syscall.Signal) error {
+	return a.send(frameSignal, []byte{byte(sig)})
+}
+
+// Close ends the subscription; the session goes on.
+func (a *Attachment) Close() error {
+	a.st.SetDeadline(time.Now())
+	return a.st.Close()
+}

@@ -1,0 +1,187 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// execSeq numbers the commands of this agent: with the pid it makes each
+// command's marker unique.
+var execSeq atomic.Int64
+
+// drainGrace bounds how long a command's output is awaited after its tree
+// is gone (or, with background processes preserved, after it returned).
+const drainGrace = 250 * time.Millisecond
+
+// runExec runs one command and streams its output through emit (stdout
+// and stderr frames, each stream capped at MaxOutput), then returns the
+// result. cancelled ends it early: the tree is killed and the result is
+// not wanted. A start failure is the result's Error.
+func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, cancelled <-chan struct{}) execResult {
+	if req.MaxOutput <= 0 {
+		req.MaxOutput = providers.DefaultMaxOutput
+	}
+	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+	if timeout <= 0 {
+		timeout = providers.DefaultExecTimeout
+	}
+	cmd, err := newCommand(req.Command, req.User, req.Cwd, req.Env)
+	if err != nil {
+		return execResult{Error: providers.Message(err), Kind: kindOf(err)}
+	}
+	marker := "SANDGATE_EXEC=" + strconv.Itoa(os.Getpid()) + "." + strconv.FormatInt(execSeq.Add(1), 10)
+	cmd.Env = append(cmd.Env, marker)
+	cmd.SysProcAttr.Setsid = true // its own session and group: pgid = pid
+	if req.HasStdin {
+		cmd.Stdin = bytes.NewReader(req.Stdin)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return execResult{Error: err.Error()}
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return execResult{Error: err.Error()}
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	ooms := oomKills()
+	start := time.Now()
+	err = s.reaper.start(cmd, cmd.Start)
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return execResult{Error: fmt.Sprintf("start %s: %v", cmd.Path, err)}
+	}
+	pid := cmd.Process.Pid
+
+	var truncated atomic.Bool
+	var wg sync.WaitGroup
+	stopFwd := make(chan struct{})
+	forward := func(r *os.File, typ byte) {
+		defer wg.Done()
+		buf := make([]byte, 32<<10)
+		left := req.MaxOutput
+		for {
+			n, err := r.Read(buf)
+			if n > 0 {
+				select {
+				case <-stopFwd: // past the drain: discard until the last holder exits
+				default:
+					keep := min(n, left)
+					if keep < n {
+						truncated.Store(true)
+					}
+					if keep > 0 {
+						left -= keep
+						emit(typ, buf[:keep])
+					}
+				}
+			}
+			if err != nil {
+				r.Close()
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go forward(outR, frameStdout)
+	go forward(errR, frameStderr)
+	drained := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(drained)
+	}()
+
+	waited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(waited)
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var res execResult
+	select {
+	case <-waited:
+		if !req.PreserveBackground {
+			sweep(pid, marker)
+		}
+	case <-timer.C:
+		res.TimedOut = true
+		sweep(pid, marker)
+		<-waited
+	case <-cancelled:
+		sweep(pid, marker)
+		<-waited
+	}
+	ran := time.Since(start)
+	s.reaper.forget(pid)
+	t := time.NewTimer(drainGrace)
+	select {
+	case <-drained:
+	case <-t.C:
+		close(stopFwd) // leftovers hold the pipes: stop forwarding, keep draining
+	}
+	t.Stop()
+
+	ps := cmd.ProcessState
+	res.ExitCode = exitCode(ps)
+	res.Truncated = truncated.Load()
+	res.DurationUS = ran.Microseconds()
+	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+		res.CPUTimeUS = (time.Duration(ru.Utime.Nano()) + time.Duration(ru.Stime.Nano())).Microseconds()
+		res.PeakRSS = ru.Maxrss << 10
+	}
+	res.OOMKilled = res.ExitCode == 128+int(syscall.SIGKILL) && oomKills() > ooms
+	if res.TimedOut {
+		res.ExitCode = 125
+	}
+	if res.OOMKilled {
+		emit(frameStderr, []byte("\nsandgate: killed: out of memory (the sandbox's memory limit)\n"))
+	}
+	return res
+}
+
+// oomKills is how many processes the kernel has killed for want of memory
+// in the sandbox's cgroup (0 when the agent cannot tell).
+func oomKills() int64 {
+	b, err := os.ReadFile("/sys/fs/cgroup/memory.events")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// execOverStream serves an exec stream: it runs the command, forwards its
+// output as frames and ends with the result frame. The gateway closing
+// its side of the stream cancels the command.
+func (s *Server) execOverStream(st io.ReadWriteCloser, req execRequest) {
+	cancelled := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, st)
+		close(cancelled)
+	}()
+	res := s.runExec(req, func(typ byte, p []byte) error { return writeFrame(st, typ, p) }, cancelled)
+	b, _ := json.Marshal(res)
+	writeFrame(st, frameResult, b)
+}

@@ -1,0 +1,150 @@
+package agent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// SocketPath is where the agent listens inside a sandbox: on /dev, a
+// tmpfs every container has, writable even with a read-only root.
+const SocketPath = "/dev/.sandgate-agent.sock"
+
+// Main is the agent binary:
+//
+//	sandgate-agent serve [--socket P]            the daemon: holds sessions, serves connections
+//	sandgate-agent connect [--socket P] [--start] bridge stdin/stdout to the daemon (starting it with --start)
+//	sandgate-agent stdio                          serve one connection on stdin/stdout
+//	sandgate-agent version
+func Main(args []string) int {
+	if len(args) < 1 {
+		fmt.Fprintln(os.Stderr, "usage: sandgate-agent serve|connect|stdio|version")
+		return 2
+	}
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	sock := fs.String("socket", SocketPath, "the daemon's unix socket")
+	start := fs.Bool("start", false, "connect: start the daemon if none listens")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "serve":
+		err = serve(*sock)
+	case "connect":
+		err = connect(*sock, *start)
+	case "stdio":
+		reserveThreads(reservedThreads)
+		srv := NewServer(true)
+		err = srv.Serve(stdio{}, func() { os.Exit(0) })
+	case "version":
+		fmt.Println(build())
+	default:
+		err = fmt.Errorf("unknown command %q", args[0])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandgate-agent:", err)
+		return 1
+	}
+	return 0
+}
+
+// serve is the daemon: it listens on sock until killed. It refuses to
+// start when another daemon answers there.
+func serve(sock string) error {
+	if c, err := net.Dial("unix", sock); err == nil {
+		c.Close()
+		return errors.New("an agent already listens on " + sock)
+	}
+	os.Remove(sock)
+	old := syscall.Umask(0o077)
+	l, err := net.Listen("unix", sock)
+	syscall.Umask(old)
+	if err != nil {
+		return err
+	}
+	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
+	reserveThreads(reservedThreads)
+	srv := NewServer(true)
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return err
+		}
+		go srv.Serve(c, func() { os.Exit(0) })
+	}
+}
+
+// connect bridges stdin and stdout to the daemon on sock. With start it
+// starts the daemon first when none answers (the sandbox's first
+// connection); without, a missing daemon is an error: the agent died.
+func connect(sock string, start bool) error {
+	c, err := net.Dial("unix", sock)
+	if err != nil && start {
+		self, _ := os.Executable()
+		cmd := exec.Command(self, "serve", "--socket", sock)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start the agent: %w", err)
+		}
+		go cmd.Wait()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if c, err = net.Dial("unix", sock); err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("no agent answers on %s: %w", sock, err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		io.Copy(c, os.Stdin)
+		c.(*net.UnixConn).CloseWrite()
+	}()
+	io.Copy(os.Stdout, c)
+	return nil
+}
+
+// stdio is stdin and stdout as one stream.
+type stdio struct{}
+
+func (stdio) Read(p []byte) (int, error)  { return os.Stdin.Read(p) }
+func (stdio) Write(p []byte) (int, error) { return os.Stdout.Write(p) }
+func (stdio) Close() error                { os.Stdin.Close(); return os.Stdout.Close() }
+
+// reservedThreads is how many OS threads the agent makes at its start.
+const reservedThreads = 16
+
+// reserveThreads makes n OS threads while it can: the Go runtime keeps
+// them idle for later, so an agent in a sandbox at its pids limit (a
+// fork bomb) still has threads for its blocking calls instead of dying on
+// a failed clone.
+func reserveThreads(n int) {
+	var wg sync.WaitGroup
+	release := make(chan struct{})
+	for range n {
+		wg.Add(1)
+		go func() {
+			runtime.LockOSThread()
+			wg.Done()
+			<-release
+			runtime.UnlockOSThread()
+		}()
+	}
+	wg.Wait()
+	close(release)
+}

@@ -1,0 +1,180 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// Starter starts a terminal session's process. The agent's own starts a
+// process beside it (startProcess); a gateway that hosts sessions in
+// process passes its provider's StartProcess.
+type Starter func(ctx context.Context, spec providers.ProcessSpec) (providers.Process, error)
+
+var procSeq atomic.Int64
+
+// process is a providers.Process the agent started with os/exec.
+type process struct {
+	r      *reaper
+	cmd    *exec.Cmd
+	marker string
+	ptmx   *os.File // TTY mode
+	stdin  io.WriteCloser
+	outR   *os.File
+	errR   *os.File // pipe mode
+
+	done chan struct{} // closed when Wait has the status
+	code int
+
+	killOnce sync.Once
+}
+
+// startProcess starts spec's command in its own session (with the PTY as
+// its controlling terminal in TTY mode). Everything it starts carries a
+// marker in its environment, so Kill reaches what left its session.
+func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (providers.Process, error) {
+	env := map[string]string{}
+	if spec.TTY {
+		env["TERM"] = providers.DefaultTERM
+	}
+	for k, v := range spec.Env {
+		env[k] = v
+	}
+	cmd, err := newCommand(spec.Command, spec.User, spec.Cwd, env)
+	if err != nil {
+		return nil, err
+	}
+	p := &process{r: r, cmd: cmd, done: make(chan struct{}),
+		marker: "SANDGATE_PROC=" + strconv.Itoa(os.Getpid()) + "." + strconv.FormatInt(procSeq.Add(1), 10)}
+	cmd.Env = append(cmd.Env, p.marker)
+	cmd.SysProcAttr.Setsid = true
+	if spec.TTY {
+		rows, cols := spec.Rows, spec.Cols
+		if rows == 0 {
+			rows = 24
+		}
+		if cols == 0 {
+			cols = 80
+		}
+		cmd.SysProcAttr.Setctty = true
+		err = r.start(cmd, func() error {
+			var err error
+			p.ptmx, err = pty.StartWithAttrs(cmd, &pty.Winsize{Rows: rows, Cols: cols}, cmd.SysProcAttr)
+			return err
+		})
+		if err != nil {
+			return nil, startError(err)
+		}
+		p.stdin, p.outR = p.ptmx, p.ptmx
+	} else {
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			return nil, err
+		}
+		outR, outW, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		errR, errW, err := os.Pipe()
+		if err != nil {
+			outR.Close()
+			outW.Close()
+			return nil, err
+		}
+		cmd.Stdout, cmd.Stderr = outW, errW
+		err = r.start(cmd, cmd.Start)
+		outW.Close()
+		errW.Close()
+		if err != nil {
+			in.Close()
+			outR.Close()
+			errR.Close()
+			return nil, startError(err)
+		}
+		p.stdin, p.outR, p.errR = in, outR, errR
+	}
+	go func() {
+		cmd.Wait()
+		r.forget(cmd.Process.Pid)
+		p.code = exitCode(cmd.ProcessState)
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *process) Stdout() io.Reader { return p.outR }
+
+func (p *process) Stderr() io.Reader {
+	if p.errR == nil {
+		return nil
+	}
+	return p.errR
+}
+
+func (p *process) Stdin() io.WriteCloser {
+	if p.ptmx != nil {
+		return ttyIn{p.ptmx}
+	}
+	return p.stdin
+}
+
+// ttyIn is a PTY's input: Close is a no-op (the terminal closes at Kill).
+type ttyIn struct{ f *os.File }
+
+func (t ttyIn) Write(b []byte) (int, error) { return t.f.Write(b) }
+func (ttyIn) Close() error                  { return nil }
+
+func (p *process) Resize(rows, cols uint16) error {
+	if p.ptmx == nil {
+		return providers.Errorf(providers.ErrUnsupported, "resize needs a terminal; the session is in pipe mode")
+	}
+	return pty.Setsize(p.ptmx, &pty.Winsize{Rows: rows, Cols: cols})
+}
+
+func (p *process) Signal(sig syscall.Signal) error {
+	select {
+	case <-p.done:
+		return providers.Errorf(providers.ErrConflict, "the process has exited")
+	default:
+	}
+	g := p.cmd.Process.Pid
+	if p.ptmx != nil {
+		if fg, err := unix.IoctlGetInt(int(p.ptmx.Fd()), unix.TIOCGPGRP); err == nil && fg > 0 {
+			g = fg
+		}
+	}
+	return unix.Kill(-g, sig)
+}
+
+func (p *process) Wait() (int, error) {
+	<-p.done
+	return p.code, nil
+}
+
+// Kill kills the process, its group and everything carrying its marker,
+// and closes the terminal or pipes.
+func (p *process) Kill() error {
+	p.killOnce.Do(func() {
+		select {
+		case <-p.done:
+		default:
+			sweep(p.cmd.Process.Pid, p.marker)
+		}
+		p.stdin.Close()
+		p.outR.Close()
+		if p.errR != nil {
+			p.errR.Close()
+		}
+	})
+	return nil
+}

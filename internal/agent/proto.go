@@ -1,0 +1,231 @@
+// Package agent is sandgate's in-sandbox agent and the gateway's client of
+// it: the one data plane of every provider that runs one. The agent is the
+// only thing that runs inside a sandbox on the gateway's behalf. It runs
+// one-shot commands (their whole tree killed at a timeout, a cancel, or
+// when they return unless background processes are preserved), reads and
+// writes files with the sandbox's own credentials, and holds terminal
+// sessions: their processes and retained output, so that a session
+// outlives the gateway that started it.
+//
+// The protocol is yamux over whatever byte stream the backend offers (a
+// Docker exec attach, a unix socket): one stream per request. A stream
+// starts with a message (a 4-byte big-endian length and a JSON object)
+// naming the op; what follows is op-specific: messages, frames (a type
+// byte, a 4-byte length, the payload) or raw bytes. The first stream of a
+// connection is the hello, which carries the protocol version; an agent
+// speaking another version is refused with an error naming both.
+package agent
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// Version is the protocol this build speaks. It is a variable only so a
+// test can build an agent that speaks another (-ldflags -X).
+var Version = "1"
+
+// The ops.
+const (
+	opHello    = "hello"
+	opExec     = "exec"
+	opRead     = "read"
+	opWrite    = "write"
+	opStart    = "session.start"
+	opList     = "session.list"
+	opAttach   = "session.attach"
+	opDelete   = "session.delete"
+	opShutdown = "shutdown" // tests: the agent exits
+)
+
+// request is the first message of every stream.
+type request struct {
+	Op      string          `json:"op"`
+	Version string          `json:"version,omitempty"` // hello
+	Exec    *execRequest    `json:"exec,omitempty"`
+	Path    string          `json:"path,omitempty"`    // read, write
+	Session string          `json:"session,omitempty"` // attach, delete
+	Since   int64           `json:"since,omitempty"`   // attach
+	TTY     *bool           `json:"tty,omitempty"`     // attach: the mode of a deferred session's start
+	Start   *startRequest   `json:"start,omitempty"`
+	Extra   json.RawMessage `json:"extra,omitempty"`
+}
+
+// reply is the agent's first message on a stream; Error set means the op
+// failed and nothing follows.
+type reply struct {
+	Error    string        `json:"error,omitempty"`
+	Kind     string        `json:"kind,omitempty"` // the providers error kind of Error
+	Version  string        `json:"version,omitempty"`
+	Agent    string        `json:"agent,omitempty"` // hello: the agent's build
+	Size     int64         `json:"size,omitempty"`  // read: the file's size; write: bytes written
+	Session  *SessionInfo  `json:"session,omitempty"`
+	Sessions []SessionInfo `json:"sessions,omitempty"`
+	Replay   int64         `json:"replay,omitempty"` // attach: the offset of the first replayed byte
+}
+
+// execRequest is providers.ExecRequest on the wire.
+type execRequest struct {
+	Command            string            `json:"command"`
+	Cwd                string            `json:"cwd,omitempty"`
+	Env                map[string]string `json:"env,omitempty"`
+	TimeoutMS          int64             `json:"timeout_ms"`
+	User               string            `json:"user,omitempty"`
+	Stdin              []byte            `json:"stdin,omitempty"`
+	HasStdin           bool              `json:"has_stdin,omitempty"`
+	PreserveBackground bool              `json:"preserve_background,omitempty"`
+	MaxOutput          int               `json:"max_output"`
+}
+
+// execResult ends an exec stream (frameResult).
+type execResult struct {
+	ExitCode   int    `json:"exit_code"`
+	TimedOut   bool   `json:"timed_out,omitempty"`
+	Truncated  bool   `json:"truncated,omitempty"`
+	DurationUS int64  `json:"duration_us"`
+	CPUTimeUS  int64  `json:"cpu_time_us"`
+	PeakRSS    int64  `json:"peak_rss"` // bytes
+	OOMKilled  bool   `json:"oom_killed,omitempty"`
+	Error      string `json:"error,omitempty"`
+	Kind       string `json:"kind,omitempty"`
+}
+
+// startRequest starts a terminal session.
+type startRequest struct {
+	ID        string                `json:"id"` // chosen by the gateway
+	Spec      providers.ProcessSpec `json:"spec"`
+	Deferred  bool                  `json:"deferred,omitempty"` // start at the first attach, in its mode
+	RingBytes int                   `json:"ring_bytes,omitempty"`
+}
+
+// SessionInfo describes a terminal session the agent holds.
+type SessionInfo struct {
+	ID           string    `json:"id"`
+	TTY          bool      `json:"tty"`
+	Started      bool      `json:"started"` // false: deferred until the first attach
+	Running      bool      `json:"running"`
+	ExitCode     *int      `json:"exit_code,omitempty"`
+	Lost         bool      `json:"lost,omitempty"` // ended without an exit status
+	OutputOffset int64     `json:"output_offset"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+// Frame types. Agent to gateway: output, stderr, the exec result, a
+// session's exit. Gateway to agent (on an attach): stdin, stdin EOF,
+// resize, signal.
+const (
+	frameStdout byte = 'o'
+	frameStderr byte = 'e'
+	frameResult byte = 'r'
+	frameExit   byte = 'x'
+	frameReplay byte = 'R'
+	frameStdin  byte = 'i'
+	frameEOF    byte = 'E'
+	frameResize byte = 'z'
+	frameSignal byte = 's'
+)
+
+// maxMessage bounds a message (stdin of an exec rides in one).
+const maxMessage = 64 << 20
+
+// maxFrame bounds a frame's payload.
+const maxFrame = 1 << 20
+
+func writeMsg(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 4, 4+len(b))
+	binary.BigEndian.PutUint32(buf, uint32(len(b)))
+	_, err = w.Write(append(buf, b...))
+	return err
+}
+
+func readMsg(r io.Reader, v any) error {
+	var h [4]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint32(h[:])
+	if n > maxMessage {
+		return fmt.Errorf("agent protocol: a %d-byte message (the limit is %d)", n, maxMessage)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+func writeFrame(w io.Writer, typ byte, p []byte) error {
+	buf := make([]byte, 5, 5+len(p))
+	buf[0] = typ
+	binary.BigEndian.PutUint32(buf[1:], uint32(len(p)))
+	_, err := w.Write(append(buf, p...))
+	return err
+}
+
+// readFrame reads one frame into buf (grown as needed) and returns its
+// type and payload, which aliases buf.
+func readFrame(r io.Reader, buf []byte) (byte, []byte, error) {
+	var h [5]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(h[1:])
+	if n > maxFrame {
+		return 0, nil, fmt.Errorf("agent protocol: a %d-byte frame (the limit is %d)", n, maxFrame)
+	}
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return 0, nil, err
+	}
+	return h[0], buf, nil
+}
+
+// The error kinds on the wire, and back.
+var kinds = map[string]error{
+	"invalid":     providers.ErrInvalid,
+	"not_found":   providers.ErrNotFound,
+	"conflict":    providers.ErrConflict,
+	"too_many":    providers.ErrTooMany,
+	"unsupported": providers.ErrUnsupported,
+	"forbidden":   providers.ErrForbidden,
+	"too_large":   providers.ErrTooLarge,
+}
+
+func kindOf(err error) string {
+	k := providers.Kind(err)
+	for name, e := range kinds {
+		if k == e {
+			return name
+		}
+	}
+	return ""
+}
+
+func errorReply(err error) reply {
+	k := kindOf(err)
+	if k == "" {
+		return reply{Error: err.Error()}
+	}
+	return reply{Error: providers.Message(err), Kind: k}
+}
+
+// remoteError is an error the agent reported, with its kind.
+func remoteError(msg, kind string) error {
+	if k, ok := kinds[kind]; ok {
+		return providers.Errorf(k, "%s", msg)
+	}
+	return errors.New(msg)
+}

@@ -1,0 +1,152 @@
+package agent
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// reaper makes the agent the subreaper of everything it starts: a
+// process whose parent dies is re-parented to the agent, which reaps it.
+// The agent's own children (commands and sessions) are waited for by
+// os/exec; reaper only reaps the others, and start registers a child
+// under the same lock as the scan, so the two never race for a status.
+type reaper struct {
+	mu    sync.Mutex
+	known map[int]bool
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+// newReaper becomes a subreaper when sub is true and starts reaping.
+func newReaper(sub bool) *reaper {
+	r := &reaper{known: map[int]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
+	if sub {
+		unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGCHLD)
+	go func() {
+		defer close(r.done)
+		defer signal.Stop(ch)
+		for {
+			select {
+			case <-ch:
+				r.reap()
+			case <-r.stop:
+				return
+			}
+		}
+	}()
+	return r
+}
+
+func (r *reaper) close() {
+	close(r.stop)
+	<-r.done
+}
+
+// start starts cmd and registers it as a child os/exec waits for; call
+// forget after its Wait.
+func (r *reaper) start(cmd *exec.Cmd, start func() error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := start(); err != nil {
+		return err
+	}
+	r.known[cmd.Process.Pid] = true
+	return nil
+}
+
+func (r *reaper) forget(pid int) {
+	r.mu.Lock()
+	delete(r.known, pid)
+	r.mu.Unlock()
+}
+
+// reap waits for every child the agent did not start itself (orphans
+// re-parented to it) that has exited.
+func (r *reaper) reap() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, pid := range children(os.Getpid()) {
+		if r.known[pid] {
+			continue
+		}
+		var ws unix.WaitStatus
+		unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+	}
+}
+
+// children lists the children of pid (all its threads').
+func children(pid int) []int {
+	tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/children")
+	var out []int
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// sweep SIGKILLs process group pgid and every process in the sandbox
+// whose environment carries marker (set on a command at its start and
+// inherited by everything it starts, also by what leaves its session
+// with setsid), repeating until a pass finds nothing, so a process that
+// forks during a pass is caught by the next.
+func sweep(pgid int, marker string) {
+	unix.Kill(-pgid, unix.SIGKILL)
+	self := os.Getpid()
+	want := []byte(marker + "\x00")
+	for pass := 0; pass < 20; pass++ {
+		ents, err := os.ReadDir("/proc")
+		if err != nil {
+			return
+		}
+		found := false
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == self {
+				continue
+			}
+			env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+			if err != nil || !bytes.Contains(env, want) {
+				continue
+			}
+			if unix.Kill(pid, unix.SIGKILL) == nil && !zombie(pid) {
+				found = true
+			}
+		}
+		if !found {
+			return
+		}
+	}
+}
+
+// zombie reports whether pid has exited and awaits its reaping.
+func zombie(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] == 'Z' || s[i+2] == 'X'
+	}
+	return false
+}

@@ -1,0 +1,170 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// Server is the agent's side of the protocol: it serves connections and
+// holds the terminal sessions, which outlive any one connection.
+type Server struct {
+	version string // the protocol it speaks: Version
+	reaper  *reaper
+	start   Starter
+
+	mu       sync.Mutex // guards sessions
+	sessions map[string]*session
+}
+
+// NewServer returns a server. With subreaper it becomes the subreaper of
+// what it starts (the agent binary; a test in its own process passes
+// false).
+func NewServer(subreaper bool) *Server {
+	s := &Server{version: Version, reaper: newReaper(subreaper), sessions: map[string]*session{}}
+	s.start = s.reaper.startProcess
+	return s
+}
+
+// NewHost returns a server whose sessions' processes start runs: a
+// gateway hosting sessions in its own process for a provider without an
+// agent.
+func NewHost(start Starter) *Server {
+	return &Server{version: Version, start: start, sessions: map[string]*session{}}
+}
+
+// Close kills every session's process and stops reaping.
+func (s *Server) Close() {
+	s.mu.Lock()
+	ids := make([]string, 0, len(s.sessions))
+	for id := range s.sessions {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	for _, id := range ids {
+		s.deleteSession(id)
+	}
+	if s.reaper != nil {
+		s.reaper.close()
+	}
+}
+
+func muxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.LogOutput = io.Discard
+	c.MaxStreamWindowSize = 1 << 20
+	c.KeepAliveInterval = 10 * time.Second
+	return c
+}
+
+// build describes this agent.
+func build() string {
+	return fmt.Sprintf("sandgate-agent protocol %s (%s)", Version, runtime.Version())
+}
+
+// Serve serves one connection until it ends. shutdown, if not nil, is
+// called on the shutdown op (tests kill an agent that way).
+func (s *Server) Serve(conn io.ReadWriteCloser, shutdown func()) error {
+	ys, err := yamux.Server(conn, muxConfig())
+	if err != nil {
+		return err
+	}
+	defer ys.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		st, err := ys.AcceptStream()
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.handle(st, shutdown)
+		}()
+	}
+}
+
+func (s *Server) handle(st *yamux.Stream, shutdown func()) {
+	defer st.Close()
+	var req request
+	if err := readMsg(st, &req); err != nil {
+		return
+	}
+	switch req.Op {
+	case opHello:
+		if req.Version != s.version {
+			writeMsg(st, reply{Version: s.version, Agent: build(),
+				Error: fmt.Sprintf("the gateway speaks agent protocol %s; this agent speaks %s (%s): run a gateway and agent of one release", req.Version, s.version, build())})
+			return
+		}
+		writeMsg(st, reply{Version: s.version, Agent: build()})
+	case opExec, opRead, opWrite:
+		if s.reaper == nil {
+			writeMsg(st, errorReply(providers.Errorf(providers.ErrUnsupported, "this host runs terminal sessions only")))
+			return
+		}
+	}
+	switch req.Op {
+	case opExec:
+		if req.Exec == nil {
+			writeMsg(st, errorReply(providers.Errorf(providers.ErrInvalid, "exec without a command")))
+			return
+		}
+		if writeMsg(st, reply{}) == nil {
+			s.execOverStream(st, *req.Exec)
+		}
+	case opRead:
+		f, size, err := openRead(req.Path)
+		if err != nil {
+			writeMsg(st, errorReply(err))
+			return
+		}
+		defer f.Close()
+		if writeMsg(st, reply{Size: size}) == nil {
+			io.Copy(st, f)
+		}
+	case opWrite:
+		n, err := writeTo(req.Path, st)
+		if err != nil {
+			writeMsg(st, errorReply(err))
+			return
+		}
+		writeMsg(st, reply{Size: n})
+	case opStart:
+		if req.Start == nil {
+			writeMsg(st, errorReply(providers.Errorf(providers.ErrInvalid, "session.start without a spec")))
+			return
+		}
+		info, err := s.startSession(context.Background(), *req.Start)
+		if err != nil {
+			writeMsg(st, errorReply(err))
+			return
+		}
+		writeMsg(st, reply{Session: &info})
+	case opList:
+		writeMsg(st, reply{Sessions: s.listSessions()})
+	case opAttach:
+		s.attach(st, req)
+	case opDelete:
+		if err := s.deleteSession(req.Session); err != nil {
+			writeMsg(st, errorReply(err))
+			return
+		}
+		writeMsg(st, reply{})
+	case opShutdown:
+		writeMsg(st, reply{})
+		if shutdown != nil {
+			shutdown()
+		}
+	default:
+		writeMsg(st, errorReply(providers.Errorf(providers.ErrUnsupported, "unknown op %q", req.Op)))
+	}
+}

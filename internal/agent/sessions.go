@@ -1,0 +1,402 @@
+package agent
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/wire"
+)
+
+// defaultRing is the output a session retains when the gateway does not
+// say (SPEC §7: the last 1 MiB).
+const defaultRing = 1 << 20
+
+// session is a terminal session the agent holds: the process, its
+// retained output with absolute offsets, and its exit status. Its output
+// readers never wait for a subscriber: they append to the ring and wake
+// the subscribers, each of which copies what it has not sent yet.
+type session struct {
+	id      string
+	spec    providers.ProcessSpec
+	created time.Time
+	ringMax int
+
+	mu     sync.Mutex
+	cond   *sync.Cond // broadcast on output, exit and removal
+	tty    bool
+	ring   *wire.Ring
+	marks  []chanMark // pipe mode: the offsets where the channel changes
+	exited bool
+	lost   bool // ended without an exit status
+	code   int
+	gone   bool // deleted: subscribers end
+
+	proc providers.Process // nil until started
+}
+
+// chanMark says the output from off on is on channel ch, until the next
+// mark.
+type chanMark struct {
+	off int64
+	ch  byte
+}
+
+func (ss *session) info() SessionInfo {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.infoLocked()
+}
+
+func (ss *session) infoLocked() SessionInfo {
+	i := SessionInfo{
+		ID: ss.id, TTY: ss.tty, Started: ss.proc != nil, Running: !ss.exited,
+		Lost: ss.lost, OutputOffset: ss.ring.Total(), CreatedAt: ss.created,
+	}
+	if ss.exited && !ss.lost {
+		code := ss.code
+		i.ExitCode = &code
+	}
+	return i
+}
+
+// startSession records a session and starts its process unless deferred.
+func (s *Server) startSession(ctx context.Context, req startRequest) (SessionInfo, error) {
+	if req.ID == "" {
+		return SessionInfo{}, providers.Errorf(providers.ErrInvalid, "a session needs an id")
+	}
+	ringMax := req.RingBytes
+	if ringMax <= 0 {
+		ringMax = defaultRing
+	}
+	ss := &session{
+		id: req.ID, spec: req.Spec, created: time.Now().UTC(), ringMax: ringMax,
+		tty: req.Spec.TTY, ring: wire.NewRing(ringMax),
+	}
+	ss.cond = sync.NewCond(&ss.mu)
+	s.mu.Lock()
+	if s.sessions[req.ID] != nil {
+		s.mu.Unlock()
+		return SessionInfo{}, providers.Errorf(providers.ErrConflict, "session %s exists", req.ID)
+	}
+	s.sessions[req.ID] = ss
+	s.mu.Unlock()
+	if !req.Deferred {
+		if err := s.launch(ctx, ss, req.Spec.TTY); err != nil {
+			s.mu.Lock()
+			delete(s.sessions, req.ID)
+			s.mu.Unlock()
+			return SessionInfo{}, err
+		}
+	}
+	return ss.info(), nil
+}
+
+// launch starts ss's process in TTY or pipe mode, once.
+func (s *Server) launch(ctx context.Context, ss *session, tty bool) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.proc != nil || ss.gone {
+		return nil
+	}
+	spec := ss.spec
+	spec.TTY = tty
+	proc, err := s.start(ctx, spec)
+	if err != nil {
+		return err
+	}
+	ss.proc, ss.tty = proc, tty
+	outs := []io.Reader{proc.Stdout()}
+	if e := proc.Stderr(); e != nil && !tty {
+		outs = append(outs, e)
+	}
+	drained := make(chan struct{})
+	var readers sync.WaitGroup
+	for i, r := range outs {
+		ch := wire.ChanOutput
+		if i == 1 {
+			ch = wire.ChanStderr
+		}
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			ss.read(r, ch)
+		}()
+	}
+	go func() {
+		readers.Wait()
+		close(drained)
+	}()
+	go ss.own(drained)
+	return nil
+}
+
+// read copies one output stream into the ring until EOF or an error.
+func (ss *session) read(r io.Reader, ch byte) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			ss.mu.Lock()
+			if !ss.tty && (len(ss.marks) == 0 || ss.marks[len(ss.marks)-1].ch != ch) {
+				ss.marks = append(ss.marks, chanMark{ss.ring.Total(), ch})
+				ss.trimMarks()
+			}
+			ss.ring.Write(buf[:n])
+			ss.cond.Broadcast()
+			ss.mu.Unlock()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// trimMarks drops marks the ring has overwritten, keeping the one in
+// force at the ring's start. Caller holds mu.
+func (ss *session) trimMarks() {
+	start := ss.ring.Start()
+	i := 0
+	for i+1 < len(ss.marks) && ss.marks[i+1].off <= start {
+		i++
+	}
+	if i > 0 {
+		ss.marks = append(ss.marks[:0], ss.marks[i:]...)
+	}
+}
+
+// own waits for the process, drains its output (bounded: a leftover may
+// hold the terminal forever), releases the terminal or pipes and records
+// the exit status.
+func (ss *session) own(drained chan struct{}) {
+	code, werr := ss.proc.Wait()
+	t := time.NewTimer(drainGrace)
+	select {
+	case <-drained:
+	case <-t.C:
+	}
+	t.Stop()
+	ss.proc.Kill()
+	<-drained
+	ss.mu.Lock()
+	ss.exited, ss.code, ss.lost = true, code, werr != nil
+	ss.cond.Broadcast()
+	ss.mu.Unlock()
+}
+
+// started is the process, nil before a deferred session's first attach.
+func (ss *session) started() providers.Process {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.proc
+}
+
+// kill ends the process and everything it started; the owner then
+// records the exit.
+func (ss *session) kill() {
+	if p := ss.started(); p != nil {
+		p.Kill()
+	}
+}
+
+// segment is output of one channel.
+type segment struct {
+	ch   byte
+	data []byte
+}
+
+// since copies the output from cursor on (from the ring's start when the
+// ring has overwritten cursor), split where the channel changes. Caller
+// holds mu.
+func (ss *session) since(cursor int64) ([]segment, int64) {
+	total := ss.ring.Total()
+	if cursor >= total {
+		return nil, total
+	}
+	data, from := ss.ring.AppendSince(nil, cursor)
+	if ss.tty || len(ss.marks) == 0 {
+		return []segment{{wire.ChanOutput, data}}, total
+	}
+	var out []segment
+	for i, m := range ss.marks {
+		end := total
+		if i+1 < len(ss.marks) {
+			end = ss.marks[i+1].off
+		}
+		lo, hi := max(m.off, from), end
+		if lo >= hi {
+			continue
+		}
+		out = append(out, segment{m.ch, data[lo-from : hi-from]})
+	}
+	return out, total
+}
+
+// attach serves a subscriber on st: the reply with the replay's offset,
+// the replay, then live output, and the exit frame when the process has
+// exited and its output is sent. Frames the gateway sends on st (stdin,
+// EOF, resize, signal) are applied as they come; st closing ends the
+// subscription.
+func (s *Server) attach(st io.ReadWriteCloser, req request) {
+	s.mu.Lock()
+	ss := s.sessions[req.Session]
+	s.mu.Unlock()
+	if ss == nil {
+		writeMsg(st, errorReply(providers.Errorf(providers.ErrNotFound, "no session %s", req.Session)))
+		return
+	}
+	if ss.started() == nil {
+		tty := req.TTY == nil || *req.TTY
+		if err := s.launch(context.Background(), ss, tty); err != nil {
+			writeMsg(st, errorReply(err))
+			return
+		}
+	}
+	if req.Since < 0 {
+		writeMsg(st, errorReply(providers.Errorf(providers.ErrInvalid, "since must be >= 0")))
+		return
+	}
+	ss.mu.Lock()
+	from := max(req.Since, ss.ring.Start())
+	replay, cursor := []byte(nil), ss.ring.Total()
+	if req.Since < cursor {
+		replay, from = ss.ring.AppendSince(nil, req.Since)
+	}
+	info := ss.infoLocked()
+	ss.mu.Unlock()
+	if writeMsg(st, reply{Replay: from, Session: &info}) != nil || writeFrame(st, frameReplay, replay) != nil {
+		return
+	}
+
+	left := make(chan struct{})
+	go func() {
+		defer close(left)
+		ss.input(st)
+		ss.mu.Lock()
+		ss.cond.Broadcast()
+		ss.mu.Unlock()
+	}()
+	defer func() { st.Close(); <-left }()
+	for {
+		ss.mu.Lock()
+		for ss.ring.Total() == cursor && !ss.exited && !ss.gone && !closed(left) {
+			ss.cond.Wait()
+		}
+		segs, next := ss.since(cursor)
+		cursor = next
+		exited, lost, code, gone := ss.exited, ss.lost, ss.code, ss.gone
+		ss.mu.Unlock()
+		if closed(left) || (gone && !exited) {
+			return
+		}
+		for _, sg := range segs {
+			for p := sg.data; len(p) > 0; {
+				n := min(len(p), maxFrame)
+				typ := frameStdout
+				if sg.ch == wire.ChanStderr {
+					typ = frameStderr
+				}
+				if writeFrame(st, typ, p[:n]) != nil {
+					return
+				}
+				p = p[n:]
+			}
+		}
+		if exited && len(segs) == 0 {
+			b, _ := json.Marshal(exitInfo{Code: code, Lost: lost})
+			writeFrame(st, frameExit, b)
+			return
+		}
+	}
+}
+
+// exitInfo is the payload of an exit frame.
+type exitInfo struct {
+	Code int  `json:"code"`
+	Lost bool `json:"lost,omitempty"`
+}
+
+func closed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// input applies the gateway's frames on an attach until the stream ends.
+func (ss *session) input(st io.Reader) {
+	var buf []byte
+	for {
+		typ, p, err := readFrame(st, buf)
+		if err != nil {
+			return
+		}
+		buf = p[:0]
+		proc := ss.started()
+		switch typ {
+		case frameStdin:
+			proc.Stdin().Write(p)
+		case frameEOF:
+			proc.Stdin().Close()
+		case frameResize:
+			if len(p) == 4 {
+				proc.Resize(binary.BigEndian.Uint16(p), binary.BigEndian.Uint16(p[2:]))
+			}
+		case frameSignal:
+			if len(p) == 1 {
+				proc.Signal(syscall.Signal(p[0]))
+			}
+		}
+	}
+}
+
+// deleteSession kills a session's process and forgets it. Its
+// subscribers get the exit (137) before their streams end.
+func (s *Server) deleteSession(id string) error {
+	s.mu.Lock()
+	ss := s.sessions[id]
+	delete(s.sessions, id)
+	s.mu.Unlock()
+	if ss == nil {
+		return providers.Errorf(providers.ErrNotFound, "no session %s", id)
+	}
+	ss.kill()
+	ss.mu.Lock()
+	if ss.proc != nil {
+		deadline := time.AfterFunc(10*time.Second, func() {
+			ss.mu.Lock()
+			ss.gone = true
+			ss.cond.Broadcast()
+			ss.mu.Unlock()
+		})
+		for !ss.exited && !ss.gone {
+			ss.cond.Wait()
+		}
+		deadline.Stop()
+	}
+	ss.gone = true
+	ss.cond.Broadcast()
+	ss.mu.Unlock()
+	return nil
+}
+
+func (s *Server) listSessions() []SessionInfo {
+	s.mu.Lock()
+	ss := make([]*session, 0, len(s.sessions))
+	for _, x := range s.sessions {
+		ss = append(ss, x)
+	}
+	s.mu.Unlock()
+	out := make([]SessionInfo, 0, len(ss))
+	for _, x := range ss {
+		out = append(out, x.info())
+	}
+	return out
+}

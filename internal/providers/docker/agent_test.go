@@ -1,0 +1,85 @@
+package docker
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/providers/providertest"
+)
+
+// TestExecKillsSetsidLeftovers: a command's tree dies at its timeout, at
+// its end (unless background processes are preserved) and when the
+// caller gives up, setsid leftovers included: the agent finds them by
+// the marker in their environment, which a new session keeps.
+func TestExecKillsSetsidLeftovers(t *testing.T) {
+	p := newProvider(t)
+	id := create(t, p, providers.CreateSpec{})
+	ctx := ctxFor(t, 2*time.Minute)
+	alive := func(pid string) bool {
+		res := run(t, p, id, "kill -0 "+pid+" 2>/dev/null && ! grep -q '^State:.*Z' /proc/"+pid+"/status")
+		return res.ExitCode == 0
+	}
+	pidOf := func(res providers.ExecResult) string {
+		t.Helper()
+		pid := strings.TrimSpace(string(res.Stdout))
+		if pid == "" {
+			t.Fatalf("no pid: %+v", res)
+		}
+		return pid
+	}
+
+	// Timed out.
+	res, err := p.Exec(ctx, id, providers.ExecRequest{Command: "setsid sleep 300 >/dev/null 2>&1 & echo $!; sleep 300", Timeout: time.Second})
+	if err != nil || !res.TimedOut || res.ExitCode != 125 {
+		t.Fatalf("timeout: %+v %v", res, err)
+	}
+	pid := pidOf(res)
+	eventually(t, "the timed-out command's setsid leftover to die", func() bool { return !alive(pid) })
+
+	// Returned.
+	pid = pidOf(run(t, p, id, "setsid sleep 300 >/dev/null 2>&1 & echo $!"))
+	eventually(t, "a returned command's setsid leftover to die", func() bool { return !alive(pid) })
+
+	// Preserved.
+	res, err = p.Exec(ctx, id, providers.ExecRequest{Command: "setsid sleep 300 >/dev/null 2>&1 & echo $!", Timeout: 10 * time.Second, PreserveBackground: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid = pidOf(res)
+	if !alive(pid) {
+		t.Fatal("a preserved background process was killed")
+	}
+}
+
+// TestAgentProtocolMismatch: a sandbox whose agent speaks another
+// protocol version is refused at create with an error naming both, and
+// nothing is left behind.
+func TestAgentProtocolMismatch(t *testing.T) {
+	dockertest.Require(t)
+	bin := filepath.Join(t.TempDir(), "sandgate-agent")
+	build := exec.Command("go", "build", "-o", bin, "-ldflags", "-X github.com/sandgate/sandgate/internal/agent.Version=99", "github.com/sandgate/sandgate/cmd/sandgate-agent")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	p := newProvider(t, func(o *Options) { o.AgentBinary = bin })
+	ctx := ctxFor(t, time.Minute)
+	_, err := p.Create(ctx, providers.CreateSpec{ID: providertest.NewID(), Image: dockertest.ImageRef, ReadyTimeout: 30 * time.Second})
+	if err == nil {
+		t.Fatal("a sandbox with a mismatched agent was created")
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "protocol 1") || !strings.Contains(msg, "speaks 99") {
+		t.Fatalf("mismatch error does not name both versions: %v", err)
+	}
+	owned, err := p.List(ctx)
+	if err != nil || len(owned) != 0 {
+		t.Fatalf("left behind: %v %v", owned, err)
+	}
+}
