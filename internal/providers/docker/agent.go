@@ -172,6 +172,9 @@ func (d *Docker) connect(ctx context.Context, id string, start bool) (*agent.Cli
 	}
 	ex, err := d.startExec(ctx, id, execSpec{Cmd: cmd, Stdin: true})
 	if err != nil {
+		if serr := d.requireRunning(context.WithoutCancel(ctx), id); serr != nil {
+			return nil, serr // stopped, paused or gone: that is the answer
+		}
 		return nil, err
 	}
 	pr, pw := io.Pipe()
