@@ -22,9 +22,11 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // pair serves a fresh server on one end of a pipe and dials the other.
+// The server is the test process's subreaper, as the agent is the
+// sandbox's.
 func pair(t *testing.T) (*Server, *Client) {
 	t.Helper()
-	srv := NewServer(false)
+	srv := NewServer(true)
 	a, b := net.Pipe()
 	served := make(chan struct{})
 	go func() {

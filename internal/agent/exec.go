@@ -118,14 +118,14 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	select {
 	case <-waited:
 		if !req.PreserveBackground {
-			sweep(pid, marker)
+			s.reaper.sweep(pid, marker)
 		}
 	case <-timer.C:
 		res.TimedOut = true
-		sweep(pid, marker)
+		s.reaper.sweep(pid, marker)
 		<-waited
 	case <-cancelled:
-		sweep(pid, marker)
+		s.reaper.sweep(pid, marker)
 		<-waited
 	}
 	ran := time.Since(start)

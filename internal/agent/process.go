@@ -168,7 +168,7 @@ func (p *process) Kill() error {
 		select {
 		case <-p.done:
 		default:
-			sweep(p.cmd.Process.Pid, p.marker)
+			p.r.sweep(p.cmd.Process.Pid, p.marker)
 		}
 		p.stdin.Close()
 		p.outR.Close()

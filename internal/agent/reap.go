@@ -105,32 +105,44 @@ func children(pid int) []int {
 }
 
 // sweep SIGKILLs process group pgid and every process in the sandbox
-// whose environment carries marker (set on a command at its start and
-// inherited by everything it starts, also by what leaves its session
-// with setsid), repeating until a pass finds nothing, so a process that
-// forks during a pass is caught by the next.
-func sweep(pgid int, marker string) {
+// that carries marker in its environment (set on a command at its start
+// and inherited by everything it starts, also by what leaves its session
+// with setsid), with its descendants, repeating until a pass finds
+// nothing, so a process that forks during a pass is caught by the next.
+//
+// Only the agent's own subtrees are searched: the agent is the subreaper
+// of what it starts, so a command's surviving descendants are in its
+// group or under a child the agent did not start itself (an orphan that
+// was re-parented to it). Usually there is none, and a sweep costs one
+// kill and a read of the agent's children.
+func (r *reaper) sweep(pgid int, marker string) {
 	unix.Kill(-pgid, unix.SIGKILL)
-	self := os.Getpid()
 	want := []byte(marker + "\x00")
 	for pass := 0; pass < 20; pass++ {
-		ents, err := os.ReadDir("/proc")
-		if err != nil {
-			return
+		r.mu.Lock()
+		var roots []int
+		for _, pid := range children(os.Getpid()) {
+			if !r.known[pid] {
+				roots = append(roots, pid)
+			}
 		}
+		r.mu.Unlock()
 		found := false
-		for _, e := range ents {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil || pid == self {
-				continue
+		var walk func(pid int, doomed bool)
+		walk = func(pid int, doomed bool) {
+			if !doomed {
+				env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+				doomed = err == nil && bytes.Contains(env, want)
 			}
-			env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-			if err != nil || !bytes.Contains(env, want) {
-				continue
-			}
-			if unix.Kill(pid, unix.SIGKILL) == nil && !zombie(pid) {
+			if doomed && unix.Kill(pid, unix.SIGKILL) == nil && !zombie(pid) {
 				found = true
 			}
+			for _, c := range children(pid) {
+				walk(c, doomed)
+			}
+		}
+		for _, pid := range roots {
+			walk(pid, false)
 		}
 		if !found {
 			return
