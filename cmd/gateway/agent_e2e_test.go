@@ -132,15 +132,34 @@ func ptyList(t *testing.T, sb dkBox) map[string]sessionView {
 	return out
 }
 
-// TestDockerTerminalsSurviveGatewayKill: the sandbox's agent holds the
-// terminal sessions, so a gateway SIGKILLed and restarted finds all three
-// (one attached, one detached mid-output, one exited): a re-attach with
-// since gets exactly the bytes it missed, the exit code is kept, and the
-// attached shell takes input again.
-func TestDockerTerminalsSurviveGatewayKill(t *testing.T) {
+// TestTerminalsSurviveGatewayKill: the sandbox holds its terminal
+// sessions (Docker: its agent; local: its init), so a gateway SIGKILLed
+// and restarted finds all three (one attached, one detached mid-output,
+// one exited): a re-attach with since gets exactly the bytes it missed,
+// the exit code is kept, and the attached shell takes input again.
+func TestTerminalsSurviveGatewayKill(t *testing.T) {
+	t.Run("local", func(t *testing.T) {
+		terminalsSurviveGatewayKill(t, func(state string) *proc { return startGateway(t, state, nil) }, func(g *proc) dkBox {
+			s, b := call(t, "POST", g.URL+"/v1/sandboxes", `{}`)
+			var ref struct {
+				ID    string `json:"sandbox_id"`
+				Token string `json:"lease_token"`
+			}
+			if json.Unmarshal(b, &ref); s != 201 {
+				t.Fatalf("create: %d %s", s, b)
+			}
+			return dkBox{url: g.URL + "/v1/sandboxes/" + ref.ID, id: ref.ID, token: ref.Token}
+		})
+	})
+	t.Run("docker", func(t *testing.T) {
+		terminalsSurviveGatewayKill(t, func(state string) *proc { return startDockerGateway(t, state) }, func(g *proc) dkBox { return dkCreate(t, g, "") })
+	})
+}
+
+func terminalsSurviveGatewayKill(t *testing.T, start func(state string) *proc, create func(*proc) dkBox) {
 	state := t.TempDir()
-	g := startDockerGateway(t, state)
-	sb := dkCreate(t, g, "")
+	g := start(state)
+	sb := create(g)
 
 	shell := ptyCreate(t, sb, `{"pty":true}`)
 	a := attachTerm(t, sb, shell, "")
@@ -167,7 +186,7 @@ func TestDockerTerminalsSurviveGatewayKill(t *testing.T) {
 	if err := g.stop(syscall.SIGKILL); err == nil {
 		t.Fatal("the gateway exited cleanly on SIGKILL?")
 	}
-	g2 := startDockerGateway(t, state)
+	g2 := start(state)
 	sb.url = g2.URL + "/v1/sandboxes/" + sb.id
 
 	list := ptyList(t, sb)
@@ -203,6 +222,9 @@ func TestDockerTerminalsSurviveGatewayKill(t *testing.T) {
 	a2.until(20*time.Second, "the shell's replay", has("one-42"))
 	a2.send("exit 3\n")
 	a2.until(20*time.Second, "the shell's exit", a2.exited(3))
+	if s, b := call(t, "DELETE", sb.url, "", "X-Sandbox-Lease", sb.token); s != 200 {
+		t.Fatalf("delete: %d %s", s, b)
+	}
 }
 
 // TestDockerAgentKilled: hostile code that kills the sandbox's agent gets

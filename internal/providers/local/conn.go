@@ -19,6 +19,10 @@ import (
 // when it would not fit a sockaddr_un; the returned file (if any) must stay
 // open while the path is used.
 func sockAddr(dir string) (string, *os.File, error) {
+	return sockAddrOf(dir, socketName)
+}
+
+func sockAddrOf(dir, socketName string) (string, *os.File, error) {
 	p := dir + "/" + socketName
 	if len(p) < 100 {
 		return p, nil, nil
@@ -45,6 +49,26 @@ func listenAgent(dir string) (*os.File, error) {
 		return nil, err
 	}
 	ln.SetUnlinkOnClose(false) // the socket outlives this listener: init serves it
+	f, err := ln.File()
+	ln.Close()
+	return f, err
+}
+
+// listenSessions binds the stream socket of init's terminal session host
+// in dir and returns it as a file to hand to init.
+func listenSessions(dir string) (*os.File, error) {
+	addr, d, err := sockAddrOf(dir, sessionsSocket)
+	if err != nil {
+		return nil, err
+	}
+	if d != nil {
+		defer d.Close()
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(false)
 	f, err := ln.File()
 	ln.Close()
 	return f, err

@@ -183,6 +183,7 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 		}
 		st.DiskBytes = cfg.DiskBytes
 	}
+	cfg.Env = st.Env
 	pid, err := l.startInit(readyCtx, dir, cfg, &st)
 	if err != nil {
 		return providers.Sandbox{}, err
@@ -283,6 +284,11 @@ func (l *Local) startInit(ctx context.Context, dir string, cfg initConfig, st *p
 		return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot create agent socket")
 	}
 	defer lf.Close()
+	sf, err := listenSessions(dir)
+	if err != nil {
+		return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot create session socket")
+	}
+	defer sf.Close()
 	logf, err := os.OpenFile(dir+"/"+logName, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot create init log")
@@ -305,7 +311,7 @@ func (l *Local) startInit(ctx context.Context, dir string, cfg initConfig, st *p
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{lf, rw, cfgR}
+	cmd.ExtraFiles = []*os.File{lf, rw, cfgR, sf}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if cfg.Isolation == IsolationNamespaces {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNS

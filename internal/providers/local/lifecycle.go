@@ -34,6 +34,7 @@ func (l *Local) setPaused(ctx context.Context, id string, pause bool) error {
 	if err != nil {
 		return err
 	}
+	sb.dropHost()
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.deleted {

@@ -50,6 +50,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	sgagent "github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/rootfs"
 )
@@ -148,7 +149,10 @@ var (
 type sandbox struct {
 	id  string
 	dir string
-	st  persisted
+
+	hostMu sync.Mutex      // guards host
+	host   *sgagent.Client // the connection to init's session host, once made
+	st     persisted
 
 	// mu serialises the state changes: Pause, Resume, Delete.
 	mu      sync.Mutex
@@ -454,7 +458,14 @@ func (l *Local) Ping(ctx context.Context) error {
 func (l *Local) Close() error {
 	l.mu.Lock()
 	l.closed = true
+	boxes := make([]*sandbox, 0, len(l.boxes))
+	for _, sb := range l.boxes {
+		boxes = append(boxes, sb)
+	}
 	l.mu.Unlock()
+	for _, sb := range boxes {
+		sb.dropHost()
+	}
 	return nil
 }
 

@@ -30,6 +30,7 @@ const (
 	fdListener = 3 // the agent's listening socket, bound by the gateway
 	fdReady    = 4 // write end of the readiness pipe
 	fdConfig   = 5 // read end of a pipe holding the initConfig JSON
+	fdSessions = 6 // the terminal session host's listening socket, bound by the gateway
 )
 
 // nsFlags are the namespaces of a sandbox. The cgroup namespace is rooted
@@ -65,6 +66,7 @@ type initConfig struct {
 	DiskTemplates string            `json:"disk_templates,omitempty"` // formatted empty filesystems, one per size
 	Cgroups       map[string]string `json:"cgroups,omitempty"`        // joined by setup, so init starts inside
 	ShmBytes      int64             `json:"shm_bytes"`
+	Env           map[string]string `json:"env,omitempty"` // the sandbox's environment, for terminal sessions
 }
 
 // readyMsg is one line on the readiness pipe: setup reports init's pid,
@@ -149,7 +151,7 @@ func runSetup() int {
 	cmd := exec.Command("/proc/self/exe", initArg)
 	cmd.Env = []string{}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	cmd.ExtraFiles = []*os.File{os.NewFile(fdListener, "listener"), ready, cfgR}
+	cmd.ExtraFiles = []*os.File{os.NewFile(fdListener, "listener"), ready, cfgR, os.NewFile(fdSessions, "sessions")}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if cfg.Isolation == IsolationNamespaces {
 		if err := stageRoot(cfg); err != nil {
@@ -291,10 +293,17 @@ func runInit() int {
 	if err != nil {
 		return fail(fmt.Errorf("agent socket: %w", err))
 	}
+	sf := os.NewFile(fdSessions, "sessions")
+	sl, err := net.FileListener(sf)
+	sf.Close()
+	if err != nil {
+		return fail(fmt.Errorf("session socket: %w", err))
+	}
 	a := newAgent(cfg)
 	if err := a.start(); err != nil {
 		return fail(err)
 	}
+	go a.serveSessions(sl)
 	// If the gateway gave up waiting, nobody will ever use this sandbox.
 	if !writeReady(ready, readyMsg{Ready: true}) {
 		return 1

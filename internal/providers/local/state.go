@@ -36,10 +36,11 @@ type persisted struct {
 }
 
 const (
-	stateFile  = "state.json"
-	pausedFile = "paused" // exists while paused by signals (no freezer)
-	socketName = "agent.sock"
-	logName    = "init.log"
+	stateFile      = "state.json"
+	pausedFile     = "paused" // exists while paused by signals (no freezer)
+	socketName     = "agent.sock"
+	sessionsSocket = "sessions.sock" // init's terminal session host (package agent's protocol)
+	logName        = "init.log"
 )
 
 func writeState(dir string, st persisted) error {
