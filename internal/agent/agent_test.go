@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -200,8 +201,66 @@ func collect(t *testing.T, a *Attachment, want string) (string, *Event) {
 	return out.String(), nil
 }
 
+// pairDirect is pair over a unix socket, with attachments on connections
+// of their own (WithDirect).
+func pairDirect(t *testing.T) (*Server, *Client) {
+	t.Helper()
+	srv := NewServer(true)
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				srv.Serve(c, nil)
+			}()
+		}
+	}()
+	dial := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}
+	conn, err := dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Dial(context.Background(), conn, WithDirect(dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		srv.Close()
+		l.Close()
+		<-served
+	})
+	return srv, c
+}
+
 func TestSessionReplay(t *testing.T) {
-	_, c := pair(t)
+	t.Run("mux", func(t *testing.T) {
+		_, c := pair(t)
+		sessionReplay(t, c)
+	})
+	t.Run("direct", func(t *testing.T) {
+		_, c := pairDirect(t)
+		sessionReplay(t, c)
+	})
+}
+
+func sessionReplay(t *testing.T, c *Client) {
 	ctx := context.Background()
 	info, err := c.StartSession(ctx, "s1", providers.ProcessSpec{Command: "cat", TTY: true, Rows: 30, Cols: 100}, false, 0)
 	if err != nil || !info.Running || !info.TTY {

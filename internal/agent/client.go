@@ -1,12 +1,14 @@
 package agent
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"syscall"
 	"time"
@@ -23,21 +25,40 @@ var ErrGone = errors.New("the connection to the sandbox agent is gone")
 // Client is the gateway's end of one connection to an agent. It is safe
 // for concurrent use; each call is a stream of its own.
 type Client struct {
-	ys    *yamux.Session
-	agent string
+	ys     *yamux.Session
+	agent  string
+	direct func(context.Context) (net.Conn, error) // see WithDirect
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithDirect makes the client open a connection of its own with dial for
+// each terminal attachment, instead of a stream on the shared
+// connection: where connections are cheap (a local socket), output and
+// keystrokes then skip the multiplexer.
+func WithDirect(dial func(context.Context) (net.Conn, error)) Option {
+	return func(c *Client) { c.direct = dial }
 }
 
 // Dial speaks the hello on conn and returns the client, or an error that
 // names both protocol versions when the agent speaks another. conn is
 // closed on error and by Close.
-func Dial(ctx context.Context, conn io.ReadWriteCloser) (*Client, error) {
-	return dial(ctx, conn, Version)
+func Dial(ctx context.Context, conn io.ReadWriteCloser, opts ...Option) (*Client, error) {
+	c, err := dial(ctx, conn, Version)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
 }
 
 // dial is Dial for a gateway that speaks protocol version (tests pass
 // another).
 func dial(ctx context.Context, conn io.ReadWriteCloser, version string) (*Client, error) {
-	ys, err := yamux.Client(conn, muxConfig())
+	ys, err := yamux.Client(&frameConn{ReadWriteCloser: conn}, muxConfig())
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -117,6 +138,42 @@ func (c *Client) call(ctx context.Context, req request) (reply, *yamux.Stream, e
 		return reply{}, nil, errors.New(rep.Error)
 	}
 	return rep, st, nil
+}
+
+// stream is a yamux stream or a direct connection.
+type stream interface {
+	io.ReadWriteCloser
+	SetDeadline(time.Time) error
+}
+
+// callDirect is call on a connection of its own (see WithDirect).
+func (c *Client) callDirect(ctx context.Context, req request) (reply, stream, error) {
+	conn, err := c.direct(ctx)
+	if err != nil {
+		return reply{}, nil, c.fail(err)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	var rep reply
+	_, err = conn.Write([]byte(directMagic))
+	if err == nil {
+		err = writeMsg(conn, req)
+	}
+	if err == nil {
+		err = readMsg(conn, &rep)
+	}
+	stop()
+	switch {
+	case err != nil && ctx.Err() != nil:
+		conn.Close()
+		return reply{}, nil, ctx.Err()
+	case err != nil:
+		conn.Close()
+		return reply{}, nil, c.fail(err)
+	case rep.Error != "":
+		conn.Close()
+		return reply{}, nil, remoteError(rep.Error, rep.Kind)
+	}
+	return rep, conn, nil
 }
 
 // simple is call for an op whose reply is all there is.
@@ -290,7 +347,15 @@ func (c *Client) Shutdown(ctx context.Context) error {
 // Attach subscribes to session id's output from offset since. tty, when
 // not nil, is the mode a deferred session starts in.
 func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool) (*Attachment, error) {
-	rep, st, err := c.call(ctx, request{Op: opAttach, Session: id, Since: since, TTY: tty})
+	req := request{Op: opAttach, Session: id, Since: since, TTY: tty}
+	var rep reply
+	var st stream
+	var err error
+	if c.direct != nil {
+		rep, st, err = c.callDirect(ctx, req)
+	} else {
+		rep, st, err = c.call(ctx, req)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -304,7 +369,7 @@ func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool) 
 		}
 		return nil, c.fail(err)
 	}
-	return &Attachment{st: st, c: c, Info: *rep.Session, From: rep.Replay, Replay: p}, nil
+	return &Attachment{st: st, r: bufio.NewReaderSize(st, 64<<10), c: c, Info: *rep.Session, From: rep.Replay, Replay: p}, nil
 }
 
 // Attachment is one subscription to a session: the replay, then Next.
@@ -313,7 +378,8 @@ type Attachment struct {
 	From   int64       // the offset of Replay's first byte
 	Replay []byte
 
-	st  *yamux.Stream
+	st  stream
+	r   *bufio.Reader // st, read in large pieces
 	c   *Client
 	wmu sync.Mutex
 	buf []byte
@@ -327,12 +393,15 @@ type Event struct {
 	Exited bool
 	Code   int
 	Lost   bool // the process ended without an exit status
+	// Slow: the reader fell a whole ring behind and output was lost to
+	// it; the attachment is over (attach again with since).
+	Slow bool
 }
 
 // Next blocks for the next output or the exit. After the exit (or an
 // error) the attachment is over.
 func (a *Attachment) Next() (Event, error) {
-	typ, p, err := readFrame(a.st, a.buf)
+	typ, p, err := readFrame(a.r, a.buf)
 	if err != nil {
 		return Event{}, a.c.fail(err)
 	}
@@ -342,6 +411,8 @@ func (a *Attachment) Next() (Event, error) {
 		return Event{Chan: 0x01, Data: p}, nil
 	case frameStderr:
 		return Event{Chan: 0x02, Data: p}, nil
+	case frameSlow:
+		return Event{Slow: true}, nil
 	case frameExit:
 		var x exitInfo
 		json.Unmarshal(p, &x)

@@ -31,6 +31,11 @@ import (
 // test can build an agent that speaks another (-ldflags -X).
 var Version = "1"
 
+// directMagic starts a direct connection: one call on the connection
+// itself instead of a yamux stream (a yamux connection starts with its
+// version byte, 0).
+const directMagic = "SGD1"
+
 // The ops.
 const (
 	opHello    = "hello"
@@ -125,6 +130,7 @@ const (
 	frameResult byte = 'r'
 	frameExit   byte = 'x'
 	frameReplay byte = 'R'
+	frameSlow   byte = 'S' // the subscriber fell a whole ring behind: output was lost to it
 	frameStdin  byte = 'i'
 	frameEOF    byte = 'E'
 	frameResize byte = 'z'

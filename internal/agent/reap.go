@@ -111,22 +111,15 @@ func children(pid int) []int {
 // nothing, so a process that forks during a pass is caught by the next.
 //
 // Only the agent's own subtrees are searched: the agent is the subreaper
-// of what it starts, so a command's surviving descendants are in its
-// group or under a child the agent did not start itself (an orphan that
-// was re-parented to it). Usually there is none, and a sweep costs one
-// kill and a read of the agent's children.
+// of what it starts, so a command's surviving descendants are under the
+// command itself or under an orphan that was re-parented to the agent. A
+// sweep costs a kill and a read of the environment of the agent's
+// descendants (usually a handful).
 func (r *reaper) sweep(pgid int, marker string) {
 	unix.Kill(-pgid, unix.SIGKILL)
 	want := []byte(marker + "\x00")
 	for pass := 0; pass < 20; pass++ {
-		r.mu.Lock()
-		var roots []int
-		for _, pid := range children(os.Getpid()) {
-			if !r.known[pid] {
-				roots = append(roots, pid)
-			}
-		}
-		r.mu.Unlock()
+		roots := children(os.Getpid())
 		found := false
 		var walk func(pid int, doomed bool)
 		walk = func(pid int, doomed bool) {

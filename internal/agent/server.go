@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -72,7 +73,14 @@ func build() string {
 // Serve serves one connection until it ends. shutdown, if not nil, is
 // called on the shutdown op (tests kill an agent that way).
 func (s *Server) Serve(conn io.ReadWriteCloser, shutdown func()) error {
-	ys, err := yamux.Server(conn, muxConfig())
+	br := bufio.NewReaderSize(conn, 4<<10)
+	if b, err := br.Peek(len(directMagic)); err == nil && string(b) == directMagic {
+		// A direct connection: one call, no multiplexing (see WithDirect).
+		br.Discard(len(directMagic))
+		s.handle(joined{br, conn}, shutdown)
+		return nil
+	}
+	ys, err := yamux.Server(&frameConn{ReadWriteCloser: joined{br, conn}}, muxConfig())
 	if err != nil {
 		return err
 	}
@@ -92,7 +100,17 @@ func (s *Server) Serve(conn io.ReadWriteCloser, shutdown func()) error {
 	}
 }
 
-func (s *Server) handle(st *yamux.Stream, shutdown func()) {
+// joined reads through r and writes and closes c.
+type joined struct {
+	r io.Reader
+	c io.ReadWriteCloser
+}
+
+func (j joined) Read(p []byte) (int, error)  { return j.r.Read(p) }
+func (j joined) Write(p []byte) (int, error) { return j.c.Write(p) }
+func (j joined) Close() error                { return j.c.Close() }
+
+func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 	defer st.Close()
 	var req request
 	if err := readMsg(st, &req); err != nil {

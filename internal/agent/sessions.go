@@ -35,7 +35,8 @@ type session struct {
 	exited bool
 	lost   bool // ended without an exit status
 	code   int
-	gone   bool // deleted: subscribers end
+	gone   bool              // deleted: subscribers end
+	subs   map[*sub]struct{} // the attached subscribers
 
 	proc providers.Process // nil until started
 }
@@ -79,6 +80,7 @@ func (s *Server) startSession(ctx context.Context, req startRequest) (SessionInf
 		tty: req.Spec.TTY, ring: wire.NewRing(ringMax),
 	}
 	ss.cond = sync.NewCond(&ss.mu)
+	ss.subs = map[*sub]struct{}{}
 	s.mu.Lock()
 	if s.sessions[req.ID] != nil {
 		s.mu.Unlock()
@@ -136,9 +138,11 @@ func (s *Server) launch(ctx context.Context, ss *session, tty bool) error {
 	return nil
 }
 
-// read copies one output stream into the ring until EOF or an error.
+// read copies one output stream into the ring until EOF or an error. Its
+// buffer starts small and doubles, up to maxReadBuf, whenever a read fills
+// it: an idle session costs little and a busy one makes few, large reads.
 func (ss *session) read(r io.Reader, ch byte) {
-	buf := make([]byte, 32<<10)
+	buf := make([]byte, minReadBuf)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
@@ -149,13 +153,66 @@ func (ss *session) read(r io.Reader, ch byte) {
 			}
 			ss.ring.Write(buf[:n])
 			ss.cond.Broadcast()
+			ss.throttle()
 			ss.mu.Unlock()
 		}
 		if err != nil {
 			return
 		}
+		if n == len(buf) && len(buf) < maxReadBuf {
+			buf = make([]byte, 2*len(buf))
+		}
 	}
 }
+
+// sub is one subscriber, as the readers see it.
+type sub struct {
+	cursor  int64     // what it has sent on
+	last    time.Time // when it last sent something (or attached)
+	dropped bool      // stalled: it no longer holds the readers back
+}
+
+// stallAfter is how long a subscriber may make no progress while the
+// readers wait for it before they stop waiting.
+const stallAfter = 2 * time.Second
+
+// throttle holds the reader back while an attached subscriber is more
+// than half a ring behind and making progress: a client that reads
+// slower than the process writes slows the process, as a terminal does,
+// instead of losing output. One that makes no progress for stallAfter is
+// dropped from the wait; if it falls a whole ring behind it gets the slow
+// frame. Caller holds mu.
+func (ss *session) throttle() {
+	for {
+		var laggard *sub
+		for x := range ss.subs {
+			if !x.dropped && (laggard == nil || x.cursor < laggard.cursor) {
+				laggard = x
+			}
+		}
+		if laggard == nil || ss.ring.Total()-laggard.cursor <= int64(ss.ringMax/2) || ss.gone {
+			return
+		}
+		wait := stallAfter - time.Since(laggard.last)
+		if wait <= 0 {
+			laggard.dropped = true
+			continue
+		}
+		t := time.AfterFunc(wait, func() {
+			ss.mu.Lock()
+			ss.cond.Broadcast()
+			ss.mu.Unlock()
+		})
+		ss.cond.Wait()
+		t.Stop()
+	}
+}
+
+// The output readers' buffer sizes.
+const (
+	minReadBuf = 4 << 10
+	maxReadBuf = 256 << 10
+)
 
 // trimMarks drops marks the ring has overwritten, keeping the one in
 // force at the ring's start. Caller holds mu.
@@ -239,7 +296,8 @@ func (ss *session) since(cursor int64) ([]segment, int64) {
 
 // attach serves a subscriber on st: the reply with the replay's offset,
 // the replay, then live output, and the exit frame when the process has
-// exited and its output is sent. Frames the gateway sends on st (stdin,
+// exited and its output is sent. A subscriber that falls a whole ring
+// behind (its reader does not keep up) gets the slow frame and is ended. Frames the gateway sends on st (stdin,
 // EOF, resize, signal) are applied as they come; st closing ends the
 // subscription.
 func (s *Server) attach(st io.ReadWriteCloser, req request) {
@@ -273,6 +331,16 @@ func (s *Server) attach(st io.ReadWriteCloser, req request) {
 		return
 	}
 
+	me := &sub{cursor: cursor, last: time.Now()}
+	ss.mu.Lock()
+	ss.subs[me] = struct{}{}
+	ss.mu.Unlock()
+	defer func() {
+		ss.mu.Lock()
+		delete(ss.subs, me)
+		ss.cond.Broadcast()
+		ss.mu.Unlock()
+	}()
 	left := make(chan struct{})
 	go func() {
 		defer close(left)
@@ -282,37 +350,117 @@ func (s *Server) attach(st io.ReadWriteCloser, req request) {
 		ss.mu.Unlock()
 	}()
 	defer func() { st.Close(); <-left }()
+	var scratch []byte // the frame buffer, reused while a single frame fits
+	var lastSent time.Time
 	for {
 		ss.mu.Lock()
 		for ss.ring.Total() == cursor && !ss.exited && !ss.gone && !closed(left) {
 			ss.cond.Wait()
 		}
-		segs, next := ss.since(cursor)
+		if pending := ss.ring.Total() - cursor; pending >= bulk && pending < coalesce && !ss.exited && time.Since(lastSent) < streaming {
+			// Output is streaming in chunks (the last frame went out just
+			// now): gather a little more so that frames are fewer and
+			// larger. An echo (a few bytes) goes out at once.
+			ss.mu.Unlock()
+			time.Sleep(gather)
+			ss.mu.Lock()
+		}
+		if cursor < ss.ring.Start() {
+			// The ring has overwritten what this subscriber has not sent:
+			// it cannot go on without a gap. Its client re-attaches with
+			// since and gets what is left.
+			ss.mu.Unlock()
+			writeFrame(st, frameSlow, nil)
+			return
+		}
+		frames, next := ss.frames(cursor, scratch[:0])
 		cursor = next
+		if len(frames) == 1 && cap(frames[0]) > cap(scratch) {
+			scratch = frames[0][:0] // keep the larger buffer for the next copy
+		}
 		exited, lost, code, gone := ss.exited, ss.lost, ss.code, ss.gone
 		ss.mu.Unlock()
 		if closed(left) || (gone && !exited) {
 			return
 		}
-		for _, sg := range segs {
-			for p := sg.data; len(p) > 0; {
-				n := min(len(p), maxFrame)
-				typ := frameStdout
-				if sg.ch == wire.ChanStderr {
-					typ = frameStderr
-				}
-				if writeFrame(st, typ, p[:n]) != nil {
-					return
-				}
-				p = p[n:]
+		for _, f := range frames {
+			if _, err := st.Write(f); err != nil {
+				return
 			}
 		}
-		if exited && len(segs) == 0 {
+		if len(frames) > 0 {
+			lastSent = time.Now()
+			ss.mu.Lock()
+			me.cursor, me.last, me.dropped = cursor, lastSent, false
+			ss.cond.Broadcast()
+			ss.mu.Unlock()
+		}
+		if exited && len(frames) == 0 {
 			b, _ := json.Marshal(exitInfo{Code: code, Lost: lost})
 			writeFrame(st, frameExit, b)
 			return
 		}
 	}
+}
+
+// A subscriber with from bulk to coalesce bytes pending, whose last frame
+// went out less than streaming ago, waits gather for more before it sends.
+const (
+	bulk      = 1 << 10
+	coalesce  = 16 << 10
+	streaming = 2 * time.Millisecond
+	gather    = 500 * time.Microsecond
+)
+
+// frames copies the output from cursor on (from the ring's start when the
+// ring has overwritten cursor) into ready-to-write frames, one per
+// channel run and at most maxFrame each. Caller holds mu.
+func (ss *session) frames(cursor int64, scratch []byte) ([][]byte, int64) {
+	total := ss.ring.Total()
+	if cursor >= total {
+		return nil, total
+	}
+	var out [][]byte
+	typ, oneRun := frameStdout, ss.tty || len(ss.marks) == 0
+	if last := len(ss.marks) - 1; !oneRun && ss.marks[last].off <= max(cursor, ss.ring.Start()) {
+		oneRun = true // everything from cursor on is of the last channel
+		if ss.marks[last].ch == wire.ChanStderr {
+			typ = frameStderr
+		}
+	}
+	if oneRun {
+		for cursor < total {
+			n := min(total-cursor, maxFrame)
+			f := scratch[:0]
+			scratch = nil // only the first frame reuses it
+			if int64(cap(f)) < 5+n {
+				f = make([]byte, 0, 5+n)
+			}
+			f, from := ss.ring.AppendSince(f[:5], cursor)
+			f = f[:5+min(int64(len(f)-5), n)]
+			f[0] = typ
+			binary.BigEndian.PutUint32(f[1:5], uint32(len(f)-5))
+			out = append(out, f)
+			cursor = from + int64(len(f)-5)
+		}
+		return out, total
+	}
+	segs, next := ss.since(cursor)
+	for _, sg := range segs {
+		typ := frameStdout
+		if sg.ch == wire.ChanStderr {
+			typ = frameStderr
+		}
+		for p := sg.data; len(p) > 0; {
+			n := min(len(p), maxFrame)
+			f := make([]byte, 5, 5+n)
+			f[0] = typ
+			binary.BigEndian.PutUint32(f[1:5], uint32(n))
+			out = append(out, append(f, p[:n]...))
+			p = p[n:]
+		}
+	}
+	return out, next
 }
 
 // exitInfo is the payload of an exit frame.

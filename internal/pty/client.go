@@ -78,11 +78,13 @@ type client struct {
 	replay []byte      // the replay frame, written first; nil = none
 	exit   *int        // the process exited; all its output is in q
 	cause  *closeCause // set once: why the writer closes the connection
+	left   bool        // the connection is over: push gives up
 	wake   chan struct{}
+	room   chan struct{} // the writer took the queue (see push)
 }
 
 func newClient(m *Manager, sandboxID, sid string, att *agent.Attachment) *client {
-	c := &client{m: m, sandboxID: sandboxID, sid: sid, mode: wire.ModePipe, att: att, maxQueue: m.opts.QueueBytes, wake: make(chan struct{}, 1)}
+	c := &client{m: m, sandboxID: sandboxID, sid: sid, mode: wire.ModePipe, att: att, maxQueue: m.opts.QueueBytes, wake: make(chan struct{}, 1), room: make(chan struct{}, 1)}
 	if att.Info.TTY {
 		c.mode = wire.ModePTY
 	}
@@ -97,23 +99,49 @@ func (c *client) signal() {
 	}
 }
 
-// push queues output. It returns false when the queue is full: c is then
-// closing with 1008.
+// push queues output, waiting while the queue is full: the session's host
+// holds the output meanwhile and slows the process to the client's pace.
+// A client that takes nothing for stallAfter is too slow: it is closed
+// with 1008 (it re-attaches with since). It returns false once the
+// connection is closing.
 func (c *client) push(ch byte, p []byte) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cause != nil {
-		return false
+	var deadline <-chan time.Time
+	for {
+		c.mu.Lock()
+		if c.cause != nil || c.left {
+			c.mu.Unlock()
+			return false
+		}
+		if len(c.q.buf) == 0 || len(c.q.buf)+1+len(p) <= c.maxQueue {
+			c.q.push(ch, p)
+			c.signal()
+			c.mu.Unlock()
+			return true
+		}
+		c.mu.Unlock()
+		if deadline == nil {
+			t := time.NewTimer(stallAfter)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case <-c.room:
+		case <-deadline:
+			c.closeWith(causeSlow)
+			return false
+		}
 	}
-	if len(c.q.buf)+1+len(p) > c.maxQueue {
-		c.cause = causeSlow
-		c.q.reset()
-		c.signal()
-		return false
+}
+
+// stallAfter is how long a client's queue may stay full.
+const stallAfter = 2 * time.Second
+
+// roomMade wakes a push waiting for room in the queue.
+func (c *client) roomMade() {
+	select {
+	case c.room <- struct{}{}:
+	default:
 	}
-	c.q.push(ch, p)
-	c.signal()
-	return true
 }
 
 // sendText queues a text frame (pong, error).
@@ -126,6 +154,7 @@ func (c *client) sendText(f []byte) {
 	if len(c.texts) >= maxTexts {
 		c.cause = causeSlow
 		c.signal()
+		c.roomMade()
 		return
 	}
 	c.texts = append(c.texts, f)
@@ -152,6 +181,15 @@ func (c *client) closeWith(cause *closeCause) {
 	}
 	c.mu.Unlock()
 	c.signal()
+	c.roomMade()
+}
+
+// leave marks the connection over: a push waiting for room gives up.
+func (c *client) leave() {
+	c.mu.Lock()
+	c.left = true
+	c.mu.Unlock()
+	c.roomMade()
 }
 
 // write writes one frame with the write timeout. A failed write has
@@ -193,6 +231,7 @@ func (c *client) writeLoop(ctx context.Context) error {
 		}
 		q := c.q
 		c.q, c.spare = c.spare, queue{}
+		c.roomMade()
 		texts := c.texts
 		c.texts = nil
 		exit := c.exit
@@ -322,6 +361,10 @@ func (c *client) feed() {
 			return
 		case ev.Exited && ev.Lost:
 			c.closeWith(causeGone)
+			return
+		case ev.Slow:
+			c.m.detach(c)
+			c.closeWith(causeSlow)
 			return
 		case ev.Exited:
 			c.m.detach(c)

@@ -554,6 +554,7 @@ func (m *Manager) serve(parent context.Context, cl *client) {
 	cancel(err)
 	wg.Wait()
 	cl.conn.CloseNow()
+	cl.leave()
 	cl.att.Close()
 	<-fed
 

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
 
 	sgagent "github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/providers"
@@ -101,6 +102,9 @@ func (a *agent) startSession(_ context.Context, spec providers.ProcessSpec) (pro
 				closeFiles(ends[:i])
 				return nil, err
 			}
+		}
+		for _, r := range []*os.File{ends[2], ends[4]} {
+			unix.FcntlInt(r.Fd(), unix.F_SETPIPE_SZ, pipeSize) // fewer, larger reads
 		}
 		p.stdin, p.stdout, p.stderr = ends[1], ends[2], ends[4]
 		child = []*os.File{ends[0], ends[3], ends[5]}
@@ -235,6 +239,25 @@ func (l *Local) Agent(ctx context.Context, id string) (*sgagent.Client, error) {
 			return c, nil
 		}
 	}
+	conn, err := sb.dialSessions(ctx)
+	if err != nil {
+		if s := sb.state(); s != providers.StateRunning {
+			return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", id, s)
+		}
+		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": its session host does not answer")
+	}
+	// Each attachment gets a connection of its own: output and keystrokes
+	// skip the multiplexer.
+	c, err := sgagent.Dial(ctx, conn, sgagent.WithDirect(func(ctx context.Context) (net.Conn, error) { return sb.dialSessions(ctx) }))
+	if err != nil {
+		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": its session host")
+	}
+	sb.host = c
+	return c, nil
+}
+
+// dialSessions connects to init's session host.
+func (sb *sandbox) dialSessions(ctx context.Context) (net.Conn, error) {
 	addr, d, err := sockAddrOf(sb.dir, sessionsSocket)
 	if err != nil {
 		return nil, err
@@ -243,19 +266,7 @@ func (l *Local) Agent(ctx context.Context, id string) (*sgagent.Client, error) {
 		defer d.Close()
 	}
 	var dialer net.Dialer
-	conn, err := dialer.DialContext(ctx, "unix", addr)
-	if err != nil {
-		if s := sb.state(); s != providers.StateRunning {
-			return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", id, s)
-		}
-		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": its session host does not answer")
-	}
-	c, err := sgagent.Dial(ctx, conn)
-	if err != nil {
-		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": its session host")
-	}
-	sb.host = c
-	return c, nil
+	return dialer.DialContext(ctx, "unix", addr)
 }
 
 // dropHost closes the gateway's connection to sb's session host.

@@ -1,0 +1,48 @@
+package agent
+
+import (
+	"encoding/binary"
+	"io"
+	"net"
+	"sync"
+)
+
+// frameConn joins each yamux data frame's header and body into one
+// write. yamux's send loop writes a frame's 12-byte header and its body
+// with two calls; on a socket that is two syscalls and, through a Docker
+// exec attach, two trips through the daemon. frameConn holds a data
+// header (type 0, non-zero length) back and writes it with the body that
+// follows; every other write passes straight through. Only yamux's send
+// loop writes to it.
+type frameConn struct {
+	io.ReadWriteCloser
+	mu  sync.Mutex
+	hdr []byte // a held data header; nil when none
+}
+
+const muxHeader = 12
+
+func (c *frameConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hdr != nil {
+		hdr := c.hdr
+		c.hdr = nil
+		var err error
+		if nc, ok := c.ReadWriteCloser.(net.Conn); ok {
+			bufs := net.Buffers{hdr, p}
+			_, err = bufs.WriteTo(nc)
+		} else {
+			_, err = c.ReadWriteCloser.Write(append(hdr, p...))
+		}
+		if err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
+	if len(p) == muxHeader && p[1] == 0 && binary.BigEndian.Uint32(p[8:]) > 0 {
+		c.hdr = append(make([]byte, 0, muxHeader), p...)
+		return len(p), nil
+	}
+	return c.ReadWriteCloser.Write(p)
+}
