@@ -144,20 +144,30 @@ func TestMetricsAndLogs(t *testing.T) {
 			t.Errorf("the log holds the %s", name)
 		}
 	}
-	requests := 0
-	sc := bufio.NewScanner(strings.NewReader(logs))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var line map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			t.Fatalf("log line is not JSON: %q", sc.Text())
-		}
-		if line["msg"] == "request" {
-			requests++
-			if line["route"] == nil || line["request_id"] == nil || line["status"] == nil || line["duration"] == nil {
-				t.Errorf("request log line lacks fields: %s", sc.Text())
+	// A request's log line follows its handler's return; the last
+	// attachment's may still be on its way.
+	countRequests := func(logs string) int {
+		requests := 0
+		sc := bufio.NewScanner(strings.NewReader(logs))
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var line map[string]any
+			if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+				t.Fatalf("log line is not JSON: %q", sc.Text())
+			}
+			if line["msg"] == "request" {
+				requests++
+				if line["route"] == nil || line["request_id"] == nil || line["status"] == nil || line["duration"] == nil {
+					t.Errorf("request log line lacks fields: %s", sc.Text())
+				}
 			}
 		}
+		return requests
+	}
+	requests := countRequests(logs)
+	for deadline := time.Now().Add(10 * time.Second); requests < 9 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		requests = countRequests(g.stderr.String())
 	}
 	if requests < 9 {
 		t.Errorf("%d request log lines, want one per request (at least 9)", requests)
