@@ -17,6 +17,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/hashicorp/yamux"
+
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -379,4 +381,56 @@ func TestConnectionGone(t *testing.T) {
 	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "true", Timeout: time.Second}); !errors.Is(err, ErrGone) {
 		t.Fatalf("exec on a dead connection: %v", err)
 	}
+}
+
+// TestHostileAgent: the gateway reads its agent as code it does not
+// trust (the sandbox can replace it): output beyond the exec's cap is
+// dropped, and an oversize reply is an error, not an allocation.
+func TestHostileAgent(t *testing.T) {
+	a, b := net.Pipe()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		ys, err := yamux.Server(a, muxConfig())
+		if err != nil {
+			return
+		}
+		defer ys.Close()
+		for {
+			st, err := ys.AcceptStream()
+			if err != nil {
+				return
+			}
+			var req request
+			readMsg(st, &req, maxRequest)
+			switch req.Op {
+			case opHello:
+				writeMsg(st, reply{Version: Version})
+			case opExec:
+				writeMsg(st, reply{})
+				chunk := bytes.Repeat([]byte("x"), 64<<10)
+				for range 80 { // 5 MiB, far over the cap
+					writeFrame(st, frameStdout, chunk)
+				}
+				writeFrame(st, frameResult, []byte(`{"exit_code":0}`))
+			case opList:
+				// A 2 MiB reply.
+				writeMsg(st, reply{Error: strings.Repeat("e", 2<<20)})
+			}
+			st.Close()
+		}
+	}()
+	c, err := Dial(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Exec(context.Background(), providers.ExecRequest{Command: "x", Timeout: time.Second, MaxOutput: 1000})
+	if err != nil || len(res.Stdout) != 1000 || !res.Truncated {
+		t.Fatalf("flooding exec: %d bytes kept, truncated %v, %v", len(res.Stdout), res.Truncated, err)
+	}
+	if _, err := c.Sessions(context.Background()); err == nil || !strings.Contains(err.Error(), "limit") {
+		t.Fatalf("oversize reply: %v", err)
+	}
+	c.Close()
+	<-served
 }

@@ -119,7 +119,7 @@ func (c *Client) call(ctx context.Context, req request) (reply, *yamux.Stream, e
 	var rep reply
 	err = writeMsg(st, req)
 	if err == nil {
-		err = readMsg(st, &rep)
+		err = readMsg(st, &rep, maxReply)
 	}
 	stop()
 	if err != nil {
@@ -159,7 +159,7 @@ func (c *Client) callDirect(ctx context.Context, req request) (reply, stream, er
 		err = writeMsg(conn, req)
 	}
 	if err == nil {
-		err = readMsg(conn, &rep)
+		err = readMsg(conn, &rep, maxReply)
 	}
 	stop()
 	switch {
@@ -211,11 +211,13 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 			return providers.ExecResult{}, c.fail(fmt.Errorf("exec: %w", err))
 		}
 		buf = p[:0]
+		// The agent caps the output; an agent the sandbox replaced might
+		// not: the gateway keeps at most MaxOutput of each stream anyway.
 		switch typ {
 		case frameStdout:
-			res.Stdout = append(res.Stdout, p...)
+			res.Stdout, res.Truncated = appendCapped(res.Stdout, p, req.MaxOutput, res.Truncated)
 		case frameStderr:
-			res.Stderr = append(res.Stderr, p...)
+			res.Stderr, res.Truncated = appendCapped(res.Stderr, p, req.MaxOutput, res.Truncated)
 		case frameResult:
 			var r execResult
 			if err := json.Unmarshal(p, &r); err != nil {
@@ -224,7 +226,7 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 			if r.Error != "" {
 				return providers.ExecResult{}, remoteError(r.Error, r.Kind)
 			}
-			res.ExitCode, res.TimedOut, res.Truncated = r.ExitCode, r.TimedOut, r.Truncated
+			res.ExitCode, res.TimedOut, res.Truncated = r.ExitCode, r.TimedOut, r.Truncated || res.Truncated
 			res.Duration = time.Duration(r.DurationUS) * time.Microsecond
 			if res.Duration <= 0 {
 				res.Duration = time.Since(start)
@@ -243,6 +245,15 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 			return res, nil
 		}
 	}
+}
+
+// appendCapped appends p to b up to max bytes in all (no cap when max <=
+// 0) and reports whether anything was cut, or truncated already was.
+func appendCapped(b, p []byte, max int, truncated bool) ([]byte, bool) {
+	if max > 0 && len(b)+len(p) > max {
+		return append(b, p[:max-len(b)]...), true
+	}
+	return append(b, p...), truncated
 }
 
 // ReadFile opens the regular file at path for streaming and returns its
@@ -300,7 +311,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader) (int64
 		sent <- err
 	}()
 	var rep reply
-	rerr := readMsg(st, &rep)
+	rerr := readMsg(st, &rep, maxReply)
 	st.SetWriteDeadline(time.Now())
 	serr := <-sent
 	switch {

@@ -137,8 +137,12 @@ const (
 	frameSignal byte = 's'
 )
 
-// maxMessage bounds a message (stdin of an exec rides in one).
-const maxMessage = 64 << 20
+// maxRequest bounds a request (stdin of an exec rides in one); maxReply
+// bounds a reply, which the gateway reads from code it does not trust.
+const (
+	maxRequest = 64 << 20
+	maxReply   = 1 << 20
+)
 
 // maxFrame bounds a frame's payload.
 const maxFrame = 1 << 20
@@ -154,14 +158,14 @@ func writeMsg(w io.Writer, v any) error {
 	return err
 }
 
-func readMsg(r io.Reader, v any) error {
+func readMsg(r io.Reader, v any, limit uint32) error {
 	var h [4]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return err
 	}
 	n := binary.BigEndian.Uint32(h[:])
-	if n > maxMessage {
-		return fmt.Errorf("agent protocol: a %d-byte message (the limit is %d)", n, maxMessage)
+	if n > limit {
+		return fmt.Errorf("agent protocol: a %d-byte message (the limit is %d)", n, limit)
 	}
 	b := make([]byte, n)
 	if _, err := io.ReadFull(r, b); err != nil {

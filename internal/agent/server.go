@@ -113,7 +113,7 @@ func (j joined) Close() error                { return j.c.Close() }
 func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 	defer st.Close()
 	var req request
-	if err := readMsg(st, &req); err != nil {
+	if err := readMsg(st, &req, maxRequest); err != nil {
 		return
 	}
 	switch req.Op {

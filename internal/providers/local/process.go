@@ -70,7 +70,7 @@ func (l *Local) StartProcess(ctx context.Context, id string, spec providers.Proc
 		Rows:    cmp(spec.Rows, 24),
 		Cols:    cmp(spec.Cols, 80),
 	}
-	p := &process{sb: sb, tty: spec.TTY}
+	p := &process{sb: sb, stdio: stdio{tty: spec.TTY}}
 	if err := p.start(ctx, req); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -92,14 +92,9 @@ func cmp(v, def uint16) uint16 {
 // status comes back on it.
 type process struct {
 	sb     *sandbox
-	tty    bool
 	conn   *net.UnixConn
 	leader *os.File // pidfd of the session leader
-
-	master *os.File // TTY mode: the PTY master, pollable
-	stdin  *os.File // pipe mode: write ends / read ends, pollable
-	stdout *os.File
-	stderr *os.File
+	stdio           // pollable
 
 	waitOnce sync.Once
 	code     int
@@ -204,26 +199,41 @@ func pollable(f *os.File, name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), name), nil
 }
 
-func (p *process) Stdout() io.Reader {
+// stdio is a session process's end of its terminal or pipes, as the
+// gateway (process) or init (initProcess) holds it.
+type stdio struct {
+	tty    bool
+	master *os.File // TTY mode: the PTY master
+	stdin  *os.File // pipe mode: write ends / read ends
+	stdout *os.File
+	stderr *os.File
+}
+
+func (p *stdio) Stdout() io.Reader {
 	if p.tty {
 		return p.master
 	}
 	return p.stdout
 }
 
-func (p *process) Stderr() io.Reader {
+func (p *stdio) Stderr() io.Reader {
 	if p.tty {
 		return nil
 	}
 	return p.stderr
 }
 
-// Stdin is the PTY master (Close is a no-op) or the stdin pipe.
-func (p *process) Stdin() io.WriteCloser {
+// Stdin is the PTY master (Close is a no-op: the terminal closes at Kill)
+// or the stdin pipe.
+func (p *stdio) Stdin() io.WriteCloser {
 	if p.tty {
 		return nopCloser{p.master}
 	}
 	return p.stdin
+}
+
+func (p *stdio) close() {
+	closeFiles([]*os.File{p.master, p.stdin, p.stdout, p.stderr})
 }
 
 type nopCloser struct{ io.Writer }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -87,7 +86,7 @@ func (a *agent) startSession(_ context.Context, spec providers.ProcessSpec) (pro
 		argv = []string{shell, "-l"}
 	}
 
-	p := &initProcess{tty: spec.TTY, done: make(chan struct{})}
+	p := &initProcess{stdio: stdio{tty: spec.TTY}, done: make(chan struct{})}
 	var child []*os.File
 	if spec.TTY {
 		m, slave, err := openPTY(cmp(spec.Rows, 24), cmp(spec.Cols, 80))
@@ -124,7 +123,7 @@ func (a *agent) startSession(_ context.Context, spec providers.ProcessSpec) (pro
 	r := <-res
 	closeFiles(child)
 	if r.err != nil {
-		p.closeFiles()
+		p.close()
 		return nil, providers.Errorf(providers.ErrInvalid, "start %s: %v", argv[0], r.err)
 	}
 	syscall.Close(r.pidfd)
@@ -139,43 +138,13 @@ func (a *agent) startSession(_ context.Context, spec providers.ProcessSpec) (pro
 
 // initProcess is a session's process as init holds it.
 type initProcess struct {
-	tty                   bool
-	pid                   int // in the sandbox's pid namespace; init's child until reaped
-	master                *os.File
-	stdin, stdout, stderr *os.File
+	stdio
+	pid int // in the sandbox's pid namespace; init's child until reaped
 
 	done     chan struct{} // closed when init has reaped it; code is set
 	code     int
 	killOnce sync.Once
 }
-
-func (p *initProcess) Stdout() io.Reader {
-	if p.tty {
-		return p.master
-	}
-	return p.stdout
-}
-
-func (p *initProcess) Stderr() io.Reader {
-	if p.tty {
-		return nil
-	}
-	return p.stderr
-}
-
-func (p *initProcess) Stdin() io.WriteCloser {
-	if p.tty {
-		return ttyInput{p.master}
-	}
-	return p.stdin
-}
-
-// ttyInput writes to a terminal; closing it does nothing (the terminal
-// closes at Kill).
-type ttyInput struct{ f *os.File }
-
-func (t ttyInput) Write(b []byte) (int, error) { return t.f.Write(b) }
-func (ttyInput) Close() error                  { return nil }
 
 func (p *initProcess) Resize(rows, cols uint16) error {
 	if !p.tty {
@@ -210,17 +179,9 @@ func (p *initProcess) Kill() error {
 		default:
 			killSession(p.pid)
 		}
-		p.closeFiles()
+		p.close()
 	})
 	return nil
-}
-
-func (p *initProcess) closeFiles() {
-	for _, f := range []*os.File{p.master, p.stdin, p.stdout, p.stderr} {
-		if f != nil {
-			f.Close()
-		}
-	}
 }
 
 // Agent returns the gateway's connection to sandbox id's session host,
