@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,7 +76,7 @@ func (r *reaper) forget(pid int) {
 func (r *reaper) reap() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, pid := range children(os.Getpid()) {
+	for _, pid := range procTree()[os.Getpid()] {
 		if r.known[pid] {
 			continue
 		}
@@ -86,22 +85,40 @@ func (r *reaper) reap() {
 	}
 }
 
-// children lists the children of pid (all its threads').
-func children(pid int) []int {
-	tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/children")
-	var out []int
-	for _, t := range tasks {
-		b, err := os.ReadFile(t)
+// procTree maps every process in the sandbox's pid namespace to its
+// children, from /proc/<pid>/stat. A sandbox holds few processes, and one
+// pass over them costs less than reading the children file of every
+// thread of the agent.
+func procTree() map[int][]int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	kids := map[int][]int{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		for _, f := range strings.Fields(string(b)) {
-			if n, err := strconv.Atoi(f); err == nil {
-				out = append(out, n)
-			}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold anything but ')'
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 {
+			continue
+		}
+		if ppid, err := strconv.Atoi(f[1]); err == nil {
+			kids[ppid] = append(kids[ppid], pid)
 		}
 	}
-	return out
+	return kids
 }
 
 // sweep SIGKILLs process group pgid and every process in the sandbox
@@ -119,7 +136,7 @@ func (r *reaper) sweep(pgid int, marker string) {
 	unix.Kill(-pgid, unix.SIGKILL)
 	want := []byte(marker + "\x00")
 	for pass := 0; pass < 20; pass++ {
-		roots := children(os.Getpid())
+		tree := procTree()
 		found := false
 		var walk func(pid int, doomed bool)
 		walk = func(pid int, doomed bool) {
@@ -130,11 +147,11 @@ func (r *reaper) sweep(pgid int, marker string) {
 			if doomed && unix.Kill(pid, unix.SIGKILL) == nil && !zombie(pid) {
 				found = true
 			}
-			for _, c := range children(pid) {
+			for _, c := range tree[pid] {
 				walk(c, doomed)
 			}
 		}
-		for _, pid := range roots {
+		for _, pid := range tree[os.Getpid()] {
 			walk(pid, false)
 		}
 		if !found {
