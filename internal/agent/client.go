@@ -20,7 +20,8 @@ import (
 
 // ErrGone is the cause of every call on a connection that has ended: the
 // agent exited (or was killed), or the byte stream under it broke.
-var ErrGone = errors.New("the connection to the sandbox agent is gone")
+// Its kind is ErrUnavailable (503) unless a provider knows better.
+var ErrGone = providers.Errorf(providers.ErrUnavailable, "the connection to the sandbox agent is gone")
 
 // Client is the gateway's end of one connection to an agent. It is safe
 // for concurrent use; each call is a stream of its own.
@@ -371,7 +372,7 @@ func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool) 
 		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
-	typ, p, err := readFrame(st, nil)
+	typ, p, err := readFrameMax(st, nil, maxReplay)
 	stop()
 	if err != nil || typ != frameReplay {
 		st.Close()

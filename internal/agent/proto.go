@@ -182,16 +182,24 @@ func writeFrame(w io.Writer, typ byte, p []byte) error {
 	return err
 }
 
-// readFrame reads one frame into buf (grown as needed) and returns its
-// type and payload, which aliases buf.
+// readFrame reads one frame of at most maxFrame bytes into buf (grown as
+// needed) and returns its type and payload, which aliases buf.
 func readFrame(r io.Reader, buf []byte) (byte, []byte, error) {
+	return readFrameMax(r, buf, maxFrame)
+}
+
+// maxReplay bounds an attach's replay frame: the ring the gateway asked
+// for, whatever its size, but not what a replaced agent might send.
+const maxReplay = 256 << 20
+
+func readFrameMax(r io.Reader, buf []byte, limit uint32) (byte, []byte, error) {
 	var h [5]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return 0, nil, err
 	}
 	n := binary.BigEndian.Uint32(h[1:])
-	if n > maxFrame {
-		return 0, nil, fmt.Errorf("agent protocol: a %d-byte frame (the limit is %d)", n, maxFrame)
+	if n > limit {
+		return 0, nil, fmt.Errorf("agent protocol: a %d-byte frame (the limit is %d)", n, limit)
 	}
 	if cap(buf) < int(n) {
 		buf = make([]byte, n)

@@ -19,8 +19,9 @@ const defaultRing = 1 << 20
 
 // session is a terminal session the agent holds: the process, its
 // retained output with absolute offsets, and its exit status. Its output
-// readers never wait for a subscriber: they append to the ring and wake
-// the subscribers, each of which copies what it has not sent yet.
+// readers append to the ring and wake the subscribers, each of which
+// copies what it has not sent yet; they wait only for an attached
+// subscriber that falls behind while making progress (see throttle).
 type session struct {
 	id      string
 	spec    providers.ProcessSpec
@@ -297,9 +298,9 @@ func (ss *session) since(cursor int64) ([]segment, int64) {
 // attach serves a subscriber on st: the reply with the replay's offset,
 // the replay, then live output, and the exit frame when the process has
 // exited and its output is sent. A subscriber that falls a whole ring
-// behind (its reader does not keep up) gets the slow frame and is ended. Frames the gateway sends on st (stdin,
-// EOF, resize, signal) are applied as they come; st closing ends the
-// subscription.
+// behind gets the slow frame and is ended. Frames the gateway sends on st
+// (stdin, EOF, resize, signal) are applied as they come; st closing ends
+// the subscription.
 func (s *Server) attach(st io.ReadWriteCloser, req request) {
 	s.mu.Lock()
 	ss := s.sessions[req.Session]

@@ -55,9 +55,11 @@ func (q *queue) reset() {
 }
 
 // client is one attached WebSocket connection. Output reaches it through a
-// bounded queue that only its writer goroutine drains, so a slow client
-// never blocks the session; every frame, and the close, is written by the
-// writer, which makes "close with this code" a matter of setting cause.
+// bounded queue that only its writer goroutine drains; the feeder waits
+// while it is full (the host then slows the process to the client's pace)
+// and gives up on a client that takes nothing for stallAfter. Every frame,
+// and the close, is written by the writer, which makes "close with this
+// code" a matter of setting cause.
 type client struct {
 	m         *Manager
 	sandboxID string

@@ -53,14 +53,13 @@ type Options struct {
 	// the gateway's own: patterns matched with path.Match against the
 	// Origin's host, or against scheme://host when the pattern has "://".
 	AllowedOrigins []string
-	QueueBytes     int           // a client's outgoing queue; default 4 MiB; full = close 1008
+	QueueBytes     int           // a client's outgoing queue; default 4 MiB; full for 2 s = close 1008
 	MaxFrame       int           // largest client frame; default 64 KiB; larger ones get an error frame
 	PingInterval   time.Duration // default 20 s
 	IdleTimeout    time.Duration // a client silent this long is dropped; default 60 s
 	WriteTimeout   time.Duration // per frame; default 10 s
-	DrainGrace     time.Duration // output read after the process exited; default 250 ms
-	MaxSessions    int           // live sessions in all; default 4096 (503 beyond)
-	MaxPerSandbox  int           // live sessions in one sandbox; default 256 (429 beyond)
+	MaxSessions    int           // sessions in all, until deleted; default 4096 (503 beyond)
+	MaxPerSandbox  int           // sessions in one sandbox, until deleted; default 256 (429 beyond)
 	Logger         *slog.Logger
 	Metrics        *metrics.Metrics // default metrics.Discard()
 }
@@ -89,9 +88,6 @@ func (o *Options) defaults() {
 	}
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 10 * time.Second
-	}
-	if o.DrainGrace <= 0 {
-		o.DrainGrace = 250 * time.Millisecond
 	}
 	if o.MaxSessions <= 0 {
 		o.MaxSessions = 4096
