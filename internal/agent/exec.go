@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -43,8 +42,13 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	marker := "SANDGATE_EXEC=" + strconv.Itoa(os.Getpid()) + "." + strconv.FormatInt(execSeq.Add(1), 10)
 	cmd.Env = append(cmd.Env, marker)
 	cmd.SysProcAttr.Setsid = true // its own session and group: pgid = pid
+	var stdin *os.File            // the write end of stdin's pipe, fed below
 	if req.HasStdin {
-		cmd.Stdin = bytes.NewReader(req.Stdin)
+		inR, inW, err := os.Pipe()
+		if err != nil {
+			return execResult{Error: err.Error()}
+		}
+		cmd.Stdin, stdin = inR, inW
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
@@ -59,15 +63,28 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	cmd.Stdout, cmd.Stderr = outW, errW
 	ooms := oomKills()
 	start := time.Now()
-	err = s.reaper.start(cmd, cmd.Start)
+	waited, err := s.reaper.start(cmd, cmd.Start)
 	outW.Close()
 	errW.Close()
+	if stdin != nil {
+		cmd.Stdin.(*os.File).Close() // the child's end
+	}
 	if err != nil {
 		outR.Close()
 		errR.Close()
+		if stdin != nil {
+			stdin.Close()
+		}
 		return execResult{Error: fmt.Sprintf("start %s: %v", cmd.Path, err)}
 	}
+	defer cmd.Process.Release()
 	pid := cmd.Process.Pid
+	if stdin != nil {
+		go func() {
+			stdin.Write(req.Stdin) // fails once the command is gone: fine
+			stdin.Close()
+		}()
+	}
 
 	var truncated atomic.Bool
 	var wg sync.WaitGroup
@@ -107,29 +124,26 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 		close(drained)
 	}()
 
-	waited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(waited)
-	}()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	var res execResult
+	var st exitStatus
 	select {
-	case <-waited:
+	case st = <-waited:
+		// Reaped: its pid, and so its group's number, may be reused; the
+		// marker finds what it left.
 		if !req.PreserveBackground {
-			s.reaper.sweep(pid, marker)
+			s.reaper.sweep(0, marker)
 		}
 	case <-timer.C:
 		res.TimedOut = true
 		s.reaper.sweep(pid, marker)
-		<-waited
+		st = <-waited
 	case <-cancelled:
 		s.reaper.sweep(pid, marker)
-		<-waited
+		st = <-waited
 	}
 	ran := time.Since(start)
-	s.reaper.forget(pid)
 	t := time.NewTimer(drainGrace)
 	select {
 	case <-drained:
@@ -138,14 +152,11 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	}
 	t.Stop()
 
-	ps := cmd.ProcessState
-	res.ExitCode = exitCode(ps)
+	res.ExitCode = st.code()
 	res.Truncated = truncated.Load()
 	res.DurationUS = ran.Microseconds()
-	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
-		res.CPUTimeUS = (time.Duration(ru.Utime.Nano()) + time.Duration(ru.Stime.Nano())).Microseconds()
-		res.PeakRSS = ru.Maxrss << 10
-	}
+	res.CPUTimeUS = (time.Duration(st.ru.Utime.Nano()) + time.Duration(st.ru.Stime.Nano())).Microseconds()
+	res.PeakRSS = st.ru.Maxrss << 10
 	res.OOMKilled = res.ExitCode == 128+int(syscall.SIGKILL) && oomKills() > ooms
 	if res.TimedOut {
 		res.ExitCode = 125

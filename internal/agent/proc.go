@@ -100,15 +100,6 @@ func lookupUser(name string) (*syscall.Credential, string, string, error) {
 	return cred, home, u.Username, nil
 }
 
-// exitCode is a finished process's status: its code, or 128+N when
-// signal N killed it.
-func exitCode(ps *os.ProcessState) int {
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return 128 + int(ws.Signal())
-	}
-	return ps.ExitCode()
-}
-
 // startError explains a failed start.
 func startError(err error) error {
 	return fmt.Errorf("start: %w", err)

@@ -33,8 +33,9 @@ type process struct {
 	outR   *os.File
 	errR   *os.File // pipe mode
 
-	done chan struct{} // closed when Wait has the status
-	code int
+	waited <-chan exitStatus
+	done   chan struct{} // closed when the status came
+	code   int
 
 	killOnce sync.Once
 }
@@ -67,7 +68,7 @@ func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (pr
 			cols = 80
 		}
 		cmd.SysProcAttr.Setctty = true
-		err = r.start(cmd, func() error {
+		p.waited, err = r.start(cmd, func() error {
 			var err error
 			p.ptmx, err = pty.StartWithAttrs(cmd, &pty.Winsize{Rows: rows, Cols: cols}, cmd.SysProcAttr)
 			return err
@@ -92,7 +93,7 @@ func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (pr
 			return nil, err
 		}
 		cmd.Stdout, cmd.Stderr = outW, errW
-		err = r.start(cmd, cmd.Start)
+		p.waited, err = r.start(cmd, cmd.Start)
 		outW.Close()
 		errW.Close()
 		if err != nil {
@@ -104,9 +105,8 @@ func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (pr
 		p.stdin, p.outR, p.errR = in, outR, errR
 	}
 	go func() {
-		cmd.Wait()
-		r.forget(cmd.Process.Pid)
-		p.code = exitCode(cmd.ProcessState)
+		p.code = (<-p.waited).code()
+		cmd.Process.Release()
 		close(p.done)
 	}()
 	return p, nil

@@ -13,21 +13,40 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// reaper makes the agent the subreaper of everything it starts: a
-// process whose parent dies is re-parented to the agent, which reaps it.
-// The agent's own children (commands and sessions) are waited for by
-// os/exec; reaper only reaps the others, and start registers a child
-// under the same lock as the scan, so the two never race for a status.
+// reaper makes the agent the subreaper of everything it starts (a
+// process whose parent dies is re-parented to the agent) and is the only
+// waiter for the agent's children: one wait4(-1) loop reaps every child,
+// each at once (a fork storm of orphans leaves no zombies to fill the
+// pids limit), and hands the status of a command or session process to
+// the channel start returned. Nothing in the agent calls exec.Cmd.Wait.
 type reaper struct {
-	mu    sync.Mutex
-	known map[int]bool
-	stop  chan struct{}
-	done  chan struct{}
+	mu      sync.Mutex // held across a start and its registration, and while reaping
+	waiters map[int]chan exitStatus
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// exitStatus is how a child ended and what it used (with the children it
+// waited for).
+type exitStatus struct {
+	ws unix.WaitStatus
+	ru unix.Rusage
+}
+
+// code is the status as an exit code: 128+N when signal N killed it.
+func (e exitStatus) code() int {
+	switch {
+	case e.ws.Exited():
+		return e.ws.ExitStatus()
+	case e.ws.Signaled():
+		return 128 + int(e.ws.Signal())
+	}
+	return 255
 }
 
 // newReaper becomes a subreaper when sub is true and starts reaping.
 func newReaper(sub bool) *reaper {
-	r := &reaper{known: map[int]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
+	r := &reaper{waiters: map[int]chan exitStatus{}, stop: make(chan struct{}), done: make(chan struct{})}
 	if sub {
 		unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	}
@@ -53,35 +72,37 @@ func (r *reaper) close() {
 	<-r.done
 }
 
-// start starts cmd and registers it as a child os/exec waits for; call
-// forget after its Wait.
-func (r *reaper) start(cmd *exec.Cmd, start func() error) error {
+// start starts cmd with startFn (cmd.Start, or what wraps it) and returns
+// the channel that gets its exit status. The caller must not Wait on cmd;
+// it calls cmd.Process.Release once the status came.
+func (r *reaper) start(cmd *exec.Cmd, startFn func() error) (<-chan exitStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err := start(); err != nil {
-		return err
+	if err := startFn(); err != nil {
+		return nil, err
 	}
-	r.known[cmd.Process.Pid] = true
-	return nil
+	ch := make(chan exitStatus, 1)
+	r.waiters[cmd.Process.Pid] = ch
+	return ch, nil
 }
 
-func (r *reaper) forget(pid int) {
-	r.mu.Lock()
-	delete(r.known, pid)
-	r.mu.Unlock()
-}
-
-// reap waits for every child the agent did not start itself (orphans
-// re-parented to it) that has exited.
+// reap reaps every child that has exited.
 func (r *reaper) reap() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, pid := range procTree()[os.Getpid()] {
-		if r.known[pid] {
+	for {
+		var st exitStatus
+		pid, err := unix.Wait4(-1, &st.ws, unix.WNOHANG, &st.ru)
+		if err == unix.EINTR {
 			continue
 		}
-		var ws unix.WaitStatus
-		unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+		if pid <= 0 || err != nil {
+			return
+		}
+		if ch, ok := r.waiters[pid]; ok {
+			ch <- st
+			delete(r.waiters, pid)
+		}
 	}
 }
 
@@ -121,7 +142,7 @@ func procTree() map[int][]int {
 	return kids
 }
 
-// sweep SIGKILLs process group pgid and every process in the sandbox
+// sweep SIGKILLs process group pgid (0: none) and every process in the sandbox
 // that carries marker in its environment (set on a command at its start
 // and inherited by everything it starts, also by what leaves its session
 // with setsid), with its descendants, repeating until a pass finds
@@ -133,7 +154,9 @@ func procTree() map[int][]int {
 // sweep costs a kill and a read of the environment of the agent's
 // descendants (usually a handful).
 func (r *reaper) sweep(pgid int, marker string) {
-	unix.Kill(-pgid, unix.SIGKILL)
+	if pgid > 0 {
+		unix.Kill(-pgid, unix.SIGKILL)
+	}
 	want := []byte(marker + "\x00")
 	for pass := 0; pass < 20; pass++ {
 		tree := procTree()
