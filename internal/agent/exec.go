@@ -89,25 +89,28 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	var truncated atomic.Bool
 	var wg sync.WaitGroup
 	stopFwd := make(chan struct{})
-	forward := func(r *os.File, typ byte) {
+	// The output is kept here, up to the cap, and sent with the result:
+	// the command's pipes drain at their own pace whatever the connection
+	// to the gateway does (a sandbox at its pids limit can starve it).
+	var outMu sync.Mutex
+	kept := [2][]byte{}
+	forward := func(r *os.File, i int) {
 		defer wg.Done()
 		buf := make([]byte, 32<<10)
-		left := req.MaxOutput
 		for {
 			n, err := r.Read(buf)
 			if n > 0 {
+				outMu.Lock()
 				select {
 				case <-stopFwd: // past the drain: discard until the last holder exits
 				default:
-					keep := min(n, left)
+					keep := min(n, req.MaxOutput-len(kept[i]))
 					if keep < n {
 						truncated.Store(true)
 					}
-					if keep > 0 {
-						left -= keep
-						emit(typ, buf[:keep])
-					}
+					kept[i] = append(kept[i], buf[:keep]...)
 				}
+				outMu.Unlock()
 			}
 			if err != nil {
 				r.Close()
@@ -116,8 +119,8 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 		}
 	}
 	wg.Add(2)
-	go forward(outR, frameStdout)
-	go forward(errR, frameStderr)
+	go forward(outR, 0)
+	go forward(errR, 1)
 	drained := make(chan struct{})
 	go func() {
 		wg.Wait()
@@ -152,6 +155,15 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	}
 	t.Stop()
 
+	outMu.Lock()
+	for i, typ := range []byte{frameStdout, frameStderr} {
+		for p := kept[i]; len(p) > 0; {
+			n := min(len(p), maxFrame)
+			emit(typ, p[:n])
+			p = p[n:]
+		}
+	}
+	outMu.Unlock()
 	res.ExitCode = st.code()
 	res.Truncated = truncated.Load()
 	res.DurationUS = ran.Microseconds()

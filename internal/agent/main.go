@@ -44,7 +44,7 @@ func Main(args []string) int {
 		err = connect(*sock, *start)
 	case "stdio":
 		reserveThreads(reservedThreads)
-		srv := NewServer(true)
+		srv := NewServer(false)
 		err = srv.Serve(stdio{}, func() { os.Exit(0) })
 	case "version":
 		fmt.Println(build())
@@ -74,7 +74,7 @@ func serve(sock string) error {
 	}
 	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 	reserveThreads(reservedThreads)
-	srv := NewServer(true)
+	srv := NewServer(false)
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -88,6 +88,9 @@ func serve(sock string) error {
 // starts the daemon first when none answers (the sandbox's first
 // connection); without, a missing daemon is an error: the agent died.
 func connect(sock string, start bool) error {
+	// The bridge, too, must not need a new thread while the sandbox is at
+	// its pids limit: its two copies block in system calls.
+	reserveThreads(reservedThreads / 2)
 	c, err := net.Dial("unix", sock)
 	if err != nil && start {
 		self, _ := os.Executable()

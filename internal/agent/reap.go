@@ -13,12 +13,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// reaper makes the agent the subreaper of everything it starts (a
-// process whose parent dies is re-parented to the agent) and is the only
-// waiter for the agent's children: one wait4(-1) loop reaps every child,
-// each at once (a fork storm of orphans leaves no zombies to fill the
-// pids limit), and hands the status of a command or session process to
-// the channel start returned. Nothing in the agent calls exec.Cmd.Wait.
+// reaper is the only waiter for the agent's children: one wait4(-1) loop
+// reaps every child at once and hands the status of a command or session
+// process to the channel start returned; nothing in the agent calls
+// exec.Cmd.Wait. Made a subreaper (tests, where no init reaps), it also
+// reaps orphans. In a container the agent is not one: orphans go to the
+// sandbox's init (docker-init), whose reaping keeps up with a fork bomb.
 type reaper struct {
 	mu      sync.Mutex // held across a start and its registration, and while reaping
 	waiters map[int]chan exitStatus
@@ -148,11 +148,9 @@ func procTree() map[int][]int {
 // with setsid), with its descendants, repeating until a pass finds
 // nothing, so a process that forks during a pass is caught by the next.
 //
-// Only the agent's own subtrees are searched: the agent is the subreaper
-// of what it starts, so a command's surviving descendants are under the
-// command itself or under an orphan that was re-parented to the agent. A
-// sweep costs a kill and a read of the environment of the agent's
-// descendants (usually a handful).
+// The whole sandbox is searched (orphans are re-parented to its init,
+// which reaps them): a sweep costs a kill and one read of /proc/<pid>/stat
+// and environ per process in the sandbox, usually a handful.
 func (r *reaper) sweep(pgid int, marker string) {
 	if pgid > 0 {
 		unix.Kill(-pgid, unix.SIGKILL)
@@ -174,7 +172,9 @@ func (r *reaper) sweep(pgid int, marker string) {
 				walk(c, doomed)
 			}
 		}
-		for _, pid := range tree[os.Getpid()] {
+		// Every process descends from one whose parent is outside the
+		// pid namespace (ppid 0: its init, and what docker exec entered).
+		for _, pid := range tree[0] {
 			walk(pid, false)
 		}
 		if !found {

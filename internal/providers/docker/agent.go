@@ -202,9 +202,10 @@ func (d *Docker) connect(ctx context.Context, id string, start bool) (*agent.Cli
 		if why == "" {
 			why = err.Error()
 		}
-		if strings.Contains(why, "protocol") || !start {
-			// A mismatched agent, or one that died: the sandbox cannot be
-			// served until it is deleted.
+		// Only a mismatched agent, or a bridge that found no agent where one
+		// was started, means the sandbox is broken; anything else (a bridge
+		// that could not start under load) may pass.
+		if strings.Contains(why, "protocol") || (!start && strings.Contains(why, "no agent answers")) {
 			if !start {
 				why = "its agent is not running (killed or exited): " + why
 			}
@@ -252,7 +253,9 @@ func (d *Docker) gone(ctx context.Context, id string, err error) error {
 	if !errors.Is(err, agent.ErrGone) {
 		return err
 	}
-	ctx = context.WithoutCancel(ctx)
+	// The caller's call failed, but this check must finish, in bounded time.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reconnectTimeout)
+	defer cancel()
 	if serr := d.requireRunning(ctx, id); serr != nil {
 		return serr
 	}
@@ -269,6 +272,10 @@ func (d *Docker) gone(ctx context.Context, id string, err error) error {
 	}
 	return providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": the connection to its agent broke; try again")
 }
+
+// reconnectTimeout bounds the check and reconnect after a connection
+// broke (a sandbox at its pids limit can make an exec hang).
+const reconnectTimeout = 30 * time.Second
 
 // execConn is an exec attach as one byte stream: stdout demultiplexed
 // from the daemon's framing, stdin raw.
