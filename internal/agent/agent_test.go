@@ -434,3 +434,64 @@ func TestHostileAgent(t *testing.T) {
 	c.Close()
 	<-served
 }
+
+// A subscriber counts from its attach: while its replay is still being
+// sent, the process is held back rather than overwriting what the
+// subscriber has yet to send (it used to register only after the replay
+// and get the slow frame at once when the process wrote a ring meanwhile).
+func TestAttachHoldsDuringReplay(t *testing.T) {
+	srv := NewServer(true)
+	defer srv.Close()
+	const ring = 256 << 10
+	if _, err := srv.startSession(context.Background(), startRequest{ID: "y", Spec: providers.ProcessSpec{Command: "yes"}, RingBytes: ring}); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.deleteSession("y")
+	srv.mu.Lock()
+	ss := srv.sessions["y"]
+	srv.mu.Unlock()
+	total := func() int64 {
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		return ss.ring.Total()
+	}
+	waitUntil(t, "a full ring", func() bool { return total() > ring })
+
+	a, b := net.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.attach(a, request{Op: opAttach, Session: "y"})
+	}()
+	defer func() { b.Close(); <-done }()
+	var rep reply
+	if err := readMsg(b, &rep, maxReply); err != nil || rep.Error != "" {
+		t.Fatalf("attach: %+v %v", rep, err)
+	}
+	// The replay waits in the pipe; the process runs on to half a ring.
+	waitUntil(t, "half a ring more output", func() bool { return total() >= rep.Replay+ring+ring/2 })
+	got := 0
+	for got < 4*ring {
+		typ, p, err := readFrameMax(b, nil, maxReplay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch typ {
+		case frameSlow:
+			t.Fatalf("slow frame after %d bytes", got)
+		case frameReplay, frameStdout:
+			got += len(p)
+		}
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -27,6 +27,7 @@ var procSeq atomic.Int64
 type process struct {
 	r      *reaper
 	cmd    *exec.Cmd
+	pid    int // cmd.Process.Pid, read without racing its Release
 	marker string
 	ptmx   *os.File // TTY mode
 	stdin  io.WriteCloser
@@ -104,6 +105,7 @@ func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (pr
 		}
 		p.stdin, p.outR, p.errR = in, outR, errR
 	}
+	p.pid = cmd.Process.Pid
 	go func() {
 		p.code = (<-p.waited).code()
 		cmd.Process.Release()
@@ -147,7 +149,7 @@ func (p *process) Signal(sig syscall.Signal) error {
 		return providers.Errorf(providers.ErrConflict, "the process has exited")
 	default:
 	}
-	g := p.cmd.Process.Pid
+	g := p.pid
 	if p.ptmx != nil {
 		if fg, err := unix.IoctlGetInt(int(p.ptmx.Fd()), unix.TIOCGPGRP); err == nil && fg > 0 {
 			g = fg
@@ -168,7 +170,7 @@ func (p *process) Kill() error {
 		select {
 		case <-p.done:
 		default:
-			p.r.sweep(p.cmd.Process.Pid, p.marker)
+			p.r.sweep(p.pid, p.marker)
 		}
 		p.stdin.Close()
 		p.outR.Close()

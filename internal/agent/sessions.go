@@ -160,7 +160,7 @@ func (ss *session) read(r io.Reader, ch byte) {
 		if err != nil {
 			return
 		}
-		if n == len(buf) && len(buf) < maxReadBuf {
+		if n == len(buf) && len(buf) < min(maxReadBuf, ss.ringMax/4) {
 			buf = make([]byte, 2*len(buf))
 		}
 	}
@@ -327,13 +327,10 @@ func (s *Server) attach(st io.ReadWriteCloser, req request) {
 		replay, from = ss.ring.AppendSince(nil, req.Since)
 	}
 	info := ss.infoLocked()
-	ss.mu.Unlock()
-	if writeMsg(st, reply{Replay: from, Session: &info}) != nil || writeFrame(st, frameReplay, replay) != nil {
-		return
-	}
-
+	// The subscriber counts from now, while its replay is being sent:
+	// the readers wait for it rather than overwrite what it has not
+	// sent yet.
 	me := &sub{cursor: cursor, last: time.Now()}
-	ss.mu.Lock()
 	ss.subs[me] = struct{}{}
 	ss.mu.Unlock()
 	defer func() {
@@ -342,6 +339,12 @@ func (s *Server) attach(st io.ReadWriteCloser, req request) {
 		ss.cond.Broadcast()
 		ss.mu.Unlock()
 	}()
+	if writeMsg(st, reply{Replay: from, Session: &info}) != nil || writeFrame(st, frameReplay, replay) != nil {
+		return
+	}
+	ss.mu.Lock()
+	me.last = time.Now()
+	ss.mu.Unlock()
 	left := make(chan struct{})
 	go func() {
 		defer close(left)
