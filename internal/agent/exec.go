@@ -63,7 +63,7 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	cmd.Stdout, cmd.Stderr = outW, errW
 	ooms := oomKills()
 	start := time.Now()
-	waited, err := s.reaper.start(cmd, cmd.Start)
+	waited, err := s.reaper.start(cmd, cmd.Start, !req.PreserveBackground)
 	outW.Close()
 	errW.Close()
 	if stdin != nil {
@@ -133,8 +133,8 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	var st exitStatus
 	select {
 	case st = <-waited:
-		// Reaped: its pid, and so its group's number, may be reused; the
-		// marker finds what it left.
+		// The reaper killed its group before reaping it; the marker
+		// finds what left the group.
 		if !req.PreserveBackground {
 			s.reaper.sweep(0, marker)
 		}

@@ -73,7 +73,7 @@ func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (pr
 			var err error
 			p.ptmx, err = pty.StartWithAttrs(cmd, &pty.Winsize{Rows: rows, Cols: cols}, cmd.SysProcAttr)
 			return err
-		})
+		}, false)
 		if err != nil {
 			return nil, startError(err)
 		}
@@ -94,7 +94,7 @@ func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (pr
 			return nil, err
 		}
 		cmd.Stdout, cmd.Stderr = outW, errW
-		p.waited, err = r.start(cmd, cmd.Start)
+		p.waited, err = r.start(cmd, cmd.Start, false)
 		outW.Close()
 		errW.Close()
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,9 +22,16 @@ import (
 // sandbox's init (docker-init), whose reaping keeps up with a fork bomb.
 type reaper struct {
 	mu      sync.Mutex // held across a start and its registration, and while reaping
-	waiters map[int]chan exitStatus
+	waiters map[int]waiter
 	stop    chan struct{}
 	done    chan struct{}
+}
+
+// waiter is who wants a child's status, and whether its process group
+// dies with it.
+type waiter struct {
+	ch    chan exitStatus
+	group bool
 }
 
 // exitStatus is how a child ended and what it used (with the children it
@@ -46,7 +54,7 @@ func (e exitStatus) code() int {
 
 // newReaper becomes a subreaper when sub is true and starts reaping.
 func newReaper(sub bool) *reaper {
-	r := &reaper{waiters: map[int]chan exitStatus{}, stop: make(chan struct{}), done: make(chan struct{})}
+	r := &reaper{waiters: map[int]waiter{}, stop: make(chan struct{}), done: make(chan struct{})}
 	if sub {
 		unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	}
@@ -73,36 +81,69 @@ func (r *reaper) close() {
 }
 
 // start starts cmd with startFn (cmd.Start, or what wraps it) and returns
-// the channel that gets its exit status. The caller must not Wait on cmd;
-// it calls cmd.Process.Release once the status came.
-func (r *reaper) start(cmd *exec.Cmd, startFn func() error) (<-chan exitStatus, error) {
+// the channel that gets its exit status. With group, what is left of its
+// process group is killed when it exits, before it is reaped. The caller
+// must not Wait on cmd; it calls cmd.Process.Release once the status
+// came.
+func (r *reaper) start(cmd *exec.Cmd, startFn func() error, group bool) (<-chan exitStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := startFn(); err != nil {
 		return nil, err
 	}
 	ch := make(chan exitStatus, 1)
-	r.waiters[cmd.Process.Pid] = ch
+	r.waiters[cmd.Process.Pid] = waiter{ch, group}
 	return ch, nil
 }
 
-// reap reaps every child that has exited.
+// reap reaps every child that has exited. A child whose group dies with
+// it is seen first without being reaped: as long as it is a zombie, its
+// pid, the group's number, cannot be reused, so the kill reaches its
+// group and nothing else. One kill takes a fork bomb's whole group at
+// once; a sweep that went process by process would race its forks.
 func (r *reaper) reap() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for {
-		var st exitStatus
-		pid, err := unix.Wait4(-1, &st.ws, unix.WNOHANG, &st.ru)
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
 		if err == unix.EINTR {
 			continue
 		}
-		if pid <= 0 || err != nil {
+		pid := siginfoPid(&info)
+		if err != nil || pid <= 0 {
 			return
 		}
-		if ch, ok := r.waiters[pid]; ok {
-			ch <- st
+		w, ok := r.waiters[pid]
+		if ok && w.group {
+			unix.Kill(-pid, unix.SIGKILL)
+		}
+		var st exitStatus
+		if _, err := unix.Wait4(pid, &st.ws, unix.WNOHANG, &st.ru); err == unix.EINTR {
+			continue
+		}
+		if ok {
+			w.ch <- st
 			delete(r.waiters, pid)
 		}
+	}
+}
+
+// siginfoPid is si_pid of a SIGCHLD siginfo: the first field of the
+// union that follows signo, errno and code, at offset 16 on the 64-bit
+// architectures (x/sys leaves it unnamed).
+func siginfoPid(info *unix.Siginfo) int {
+	return int(*(*int32)(unsafe.Add(unsafe.Pointer(info), 16)))
+}
+
+// killGroup SIGKILLs the process group of pid while pid is a child not
+// yet reaped (its group's number is still its own); otherwise it does
+// nothing.
+func (r *reaper) killGroup(pid int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.waiters[pid]; ok {
+		unix.Kill(-pid, unix.SIGKILL)
 	}
 }
 
@@ -142,7 +183,7 @@ func procTree() map[int][]int {
 	return kids
 }
 
-// sweep SIGKILLs process group pgid (0: none) and every process in the sandbox
+// sweep SIGKILLs process group pgid (0: none; see killGroup) and every process in the sandbox
 // that carries marker in its environment (set on a command at its start
 // and inherited by everything it starts, also by what leaves its session
 // with setsid), with its descendants, repeating until a pass finds
@@ -153,7 +194,7 @@ func procTree() map[int][]int {
 // and environ per process in the sandbox, usually a handful.
 func (r *reaper) sweep(pgid int, marker string) {
 	if pgid > 0 {
-		unix.Kill(-pgid, unix.SIGKILL)
+		r.killGroup(pgid)
 	}
 	want := []byte(marker + "\x00")
 	for pass := 0; pass < 20; pass++ {

@@ -172,7 +172,7 @@ func (d *Docker) connect(ctx context.Context, id string, start bool) (*agent.Cli
 	}
 	ex, err := d.startExec(ctx, id, execSpec{Cmd: cmd, Stdin: true})
 	if err != nil {
-		if serr := d.requireRunning(context.WithoutCancel(ctx), id); serr != nil {
+		if serr := d.settledState(context.WithoutCancel(ctx), id); serr != nil {
 			return nil, serr // stopped, paused or gone: that is the answer
 		}
 		return nil, err
@@ -195,7 +195,7 @@ func (d *Docker) connect(ctx context.Context, id string, start bool) (*agent.Cli
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if serr := d.requireRunning(context.WithoutCancel(ctx), id); serr != nil {
+		if serr := d.settledState(context.WithoutCancel(ctx), id); serr != nil {
 			return nil, serr
 		}
 		why := strings.TrimSpace(stderr.String())
@@ -330,6 +330,33 @@ func (d *Docker) requireRunning(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// settledState is requireRunning after a connection to the agent failed.
+// A container being killed reads as running for a moment after its
+// processes died, so a running answer is asked again for up to
+// settleTime before it counts.
+func (d *Docker) settledState(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, settleTime)
+	defer cancel()
+	for {
+		err := d.requireRunning(ctx, id)
+		if ctx.Err() != nil {
+			return nil // still running as far as the daemon said
+		}
+		if err != nil {
+			return err
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+const settleTime = 2 * time.Second
 
 // writeTar writes a one-file tar of size bytes from src to w.
 func writeTar(w io.Writer, name string, mode, size int64, src io.Reader) error {
