@@ -408,6 +408,12 @@ func TestHostileAgent(t *testing.T) {
 				writeMsg(st, reply{Version: Version})
 			case opExec:
 				writeMsg(st, reply{})
+				if req.Exec.Command == "mute" {
+					// Never answers: the gateway gives up, closing the
+					// stream (which cancels the command).
+					io.Copy(io.Discard, st)
+					break
+				}
 				chunk := bytes.Repeat([]byte("x"), 64<<10)
 				for range 80 { // 5 MiB, far over the cap
 					writeFrame(st, frameStdout, chunk)
@@ -427,6 +433,15 @@ func TestHostileAgent(t *testing.T) {
 	res, err := c.Exec(context.Background(), providers.ExecRequest{Command: "x", Timeout: time.Second, MaxOutput: 1000})
 	if err != nil || len(res.Stdout) != 1000 || !res.Truncated {
 		t.Fatalf("flooding exec: %d bytes kept, truncated %v, %v", len(res.Stdout), res.Truncated, err)
+	}
+	defer func(g time.Duration) { answerGrace = g }(answerGrace)
+	answerGrace = 100 * time.Millisecond
+	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "mute", Timeout: 100 * time.Millisecond}); !errors.Is(err, providers.ErrUnavailable) || !strings.Contains(err.Error(), "no result") {
+		t.Fatalf("an agent that never answers: %v", err)
+	}
+	// The connection is still good.
+	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "x", Timeout: time.Second, MaxOutput: 10}); err != nil {
+		t.Fatalf("exec after a mute one: %v", err)
 	}
 	if _, err := c.Sessions(context.Background()); err == nil || !strings.Contains(err.Error(), "limit") {
 		t.Fatalf("oversize reply: %v", err)

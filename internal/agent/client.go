@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -187,6 +188,10 @@ func (c *Client) simple(ctx context.Context, req request) (reply, error) {
 }
 
 // Exec runs one command and waits for it; ctx ending kills its tree.
+// answerGrace is how long after a command's timeout the gateway waits
+// for the agent's result.
+var answerGrace = 30 * time.Second
+
 func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers.ExecResult, error) {
 	er := &execRequest{
 		Command: req.Command, Cwd: req.Cwd, Env: req.Env, TimeoutMS: req.Timeout.Milliseconds(),
@@ -200,6 +205,19 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 	}
 	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
 	defer stop()
+	// The agent answers by the command's timeout; one that does not (a
+	// sandbox starving it) is given up on a while later, which cancels
+	// the command, rather than holding the caller for ever.
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = providers.DefaultExecTimeout
+	}
+	var late atomic.Bool
+	giveUp := time.AfterFunc(timeout+answerGrace, func() {
+		late.Store(true)
+		st.SetDeadline(time.Now())
+	})
+	defer giveUp.Stop()
 	defer st.Close()
 	var res providers.ExecResult
 	var buf []byte
@@ -208,6 +226,10 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 		if err != nil {
 			if ctx.Err() != nil {
 				return providers.ExecResult{}, ctx.Err()
+			}
+			if late.Load() {
+				return providers.ExecResult{}, providers.Errorf(providers.ErrUnavailable,
+					"the sandbox's agent gave no result %v after the command's timeout; the command was cancelled", answerGrace)
 			}
 			return providers.ExecResult{}, c.fail(fmt.Errorf("exec: %w", err))
 		}
