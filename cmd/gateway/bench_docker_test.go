@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"strings"
 	"testing"
@@ -12,11 +13,10 @@ import (
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 )
 
-// BenchmarkDockerCreateFirstExec alternates, on the same daemon and image,
-// a create + first exec of `true` through the whole gateway over HTTP
-// with `docker run -d` + `docker exec` by the CLI, and reports both and
-// their ratio (issue 4's target: the gateway faster, ratio < 1).
-func BenchmarkDockerCreateFirstExec(b *testing.B) {
+// dockerGateway serves a gateway on the docker provider (an instance of
+// its own, removed at the end) in this process, and returns the test
+// image.
+func dockerGateway(b *testing.B) (string, *httptest.Server) {
 	image := dockertest.Image(b)
 	instance := "bench-" + randomSuffix()
 	p, err := docker.New(docker.Options{InstanceID: instance, AgentBinary: dockertest.AgentBinary(b)})
@@ -25,6 +25,15 @@ func BenchmarkDockerCreateFirstExec(b *testing.B) {
 	}
 	srv := serveInProcess(b, p)
 	b.Cleanup(func() { dockertest.RemoveInstance(b, instance) })
+	return image, srv
+}
+
+// BenchmarkDockerCreateFirstExec alternates, on the same daemon and image,
+// a create + first exec of `true` through the whole gateway over HTTP
+// with `docker run -d` + `docker exec` by the CLI, and reports both and
+// their ratio (issue 4's target: the gateway faster, ratio < 1).
+func BenchmarkDockerCreateFirstExec(b *testing.B) {
+	image, srv := dockerGateway(b)
 	c := srv.Client()
 	cli := func(args ...string) string {
 		out, err := exec.Command("docker", args...).Output()
@@ -71,14 +80,7 @@ func BenchmarkDockerCreateFirstExec(b *testing.B) {
 // docker provider runs commands, and reports both p50s and their ratio
 // (issue 10's target: gateway p50 at most 5 ms).
 func BenchmarkDockerExecTrue(b *testing.B) {
-	image := dockertest.Image(b)
-	instance := "bench-" + randomSuffix()
-	p, err := docker.New(docker.Options{InstanceID: instance, AgentBinary: dockertest.AgentBinary(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := serveInProcess(b, p)
-	b.Cleanup(func() { dockertest.RemoveInstance(b, instance) })
+	image, srv := dockerGateway(b)
 	c := srv.Client()
 	var ref struct {
 		ID  string `json:"sandbox_id"`

@@ -30,12 +30,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func pair(t *testing.T) (*Server, *Client) {
 	t.Helper()
 	srv := NewServer(true)
-	a, b := net.Pipe()
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		srv.Serve(a, nil)
-	}()
+	_, b, served := servePipe(srv)
 	c, err := Dial(context.Background(), b)
 	if err != nil {
 		t.Fatal(err)
@@ -46,6 +41,18 @@ func pair(t *testing.T) (*Server, *Client) {
 		srv.Close()
 	})
 	return srv, c
+}
+
+// servePipe serves srv on one end of a pipe (a) and returns the other
+// (b); served closes when Serve returns.
+func servePipe(srv *Server) (a, b net.Conn, served <-chan struct{}) {
+	a, b = net.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(a, nil)
+	}()
+	return a, b, done
 }
 
 func run(t *testing.T, c *Client, req providers.ExecRequest) providers.ExecResult {
@@ -349,12 +356,7 @@ func TestSessionPipeDeferred(t *testing.T) {
 func TestVersionMismatch(t *testing.T) {
 	srv := NewServer(false)
 	defer srv.Close()
-	a, b := net.Pipe()
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		srv.Serve(a, nil)
-	}()
+	_, b, served := servePipe(srv)
 	_, err := dial(context.Background(), b, "99") // a gateway of another protocol version
 	<-served
 	if err == nil || !strings.Contains(err.Error(), "99") || !strings.Contains(err.Error(), "speaks "+Version) {
@@ -365,12 +367,7 @@ func TestVersionMismatch(t *testing.T) {
 func TestConnectionGone(t *testing.T) {
 	srv := NewServer(false)
 	defer srv.Close()
-	a, b := net.Pipe()
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		srv.Serve(a, nil)
-	}()
+	a, b, served := servePipe(srv)
 	c, err := Dial(context.Background(), b)
 	if err != nil {
 		t.Fatal(err)
