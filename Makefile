@@ -43,10 +43,9 @@ vet:
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # -race needs cgo; the tests build their own cgo-free gateway binary where
-# they need one. The terminal acceptance tests then run again on Docker.
+# they need one.
 test: web check-generated vet
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...
-	SANDGATE_TEST_PROVIDER=docker CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m -run 'TestPTY|TestPipeMode' ./internal/handlers/
 
 bench:
 	CGO_ENABLED=1 $(GO) test -run '^$$' -bench . -benchtime 300x ./cmd/gateway/ ./internal/providers/local/ ./internal/handlers/

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -73,6 +74,8 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	e.id, e.token = ref.SandboxID, ref.Token
 	return e
 }
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func (e *benchEnv) call(method, path, body string, out any) {
 	req, _ := http.NewRequest(method, e.srv.URL+path, strings.NewReader(body))

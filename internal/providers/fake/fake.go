@@ -1,7 +1,8 @@
 // Package fake is an in-memory provider for tests of the layers above the
 // providers: it keeps files in maps and answers exec with a function the
-// test chooses. It runs no process; the point of it is to be fast and
-// fully controllable (failures, states, timing).
+// test chooses; its terminal processes echo their input (process.go). It
+// runs no real process; the point of it is to be fast and fully
+// controllable (failures, states, timing).
 package fake
 
 import (

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
+	"github.com/sandgate/sandgate/internal/providers/providertest/terminaltest"
 )
 
 func TestMain(m *testing.M) {
@@ -135,6 +136,12 @@ func sh(t testing.TB, l *Local, id, cmd string) (string, int) {
 
 func TestConformance(t *testing.T) {
 	providertest.Run(t, newLocal(t, Options{}), providers.CreateSpec{})
+}
+
+// TestTerminals: the terminal-session suite through the gateway's stack,
+// sessions held by the sandboxes' init.
+func TestTerminals(t *testing.T) {
+	terminaltest.Run(t, newLocal(t, Options{}), nil)
 }
 
 func TestNamespaceIsolation(t *testing.T) {

@@ -1,16 +1,19 @@
-package handlers
+// Package terminaltest is the terminal-session suite every provider that
+// runs terminals passes: Run drives the whole stack (the gateway's
+// handlers over loopback HTTP, the service, the terminal manager, real
+// WebSocket dials) over the provider's own sandboxes and processes (local:
+// real namespaces; docker: containers and their agent). Nothing is faked.
+package terminaltest
 
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"log/slog"
+	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/signal"
 	"strings"
 	"sync"
@@ -21,104 +24,80 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandgate/sandgate/internal/handlers"
 	"github.com/sandgate/sandgate/internal/providers"
-	"github.com/sandgate/sandgate/internal/providers/docker"
-	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
-	"github.com/sandgate/sandgate/internal/providers/local"
 	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
 	"github.com/sandgate/sandgate/internal/wire"
 )
 
-// The terminal-session tests run end to end: a real gateway handler over
-// loopback HTTP, the real service, a real provider and real WebSocket
-// dials. The provider is the local one (processes in real namespaces)
-// unless SANDGATE_TEST_PROVIDER=docker (containers of the busybox test
-// image on the Docker daemon):
-//
-//	SANDGATE_TEST_PROVIDER=docker CGO_ENABLED=1 go test -race -run 'TestPTY|TestPipeMode' ./internal/handlers/
+// Run runs the suite on p. create holds the create-request fields p's
+// sandboxes need (docker: image). Each test has a gateway of its own on
+// p and deletes what it made.
+func Run(t *testing.T, p providers.Provider, create map[string]any) {
+	s := &suite{p: p, create: create}
+	for _, c := range []struct {
+		name string
+		fn   func(*testing.T, *suite)
+	}{
+		{"PTYShellEchoAndResize", testPTYShellEchoAndResize},
+		{"PTYReattachSinceLosesNothing", testPTYReattachSinceLosesNothing},
+		{"PTYReplayClampsToRing", testPTYReplayClampsToRing},
+		{"PTYTakeover", testPTYTakeover},
+		{"PTYManyTakeovers", testPTYManyTakeovers},
+		{"PTYSlowClientDropped", testPTYSlowClientDropped},
+		{"PTYExitWhileDetached", testPTYExitWhileDetached},
+		{"PipeMode", testPipeMode},
+		{"PTYModeAtFirstAttach", testPTYModeAtFirstAttach},
+		{"PTYSignalForegroundGroup", testPTYSignalForegroundGroup},
+		{"PTYUTF8SplitAcrossReads", testPTYUTF8SplitAcrossReads},
+		{"PTYMarkerDelimitedExec", testPTYMarkerDelimitedExec},
+		{"PTYConcurrentSessions", testPTYConcurrentSessions},
+		{"PTYSessionLimitUnderConcurrency", testPTYSessionLimitUnderConcurrency},
+		{"PTYBadInput", testPTYBadInput},
+		{"PTYBrowserAuthAndOrigin", testPTYBrowserAuthAndOrigin},
+		{"PTYSessionGone", testPTYSessionGone},
+		{"PTYShutdownAndSilentClient", testPTYShutdownAndSilentClient},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.fn(t, s) })
+	}
+}
+
+type suite struct {
+	p      providers.Provider
+	create map[string]any
+}
+
+const apiKey = "terminaltest-key"
 
 // ptyEnv is a gateway with one sandbox.
 type ptyEnv struct {
-	*gw
-	mgr      *pty.Manager
-	id       string
-	token    string
-	required map[string]any // create fields the provider needs (docker: image)
+	t     *testing.T
+	srv   *httptest.Server
+	svc   *sandbox.Service
+	mgr   *pty.Manager
+	base  map[string]any // create fields the provider needs
+	id    string
+	token string
 }
 
-// create creates a sandbox from body plus the fields the provider needs
-// (it shadows gw.create, so every test's creates work on any provider).
-func (e *ptyEnv) create(body map[string]any) ref {
-	e.t.Helper()
-	b := map[string]any{}
-	maps.Copy(b, e.required)
-	maps.Copy(b, body)
-	return e.gw.create(b)
-}
-
-func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-func requireNamespaces(t *testing.T) {
+// env starts a gateway with manager options o on the suite's provider and
+// creates a sandbox. Cleanup closes the manager (clients get 1001),
+// deletes the sandbox and stops the gateway.
+func (s *suite) env(t *testing.T, o pty.Options) *ptyEnv {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("terminal session tests need root on CI")
-		}
-		t.Skip("the local provider's namespaces need root")
-	}
-}
-
-// testProvider returns the provider SANDGATE_TEST_PROVIDER names and the
-// create body its sandboxes need. Cleanup closes it and, for docker,
-// removes every container it made (its own instance id).
-func testProvider(t *testing.T) (providers.Provider, map[string]any) {
-	t.Helper()
-	switch name := os.Getenv("SANDGATE_TEST_PROVIDER"); name {
-	case "", "local":
-		requireNamespaces(t)
-		p, err := local.New(local.Options{StateDir: t.TempDir(), Logger: discard()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		return p, nil
-	case "docker":
-		image := dockertest.Image(t)
-		instance := "ptytest-" + rand.Text()[:10]
-		p, err := docker.New(docker.Options{InstanceID: instance, Logger: discard(), AgentBinary: dockertest.AgentBinary(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			p.Close()
-			dockertest.RemoveInstance(t, instance)
-		})
-		return p, map[string]any{"image": image}
-	default:
-		t.Fatalf("SANDGATE_TEST_PROVIDER=%q: want local or docker", name)
-		return nil, nil
-	}
-}
-
-// newPtyEnv starts a gateway with manager options o and creates a sandbox.
-// Cleanup closes the manager (clients get 1001), deletes the sandbox and
-// stops everything.
-func newPtyEnv(t *testing.T, o pty.Options) *ptyEnv {
-	t.Helper()
-	p, required := testProvider(t)
 	svc, err := sandbox.New(context.Background(), sandbox.Options{
-		Provider: p, StateDir: t.TempDir(), APIKeys: []string{testKey}, ReapInterval: time.Hour,
+		Provider: s.p, StateDir: t.TempDir(), APIKeys: []string{apiKey}, ReapInterval: time.Hour,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mgr := pty.NewManager(svc, o)
-	h, err := New(Options{Service: svc, PTY: mgr, PublicURL: "http://gw.example:9"})
+	h, err := handlers.New(handlers.Options{Service: svc, PTY: mgr, PublicURL: "http://gw.example:9"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &ptyEnv{gw: &gw{t: t, srv: httptest.NewServer(h), svc: svc}, mgr: mgr, required: required}
+	e := &ptyEnv{t: t, srv: httptest.NewServer(h), svc: svc, mgr: mgr, base: s.create}
 	t.Cleanup(func() {
 		mgr.Close()
 		if e.id != "" {
@@ -132,12 +111,103 @@ func newPtyEnv(t *testing.T, o pty.Options) *ptyEnv {
 	return e
 }
 
+// resp is an HTTP answer with its body read.
+type resp struct {
+	*http.Response
+	body []byte
+}
+
+// json decodes the body into v.
+func (r resp) json(t *testing.T, v any) {
+	t.Helper()
+	if err := json.NewDecoder(bytes.NewReader(r.body)).Decode(v); err != nil {
+		t.Fatalf("%d %s: %v", r.StatusCode, r.body, err)
+	}
+}
+
+// problem checks that r is an RFC 9457 problem and returns its code.
+func (r resp) problem(t *testing.T) struct{ Code string } {
+	t.Helper()
+	var p struct {
+		Code   string `json:"code"`
+		Status int    `json:"status"`
+	}
+	if r.Header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("not a problem: %d %s", r.StatusCode, r.body)
+	}
+	r.json(t, &p)
+	if p.Status != r.StatusCode || p.Code == "" {
+		t.Fatalf("incomplete problem: %s", r.body)
+	}
+	return struct{ Code string }{p.Code}
+}
+
+// do sends a request with the headers in hdr and body: none (nil), as
+// it is (a string), or as JSON.
+func (e *ptyEnv) do(method, path string, body any, hdr map[string]string) resp {
+	e.t.Helper()
+	var payload io.Reader
+	if raw, ok := body.(string); ok {
+		payload = strings.NewReader(raw)
+	} else if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		payload = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, e.srv.URL+path, payload)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp{res, b}
+}
+
+func key() map[string]string { return map[string]string{"Authorization": "Bearer " + apiKey} }
+
+func lease(tok string) map[string]string { return map[string]string{"X-Sandbox-Lease": tok} }
+
+type ref struct {
+	SandboxID string `json:"sandbox_id"`
+	Token     string `json:"lease_token"`
+}
+
+// create creates a sandbox from body plus the fields the provider needs.
+func (e *ptyEnv) create(body map[string]any) ref {
+	e.t.Helper()
+	b := maps.Clone(e.base)
+	if b == nil {
+		b = map[string]any{}
+	}
+	maps.Copy(b, body)
+	r := e.do("POST", "/v1/sandboxes", b, key())
+	if r.StatusCode != 201 {
+		e.t.Fatalf("create: %d %s", r.StatusCode, r.body)
+	}
+	var out ref
+	r.json(e.t, &out)
+	return out
+}
+
 // session starts a terminal session and returns its id.
 func (e *ptyEnv) session(body map[string]any) string {
 	e.t.Helper()
 	r := e.do("POST", "/v1/sandboxes/"+e.id+"/pty", body, lease(e.token))
-	if r.status != 201 {
-		e.t.Fatalf("create session: %d %s", r.status, r.body)
+	if r.StatusCode != 201 {
+		e.t.Fatalf("create session: %d %s", r.StatusCode, r.body)
 	}
 	var out struct {
 		SessionID string `json:"session_id"`
@@ -158,8 +228,8 @@ type sessionInfo struct {
 func (e *ptyEnv) info(sid string) sessionInfo {
 	e.t.Helper()
 	r := e.do("GET", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token))
-	if r.status != 200 {
-		e.t.Fatalf("get session: %d %s", r.status, r.body)
+	if r.StatusCode != 200 {
+		e.t.Fatalf("get session: %d %s", r.StatusCode, r.body)
 	}
 	var i sessionInfo
 	r.json(e.t, &i)
@@ -173,8 +243,8 @@ func (e *ptyEnv) exec(command string) string {
 	var out struct {
 		Stdout string `json:"stdout"`
 	}
-	if r.status != 200 {
-		e.t.Fatalf("exec: %d %s", r.status, r.body)
+	if r.StatusCode != 200 {
+		e.t.Fatalf("exec: %d %s", r.StatusCode, r.body)
 	}
 	r.json(e.t, &out)
 	return out.Stdout
@@ -371,8 +441,8 @@ func connected(s *stream) bool { return s.hasText("connected") != nil }
 
 // 1. A shell session: type a command and read it back; a resize sent as
 // JSON shows in stty size.
-func TestPTYShellEchoAndResize(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{})
+func testPTYShellEchoAndResize(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{})
 	sid := e.session(map[string]any{})
 	c := e.dial(sid, "")
 	var s stream
@@ -402,10 +472,10 @@ func seqOutput(n int, eol string) []byte {
 
 // 2. Drop the connection while output keeps coming; re-attaching with
 // since = bytes received gives exactly the rest.
-func TestPTYReattachSinceLosesNothing(t *testing.T) {
+func testPTYReattachSinceLosesNothing(t *testing.T, ts *suite) {
 	// The ring holds the whole output, so whatever the timing, nothing
 	// the client missed has left it.
-	e := newPtyEnv(t, pty.Options{RingBytes: 8 << 20})
+	e := ts.env(t, pty.Options{RingBytes: 8 << 20})
 	sid := e.session(map[string]any{"command": "sleep 0.3; seq 1 200000"})
 	want := seqOutput(200000, "\r\n")
 
@@ -444,8 +514,8 @@ func firstDiff(a, b []byte) int {
 
 // 3. After more than the ring of output, since=0 replays the last 1 MiB
 // from offset total - 1 MiB.
-func TestPTYReplayClampsToRing(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{})
+func testPTYReplayClampsToRing(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{})
 	sid := e.session(map[string]any{"command": "seq 1 400000", "pty": false})
 	want := seqOutput(400000, "\n")
 	waitFor(t, 20*time.Second, "the process to exit", func() bool { return !e.info(sid).Running })
@@ -476,8 +546,8 @@ func TestPTYReplayClampsToRing(t *testing.T) {
 // 4. One holder: a second attach is refused with 409 before the upgrade;
 // with takeover the holder gets 4001 and the newcomer the replay and live
 // output.
-func TestPTYTakeover(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{})
+func testPTYTakeover(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{})
 	sid := e.session(map[string]any{})
 	a := e.dial(sid, "")
 	var sa stream
@@ -488,7 +558,7 @@ func TestPTYTakeover(t *testing.T) {
 	if err == nil || res == nil || res.StatusCode != http.StatusConflict {
 		t.Fatalf("second attach: %v, %v", err, res)
 	}
-	var p problemBody
+	var p struct{ Code string }
 	if err := json.NewDecoder(res.Body).Decode(&p); err != nil || p.Code != "ALREADY_CONNECTED" {
 		t.Fatalf("409 body: %+v, %v", p, err)
 	}
@@ -511,8 +581,8 @@ func TestPTYTakeover(t *testing.T) {
 }
 
 // 8b. 200 takeovers in a row: every evicted client receives 4001.
-func TestPTYManyTakeovers(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{})
+func testPTYManyTakeovers(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{})
 	sid := e.session(map[string]any{"command": "while :; do echo tick; sleep 0.01; done"})
 	prev := e.dial(sid, "")
 	for i := 0; i < 200; i++ {
@@ -528,11 +598,11 @@ func TestPTYManyTakeovers(t *testing.T) {
 
 // 5. A client that never reads is closed with 1008; the process keeps
 // running and another client attaches normally.
-func TestPTYSlowClientDropped(t *testing.T) {
+func testPTYSlowClientDropped(t *testing.T, ts *suite) {
 	// About 4 MB/s in bursts of 100 KB: a reading client keeps up, even
 	// under the race detector; one that does not read fills its TCP
 	// buffers and then its queue within seconds.
-	e := newPtyEnv(t, pty.Options{QueueBytes: 1 << 20})
+	e := ts.env(t, pty.Options{QueueBytes: 1 << 20})
 	sid := e.session(map[string]any{"command": "while :; do seq 1 20000; sleep 0.02; done", "pty": false})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -572,8 +642,8 @@ func TestPTYSlowClientDropped(t *testing.T) {
 // 6. The process exits while nobody is attached; a later attach gets the
 // replay, the exit frame and close 1000. (A create that names its mode
 // starts the process at once.)
-func TestPTYExitWhileDetached(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{})
+func testPTYExitWhileDetached(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{})
 	sid := e.session(map[string]any{"command": "echo bye; exit 3", "pty": true})
 	waitFor(t, 10*time.Second, "the process to exit", func() bool { return !e.info(sid).Running })
 	if i := e.info(sid); i.ExitCode == nil || *i.ExitCode != 3 || i.Attached {
@@ -595,8 +665,8 @@ func TestPTYExitWhileDetached(t *testing.T) {
 
 // 7. Pipe mode: stdout on channel 1, stderr on channel 2, eof closes
 // stdin.
-func TestPipeMode(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{})
+func testPipeMode(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{})
 	// It waits for a line, so that its output comes live rather than in
 	// the replay (which merges the streams).
 	sid := e.session(map[string]any{"command": "read go; echo out; echo err >&2; cat", "pty": false})
@@ -631,8 +701,8 @@ func TestPipeMode(t *testing.T) {
 // attach asks for: ?pty=0 gets pipes (stdout and stderr apart, the exit
 // code), no ?pty a terminal. A session deleted before any attach never
 // starts.
-func TestPTYModeAtFirstAttach(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{})
+func testPTYModeAtFirstAttach(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{})
 	// Gym's PTY client with pty=False: the shell, pipe mode on attach,
 	// commands on stdin.
 	sid := e.session(map[string]any{})
@@ -672,11 +742,11 @@ func TestPTYModeAtFirstAttach(t *testing.T) {
 
 	// Deleted before its first attach: it never ran.
 	sid = e.session(map[string]any{"command": "touch /tmp/deferred-ran"})
-	if r := e.do("DELETE", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.status != 200 {
-		t.Fatalf("delete: %d %s", r.status, r.body)
+	if r := e.do("DELETE", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.StatusCode != 200 {
+		t.Fatalf("delete: %d %s", r.StatusCode, r.body)
 	}
-	if r := e.do("GET", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.status != 404 {
-		t.Fatalf("get after delete: %d", r.status)
+	if r := e.do("GET", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.StatusCode != 404 {
+		t.Fatalf("get after delete: %d", r.StatusCode)
 	}
 	if out := e.exec("test -e /tmp/deferred-ran && echo ran || echo never"); out != "never\n" {
 		t.Fatalf("a session deleted before its attach: %q", out)
@@ -690,7 +760,7 @@ const sleeping100 = `for f in /proc/[0-9]*/cmdline; do [ "$(tr '\0' ' ' < "$f" 2
 // 8. SIGINT goes to the terminal's foreground group: it interrupts sleep
 // typed into the shell, which survives; also when the gateway ignores
 // SIGINT. Unknown signals get an error frame and change nothing.
-func TestPTYSignalForegroundGroup(t *testing.T) {
+func testPTYSignalForegroundGroup(t *testing.T, ts *suite) {
 	for _, ignored := range []bool{false, true} {
 		t.Run(fmt.Sprintf("gateway-ignores-SIGINT=%v", ignored), func(t *testing.T) {
 			if ignored {
@@ -699,7 +769,7 @@ func TestPTYSignalForegroundGroup(t *testing.T) {
 				signal.Ignore(syscall.SIGINT)
 				defer signal.Reset(syscall.SIGINT)
 			}
-			e := newPtyEnv(t, pty.Options{})
+			e := ts.env(t, pty.Options{})
 			sid := e.session(map[string]any{})
 			c := e.dial(sid, "")
 			var s stream
@@ -734,8 +804,8 @@ func TestPTYSignalForegroundGroup(t *testing.T) {
 }
 
 // 9. Multi-byte UTF-8 split across reads arrives intact.
-func TestPTYUTF8SplitAcrossReads(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{})
+func testPTYUTF8SplitAcrossReads(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{})
 	sid := e.session(map[string]any{
 		"command": `printf '\342\202'; sleep 0.3; printf '\254\n'; i=0; while [ $i -lt 20000 ]; do printf '€'; i=$((i+1)); done`,
 		"pty":     false,
@@ -750,8 +820,8 @@ func TestPTYUTF8SplitAcrossReads(t *testing.T) {
 }
 
 // 10. A marker-delimited exec as NeMo Gym's PTY client does it.
-func TestPTYMarkerDelimitedExec(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{})
+func testPTYMarkerDelimitedExec(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{})
 	sid := e.session(map[string]any{})
 	c := e.dial(sid, "")
 	var s stream
@@ -763,8 +833,8 @@ func TestPTYMarkerDelimitedExec(t *testing.T) {
 }
 
 // 11. 200 concurrent sessions each echo a unique token.
-func TestPTYConcurrentSessions(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{})
+func testPTYConcurrentSessions(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{})
 	const n = 200
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -787,16 +857,16 @@ func TestPTYConcurrentSessions(t *testing.T) {
 // 11b. Concurrent creates never overshoot the per-sandbox session limit
 // (each holds its slot while its process starts): exactly the limit get
 // 201, the others 429; deleting a session frees a slot.
-func TestPTYSessionLimitUnderConcurrency(t *testing.T) {
+func testPTYSessionLimitUnderConcurrency(t *testing.T, ts *suite) {
 	const limit, n = 4, 16
-	e := newPtyEnv(t, pty.Options{MaxPerSandbox: limit})
+	e := ts.env(t, pty.Options{MaxPerSandbox: limit})
 	status := make([]int, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			status[i] = e.do("POST", "/v1/sandboxes/"+e.id+"/pty", map[string]any{"command": "sleep 300"}, lease(e.token)).status
+			status[i] = e.do("POST", "/v1/sandboxes/"+e.id+"/pty", map[string]any{"command": "sleep 300"}, lease(e.token)).StatusCode
 		}()
 	}
 	wg.Wait()
@@ -813,8 +883,8 @@ func TestPTYSessionLimitUnderConcurrency(t *testing.T) {
 	if len(list.Sessions) != limit {
 		t.Fatalf("%d sessions listed, want %d", len(list.Sessions), limit)
 	}
-	if r := e.do("DELETE", "/v1/sandboxes/"+e.id+"/pty/"+list.Sessions[0].SessionID, nil, lease(e.token)); r.status != 200 {
-		t.Fatalf("delete session: %d %s", r.status, r.body)
+	if r := e.do("DELETE", "/v1/sandboxes/"+e.id+"/pty/"+list.Sessions[0].SessionID, nil, lease(e.token)); r.StatusCode != 200 {
+		t.Fatalf("delete session: %d %s", r.StatusCode, r.body)
 	}
 	e.session(map[string]any{"command": "sleep 300"})
 }
@@ -826,8 +896,8 @@ func (e *ptyEnv) echoToken(i int) error {
 	var cr struct {
 		SessionID string `json:"session_id"`
 	}
-	if r.status != 201 || json.Unmarshal(r.body, &cr) != nil {
-		return fmt.Errorf("session %d: create %d %s", i, r.status, r.body)
+	if r.StatusCode != 201 || json.Unmarshal(r.body, &cr) != nil {
+		return fmt.Errorf("session %d: create %d %s", i, r.StatusCode, r.body)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -860,8 +930,8 @@ func (e *ptyEnv) echoToken(i int) error {
 }
 
 // 12. Bad input gets its documented error and breaks nothing.
-func TestPTYBadInput(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{MaxFrame: 4096})
+func testPTYBadInput(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{MaxFrame: 4096})
 	sid := e.session(map[string]any{})
 	hdr := http.Header{"X-Sandbox-Lease": {e.token}}
 	for _, q := range []string{"since=abc", "since=-1", "since=1.5", "takeover=maybe", "pty=2"} {
@@ -874,24 +944,24 @@ func TestPTYBadInput(t *testing.T) {
 	if err == nil || res == nil || res.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown session: %v %v", err, res)
 	}
-	var p problemBody
+	var p struct{ Code string }
 	json.NewDecoder(res.Body).Decode(&p)
 	if p.Code != "CONTEXT_NOT_FOUND" {
 		t.Fatalf("unknown session code %q", p.Code)
 	}
 	for _, m := range []string{"GET", "DELETE"} {
 		r := e.do(m, "/v1/sandboxes/"+e.id+"/pty/pty-nosuchsession", nil, lease(e.token))
-		if r.status != 404 || r.problem(t).Code != "CONTEXT_NOT_FOUND" {
-			t.Fatalf("%s unknown session: %d %s", m, r.status, r.body)
+		if r.StatusCode != 404 || r.problem(t).Code != "CONTEXT_NOT_FOUND" {
+			t.Fatalf("%s unknown session: %d %s", m, r.StatusCode, r.body)
 		}
 	}
 	r := e.do("POST", "/v1/sandboxes/"+e.id+"/pty", map[string]any{"rows": 0}, lease(e.token))
-	if r.status != 422 && r.status != 400 {
-		t.Fatalf("rows 0: %d %s", r.status, r.body)
+	if r.StatusCode != 422 && r.StatusCode != 400 {
+		t.Fatalf("rows 0: %d %s", r.StatusCode, r.body)
 	}
 	r = e.do("POST", "/v1/sandboxes/"+e.id+"/pty", `{"command":`, lease(e.token))
-	if r.status != 400 {
-		t.Fatalf("malformed body: %d %s", r.status, r.body)
+	if r.StatusCode != 400 {
+		t.Fatalf("malformed body: %d %s", r.StatusCode, r.body)
 	}
 
 	c := e.dial(sid, "")
@@ -930,8 +1000,8 @@ func TestPTYBadInput(t *testing.T) {
 }
 
 // Browsers: lease as subprotocol (echoed) or ?lease=; Origin checked.
-func TestPTYBrowserAuthAndOrigin(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{AllowedOrigins: []string{"https://*.example.com"}})
+func testPTYBrowserAuthAndOrigin(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{AllowedOrigins: []string{"https://*.example.com"}})
 	sid := e.session(map[string]any{})
 
 	proto := "sandgate.lease." + e.token
@@ -976,29 +1046,29 @@ func TestPTYBrowserAuthAndOrigin(t *testing.T) {
 
 // Deleting the sandbox ends its sessions: the client gets SESSION_GONE
 // and 1001; deleting a session likewise, and it is forgotten.
-func TestPTYSessionGone(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{})
+func testPTYSessionGone(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{})
 	sid := e.session(map[string]any{})
 	c := e.dial(sid, "")
 	var s stream
 	c.until(&s, 10*time.Second, "connected", connected)
-	if r := e.do("DELETE", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.status != 200 {
-		t.Fatalf("delete session: %d %s", r.status, r.body)
+	if r := e.do("DELETE", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.StatusCode != 200 {
+		t.Fatalf("delete session: %d %s", r.StatusCode, r.body)
 	}
 	c.until(&s, 10*time.Second, "SESSION_GONE", func(s *stream) bool { return s.hasText("error") != nil })
 	if code := c.closeCode(); code != websocket.StatusGoingAway {
 		t.Fatalf("close %v, want 1001", code)
 	}
-	if r := e.do("GET", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.status != 404 {
-		t.Fatalf("deleted session still there: %d", r.status)
+	if r := e.do("GET", "/v1/sandboxes/"+e.id+"/pty/"+sid, nil, lease(e.token)); r.StatusCode != 404 {
+		t.Fatalf("deleted session still there: %d", r.StatusCode)
 	}
 
 	sid2 := e.session(map[string]any{})
 	c2 := e.dial(sid2, "")
 	var s2 stream
 	c2.until(&s2, 10*time.Second, "connected", connected)
-	if r := e.do("DELETE", "/v1/sandboxes/"+e.id, nil, lease(e.token)); r.status != 200 {
-		t.Fatalf("delete sandbox: %d %s", r.status, r.body)
+	if r := e.do("DELETE", "/v1/sandboxes/"+e.id, nil, lease(e.token)); r.StatusCode != 200 {
+		t.Fatalf("delete sandbox: %d %s", r.StatusCode, r.body)
 	}
 	e.id = ""
 	c2.until(&s2, 10*time.Second, "SESSION_GONE", func(s *stream) bool { return s.hasText("error") != nil })
@@ -1011,8 +1081,8 @@ func TestPTYSessionGone(t *testing.T) {
 }
 
 // Shutdown closes attached clients with 1001; a silent client is dropped.
-func TestPTYShutdownAndSilentClient(t *testing.T) {
-	e := newPtyEnv(t, pty.Options{PingInterval: 50 * time.Millisecond, IdleTimeout: 300 * time.Millisecond})
+func testPTYShutdownAndSilentClient(t *testing.T, ts *suite) {
+	e := ts.env(t, pty.Options{PingInterval: 50 * time.Millisecond, IdleTimeout: 300 * time.Millisecond})
 	sid := e.session(map[string]any{})
 
 	// A client that never reads never answers pings.
@@ -1039,7 +1109,7 @@ func TestPTYShutdownAndSilentClient(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if r := e.do("POST", "/v1/sandboxes/"+e.id+"/pty", map[string]any{}, lease(e.token)); r.status != 503 {
-		t.Fatalf("create after shutdown: %d", r.status)
+	if r := e.do("POST", "/v1/sandboxes/"+e.id+"/pty", map[string]any{}, lease(e.token)); r.StatusCode != 503 {
+		t.Fatalf("create after shutdown: %d", r.StatusCode)
 	}
 }
