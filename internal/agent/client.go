@@ -187,11 +187,11 @@ func (c *Client) simple(ctx context.Context, req request) (reply, error) {
 	return rep, err
 }
 
-// Exec runs one command and waits for it; ctx ending kills its tree.
 // answerGrace is how long after a command's timeout the gateway waits
 // for the agent's result.
 var answerGrace = 30 * time.Second
 
+// Exec runs one command and waits for it; ctx ending kills its tree.
 func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers.ExecResult, error) {
 	er := &execRequest{
 		Command: req.Command, Cwd: req.Cwd, Env: req.Env, TimeoutMS: req.Timeout.Milliseconds(),
@@ -277,6 +277,30 @@ func appendCapped(b, p []byte, max int, truncated bool) ([]byte, bool) {
 		return append(b, p[:max-len(b)]...), true
 	}
 	return append(b, p...), truncated
+}
+
+// StatFile describes the file at path (a symlink is not followed).
+func (c *Client) StatFile(ctx context.Context, path string) (providers.FileInfo, error) {
+	rep, err := c.simple(ctx, request{Op: opStat, Path: path})
+	if err != nil {
+		return providers.FileInfo{}, err
+	}
+	if rep.File == nil {
+		return providers.FileInfo{}, fmt.Errorf("agent protocol: a stat reply without the file")
+	}
+	return *rep.File, nil
+}
+
+// ListDir describes the entries of the directory at path.
+func (c *Client) ListDir(ctx context.Context, path string) ([]providers.FileInfo, bool, error) {
+	rep, err := c.simple(ctx, request{Op: opReadDir, Path: path})
+	if err != nil {
+		return nil, false, err
+	}
+	if len(rep.Files) > providers.MaxDirEntries {
+		rep.Files, rep.Truncated = rep.Files[:providers.MaxDirEntries], true
+	}
+	return rep.Files, rep.Truncated, nil
 }
 
 // ReadFile opens the regular file at path for streaming and returns its

@@ -42,6 +42,8 @@ const (
 	opExec     = "exec"
 	opRead     = "read"
 	opWrite    = "write"
+	opStat     = "stat"
+	opReadDir  = "readdir"
 	opStart    = "session.start"
 	opList     = "session.list"
 	opAttach   = "session.attach"
@@ -73,6 +75,10 @@ type reply struct {
 	Session  *SessionInfo  `json:"session,omitempty"`
 	Sessions []SessionInfo `json:"sessions,omitempty"`
 	Replay   int64         `json:"replay,omitempty"` // attach: the offset of the first replayed byte
+
+	File      *providers.FileInfo  `json:"file,omitempty"`  // stat
+	Files     []providers.FileInfo `json:"files,omitempty"` // readdir, sorted by name
+	Truncated bool                 `json:"truncated,omitempty"`
 }
 
 // execRequest is providers.ExecRequest on the wire.

@@ -124,7 +124,7 @@ func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 			return
 		}
 		writeMsg(st, reply{Version: s.version, Agent: build()})
-	case opExec, opRead, opWrite:
+	case opExec, opRead, opWrite, opStat, opReadDir:
 		if s.reaper == nil {
 			writeMsg(st, errorReply(providers.Errorf(providers.ErrUnsupported, "this host runs terminal sessions only")))
 			return
@@ -156,6 +156,20 @@ func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 			return
 		}
 		writeMsg(st, reply{Size: n})
+	case opStat:
+		fi, err := statPath(req.Path)
+		if err != nil {
+			writeMsg(st, errorReply(err))
+			return
+		}
+		writeMsg(st, reply{File: &fi})
+	case opReadDir:
+		files, truncated, err := listPath(req.Path)
+		if err != nil {
+			writeMsg(st, errorReply(err))
+			return
+		}
+		writeMsg(st, reply{Files: files, Truncated: truncated})
 	case opStart:
 		if req.Start == nil {
 			writeMsg(st, errorReply(providers.Errorf(providers.ErrInvalid, "session.start without a spec")))

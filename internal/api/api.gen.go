@@ -41,6 +41,30 @@ func (e ExecErrorType) Valid() bool {
 	}
 }
 
+// Defines values for FileInfoType.
+const (
+	FileInfoTypeDir     FileInfoType = "dir"
+	FileInfoTypeFile    FileInfoType = "file"
+	FileInfoTypeOther   FileInfoType = "other"
+	FileInfoTypeSymlink FileInfoType = "symlink"
+)
+
+// Valid indicates whether the value is a known member of the FileInfoType enum.
+func (e FileInfoType) Valid() bool {
+	switch e {
+	case FileInfoTypeDir:
+		return true
+	case FileInfoTypeFile:
+		return true
+	case FileInfoTypeOther:
+		return true
+	case FileInfoTypeSymlink:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for LeaseScope.
 const (
 	LeaseScopeOperate LeaseScope = "operate"
@@ -218,6 +242,42 @@ type FieldError struct {
 	// Field JSON path of the offending field, e.g. `ports[1]`, or a parameter name.
 	Field   string `json:"field"`
 	Message string `json:"message"`
+}
+
+// FileInfo defines model for FileInfo.
+type FileInfo struct {
+	// Mode Its permission bits, with setuid, setgid and sticky, in octal (e.g. "0644").
+	Mode       string    `json:"mode"`
+	ModifiedAt time.Time `json:"modified_at"`
+
+	// Name The last element of the path ("/" for the root).
+	Name string `json:"name"`
+
+	// Path The file's absolute path inside the sandbox.
+	Path string `json:"path"`
+
+	// Size Its size in bytes (a symlink's is its target's length).
+	Size int64 `json:"size"`
+
+	// SymlinkTarget A symlink's target, as written.
+	SymlinkTarget *string `json:"symlink_target,omitempty"`
+
+	// Type What it is; `other` is a device, FIFO or socket.
+	Type FileInfoType `json:"type"`
+}
+
+// FileInfoType What it is; `other` is a device, FIFO or socket.
+type FileInfoType string
+
+// FileList defines model for FileList.
+type FileList struct {
+	Entries []FileInfo `json:"entries"`
+
+	// Path The directory's absolute path inside the sandbox.
+	Path string `json:"path"`
+
+	// Truncated The directory holds more entries than were returned.
+	Truncated bool `json:"truncated"`
 }
 
 // FileWritten defines model for FileWritten.
@@ -468,6 +528,18 @@ type PutFileParams struct {
 	Path FilePath `form:"path" json:"path"`
 }
 
+// StatFileParams defines parameters for StatFile.
+type StatFileParams struct {
+	// Path Path inside the sandbox; relative paths are relative to the workdir.
+	Path FilePath `form:"path" json:"path"`
+}
+
+// ListFilesParams defines parameters for ListFiles.
+type ListFilesParams struct {
+	// Path Path inside the sandbox; relative paths are relative to the workdir.
+	Path FilePath `form:"path" json:"path"`
+}
+
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandbox
 
@@ -664,6 +736,23 @@ type ClientInterface interface {
 	//
 	// Corresponds with PUT /v1/sandboxes/{id}/files (the `PutFile` operationId).
 	PutFileWithBody(ctx context.Context, id SandboxID, params *PutFileParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// StatFile Describe a file
+	//
+	// Describes the file at `path` as `lstat` does: a symlink is described, not followed (its
+	// target is given). A missing file is 404.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/files/info (the `StatFile` operationId).
+	StatFile(ctx context.Context, id SandboxID, params *StatFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListFiles List a directory
+	//
+	// Describes the entries of the directory at `path` (not recursively), sorted by name, as
+	// `info` describes a file. At most 5,000 entries (fewer when their names are long);
+	// `truncated` says there were more. A missing directory is 404, a file 400.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
+	ListFiles(ctx context.Context, id SandboxID, params *ListFilesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateLeaseWithBody Mint a new lease token
 	//
@@ -1006,6 +1095,43 @@ func (c *Client) GetFile(ctx context.Context, id SandboxID, params *GetFileParam
 // Corresponds with PUT /v1/sandboxes/{id}/files (the `PutFile` operationId).
 func (c *Client) PutFileWithBody(ctx context.Context, id SandboxID, params *PutFileParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPutFileRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// StatFile Describe a file
+//
+// Describes the file at `path` as `lstat` does: a symlink is described, not followed (its
+// target is given). A missing file is 404.
+//
+// Corresponds with GET /v1/sandboxes/{id}/files/info (the `StatFile` operationId).
+func (c *Client) StatFile(ctx context.Context, id SandboxID, params *StatFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewStatFileRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListFiles List a directory
+//
+// Describes the entries of the directory at `path` (not recursively), sorted by name, as
+// `info` describes a file. At most 5,000 entries (fewer when their names are long);
+// `truncated` says there were more. A missing directory is 404, a file 400.
+//
+// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
+func (c *Client) ListFiles(ctx context.Context, id SandboxID, params *ListFilesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListFilesRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -1736,6 +1862,120 @@ func NewPutFileRequestWithBody(server string, id SandboxID, params *PutFileParam
 	return req, nil
 }
 
+// NewStatFileRequest constructs an http.Request for the StatFile method
+func NewStatFileRequest(server string, id SandboxID, params *StatFileParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/files/info", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewListFilesRequest constructs an http.Request for the ListFiles method
+func NewListFilesRequest(server string, id SandboxID, params *ListFilesParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/files/list", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "path", params.Path, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewCreateLeaseRequest calls the generic CreateLease builder with application/json body
 func NewCreateLeaseRequest(server string, id SandboxID, body CreateLeaseJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -2336,6 +2576,27 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with PUT /v1/sandboxes/{id}/files (the `PutFile` operationId).
 	PutFileWithBodyWithResponse(ctx context.Context, id SandboxID, params *PutFileParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutFileResponse, error)
+
+	// StatFileWithResponse Describe a file
+	//
+	// Describes the file at `path` as `lstat` does: a symlink is described, not followed (its
+	// target is given). A missing file is 404.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/files/info (the `StatFile` operationId).
+	StatFileWithResponse(ctx context.Context, id SandboxID, params *StatFileParams, reqEditors ...RequestEditorFn) (*StatFileResponse, error)
+
+	// ListFilesWithResponse List a directory
+	//
+	// Describes the entries of the directory at `path` (not recursively), sorted by name, as
+	// `info` describes a file. At most 5,000 entries (fewer when their names are long);
+	// `truncated` says there were more. A missing directory is 404, a file 400.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
+	ListFilesWithResponse(ctx context.Context, id SandboxID, params *ListFilesParams, reqEditors ...RequestEditorFn) (*ListFilesResponse, error)
 
 	// CreateLeaseWithBodyWithResponse Mint a new lease token
 	//
@@ -3165,6 +3426,158 @@ func (r PutFileResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r PutFileResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type StatFileResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FileInfo
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r StatFileResponse) GetJSON200() *FileInfo {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r StatFileResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r StatFileResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r StatFileResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r StatFileResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r StatFileResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetBody returns the raw response body bytes
+func (r StatFileResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r StatFileResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r StatFileResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r StatFileResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ListFilesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FileList
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListFilesResponse) GetJSON200() *FileList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ListFilesResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetBody returns the raw response body bytes
+func (r ListFilesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListFilesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListFilesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListFilesResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -4183,6 +4596,39 @@ func (c *ClientWithResponses) PutFileWithBodyWithResponse(ctx context.Context, i
 	return ParsePutFileResponse(rsp)
 }
 
+// StatFileWithResponse Describe a file
+//
+// Describes the file at `path` as `lstat` does: a symlink is described, not followed (its
+// target is given). A missing file is 404.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/files/info (the `StatFile` operationId).
+func (c *ClientWithResponses) StatFileWithResponse(ctx context.Context, id SandboxID, params *StatFileParams, reqEditors ...RequestEditorFn) (*StatFileResponse, error) {
+	rsp, err := c.StatFile(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseStatFileResponse(rsp)
+}
+
+// ListFilesWithResponse List a directory
+//
+// Describes the entries of the directory at `path` (not recursively), sorted by name, as
+// `info` describes a file. At most 5,000 entries (fewer when their names are long);
+// `truncated` says there were more. A missing directory is 404, a file 400.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
+func (c *ClientWithResponses) ListFilesWithResponse(ctx context.Context, id SandboxID, params *ListFilesParams, reqEditors ...RequestEditorFn) (*ListFilesResponse, error) {
+	rsp, err := c.ListFiles(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListFilesResponse(rsp)
+}
+
 // CreateLeaseWithBodyWithResponse Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
@@ -4989,6 +5435,128 @@ func ParsePutFileResponse(rsp *http.Response) (*PutFileResponse, error) {
 	return response, nil
 }
 
+// ParseStatFileResponse parses an HTTP response from a StatFileWithResponse call
+func ParseStatFileResponse(rsp *http.Response) (*StatFileResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &StatFileResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FileInfo
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseListFilesResponse parses an HTTP response from a ListFilesWithResponse call
+func ParseListFilesResponse(rsp *http.Response) (*ListFilesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListFilesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FileList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseCreateLeaseResponse parses an HTTP response from a CreateLeaseWithResponse call
 func ParseCreateLeaseResponse(rsp *http.Response) (*CreateLeaseResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -5700,6 +6268,12 @@ type ServerInterface interface {
 	// PutFile Write a file from a raw byte stream
 	// (PUT /v1/sandboxes/{id}/files)
 	PutFile(w http.ResponseWriter, r *http.Request, id SandboxID, params PutFileParams)
+	// StatFile Describe a file
+	// (GET /v1/sandboxes/{id}/files/info)
+	StatFile(w http.ResponseWriter, r *http.Request, id SandboxID, params StatFileParams)
+	// ListFiles List a directory
+	// (GET /v1/sandboxes/{id}/files/list)
+	ListFiles(w http.ResponseWriter, r *http.Request, id SandboxID, params ListFilesParams)
 	// CreateLease Mint a new lease token
 	// (POST /v1/sandboxes/{id}/leases)
 	CreateLease(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -5790,6 +6364,18 @@ func (_ Unimplemented) GetFile(w http.ResponseWriter, r *http.Request, id Sandbo
 // PutFile Write a file from a raw byte stream
 // (PUT /v1/sandboxes/{id}/files)
 func (_ Unimplemented) PutFile(w http.ResponseWriter, r *http.Request, id SandboxID, params PutFileParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// StatFile Describe a file
+// (GET /v1/sandboxes/{id}/files/info)
+func (_ Unimplemented) StatFile(w http.ResponseWriter, r *http.Request, id SandboxID, params StatFileParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListFiles List a directory
+// (GET /v1/sandboxes/{id}/files/list)
+func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, id SandboxID, params ListFilesParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -6158,6 +6744,90 @@ func (siw *ServerInterfaceWrapper) PutFile(w http.ResponseWriter, r *http.Reques
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.PutFile(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// StatFile operation middleware
+func (siw *ServerInterfaceWrapper) StatFile(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params StatFileParams
+
+	// ------------- Required query parameter "path" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.StatFile(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListFiles operation middleware
+func (siw *ServerInterfaceWrapper) ListFiles(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListFilesParams
+
+	// ------------- Required query parameter "path" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "path", r.URL.Query(), &params.Path, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListFiles(w, r, id, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -6613,6 +7283,12 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Put(options.BaseURL+"/v1/sandboxes/{id}/files", wrapper.PutFile)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/files/info", wrapper.StatFile)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/files/list", wrapper.ListFiles)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/leases", wrapper.CreateLease)
@@ -7583,6 +8259,212 @@ func (response PutFile413ApplicationProblemPlusJSONResponse) VisitPutFileRespons
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatFileRequestObject struct {
+	ID     SandboxID `json:"id"`
+	Params StatFileParams
+}
+
+type StatFileResponseObject interface {
+	VisitStatFileResponse(w http.ResponseWriter) error
+}
+
+type StatFile200JSONResponse FileInfo
+
+func (response StatFile200JSONResponse) VisitStatFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatFile400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response StatFile400ApplicationProblemPlusJSONResponse) VisitStatFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatFile401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response StatFile401ApplicationProblemPlusJSONResponse) VisitStatFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatFile403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response StatFile403ApplicationProblemPlusJSONResponse) VisitStatFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatFile404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response StatFile404ApplicationProblemPlusJSONResponse) VisitStatFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StatFile409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response StatFile409ApplicationProblemPlusJSONResponse) VisitStatFileResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFilesRequestObject struct {
+	ID     SandboxID `json:"id"`
+	Params ListFilesParams
+}
+
+type ListFilesResponseObject interface {
+	VisitListFilesResponse(w http.ResponseWriter) error
+}
+
+type ListFiles200JSONResponse FileList
+
+func (response ListFiles200JSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles400ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles401ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles403ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles404ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListFiles409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response ListFiles409ApplicationProblemPlusJSONResponse) VisitListFilesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -8689,6 +9571,12 @@ type StrictServerInterface interface {
 	// PutFile Write a file from a raw byte stream
 	// (PUT /v1/sandboxes/{id}/files)
 	PutFile(ctx context.Context, request PutFileRequestObject) (PutFileResponseObject, error)
+	// StatFile Describe a file
+	// (GET /v1/sandboxes/{id}/files/info)
+	StatFile(ctx context.Context, request StatFileRequestObject) (StatFileResponseObject, error)
+	// ListFiles List a directory
+	// (GET /v1/sandboxes/{id}/files/list)
+	ListFiles(ctx context.Context, request ListFilesRequestObject) (ListFilesResponseObject, error)
 	// CreateLease Mint a new lease token
 	// (POST /v1/sandboxes/{id}/leases)
 	CreateLease(ctx context.Context, request CreateLeaseRequestObject) (CreateLeaseResponseObject, error)
@@ -9008,6 +9896,60 @@ func (sh *strictHandler) PutFile(w http.ResponseWriter, r *http.Request, id Sand
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(PutFileResponseObject); ok {
 		if err := validResponse.VisitPutFileResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// StatFile operation middleware
+func (sh *strictHandler) StatFile(w http.ResponseWriter, r *http.Request, id SandboxID, params StatFileParams) {
+	var request StatFileRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.StatFile(ctx, request.(StatFileRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "StatFile")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(StatFileResponseObject); ok {
+		if err := validResponse.VisitStatFileResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListFiles operation middleware
+func (sh *strictHandler) ListFiles(w http.ResponseWriter, r *http.Request, id SandboxID, params ListFilesParams) {
+	var request ListFilesRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListFiles(ctx, request.(ListFilesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListFiles")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListFilesResponseObject); ok {
+		if err := validResponse.VisitListFilesResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -9345,141 +10287,149 @@ func (sh *strictHandler) UploadFile(w http.ResponseWriter, r *http.Request, id S
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3rbhu3tvCrLGgfoHb2SLYTp3vXRnCQ5tLmNIkN20FPUed4qJklifWInJIcy2pi4HuI7wm/J/mwFjk3",
-	"aWQpaez27N0fAeKZIblIrvtNH3qJnuZaoXK2d/ChN0GRouH/nqAz86cjh4b+StEmRuZOatU76J1iolVq",
-	"QdBrmE1kMgE3QUgyicrBVMzB0PBBL+rZZIJTQXNMpZLTYto72I16bp5j76AnlcMxmt7NzU3Uy4URU3Rh",
-	"/Zcyw2PhJsur01OQysoUeVUrVDrU14dgMBNOXiHkwk0sCIP1I6f525k2l6k0BJikuX4t0Mx7UU+JKcFD",
-	"A3tRz+CvhTSY9g6cKXBhD69RjQmsvWoX1hmpxj3aw7E2bhnip5Br4zpgjiDFJBMGU5AKYvrKxiAcJAaF",
-	"wwrMAFcJJS1yK5Ti2p/0148fP3oc1Se/13HyUe/UA/Pq+TLkZzWsINMIYju87scgVAoPdyHTMzSJsAhD",
-	"YfHRQ0gmwoiErnAF6DK9FXC8FtM84zMdXvfFMElxNJ7IXx4+2n/89T8us6nqEZ44h4bm/h/66mfR/+1h",
-	"/x/vPzzcvfmPXtelnKK1UqtV+zs++wms/wRkugJwuwby2xHjhobaXCuLjNxPM4MinT/TSmHiaD6iROVQ",
-	"MfaIPM9kIgjGndzoYYbTv/9iCeAPjSX/w+Cod9D7205Nwzv+rd059qP80gvIqLSboCmJdaKz1HqcDGdA",
-	"lxs7cYn6Ck0MM2FBaQcWHWzFiU4xBmkhfvr65MXT5z9dPDt6+/bFs7MXz+PtQe8m6n0r0hP8tUDr7nNX",
-	"r9SVyCSRUV64Q4jRGG1sDJm0zgJeoZlDWJShfKbVKJPJvcLYIiZLFM8syWg1BuuEQxhpA24iLRh/grCF",
-	"g/EAclFYTEEbsE7nOab+pF9qM5Rpiupe0QecvkTFoIqAShU3o2dgE50Tw9XEHxpb0gVxtJuo91a7l7pQ",
-	"94r179Sl0jNVnf+WNjCSGTLMxFD9kR6LeaZFeqb1a2HGeN/YUV77UKdzQpGMgKDzEwpERuw2ZTBP0VzJ",
-	"BN8pcSVkJobZvUJ6dEXsQ+QikW7OB0h4PBTJJaqUwC6UQZFMCC5ip4taRb9SK7oACF/vNBSQmwYX/xMg",
-	"D2+5CM+a0qPJHp8dvT178d9nF2+Pzi5eHr17W7LHd0oUbqKN/O1+2f4baa1U4wimIhtpM8U0ArzOSZrR",
-	"dgxe6UtMSfFIUTkpMhvAzY1O0Fq6zBfKSTf/o4jiSupMOAzCiseuZfQ3pYxm7HvGWlVQdxj2NJW0ksiO",
-	"jc7ROEnyeSQyi1Evbzz60EPlzDzX0m9aOpzy4wVJH/VUkQWC9CpC+EAYI+b0HtXV6pU3n08Pf8HE0QfE",
-	"xewnTdk+YlK0LenHMyMdwhBH2mBQQEmNL4yyEavU0D8vdncfIbw7e9n/Jzi8dkTeayGUaYYXTk5RF+7C",
-	"dpgTTufBlmBJkZFAnEk3AaUBrzGJmFUTmhK1OSNGI5mwnqI0COdEMsGU33mlhqAiHBeud9BLdUHARS37",
-	"YwXMqpgOid9EPTkVnv23QX2mlRNSoQH+ALZKjRCGc0h1colmewCZTkR2wHhK6iPoEQgVRgSpPxYOZ2L+",
-	"lfUfh5epNJg4beawFff7/KbPb2y8fQACjNaOz8LOrcNp/X0QvbEHAay4wpgeHT17BZmY68KBE2Yosgy2",
-	"dO6xJJtDTOANnDAHBnN94MQ43j4EoebgBTtDT6rKWGlDHENYiPHaGTFgsGLaC/HFub0FE2rMm6ITqXDi",
-	"d6DrCWMkpgSKtIdQMGeiv+hY40wMMYvpjAid9IifEm/YCFPZAOuwOOkxkQhe59qSBWd0MZ5A/N2LM9i5",
-	"2tsJggHtzgeZ3uygSplT2J0PNONNzEZFyTI+xTpbw0+iXqHkrwW+8nPTFzfMuK5kiubC3/QtzMFPubDZ",
-	"MLpvc0wkEVqY5rCSeZc4L83rX9h+8dS6v7tLGCPVmE/9EucbHTqbQrfxh+/1zPMEYlJCuqBT1sq00zDE",
-	"RE8JIJHOvwD5G7S6MElgrFl2NOod/Hy7FDuphty8X1zhJuo5l3Xt7bUcIW2d+IINbpWR0VPPgFmpSHEk",
-	"iszB3j93dw9hF554tphLM9/+AlsNLpFu25he0n02GJOXDCnIEUy9TrG9Ae3fdFz8c8zQ4QnaImOh2ha4",
-	"Kb9NGyxhqHWGQvW8OV1a4j9XX77vWkPPFGn0q1YJioy9GH69330ExG6/sjCcO7QROzq+3u+jIk2PnQXL",
-	"G23C1pq/C8AXgVe8UiO9DF7JSdrOkYlz+cHOzt7Dfwx2B7uDvYP9b/YeP+p1MNyG6r0xv10AcWFDFUT1",
-	"5J3busbkBalmZ/xm8WB/nMy9x1BPpyTHU5myk8EUiqiZyCtD+vYQCLFgRmJGOvqOzhwVYffPvcA0elEv",
-	"sIIGLPWGCJaGS+ITlL4A3jL8J4UiiR/bCfSTGLaGwk48kLlBi8oxTdzqFIp6yaxj5ueB2he8lWtF6xfX",
-	"K3kj5govyLAbG7K5Lqy3Ozv4GB9fxau2DyCYDUFdL+85w5GDIU6kSlmAXMosI/ERrjeom4fnioBiDWoO",
-	"l4g5IYaSajw4V6sPo+IPUc+6VKpumj51QqXCBFdRF0WvPetbZNXzmlkH1H0C4VC+AK8ubJc7/p0tVTWy",
-	"S2W6GTtucymP56soeSX3zAsW3F0n8ez4HbBk2yKo4e/gddbtUikrUYL+0d81wkjHYh5TEvRRQzIO4OmQ",
-	"iIvwxWA5irUVSIQiBuKQVNxSE+888aVTTQvDovZieqvy0YDZCHUAUxS28K77Zb8+y3DpLFgnjCOeRn/g",
-	"tXTRCuhhi/X97UNAIqWg0AY7AayYgWyjkFTu6/1el87INvGFC5x3M/WlzbA7VRitpxeeYLslZXk6M2FL",
-	"wiZNbSaUo0uf4pQViMY5fWXLp5mcSke2xyYX3BC7DZrPUVxe+OkupnLYocajuASDdFnKlQu3sZHtqNJq",
-	"EGaM1pWI2YGWb+S3d4SSnhFeEEvqPmvCJKDXh7D38DFoBYEpBR9s0IxHQmaFwUEnmliXouniJ2Te0wa9",
-	"S501HzCYZyLpVHl4JhLDX2AmZwqVCNeFYk/BOoNiCuxcxBTiqbi+wGtMLnTh8sLFYYESB5PCdWHKAu8L",
-	"sFfH0T78FjG1WUUT2C7G+VJiljJJLTPOEb1b3uJ/nR699a6WgIN6NEKVkgbOIyLgeIAPFP689z4Odn8V",
-	"OmUx0HmwU7Q2uDRulwUetHpA99Yy/NFI53zsob23vDNqS0jLOxOWPU0OFWyJodVZ4bCDhW53I5r8rYMg",
-	"vuVrD7NuxCMX9hxifTx7136/R5H5TbW3ap1whW0r5/pyrVEQhnWt9BqFxc9TVjnusjnD55VOeQxx+6Ck",
-	"EDA5GuGwd4vRSkMhC6ZrpeeI4LoLoitc5O9We25WHdNpueE2dLGeKTTxgXcGuwmpjRCHXdHjyqNoIzg+",
-	"+ykCfx8RVH6bQ1A0GLxlGfkAXAQGFc6I4qaSRBot07RG+EEvqg6wyxYpfd3L3E3Byctn8M3+43+U/mtI",
-	"0QnJ0m7RLOkSC29EMpEK+wZFSsdZMovAfeMIYqXdxYg0efpjOUIRdUV1O+nQQ9ZpWHiHfMtJfhsaNrjk",
-	"zbK3vCawZfHlpMvwFgt2WX68O3kFBkdoUCUIrAbI0bz0V5WnTqNhKxZDXbiDYSbUZewNFKUVbq83+YOo",
-	"8OBVW6jOLPLX10X8x27uQxSfa61max2MK2itcawrbd6g6Dzhw6IBRiScW2MnrOGwDSxHpQUceT3WTrY3",
-	"sqmCMfwH2Lk+otXeK31LHM3zB2/cPoFc5mhhy2sMrGZ4nQFELozbjgClj4eTzo8pCAdaJVhptdqUrDKZ",
-	"aIvsQnDsYjLWhUAGbMX/mbv5k934wK8XzpFB2Y6qud3Ei7r1trDRsy+AFqXp+Rl+vgqt0w4J6kOnFzJd",
-	"r5k0vl1BPW8CYyw5Mt1t1KNj7GbGbh6iysuAlWGlLv9j1AtO0AvBNFqLN+GwTzKxi2eSyr5Co3/rfVwy",
-	"w8rR0dvkUqZhtlujq+FYyIBjNflCj0YWO7T1M+1EFnRoPQL/NbHFtEgwBathJIy33xReO/7yKwuVEufn",
-	"3d7QSA0b7T7fz0SLetbFzTaPP5xbVN9x60JX4FbAlNfSupVovLnYa6Dektjr3l+3vniCmdcYux00xr9e",
-	"gcUGp0LScV3wV51ydgGYasKO0d3wKZx9njirlM8vrj2etKI7t0G0GHv047y3wh6C8PycbDDP4dl4gikK",
-	"ZVu+gK9s0wu45ETr9J5Z2BqxiNXKltk/XyLgk0p7eTHucpA8l/bS7w2kgu/ktx0QHJbRbeGA7t3B1/vw",
-	"Rn67fQi7lYCTdiHIXcawtuJ+P/y/T3D0x3IY1xFz0QxuBxO4dhXpmTpkK480tpyWlo49HNbHH1+8PTo9",
-	"flbakiSe9/ceVcFaF2I5PhHNDkK4/gBQjbRJvBc6uHCs04bj8UZeld45jnSH4DcfIR+UT/Ypp4i/xP2M",
-	"PT5sMKbBTcd5UTn8NgjDN51kn7JQFzWV6cOdAazPE5S5NGjDmE5JiaoVAJ5wjmoIiravoLHQet2SLndd",
-	"tHyD9JZlBFh76Zmw7oL1aenmn3Ran5VTsTrzYTGzqWlwLRhnVZ6Bz5HuWCbcT7cYb1p3t4nKgF+n/uNq",
-	"2IVBEdLMumOL7VRbnygWh4xa6SyIMfttK2d17X3m5JeZtN2etFvk0m3B9TVKTH1SDZOxfcL1dC19pUUw",
-	"JXhLaNmBYg3cKRGgpIH3q+l8hQJUZsBsrAE12cZaFaia/RbATmitZWSoqilYIrDnxjt4D+EtvtHw3XwK",
-	"uTA+8LQsnTfiCQsZdYVhM3AkEmdLL0x9R3EEMWtMFzJtelfqDfm3nGe9vKOjXPxaIAxRGDSNZGxOnWv4",
-	"3Jbwdolca58li99Of2uLgDcqz1ieo3TTbeqNJPXfXKG5KEzW7UiuFQu8dmiUyODdyWuQKskK9pbHO1d7",
-	"fLa3JE38c/efuztXe10gb062NaBRm4abd7hMyP5MmgS9lu5OK2a5fB6ZHGEyTzIMdQR6VMeAmh5Kdh54",
-	"86g2lHx1AbMdLi4oYx6cXcYJX53Gs4dnleHxB7D2jdj35p74d7nPG/o8T9wXziqKek6YMbqLMriyrhCt",
-	"5ZBsDI3WZySVGy8v9hMMpKfZTMwtxB9uOhhb1Lvuj3W/hrVI3Icbn6ONSWGkm58SXgSzLJc/4LzTT/70",
-	"+BVc4pyTUZ+GZHqOyh3At54rcp5ycolzn7AcD+AtYoop5xbVwiCT1h2CyKwGH6DU6lyFFHI0/RLL2GBo",
-	"0VSZ3xgmS31aCmM1m9gMRX0AxHoqvu5B7HJP8+vA0dftjb8qd7fx2t9zxta6tbcquUgkK5wcZgg+2Wu7",
-	"Ko/zf9cFcv/dp1H97+bTfqDqPvP0GpJwo21YHq4B5pb11ixDeCWDTdJegC6RJAixD6Hg+7Oz4yrPgiQp",
-	"EWEfrzEpOAGzUj4GcKRqk76vsHBGZIyOmsxEca58MjeBaHORIPwiZBaBgOc+LxvVWCr0MdsfiiEahQ4t",
-	"JFlhHZmiJy9OzxiEiqFHoBX27US7c0UgMd6ykXwIP+LwlOZ1Noy5QnBoppLk4dbx2U/bZWWKhdlEWyxd",
-	"elxgxnnsPv0mEepcDdFH5uf0kJPxBRhMfIni4Fydq2ecXG8h0Wokx4VBiGv5B08gSNjvj07PDo6PTs5I",
-	"Bh+Gkow2LXGNUIrmXMUf6iluFvKo4wGckVLDVrssE8mUMyJxPrv+O83RGh/y56kNSHWuYg5PKJHtiFzG",
-	"nGk2RsVRubRMzYmqzKMqx4Yg4TwP4UJut85RiVwO5mKaxXwIf/sbEF2icqHohR4+gAcPAld68AD+3//5",
-	"v5szppOygKDNmpxm7tRAvnMF8APO6fin6DcR9/sil/1LnMewA/Hp07fPv3t69uLi6fGrix9e/HQawxZH",
-	"c/oWc8Gb3x7Aj6GwgtlXeZMpzd48C5EkmJORpLSaT3VRlSRa0CqbVxl7BCQqegiZ1vlQJJdcW2cK5b0y",
-	"NHHc70vFPB77SvdF4Sbx9gCarJx4MClDPNNGLFg6mrpmwHQHr2vGEe7BNMoF4oZOFpPiICCubYcYtobz",
-	"5hUM5wz78dFpZ5K/d3rSPo7UMqwWLBfDOcZHgHgVf/R3xFxWZtLNtyP6tv0JZ3l0Y1TMePGt0TOLxgLh",
-	"K+m/omYOUSjQD9lIFl3g5TaqYAwR+2oMzWmLYW6004nOIC5Z5oB3PViWQWUVIBfUN/JR/JnHfD8lY58I",
-	"CwIePGAl+MGDAwgRe9iqI/ZRQ5lvReF3DNpiWgXjhWLUJbOOPuWJ/DJ2m0+tjPvD1gZx/6ieyA+juf1s",
-	"nsWw95veS2cxG22UJyBUEyyP94vTs4vRz6WHxJkXRvH5ndF5+8ILzUbgADas6uObOoAHD/Z39x48GECj",
-	"iJdA2LyON3hP/VSPeCpVlYXo8iDScqYDmp0+3X/wgI4l1xy7ZA5SFnyVWgdhxRBRwRUaOZK0E6tBprbE",
-	"3KEP0WNKFJcgiVtoWgLl2p571IYx4beyMyKP/d39kolzyoGlP17w92xDsDN3VUFjDFtlhsa2dzjHJHzI",
-	"nOdYP/3HY1QcnavYh/tj2JoUU6GqrIxDeCmse3r8qm/dPCt7ZliuXAHptn35va8j3Zp2pnSwfOvO6UhC",
-	"Wfsn5HcQQnLpjjaw//DhueqopCx98WUpZghs18aX9cLxI3hTDj7CGxTMiT6eq4/9fp//0Qe00scqI5Bz",
-	"sA9q7IX/Oj16G4WaeBbtUYVeHFthYykNBpP/PyFVxElwbgJuIhygTUSOrSwkCIvvwceybIU2XMLRKHst",
-	"v3wEH9eUurcJJAzbh48VxHU2MFeacxOQUMRYlgyHUd/Ax1YjAO+lZIVPK97bQgeAuusJJwaA8B0lqmrI",
-	"7TDzHm2Dy8kZTrIEw5uHD+FjKKMNpbUVPI9582WFN61aFncXdcX5ISTCGIkW4kZVd1zOQLcsYFiMDyHT",
-	"4zFBzIpe38oUo2a7mDEpsCTXRwgh6ZAmOVdPQWnV/w2N9umuvozSK+aYVunGpMWD0mYqMojrbPU4Cgy1",
-	"VPEZUb2llskElfXBEm9OPM3p2PoPB7u9qMd+J7ac7MHOzmw2Gwh+PdBmvBPG2p3Xr569eHv6gsfU6UiV",
-	"ddGLeldofHJBb3ew578KCmXvoPdosDt45NuZTNji3ekdfLiJejsTTjb8Lfw1RWdkYsNfTX00POJ7L79u",
-	"qik059jH+b24kVq9SnsHPSLw0+qrduOdn5fcjcSrqzl9+aq0Hk1XtdGp/Neb1X8veIFuojUweFsmLp3X",
-	"MYsO0iLjy9gz5iuRFQjxVRzBWF4Fc/ryyVW8CmIuG+11t6JxKKZP2MHX6Dzz8/88ef/3J4MHXR1n3i90",
-	"e3m4u3tLzfyn1co3nfC3txgh1ilVXUeoTYqGa/r3PTxdy1Rw7zTauPCQvfVDWq0Nmm4dRqvSofPzezog",
-	"W0ynwsy5ArJp5tBxirFdcPpzgMp2hAN9XpFtmAVeTeMyoiCjHCtXpiA+2io6EZcYIs6wRVQkFVrrdYzt",
-	"6FxpE4LLvnBJkG1IUoBEhy9hGkDM6qS3MMus5lBB7+WlP5sBtHpmnKumMJ0J6aw3R16+enlEKnThW8EU",
-	"OdmBsbdJLvh5HdGJ68rQr3d3t5mlqnNVqjrEw72S0uTOZFFjbRTV+riXZUER90yyzTSSVu8E72BE677V",
-	"6fyLIXe7P8NN248ZilAWKGvvS1PWCY66CCsksAX04iLje6OkqLe/92j9oMXeNTTu4cNNFltu8XET9R7v",
-	"brBmRyOajQn/WTC1S9JdQfqLYo2t77pAuLudRGmuTfXVgh5Iz5Gb12UZh4Eb5l1DMbMDeJXiNNeO03q8",
-	"8XOuvEkmFeBohIk7IOi5Ni1YH01Lo9Q/Hu/udhGUH9AkqDsSGa0y6w7U9u/Twedj5yaYUjer4hH760dU",
-	"nX6WMKrly/75PSkMbZdy41npbvePVuHi83B7jf5QdNPbK8VRp2I1RncP99kKnN+qAvybXymdynA9g1lS",
-	"gLv2UH+yU7dLvHnfyZx20tB0oKGBdzUxsVVOWhkJXAwEwjPBxl4t6ctcu8LiuVrVfyQoJRwUYIuPH5Cd",
-	"X5q+pUvdO0SWeVPYwEvJaS23Ggh32I6T+LfDi9/ZlfMu1fGF9hIryDFccRl5vV/V4a4pmQZ8s35A1XDx",
-	"s9WZu2cZJyjS0iIQJTEu+Oe9A3T73njJYi+htTxFcCoM+8F8oaz19aJxZ526N4bmZUiATKTQxLcgswxV",
-	"eq7YjJBuAGyHc6LY7X1rmdZ9r6T00KdjePpfwW7G6F7UbUXujFhbrVZWkGp53P/mNHr3tPa9npEUYBQF",
-	"4X2jFVJVmPTlySxa+zH3cF5JjteY+CLnzyXzVa6Mk0JZiIODIvixbukv03J0kB3jY/sk5NteU2nPVeUf",
-	"NSynOGRZ9gtodD/4in1rWdWLA8ZGFznpCaGdQxkx99Pw1HGjWj6GvYePoxAS4HT0GOKwThz5LXFVu09D",
-	"8AVFA3jVSvQHUygac66896W1Hjc72PHxyKG+jus5fcoYsyNflBdzHHp/d39nf/ebKmX8XDUiRt5Lz93D",
-	"6s668IIwMrQakBYSr4IJt7LfQKmdnau9r0k9O4S46gwQc/sHuz2At7rpAYcURZpxMgjHFbjFa9xw7uRZ",
-	"Qdx4bESC5ypHI3V6WLNn5u+ptCE/g4NkCWatbjtdrJbAfxYqPO/GidPstrSRC2f3Cy99mybWaOACW7OJ",
-	"cGyhl61ZOPNn+y/17H+zt+kOtMJCgVY17rT6k32K02qnatXaqcCdMsupjUJmOWT7xCssN2IHdWM+frY7",
-	"6FKughn3CXSnE4eu75lgm/6qooehVIKNtY5m97fnuy70hH7mQeiXJtwt6bJW/sZB52qaDrjKitPbf27i",
-	"L+3uPi0pAUbM+NaCYP0j9LrqF0VYByvWUGC7FbsKDos2XcIWmU6ElIcQJ4XJoH8Wb0ch5sZFigaVO1cl",
-	"lcoqjyjPRMKJWookj3UlafsATdn/3TuQJ5ixnRU6VrGK1iXb86Km9E3k+u8k8vuT6812Qx385cey8c9f",
-	"cvtP6Vb5kRuLB27Aiaub8oNuMVoXq9+BFVZ5UVqpoWxmCFA4a2eRDuCpmocw6lTMq4S/Ou2Q3x2eK5/z",
-	"pqpcRz9mK2TVVRwjJMRuL8zWGDOAmEv84rL2/Fz5uhefEp2F3kxXxGq6GzLVLIYWGSLoKRFQSuyszEws",
-	"kxVXRoLLrPu7MCFaTbBuln8+5/7Cvm9IZUj/5TjLZyvqd88s3jDOM6U1ykA+gz/shFYVt4WKTzg/1jYI",
-	"x+cWhRqcOs+fG+7Uv8tz2HJYXCLmttGhNl7sjBFDogvl7EI/Ay7YKMPPI4dmJkxqB/BM+Ka4zHOqHPlz",
-	"taV0dSYhFRm32+mt33QRbPi0ptg7EtPtXiQd1BQ++DOHmv8oXXpBeya09IJBZBnJhawscrqXoAOnm34p",
-	"AbugpNLUf3yU/JgTagf/Uvrfn9iH8tIg/oacc9Ms4vnKNto+355ysQJRjb6eh8jYzgcyym5+F9puGh2I",
-	"PnT+UJF1Zab8u5PXEYw0s3RffeTKBqhaLcgBgv6Q+DipYxOdpWAzYSdoz9VWvHLTXL4ucrnD3Rb+89cn",
-	"e3FdoxUvvAmKXNePSa4Lri+F01fchG+jtzLhuG54Ze+S7Bcada3KjymTvP6dE2Q48baNiVX1qK2vqiRG",
-	"uuDfJ2tW2VxckRjnbh6Xv45ExklodWibzeGrwpNgjx2f/QRbMWFszNVe/Ji7JhLpcIl6vM11RCHkxNZn",
-	"SNAVqiyXaBXEbvne39bBHryR3/IPO/n4ThQKGquGd2zA+gZzNlRW6sKFrWwJC0c5qnACXLeQfmWrgp8Q",
-	"Ki9P2ifwnpdKd7l54RodIqv6vAB3VJ7XVHNcX1RNJIW99EXBdTfJc8UHc1i3Rwg9JQ+hUE5m/qecmj8E",
-	"Kq0v7wyqaNzqqBfDLqm6VbyyaYPWCPVJbUJbdikXJAfDdLUV2mijdzem6FJL1js2Rxu9Mjt416lv/vmX",
-	"p+tfM9LE1wtiiQ0vceGVInjng12THf2DzLLW7/3WOpgP90eQZNpnRNflZGXYmbsPaMMlW405BiuymxfI",
-	"868E5wUka/+i6T1gGN1+4xI3wbXVuc73c7vNTqm3anN/3W8r6XmDi71DM6n+zfVbDAbPrXZm9o5ttvXA",
-	"cMX+3UQUTkte6btTgtOg9Az+Xrnxt+Ld+KBuX3m40FN2UaVKCuODimH89kp/frcvUOHsbqu4Wi1/O9Wl",
-	"e/PyMCh/6Ut/aof/i2uHKm35hMpfFvksl5DvD3I3zks/9x/vvTzxsQYQYyHVX07Me1LPzyZiVvdi2KxS",
-	"rBtH6+6Ia+rITstK+rvDtGYbx1UKli/2/zf2lZ21RDCfx70FY4q8rCW7A9ebkeUv6qfINWfcQ6ZqEBlz",
-	"AXqjgWQMW+vrus5VKOxazoWCRipUO9cpub3U7fjdp5S6dWg+/hg/KUHq0yip3TD0nlOkWk07/8qR+hPl",
-	"Nv8R+VWfUbm2rmyfSxc83/HtcXaYrYSployeIBw7+li2f3+tUX1fVboNGp1kKgg7Qm7NVpdkL+Uyx01a",
-	"Xm4tueUbjU63G6vn7DHsCvUteuKbDQqb7Z22prpQDlMYzmHCTQWxqsGrO1L6zpXNlWc4tDz/ylAj3QbH",
-	"Ra7ZpCy1EV+d97nL8nQdS/rfP4yg6pISQehLFPm8mFQnxbR0EHIEx3ckbPQjZQyqIGquqnNLwu//BwAA",
-	"//8=",
+	"7H3rbhu3tvCrENoHqJQ9ujhxundtBAep47Q5TWLDdtBTVDkeamZJYj0ipyTHspoY+B7ie8LvST6sRc5N",
+	"Gl2cxk7P3vlRNB4NyUVy3W/zoRWpWaokSGtaBx9aU+AxaPrnGVi9eD62oPGvGEykRWqFkq2D1jlESsaG",
+	"cfyZzacimjI7BRYlAqRlM75gGof3WkHLRFOYcZxjJqSYZbPWwSBo2UUKrYOWkBYmoFu3t7dBK+Waz8D6",
+	"9V+KBE65na6ujk+ZkEbEQKsaLuORujlkGhJuxTWwlNupYVxD+cgqeneu9FUsNAImcK7fM9CLVtCSfIbw",
+	"4MBW0NLweyY0xK0DqzNY2sNrkBMEa6/YhbFayEkL93CqtF2F+DlLlbYNMAcshijhGmImJAvxLRMyblmk",
+	"gVsowPRw5VDiIhuh5DfupL99+vTJ06A8+b2Gkw9a5w6YVy9WIb8oYWUiDlhoRjfdkHEZs8cDlqg56Igb",
+	"YCNu4MljFk255hFe4RrQRbwRcLjhszShMx3ddPkoimE8mYrfHj/Zf/rtP66SmWwhnlgLGuf+H3zrV979",
+	"43H3H+8/PB7c/ker6VLOwRih5Lr9nV78wox7hYl4DeBmC+SbEeMWh5pUSQOE3M8TDTxeHCkpIbI4H1Ki",
+	"tCAJe3iaJiLiCGM/1WqUwOzvvxkE+ENlyf/QMG4dtP7WL2m47341/VM3yi29hIxS2SnonFinKomNw0l/",
+	"Bni5oeVXoK5Bh2zODZPKMgOWtcNIxRAyYVj4/PXZ8fMXv1wenbx9e3x0cfwi7PRat0Hrex6fwe8ZGPuQ",
+	"u3olr3kikIzSzB6yELRW2oQsEcYaBtegF8wvSlAeKTlORPSgMNaIySDFE0vSSk6YsdwCGyvN7FQYpt0J",
+	"sjb0Jj2W8sxAzJRmxqo0hdid9EulRyKOQT4o+jCrrkASqNyjUsHN8BkzkUqR4SrkD5UtqQw52m3Qeqvs",
+	"S5XJB8X6d/JKqrkszr+tNBuLBAhmZKjuSE/5IlE8vlDqNdcTeGjsyK99pOIFokiCQOD5ccl4guw2JjDP",
+	"QV+LCN5Jfs1FwkfJg0J6co3sg6c8EnZBB4h4POLRFcgYwc6kBh5NES5kp8taRbdQK5oA8G/3KwrIbYWL",
+	"/wWQh7ac+WdV6VFlj0cnby+O//vi8u3JxeXLk3dvc/b4TvLMTpUWfzws238jjBFyErAZT8ZKzyAOGNyk",
+	"KM1wOxqu1RXEqHjEIK3gifHgplpFYAxe5rG0wi6+FFFcC5VwC15Y0ditjP42l9GEfUekVXl1h2CPY4Er",
+	"8eRUqxS0FSifxzwxELTSyqMPLZBWL1Il3KaFhRk9XpL0QUtmiSdIpyL4F7jWfIG/g7xev/Lu86nRbxBZ",
+	"fAG5mLnTlPUjRkXboH4818ICG8FYafAKKKrxmZYmIJWadYfZYPAE2LuLl91/Mgs3Fsl7K4QiTuDSihmo",
+	"zF6aBnPCqtTbEiQpEhSIc2GnTCoGNxAFxKoRTZHarObjsYhIT5GKcWt5NIWYfnNKDUKFOM5t66AVqwyB",
+	"C2r2xxqYZTYbIb8JWmLGHfuvg3qkpOVCgmb0AmvnGiEbLVisoivQnR5LVMSTA8JTVB+ZGjMu/Qgv9Sfc",
+	"wpwvvjHuZf9jLDREVukFa4fdLv3SpV9M2DlgnGmlLJ2FWRgLs/J9L3pDBwIz/BpCfHRy9IolfKEyyyzX",
+	"I54krK1ShyXJgoUIXs9yfaAhVQeWT8LOIeNywZxgJ+hRVZlIpZFjcMNCuLGa9wisEPeCfHFhNmBCiXkz",
+	"sDzmlv8JdD0jjIQYQRHmkGXEmfAvPNYw4SNIQjwjRCc1pqfIG3bCVDLAGixOfIwkAjepMmjBaZVNpiz8",
+	"4fiC9a/3+l4wgOl/EPFtH2RMnML0P+CMtyEZFTnLuIt1toWfBK1Mit8zeOXmxjduiXFdixj0pbvpDczB",
+	"Tbm0WT+6a1KIBBKan+awkHlXsMjN69/IfnHUuj8YIMYIOaFTv4LFTodOptAm/vCjmjuegEyKC+t1ylKZ",
+	"toqNIFIzBIjHi89A/hqMynTkGWuSnIxbB79ulmJnxZDb98sr3AYta5Omvb0WY8CtI18w3q0y1mrmGDAp",
+	"FTGMeZZYtvfPweCQDdgzxxZToRedz7BV7xJpto3xR7zPCmNykiFmYsxmTqfo7ED7tw0X/wISsHAGJktI",
+	"qNYFbky/xhWWMFIqAS5bzpzOLfFfizffN62h5hI1+nWreEXGXI6+3W8+AmS33xg2WlgwATk6vt3vgkRN",
+	"j5wFqxutwlabvwnAY88rXsmxWgUv5yR158jU2vSg3997/I/eoDfo7R3sf7f39EmrgeFWVO+d+e0SiEsb",
+	"KiAqJ2/c1g1Ex6iaXdAvywf783ThPIZqNkM5HouYnAw6k0jNSF4J4LuHDBGLzVHMCIvv4ZmDROz+teWZ",
+	"RitoeVZQgaXcEMJScUncQenz4K3Cf5ZJlPihmbJuFLL2iJupAzLVYEBaoomNTqGgFc0bZn7hqX3JW7lV",
+	"tH52vZI2oq/hEg27iUab69I4u7OBj9HxFbyqc8C82eDV9fyeExhbNoKpkDEJkCuRJCg+/PV6dfNwKBEo",
+	"0qAW7AogRcSQQk56Q7n+MAr+ELSMjYVspulzy2XMtXcVNVH01rPeIKtelMzao+4z5g/lM/DqzDS549+Z",
+	"XFVDu1TEu7HjOpdyeL6OktdyzzQjwd10Eken7xhJtjZCzf7OnM7ayZWyHCXwP/y7RBhhScxDjII+qEjG",
+	"Hns+QuJCfNGQjyJthUVcIgOxgCpurok3nvjKqcaZJlF7OduofFRg1lwesBlwkznX/apfn2S4sIYZy7VF",
+	"noZ/wI2wwRroWZv0/c4hAyQlr9B6O4EZPmeijkJC2m/3W006I9nEl9Zz3t3UlzrDblRhlJpdOoJtlpT5",
+	"6cy5yQkbNbU5lxYvfQYzUiAq5/SNyZ8mYiYs2h67XHBF7FZoPgV+demmu5yJUYMaD/yKacDLkjZfuI6N",
+	"ZEflVgPXEzA2R8wGtHwjvr8nlHSM8BJZUvNZIyYx/PmQ7T1+ypRknil5H6zXjMdcJJmGXiOaGBuDbuIn",
+	"aN7jBp1LnTQfpiFNeNSo8tBMKIY/w0xWZzLitgnFnjNjNfAZI+cixCyc8ZtLuIHoUmU2zWzoF8hxMMps",
+	"E6Ys8T4Pe3Ec9cOvEVOdVVSBbWKcLwUkMZHUKuMc42+rW/yv85O3ztXicVCNxyBj1MBpRMAoHuAChb/u",
+	"vQ+93V+ETkkMNB7sDIzxLo3NssCBVg5o3loCzQrrrBFjX1nDUtBkLyjJRsKawNmMBmwm4gD/PxFOGBgr",
+	"oqsFEZiKLE98EGTYGny7vz9sEQlVYoC/Drr/eP9hvyn2FyA4YiwgvuSEnSXlcQtdpJimQS7k10R1CTeW",
+	"QQIzcCyNyB2vqz1s9YetwjDVSjkNcGXutDGkXbEz+MioJLN+3lXR0kx/4o81p46/4Ek6ymhzZhazRMir",
+	"bwz5daxhFtmc/cawhFTVzo4yxs9z6YY3UmuxknuHvEdzLawF2Uz7a0wFbpH3CnPIQnJLkYOdsxhQFw3Y",
+	"y1cvTyg2hhzWVs0DPFIkWoFU7cFpBS2apMFSWCKEagDYv+tPOnBoXkevdXTyWhjbZNhZ7f9ZOIY2ieeC",
+	"4m5XXcrrcaow2z8VsTaw49r8Pow8UxqY35qLWs1B517kGsdfx439oefHs53HJvCzQ6nVM15/LnQEJTay",
+	"dnE4q+fSuQPFfU9UVsHxrYTUvH2avWm/PwJP3KbqWzWW28zUvQTqaqt3wg9rWuk1cAOfZjVTAHh3zZNW",
+	"OqcxqHZ6awmBSUFzC60N3jMcyhLvQysMLu5jCF6HriD4n7K/btcd03m+4Tp0oZpL0OGBi0rZKdqvLPS7",
+	"wsdFaMME7PTil4C5+whY4UA+ZBIHM+fiClwmQMA0SJgjz5sJFES4TJXv0QNkdP4Am5wiedBtlXFLdvby",
+	"iH23//QfeSCNxWC5ILV72T/SJO3f8GgqJHQ18BiPM9davBoYBiyUyl6OVSbpj9VQadCUXtJIhw6yRg+H",
+	"iwzegcMW6loDjy0JbFUUWmET2OBKWxWN785eMQ1j0CAjYGSPiPEid5znp46jWTvkI5XZg1HC5VXoPCVS",
+	"Sehs9z16keXAK7ZQnFngrq+J+E/twsVKP9VtlmyNdKyhtcqxrnW+eYvrGR0WDtA8oiQ/MyVTi5xxYpy7",
+	"4gJnUJtpZyfnjvfKfQGHmwut1/eK7yJHc/zBedmesVSkqM0508UrzWi8MJ5ybTsBA+EScyzXaLByy5SM",
+	"oDCvlc5ZZTRVBsiXaUkH1cb6iCprh/+Z2sWzQXjg1vPnSKB0gmJuO3WibrtTTqv5Z0CL3Af2CQGHAq3j",
+	"BgnqcjguRbzdRKq8u4Z63njGmHNkvNughcfYzIztwqe3rAKWx7ebAiFBy0dj7mTfwI2wa1wLb52zXSRQ",
+	"eFxbu1xKbvZtTPPwx3IbtJy9fqnGY9NkO1woNPucyaLGzL2NbDHOIoiZUWzMtXMkSbix9GZVw3Xz7mrJ",
+	"+I02n+8nokU56/Jmq8df2BHFHdcudA1ueUxptis8DLuLvQrqrYi95v0164tnkDiNsdlTrN3Pa7BYw4wL",
+	"PK5LeqtRzi4BU0zYMLoZPgnzTxNnhfL52bXHs1qYeRNEy0kQbpxzm5pDxh0/Vzrn8OTFYTPg0tSckt+Y",
+	"ajhixZvf6MY3rD0mEaukydMQP0fkORbm6nLS5Kl9IcyV2xsTkv0gvm+A4DBPs+GW4b1b9u0+eyO+7xyy",
+	"QSHghFnKtsmD6e2w2/X/7iIc3YkYhWXqDq9m2XhHT+mzVnN5SFYeamwpLi0suVqNc2odvz05Pz3KbUkU",
+	"z/t7T4qsEeudPS4j1vR83tABAzlWOnLhMO9LNlZpSgzS4joPE1DKjc/CoSOkg3JZh/kU4ee4n4nDhx3G",
+	"VLjpJM2KyMMO+UBVb/1dFmqipryOodEx+WmCMhUajB/TKClB1jJRppQs77Mz6ldQWWi7bomXuy1tZ4c8",
+	"u1UE2HrpCTf2kvRpYRd3Oq1PSu5an4K1nGJZNbiWHWB5wlPuuV1117j7aRbjVetuk6j0+HXuXi6GXWrg",
+	"Pt+1OcmhnvPvMlZD79UW1jA+oQBSETUrw2DkqZwL0+zS3yCXNmX5bFFiypOqmIz1Ey6nq+krNYLJwVtB",
+	"ywYUq+BOjgA5DbxfT+drFKA8FW9nDajKNraqQMXsGwA7w7Ua3dg+qxYlAnlunGP0kL2FN4r9sJixlGsX",
+	"AV+VzjvxhKXU3kyTGTjmkTW5F6a8ozBgIWlMlyKuelfKDblfqeBjdUcnKf89AzYCrkFXqkIoh3eTU3mF",
+	"XEufJYnfRn9rjYB3qhNbnSN30+3qjUT1X1+Dvsx00uxILhULuLGgJU/Yu7PXTMgoyShsF/av9+hsN2Rv",
+	"/XPwz0H/eq8J5N3JtgQ0qNNw9Q5XCdmdSZWgt9LdecEsGwJkYgzRIkrAFzSpcRmMrnooyXngzKPSUHJl",
+	"TsR2qMopD75SmitlnjYazw6edYbHF2DtO7Hv3T3x71KXwPhpnrjPnN4YtFww7zIPrmyriK05JCtDg+2p",
+	"kfnG84u9g4H0PJnzhWHhh9sGxha0broT1S1hzSL74dYVi0CUaWEX54gX3ixLxU+waPSTPz99xa5gQVnx",
+	"z31VD6UHHLDvHVekgonoChauciLssbcAMcSU5FgKg0QYe8h4YhRzmRJKDqWvZQHdzbGMDIYaTeWJ1n6y",
+	"2OXHEVaTiU1QlAeArKfg6w7EJvc0/ew5+ra90Vv57nZe+0dKHd22druQi0iy3IpRAsxlnXaKOl33d1mp",
+	"+99dHNX9YTHreqruEk8vIfE3Wofl8RZgNqy3ZRnEK+FtkvoCeIkoQSieLdmPFxenRcIXSlIkwi7cQJRR",
+	"JnihfPTYiSxN+q6EzGqeEDoqNBP5ULqqEgTRpDwC9hsXScA4e+EKREBOhASXPPJTNgItwYJhUZIZi6bo",
+	"2fH5BYFQMPSAKQldM1V2KBEkwlsykg/ZzzA6p+C78WOugVnQM4HysH168UsnL5EzbD5VBnKXHlW6UkGN",
+	"S/2IuBzKEbgUoQU+pKogzjRErla6N5RDeURVPoZFSo7FJNPAwlL+sWfMS9gfT84vDk5Pzi5QBh/62rA6",
+	"LVGxYgx6KMMP5RS3SwUdYY9doFJDVrvIM1ql1TyyrsznB0XRGpd7RFNrJuRQhhSekDzp81SElPI6AUlR",
+	"uTjPEQyKFMgi2Q8hoYQzbn2RiUpB8lT0FnyWhHQIf/sbQ7oEaX31HT58xB498lzp0SP2//7P/92dMZ3l",
+	"lUx11mQVcacK8g0lYz/BAo9/Bm4TYbfLU9G9gkXI+iw8f/72xQ/PL44vn5++uvzp+JfzkLUpmtM1kHLa",
+	"fKfHfvYVXsS+8puMcfbqWfAoghSNJKnkYqayojbaMCWTRZE6jECCxIcsUSod8eiKinx1Jp1XBicOu10h",
+	"icdDV6ouz+w07PRYlZUjD0ZliGbaiQULi1OXDBjv4HXJOPw96ErdUljRyUJUHDgLS9shZO3RonoFowXB",
+	"fnpy3lht5JyeuI8TuQqrYYaqci3hI2PhOv7o7oi4rEiEXXQCfLf+CqWbNWNUSHjxvVZzA9owxFfUf3nJ",
+	"HALfKcSnRRqwnpeboIDRR+yLMTinyUapVlZFKmFhzjJ7tOveqgzKy5Gps0clMc6deUj3kzP2KTeMs0eP",
+	"SAl+9OiA+Yg9a5cR+6CizNei8H0NJpsVwXguCXXRrMNXaSK3jOnQqeVxf9beIe4flBO5YTi3m82xGPJ+",
+	"4+/CGkjGO+UJcFkFy+H98vTkYnRzqRFy5qVRdH4XeN6uAkyREdhjO5YX000dsEeP9gd7jx71WKWbAIKw",
+	"e0MB7z11Uz2hqWRRn6byg4jzmQ5wdnx1/9EjPJZUUeySOEheeZprHYgVIwDJrkFTdlfAjGIiNjnmjlyI",
+	"HmKkuAhQ3LKqJZCv7bhHaRgjfkszR/LYH+znTJxSDgz+cUzvkw1Bztx1ldUha+cZGh3ncA5R+KA5T7F+",
+	"/IfDqDAYytCF+0PWnmYzLousjEP2khv7/PRV19hFkjfvMVRCx4TtuD4grqC9PWtM6SD51pzTEfn+GnfI",
+	"70CEpBpCpdn+48dD2VDSnfvi85pwH9gujS/jhONH5kw59pG9AU6c6ONQfux2u/QfvoArfSxSk6kY5KDE",
+	"XvZf5ydvA9+cg0R7UKAXxVbIWIq9weT+jUgVUDaunTI75ZaBiXgKtSwk5hffYx/z+jnccA5Hpf4+f/MJ",
+	"+7il50adQPywffaxgLgsS6CWF9SNyFdT570L/Kjv2MdaRxLnpSSFT0na21IrkrL9EiUGMO5a2xRl2R0/",
+	"8x5ug/paEJxoCfpfHj9mH309v6/xL+B5SpvPW03gqnmXiaxsfXHIIq4p4zCstJcI8xnwljkbZZNDlqjJ",
+	"BCEmRa9rRAxBtW/VBBVYlOtjYD77GScZyudMKtn9A7Ryefeuntsp5hAXdQ+UlSqVnvGEhWXZTBh4hpqr",
+	"+ISozlJLRATSuGCJMyeep3hs3ce9QStokd+JLCdz0O/P5/Mep597Sk/6fqzpv351dPz2/JjGlOlIhXXR",
+	"ClrXoF1yQWvQ23NveYWyddB60hv0nric6ilZvP3WwYfboNWfUrLhH/6vGVgtIuP/quqj/hHde/52VU3B",
+	"OX2OsBM3QslXceughQR+XrxV7wD264q7EXl1MaeroxfGoem6fl6F/3q3RhRLXqDbYAsMzpYJc+d1SKID",
+	"tcjwKnSM+ZonGbDwOgzYRFx7c/rq2XW4DmKqX28198SywGfPyMFXTX//n2fv//6s96ip9dX7pbZTjweD",
+	"Dc077ta0o+qE39zrCFmnkGVBs9IxaGousu/gaVqmgLtf6SdFQ/a2D6n1WKm6dQitcofOr+/xgEw2m3G9",
+	"oFLsqpmDx8knZsnpTwEq0xAOdHlFpmIWODWN6hm9jLKkXOkM+Wit+o1fgY84szZSkZBgjNMxOsFQKu2D",
+	"y66CkqNtiFIARYerpeyxkNRJZ2HmWc2+lYeTl+5seqzWvGcoq8J0zoU1zhyhnPrfM8hcT6osRTswdDbJ",
+	"JT0vIzphWaL+7WDQIZYqhzJXdZCHOyWlyp3Roi4Twyv6uJNlXhF3TLLONKJaExfnYARjv1fx4rMhd71R",
+	"zG3dj+mr4ZYoa+9zU9YZjJsIyyewefSibgcPRklBa3/vyfZBy020cNzjx7ssttpr6DZoPR3ssGZDR6yd",
+	"Cf/Im9o56a4h/WWxRtZ32amgua9Nbq7N1PWSHojPgbpoJgmFgSvmXUUxMz32KoZZqiyl9TjjZyidSSYk",
+	"g/EYInuA0FORrLc+qpZGrn88HQyaCMoNqBLUPYmMWr+HBtR2v8e9T8fOXTCl7JpHI/a3jyhajq1gVM2X",
+	"/et7VBjqLuXKs9zd7h6tw8UX/vYqjerwpjtrxVGjYjUB+wD3WQucb1QB/s2vFE9ltJ3BrCjATXsoX+mX",
+	"fVtv3zcyp37su59UNPCmbkqmyEnLI4HLgUB2xMnYKyV9nmuXGRjKdY2QvFJCQQGy+OgB2vm56Zu71J1D",
+	"ZJU3+Q28dJV8Gw2Ee+wLjPzbwuWfbA98n+r4Up+bNeTorziPvD6s6nDflIwDvts+oOj8+snqzP2zjDPg",
+	"cW4R8JwYl/zzzgHaeTBestzUbCtP4ZQKQ34wV7FvXOF62NgwwxlDizwkgCaS7yaeoVkGMh5KMiOE7TGy",
+	"wylRbHMDbaJ117QtPnTpGI7+17CbCdjjsr/RvRFrrefTGlLNj/vfnEbvn9Z+VHOUAoSijDvfaIFUBSZ9",
+	"fjILtr5MzeTXkuMNRK7I+VPJfJ0r4yyThoXeQeH9WBsaXdUcHWjHuNg+Cvm611SYoSz8o5rkFIUs88Yl",
+	"lTYs35BvLSmaArGJVlmKeoLvK5NHzN00NHVYadsRsr3HTwMfEqB09JCFfp3Qd56g9houDcEVFPXYq1qi",
+	"P9OZxDFD6bwvtfWo60rfxSNH6iYs53QpY8SOXFFeSHHo/cF+f3/wXZEyPpSViJHz0lMbw7LFNztGjPQ9",
+	"T4RhkVPBuF3b+CTXzoZy71tUzw5ZWJTPh9SHxnR67K2qesBZDDxOKBmE4gpUtR9WnDtpkiE3nmgewVCm",
+	"oIWKD0v2TPw9FsbnZ1CQLIKk1varidUi+Ee+wvN+nDjVtm87uXAGn3npTZpYpZMUa8+n3JKFnveIosyf",
+	"zlf17H+zt+ketMJMMiVL3Kk1SryL06pf9IxuVODOieWURiGxHLR9wjWWG7KDshUIPRv0mpQrb8bdge5U",
+	"ZMF2HROs019R9DASkpOx1vDVjc35rkvN6Y8cCN3chNuQLltrq1P/zM1Kxenm79581e4e0pLiTPM53ZoX",
+	"rF9Crys+bUQ6WLaFAuvfhJDeYVGnS9ZG0wmR8pCFUaYT1r0IO4GPuVGRogZphzKnUlHkEaUJjyhRS6Lk",
+	"MTYnbRegyT9E4RzIU0jIzvKt80hFa5LtaVZS+i5y/U8S+cPJ9Wq7oQb+8nPe+Oer3P5LulV+pi8ceG5A",
+	"iau78oMNYrSf53Y3ytLc+dskTV0qqLHchixWYCiI47qUuTQyNzQOqDXyWLm6Z9YW1gylq6XA9yixoHMH",
+	"pyqueHdJfHdK2eTeIBbz1bXxYJEH3wrvS8q6TTSU+FrOHWgoby/nMwFLvbMiDamVOJ6tEdeQLDoBMy7h",
+	"c7SgmoiAcUPJi2MVFnRm/DH12HPLZspY9jQYDAbFgu0xzOlzh86AF67ZpvMnJkpOOodDWbW3DV8QxBpc",
+	"F7yZ0lCl0iWNeT/IOdN+c5wWz4g+1nLfdLspp6faUdAfzFcyvmcypsSkioX1l6TjsnHLPXgki4hCrUyC",
+	"XG6cSZjXKyp67Llc+JSiGV8Uye9lCj79djiULv9bFnn/bkzbZ5gX2rMvDukszVYZ02MhlbuHeR+WoXQ1",
+	"oK48KPF9Cq+RXTQ3JyzVbVxkBEzNUJmMUbXPs/TzxP21WVF5Bdp9uNNqDSFvV79p+XApUG/QfI7/5djO",
+	"Jzut7p8DvSGcJ0qrlETeSVd2/KHv2zZtSps6o1oRUyEcl2fr61HLmjdqPld+LPOw5ry/AkhN5bMR4XKX",
+	"qJBFKpPWLPX2oeLFPBVrbEHPuY5Njx1x96UK4jlFvdhQtqUqzsSX5UCnXurxXRPB+ldLir0ngV7vy9VA",
+	"Tf6Fv3La1ZeSyUueJERLJxh4kqBcSPKC3wcJwFPpxecSsEsOG5z6y2eMnVJxSe9fyhfyF44nvNQAfwDl",
+	"n1YLWr8xlW+xbE4/XIOoWt0sfJZI/wOaZLd/Cm13jZQHHxq/HmqKVv3vzl4HbKyIpbtK3KKBv5JLcgCh",
+	"P0Q+jurYVCUxMwk3UzBD2Q7XbppaufBU9Knz0H/+/mwvLOuVw6VfvCLX9IX3bYlmK6lla27CtZRdW3xT",
+	"Nn+8V6NyqWnlulzRPOH53zlZlGy9OiYWnRRMeVU5MeIF/zlZs87mour8MLWLMP9kKRonvu2vqX6xqSjC",
+	"9PbY6cUvrB0ixoZU+UyPqYMwkg61awnJI5OnX5An1hercJmXDtaaQ7Rt/vWNPfZGfE9fW3W5DoEv7i+a",
+	"v5Iz1zVbNb7LgMqs30qbG3aSgvQnQDV88TemKH71aWP5SbtilmGudOeb57bSLbmoVfdwB/l5zRTluPGi",
+	"oTI3V65BRtlZeSjpYA7LVkG+v/Ihy6QVifu+avXr/MK4VgdeFQ1r3WVDNkBVt8jdqdqgJULdqWV2zS6l",
+	"5hzeMF1vhVZayt6PKbrSnvyezdFK3+gG3nXuGmF/jfr8a2Zd0PUyvsKGV7jwWhHc/2C2VAr9JBKfMeUn",
+	"L3Uwl/oWsChRrjqoLK3OU7CoE4/SVL5cmaO3ptJniTy/FvssIRkdzUPKfLz9yiXugmvr634e5narXcM3",
+	"anNf77cWhtvhYu/RTPJ73+RjyLlVf27u2WbbDgx1r7mfiMJ5zitdp2ZmFZNqzv5euPHb4SA8KFs5Hy71",
+	"V19WqaJMuwQbP76z1p/f7AuUML/fiuZa+/tGdenBvDwEyld96S/t8D++sSDjmk8o/8rWJ7mEXK+s+3Fe",
+	"urm/vPfyzMUaGJ9wIb86MR9IPb+Y8nnZl2i3qulmHC07BW+pqT7Pu8rcH6ZVWxqvU7Bc45t/Y1/ZRU0E",
+	"03k8WDAmS/O66ntwvWlhffwzBqq/pn5qRbPkkJqxVJoph6y9vcZ5KH2R82peMKukBdfzfqPNZd+n7+5S",
+	"9t2g+bhjvFOy8N0oqd48+4HThWsNrL/mC/+F6ny+RK7xJ1Rxb2thQ2V8ju+4VnF9Yit+qhWjxwvHhp7O",
+	"9W+RVjrRFFXfvUpXtQLChpBbte0z2kupSGGX9s/tFbd8pel3p7J6Sh7DplDfsie+2qy32uqwPVOZ9Nmg",
+	"U2qwC0U9etmd2XVxrq48h5H7xvTaUCPeBsVFbsikzLURV6n+qcvSdA1Lum8BB6zoGBYw36MvcHkxsYqy",
+	"We4gpAiO685b6c1NGFRAVF1VpQaF3/8PAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -27,6 +27,8 @@ var routes = []route{
 	{"download", "GET", "/v1/sandboxes/{id}/download?remote_path=seed.txt", nil, "operate", 200, nil},
 	{"put file", "PUT", "/v1/sandboxes/{id}/files?path=b.bin", "raw", "operate", 200, nil},
 	{"get file", "GET", "/v1/sandboxes/{id}/files?path=seed.txt", nil, "operate", 200, nil},
+	{"file info", "GET", "/v1/sandboxes/{id}/files/info?path=seed.txt", nil, "operate", 200, nil},
+	{"list files", "GET", "/v1/sandboxes/{id}/files/list?path=.", nil, "operate", 200, nil},
 	{"mint", "POST", "/v1/sandboxes/{id}/leases", map[string]any{"scope": "operate"}, "operate", 201, nil},
 	{"release", "DELETE", "/v1/sandboxes/{id}/leases/release", nil, "operate", 200, nil},
 	{"renew", "POST", "/v1/sandboxes/{id}/renew", map[string]any{"ttl_s": 60}, "owner", 200, nil},

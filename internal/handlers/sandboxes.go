@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 
@@ -225,6 +228,48 @@ func (s *server) GetFile(ctx context.Context, req api.GetFileRequestObject) (api
 		return nil, err
 	}
 	return api.GetFile200ApplicationOctetStreamResponse{Body: rc, Headers: api.GetFile200ResponseHeaders{ContentLength: &size}}, nil
+}
+
+func (s *server) StatFile(ctx context.Context, req api.StatFileRequestObject) (api.StatFileResponseObject, error) {
+	p, fi, err := s.svc.StatFile(ctx, callerFrom(ctx), req.ID, req.Params.Path)
+	if err != nil {
+		return nil, err
+	}
+	return api.StatFile200JSONResponse(fileInfo(p, fi)), nil
+}
+
+func (s *server) ListFiles(ctx context.Context, req api.ListFilesRequestObject) (api.ListFilesResponseObject, error) {
+	p, entries, truncated, err := s.svc.ListDir(ctx, callerFrom(ctx), req.ID, req.Params.Path)
+	if err != nil {
+		return nil, err
+	}
+	out := api.ListFiles200JSONResponse{Path: p, Entries: make([]api.FileInfo, len(entries)), Truncated: truncated}
+	for i, fi := range entries {
+		out.Entries[i] = fileInfo(path.Join(p, fi.Name), fi)
+	}
+	return out, nil
+}
+
+// fileInfo is fi, the file at the absolute path p, on the wire.
+func fileInfo(p string, fi providers.FileInfo) api.FileInfo {
+	perm := fi.Mode.Perm()
+	if fi.Mode&fs.ModeSetuid != 0 {
+		perm |= 0o4000
+	}
+	if fi.Mode&fs.ModeSetgid != 0 {
+		perm |= 0o2000
+	}
+	if fi.Mode&fs.ModeSticky != 0 {
+		perm |= 0o1000
+	}
+	out := api.FileInfo{
+		Path: p, Name: fi.Name, Type: api.FileInfoType(fi.Type), Size: fi.Size,
+		Mode: fmt.Sprintf("%04o", uint32(perm)), ModifiedAt: fi.ModTime,
+	}
+	if fi.Type == providers.FileSymlink {
+		out.SymlinkTarget = &fi.Target
+	}
+	return out
 }
 
 func (s *server) CreateLease(ctx context.Context, req api.CreateLeaseRequestObject) (api.CreateLeaseResponseObject, error) {

@@ -8,6 +8,7 @@ package providers
 import (
 	"context"
 	"io"
+	"io/fs"
 	"syscall"
 	"time"
 )
@@ -218,6 +219,41 @@ type Process interface {
 	Wait() (int, error)
 	// Kill kills the process group and releases the terminal/pipes.
 	Kill() error
+}
+
+// FileInfo describes one file in a sandbox, as lstat sees it (a symlink
+// is not followed).
+type FileInfo struct {
+	Name    string      `json:"name"`
+	Type    FileType    `json:"type"`
+	Size    int64       `json:"size"`
+	Mode    fs.FileMode `json:"mode"` // the permission bits (and setuid, setgid, sticky)
+	ModTime time.Time   `json:"mod_time"`
+	Target  string      `json:"target,omitempty"` // a symlink's target, as written
+}
+
+// FileType is what a file is.
+type FileType string
+
+const (
+	FileRegular FileType = "file"
+	FileDir     FileType = "dir"
+	FileSymlink FileType = "symlink"
+	FileOther   FileType = "other" // a device, FIFO or socket
+)
+
+// MaxDirEntries caps a directory listing; a longer one is truncated.
+const MaxDirEntries = 5000
+
+// FileLister is implemented by providers that can describe files.
+type FileLister interface {
+	// StatFile describes the file at path (absolute). ErrNotFound if
+	// missing.
+	StatFile(ctx context.Context, id, path string) (FileInfo, error)
+	// ListDir describes the entries of the directory at path (absolute),
+	// sorted by name, at most MaxDirEntries of them (truncated says there
+	// were more). ErrNotFound if missing, ErrInvalid if not a directory.
+	ListDir(ctx context.Context, id, path string) (entries []FileInfo, truncated bool, err error)
 }
 
 // ProcessStarter is implemented by providers that can run terminal

@@ -244,6 +244,46 @@ func (s *Service) ReadFile(ctx context.Context, c Caller, id, p string, limit in
 	return &endCloser{ReadCloser: rc, end: end}, size, nil
 }
 
+// StatFile describes the file at p in the sandbox (a symlink is not
+// followed) and returns its absolute path with it.
+func (s *Service) StatFile(ctx context.Context, c Caller, id, p string) (string, providers.FileInfo, error) {
+	fl, ok := s.p.(providers.FileLister)
+	if !ok {
+		return "", providers.FileInfo{}, providers.Errorf(providers.ErrUnsupported, "provider %s cannot describe files", s.p.Name())
+	}
+	a, end, abs, err := s.fileOp(c, id, p)
+	if err != nil {
+		return "", providers.FileInfo{}, err
+	}
+	defer end()
+	fi, err := fl.StatFile(ctx, id, abs)
+	if err != nil {
+		return "", providers.FileInfo{}, fmt.Errorf("stat %s: %w", p, err)
+	}
+	s.touch(a.box)
+	return abs, fi, nil
+}
+
+// ListDir lists the directory at p in the sandbox and returns its
+// absolute path with the entries (see providers.FileLister).
+func (s *Service) ListDir(ctx context.Context, c Caller, id, p string) (string, []providers.FileInfo, bool, error) {
+	fl, ok := s.p.(providers.FileLister)
+	if !ok {
+		return "", nil, false, providers.Errorf(providers.ErrUnsupported, "provider %s cannot list directories", s.p.Name())
+	}
+	a, end, abs, err := s.fileOp(c, id, p)
+	if err != nil {
+		return "", nil, false, err
+	}
+	defer end()
+	entries, truncated, err := fl.ListDir(ctx, id, abs)
+	if err != nil {
+		return "", nil, false, fmt.Errorf("list %s: %w", p, err)
+	}
+	s.touch(a.box)
+	return abs, entries, truncated, nil
+}
+
 // endCloser ends a request's activity hold when the stream is closed.
 type endCloser struct {
 	io.ReadCloser

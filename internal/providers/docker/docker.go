@@ -122,6 +122,7 @@ var (
 	_ providers.Pauser         = (*Docker)(nil)
 	_ providers.Endpointer     = (*Docker)(nil)
 	_ providers.ProcessStarter = (*Docker)(nil)
+	_ providers.FileLister     = (*Docker)(nil)
 )
 
 // New returns a provider for the daemon at opts.Host. It does not contact

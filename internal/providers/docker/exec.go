@@ -212,3 +212,29 @@ func newNonce() string {
 	rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// StatFile describes the file at p through the sandbox's agent.
+func (d *Docker) StatFile(ctx context.Context, id, p string) (providers.FileInfo, error) {
+	c, err := d.Agent(ctx, id)
+	if err != nil {
+		return providers.FileInfo{}, err
+	}
+	fi, err := c.StatFile(ctx, p)
+	if err != nil {
+		return providers.FileInfo{}, d.gone(ctx, id, err)
+	}
+	return fi, nil
+}
+
+// ListDir lists the directory at p through the sandbox's agent.
+func (d *Docker) ListDir(ctx context.Context, id, p string) ([]providers.FileInfo, bool, error) {
+	c, err := d.Agent(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
+	entries, truncated, err := c.ListDir(ctx, p)
+	if err != nil {
+		return nil, false, d.gone(ctx, id, err)
+	}
+	return entries, truncated, nil
+}

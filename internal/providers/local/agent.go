@@ -205,7 +205,11 @@ func (a *agent) open(c *net.UnixConn, req request) {
 		err error
 	)
 	res := make(chan forkRes, 1)
-	a.forks <- forkReq{fn: func() { f, err = openInSandbox(req.Path, req.Write) }, res: res}
+	open := func() { f, err = openInSandbox(req.Path, req.Write) }
+	if req.OpenDir {
+		open = func() { f, err = openDirInSandbox(req.Path) }
+	}
+	a.forks <- forkReq{fn: open, res: res}
 	<-res
 	if err != nil {
 		rep := reply{Error: err.Error(), Kind: kindInvalid}

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	sgagent "github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -192,9 +193,106 @@ func openUnder(root *os.File, rel string, write bool) (*os.File, error) {
 	return os.NewFile(uintptr(fd), "sandbox-file"), nil
 }
 
-// openVia has the sandbox's agent open p (see openInSandbox) and returns
-// the file.
-func (sb *sandbox) openVia(ctx context.Context, p string, write bool) (*os.File, error) {
+// openDirInSandbox opens the directory at the absolute path p, resolved
+// inside this process's root, for reading its entries. Runs in the agent.
+func openDirInSandbox(p string) (*os.File, error) {
+	rel, err := relPath(p)
+	if err != nil {
+		return nil, err
+	}
+	root, err := os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	return openDirUnder(root, rel)
+}
+
+func openDirUnder(root *os.File, rel string) (*os.File, error) {
+	fd, err := openIn(root, rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), "sandbox-dir"), nil
+}
+
+// openDir opens the sandbox directory rel (relative to the root; p is its
+// absolute form) as open does a file.
+func (sb *sandbox) openDir(ctx context.Context, p, rel string) (*os.File, error) {
+	if sb.st.Isolation == IsolationNamespaces {
+		return sb.openVia(ctx, request{Op: opOpen, Path: p, OpenDir: true})
+	}
+	root, err := sb.openRoot()
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	f, err := openDirUnder(root, rel)
+	if err != nil {
+		return nil, fileErr(err)
+	}
+	return f, nil
+}
+
+// StatFile describes the file at p, as lstat does: its directory is
+// opened in the sandbox (by its agent) and the file described relative
+// to that descriptor.
+func (l *Local) StatFile(ctx context.Context, id, p string) (providers.FileInfo, error) {
+	sb, err := l.running(id)
+	if err != nil {
+		return providers.FileInfo{}, err
+	}
+	rel, err := relPath(p)
+	if err != nil {
+		return providers.FileInfo{}, err
+	}
+	dir, name := path.Dir(rel), path.Base(rel)
+	if rel == "." {
+		name = ""
+	}
+	d, err := sb.openDir(ctx, "/"+dir, dir)
+	if err != nil {
+		return providers.FileInfo{}, err
+	}
+	defer d.Close()
+	fi, err := sgagent.StatAt(int(d.Fd()), name)
+	if err != nil {
+		return providers.FileInfo{}, fileErr(err)
+	}
+	if name == "" {
+		fi.Name = "/"
+	}
+	return fi, nil
+}
+
+// ListDir lists the directory at p (see StatFile).
+func (l *Local) ListDir(ctx context.Context, id, p string) ([]providers.FileInfo, bool, error) {
+	sb, err := l.running(id)
+	if err != nil {
+		return nil, false, err
+	}
+	rel, err := relPath(p)
+	if err != nil {
+		return nil, false, err
+	}
+	d, err := sb.openDir(ctx, p, rel)
+	if err != nil {
+		if errors.Is(err, unix.ENOTDIR) {
+			return nil, false, providers.Errorf(providers.ErrInvalid, "%s is not a directory", p)
+		}
+		return nil, false, err
+	}
+	defer d.Close()
+	entries, truncated, err := sgagent.ReadDir(d)
+	if err != nil {
+		return nil, false, fileErr(err)
+	}
+	return entries, truncated, nil
+}
+
+// openVia has the sandbox's agent open a file or directory (req: see
+// openInSandbox and openDirInSandbox) and returns it.
+func (sb *sandbox) openVia(ctx context.Context, req request) (*os.File, error) {
 	c, err := sb.dial(ctx)
 	if err != nil {
 		if s := sb.state(); s != providers.StateRunning {
@@ -205,7 +303,7 @@ func (sb *sandbox) openVia(ctx context.Context, p string, write bool) (*os.File,
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
-	if err := sendMsg(c, request{Op: opOpen, Path: p, Write: write}); err != nil {
+	if err := sendMsg(c, req); err != nil {
 		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
 	}
 	var rep reply
@@ -277,7 +375,7 @@ func (l *Local) WriteFile(ctx context.Context, id, p string, r io.Reader) (int64
 // here against the sandbox's directory.
 func (sb *sandbox) open(ctx context.Context, p, rel string, write bool) (*os.File, error) {
 	if sb.st.Isolation == IsolationNamespaces {
-		return sb.openVia(ctx, p, write)
+		return sb.openVia(ctx, request{Op: opOpen, Path: p, Write: write})
 	}
 	root, err := sb.openRoot()
 	if err != nil {
@@ -368,3 +466,5 @@ func (l *Local) ReadFile(ctx context.Context, id, p string) (io.ReadCloser, int6
 	}
 	return f, fi.Size(), nil
 }
+
+var _ providers.FileLister = (*Local)(nil)

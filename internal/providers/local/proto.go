@@ -69,8 +69,9 @@ type request struct {
 	Foreground bool `json:"foreground,omitempty"`
 
 	// open
-	Path  string `json:"path,omitempty"`  // absolute, inside the sandbox
-	Write bool   `json:"write,omitempty"` // create (with parents) and truncate, else read
+	Path    string `json:"path,omitempty"`     // absolute, inside the sandbox
+	Write   bool   `json:"write,omitempty"`    // create (with parents) and truncate, else read
+	OpenDir bool   `json:"open_dir,omitempty"` // a directory (to describe it and its entries)
 }
 
 // Error kinds the agent reports, so the gateway can map them.

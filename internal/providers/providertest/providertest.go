@@ -66,6 +66,9 @@ func Run(t *testing.T, p providers.Provider, base providers.CreateSpec) {
 		t.Run("SharedWithExec", func(t *testing.T) { s.testFileExec(t, a) })
 		t.Run("Errors", func(t *testing.T) { s.testFileErrors(t, a) })
 		t.Run("SymlinksStayInside", func(t *testing.T) { s.testSymlinks(t, a) })
+		if fl, ok := p.(providers.FileLister); ok {
+			t.Run("InfoAndList", func(t *testing.T) { s.testFileInfo(t, fl, a) })
+		}
 	})
 	t.Run("Isolation", func(t *testing.T) {
 		t.Run("Processes", func(t *testing.T) { s.testProcessIsolation(t, a, b) })
