@@ -507,3 +507,22 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+func TestLastWords(t *testing.T) {
+	dir := t.TempDir()
+	if got := lastWords(filepath.Join(dir, "none.log")); got != "" {
+		t.Fatalf("no log: %q", got)
+	}
+	p := filepath.Join(dir, "a.log")
+	os.WriteFile(p, []byte("\nruntime: failed to create new OS thread (have 17 already; errno=11)\nruntime: may need to increase max user processes\n"+strings.Repeat("x", 1000)), 0o600)
+	if got := lastWords(p); got != "; its last words: runtime: failed to create new OS thread (have 17 already; errno=11)" {
+		t.Fatalf("last words %q", got)
+	}
+	os.WriteFile(p, []byte(strings.Repeat("y", 1000)), 0o600)
+	if got := lastWords(p); len(got) > 330 || !strings.HasSuffix(got, "y...") {
+		t.Fatalf("long last words %q", got)
+	}
+	if logPath(SocketPath) != "/dev/.sandgate-agent.log" {
+		t.Fatalf("log path %q", logPath(SocketPath))
+	}
+}

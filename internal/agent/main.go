@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -96,8 +97,18 @@ func connect(sock string, start bool) error {
 		self, _ := os.Executable()
 		cmd := exec.Command(self, "serve", "--socket", sock)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start the agent: %w", err)
+		// What the daemon says when it dies (a Go runtime's fatal error)
+		// is kept beside its socket, for the bridge that finds it gone.
+		log, _ := os.OpenFile(logPath(sock), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		if log != nil {
+			cmd.Stderr = log
+		}
+		serr := cmd.Start()
+		if log != nil {
+			log.Close() // the daemon has its own
+		}
+		if serr != nil {
+			return fmt.Errorf("start the agent: %w", serr)
 		}
 		go cmd.Wait()
 		deadline := time.Now().Add(10 * time.Second)
@@ -109,7 +120,7 @@ func connect(sock string, start bool) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("no agent answers on %s: %w", sock, err)
+		return fmt.Errorf("no agent answers on %s: %w%s", sock, err, lastWords(logPath(sock)))
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -120,6 +131,30 @@ func connect(sock string, start bool) error {
 	}()
 	io.Copy(os.Stdout, c)
 	return nil
+}
+
+// logPath is where the daemon on sock writes its standard error.
+func logPath(sock string) string { return strings.TrimSuffix(sock, ".sock") + ".log" }
+
+// lastWords is the first line of the daemon's log at path (a Go
+// runtime's fatal error, panic or signal), as "; its last words: ...",
+// or "" when it said nothing.
+func lastWords(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.LimitReader(f, 4<<10))
+	for _, line := range strings.Split(strings.ToValidUTF8(string(b), "?"), "\n") {
+		if line = strings.TrimSpace(line); line != "" {
+			if len(line) > 300 {
+				line = line[:300] + "..."
+			}
+			return "; its last words: " + line
+		}
+	}
+	return ""
 }
 
 // stdio is stdin and stdout as one stream.

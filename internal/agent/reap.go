@@ -23,6 +23,8 @@ import (
 type reaper struct {
 	mu      sync.Mutex // held across a start and its registration, and while reaping
 	waiters map[int]waiter
+	// oomScore is the agent's /proc/self/oom_score_adj, open (see start).
+	oomScore *os.File
 	stop    chan struct{}
 	done    chan struct{}
 }
@@ -88,12 +90,30 @@ func (r *reaper) close() {
 func (r *reaper) start(cmd *exec.Cmd, startFn func() error, group bool) (<-chan exitStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err := startFn(); err != nil {
+	// What the agent starts is the OOM killer's first choice, ahead of
+	// the agent (which holds the terminal sessions): a child inherits the
+	// score at its fork, so the agent raises its own around the start
+	// and lowers it again (back to 0 needs no privilege). Best effort.
+	r.setOOMScore("1000")
+	err := startFn()
+	r.setOOMScore("0")
+	if err != nil {
 		return nil, err
 	}
 	ch := make(chan exitStatus, 1)
 	r.waiters[cmd.Process.Pid] = waiter{ch, group}
 	return ch, nil
+}
+
+// setOOMScore writes the agent's oom_score_adj. Caller holds mu.
+func (r *reaper) setOOMScore(v string) {
+	if r.oomScore == nil {
+		r.oomScore, _ = os.OpenFile("/proc/self/oom_score_adj", os.O_WRONLY, 0)
+		if r.oomScore == nil {
+			return
+		}
+	}
+	r.oomScore.WriteAt([]byte(v), 0)
 }
 
 // reap reaps every child that has exited. A child whose group dies with

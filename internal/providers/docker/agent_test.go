@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -82,4 +83,26 @@ func TestAgentProtocolMismatch(t *testing.T) {
 	if err != nil || len(owned) != 0 {
 		t.Fatalf("left behind: %v %v", owned, err)
 	}
+}
+
+// TestAgentCrashReason: an agent that dies saying why (here a SIGQUIT
+// from inside the sandbox: the Go runtime's dump) leaves the sandbox in
+// error with its last words in the reason.
+func TestAgentCrashReason(t *testing.T) {
+	p := newProvider(t)
+	id := create(t, p, providers.CreateSpec{})
+	ctx := ctxFor(t, time.Minute)
+	_, err := p.Exec(ctx, id, providers.ExecRequest{
+		Command: `for d in /proc/[0-9]*; do grep -q serve $d/cmdline 2>/dev/null && [ "$(cat $d/comm)" = sandgate-agent ] && kill -QUIT ${d#/proc/}; done; sleep 5`,
+		Timeout: 30 * time.Second,
+	})
+	if !errors.Is(err, providers.ErrConflict) {
+		t.Fatalf("the exec that ended the agent: %v, want ErrConflict", err)
+	}
+	st, err := p.Status(ctx, id)
+	why := p.StateReason(id)
+	if err != nil || st != providers.StateError || !strings.Contains(why, "its last words: SIGQUIT: quit") {
+		t.Fatalf("status %q %v, reason %q", st, err, why)
+	}
+	t.Logf("reason: %s", why)
 }

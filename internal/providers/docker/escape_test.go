@@ -312,6 +312,12 @@ func TestEscapeMemory(t *testing.T) {
 	if got := strings.TrimSpace(string(res.Stdout)); got != strconv.Itoa(want) {
 		t.Errorf("cgroup memory limit inside: %q (stderr %q), want %d", got, res.Stderr, want)
 	}
+	// A command is the OOM killer's first choice, ahead of the agent
+	// that holds the sandbox's terminal sessions.
+	res = run(t, p, id, `cat /proc/self/oom_score_adj; for d in /proc/[0-9]*; do grep -q serve $d/cmdline 2>/dev/null && [ "$(cat $d/comm)" = sandgate-agent ] && cat $d/oom_score_adj; done`)
+	if got := string(res.Stdout); got != "1000\n0\n" {
+		t.Errorf("oom_score_adj of a command and of the agent: %q (stderr %q), want 1000 and 0", got, res.Stderr)
+	}
 	// busybox dd allocates its block and, with fullblock, touches all of it.
 	if res := run(t, p, id, "dd if=/dev/zero of=/dev/null bs=1000M count=1 iflag=fullblock"); res.ExitCode != 0 {
 		t.Errorf("1000 MiB under a %d MiB limit: exit %d, stderr %q", DefaultMemoryLimitMiB, res.ExitCode, res.Stderr)

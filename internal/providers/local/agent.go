@@ -30,6 +30,8 @@ type agent struct {
 	// its waiter is registered.
 	mu      sync.Mutex
 	waiters map[int]chan exited
+	// oomScore is init's /proc/self/oom_score_adj, open (see fork).
+	oomScore *os.File
 
 	forks chan forkReq
 	// forkerTid is the forker thread's id in the sandbox's pid namespace:
@@ -113,13 +115,34 @@ func (a *agent) fork(r forkReq) forkRes {
 	r.attr.Sys.PidFD = &pidfd
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// What init starts is the OOM killer's first choice, ahead of init
+	// (which holds the terminal sessions): otherwise a command that runs
+	// into a small memory limit could have init killed instead of itself,
+	// stopping the sandbox. A child inherits its score at the fork, so
+	// init raises its own for the fork and lowers it again (back to 0
+	// needs no privilege; lowering init below 0 would need
+	// CAP_SYS_RESOURCE on the host). Best effort: without /proc the
+	// scores stay 0.
+	a.setOOMScore("1000")
 	pid, err := syscall.ForkExec(r.argv0, r.argv, r.attr)
+	a.setOOMScore("0")
 	if err != nil {
 		return forkRes{err: err}
 	}
 	ch := make(chan exited, 1)
 	a.waiters[pid] = ch
 	return forkRes{pid: pid, pidfd: pidfd, start: time.Now(), wait: ch}
+}
+
+// setOOMScore writes init's oom_score_adj. Caller holds mu.
+func (a *agent) setOOMScore(v string) {
+	if a.oomScore == nil {
+		a.oomScore, _ = os.OpenFile("/proc/self/oom_score_adj", os.O_WRONLY, 0)
+		if a.oomScore == nil {
+			return
+		}
+	}
+	a.oomScore.WriteAt([]byte(v), 0)
 }
 
 // reap reaps every child of init: commands (whose status goes to their

@@ -300,8 +300,13 @@ func TestResourceLimits(t *testing.T) {
 			t.Errorf("%s: %q %v, want %s", want[0], got, err, want[1])
 		}
 	}
-	// Allocating past the limit gets the command OOM-killed; the sandbox
-	// lives on.
+	// A command is the OOM killer's first choice, ahead of init:
+	// allocating past the limit gets the command OOM-killed, never init
+	// (which this race-instrumented test binary makes big), and the
+	// sandbox lives on.
+	if got, _ := sh(t, l, id, "cat /proc/1/oom_score_adj /proc/self/oom_score_adj"); got != "0\n1000\n" {
+		t.Errorf("oom_score_adj of init and of a command: %q, want 0 and 1000", got)
+	}
 	out, code := sh(t, l, id, `perl -e '$x = "a" x (512 * 1024 * 1024); print length($x)'`)
 	if code != 137 || !strings.Contains(out, "out of memory (the sandbox's memory limit is 64 MiB)") {
 		t.Errorf("512 MiB under a 64 MiB limit: exit %d %q, want 137 and the reason", code, out)
