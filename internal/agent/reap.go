@@ -21,12 +21,11 @@ import (
 // reaps orphans. In a container the agent is not one: orphans go to the
 // sandbox's init (docker-init), whose reaping keeps up with a fork bomb.
 type reaper struct {
-	mu      sync.Mutex // held across a start and its registration, and while reaping
-	waiters map[int]waiter
-	// oomScore is the agent's /proc/self/oom_score_adj, open (see start).
-	oomScore *os.File
-	stop    chan struct{}
-	done    chan struct{}
+	mu       sync.Mutex // held across a start and its registration, and while reaping
+	waiters  map[int]waiter
+	oomScore OOMScore // see start
+	stop     chan struct{}
+	done     chan struct{}
 }
 
 // waiter is who wants a child's status, and whether its process group
@@ -94,9 +93,9 @@ func (r *reaper) start(cmd *exec.Cmd, startFn func() error, group bool) (<-chan 
 	// the agent (which holds the terminal sessions): a child inherits the
 	// score at its fork, so the agent raises its own around the start
 	// and lowers it again (back to 0 needs no privilege). Best effort.
-	r.setOOMScore("1000")
+	r.oomScore.Set("1000")
 	err := startFn()
-	r.setOOMScore("0")
+	r.oomScore.Set("0")
 	if err != nil {
 		return nil, err
 	}
@@ -105,15 +104,21 @@ func (r *reaper) start(cmd *exec.Cmd, startFn func() error, group bool) (<-chan 
 	return ch, nil
 }
 
-// setOOMScore writes the agent's oom_score_adj. Caller holds mu.
-func (r *reaper) setOOMScore(v string) {
-	if r.oomScore == nil {
-		r.oomScore, _ = os.OpenFile("/proc/self/oom_score_adj", os.O_WRONLY, 0)
-		if r.oomScore == nil {
+// OOMScore is this process's own oom_score_adj, opened at its first Set.
+// A child inherits the score at its fork: raising it around a fork makes
+// the child the OOM killer's first choice ahead of its parent, and
+// lowering it again back to 0 needs no privilege. Not safe for concurrent
+// use.
+type OOMScore struct{ f *os.File }
+
+// Set writes v (best effort: without /proc nothing changes).
+func (o *OOMScore) Set(v string) {
+	if o.f == nil {
+		if o.f, _ = os.OpenFile("/proc/self/oom_score_adj", os.O_WRONLY, 0); o.f == nil {
 			return
 		}
 	}
-	r.oomScore.WriteAt([]byte(v), 0)
+	o.f.WriteAt([]byte(v), 0)
 }
 
 // reap reaps every child that has exited. A child whose group dies with

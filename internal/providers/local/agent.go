@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	sgagent "github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/seccomp"
 )
 
@@ -28,10 +29,9 @@ type agent struct {
 	// mu is held across fork and waiter registration, and by the reaper
 	// while it reaps, so a child that exits at once is never reaped before
 	// its waiter is registered.
-	mu      sync.Mutex
-	waiters map[int]chan exited
-	// oomScore is init's /proc/self/oom_score_adj, open (see fork).
-	oomScore *os.File
+	mu       sync.Mutex
+	waiters  map[int]chan exited
+	oomScore sgagent.OOMScore // see fork
 
 	forks chan forkReq
 	// forkerTid is the forker thread's id in the sandbox's pid namespace:
@@ -123,26 +123,15 @@ func (a *agent) fork(r forkReq) forkRes {
 	// needs no privilege; lowering init below 0 would need
 	// CAP_SYS_RESOURCE on the host). Best effort: without /proc the
 	// scores stay 0.
-	a.setOOMScore("1000")
+	a.oomScore.Set("1000")
 	pid, err := syscall.ForkExec(r.argv0, r.argv, r.attr)
-	a.setOOMScore("0")
+	a.oomScore.Set("0")
 	if err != nil {
 		return forkRes{err: err}
 	}
 	ch := make(chan exited, 1)
 	a.waiters[pid] = ch
 	return forkRes{pid: pid, pidfd: pidfd, start: time.Now(), wait: ch}
-}
-
-// setOOMScore writes init's oom_score_adj. Caller holds mu.
-func (a *agent) setOOMScore(v string) {
-	if a.oomScore == nil {
-		a.oomScore, _ = os.OpenFile("/proc/self/oom_score_adj", os.O_WRONLY, 0)
-		if a.oomScore == nil {
-			return
-		}
-	}
-	a.oomScore.WriteAt([]byte(v), 0)
 }
 
 // reap reaps every child of init: commands (whose status goes to their
