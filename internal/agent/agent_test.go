@@ -212,7 +212,7 @@ func collect(t *testing.T, a *Attachment, want string) (string, *Event) {
 
 // pairDirect is pair over a unix socket, with attachments on connections
 // of their own (WithDirect).
-func pairDirect(t *testing.T) (*Server, *Client) {
+func pairDirect(t testing.TB) (*Server, *Client) {
 	t.Helper()
 	srv := NewServer(true)
 	sock := filepath.Join(t.TempDir(), "s.sock")

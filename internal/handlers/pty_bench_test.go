@@ -222,12 +222,15 @@ func (e *benchEnv) direct(cmd string, tty bool) (int64, time.Duration) {
 }
 
 // BenchmarkPTYKeystrokeEcho times one byte typed into a raw-mode cat and
-// echoed back, through the WebSocket: one keystroke per op; p50 and p99.
+// echoed back, through the WebSocket (the session held by the sandbox's
+// init), alternating with the same echo through a PTY the gateway holds
+// itself (the provider's process, read directly: the floor). p50 and p99.
 func BenchmarkPTYKeystrokeEcho(b *testing.B) {
 	e := newBenchEnv(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	sid := e.session("stty raw -echo; echo READY; exec cat", true)
+	const cat = "stty raw -echo; echo READY; exec cat"
+	sid := e.session(cat, true)
 	conn := e.dial(ctx, sid)
 	defer conn.CloseNow()
 	var out []byte
@@ -243,7 +246,21 @@ func BenchmarkPTYKeystrokeEcho(b *testing.B) {
 			}
 		}
 	}
+	proc, err := e.p.StartProcess(ctx, e.id, providers.ProcessSpec{Command: cat, TTY: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer proc.Kill()
+	buf := make([]byte, 4096)
+	for seen := ""; !strings.Contains(seen, "READY"); {
+		n, err := proc.Stdout().Read(buf)
+		if err != nil {
+			b.Fatal(err)
+		}
+		seen += string(buf[:n])
+	}
 	lat := make([]time.Duration, 0, b.N)
+	floor := make([]time.Duration, 0, b.N)
 	key := []byte{0, 'k'}
 	b.ResetTimer()
 	for range b.N {
@@ -259,11 +276,19 @@ func BenchmarkPTYKeystrokeEcho(b *testing.B) {
 			got = typ == websocket.MessageBinary && bytes.IndexByte(m[1:], 'k') >= 0
 		}
 		lat = append(lat, time.Since(start))
+		start = time.Now()
+		proc.Stdin().Write(key[1:])
+		if _, err := proc.Stdout().Read(buf); err != nil {
+			b.Fatal(err)
+		}
+		floor = append(floor, time.Since(start))
 	}
 	b.StopTimer()
 	slices.Sort(lat)
+	slices.Sort(floor)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	b.ReportMetric(float64(floor[len(floor)/2].Microseconds()), "pty-p50-µs")
 }
 
 // BenchmarkPTYIdleSessionsHeap measures the gateway's heap with 1,000 idle
