@@ -35,7 +35,7 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	if timeout <= 0 {
 		timeout = providers.DefaultExecTimeout
 	}
-	cmd, err := newCommand(req.Command, req.User, req.Cwd, req.Env)
+	cmd, err := s.command(req.Command, req.User, req.Cwd, req.Env)
 	if err != nil {
 		return execResult{Error: providers.Message(err), Kind: kindOf(err)}
 	}
@@ -63,7 +63,7 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	cmd.Stdout, cmd.Stderr = outW, errW
 	ooms := oomKills()
 	start := time.Now()
-	waited, err := s.reaper.start(cmd, cmd.Start, !req.PreserveBackground)
+	waited, err := s.spawn(cmd, cmd.Start, !req.PreserveBackground)
 	outW.Close()
 	errW.Close()
 	if stdin != nil {
@@ -130,7 +130,7 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	var res execResult
-	var st exitStatus
+	var st ExitStatus
 	select {
 	case st = <-waited:
 		// The reaper killed its group before reaping it; the marker
@@ -164,11 +164,11 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 		}
 	}
 	outMu.Unlock()
-	res.ExitCode = st.code()
+	res.ExitCode = st.Code()
 	res.Truncated = truncated.Load()
 	res.DurationUS = ran.Microseconds()
-	res.CPUTimeUS = (time.Duration(st.ru.Utime.Nano()) + time.Duration(st.ru.Stime.Nano())).Microseconds()
-	res.PeakRSS = st.ru.Maxrss << 10
+	res.CPUTimeUS = (time.Duration(st.Usage.Utime.Nano()) + time.Duration(st.Usage.Stime.Nano())).Microseconds()
+	res.PeakRSS = st.Usage.Maxrss << 10
 	res.OOMKilled = res.ExitCode == 128+int(syscall.SIGKILL) && oomKills() > ooms
 	if res.TimedOut {
 		res.ExitCode = 125

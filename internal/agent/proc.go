@@ -23,9 +23,10 @@ func shell() (string, error) {
 }
 
 // newCommand prepares command line cmdline (run by bash -c, else sh -c;
-// "" = an interactive login shell) as user in cwd, with the agent's
-// environment (the sandbox's) plus env. It does not start it.
-func newCommand(cmdline, uname, cwd string, env map[string]string) (*exec.Cmd, error) {
+// "" = an interactive login shell) as user in cwd (under root, a path
+// prefix: see Options.Root), with the environment base (the sandbox's)
+// plus env. It does not start it.
+func newCommand(cmdline, uname, cwd, root string, env map[string]string, base []string) (*exec.Cmd, error) {
 	sh, err := shell()
 	if err != nil {
 		return nil, err
@@ -34,9 +35,10 @@ func newCommand(cmdline, uname, cwd string, env map[string]string) (*exec.Cmd, e
 	if cmdline == "" {
 		args = []string{sh, "-l"}
 	}
-	cmd := &exec.Cmd{Path: sh, Args: args, Dir: cwd, SysProcAttr: &syscall.SysProcAttr{}}
+	cmd := &exec.Cmd{Path: sh, Args: args, SysProcAttr: &syscall.SysProcAttr{}}
 	if cwd != "" {
-		st, err := os.Stat(cwd)
+		cmd.Dir = root + cwd
+		st, err := os.Stat(cmd.Dir)
 		switch {
 		case err != nil:
 			return nil, providers.Errorf(providers.ErrInvalid, "working directory %s does not exist in the sandbox", cwd)
@@ -45,8 +47,8 @@ func newCommand(cmdline, uname, cwd string, env map[string]string) (*exec.Cmd, e
 		}
 	}
 	vars := map[string]string{}
-	for _, kv := range os.Environ() {
-		if k, v, ok := strings.Cut(kv, "="); ok && !strings.HasPrefix(k, "SANDGATE_AGENT") {
+	for _, kv := range base {
+		if k, v, ok := strings.Cut(kv, "="); ok {
 			vars[k] = v
 		}
 	}

@@ -25,7 +25,7 @@ var procSeq atomic.Int64
 
 // process is a providers.Process the agent started with os/exec.
 type process struct {
-	r      *reaper
+	s      *Server
 	cmd    *exec.Cmd
 	pid    int // cmd.Process.Pid, read without racing its Release
 	marker string
@@ -34,7 +34,7 @@ type process struct {
 	outR   *os.File
 	errR   *os.File // pipe mode
 
-	waited <-chan exitStatus
+	waited <-chan ExitStatus
 	done   chan struct{} // closed when the status came
 	code   int
 
@@ -44,7 +44,7 @@ type process struct {
 // startProcess starts spec's command in its own session (with the PTY as
 // its controlling terminal in TTY mode). Everything it starts carries a
 // marker in its environment, so Kill reaches what left its session.
-func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (providers.Process, error) {
+func (s *Server) startProcess(_ context.Context, spec providers.ProcessSpec) (providers.Process, error) {
 	env := map[string]string{}
 	if spec.TTY {
 		env["TERM"] = providers.DefaultTERM
@@ -52,11 +52,11 @@ func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (pr
 	for k, v := range spec.Env {
 		env[k] = v
 	}
-	cmd, err := newCommand(spec.Command, spec.User, spec.Cwd, env)
+	cmd, err := s.command(spec.Command, spec.User, spec.Cwd, env)
 	if err != nil {
 		return nil, err
 	}
-	p := &process{r: r, cmd: cmd, done: make(chan struct{}),
+	p := &process{s: s, cmd: cmd, done: make(chan struct{}),
 		marker: "SANDGATE_PROC=" + strconv.Itoa(os.Getpid()) + "." + strconv.FormatInt(procSeq.Add(1), 10)}
 	cmd.Env = append(cmd.Env, p.marker)
 	cmd.SysProcAttr.Setsid = true
@@ -69,7 +69,7 @@ func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (pr
 			cols = 80
 		}
 		cmd.SysProcAttr.Setctty = true
-		p.waited, err = r.start(cmd, func() error {
+		p.waited, err = s.spawn(cmd, func() error {
 			var err error
 			p.ptmx, err = pty.StartWithAttrs(cmd, &pty.Winsize{Rows: rows, Cols: cols}, cmd.SysProcAttr)
 			return err
@@ -94,7 +94,7 @@ func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (pr
 			return nil, err
 		}
 		cmd.Stdout, cmd.Stderr = outW, errW
-		p.waited, err = r.start(cmd, cmd.Start, false)
+		p.waited, err = s.spawn(cmd, cmd.Start, false)
 		outW.Close()
 		errW.Close()
 		if err != nil {
@@ -107,7 +107,7 @@ func (r *reaper) startProcess(_ context.Context, spec providers.ProcessSpec) (pr
 	}
 	p.pid = cmd.Process.Pid
 	go func() {
-		p.code = (<-p.waited).code()
+		p.code = (<-p.waited).Code()
 		cmd.Process.Release()
 		close(p.done)
 	}()
@@ -170,7 +170,7 @@ func (p *process) Kill() error {
 		select {
 		case <-p.done:
 		default:
-			p.r.sweep(p.pid, p.marker)
+			p.s.reaper.sweep(p.pid, p.marker)
 		}
 		p.stdin.Close()
 		p.outR.Close()

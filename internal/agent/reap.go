@@ -3,27 +3,28 @@ package agent
 import (
 	"bytes"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// reaper is the only waiter for the agent's children: one wait4(-1) loop
-// reaps every child at once and hands the status of a command or session
-// process to the channel start returned; nothing in the agent calls
-// exec.Cmd.Wait. Made a subreaper (tests, where no init reaps), it also
-// reaps orphans. In a container the agent is not one: orphans go to the
-// sandbox's init (docker-init), whose reaping keeps up with a fork bomb.
-type reaper struct {
+// Reaper is the only waiter for a process's children: one loop reaps
+// every child at once and hands the status of a command or session
+// process to the channel Start returned; nothing calls exec.Cmd.Wait.
+// Made a subreaper (tests, where no init reaps), it also reaps orphans,
+// as it does in a local sandbox's init (its PID 1). In a container the
+// agent is not one: orphans go to the sandbox's init (docker-init), whose
+// reaping keeps up with a fork bomb.
+type Reaper struct {
 	mu       sync.Mutex // held across a start and its registration, and while reaping
 	waiters  map[int]waiter
-	oomScore OOMScore // see start
+	oomScore OOMScore // see Start
 	stop     chan struct{}
 	done     chan struct{}
 }
@@ -31,31 +32,33 @@ type reaper struct {
 // waiter is who wants a child's status, and whether its process group
 // dies with it.
 type waiter struct {
-	ch    chan exitStatus
+	ch    chan ExitStatus
 	group bool
 }
 
-// exitStatus is how a child ended and what it used (with the children it
+// ExitStatus is how a child ended and what it used (with the children it
 // waited for).
-type exitStatus struct {
-	ws unix.WaitStatus
-	ru unix.Rusage
+type ExitStatus struct {
+	Status syscall.WaitStatus
+	Usage  syscall.Rusage
+	At     time.Time // when it was reaped
 }
 
-// code is the status as an exit code: 128+N when signal N killed it.
-func (e exitStatus) code() int {
+// Code is the status as an exit code: 128+N when signal N killed it.
+func (e ExitStatus) Code() int {
 	switch {
-	case e.ws.Exited():
-		return e.ws.ExitStatus()
-	case e.ws.Signaled():
-		return 128 + int(e.ws.Signal())
+	case e.Status.Exited():
+		return e.Status.ExitStatus()
+	case e.Status.Signaled():
+		return 128 + int(e.Status.Signal())
 	}
 	return 255
 }
 
-// newReaper becomes a subreaper when sub is true and starts reaping.
-func newReaper(sub bool) *reaper {
-	r := &reaper{waiters: map[int]waiter{}, stop: make(chan struct{}), done: make(chan struct{})}
+// NewReaper becomes a subreaper when sub is true and starts reaping
+// (until Close).
+func NewReaper(sub bool) *Reaper {
+	r := &Reaper{waiters: map[int]waiter{}, stop: make(chan struct{}), done: make(chan struct{})}
 	if sub {
 		unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	}
@@ -76,32 +79,81 @@ func newReaper(sub bool) *reaper {
 	return r
 }
 
-func (r *reaper) close() {
+// Close stops reaping.
+func (r *Reaper) Close() {
 	close(r.stop)
 	<-r.done
 }
 
-// start starts cmd with startFn (cmd.Start, or what wraps it) and returns
-// the channel that gets its exit status. With group, what is left of its
+// Start forks a child with fork (which returns its pid) and returns the
+// channel that gets its exit status. With group, what is left of its
 // process group is killed when it exits, before it is reaped. The caller
-// must not Wait on cmd; it calls cmd.Process.Release once the status
-// came.
-func (r *reaper) start(cmd *exec.Cmd, startFn func() error, group bool) (<-chan exitStatus, error) {
+// must not wait for the child. The child is the OOM killer's first
+// choice ahead of this process (see OOMScore).
+func (r *Reaper) Start(fork func() (int, error), group bool) (<-chan ExitStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	// What the agent starts is the OOM killer's first choice, ahead of
-	// the agent (which holds the terminal sessions): a child inherits the
-	// score at its fork, so the agent raises its own around the start
-	// and lowers it again (back to 0 needs no privilege). Best effort.
 	r.oomScore.Set("1000")
-	err := startFn()
+	pid, err := fork()
 	r.oomScore.Set("0")
 	if err != nil {
 		return nil, err
 	}
-	ch := make(chan exitStatus, 1)
-	r.waiters[cmd.Process.Pid] = waiter{ch, group}
+	ch := make(chan ExitStatus, 1)
+	r.waiters[pid] = waiter{ch, group}
 	return ch, nil
+}
+
+// reap reaps every child that has exited. A child whose group dies with
+// it is seen first without being reaped: as long as it is a zombie, its
+// pid, the group's number, cannot be reused, so the kill reaches its
+// group and nothing else. One kill takes a fork bomb's whole group at
+// once; a sweep that went process by process would race its forks.
+func (r *Reaper) reap() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		pid := siginfoPid(&info)
+		if err != nil || pid <= 0 {
+			return
+		}
+		w, ok := r.waiters[pid]
+		if ok && w.group {
+			unix.Kill(-pid, unix.SIGKILL)
+		}
+		var st ExitStatus
+		if _, err := syscall.Wait4(pid, &st.Status, syscall.WNOHANG, &st.Usage); err == syscall.EINTR {
+			continue
+		}
+		if ok {
+			st.At = time.Now()
+			w.ch <- st
+			delete(r.waiters, pid)
+		}
+	}
+}
+
+// siginfoPid is si_pid of a SIGCHLD siginfo: the first field of the
+// union that follows signo, errno and code, at offset 16 on the 64-bit
+// architectures (x/sys leaves it unnamed).
+func siginfoPid(info *unix.Siginfo) int {
+	return int(*(*int32)(unsafe.Add(unsafe.Pointer(info), 16)))
+}
+
+// KillGroup SIGKILLs the process group of pid while pid is a child not
+// yet reaped (its group's number is still its own); otherwise it does
+// nothing.
+func (r *Reaper) KillGroup(pid int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.waiters[pid]; ok {
+		unix.Kill(-pid, unix.SIGKILL)
+	}
 }
 
 // OOMScore is this process's own oom_score_adj, opened at its first Set.
@@ -119,57 +171,6 @@ func (o *OOMScore) Set(v string) {
 		}
 	}
 	o.f.WriteAt([]byte(v), 0)
-}
-
-// reap reaps every child that has exited. A child whose group dies with
-// it is seen first without being reaped: as long as it is a zombie, its
-// pid, the group's number, cannot be reused, so the kill reaches its
-// group and nothing else. One kill takes a fork bomb's whole group at
-// once; a sweep that went process by process would race its forks.
-func (r *reaper) reap() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for {
-		var info unix.Siginfo
-		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
-		if err == unix.EINTR {
-			continue
-		}
-		pid := siginfoPid(&info)
-		if err != nil || pid <= 0 {
-			return
-		}
-		w, ok := r.waiters[pid]
-		if ok && w.group {
-			unix.Kill(-pid, unix.SIGKILL)
-		}
-		var st exitStatus
-		if _, err := unix.Wait4(pid, &st.ws, unix.WNOHANG, &st.ru); err == unix.EINTR {
-			continue
-		}
-		if ok {
-			w.ch <- st
-			delete(r.waiters, pid)
-		}
-	}
-}
-
-// siginfoPid is si_pid of a SIGCHLD siginfo: the first field of the
-// union that follows signo, errno and code, at offset 16 on the 64-bit
-// architectures (x/sys leaves it unnamed).
-func siginfoPid(info *unix.Siginfo) int {
-	return int(*(*int32)(unsafe.Add(unsafe.Pointer(info), 16)))
-}
-
-// killGroup SIGKILLs the process group of pid while pid is a child not
-// yet reaped (its group's number is still its own); otherwise it does
-// nothing.
-func (r *reaper) killGroup(pid int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, ok := r.waiters[pid]; ok {
-		unix.Kill(-pid, unix.SIGKILL)
-	}
 }
 
 // procTree maps every process in the sandbox's pid namespace to its
@@ -208,7 +209,7 @@ func procTree() map[int][]int {
 	return kids
 }
 
-// sweep SIGKILLs process group pgid (0: none; see killGroup) and every process in the sandbox
+// sweep SIGKILLs process group pgid (0: none; see KillGroup) and every process in the sandbox
 // that carries marker in its environment (set on a command at its start
 // and inherited by everything it starts, also by what leaves its session
 // with setsid), with its descendants, repeating until a pass finds
@@ -217,9 +218,9 @@ func procTree() map[int][]int {
 // The whole sandbox is searched (orphans are re-parented to its init,
 // which reaps them): a sweep costs a kill and one read of /proc/<pid>/stat
 // and environ per process in the sandbox, usually a handful.
-func (r *reaper) sweep(pgid int, marker string) {
+func (r *Reaper) sweep(pgid int, marker string) {
 	if pgid > 0 {
-		r.killGroup(pgid)
+		r.KillGroup(pgid)
 	}
 	want := []byte(marker + "\x00")
 	for pass := 0; pass < 20; pass++ {

@@ -5,7 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,19 +22,55 @@ import (
 // holds the terminal sessions, which outlive any one connection.
 type Server struct {
 	version string // the protocol it speaks: Version
-	reaper  *reaper
+	reaper  *Reaper
+	own     bool // the reaper is the server's: Close stops it
+	opts    Options
 	start   Starter
 
 	mu       sync.Mutex // guards sessions
 	sessions map[string]*session
 }
 
-// NewServer returns a server. With subreaper it becomes the subreaper of
-// what it starts (the agent binary; a test in its own process passes
-// false).
+// Options adapt a server to the process it runs in.
+type Options struct {
+	// ForkOn runs fn on the thread every fork must happen on (a local
+	// sandbox's init forks on a thread under its seccomp filter); nil:
+	// wherever the caller runs.
+	ForkOn func(fn func())
+	// Env is the environment commands start from (the sandbox's); nil:
+	// the agent's own.
+	Env []string
+	// Workdir is where a command without a cwd runs; "": the agent's.
+	Workdir string
+	// Root prefixes every path a command's cwd names (a local sandbox
+	// without namespaces lives in a directory of the host); "": none.
+	Root string
+}
+
+// NewServer returns a server with a reaper of its own. With subreaper it
+// becomes the subreaper of what it starts (the agent binary; a test in
+// its own process passes false).
 func NewServer(subreaper bool) *Server {
-	s := &Server{version: Version, reaper: newReaper(subreaper), sessions: map[string]*session{}}
-	s.start = s.reaper.startProcess
+	s := NewServerWith(NewReaper(subreaper), Options{})
+	s.own = true
+	return s
+}
+
+// NewServerWith returns a server whose commands r reaps (a local
+// sandbox's init, which reaps everything as the sandbox's PID 1).
+func NewServerWith(r *Reaper, o Options) *Server {
+	if o.ForkOn == nil {
+		o.ForkOn = func(fn func()) { fn() }
+	}
+	if o.Env == nil {
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, "SANDGATE_AGENT") {
+				o.Env = append(o.Env, kv)
+			}
+		}
+	}
+	s := &Server{version: Version, reaper: r, opts: o, sessions: map[string]*session{}}
+	s.start = s.startProcess
 	return s
 }
 
@@ -39,6 +79,34 @@ func NewServer(subreaper bool) *Server {
 // agent.
 func NewHost(start Starter) *Server {
 	return &Server{version: Version, start: start, sessions: map[string]*session{}}
+}
+
+// spawn starts cmd with start (cmd.Start, or what wraps it) on the fork
+// thread and returns the channel that gets its exit status (see
+// Reaper.Start).
+func (s *Server) spawn(cmd *exec.Cmd, start func() error, group bool) (<-chan ExitStatus, error) {
+	var ch <-chan ExitStatus
+	var err error
+	s.opts.ForkOn(func() {
+		ch, err = s.reaper.Start(func() (int, error) {
+			if err := start(); err != nil {
+				return 0, err
+			}
+			return cmd.Process.Pid, nil
+		}, group)
+	})
+	return ch, err
+}
+
+// command prepares cmdline (see newCommand) with the server's options.
+func (s *Server) command(cmdline, user, cwd string, env map[string]string) (*exec.Cmd, error) {
+	if cwd == "" {
+		cwd = s.opts.Workdir
+	}
+	if cwd != "" && s.opts.Root != "" {
+		cwd = filepath.Clean("/" + cwd)
+	}
+	return newCommand(cmdline, user, cwd, s.opts.Root, env, s.opts.Env)
 }
 
 // Close kills every session's process and stops reaping.
@@ -52,8 +120,8 @@ func (s *Server) Close() {
 	for _, id := range ids {
 		s.deleteSession(id)
 	}
-	if s.reaper != nil {
-		s.reaper.close()
+	if s.own {
+		s.reaper.Close()
 	}
 }
 

@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"strings"
-	"time"
 
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
@@ -19,10 +17,6 @@ import (
 // maxArg is Linux's limit on one argument string (MAX_ARG_STRLEN), less
 // room for the shell's other arguments: a command runs as bash -c <command>.
 const maxArg = 128<<10 - 1024
-
-// stopSettle bounds how long a failed start waits to see whether the
-// container is stopping.
-const stopSettle = 500 * time.Millisecond
 
 // Exec runs req.Command through the sandbox's agent, which kills the
 // command's whole tree at the timeout, on cancel, and (unless background
@@ -95,34 +89,6 @@ func (d *Docker) StartProcess(ctx context.Context, id string, spec providers.Pro
 	return p, nil
 }
 
-// stopped reports whether sandbox id has stopped (or is being removed),
-// as the error a call that was running in it returns: ErrConflict
-// "sandbox stopped during <what>", or the inspect's error kind
-// (ErrNotFound once removed). It polls for up to settle while the
-// container still runs and returns nil if it runs on.
-func (d *Docker) stopped(ctx context.Context, id string, settle time.Duration, what string) error {
-	deadline := time.Now().Add(settle)
-	for {
-		info, err := d.cli.ContainerInspect(ctx, id)
-		switch {
-		case err != nil:
-			return d.kind(err, "sandbox %s", id)
-		case info.State == nil || !info.State.Running || info.State.Dead || info.State.Status == container.StateRemoving:
-			return providers.Errorf(providers.ErrConflict, "sandbox %s stopped during %s", id, what)
-		}
-		if !time.Now().Before(deadline) {
-			return nil
-		}
-		t := time.NewTimer(20 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("sandbox %s: %w", id, ctx.Err())
-		case <-t.C:
-		}
-	}
-}
-
 // execSpec is one exec as the provider makes it.
 type execSpec struct {
 	Cmd        []string
@@ -166,46 +132,6 @@ func (d *Docker) startExec(ctx context.Context, id string, s execSpec) (startedE
 // detachKeys is the TTY detach sequence the daemon watches for: long and
 // unlikely, since the daemon holds back a typed prefix of it.
 const detachKeys = "ctrl-^,ctrl-],ctrl-^,ctrl-]"
-
-// startFailure is the error for an exec the daemon did not start. A
-// reason startError cannot place may mean the container is dying (runc
-// fails in many ways then), so the container's state decides: a stopped
-// or vanished sandbox is ErrConflict/ErrNotFound, like any call that ran
-// into a killed container.
-func (d *Docker) startFailure(ctx context.Context, id string, err error) error {
-	e := startError(err, id)
-	if providers.Kind(e) != providers.ErrUnavailable {
-		return e
-	}
-	if serr := d.stopped(context.WithoutCancel(ctx), id, stopSettle, "the start of a command"); serr != nil {
-		return serr
-	}
-	return e
-}
-
-// startError maps the daemon's reason for not starting an exec to a kind
-// with a client-safe message.
-func startError(err error, id string) error {
-	s := err.Error()
-	switch {
-	case strings.Contains(s, "unable to find user"), strings.Contains(s, "no matching entries in passwd"),
-		strings.Contains(s, "unable to find group"), strings.Contains(s, "no users found"):
-		return providers.Wrap(providers.ErrInvalid, err, "unknown user")
-	case strings.Contains(s, "namespace path"), strings.Contains(s, "unable to create new parent process"),
-		strings.Contains(s, "cannot exec in a stopped"):
-		// runc found the container's init gone: it is dying or dead.
-		return providers.Wrap(providers.ErrConflict, err, "sandbox "+id+" is not running")
-	case strings.Contains(s, "chdir to cwd"), strings.Contains(s, "chdir"):
-		return providers.Wrap(providers.ErrInvalid, err, "working directory does not exist in the sandbox")
-	case strings.Contains(s, "executable file not found"), strings.Contains(s, "no such file or directory"):
-		return providers.Wrap(providers.ErrInvalid, err, "sandbox "+id+" has no /bin/sh")
-	case strings.Contains(s, "is paused"):
-		return providers.Wrap(providers.ErrConflict, err, "sandbox "+id+" is paused")
-	case strings.Contains(s, "not running"):
-		return providers.Wrap(providers.ErrConflict, err, "sandbox "+id+" is not running")
-	}
-	return providers.Wrap(providers.ErrUnavailable, err, "exec in "+id+" did not start")
-}
 
 func newNonce() string {
 	b := make([]byte, 16)

@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/signal"
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -26,12 +24,9 @@ import (
 type agent struct {
 	cfg initConfig
 
-	// mu is held across fork and waiter registration, and by the reaper
-	// while it reaps, so a child that exits at once is never reaped before
-	// its waiter is registered.
-	mu       sync.Mutex
-	waiters  map[int]chan exited
-	oomScore sgagent.OOMScore // see fork
+	// reaper reaps every child of init (commands, and the orphans
+	// re-parented to it) and hands a command's status to its waiter.
+	reaper *sgagent.Reaper
 
 	forks chan forkReq
 	// forkerTid is the forker thread's id in the sandbox's pid namespace:
@@ -50,30 +45,27 @@ type forkReq struct {
 type forkRes struct {
 	pid, pidfd int
 	start      time.Time
-	wait       chan exited
+	wait       <-chan sgagent.ExitStatus
 	err        error
 }
 
-// exited is how a command ended and what it used.
-type exited struct {
-	status syscall.WaitStatus
-	usage  syscall.Rusage // of the command and the children it waited for
-	at     time.Time
-}
-
 func newAgent(cfg initConfig) *agent {
-	return &agent{cfg: cfg, waiters: make(map[int]chan exited), forks: make(chan forkReq)}
+	return &agent{cfg: cfg, forks: make(chan forkReq)}
 }
 
 // start starts the reaper and the forker. They live as long as init.
 func (a *agent) start() error {
-	sigchld := make(chan os.Signal, 1)
-	signal.Notify(sigchld, syscall.SIGCHLD)
-	go a.reap(sigchld)
-
+	a.reaper = sgagent.NewReaper(false) // init is PID 1: it reaps every orphan anyway
 	started := make(chan error, 1)
 	go a.forker(started)
 	return <-started
+}
+
+// onForker runs fn on the forker thread (see forker).
+func (a *agent) onForker(fn func()) {
+	res := make(chan forkRes, 1)
+	a.forks <- forkReq{fn: fn, res: res}
+	<-res
 }
 
 // forker performs every fork on one locked OS thread whose capability
@@ -113,46 +105,16 @@ func (a *agent) forker(started chan<- error) {
 func (a *agent) fork(r forkReq) forkRes {
 	pidfd := -1
 	r.attr.Sys.PidFD = &pidfd
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	// What init starts is the OOM killer's first choice, ahead of init
-	// (which holds the terminal sessions): otherwise a command that runs
-	// into a small memory limit could have init killed instead of itself,
-	// stopping the sandbox. A child inherits its score at the fork, so
-	// init raises its own for the fork and lowers it again (back to 0
-	// needs no privilege; lowering init below 0 would need
-	// CAP_SYS_RESOURCE on the host). Best effort: without /proc the
-	// scores stay 0.
-	a.oomScore.Set("1000")
-	pid, err := syscall.ForkExec(r.argv0, r.argv, r.attr)
-	a.oomScore.Set("0")
+	var pid int
+	wait, err := a.reaper.Start(func() (int, error) {
+		var err error
+		pid, err = syscall.ForkExec(r.argv0, r.argv, r.attr)
+		return pid, err
+	}, false)
 	if err != nil {
 		return forkRes{err: err}
 	}
-	ch := make(chan exited, 1)
-	a.waiters[pid] = ch
-	return forkRes{pid: pid, pidfd: pidfd, start: time.Now(), wait: ch}
-}
-
-// reap reaps every child of init: commands (whose status goes to their
-// waiter) and the orphans re-parented to init.
-func (a *agent) reap(sigchld <-chan os.Signal) {
-	for range sigchld {
-		a.mu.Lock()
-		for {
-			var e exited
-			pid, err := syscall.Wait4(-1, &e.status, syscall.WNOHANG, &e.usage)
-			if pid <= 0 || err != nil {
-				break
-			}
-			if ch, ok := a.waiters[pid]; ok {
-				e.at = time.Now()
-				ch <- e
-				delete(a.waiters, pid)
-			}
-		}
-		a.mu.Unlock()
-	}
+	return forkRes{pid: pid, pidfd: pidfd, start: time.Now(), wait: wait}
 }
 
 func (a *agent) serve(l *net.UnixListener) {
@@ -352,21 +314,11 @@ func (a *agent) exec(c *net.UnixConn, req request, files []*os.File) {
 	if !req.Preserve {
 		killSession(r.pid)
 	}
-	cpu := time.Duration(e.usage.Utime.Nano() + e.usage.Stime.Nano())
-	sendMsg(c, reply{Exited: true, Code: exitCode(e.status),
-		Ran: e.at.Sub(r.start), CPU: cpu, MaxRSS: e.usage.Maxrss << 10})
+	cpu := time.Duration(e.Usage.Utime.Nano() + e.Usage.Stime.Nano())
+	sendMsg(c, reply{Exited: true, Code: e.Code(),
+		Ran: e.At.Sub(r.start), CPU: cpu, MaxRSS: e.Usage.Maxrss << 10})
 	c.CloseRead()
 	<-done
-}
-
-func exitCode(ws syscall.WaitStatus) int {
-	switch {
-	case ws.Exited():
-		return ws.ExitStatus()
-	case ws.Signaled():
-		return 128 + int(ws.Signal())
-	}
-	return 255
 }
 
 // signalSession sends sig to the process group of the session led by sid

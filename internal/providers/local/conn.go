@@ -115,11 +115,6 @@ func (sb *sandbox) call(ctx context.Context, req request) (reply, error) {
 	return rep, nil
 }
 
-func (sb *sandbox) ping(ctx context.Context) error {
-	_, err := sb.call(ctx, request{Op: opPing})
-	return err
-}
-
 // forkerTid asks the agent for its forker thread's id (in the sandbox's
 // pid namespace).
 func (sb *sandbox) forkerTid(ctx context.Context) (int, error) {

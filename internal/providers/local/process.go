@@ -232,10 +232,6 @@ func (p *stdio) Stdin() io.WriteCloser {
 	return p.stdin
 }
 
-func (p *stdio) close() {
-	closeFiles([]*os.File{p.master, p.stdin, p.stdout, p.stderr})
-}
-
 type nopCloser struct{ io.Writer }
 
 func (nopCloser) Close() error { return nil }
