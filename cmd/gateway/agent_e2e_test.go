@@ -235,8 +235,10 @@ func TestDockerAgentKilled(t *testing.T) {
 	sb := dkCreate(t, g, "")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	// Every sandgate-agent process: the daemon and the bridges.
-	s, r, err := dkExec(ctx, sb, `for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sandgate-agent ] && kill -9 ${p#/proc/}; done; sleep 5`, false)
+	// Every sandgate-agent process: the daemon first (a bridge killed
+	// before it would let the gateway reconnect to the daemon in between),
+	// then the bridges.
+	s, r, err := dkExec(ctx, sb, `for p in /proc/[0-9]*; do grep -q serve $p/cmdline 2>/dev/null && [ "$(cat $p/comm)" = sandgate-agent ] && kill -9 ${p#/proc/}; done; for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sandgate-agent ] && kill -9 ${p#/proc/}; done; sleep 5`, false)
 	if err != nil {
 		t.Fatal(err)
 	}
