@@ -247,9 +247,9 @@ func (s *Service) ReadFile(ctx context.Context, c Caller, id, p string, limit in
 // StatFile describes the file at p in the sandbox (a symlink is not
 // followed) and returns its absolute path with it.
 func (s *Service) StatFile(ctx context.Context, c Caller, id, p string) (string, providers.FileInfo, error) {
-	fl, ok := s.p.(providers.FileLister)
-	if !ok {
-		return "", providers.FileInfo{}, providers.Errorf(providers.ErrUnsupported, "provider %s cannot describe files", s.p.Name())
+	fl, err := s.fileLister()
+	if err != nil {
+		return "", providers.FileInfo{}, err
 	}
 	a, end, abs, err := s.fileOp(c, id, p)
 	if err != nil {
@@ -267,9 +267,9 @@ func (s *Service) StatFile(ctx context.Context, c Caller, id, p string) (string,
 // ListDir lists the directory at p in the sandbox and returns its
 // absolute path with the entries (see providers.FileLister).
 func (s *Service) ListDir(ctx context.Context, c Caller, id, p string) (string, []providers.FileInfo, bool, error) {
-	fl, ok := s.p.(providers.FileLister)
-	if !ok {
-		return "", nil, false, providers.Errorf(providers.ErrUnsupported, "provider %s cannot list directories", s.p.Name())
+	fl, err := s.fileLister()
+	if err != nil {
+		return "", nil, false, err
 	}
 	a, end, abs, err := s.fileOp(c, id, p)
 	if err != nil {
@@ -282,6 +282,14 @@ func (s *Service) ListDir(ctx context.Context, c Caller, id, p string) (string, 
 	}
 	s.touch(a.box)
 	return abs, entries, truncated, nil
+}
+
+// fileLister is the provider as a providers.FileLister, or ErrUnsupported.
+func (s *Service) fileLister() (providers.FileLister, error) {
+	if fl, ok := s.p.(providers.FileLister); ok {
+		return fl, nil
+	}
+	return nil, providers.Errorf(providers.ErrUnsupported, "provider %s cannot describe or list files", s.p.Name())
 }
 
 // endCloser ends a request's activity hold when the stream is closed.

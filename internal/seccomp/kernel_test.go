@@ -3,6 +3,7 @@ package seccomp
 import (
 	"bufio"
 	"fmt"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -11,11 +12,15 @@ import (
 )
 
 // lookPath returns the absolute path of a program the test needs,
-// skipping the test without it.
+// skipping the test without it (failing it in CI, where .ci/run installs
+// them).
 func lookPath(t *testing.T, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not installed (.ci/run installs it)", name)
+		}
 		t.Skipf("%s not installed", name)
 	}
 	return p
