@@ -6,11 +6,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -109,73 +107,32 @@ func (d *Docker) agentMount() mount.Mount {
 		VolumeOptions: &mount.VolumeOptions{NoCopy: true}}
 }
 
-// link is the gateway's connection to one sandbox's agent.
-type link struct {
-	c      *agent.Client
-	closer io.Closer // the exec attach
-}
-
-// links are the connections, by sandbox, and the sandboxes whose agent is
-// gone (with why). linkMu serialises connecting per provider: a connect
-// is one exec and rare.
-type links struct {
-	mu     sync.Mutex
-	byID   map[string]*link
-	broken map[string]string
-	dialMu sync.Mutex
-}
-
 // Agent returns the connection to sandbox id's agent, connecting when
 // there is none (after a gateway restart) or it broke. A sandbox whose
 // agent is gone is ErrConflict with the reason; so is a paused one (its
 // agent is frozen).
 func (d *Docker) Agent(ctx context.Context, id string) (*agent.Client, error) {
-	if c, err := d.cachedAgent(id); c != nil || err != nil {
-		return c, err
-	}
-	d.links.dialMu.Lock()
-	defer d.links.dialMu.Unlock()
-	if c, err := d.cachedAgent(id); c != nil || err != nil {
-		return c, err
-	}
-	return d.connect(ctx, id, false)
-}
-
-func (d *Docker) cachedAgent(id string) (*agent.Client, error) {
-	d.links.mu.Lock()
-	defer d.links.mu.Unlock()
-	if d.paused[id] {
+	d.pausedMu.Lock()
+	paused := d.paused[id]
+	d.pausedMu.Unlock()
+	if paused {
 		return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is paused", id)
 	}
-	if why := d.links.broken[id]; why != "" {
-		return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is in error: %s", id, why)
-	}
-	if l := d.links.byID[id]; l != nil {
-		select {
-		case <-l.c.Done():
-			delete(d.links.byID, id)
-		default:
-			return l.c, nil
-		}
-	}
-	return nil, nil
+	return d.links.Get(ctx, id)
 }
 
-// connect opens a connection to sandbox id's agent: one exec of the
-// agent's bridge. With start (a new sandbox) the bridge starts the agent
-// daemon; without, a missing daemon means the agent died, and the sandbox
-// is marked broken.
-func (d *Docker) connect(ctx context.Context, id string, start bool) (*agent.Client, error) {
+// openAgent opens a connection to sandbox id's agent (agent.Links.Open):
+// one exec of the agent's bridge. With start (a new sandbox) the bridge
+// starts the agent daemon; without, a missing daemon means the agent
+// died.
+func (d *Docker) openAgent(ctx context.Context, id string, start bool) (io.ReadWriteCloser, func() string, error) {
 	cmd := []string{agentBin, "connect"}
 	if start {
 		cmd = append(cmd, "--start")
 	}
 	ex, err := d.startExec(ctx, id, execSpec{Cmd: cmd, Stdin: true})
 	if err != nil {
-		if serr := d.settledState(context.WithoutCancel(ctx), id); serr != nil {
-			return nil, serr // stopped, paused or gone: that is the answer
-		}
-		return nil, err
+		return nil, nil, err
 	}
 	pr, pw := io.Pipe()
 	stderr := &syncBuf{max: 4 << 10}
@@ -187,52 +144,7 @@ func (d *Docker) connect(ctx context.Context, id string, start bool) (*agent.Cli
 		pw.CloseWithError(err)
 	}()
 	conn := &execConn{r: pr, hj: ex.hj.Conn, close: func() error { ex.hj.Close(); return pr.Close() }}
-	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	c, err := agent.Dial(dctx, conn)
-	cancel()
-	if err != nil {
-		conn.Close()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if serr := d.settledState(context.WithoutCancel(ctx), id); serr != nil {
-			return nil, serr
-		}
-		why := strings.TrimSpace(stderr.String())
-		if why == "" {
-			why = err.Error()
-		}
-		// Only a mismatched agent, or a bridge that found no agent where one
-		// was started, means the sandbox is broken; anything else (a bridge
-		// that could not start under load) may pass.
-		if strings.Contains(why, "protocol") || (!start && strings.Contains(why, "no agent answers")) {
-			if !start {
-				why = "its agent is not running (killed or exited): " + why
-			}
-			d.links.mu.Lock()
-			d.links.broken[id] = why
-			d.links.mu.Unlock()
-			return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is in error: %s", id, why)
-		}
-		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": cannot reach its agent: "+why)
-	}
-	d.links.mu.Lock()
-	d.links.byID[id] = &link{c: c, closer: conn}
-	d.links.mu.Unlock()
-	return c, nil
-}
-
-// dropAgent closes and forgets sandbox id's connection (its sandbox is
-// being deleted).
-func (d *Docker) dropAgent(id string) {
-	d.links.mu.Lock()
-	l := d.links.byID[id]
-	delete(d.links.byID, id)
-	delete(d.links.broken, id)
-	d.links.mu.Unlock()
-	if l != nil {
-		l.c.Close()
-	}
+	return conn, stderr.String, nil
 }
 
 // agentState is StateError when sandbox id's running container has no
@@ -241,41 +153,8 @@ func (d *Docker) agentState(ctx context.Context, id string) string {
 	if _, err := d.Agent(ctx, id); err == nil {
 		return ""
 	}
-	d.links.mu.Lock()
-	defer d.links.mu.Unlock()
-	return d.links.broken[id]
+	return d.links.Broken(id)
 }
-
-// gone maps an error of a call on an agent connection: a connection that
-// ended is the sandbox stopping (ErrConflict/ErrNotFound from its state)
-// or its agent dying (the sandbox is then in error).
-func (d *Docker) gone(ctx context.Context, id string, err error) error {
-	if !errors.Is(err, agent.ErrGone) {
-		return err
-	}
-	// The caller's call failed, but this check must finish, in bounded time.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reconnectTimeout)
-	defer cancel()
-	if serr := d.requireRunning(ctx, id); serr != nil {
-		return serr
-	}
-	d.links.dialMu.Lock()
-	defer d.links.dialMu.Unlock()
-	if c, cerr := d.cachedAgent(id); c != nil || cerr != nil {
-		if cerr != nil {
-			return cerr
-		}
-		return providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": the connection to its agent broke; try again")
-	}
-	if _, cerr := d.connect(ctx, id, false); cerr != nil {
-		return cerr
-	}
-	return providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": the connection to its agent broke; try again")
-}
-
-// reconnectTimeout bounds the check and reconnect after a connection
-// broke (a sandbox at its pids limit can make an exec hang).
-const reconnectTimeout = 30 * time.Second
 
 // execConn is an exec attach as one byte stream: stdout demultiplexed
 // from the daemon's framing, stdin raw.
@@ -329,6 +208,14 @@ func (d *Docker) requireRunning(ctx context.Context, id string) error {
 		return providers.Errorf(providers.ErrConflict, "sandbox %s is %s", id, st)
 	}
 	return nil
+}
+
+// running is agent.Links.Running: requireRunning, settled when asked.
+func (d *Docker) running(ctx context.Context, id string, settle bool) error {
+	if settle {
+		return d.settledState(ctx, id)
+	}
+	return d.requireRunning(ctx, id)
 }
 
 // settledState is requireRunning after a connection to the agent failed.

@@ -160,7 +160,7 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		d.dropAgent(spec.ID)
+		d.links.Drop(spec.ID)
 		if err := d.cli.ContainerRemove(rctx, created.ID, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
 			d.log.Error("removing a half-made sandbox", "sandbox", spec.ID, "err", err)
 		}
@@ -285,12 +285,7 @@ func (d *Docker) waitReady(ctx context.Context, id, workdir string, timeout time
 // probe starts the agent of a running container and runs a command in
 // workdir through it: the image must have /bin/sh and workdir.
 func (d *Docker) probe(ctx context.Context, id, workdir string) error {
-	d.links.dialMu.Lock()
-	c, err := d.cachedAgent(id)
-	if c == nil && err == nil {
-		c, err = d.connect(ctx, id, true)
-	}
-	d.links.dialMu.Unlock()
+	c, err := d.links.Start(ctx, id)
 	if err != nil {
 		return err
 	}

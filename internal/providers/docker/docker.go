@@ -35,6 +35,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 
+	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -100,9 +101,11 @@ type Options struct {
 // no goroutines of its own outside a call; Processes it starts own theirs.
 // Close releases the client's connections; containers keep running.
 type Docker struct {
-	cli    *client.Client
-	links  links
-	paused map[string]bool // guarded by links.mu: a paused sandbox's agent is frozen
+	agent.Via // exec, files and processes, through the sandbox's agent
+	cli       *client.Client
+	links     agent.Links
+	pausedMu  sync.Mutex
+	paused    map[string]bool // a paused sandbox's agent is frozen
 
 	volMu     sync.Mutex // guards volReady
 	volReady  bool
@@ -166,7 +169,8 @@ func New(opts Options) (*Docker, error) {
 		return nil, fmt.Errorf("docker: %w", err)
 	}
 	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}}
-	d.links.byID, d.links.broken = map[string]*link{}, map[string]string{}
+	d.links.Open, d.links.Running = d.openAgent, d.running
+	d.Via = agent.Via{Connect: d.Agent, Links: &d.links}
 	if d.volName, d.agentSize, err = agentVolume(opts.AgentBinary); err != nil {
 		cli.Close()
 		return nil, err
@@ -180,13 +184,7 @@ func (d *Docker) Name() string { return "docker" }
 // Close closes the client's idle connections. Calls in flight are not
 // interrupted; sandboxes keep running.
 func (d *Docker) Close() error {
-	d.links.mu.Lock()
-	ls := d.links.byID
-	d.links.byID = map[string]*link{}
-	d.links.mu.Unlock()
-	for _, l := range ls {
-		l.c.Close()
-	}
+	d.links.Close()
 	return d.cli.Close()
 }
 
@@ -222,15 +220,11 @@ func (d *Docker) Status(ctx context.Context, id string) (providers.State, error)
 }
 
 // StateReason says why sandbox id is in error ("" when it is not).
-func (d *Docker) StateReason(id string) string {
-	d.links.mu.Lock()
-	defer d.links.mu.Unlock()
-	return d.links.broken[id]
-}
+func (d *Docker) StateReason(id string) string { return d.links.Broken(id) }
 
 func (d *Docker) setPaused(id string, paused bool) {
-	d.links.mu.Lock()
-	defer d.links.mu.Unlock()
+	d.pausedMu.Lock()
+	defer d.pausedMu.Unlock()
 	if paused {
 		d.paused[id] = true
 	} else {
@@ -290,7 +284,7 @@ func (d *Docker) List(ctx context.Context) ([]providers.Owned, error) {
 // Delete force-removes the container and its anonymous volumes.
 // ErrNotFound if there is none.
 func (d *Docker) Delete(ctx context.Context, id string) error {
-	d.dropAgent(id)
+	d.links.Drop(id)
 	d.setPaused(id, false)
 	err := d.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	if err != nil {

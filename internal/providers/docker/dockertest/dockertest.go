@@ -16,8 +16,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -27,6 +25,8 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
+
+	"github.com/sandgate/sandgate/internal/agent/agenttest"
 )
 
 // ImageRef is the test image: FROM scratch with Debian's static busybox
@@ -163,32 +163,6 @@ func setup() error {
 	return nil
 }
 
-var (
-	agentOnce sync.Once
-	agentPath string
-	agentErr  error
-)
-
-// AgentBinary builds the static sandgate-agent once per test process and
-// returns its path (in a directory of its own under the system temp
-// dir, shared by the process's tests).
-func AgentBinary(t testing.TB) string {
-	t.Helper()
-	agentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sandgate-agent-")
-		if err != nil {
-			agentErr = err
-			return
-		}
-		agentPath = filepath.Join(dir, "sandgate-agent")
-		cmd := exec.Command("go", "build", "-o", agentPath, "github.com/sandgate/sandgate/cmd/sandgate-agent")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			agentErr = fmt.Errorf("build the agent: %v\n%s", err, out)
-		}
-	})
-	if agentErr != nil {
-		t.Fatal(agentErr)
-	}
-	return agentPath
-}
+// AgentBinary is agenttest.Binary: the static sandgate-agent, built once
+// per test process.
+func AgentBinary(t testing.TB) string { return agenttest.Binary(t) }
