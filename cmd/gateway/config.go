@@ -47,6 +47,9 @@ type config struct {
 	LocalImages        string
 	AgentBinary        string
 	DockerHost         string
+	Kubeconfig         string
+	K8sNamespace       string
+	K8sAgentImage      string
 	PTYRingBytes       int
 	AllowedOrigins     []string
 	LogLevel           string
@@ -75,7 +78,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "address to listen on")
 	fs.StringVar(&c.PublicURL, "public-url", "", "external base URL of the gateway (default http://<listen address>)")
-	fs.StringVar(&c.Provider, "provider", "local", "sandbox backend: local or docker")
+	fs.StringVar(&c.Provider, "provider", "local", "sandbox backend: local, docker or kubernetes")
 	fs.StringVar(&c.StateDir, "state-dir", defaultStateDir(), "directory for the state store, lease secret and local sandboxes")
 	fs.StringVar(keys, "api-key", "", "comma-separated API keys allowed to create and list sandboxes")
 	fs.StringVar(&c.LeaseSecret, "lease-secret", "", "HMAC secret for lease tokens (default: random, persisted in the state dir)")
@@ -112,6 +115,9 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	})
 	fs.StringVar(&c.AgentBinary, "agent-binary", "", "docker provider: the static sandgate-agent binary every sandbox runs (default: sandgate-agent beside the gateway's executable; make build puts it there)")
 	fs.StringVar(&c.DockerHost, "docker-host", "", "docker provider: daemon address (default: DOCKER_HOST, else the local socket)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubernetes provider: kubeconfig file (default: KUBECONFIG, else the in-cluster config)")
+	fs.StringVar(&c.K8sNamespace, "k8s-namespace", "default", "kubernetes provider: namespace of the sandbox pods")
+	fs.StringVar(&c.K8sAgentImage, "k8s-agent-image", "", "kubernetes provider: image holding the static agent at /sandgate-agent (make agent-image builds one); required")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "text or json")
 	return fs

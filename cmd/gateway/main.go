@@ -29,6 +29,7 @@ import (
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker"
+	"github.com/sandgate/sandgate/internal/providers/kubernetes"
 	"github.com/sandgate/sandgate/internal/providers/local"
 	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
@@ -214,8 +215,22 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 			DefaultCPU:       noneIfZero(cfg.DefaultCPU),
 			PidsLimit:        cfg.PidsMax,
 		})
+	case "kubernetes":
+		id, err := instanceID(cfg.StateDir)
+		if err != nil {
+			return nil, err
+		}
+		return kubernetes.New(kubernetes.Options{
+			Kubeconfig:       cfg.Kubeconfig,
+			Namespace:        cfg.K8sNamespace,
+			InstanceID:       id,
+			AgentImage:       cfg.K8sAgentImage,
+			Logger:           log.With("provider", "kubernetes"),
+			DefaultMemoryMiB: noneIfZero(cfg.DefaultMemoryMiB),
+			DefaultCPU:       noneIfZero(cfg.DefaultCPU),
+		})
 	default:
-		return nil, fmt.Errorf("unknown provider %q (have: local, docker)", cfg.Provider)
+		return nil, fmt.Errorf("unknown provider %q (have: local, docker, kubernetes)", cfg.Provider)
 	}
 }
 

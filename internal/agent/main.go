@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -25,10 +26,11 @@ const SocketPath = "/dev/.sandgate-agent.sock"
 //	sandgate-agent serve [--socket P]            the daemon: holds sessions, serves connections
 //	sandgate-agent connect [--socket P] [--start] bridge stdin/stdout to the daemon (starting it with --start)
 //	sandgate-agent stdio                          serve one connection on stdin/stdout
+//	sandgate-agent install DEST                   copy this binary to DEST (a Kubernetes init container)
 //	sandgate-agent version
 func Main(args []string) int {
 	if len(args) < 1 {
-		fmt.Fprintln(os.Stderr, "usage: sandgate-agent serve|connect|stdio|version")
+		fmt.Fprintln(os.Stderr, "usage: sandgate-agent serve|connect|stdio|install|version")
 		return 2
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
@@ -47,6 +49,12 @@ func Main(args []string) int {
 		reserveThreads(reservedThreads)
 		srv := NewServer(false)
 		err = srv.Serve(stdio{}, func() { os.Exit(0) })
+	case "install":
+		if fs.NArg() != 1 {
+			fmt.Fprintln(os.Stderr, "usage: sandgate-agent install DEST")
+			return 2
+		}
+		err = install(fs.Arg(0))
 	case "version":
 		fmt.Println(build())
 	default:
@@ -131,6 +139,34 @@ func connect(sock string, start bool) error {
 	}()
 	io.Copy(os.Stdout, c)
 	return nil
+}
+
+// install copies the running binary to dest, mode 0755, replacing it
+// atomically: how a Kubernetes init container of the agent's image puts
+// the agent into a volume the sandbox's container shares.
+func install(dest string) error {
+	self, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return err
+	}
+	defer self.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dest), ".sandgate-agent-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, self); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dest)
 }
 
 // logPath is where the daemon on sock writes its standard error.

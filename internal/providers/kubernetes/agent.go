@@ -1,0 +1,101 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/remotecommand"
+)
+
+// openAgent opens a connection to sandbox id's agent (agent.Links.Open):
+// one exec of the agent's bridge through the pod's exec subresource,
+// WebSocket first, SPDY when the API server cannot upgrade to it. With
+// start (a new sandbox) the bridge starts the agent daemon; without, a
+// missing daemon means the agent died. The stream outlives ctx.
+func (k *Kubernetes) openAgent(ctx context.Context, id string, start bool) (io.ReadWriteCloser, func() string, error) {
+	cmd := []string{agentBin, "connect"}
+	if start {
+		cmd = append(cmd, "--start")
+	}
+	req := k.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(k.ns).Name(id).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: containerSandbox, Command: cmd, Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(k.cfg, http.MethodGet, req.URL().String())
+	if err != nil {
+		return nil, nil, k.kind(err, "exec in %s", id)
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(k.cfg, http.MethodPost, req.URL())
+	if err != nil {
+		return nil, nil, k.kind(err, "exec in %s", id)
+	}
+	ex, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
+	if err != nil {
+		return nil, nil, k.kind(err, "exec in %s", id)
+	}
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	stderr := &syncBuf{max: 4 << 10}
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c := &streamConn{r: outR, w: inW, cancel: cancel}
+	go func() {
+		err := ex.StreamWithContext(sctx, remotecommand.StreamOptions{Stdin: inR, Stdout: outW, Stderr: stderr})
+		if err == nil {
+			err = io.EOF
+		} else if stderr.String() == "" {
+			stderr.Write([]byte(err.Error()))
+		}
+		outW.CloseWithError(err)
+		inR.CloseWithError(err)
+	}()
+	return c, stderr.String, nil
+}
+
+// streamConn is an exec stream as one byte stream: the bridge's stdout
+// and stdin.
+type streamConn struct {
+	r      *io.PipeReader
+	w      *io.PipeWriter
+	cancel context.CancelFunc
+	once   sync.Once
+}
+
+func (c *streamConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
+func (c *streamConn) Write(p []byte) (int, error) { return c.w.Write(p) }
+func (c *streamConn) Close() error {
+	c.once.Do(func() {
+		c.w.CloseWithError(errors.New("closed"))
+		c.r.Close()
+		c.cancel()
+	})
+	return nil
+}
+
+// syncBuf keeps the first max bytes written to it; safe for concurrent
+// use.
+type syncBuf struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (b *syncBuf) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.max - len(b.buf); room > 0 {
+		b.buf = append(b.buf, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (b *syncBuf) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}

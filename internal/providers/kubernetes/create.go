@@ -1,0 +1,313 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// agentDir is where the agent volume is mounted in the sandbox's
+// container (read-only), as in the docker provider.
+const (
+	agentDir = "/.sandgate"
+	agentBin = agentDir + "/sandgate-agent"
+)
+
+// keepAlive is the command of a sandbox created without an entrypoint.
+// The pod's PID 1 (pause, with a shared process namespace) reaps orphans;
+// the shell only has to stay.
+var keepAlive = []string{"/bin/sh", "-c", "while :; do sleep 3600; done"}
+
+// Create makes sandbox spec.ID's pod and returns once its agent runs a
+// command in the workdir. A pod that is not running within
+// spec.ReadyTimeout (unschedulable, image missing, crashing) is removed
+// and the error names what the pod said.
+func (k *Kubernetes) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
+	if spec.Image == "" {
+		return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "image is required by the kubernetes provider")
+	}
+	if len(spec.Ports) > 0 {
+		return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "ports are not published by the kubernetes provider yet")
+	}
+	for key := range spec.Options {
+		return providers.Sandbox{}, providers.InvalidFields{{Field: "provider_options." + key, Message: "unknown option for the kubernetes provider"}}
+	}
+	workdir := spec.Workdir
+	if workdir == "" {
+		workdir = "/"
+	}
+	pod, extra, err := k.podFor(spec, workdir)
+	if err != nil {
+		return providers.Sandbox{}, err
+	}
+	if _, err := k.cs.CoreV1().Pods(k.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		return providers.Sandbox{}, k.kind(err, "create sandbox %s", spec.ID)
+	}
+	// From here on, a failure removes what was made, even when ctx is done.
+	ok := false
+	defer func() {
+		if ok {
+			return
+		}
+		k.links.Drop(spec.ID)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+		defer cancel()
+		if err := k.deletePod(rctx, spec.ID); err != nil {
+			k.log.Error("removing a half-made sandbox", "sandbox", spec.ID, "err", err)
+		}
+	}()
+	if err := k.waitReady(ctx, spec.ID, workdir, spec.ReadyTimeout); err != nil {
+		return providers.Sandbox{}, err
+	}
+	ok = true
+	extra["pod"] = k.ns + "/" + spec.ID
+	return providers.Sandbox{ID: spec.ID, Workdir: workdir, Extra: extra}, nil
+}
+
+// podFor builds sandbox spec's pod, and what the sandbox's Extra says
+// about its limits.
+func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.Pod, map[string]any, error) {
+	env := make([]corev1.EnvVar, 0, len(spec.Env))
+	for name, v := range spec.Env {
+		env = append(env, corev1.EnvVar{Name: name, Value: v})
+	}
+	sort.Slice(env, func(i, j int) bool { return env[i].Name < env[j].Name })
+	command := keepAlive
+	if len(spec.Entrypoint) > 0 {
+		command = spec.Entrypoint
+	}
+	res, extra, err := k.resources(spec.Resources)
+	if err != nil {
+		return nil, nil, err
+	}
+	no, yes := false, true
+	grace := int64(1)
+	sec := &corev1.SecurityContext{
+		AllowPrivilegeEscalation: &no,
+		Capabilities:             &corev1.Capabilities{Drop: DefaultCapDrop},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	if k.opts.RunAsNonRoot {
+		uid := int64(65534)
+		sec.RunAsUser, sec.RunAsGroup, sec.RunAsNonRoot = &uid, &uid, &yes
+	}
+	mount := func(ro bool) []corev1.VolumeMount {
+		return []corev1.VolumeMount{{Name: containerAgent, MountPath: agentDir, ReadOnly: ro}}
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      spec.ID,
+			Namespace: k.ns,
+			Labels:    map[string]string{LabelSandbox: spec.ID, LabelInstance: k.opts.InstanceID},
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: &grace,
+			AutomountServiceAccountToken:  &no,
+			EnableServiceLinks:            &no,
+			ShareProcessNamespace:         &yes,
+			Hostname:                      "sandbox",
+			InitContainers: []corev1.Container{{
+				Name:            containerAgent,
+				Image:           k.opts.AgentImage,
+				ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:         []string{"/sandgate-agent", "install", agentBin},
+				VolumeMounts:    mount(false),
+				SecurityContext: sec,
+				Resources:       res,
+			}},
+			Containers: []corev1.Container{{
+				Name:            containerSandbox,
+				Image:           spec.Image,
+				ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:         command,
+				WorkingDir:      workdir,
+				Env:             env,
+				Resources:       res,
+				VolumeMounts:    mount(true),
+				SecurityContext: sec,
+			}},
+			Volumes: []corev1.Volume{{Name: containerAgent, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+		},
+	}
+	return pod, extra, nil
+}
+
+// resources are the container's requests and limits: cpu and memory
+// limits (the create's, else the provider's defaults), requests a tenth
+// of them so that a small node still schedules many sandboxes, and
+// ephemeral storage for disk_gib. GPUs are refused.
+func (k *Kubernetes) resources(r providers.Resources) (corev1.ResourceRequirements, map[string]any, error) {
+	if r.GPU != nil && *r.GPU > 0 {
+		return corev1.ResourceRequirements{}, nil, providers.InvalidFields{{Field: "resources.gpu", Message: "GPUs are not supported by the kubernetes provider yet"}}
+	}
+	limits, requests := corev1.ResourceList{}, corev1.ResourceList{}
+	extra := map[string]any{}
+	cpu := k.opts.DefaultCPU
+	if r.CPU != nil {
+		cpu = *r.CPU
+	}
+	if cpu > 0 {
+		milli := int64(cpu * 1000)
+		limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(milli, resource.DecimalSI)
+		requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(max(milli/10, 10), resource.DecimalSI)
+		extra["cpu_limit"] = cpu
+	}
+	mem := k.opts.DefaultMemoryMiB
+	if r.MemoryMiB != nil {
+		mem = *r.MemoryMiB
+	}
+	if mem > 0 {
+		limits[corev1.ResourceMemory] = *resource.NewQuantity(mem<<20, resource.BinarySI)
+		requests[corev1.ResourceMemory] = *resource.NewQuantity(max(mem<<20/10, 16<<20), resource.BinarySI)
+		extra["memory_limit_mib"] = mem
+	}
+	if r.DiskGiB != nil && *r.DiskGiB > 0 {
+		b := int64(*r.DiskGiB * (1 << 30))
+		limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(b, resource.BinarySI)
+		extra["disk_limit"] = "ephemeral-storage " + strconv.FormatFloat(*r.DiskGiB, 'f', -1, 64) + " GiB (enforced by the kubelet's eviction)"
+	}
+	return corev1.ResourceRequirements{Limits: limits, Requests: requests}, extra, nil
+}
+
+// waitReady polls the pod until it runs, then starts its agent and
+// checks, through it, that a command runs in workdir. A pod that fails,
+// or whose image cannot be had, fails at once; one not running within
+// timeout fails naming what its conditions say (unschedulable, ...).
+func (k *Kubernetes) waitReady(ctx context.Context, id, workdir string, timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	delay := 10 * time.Millisecond
+	var last error
+	for {
+		pod, err := k.pod(ctx, id)
+		switch {
+		case err != nil && providers.Kind(err) == providers.ErrUnavailable:
+			last = err
+		case err != nil:
+			if ctx.Err() == nil {
+				return err
+			}
+		default:
+			if why := stuck(pod); why != "" {
+				return providers.Errorf(providers.ErrInvalid, "sandbox %s cannot start: %s", id, why)
+			}
+			st, why := stateOf(pod)
+			switch st {
+			case providers.StateRunning:
+				last = k.probe(ctx, id, workdir)
+				if last == nil {
+					return nil
+				}
+				if providers.Kind(last) == providers.ErrInvalid {
+					return last
+				}
+				if why := k.links.Broken(id); why != "" {
+					return providers.Errorf(providers.ErrUnavailable, "sandbox %s: %s", id, why)
+				}
+			case providers.StateStarting:
+				last = errors.New(pending(pod))
+			default:
+				if why == "" {
+					why = string(st)
+				}
+				return providers.Errorf(providers.ErrInvalid, "sandbox %s exited during start (%s): check the image and entrypoint", id, why)
+			}
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				msg := fmt.Sprintf("sandbox %s was not ready within %v", id, timeout)
+				if last != nil {
+					msg += ": " + last.Error()
+				}
+				return providers.Errorf(providers.ErrUnavailable, "%s", msg)
+			}
+			return fmt.Errorf("start sandbox %s: %w", id, ctx.Err())
+		case <-t.C:
+		}
+		delay = min(delay*2, 200*time.Millisecond)
+	}
+}
+
+// stuck says why a pending pod will not start without a change (its image
+// cannot be had, its config is bad), or "".
+func stuck(pod *corev1.Pod) string {
+	for _, cs := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
+		w := cs.State.Waiting
+		if w == nil {
+			continue
+		}
+		switch w.Reason {
+		case "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError", "RunContainerError":
+			return fmt.Sprintf("container %s: %s: %s", cs.Name, w.Reason, w.Message)
+		}
+	}
+	for _, cs := range pod.Status.InitContainerStatuses {
+		if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
+			return fmt.Sprintf("the agent's init container failed (%s)", terminatedReason(t))
+		}
+	}
+	return ""
+}
+
+// pending says what a pending pod waits for: its conditions that are not
+// true (PodScheduled=False: Unschedulable: 0/1 nodes are available: ...).
+func pending(pod *corev1.Pod) string {
+	var parts []string
+	for _, c := range pod.Status.Conditions {
+		if c.Status == corev1.ConditionTrue {
+			continue
+		}
+		p := string(c.Type) + "=" + string(c.Status)
+		if c.Reason != "" {
+			p += ": " + c.Reason
+		}
+		if c.Message != "" {
+			p += ": " + c.Message
+		}
+		parts = append(parts, p)
+	}
+	if len(parts) == 0 {
+		return "pod " + pod.Name + " is " + string(pod.Status.Phase)
+	}
+	return "pod " + pod.Name + " is " + string(pod.Status.Phase) + " (" + strings.Join(parts, "; ") + ")"
+}
+
+// probe starts the agent of a running pod and runs a command in workdir
+// through it: the image must have /bin/sh and workdir.
+func (k *Kubernetes) probe(ctx context.Context, id, workdir string) error {
+	c, err := k.links.Start(ctx, id)
+	if err != nil {
+		return err
+	}
+	res, err := c.Exec(ctx, providers.ExecRequest{Command: ":", Cwd: workdir, Timeout: 30 * time.Second, MaxOutput: 4 << 10})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("probe exited %d: %s", res.ExitCode, res.Stderr)
+	}
+	if providers.Kind(err) == providers.ErrInvalid {
+		return providers.Wrap(providers.ErrInvalid, err, "sandbox "+id+": "+providers.Message(err))
+	}
+	return err
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
