@@ -48,6 +48,7 @@ type config struct {
 	AgentBinary        string
 	DockerHost         string
 	Kubeconfig         string
+	InstanceID         string
 	K8sNamespace       string
 	K8sAgentImage      string
 	PTYRingBytes       int
@@ -115,6 +116,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	})
 	fs.StringVar(&c.AgentBinary, "agent-binary", "", "docker provider: the static sandgate-agent binary every sandbox runs (default: sandgate-agent beside the gateway's executable; make build puts it there)")
 	fs.StringVar(&c.DockerHost, "docker-host", "", "docker provider: daemon address (default: DOCKER_HOST, else the local socket)")
+	fs.StringVar(&c.InstanceID, "instance-id", "", "docker, kubernetes: the gateway instance owning the sandboxes (their label); replicas serving the same sandboxes share it (default: random, persisted in the state dir)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubernetes provider: kubeconfig file (default: KUBECONFIG, else the in-cluster config)")
 	fs.StringVar(&c.K8sNamespace, "k8s-namespace", "default", "kubernetes provider: namespace of the sandbox pods")
 	fs.StringVar(&c.K8sAgentImage, "k8s-agent-image", "", "kubernetes provider: image holding the static agent at /sandgate-agent (make agent-image builds one); required")

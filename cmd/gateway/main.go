@@ -90,7 +90,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer p.Close()
 	reg := prometheus.NewRegistry()
 	met := metrics.New(reg)
+	var store sandbox.Store
+	if k, ok := p.(*kubernetes.Kubernetes); ok {
+		store = k.Store() // records and leases in the cluster: replicas share them
+	}
 	svc, err := sandbox.New(ctx, sandbox.Options{
+		Store:              store,
 		Provider:           p,
 		StateDir:           cfg.StateDir,
 		LeaseSecret:        cfg.LeaseSecret,
@@ -194,9 +199,12 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 			Private: []string{cfg.StateDir},
 		})
 	case "docker":
-		id, err := instanceID(cfg.StateDir)
-		if err != nil {
-			return nil, err
+		id := cfg.InstanceID
+		if id == "" {
+			var err error
+			if id, err = instanceID(cfg.StateDir); err != nil {
+				return nil, err
+			}
 		}
 		bin := cfg.AgentBinary
 		if bin == "" {
@@ -216,9 +224,12 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 			PidsLimit:        cfg.PidsMax,
 		})
 	case "kubernetes":
-		id, err := instanceID(cfg.StateDir)
-		if err != nil {
-			return nil, err
+		id := cfg.InstanceID
+		if id == "" {
+			var err error
+			if id, err = instanceID(cfg.StateDir); err != nil {
+				return nil, err
+			}
 		}
 		return kubernetes.New(kubernetes.Options{
 			Kubeconfig:       cfg.Kubeconfig,

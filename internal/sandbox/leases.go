@@ -34,6 +34,9 @@ func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
 		if !ok {
 			return access{}, providers.Errorf(providers.ErrUnauthorized, "invalid credentials")
 		}
+		if err := s.refreshShared(id); err != nil {
+			return access{}, err
+		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		b := s.boxes[id]
@@ -58,6 +61,9 @@ func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
 	}
 	if cl.SandboxID != id {
 		return access{}, providers.Errorf(providers.ErrForbidden, "lease token is for another sandbox")
+	}
+	if err := s.refreshShared(id); err != nil {
+		return access{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -158,7 +164,7 @@ func (s *Service) Mint(ctx context.Context, c Caller, id string, scope Scope, tt
 				"must not outlive the calling lease, which has %d s left", int64(parent.Sub(now)/time.Second))}}
 		}
 	}
-	if err := s.st.putLease(l); err != nil {
+	if err := s.st.PutLease(l); err != nil {
 		return Ref{}, err
 	}
 	s.mu.Lock()
@@ -178,7 +184,7 @@ func (s *Service) Release(ctx context.Context, c Caller, id string) (int, error)
 	if a.leaseID == "" {
 		return 0, providers.Errorf(providers.ErrConflict, "release revokes the calling lease token; an API key has none")
 	}
-	if err := s.st.deleteLease(id, a.leaseID); err != nil {
+	if err := s.st.DeleteLease(id, a.leaseID); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()

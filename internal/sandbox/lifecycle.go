@@ -102,6 +102,14 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest)
 	}
 	id := newSandboxID()
 	start := s.opts.Clock.Now()
+	if s.shared != nil {
+		// Other replicas reconcile too: the record comes first, so that a
+		// sandbox of theirs without one is an orphan, never this create.
+		prov := Record{ID: id, Provider: s.p.Name(), State: providers.StateStarting, Workdir: req.Workdir, Image: req.Image, CreatedAt: start, Creator: creator}
+		if err := s.st.PutRecord(prov, nil); err != nil {
+			return Ref{}, providers.Wrap(providers.ErrUnavailable, err, "the shared state store")
+		}
+	}
 	sb, err := s.p.Create(ctx, providers.CreateSpec{
 		ID:           id,
 		Image:        req.Image,
@@ -114,6 +122,11 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest)
 		ReadyTimeout: ready,
 	})
 	if err != nil {
+		if s.shared != nil {
+			if derr := s.st.DeleteSandbox(id); derr != nil {
+				s.log.Error("forget a failed create", "sandbox", id, "err", derr)
+			}
+		}
 		return Ref{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	for _, p := range sortedKeys(req.Files) {
@@ -144,12 +157,17 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest)
 	}
 	lease := Lease{ID: newLeaseID(), SandboxID: id, Scope: ScopeOwner, CreatedAt: now}
 	if err == nil {
-		err = s.st.putRecord(rec, &lease)
+		err = s.st.PutRecord(rec, &lease)
 	}
 	if err != nil {
 		// Detached: the client's context may be what failed.
 		if derr := s.p.Delete(context.WithoutCancel(ctx), id); derr != nil {
 			s.log.Error("delete half-made sandbox", "sandbox", id, "err", derr)
+		}
+		if s.shared != nil {
+			if derr := s.st.DeleteSandbox(id); derr != nil {
+				s.log.Error("forget a failed create", "sandbox", id, "err", derr)
+			}
 		}
 		return Ref{}, err
 	}
@@ -187,6 +205,9 @@ func (s *Service) List(ctx context.Context, c Caller, f ListFilter) ([]Info, err
 		if lk, lv, ok = strings.Cut(f.Label, "="); !ok || lk == "" {
 			return nil, providers.InvalidFields{{Field: "label", Message: "must be key=value"}}
 		}
+	}
+	if err := s.syncShared(); err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -259,7 +280,7 @@ func (s *Service) setState(b *box, state providers.State) {
 	if release {
 		s.slots.release()
 	}
-	if err := s.st.putRecord(rec, nil); err != nil {
+	if err := s.st.PutRecord(rec, nil); err != nil {
 		s.log.Error("persist sandbox state", "sandbox", rec.ID, "err", err)
 	}
 }
@@ -290,7 +311,7 @@ func (s *Service) Renew(ctx context.Context, c Caller, id string, ttl *time.Dura
 	rec := b.rec
 	info := b.info()
 	s.mu.Unlock()
-	return info, s.st.putRecord(rec, nil)
+	return info, s.st.PutRecord(rec, nil)
 }
 
 // Pause freezes a running sandbox.
@@ -395,7 +416,7 @@ func (s *Service) remove(ctx context.Context, b *box, why string) error {
 		f(id)
 	}
 	s.m.DeletesTotal.WithLabelValues(why).Inc()
-	if err := s.st.deleteSandbox(id); err != nil {
+	if err := s.st.DeleteSandbox(id); err != nil {
 		s.log.Error("forget sandbox", "sandbox", id, "err", err)
 	}
 	s.log.Info("sandbox removed", "sandbox", id, "why", why)

@@ -10,11 +10,18 @@ func (s *Service) reaper() {
 	defer s.reaperWG.Done()
 	t := time.NewTicker(s.opts.ReapInterval)
 	defer t.Stop()
+	var synced time.Time
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
+			if now := time.Now(); s.shared != nil && now.Sub(synced) >= syncEvery {
+				if err := s.syncShared(); err != nil {
+					s.log.Warn("read the shared state store", "err", err)
+				}
+				synced = now
+			}
 			s.reap(s.opts.Clock.Now())
 		}
 	}
@@ -34,7 +41,7 @@ func (s *Service) reap(now time.Time) int {
 		case !b.rec.ExpiresAt.IsZero() && !now.Before(b.rec.ExpiresAt):
 			vs = append(vs, victim{b, "expired"})
 		case b.rec.State.Live() && b.rec.IdleTimeout > 0 && b.busy == 0 && b.holds == 0 &&
-			now.Sub(b.lastActivity) >= b.rec.IdleTimeout:
+			now.Sub(b.lastActive()) >= b.rec.IdleTimeout:
 			vs = append(vs, victim{b, "idle"})
 		}
 	}

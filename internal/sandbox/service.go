@@ -32,6 +32,9 @@ func (realClock) Now() time.Time { return time.Now() }
 type Options struct {
 	Provider       providers.Provider // required
 	StateDir       string             // required: holds sandgate.db and lease.key
+	// Store keeps records and leases; nil = sandgate.db in StateDir. A
+	// SharedStore (several replicas) is read again on every call.
+	Store Store
 	LeaseSecret    string             // "" = persisted random secret in StateDir
 	APIKeys        []string           // keys allowed to create and list
 	AllowAnonymous bool               // no key needed to create/list (loopback only; decided by the caller)
@@ -100,8 +103,9 @@ func (o *Options) defaults() {
 // stops its reaper and closes the store (sandboxes keep running).
 type Service struct {
 	opts  Options
-	p     providers.Provider
-	st    *store
+	p      providers.Provider
+	st     Store
+	shared SharedStore // st, when other replicas write it too; else nil
 	sign  signer
 	keys  map[string]bool // fingerprints of the API keys
 	slots *slots
@@ -151,14 +155,18 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := openStore(opts.StateDir)
-	if err != nil {
-		return nil, err
+	st := opts.Store
+	if st == nil {
+		if st, err = openStore(opts.StateDir); err != nil {
+			return nil, err
+		}
 	}
+	shared, _ := st.(SharedStore)
 	s := &Service{
 		opts:   opts,
 		p:      opts.Provider,
 		st:     st,
+		shared: shared,
 		sign:   signer{secret: secret},
 		keys:   map[string]bool{},
 		slots:  newSlots(opts.MaxSandboxes),
@@ -175,7 +183,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		}
 	}
 	if err := s.reconcile(ctx); err != nil {
-		st.close()
+		st.Close()
 		return nil, err
 	}
 	s.m.WatchSandboxes(s.countStates, s.slots.waiting)
@@ -190,7 +198,7 @@ func (s *Service) Close() error {
 	close(s.stop)
 	s.reaperWG.Wait()
 	s.hosts.close()
-	return s.st.close()
+	return s.st.Close()
 }
 
 // ProviderName is the name of the provider the service dispatches to.
@@ -198,7 +206,7 @@ func (s *Service) ProviderName() string { return s.p.Name() }
 
 // Ready reports whether the store is open and the provider answers.
 func (s *Service) Ready(ctx context.Context) error {
-	if err := s.st.ping(); err != nil {
+	if err := s.st.Ping(); err != nil {
 		return providers.Wrap(providers.ErrUnavailable, err, "the state store is not open")
 	}
 	if err := s.p.Ping(ctx); err != nil {
@@ -208,7 +216,7 @@ func (s *Service) Ready(ctx context.Context) error {
 }
 
 func (s *Service) reconcile(ctx context.Context) error {
-	recs, leases, err := s.st.load()
+	recs, leases, err := s.st.Load()
 	if err != nil {
 		return err
 	}
@@ -230,12 +238,15 @@ func (s *Service) reconcile(ctx context.Context) error {
 			b.rec.State = state
 			b.hasSlot = true
 			s.slots.take()
+		case r.State == providers.StateStarting && s.shared != nil && now.Sub(r.CreatedAt) < provisionalLife:
+			// Another replica's create in flight: its sandbox is not
+			// there yet.
 		case r.State.Live():
 			s.log.Info("sandbox vanished while the gateway was down", "sandbox", r.ID)
 			b.rec.State = providers.StateStopped
 		}
 		if b.rec.State != r.State {
-			if err := s.st.putRecord(b.rec, nil); err != nil {
+			if err := s.st.PutRecord(b.rec, nil); err != nil {
 				return err
 			}
 		}
@@ -304,7 +315,7 @@ type Info struct {
 	LastActivity time.Time
 }
 
-func (b *box) info() Info { return Info{Record: b.rec, LastActivity: b.lastActivity} }
+func (b *box) info() Info { return Info{Record: b.rec, LastActivity: b.lastActive()} }
 
 // ListFilter selects sandboxes; zero fields match everything.
 type ListFilter struct {
@@ -318,6 +329,7 @@ func (s *Service) touch(b *box) {
 	s.mu.Lock()
 	b.lastActivity = now
 	s.mu.Unlock()
+	s.shareActivity(b, now)
 }
 
 // begin marks a request in flight on b (so it is not idle) after checking
@@ -337,8 +349,10 @@ func (s *Service) begin(b *box) (end func(), err error) {
 	return func() {
 		s.mu.Lock()
 		b.busy--
-		b.lastActivity = s.opts.Clock.Now()
+		now := s.opts.Clock.Now()
+		b.lastActivity = now
 		s.mu.Unlock()
+		s.shareActivity(b, now)
 	}, nil
 }
 

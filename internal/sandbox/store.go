@@ -28,6 +28,9 @@ type Record struct {
 	Ports       []int             `json:"ports,omitempty"`
 	Extra       map[string]any    `json:"extra,omitempty"`
 	Creator     string            `json:"creator,omitempty"` // fingerprint of the API key that created it
+	// ActiveAt is the last activity a replica recorded in a SharedStore
+	// (not kept by the default store).
+	ActiveAt time.Time `json:"active_at,omitempty"`
 }
 
 // Lease is one live grant of access to a sandbox. A token is valid only
@@ -46,8 +49,40 @@ var (
 	bucketLeases    = []byte("leases")    // sandbox id -> bucket(lease id -> Lease)
 )
 
-// store is the durable half of the registry: a bbolt file. Every write is
-// one transaction, synced before it returns.
+// Store is where the service keeps records and leases so that they
+// survive a restart. Every write is durable before it returns.
+type Store interface {
+	// Load returns every record and lease.
+	Load() ([]Record, []Lease, error)
+	// PutRecord writes r and, when l is not nil, one of its leases,
+	// atomically.
+	PutRecord(r Record, l *Lease) error
+	PutLease(l Lease) error
+	DeleteLease(sandboxID, leaseID string) error
+	// DeleteSandbox removes a record and all its leases.
+	DeleteSandbox(id string) error
+	// Ping fails once the store is closed or cannot be reached.
+	Ping() error
+	Close() error
+}
+
+// SharedStore is a Store other gateway replicas write too (the
+// kubernetes provider's, in the cluster). The service reads a sandbox
+// from it again for every call on it, so a lease released on one replica
+// is refused by every other at once, and a sandbox made on one is served
+// by all.
+type SharedStore interface {
+	Store
+	// Sandbox reads sandbox id's record and leases as they are now;
+	// providers.ErrNotFound when there is none.
+	Sandbox(id string) (Record, []Lease, error)
+	// Touch records activity on sandbox id at at (for idle timeouts kept
+	// by every replica).
+	Touch(id string, at time.Time) error
+}
+
+// store is the default Store: a bbolt file in the state dir. Every write
+// is one transaction, synced before it returns.
 type store struct {
 	db *bolt.DB
 }
@@ -72,13 +107,13 @@ func openStore(dir string) (*store, error) {
 	return &store{db: db}, nil
 }
 
-func (s *store) close() error { return s.db.Close() }
+func (s *store) Close() error { return s.db.Close() }
 
-// ping fails once the store is closed.
-func (s *store) ping() error { return s.db.View(func(*bolt.Tx) error { return nil }) }
+// Ping fails once the store is closed.
+func (s *store) Ping() error { return s.db.View(func(*bolt.Tx) error { return nil }) }
 
-// load returns every record and lease.
-func (s *store) load() ([]Record, []Lease, error) {
+// Load returns every record and lease.
+func (s *store) Load() ([]Record, []Lease, error) {
 	var recs []Record
 	var leases []Lease
 	err := s.db.View(func(tx *bolt.Tx) error {
@@ -107,8 +142,8 @@ func (s *store) load() ([]Record, []Lease, error) {
 	return recs, leases, err
 }
 
-// putRecord writes r and, when l is not nil, one of its leases, atomically.
-func (s *store) putRecord(r Record, l *Lease) error {
+// PutRecord writes r and, when l is not nil, one of its leases, atomically.
+func (s *store) PutRecord(r Record, l *Lease) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		v, err := json.Marshal(r)
 		if err != nil {
@@ -124,7 +159,7 @@ func (s *store) putRecord(r Record, l *Lease) error {
 	})
 }
 
-func (s *store) putLease(l Lease) error {
+func (s *store) PutLease(l Lease) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return putLease(tx, l) })
 }
 
@@ -140,7 +175,7 @@ func putLease(tx *bolt.Tx, l Lease) error {
 	return b.Put([]byte(l.ID), v)
 }
 
-func (s *store) deleteLease(sandboxID, leaseID string) error {
+func (s *store) DeleteLease(sandboxID, leaseID string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		if b := tx.Bucket(bucketLeases).Bucket([]byte(sandboxID)); b != nil {
 			return b.Delete([]byte(leaseID))
@@ -149,8 +184,8 @@ func (s *store) deleteLease(sandboxID, leaseID string) error {
 	})
 }
 
-// deleteSandbox removes a record and all its leases.
-func (s *store) deleteSandbox(id string) error {
+// DeleteSandbox removes a record and all its leases.
+func (s *store) DeleteSandbox(id string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketSandboxes).Delete([]byte(id)); err != nil {
 			return err

@@ -264,8 +264,8 @@ func importImage(ctx context.Context, ref string, files []file, cmd []string) er
 	return nil
 }
 
-// RemoveInstance deletes every pod labelled with the given gateway
-// instance id, reporting failures with t.Errorf. Meant for t.Cleanup:
+// RemoveInstance deletes every pod and record (ConfigMap) labelled with
+// the given gateway instance id, reporting failures with t.Errorf. Meant for t.Cleanup:
 // sandboxes outlive their gateway by design, not the test.
 func RemoveInstance(t testing.TB, instance string) {
 	t.Helper()
@@ -278,8 +278,11 @@ func RemoveInstance(t testing.TB, instance string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	zero := int64(0)
-	err = cs.CoreV1().Pods(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{LabelSelector: LabelInstance + "=" + instance})
-	if err != nil {
+	sel := metav1.ListOptions{LabelSelector: LabelInstance + "=" + instance}
+	if err := cs.CoreV1().Pods(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, sel); err != nil {
 		t.Errorf("remove pods of %s: %v", instance, err)
+	}
+	if err := cs.CoreV1().ConfigMaps(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
+		t.Errorf("remove records of %s: %v", instance, err)
 	}
 }

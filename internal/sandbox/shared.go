@@ -1,0 +1,158 @@
+package sandbox
+
+import (
+	"errors"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// With a SharedStore the store, not this replica's memory, is the truth:
+// before a call on a sandbox is authorised its record and leases are read
+// again (one read of the store per call), a list and the reaper read them
+// all, and activity is written back, at most every activityEvery per
+// sandbox, so that idle timeouts count every replica's traffic.
+
+// provisionalLife is how long a record of a create in flight (state
+// starting, written before the sandbox is made) is left alone by a
+// reconciling replica.
+const provisionalLife = 10 * time.Minute
+
+// activityEvery is how often a sandbox's activity is written to a
+// SharedStore, at most.
+const activityEvery = 5 * time.Second
+
+// syncEvery is how often the reaper reads every record of a SharedStore
+// (sandboxes made by other replicas expire here too).
+const syncEvery = 10 * time.Second
+
+// refreshShared reads sandbox id from the shared store into memory: its
+// record and exactly the leases the store holds; a sandbox the store no
+// longer has is forgotten here too. A no-op without a shared store.
+func (s *Service) refreshShared(id string) error {
+	if s.shared == nil {
+		return nil
+	}
+	rec, leases, err := s.shared.Sandbox(id)
+	if errors.Is(err, providers.ErrNotFound) {
+		s.forget(id)
+		return nil
+	}
+	if err != nil {
+		return providers.Wrap(providers.ErrUnavailable, err, "the shared state store")
+	}
+	s.mu.Lock()
+	s.adoptLocked(rec, leases)
+	s.mu.Unlock()
+	return nil
+}
+
+// adoptLocked puts rec and its leases (all of them) in memory, keeping
+// what this replica knows of the sandbox's activity. Caller holds mu.
+func (s *Service) adoptLocked(rec Record, leases []Lease) {
+	b := s.boxes[rec.ID]
+	if b == nil {
+		b = &box{lastActivity: s.opts.Clock.Now()}
+		s.boxes[rec.ID] = b
+	}
+	b.rec = rec
+	for lid, l := range s.leases {
+		if l.SandboxID == rec.ID {
+			delete(s.leases, lid)
+		}
+	}
+	for _, l := range leases {
+		s.leases[l.ID] = l
+	}
+}
+
+// forget drops sandbox id from memory (another replica removed it).
+func (s *Service) forget(id string) {
+	s.mu.Lock()
+	b := s.boxes[id]
+	if b == nil {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.boxes, id)
+	for lid, l := range s.leases {
+		if l.SandboxID == id {
+			delete(s.leases, lid)
+		}
+	}
+	release := b.hasSlot
+	b.hasSlot = false
+	hooks := s.onRemove
+	s.mu.Unlock()
+	if release {
+		s.slots.release()
+	}
+	s.hosts.drop(id)
+	for _, f := range hooks {
+		f(id)
+	}
+}
+
+// syncShared reads every record and lease of the shared store into
+// memory and forgets the sandboxes it no longer has. A no-op without a
+// shared store.
+func (s *Service) syncShared() error {
+	if s.shared == nil {
+		return nil
+	}
+	recs, leases, err := s.shared.Load()
+	if err != nil {
+		return providers.Wrap(providers.ErrUnavailable, err, "the shared state store")
+	}
+	byBox := map[string][]Lease{}
+	for _, l := range leases {
+		byBox[l.SandboxID] = append(byBox[l.SandboxID], l)
+	}
+	have := map[string]bool{}
+	s.mu.Lock()
+	for _, r := range recs {
+		if r.State == providers.StateStarting {
+			continue // a create in flight
+		}
+		have[r.ID] = true
+		s.adoptLocked(r, byBox[r.ID])
+	}
+	var gone []string
+	for id := range s.boxes {
+		if !have[id] {
+			gone = append(gone, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range gone {
+		s.forget(id)
+	}
+	return nil
+}
+
+// shareActivity writes b's activity at now to the shared store when the
+// last write is older than activityEvery. A no-op without a shared store.
+func (s *Service) shareActivity(b *box, now time.Time) {
+	if s.shared == nil {
+		return
+	}
+	s.mu.Lock()
+	if now.Sub(b.rec.ActiveAt) < activityEvery {
+		s.mu.Unlock()
+		return
+	}
+	b.rec.ActiveAt = now
+	id := b.rec.ID
+	s.mu.Unlock()
+	if err := s.shared.Touch(id, now); err != nil && !errors.Is(err, providers.ErrNotFound) {
+		s.log.Warn("record activity in the shared store", "sandbox", id, "err", err)
+	}
+}
+
+// lastActive is b's last activity on any replica. Caller holds mu.
+func (b *box) lastActive() time.Time {
+	if b.rec.ActiveAt.After(b.lastActivity) {
+		return b.rec.ActiveAt
+	}
+	return b.lastActivity
+}

@@ -1,0 +1,226 @@
+package sandbox
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/fake"
+)
+
+// memShared is a SharedStore in memory: what two replicas share (the
+// kubernetes provider's lives in the cluster). The fake is the point.
+type memShared struct {
+	mu      sync.Mutex
+	recs    map[string]Record
+	leases  map[string]map[string]Lease
+	active  map[string]time.Time
+	touches int
+	puts    []Record // every PutRecord, in order
+}
+
+func newMemShared() *memShared {
+	return &memShared{recs: map[string]Record{}, leases: map[string]map[string]Lease{}, active: map[string]time.Time{}}
+}
+
+func (m *memShared) Load() ([]Record, []Lease, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var rs []Record
+	var ls []Lease
+	for id, r := range m.recs {
+		r.ActiveAt = m.active[id]
+		rs = append(rs, r)
+		for _, l := range m.leases[id] {
+			ls = append(ls, l)
+		}
+	}
+	return rs, ls, nil
+}
+
+func (m *memShared) PutRecord(r Record, l *Lease) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recs[r.ID] = r
+	m.puts = append(m.puts, r)
+	if l != nil {
+		if m.leases[r.ID] == nil {
+			m.leases[r.ID] = map[string]Lease{}
+		}
+		m.leases[r.ID][l.ID] = *l
+	}
+	return nil
+}
+
+func (m *memShared) PutLease(l Lease) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.recs[l.SandboxID]; !ok {
+		return providers.Errorf(providers.ErrNotFound, "no record")
+	}
+	if m.leases[l.SandboxID] == nil {
+		m.leases[l.SandboxID] = map[string]Lease{}
+	}
+	m.leases[l.SandboxID][l.ID] = l
+	return nil
+}
+
+func (m *memShared) DeleteLease(sid, lid string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.leases[sid], lid)
+	return nil
+}
+
+func (m *memShared) DeleteSandbox(id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.recs, id)
+	delete(m.leases, id)
+	delete(m.active, id)
+	return nil
+}
+
+func (m *memShared) Sandbox(id string) (Record, []Lease, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.recs[id]
+	if !ok {
+		return Record{}, nil, providers.Errorf(providers.ErrNotFound, "no record")
+	}
+	r.ActiveAt = m.active[id]
+	return r, slicesOf(m.leases[id]), nil
+}
+
+func slicesOf(m map[string]Lease) []Lease { return slices.Collect(maps.Values(m)) }
+
+func (m *memShared) Touch(id string, at time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.touches++
+	m.active[id] = at
+	return nil
+}
+
+func (m *memShared) Ping() error  { return nil }
+func (m *memShared) Close() error { return nil }
+
+// replicas are two services over one provider and one shared store, with
+// the same lease secret.
+func replicas(t *testing.T) (a, b *Service, p *fake.Provider, st *memShared, clock *fakeClock) {
+	t.Helper()
+	p, st, clock = fake.New(), newMemShared(), &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	open := func() *Service {
+		svc, err := New(context.Background(), Options{Provider: p, StateDir: t.TempDir(), Store: st, LeaseSecret: "shared-secret-for-both-replicas", AllowAnonymous: true, Clock: clock, ReapInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { svc.Close() })
+		return svc
+	}
+	return open(), open(), p, st, clock
+}
+
+func TestSharedStoreReplicas(t *testing.T) {
+	a, b, _, st, _ := replicas(t)
+	ctx := context.Background()
+	ref, err := a.Create(ctx, Caller{}, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Made on A, served by B.
+	if _, err := b.Exec(ctx, lease(ref.Token), ref.SandboxID, ExecRequest{Command: "true"}); err != nil {
+		t.Fatalf("exec on B: %v", err)
+	}
+	if list, err := b.List(ctx, Caller{}, ListFilter{}); err != nil || len(list) != 1 {
+		t.Fatalf("list on B: %v %v", list, err)
+	}
+	// Minted on B, released on A: refused by B at once.
+	op, err := b.Mint(ctx, lease(ref.Token), ref.SandboxID, ScopeOperate, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Exec(ctx, lease(op.Token), ref.SandboxID, ExecRequest{Command: "true"}); err != nil {
+		t.Fatalf("the operate lease on A: %v", err)
+	}
+	if _, err := a.Release(ctx, lease(op.Token), ref.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Exec(ctx, lease(op.Token), ref.SandboxID, ExecRequest{Command: "true"})
+	wantKind(t, err, providers.ErrUnauthorized)
+	// Deleted on B: gone for A.
+	if err := b.Delete(ctx, lease(ref.Token), ref.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Get(ctx, lease(ref.Token), ref.SandboxID)
+	wantKind(t, err, providers.ErrNotFound)
+	if list, _ := a.List(ctx, Caller{}, ListFilter{}); len(list) != 0 {
+		t.Fatalf("A still lists %v", list)
+	}
+	if len(st.recs) != 0 {
+		t.Fatalf("records left: %v", st.recs)
+	}
+}
+
+// A create writes its record (starting) before the sandbox exists, so a
+// replica reconciling meanwhile does not take the sandbox for an orphan;
+// a failed create leaves no record.
+func TestSharedStoreCreateOrder(t *testing.T) {
+	a, _, p, st, _ := replicas(t)
+	ctx := context.Background()
+	if _, err := a.Create(ctx, Caller{}, CreateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.puts) != 2 || st.puts[0].State != providers.StateStarting || st.puts[1].State != providers.StateRunning {
+		t.Fatalf("records written: %+v, want starting then running", st.puts)
+	}
+	p.CreateErr = providers.Errorf(providers.ErrInvalid, "no")
+	if _, err := a.Create(ctx, Caller{}, CreateRequest{}); err == nil {
+		t.Fatal("create did not fail")
+	}
+	if len(st.puts) != 3 || st.puts[2].State != providers.StateStarting {
+		t.Fatalf("records written: %+v", st.puts)
+	}
+	if len(st.recs) != 1 {
+		t.Fatalf("a failed create left its record: %v", st.recs)
+	}
+}
+
+// Activity on one replica keeps the sandbox from being reaped as idle by
+// the other, and is written at most every activityEvery.
+func TestSharedStoreIdleCountsEveryReplica(t *testing.T) {
+	a, b, _, st, clock := replicas(t)
+	ctx := context.Background()
+	ref, err := a.Create(ctx, Caller{}, CreateRequest{IdleTimeout: dur(30 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // B is idle; A is busy
+		clock.Advance(20 * time.Second)
+		if _, err := a.Exec(ctx, lease(ref.Token), ref.SandboxID, ExecRequest{Command: "true"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.syncShared(); err != nil {
+			t.Fatal(err)
+		}
+		if n := b.reap(clock.Now()); n != 0 {
+			t.Fatal("B reaped a sandbox busy on A")
+		}
+	}
+	touches := st.touches
+	for range 10 {
+		a.Exec(ctx, lease(ref.Token), ref.SandboxID, ExecRequest{Command: "true"})
+	}
+	if st.touches != touches {
+		t.Errorf("%d activity writes within %v", st.touches-touches, activityEvery)
+	}
+	clock.Advance(31 * time.Second)
+	b.syncShared()
+	if n := b.reap(clock.Now()); n != 1 {
+		t.Fatal("B did not reap the sandbox idle everywhere")
+	}
+}
