@@ -388,32 +388,14 @@ func (s *Service) Delete(ctx context.Context, c Caller, id string) error {
 // remove deletes the sandbox from the provider, then from the registry.
 // When the provider fails the sandbox stays so the delete can be retried.
 func (s *Service) remove(ctx context.Context, b *box, why string) error {
+	s.mu.Lock()
 	id := b.rec.ID
+	s.mu.Unlock()
 	if err := s.p.Delete(ctx, id); err != nil && !errors.Is(err, providers.ErrNotFound) {
 		return fmt.Errorf("delete %s: %w", id, err)
 	}
-	s.mu.Lock()
-	if s.boxes[id] != b {
-		s.mu.Unlock()
+	if !s.unregister(b) {
 		return errSandboxNotFound(id) // a concurrent delete won
-	}
-	delete(s.boxes, id)
-	for lid, l := range s.leases {
-		if l.SandboxID == id {
-			delete(s.leases, lid)
-		}
-	}
-	release := b.hasSlot
-	b.hasSlot = false
-	b.rec.State = providers.StateStopped
-	hooks := s.onRemove
-	s.mu.Unlock()
-	if release {
-		s.slots.release()
-	}
-	s.hosts.drop(id)
-	for _, f := range hooks {
-		f(id)
 	}
 	s.m.DeletesTotal.WithLabelValues(why).Inc()
 	if err := s.st.DeleteSandbox(id); err != nil {

@@ -30,14 +30,14 @@ func (realClock) Now() time.Time { return time.Now() }
 
 // Options configure a Service. Zero values take the defaults named.
 type Options struct {
-	Provider       providers.Provider // required
-	StateDir       string             // required: holds sandgate.db and lease.key
+	Provider providers.Provider // required
+	StateDir string             // required: holds sandgate.db and lease.key
 	// Store keeps records and leases; nil = sandgate.db in StateDir. A
 	// SharedStore (several replicas) is read again on every call.
-	Store Store
-	LeaseSecret    string             // "" = persisted random secret in StateDir
-	APIKeys        []string           // keys allowed to create and list
-	AllowAnonymous bool               // no key needed to create/list (loopback only; decided by the caller)
+	Store          Store
+	LeaseSecret    string   // "" = persisted random secret in StateDir
+	APIKeys        []string // keys allowed to create and list
+	AllowAnonymous bool     // no key needed to create/list (loopback only; decided by the caller)
 
 	MaxSandboxes        int           // default 64
 	QueueTimeout        time.Duration // default 600s: how long a create waits for capacity
@@ -102,15 +102,15 @@ func (o *Options) defaults() {
 // Service is the sandbox service. It is safe for concurrent use; Close
 // stops its reaper and closes the store (sandboxes keep running).
 type Service struct {
-	opts  Options
+	opts   Options
 	p      providers.Provider
 	st     Store
 	shared SharedStore // st, when other replicas write it too; else nil
-	sign  signer
-	keys  map[string]bool // fingerprints of the API keys
-	slots *slots
-	log   *slog.Logger
-	m     *metrics.Metrics
+	sign   signer
+	keys   map[string]bool // fingerprints of the API keys
+	slots  *slots
+	log    *slog.Logger
+	m      *metrics.Metrics
 
 	mu     sync.Mutex      // guards boxes and leases, and every box's fields
 	boxes  map[string]*box // live and stopped sandboxes with a record

@@ -50,12 +50,16 @@ func (s *Service) refreshShared(id string) error {
 // adoptLocked puts rec and its leases (all of them) in memory, keeping
 // what this replica knows of the sandbox's activity. Caller holds mu.
 func (s *Service) adoptLocked(rec Record, leases []Lease) {
-	b := s.boxes[rec.ID]
-	if b == nil {
-		b = &box{lastActivity: s.opts.Clock.Now()}
-		s.boxes[rec.ID] = b
+	if b := s.boxes[rec.ID]; b == nil {
+		s.boxes[rec.ID] = &box{rec: rec, lastActivity: s.opts.Clock.Now()}
+	} else {
+		// Only what changes after a create: the rest is read without mu.
+		b.rec.State, b.rec.StateReason = rec.State, rec.StateReason
+		b.rec.ExpiresAt, b.rec.TTL = rec.ExpiresAt, rec.TTL
+		if rec.ActiveAt.After(b.rec.ActiveAt) {
+			b.rec.ActiveAt = rec.ActiveAt
+		}
 	}
-	b.rec = rec
 	for lid, l := range s.leases {
 		if l.SandboxID == rec.ID {
 			delete(s.leases, lid)
@@ -70,9 +74,21 @@ func (s *Service) adoptLocked(rec Record, leases []Lease) {
 func (s *Service) forget(id string) {
 	s.mu.Lock()
 	b := s.boxes[id]
-	if b == nil {
+	s.mu.Unlock()
+	if b != nil {
+		s.unregister(b)
+	}
+}
+
+// unregister drops b, with its leases, from memory, frees its slot and
+// tells the OnRemove hooks. It reports false when b was no longer
+// registered (a concurrent removal won).
+func (s *Service) unregister(b *box) bool {
+	s.mu.Lock()
+	id := b.rec.ID
+	if s.boxes[id] != b {
 		s.mu.Unlock()
-		return
+		return false
 	}
 	delete(s.boxes, id)
 	for lid, l := range s.leases {
@@ -82,6 +98,7 @@ func (s *Service) forget(id string) {
 	}
 	release := b.hasSlot
 	b.hasSlot = false
+	b.rec.State = providers.StateStopped
 	hooks := s.onRemove
 	s.mu.Unlock()
 	if release {
@@ -91,6 +108,7 @@ func (s *Service) forget(id string) {
 	for _, f := range hooks {
 		f(id)
 	}
+	return true
 }
 
 // syncShared reads every record and lease of the shared store into
