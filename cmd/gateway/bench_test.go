@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/handlers"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/kubernetes"
 	"github.com/sandgate/sandgate/internal/providers/local"
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
@@ -43,7 +44,11 @@ func benchGateway(b *testing.B) (*httptest.Server, *local.Local) {
 // server; cleanup closes them and p.
 func serveInProcess(b *testing.B, p providers.Provider) *httptest.Server {
 	b.Helper()
-	svc, err := sandbox.New(context.Background(), sandbox.Options{Provider: p, StateDir: b.TempDir(), AllowAnonymous: true, MaxSandboxes: 1000})
+	var store sandbox.Store
+	if k, ok := p.(*kubernetes.Kubernetes); ok {
+		store = k.Store() // as main does
+	}
+	svc, err := sandbox.New(context.Background(), sandbox.Options{Provider: p, Store: store, StateDir: b.TempDir(), AllowAnonymous: true, MaxSandboxes: 1000})
 	if err != nil {
 		b.Fatal(err)
 	}

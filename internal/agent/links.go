@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -187,3 +188,44 @@ func (l *Links) Gone(ctx context.Context, id string, err error) error {
 // ReconnectTimeout bounds the check and reconnect after a connection
 // broke (a sandbox at its pids limit can make an exec hang).
 const ReconnectTimeout = 30 * time.Second
+
+// Probe connects to sandbox id's agent, starting it (a new sandbox), and
+// runs a command in workdir through it: the image must have /bin/sh and
+// workdir. An ErrInvalid names the sandbox.
+func (l *Links) Probe(ctx context.Context, id, workdir string) error {
+	c, err := l.Start(ctx, id)
+	if err != nil {
+		return err
+	}
+	res, err := c.Exec(ctx, providers.ExecRequest{Command: ":", Cwd: workdir, Timeout: 30 * time.Second, MaxOutput: 4 << 10})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("probe exited %d: %s", res.ExitCode, res.Stderr)
+	}
+	if providers.Kind(err) == providers.ErrInvalid {
+		return providers.Wrap(providers.ErrInvalid, err, "sandbox "+id+": "+providers.Message(err))
+	}
+	return err
+}
+
+// Stderr keeps the first Max bytes written to it (a bridge's standard
+// error, for Links.Open); safe for concurrent use.
+type Stderr struct {
+	Max int
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *Stderr) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.Max - len(b.buf); room > 0 {
+		b.buf = append(b.buf, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (b *Stderr) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}

@@ -135,7 +135,7 @@ func (d *Docker) openAgent(ctx context.Context, id string, start bool) (io.ReadW
 		return nil, nil, err
 	}
 	pr, pw := io.Pipe()
-	stderr := &syncBuf{max: 4 << 10}
+	stderr := &agent.Stderr{Max: 4 << 10}
 	go func() {
 		_, err := stdcopy.StdCopy(pw, stderr, ex.hj.Reader)
 		if err == nil {
@@ -171,29 +171,6 @@ func (c *execConn) Write(p []byte) (int, error) { return c.hj.Write(p) }
 func (c *execConn) Close() error {
 	c.once.Do(func() { c.err = c.close() })
 	return c.err
-}
-
-// syncBuf keeps the first max bytes written to it; safe for concurrent
-// use.
-type syncBuf struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (b *syncBuf) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if room := b.max - len(b.buf); room > 0 {
-		b.buf = append(b.buf, p[:min(room, len(p))]...)
-	}
-	return len(p), nil
-}
-
-func (b *syncBuf) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
 }
 
 // requireRunning returns nil if the sandbox's container is running and

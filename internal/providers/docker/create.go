@@ -255,7 +255,7 @@ func (d *Docker) waitReady(ctx context.Context, id, workdir string, timeout time
 		case err != nil:
 			last = err
 		case info.State != nil && info.State.Running:
-			last = d.probe(ctx, id, workdir)
+			last = d.links.Probe(ctx, id, workdir)
 			if last == nil {
 				return nil
 			}
@@ -280,21 +280,4 @@ func (d *Docker) waitReady(ctx context.Context, id, workdir string, timeout time
 		}
 		delay = min(delay*2, 500*time.Millisecond)
 	}
-}
-
-// probe starts the agent of a running container and runs a command in
-// workdir through it: the image must have /bin/sh and workdir.
-func (d *Docker) probe(ctx context.Context, id, workdir string) error {
-	c, err := d.links.Start(ctx, id)
-	if err != nil {
-		return err
-	}
-	res, err := c.Exec(ctx, providers.ExecRequest{Command: ":", Cwd: workdir, Timeout: 30 * time.Second, MaxOutput: 4 << 10})
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("probe exited %d: %s", res.ExitCode, res.Stderr)
-	}
-	if providers.Kind(err) == providers.ErrInvalid {
-		return providers.Wrap(providers.ErrInvalid, err, "sandbox "+id+": "+providers.Message(err))
-	}
-	return err
 }

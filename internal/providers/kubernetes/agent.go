@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
+
+	"github.com/sandgate/sandgate/internal/agent"
 )
 
 // openAgent opens a connection to sandbox id's agent (agent.Links.Open):
@@ -41,7 +43,7 @@ func (k *Kubernetes) openAgent(ctx context.Context, id string, start bool) (io.R
 	}
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
-	stderr := &syncBuf{max: 4 << 10}
+	stderr := &agent.Stderr{Max: 4 << 10}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c := &streamConn{r: outR, w: inW, cancel: cancel}
 	go func() {
@@ -75,27 +77,4 @@ func (c *streamConn) Close() error {
 		c.cancel()
 	})
 	return nil
-}
-
-// syncBuf keeps the first max bytes written to it; safe for concurrent
-// use.
-type syncBuf struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (b *syncBuf) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if room := b.max - len(b.buf); room > 0 {
-		b.buf = append(b.buf, p[:min(room, len(p))]...)
-	}
-	return len(p), nil
-}
-
-func (b *syncBuf) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
 }

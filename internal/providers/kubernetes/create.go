@@ -209,7 +209,7 @@ func (k *Kubernetes) waitReady(ctx context.Context, id, workdir string, timeout 
 			st, why := stateOf(pod)
 			switch st {
 			case providers.StateRunning:
-				last = k.probe(ctx, id, workdir)
+				last = k.links.Probe(ctx, id, workdir)
 				if last == nil {
 					return nil
 				}
@@ -288,23 +288,6 @@ func pending(pod *corev1.Pod) string {
 		return "pod " + pod.Name + " is " + string(pod.Status.Phase)
 	}
 	return "pod " + pod.Name + " is " + string(pod.Status.Phase) + " (" + strings.Join(parts, "; ") + ")"
-}
-
-// probe starts the agent of a running pod and runs a command in workdir
-// through it: the image must have /bin/sh and workdir.
-func (k *Kubernetes) probe(ctx context.Context, id, workdir string) error {
-	c, err := k.links.Start(ctx, id)
-	if err != nil {
-		return err
-	}
-	res, err := c.Exec(ctx, providers.ExecRequest{Command: ":", Cwd: workdir, Timeout: 30 * time.Second, MaxOutput: 4 << 10})
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("probe exited %d: %s", res.ExitCode, res.Stderr)
-	}
-	if providers.Kind(err) == providers.ErrInvalid {
-		return providers.Wrap(providers.ErrInvalid, err, "sandbox "+id+": "+providers.Message(err))
-	}
-	return err
 }
 
 func fileExists(p string) bool {
