@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
 
 	"github.com/sandgate/sandgate/internal/handlers"
 	"github.com/sandgate/sandgate/internal/metrics"
@@ -224,6 +225,9 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 			PidsLimit:        cfg.PidsMax,
 		})
 	case "kubernetes":
+		// client-go logs through klog: into the gateway's log, at debug
+		// (what it reports, e.g. a closed exec stream, is handled here).
+		klog.SetSlogLogger(slog.New(debugOnly{log.With("component", "client-go").Handler()}))
 		id := cfg.InstanceID
 		if id == "" {
 			var err error
@@ -274,6 +278,21 @@ func instanceID(stateDir string) (string, error) {
 	}
 	return id, nil
 }
+
+// debugOnly logs every record at debug level.
+type debugOnly struct{ h slog.Handler }
+
+func (d debugOnly) Enabled(ctx context.Context, _ slog.Level) bool {
+	return d.h.Enabled(ctx, slog.LevelDebug)
+}
+
+func (d debugOnly) Handle(ctx context.Context, r slog.Record) error {
+	r.Level = slog.LevelDebug
+	return d.h.Handle(ctx, r)
+}
+
+func (d debugOnly) WithAttrs(as []slog.Attr) slog.Handler { return debugOnly{d.h.WithAttrs(as)} }
+func (d debugOnly) WithGroup(g string) slog.Handler       { return debugOnly{d.h.WithGroup(g)} }
 
 func isLoopback(a net.Addr) bool {
 	ta, ok := a.(*net.TCPAddr)

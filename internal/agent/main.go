@@ -26,7 +26,7 @@ const SocketPath = "/dev/.sandgate-agent.sock"
 //	sandgate-agent serve [--socket P]            the daemon: holds sessions, serves connections
 //	sandgate-agent connect [--socket P] [--start] bridge stdin/stdout to the daemon (starting it with --start)
 //	sandgate-agent stdio                          serve one connection on stdin/stdout
-//	sandgate-agent install DEST                   copy this binary to DEST (a Kubernetes init container)
+//	sandgate-agent install [--stay] DEST          copy this binary to DEST (a Kubernetes sidecar: --stay waits for SIGTERM)
 //	sandgate-agent version
 func Main(args []string) int {
 	if len(args) < 1 {
@@ -36,6 +36,7 @@ func Main(args []string) int {
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	sock := fs.String("socket", SocketPath, "the daemon's unix socket")
 	start := fs.Bool("start", false, "connect: start the daemon if none listens")
+	stay := fs.Bool("stay", false, "install: then wait for SIGTERM (a Kubernetes sidecar)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
@@ -51,10 +52,14 @@ func Main(args []string) int {
 		err = srv.Serve(stdio{}, func() { os.Exit(0) })
 	case "install":
 		if fs.NArg() != 1 {
-			fmt.Fprintln(os.Stderr, "usage: sandgate-agent install DEST")
+			fmt.Fprintln(os.Stderr, "usage: sandgate-agent install [--stay] DEST")
 			return 2
 		}
-		err = install(fs.Arg(0))
+		if err = install(fs.Arg(0)); err == nil && *stay {
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+			<-sig
+		}
 	case "version":
 		fmt.Println(build())
 	default:

@@ -2,10 +2,10 @@ package kubernetes
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
@@ -45,8 +45,9 @@ func (k *Kubernetes) openAgent(ctx context.Context, id string, start bool) (io.R
 	outR, outW := io.Pipe()
 	stderr := &agent.Stderr{Max: 4 << 10}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c := &streamConn{r: outR, w: inW, cancel: cancel}
+	c := &streamConn{r: outR, w: inW, cancel: cancel, done: make(chan struct{})}
 	go func() {
+		defer close(c.done)
 		err := ex.StreamWithContext(sctx, remotecommand.StreamOptions{Stdin: inR, Stdout: outW, Stderr: stderr})
 		if err == nil {
 			err = io.EOF
@@ -65,16 +66,30 @@ type streamConn struct {
 	r      *io.PipeReader
 	w      *io.PipeWriter
 	cancel context.CancelFunc
+	done   chan struct{} // the exec ended
 	once   sync.Once
 }
 
 func (c *streamConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
 func (c *streamConn) Write(p []byte) (int, error) { return c.w.Write(p) }
+
+// Close ends the exec the way a client ends it: stdin's EOF, on which
+// the bridge exits and the API server closes the stream. One that does
+// not end within closeWait is cut.
 func (c *streamConn) Close() error {
 	c.once.Do(func() {
-		c.w.CloseWithError(errors.New("closed"))
+		c.w.Close()
+		t := time.NewTimer(closeWait)
+		select {
+		case <-c.done:
+		case <-t.C:
+		}
+		t.Stop()
 		c.r.Close()
 		c.cancel()
+		<-c.done
 	})
 	return nil
 }
+
+const closeWait = 2 * time.Second

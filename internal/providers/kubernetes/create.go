@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/sandgate/sandgate/internal/providers"
 )
@@ -92,6 +93,7 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 		return nil, nil, err
 	}
 	no, yes := false, true
+	always := corev1.ContainerRestartPolicyAlways
 	grace := int64(1)
 	sec := &corev1.SecurityContext{
 		AllowPrivilegeEscalation: &no,
@@ -118,14 +120,21 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 			EnableServiceLinks:            &no,
 			ShareProcessNamespace:         &yes,
 			Hostname:                      "sandbox",
+			// A sidecar (an init container that stays): the sandbox's
+			// container starts once it runs, not once it exits, which the
+			// kubelet would notice only at its next relist (up to a second).
 			InitContainers: []corev1.Container{{
 				Name:            containerAgent,
 				Image:           k.opts.AgentImage,
 				ImagePullPolicy: corev1.PullIfNotPresent,
-				Command:         []string{"/sandgate-agent", "install", agentBin},
+				RestartPolicy:   &always,
+				Command:         []string{"/sandgate-agent", "install", "--stay", agentBin},
 				VolumeMounts:    mount(false),
 				SecurityContext: sec,
-				Resources:       res,
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1m"), corev1.ResourceMemory: resource.MustParse("8Mi")},
+					Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")},
+				},
 			}},
 			Containers: []corev1.Container{{
 				Name:            containerSandbox,
@@ -145,9 +154,11 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 }
 
 // resources are the container's requests and limits: cpu and memory
-// limits (the create's, else the provider's defaults), requests a tenth
-// of them so that a small node still schedules many sandboxes, and
-// ephemeral storage for disk_gib. GPUs are refused.
+// limits (the create's, else the provider's defaults), small requests
+// (10 millicores, 16 MiB: a sandbox mostly idles between commands, and
+// requests of a share of the limits would let a node schedule only a few;
+// the kubelet's eviction and the limits guard the node), and ephemeral
+// storage for disk_gib. GPUs are refused.
 func (k *Kubernetes) resources(r providers.Resources) (corev1.ResourceRequirements, map[string]any, error) {
 	if r.GPU != nil && *r.GPU > 0 {
 		return corev1.ResourceRequirements{}, nil, providers.InvalidFields{{Field: "resources.gpu", Message: "GPUs are not supported by the kubernetes provider yet"}}
@@ -161,7 +172,7 @@ func (k *Kubernetes) resources(r providers.Resources) (corev1.ResourceRequiremen
 	if cpu > 0 {
 		milli := int64(cpu * 1000)
 		limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(milli, resource.DecimalSI)
-		requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(max(milli/10, 10), resource.DecimalSI)
+		requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(min(milli, requestMilliCPU), resource.DecimalSI)
 		extra["cpu_limit"] = cpu
 	}
 	mem := k.opts.DefaultMemoryMiB
@@ -170,7 +181,7 @@ func (k *Kubernetes) resources(r providers.Resources) (corev1.ResourceRequiremen
 	}
 	if mem > 0 {
 		limits[corev1.ResourceMemory] = *resource.NewQuantity(mem<<20, resource.BinarySI)
-		requests[corev1.ResourceMemory] = *resource.NewQuantity(max(mem<<20/10, 16<<20), resource.BinarySI)
+		requests[corev1.ResourceMemory] = *resource.NewQuantity(min(mem, requestMemoryMiB)<<20, resource.BinarySI)
 		extra["memory_limit_mib"] = mem
 	}
 	if r.DiskGiB != nil && *r.DiskGiB > 0 {
@@ -181,28 +192,42 @@ func (k *Kubernetes) resources(r providers.Resources) (corev1.ResourceRequiremen
 	return corev1.ResourceRequirements{Limits: limits, Requests: requests}, extra, nil
 }
 
-// waitReady polls the pod until it runs, then starts its agent and
-// checks, through it, that a command runs in workdir. A pod that fails,
-// or whose image cannot be had, fails at once; one not running within
-// timeout fails naming what its conditions say (unschedulable, ...).
+// A sandbox's requests (see resources).
+const (
+	requestMilliCPU  = 10
+	requestMemoryMiB = 16
+)
+
+// waitReady follows the pod (a watch, and a read at least every second)
+// until it runs, then starts its agent and checks, through it, that a
+// command runs in workdir. A pod that fails, or whose image cannot be
+// had, fails at once; one not running within timeout fails naming what
+// its conditions say (unschedulable, ...).
 func (k *Kubernetes) waitReady(ctx context.Context, id, workdir string, timeout time.Duration) error {
 	if timeout <= 0 {
 		timeout = time.Minute
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	delay := 10 * time.Millisecond
+	var events <-chan watch.Event
+	if w, err := k.cs.CoreV1().Pods(k.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + id}); err == nil {
+		defer w.Stop()
+		events = w.ResultChan()
+	}
 	var last error
+	var pod *corev1.Pod
 	for {
-		pod, err := k.pod(ctx, id)
-		switch {
-		case err != nil && providers.Kind(err) == providers.ErrUnavailable:
-			last = err
-		case err != nil:
-			if ctx.Err() == nil {
+		if pod == nil {
+			var err error
+			pod, err = k.pod(ctx, id)
+			switch {
+			case err != nil && providers.Kind(err) == providers.ErrUnavailable:
+				last = err
+			case err != nil && ctx.Err() == nil:
 				return err
 			}
-		default:
+		}
+		if pod != nil {
 			if why := stuck(pod); why != "" {
 				return providers.Errorf(providers.ErrInvalid, "sandbox %s cannot start: %s", id, why)
 			}
@@ -228,7 +253,17 @@ func (k *Kubernetes) waitReady(ctx context.Context, id, workdir string, timeout 
 				return providers.Errorf(providers.ErrInvalid, "sandbox %s exited during start (%s): check the image and entrypoint", id, why)
 			}
 		}
-		t := time.NewTimer(delay)
+		// A running pod whose agent did not answer yet (its sidecar may
+		// still be copying it) is asked again soon; anything else waits
+		// for the pod to change.
+		next := time.Second
+		if pod != nil && last != nil && providers.Kind(last) != providers.ErrInvalid {
+			if st, _ := stateOf(pod); st == providers.StateRunning {
+				next = 50 * time.Millisecond
+			}
+		}
+		pod = nil
+		t := time.NewTimer(next)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -240,9 +275,15 @@ func (k *Kubernetes) waitReady(ctx context.Context, id, workdir string, timeout 
 				return providers.Errorf(providers.ErrUnavailable, "%s", msg)
 			}
 			return fmt.Errorf("start sandbox %s: %w", id, ctx.Err())
+		case ev, ok := <-events:
+			if !ok {
+				events = nil // the watch ended: the timer reads from now on
+			} else if p, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type != watch.Deleted {
+				pod = p
+			}
 		case <-t.C:
 		}
-		delay = min(delay*2, 200*time.Millisecond)
+		t.Stop()
 	}
 }
 
@@ -261,7 +302,10 @@ func stuck(pod *corev1.Pod) string {
 	}
 	for _, cs := range pod.Status.InitContainerStatuses {
 		if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
-			return fmt.Sprintf("the agent's init container failed (%s)", terminatedReason(t))
+			return fmt.Sprintf("the agent's sidecar failed (%s)", terminatedReason(t))
+		}
+		if w := cs.State.Waiting; w != nil && w.Reason == "CrashLoopBackOff" {
+			return fmt.Sprintf("the agent's sidecar failed: %s: %s", w.Reason, w.Message)
 		}
 	}
 	return ""

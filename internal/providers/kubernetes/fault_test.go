@@ -76,9 +76,9 @@ func TestPodDeletedBehindBack(t *testing.T) {
 // timeout, naming the pod's condition, and leaves no pod behind.
 func TestUnschedulable(t *testing.T) {
 	p := newProvider(t)
-	cpu := 4096.0
+	disk := 1e6 // GiB: its request (the limit) fits no node
 	id := providertest.NewID()
-	_, err := p.Create(ctxT(t, time.Minute), providers.CreateSpec{ID: id, Image: k8stest.ImageRef, Resources: providers.Resources{CPU: &cpu}, ReadyTimeout: 5 * time.Second})
+	_, err := p.Create(ctxT(t, time.Minute), providers.CreateSpec{ID: id, Image: k8stest.ImageRef, Resources: providers.Resources{DiskGiB: &disk}, ReadyTimeout: 5 * time.Second})
 	if providers.Kind(err) != providers.ErrUnavailable || !strings.Contains(err.Error(), "Unschedulable") {
 		t.Fatalf("create of an unschedulable pod: %v, want unavailable naming Unschedulable", err)
 	}

@@ -4,10 +4,11 @@
 //
 // A sandbox's pod is named by the sandbox id and labelled
 // sandgate.sandbox=<id> and sandgate.instance=<instance id>; List and
-// reconciliation look only at this instance's pods. An init container of
-// the agent's image (Options.AgentImage: the static binary, nothing
-// else) copies the agent into an emptyDir that the sandbox's container
-// mounts read-only at /.sandgate, so the user's image is used as it is.
+// reconciliation look only at this instance's pods. A sidecar of the
+// agent's image (Options.AgentImage: the static binary, nothing else;
+// an init container with restartPolicy Always) copies the agent into an
+// emptyDir that the sandbox's container mounts read-only at /.sandgate,
+// so the user's image is used as it is.
 // The gateway reaches the agent through one long-lived exec of its bridge
 // (the pod's exec subresource, WebSocket protocol, SPDY as the fallback):
 // each command, file and terminal session is a stream on that connection,
