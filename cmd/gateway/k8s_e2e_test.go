@@ -76,6 +76,10 @@ func TestKubernetesReplicas(t *testing.T) {
 	if s, body := call(t, "GET", sb.url+"/files?path=/tmp/f.txt", "", "X-Sandbox-Lease", sb.token); s != 200 || string(body) != "file-through-b" {
 		t.Fatalf("GET on A: %d %q", s, body)
 	}
+	// No freezer for a pod: pause is refused, clearly.
+	if s, body := call(t, "POST", sb.url+"/pause", "", "X-Sandbox-Lease", sb.token); s != 409 || !strings.Contains(string(body), "not_supported") {
+		t.Fatalf("pause: %d %s, want 409 not_supported", s, body)
+	}
 	// Listed by both.
 	for _, g := range []*proc{a, b} {
 		if s, body := call(t, "GET", g.URL+"/v1/sandboxes", ""); s != 200 || !strings.Contains(string(body), sb.id) {

@@ -38,9 +38,6 @@ func (k *Kubernetes) Create(ctx context.Context, spec providers.CreateSpec) (pro
 	if spec.Image == "" {
 		return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "image is required by the kubernetes provider")
 	}
-	if len(spec.Ports) > 0 {
-		return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "ports are not published by the kubernetes provider yet")
-	}
 	for key := range spec.Options {
 		return providers.Sandbox{}, providers.InvalidFields{{Field: "provider_options." + key, Message: "unknown option for the kubernetes provider"}}
 	}
@@ -92,6 +89,10 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 	if err != nil {
 		return nil, nil, err
 	}
+	var ports []corev1.ContainerPort // informational: reached by port-forward (ports.go)
+	for _, p := range spec.Ports {
+		ports = append(ports, corev1.ContainerPort{ContainerPort: int32(p), Protocol: corev1.ProtocolTCP})
+	}
 	no, yes := false, true
 	always := corev1.ContainerRestartPolicyAlways
 	grace := int64(1)
@@ -142,6 +143,7 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 				ImagePullPolicy: corev1.PullIfNotPresent,
 				Command:         command,
 				WorkingDir:      workdir,
+				Ports:           ports,
 				Env:             env,
 				Resources:       res,
 				VolumeMounts:    mount(true),

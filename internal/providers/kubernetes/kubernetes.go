@@ -110,6 +110,8 @@ type Kubernetes struct {
 
 	mu      sync.Mutex
 	reasons map[string]string // why a sandbox is in error, as its pod said
+
+	fw forwards // the declared ports' port-forwards (ports.go)
 }
 
 var (
@@ -190,6 +192,7 @@ func (k *Kubernetes) Name() string { return "kubernetes" }
 // Close closes the connections to the agents and the idle ones to the
 // API server; sandboxes keep running.
 func (k *Kubernetes) Close() error {
+	k.stopForwards("")
 	k.links.Close()
 	utilnet.CloseIdleConnectionsFor(k.hc.Transport)
 	return nil
@@ -372,6 +375,7 @@ func (k *Kubernetes) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	k.links.Drop(id)
+	k.stopForwards(id)
 	k.mu.Lock()
 	delete(k.reasons, id)
 	k.mu.Unlock()
