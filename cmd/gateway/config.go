@@ -51,6 +51,7 @@ type config struct {
 	InstanceID         string
 	K8sNamespace       string
 	K8sAgentImage      string
+	K8sRunAsNonRoot    bool
 	PTYRingBytes       int
 	AllowedOrigins     []string
 	LogLevel           string
@@ -120,6 +121,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubernetes provider: kubeconfig file (default: KUBECONFIG, else the in-cluster config)")
 	fs.StringVar(&c.K8sNamespace, "k8s-namespace", "default", "kubernetes provider: namespace of the sandbox pods")
 	fs.StringVar(&c.K8sAgentImage, "k8s-agent-image", "", "kubernetes provider: image holding the static agent at /sandgate-agent (make agent-image builds one); required")
+	fs.BoolVar(&c.K8sRunAsNonRoot, "k8s-run-as-non-root", false, "kubernetes provider: run every sandbox as uid/gid 65534 (nobody), with a workdir of its own, instead of the image's user")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "text or json")
 	return fs

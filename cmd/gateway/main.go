@@ -240,6 +240,7 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 			Namespace:        cfg.K8sNamespace,
 			InstanceID:       id,
 			AgentImage:       cfg.K8sAgentImage,
+			RunAsNonRoot:     cfg.K8sRunAsNonRoot,
 			Logger:           log.With("provider", "kubernetes"),
 			DefaultMemoryMiB: noneIfZero(cfg.DefaultMemoryMiB),
 			DefaultCPU:       noneIfZero(cfg.DefaultCPU),

@@ -22,6 +22,9 @@ import (
 // missing daemon means the agent died. The stream outlives ctx.
 func (k *Kubernetes) openAgent(ctx context.Context, id string, start bool) (io.ReadWriteCloser, func() string, error) {
 	cmd := []string{agentBin, "connect"}
+	if k.opts.RunAsNonRoot {
+		cmd = append(cmd, "--socket", nonRootRunDir+"/agent.sock")
+	}
 	if start {
 		cmd = append(cmd, "--start")
 	}

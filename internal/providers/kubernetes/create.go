@@ -101,9 +101,23 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 		Capabilities:             &corev1.Capabilities{Drop: DefaultCapDrop},
 		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
+	volumes := []corev1.Volume{{Name: containerAgent, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	var podSec *corev1.PodSecurityContext
+	var workMount []corev1.VolumeMount
 	if k.opts.RunAsNonRoot {
-		uid := int64(65534)
+		uid := int64(nonRootUID)
 		sec.RunAsUser, sec.RunAsGroup, sec.RunAsNonRoot = &uid, &uid, &yes
+		// The runtime makes a missing workdir as root: the sandbox's user
+		// gets one of its own (an emptyDir of its group) instead.
+		podSec = &corev1.PodSecurityContext{FSGroup: &uid}
+		// Nor may it make the agent's socket on /dev: a directory of its
+		// own holds it.
+		volumes = append(volumes, corev1.Volume{Name: "sandgate-run", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}})
+		workMount = append(workMount, corev1.VolumeMount{Name: "sandgate-run", MountPath: nonRootRunDir})
+		if workdir != "/" {
+			volumes = append(volumes, corev1.Volume{Name: "workdir", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+			workMount = append(workMount, corev1.VolumeMount{Name: "workdir", MountPath: workdir})
+		}
 	}
 	mount := func(ro bool) []corev1.VolumeMount {
 		return []corev1.VolumeMount{{Name: containerAgent, MountPath: agentDir, ReadOnly: ro}}
@@ -121,6 +135,7 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 			EnableServiceLinks:            &no,
 			ShareProcessNamespace:         &yes,
 			Hostname:                      "sandbox",
+			SecurityContext:               podSec,
 			// A sidecar (an init container that stays): the sandbox's
 			// container starts once it runs, not once it exits, which the
 			// kubelet would notice only at its next relist (up to a second).
@@ -146,10 +161,10 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 				Ports:           ports,
 				Env:             env,
 				Resources:       res,
-				VolumeMounts:    mount(true),
+				VolumeMounts:    append(mount(true), workMount...),
 				SecurityContext: sec,
 			}},
-			Volumes: []corev1.Volume{{Name: containerAgent, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+			Volumes: volumes,
 		},
 	}
 	return pod, extra, nil
@@ -193,6 +208,13 @@ func (k *Kubernetes) resources(r providers.Resources) (corev1.ResourceRequiremen
 	}
 	return corev1.ResourceRequirements{Limits: limits, Requests: requests}, extra, nil
 }
+
+// With Options.RunAsNonRoot: the sandbox's user (nobody), and the
+// directory of the agent's socket.
+const (
+	nonRootUID    = 65534
+	nonRootRunDir = "/.sandgate-run"
+)
 
 // A sandbox's requests (see resources).
 const (

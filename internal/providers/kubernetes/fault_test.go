@@ -257,3 +257,25 @@ func poll(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	}
 }
+
+// With RunAsNonRoot every process of the sandbox is nobody, who owns its
+// workdir; root's files stay out of reach.
+func TestRunAsNonRoot(t *testing.T) {
+	p := newProvider(t, func(o *Options) { o.RunAsNonRoot = true })
+	id := create(t, p, providers.CreateSpec{Workdir: "/work"})
+	ctx := ctxT(t, time.Minute)
+	res, err := p.Exec(ctx, id, providers.ExecRequest{Command: "id -u; id -g; echo hi > note && cat note; touch /root/x 2>/dev/null || echo denied", Cwd: "/work"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(res.Stdout); got != "65534\n65534\nhi\ndenied\n" {
+		t.Fatalf("got %q (stderr %q)", got, res.Stderr)
+	}
+	if _, err := p.WriteFile(ctx, id, "/work/up.txt", strings.NewReader("x")); err != nil {
+		t.Fatalf("file into the workdir: %v", err)
+	}
+	// The agent, as nobody, cannot become root.
+	if res, err := p.Exec(ctx, id, providers.ExecRequest{Command: "id -u", User: "root"}); err == nil && res.ExitCode == 0 {
+		t.Fatalf("an exec as root ran: %q", res.Stdout)
+	}
+}

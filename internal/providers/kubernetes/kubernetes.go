@@ -88,8 +88,8 @@ type Options struct {
 	// DefaultCPU is a sandbox's CPU limit when the create gives none.
 	// 0 = DefaultCPULimit; <0 = none.
 	DefaultCPU float64
-	// RunAsNonRoot runs every sandbox as uid 65534 instead of the image's
-	// user.
+	// RunAsNonRoot runs every sandbox as uid and gid 65534 instead of the
+	// image's user, with a workdir of its own (an emptyDir).
 	RunAsNonRoot bool
 	// PingTimeout bounds Ping. 0 = DefaultPingTimeout.
 	PingTimeout time.Duration
