@@ -30,10 +30,15 @@ func startK8sGateway(t *testing.T, stateDir, instance, secret string) *proc {
 		"--instance-id", instance, "--lease-secret", secret)
 }
 
-// k8sCreate creates a sandbox of the test image through g.
-func k8sCreate(t *testing.T, g *proc) dkBox {
+// k8sCreate creates a sandbox of the test image through g, with the
+// extra fields of members (a JSON object's members).
+func k8sCreate(t *testing.T, g *proc, members ...string) dkBox {
 	t.Helper()
-	s, b := call(t, "POST", g.URL+"/v1/sandboxes", `{"image":"`+k8stest.ImageRef+`"}`)
+	body := `{"image":"` + k8stest.ImageRef + `"`
+	for _, m := range members {
+		body += "," + m
+	}
+	s, b := call(t, "POST", g.URL+"/v1/sandboxes", body+"}")
 	if s != 201 {
 		t.Fatalf("create: %d %s\n%s", s, b, g.stderr)
 	}
@@ -64,8 +69,21 @@ func TestKubernetesReplicas(t *testing.T) {
 	a := startK8sGateway(t, stateA, instance, secret)
 	b := startK8sGateway(t, t.TempDir(), instance, secret)
 
-	sb := k8sCreate(t, a)
+	sb := k8sCreate(t, a, `"ports":[8080]`)
 	dkRun(t, sb.on(b), "echo made-on-a > /tmp/mark")
+	// A declared port, through B's proxy (B's port-forward into the pod).
+	if s, r, err := dkExec(context.Background(), sb, "echo through-the-proxy > /var/www/index.html; httpd -p 8080 -h /var/www", true); err != nil || s != 200 || r.ReturnCode != 0 {
+		t.Fatalf("httpd: %v %d %v", err, s, r)
+	}
+	var proxied string
+	dkEventually(t, 20*time.Second, "httpd through B's proxy", func() bool {
+		s, body := call(t, "GET", sb.on(b).url+"/proxy/8080/index.html", "", "X-Sandbox-Lease", sb.token)
+		proxied = string(body)
+		return s == 200
+	})
+	if proxied != "through-the-proxy\n" {
+		t.Fatalf("proxy on B: %q", proxied)
+	}
 	if got := dkRun(t, sb, "cat /tmp/mark"); got != "made-on-a\n" {
 		t.Fatalf("A reads %q", got)
 	}
@@ -76,6 +94,14 @@ func TestKubernetesReplicas(t *testing.T) {
 	if s, body := call(t, "GET", sb.url+"/files?path=/tmp/f.txt", "", "X-Sandbox-Lease", sb.token); s != 200 || string(body) != "file-through-b" {
 		t.Fatalf("GET on A: %d %q", s, body)
 	}
+	// A gateway of another instance reconciles at its start and leaves
+	// this instance's pod and record alone.
+	other := startK8sGateway(t, t.TempDir(), instance+"-other", secret)
+	if s, body := call(t, "GET", sb.on(other).url, "", "X-Sandbox-Lease", sb.token); s != 404 {
+		t.Fatalf("another instance serves the sandbox: %d %s", s, body)
+	}
+	dkRun(t, sb.on(b), "true")
+
 	// No freezer for a pod: pause is refused, clearly.
 	if s, body := call(t, "POST", sb.url+"/pause", "", "X-Sandbox-Lease", sb.token); s != 409 || !strings.Contains(string(body), "not_supported") {
 		t.Fatalf("pause: %d %s, want 409 not_supported", s, body)
