@@ -151,12 +151,15 @@ type CreateSandbox struct {
 	// Ports Ports to expose through `GET /v1/sandboxes/{id}/endpoints/{port}`.
 	Ports []int `json:"ports,omitempty"`
 
-	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key.
+	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` is accepted here too (NeMo Gym's form) and means the top-level field.
 	ProviderOptions map[string]interface{} `json:"provider_options,omitempty"`
 
 	// ReadyTimeoutS How long to wait for the sandbox to become ready.
 	ReadyTimeoutS *float64   `json:"ready_timeout_s,omitempty"`
 	Resources     *Resources `json:"resources,omitempty"`
+
+	// SnapshotID Start from this snapshot (one the caller's key owns): its files, its source's image.
+	SnapshotID *string `json:"snapshot_id,omitempty"`
 
 	// TTLS Lifetime in seconds from creation (default 1800; 0 = no expiry).
 	TTLS *float64 `json:"ttl_s,omitempty"`
@@ -287,6 +290,16 @@ type FileWritten struct {
 
 	// Size Bytes written.
 	Size int64 `json:"size"`
+}
+
+// ForkRequest defines model for ForkRequest.
+type ForkRequest struct {
+	Count *int `json:"count,omitempty"`
+}
+
+// ForkResult defines model for ForkResult.
+type ForkResult struct {
+	Sandboxes []SandboxRef `json:"sandboxes"`
 }
 
 // Health defines model for Health.
@@ -440,6 +453,32 @@ type SandboxRef struct {
 // SandboxStatus The lifecycle state of a sandbox.
 type SandboxStatus string
 
+// Snapshot defines model for Snapshot.
+type Snapshot struct {
+	CreatedAt time.Time `json:"created_at"`
+	Name      string    `json:"name"`
+
+	// SandboxID The sandbox it was taken of (which may be gone).
+	SandboxID string `json:"sandbox_id"`
+
+	// SizeBytes What the snapshot holds beyond its image, where the provider can tell (else 0).
+	SizeBytes int64 `json:"size_bytes"`
+
+	// SnapshotID Example: snp-abcdefghij234567klmn
+	SnapshotID string `json:"snapshot_id"`
+}
+
+// SnapshotList defines model for SnapshotList.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// SnapshotRequest defines model for SnapshotRequest.
+type SnapshotRequest struct {
+	// Name A name for people; need not be unique.
+	Name *string `json:"name,omitempty"`
+}
+
 // StatusResult defines model for StatusResult.
 type StatusResult struct {
 	// Status The lifecycle state of a sandbox.
@@ -470,6 +509,9 @@ type SandboxID = string
 
 // SessionID defines model for SessionID.
 type SessionID = string
+
+// SnapshotID defines model for SnapshotID.
+type SnapshotID = string
 
 // AlreadyConnected An RFC 9457 problem detail.
 type AlreadyConnected = Problem
@@ -546,6 +588,9 @@ type CreateSandboxJSONRequestBody = CreateSandbox
 // ExecCommandJSONRequestBody defines body for ExecCommand for application/json ContentType.
 type ExecCommandJSONRequestBody = ExecRequest
 
+// ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
+type ForkSandboxJSONRequestBody = ForkRequest
+
 // CreateLeaseJSONRequestBody defines body for CreateLease for application/json ContentType.
 type CreateLeaseJSONRequestBody = LeaseRequest
 
@@ -554,6 +599,9 @@ type CreatePtySessionJSONRequestBody = PtyCreateRequest
 
 // RenewSandboxJSONRequestBody defines body for RenewSandbox for application/json ContentType.
 type RenewSandboxJSONRequestBody = RenewRequest
+
+// CreateSnapshotJSONRequestBody defines body for CreateSnapshot for application/json ContentType.
+type CreateSnapshotJSONRequestBody = SnapshotRequest
 
 // UploadFileJSONRequestBody defines body for UploadFile for application/json ContentType.
 type UploadFileJSONRequestBody = UploadRequest
@@ -754,6 +802,32 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
 	ListFiles(ctx context.Context, id SandboxID, params *ListFilesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ForkSandboxWithBody Fork a sandbox (owner)
+	//
+	// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
+	// starts with the source's files as of the snapshot, and writes in one are invisible to the
+	// others and to the source. Each fork has its own owner lease (the source's leases do not
+	// work on it), the source's image, workdir, env and resources, and the default TTL. The
+	// snapshot is internal: it goes with the last fork.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandboxWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ForkSandbox Fork a sandbox (owner)
+	//
+	// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
+	// starts with the source's files as of the snapshot, and writes in one are invisible to the
+	// others and to the source. Each fork has its own owner lease (the source's leases do not
+	// work on it), the source's image, workdir, env and resources, and the default TTL. The
+	// snapshot is internal: it goes with the last fork.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandbox(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// CreateLeaseWithBody Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
@@ -862,6 +936,32 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/sandboxes/{id}/resume (the `ResumeSandbox` operationId).
 	ResumeSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// CreateSnapshotWithBody Snapshot a sandbox's filesystem (owner)
+	//
+	// Captures the sandbox's filesystem as it is now; the sandbox keeps running. Running
+	// processes, their memory and open connections are not captured: a sandbox made from the
+	// snapshot starts fresh processes on the captured files. The snapshot is durable across
+	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
+	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/snapshots (the `CreateSnapshot` operationId).
+	CreateSnapshotWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateSnapshot Snapshot a sandbox's filesystem (owner)
+	//
+	// Captures the sandbox's filesystem as it is now; the sandbox keeps running. Running
+	// processes, their memory and open connections are not captured: a sandbox made from the
+	// snapshot starts fresh processes on the captured files. The snapshot is durable across
+	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
+	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/snapshots (the `CreateSnapshot` operationId).
+	CreateSnapshot(ctx context.Context, id SandboxID, body CreateSnapshotJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetSandboxStatus The sandbox's state
 	//
 	// Corresponds with GET /v1/sandboxes/{id}/status (the `GetSandboxStatus` operationId).
@@ -888,6 +988,24 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/upload (the `UploadFile` operationId).
 	UploadFile(ctx context.Context, id SandboxID, body UploadFileJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListSnapshots List the caller's snapshots
+	//
+	// Corresponds with GET /v1/snapshots (the `ListSnapshots` operationId).
+	ListSnapshots(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteSnapshot Delete a snapshot
+	//
+	// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
+	// of a sandbox that is gone stays until deleted.
+	//
+	// Corresponds with DELETE /v1/snapshots/{sid} (the `DeleteSnapshot` operationId).
+	DeleteSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetSnapshot Describe a snapshot
+	//
+	// Corresponds with GET /v1/snapshots/{sid} (the `GetSnapshot` operationId).
+	GetSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // ListSandboxes List sandboxes
@@ -1142,6 +1260,52 @@ func (c *Client) ListFiles(ctx context.Context, id SandboxID, params *ListFilesP
 	return c.Client.Do(req)
 }
 
+// ForkSandboxWithBody Fork a sandbox (owner)
+//
+// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
+// starts with the source's files as of the snapshot, and writes in one are invisible to the
+// others and to the source. Each fork has its own owner lease (the source's leases do not
+// work on it), the source's image, workdir, env and resources, and the default TTL. The
+// snapshot is internal: it goes with the last fork.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *Client) ForkSandboxWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewForkSandboxRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ForkSandbox Fork a sandbox (owner)
+//
+// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
+// starts with the source's files as of the snapshot, and writes in one are invisible to the
+// others and to the source. Each fork has its own owner lease (the source's leases do not
+// work on it), the source's image, workdir, env and resources, and the default TTL. The
+// snapshot is internal: it goes with the last fork.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *Client) ForkSandbox(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewForkSandboxRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // CreateLeaseWithBody Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
@@ -1370,6 +1534,52 @@ func (c *Client) ResumeSandbox(ctx context.Context, id SandboxID, reqEditors ...
 	return c.Client.Do(req)
 }
 
+// CreateSnapshotWithBody Snapshot a sandbox's filesystem (owner)
+//
+// Captures the sandbox's filesystem as it is now; the sandbox keeps running. Running
+// processes, their memory and open connections are not captured: a sandbox made from the
+// snapshot starts fresh processes on the captured files. The snapshot is durable across
+// gateway restarts and owned by the API key that created the sandbox (anonymous on a
+// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/snapshots (the `CreateSnapshot` operationId).
+func (c *Client) CreateSnapshotWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateSnapshotRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateSnapshot Snapshot a sandbox's filesystem (owner)
+//
+// Captures the sandbox's filesystem as it is now; the sandbox keeps running. Running
+// processes, their memory and open connections are not captured: a sandbox made from the
+// snapshot starts fresh processes on the captured files. The snapshot is durable across
+// gateway restarts and owned by the API key that created the sandbox (anonymous on a
+// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/snapshots (the `CreateSnapshot` operationId).
+func (c *Client) CreateSnapshot(ctx context.Context, id SandboxID, body CreateSnapshotJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateSnapshotRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetSandboxStatus The sandbox's state
 //
 // Corresponds with GET /v1/sandboxes/{id}/status (the `GetSandboxStatus` operationId).
@@ -1417,6 +1627,54 @@ func (c *Client) UploadFileWithBody(ctx context.Context, id SandboxID, contentTy
 // Corresponds with POST /v1/sandboxes/{id}/upload (the `UploadFile` operationId).
 func (c *Client) UploadFile(ctx context.Context, id SandboxID, body UploadFileJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewUploadFileRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListSnapshots List the caller's snapshots
+//
+// Corresponds with GET /v1/snapshots (the `ListSnapshots` operationId).
+func (c *Client) ListSnapshots(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListSnapshotsRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteSnapshot Delete a snapshot
+//
+// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
+// of a sandbox that is gone stays until deleted.
+//
+// Corresponds with DELETE /v1/snapshots/{sid} (the `DeleteSnapshot` operationId).
+func (c *Client) DeleteSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteSnapshotRequest(c.Server, sid)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetSnapshot Describe a snapshot
+//
+// Corresponds with GET /v1/snapshots/{sid} (the `GetSnapshot` operationId).
+func (c *Client) GetSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetSnapshotRequest(c.Server, sid)
 	if err != nil {
 		return nil, err
 	}
@@ -1976,6 +2234,53 @@ func NewListFilesRequest(server string, id SandboxID, params *ListFilesParams) (
 	return req, nil
 }
 
+// NewForkSandboxRequest calls the generic ForkSandbox builder with application/json body
+func NewForkSandboxRequest(server string, id SandboxID, body ForkSandboxJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewForkSandboxRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewForkSandboxRequestWithBody constructs an http.Request for the ForkSandbox method, with any body, and a specified content type
+func NewForkSandboxRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/fork", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewCreateLeaseRequest calls the generic CreateLease builder with application/json body
 func NewCreateLeaseRequest(server string, id SandboxID, body CreateLeaseJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -2335,6 +2640,53 @@ func NewResumeSandboxRequest(server string, id SandboxID) (*http.Request, error)
 	return req, nil
 }
 
+// NewCreateSnapshotRequest calls the generic CreateSnapshot builder with application/json body
+func NewCreateSnapshotRequest(server string, id SandboxID, body CreateSnapshotJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateSnapshotRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewCreateSnapshotRequestWithBody constructs an http.Request for the CreateSnapshot method, with any body, and a specified content type
+func NewCreateSnapshotRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/snapshots", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetSandboxStatusRequest constructs an http.Request for the GetSandboxStatus method
 func NewGetSandboxStatusRequest(server string, id SandboxID) (*http.Request, error) {
 	var err error
@@ -2412,6 +2764,101 @@ func NewUploadFileRequestWithBody(server string, id SandboxID, contentType strin
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewListSnapshotsRequest constructs an http.Request for the ListSnapshots method
+func NewListSnapshotsRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/snapshots")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewDeleteSnapshotRequest constructs an http.Request for the DeleteSnapshot method
+func NewDeleteSnapshotRequest(server string, sid SnapshotID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "sid", sid, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/snapshots/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetSnapshotRequest constructs an http.Request for the GetSnapshot method
+func NewGetSnapshotRequest(server string, sid SnapshotID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "sid", sid, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/snapshots/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	return req, nil
 }
@@ -2598,6 +3045,32 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id}/files/list (the `ListFiles` operationId).
 	ListFilesWithResponse(ctx context.Context, id SandboxID, params *ListFilesParams, reqEditors ...RequestEditorFn) (*ListFilesResponse, error)
 
+	// ForkSandboxWithBodyWithResponse Fork a sandbox (owner)
+	//
+	// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
+	// starts with the source's files as of the snapshot, and writes in one are invisible to the
+	// others and to the source. Each fork has its own owner lease (the source's leases do not
+	// work on it), the source's image, workdir, env and resources, and the default TTL. The
+	// snapshot is internal: it goes with the last fork.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandboxWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
+
+	// ForkSandboxWithResponse Fork a sandbox (owner)
+	//
+	// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
+	// starts with the source's files as of the snapshot, and writes in one are invisible to the
+	// others and to the source. Each fork has its own owner lease (the source's leases do not
+	// work on it), the source's image, workdir, env and resources, and the default TTL. The
+	// snapshot is internal: it goes with the last fork.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+	ForkSandboxWithResponse(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
+
 	// CreateLeaseWithBodyWithResponse Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
@@ -2718,6 +3191,32 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/sandboxes/{id}/resume (the `ResumeSandbox` operationId).
 	ResumeSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ResumeSandboxResponse, error)
 
+	// CreateSnapshotWithBodyWithResponse Snapshot a sandbox's filesystem (owner)
+	//
+	// Captures the sandbox's filesystem as it is now; the sandbox keeps running. Running
+	// processes, their memory and open connections are not captured: a sandbox made from the
+	// snapshot starts fresh processes on the captured files. The snapshot is durable across
+	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
+	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/snapshots (the `CreateSnapshot` operationId).
+	CreateSnapshotWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSnapshotResponse, error)
+
+	// CreateSnapshotWithResponse Snapshot a sandbox's filesystem (owner)
+	//
+	// Captures the sandbox's filesystem as it is now; the sandbox keeps running. Running
+	// processes, their memory and open connections are not captured: a sandbox made from the
+	// snapshot starts fresh processes on the captured files. The snapshot is durable across
+	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
+	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/snapshots (the `CreateSnapshot` operationId).
+	CreateSnapshotWithResponse(ctx context.Context, id SandboxID, body CreateSnapshotJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSnapshotResponse, error)
+
 	// GetSandboxStatusWithResponse The sandbox's state
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -2746,6 +3245,30 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/upload (the `UploadFile` operationId).
 	UploadFileWithResponse(ctx context.Context, id SandboxID, body UploadFileJSONRequestBody, reqEditors ...RequestEditorFn) (*UploadFileResponse, error)
+
+	// ListSnapshotsWithResponse List the caller's snapshots
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/snapshots (the `ListSnapshots` operationId).
+	ListSnapshotsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListSnapshotsResponse, error)
+
+	// DeleteSnapshotWithResponse Delete a snapshot
+	//
+	// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
+	// of a sandbox that is gone stays until deleted.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/snapshots/{sid} (the `DeleteSnapshot` operationId).
+	DeleteSnapshotWithResponse(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*DeleteSnapshotResponse, error)
+
+	// GetSnapshotWithResponse Describe a snapshot
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/snapshots/{sid} (the `GetSnapshot` operationId).
+	GetSnapshotWithResponse(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*GetSnapshotResponse, error)
 }
 
 type ListSandboxesResponse struct {
@@ -3584,6 +4107,103 @@ func (r ListFilesResponse) ContentType() string {
 	return ""
 }
 
+// ForkSandboxResponse503Headers the declared response headers of an HTTP 503 response for ForkSandbox
+type ForkSandboxResponse503Headers struct {
+	RetryAfter *int
+}
+
+type ForkSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *ForkResult
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ForkSandboxResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r ForkSandboxResponse) GetJSON201() *ForkResult {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ForkSandboxResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ForkSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ForkSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ForkSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type CreateLeaseResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4261,6 +4881,89 @@ func (r ResumeSandboxResponse) ContentType() string {
 	return ""
 }
 
+type CreateSnapshotResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Snapshot
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateSnapshotResponse) GetJSON201() *Snapshot {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreateSnapshotResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreateSnapshotResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CreateSnapshotResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r CreateSnapshotResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CreateSnapshotResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreateSnapshotResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateSnapshotResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateSnapshotResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateSnapshotResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateSnapshotResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type GetSandboxStatusResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4407,6 +5110,171 @@ func (r UploadFileResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r UploadFileResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ListSnapshotsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SnapshotList
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListSnapshotsResponse) GetJSON200() *SnapshotList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListSnapshotsResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetBody returns the raw response body bytes
+func (r ListSnapshotsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListSnapshotsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListSnapshotsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListSnapshotsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DeleteSnapshotResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *DeleteResult
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeleteSnapshotResponse) GetJSON200() *DeleteResult {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DeleteSnapshotResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r DeleteSnapshotResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r DeleteSnapshotResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteSnapshotResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteSnapshotResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteSnapshotResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteSnapshotResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetSnapshotResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Snapshot
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetSnapshotResponse) GetJSON200() *Snapshot {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetSnapshotResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetSnapshotResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r GetSnapshotResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetSnapshotResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetSnapshotResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetSnapshotResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -4629,6 +5497,44 @@ func (c *ClientWithResponses) ListFilesWithResponse(ctx context.Context, id Sand
 	return ParseListFilesResponse(rsp)
 }
 
+// ForkSandboxWithBodyWithResponse Fork a sandbox (owner)
+//
+// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
+// starts with the source's files as of the snapshot, and writes in one are invisible to the
+// others and to the source. Each fork has its own owner lease (the source's leases do not
+// work on it), the source's image, workdir, env and resources, and the default TTL. The
+// snapshot is internal: it goes with the last fork.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *ClientWithResponses) ForkSandboxWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error) {
+	rsp, err := c.ForkSandboxWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseForkSandboxResponse(rsp)
+}
+
+// ForkSandboxWithResponse Fork a sandbox (owner)
+//
+// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
+// starts with the source's files as of the snapshot, and writes in one are invisible to the
+// others and to the source. Each fork has its own owner lease (the source's leases do not
+// work on it), the source's image, workdir, env and resources, and the default TTL. The
+// snapshot is internal: it goes with the last fork.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
+func (c *ClientWithResponses) ForkSandboxWithResponse(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error) {
+	rsp, err := c.ForkSandbox(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseForkSandboxResponse(rsp)
+}
+
 // CreateLeaseWithBodyWithResponse Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
@@ -4821,6 +5727,44 @@ func (c *ClientWithResponses) ResumeSandboxWithResponse(ctx context.Context, id 
 	return ParseResumeSandboxResponse(rsp)
 }
 
+// CreateSnapshotWithBodyWithResponse Snapshot a sandbox's filesystem (owner)
+//
+// Captures the sandbox's filesystem as it is now; the sandbox keeps running. Running
+// processes, their memory and open connections are not captured: a sandbox made from the
+// snapshot starts fresh processes on the captured files. The snapshot is durable across
+// gateway restarts and owned by the API key that created the sandbox (anonymous on a
+// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/snapshots (the `CreateSnapshot` operationId).
+func (c *ClientWithResponses) CreateSnapshotWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSnapshotResponse, error) {
+	rsp, err := c.CreateSnapshotWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateSnapshotResponse(rsp)
+}
+
+// CreateSnapshotWithResponse Snapshot a sandbox's filesystem (owner)
+//
+// Captures the sandbox's filesystem as it is now; the sandbox keeps running. Running
+// processes, their memory and open connections are not captured: a sandbox made from the
+// snapshot starts fresh processes on the captured files. The snapshot is durable across
+// gateway restarts and owned by the API key that created the sandbox (anonymous on a
+// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/snapshots (the `CreateSnapshot` operationId).
+func (c *ClientWithResponses) CreateSnapshotWithResponse(ctx context.Context, id SandboxID, body CreateSnapshotJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSnapshotResponse, error) {
+	rsp, err := c.CreateSnapshot(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateSnapshotResponse(rsp)
+}
+
 // GetSandboxStatusWithResponse The sandbox's state
 //
 // Returns a wrapper object for the known response body format(s).
@@ -4866,6 +5810,48 @@ func (c *ClientWithResponses) UploadFileWithResponse(ctx context.Context, id San
 		return nil, err
 	}
 	return ParseUploadFileResponse(rsp)
+}
+
+// ListSnapshotsWithResponse List the caller's snapshots
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/snapshots (the `ListSnapshots` operationId).
+func (c *ClientWithResponses) ListSnapshotsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListSnapshotsResponse, error) {
+	rsp, err := c.ListSnapshots(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListSnapshotsResponse(rsp)
+}
+
+// DeleteSnapshotWithResponse Delete a snapshot
+//
+// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
+// of a sandbox that is gone stays until deleted.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/snapshots/{sid} (the `DeleteSnapshot` operationId).
+func (c *ClientWithResponses) DeleteSnapshotWithResponse(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*DeleteSnapshotResponse, error) {
+	rsp, err := c.DeleteSnapshot(ctx, sid, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteSnapshotResponse(rsp)
+}
+
+// GetSnapshotWithResponse Describe a snapshot
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/snapshots/{sid} (the `GetSnapshot` operationId).
+func (c *ClientWithResponses) GetSnapshotWithResponse(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*GetSnapshotResponse, error) {
+	rsp, err := c.GetSnapshot(ctx, sid, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetSnapshotResponse(rsp)
 }
 
 // ParseListSandboxesResponse parses an HTTP response from a ListSandboxesWithResponse call
@@ -5557,6 +6543,94 @@ func ParseListFilesResponse(rsp *http.Response) (*ListFilesResponse, error) {
 	return response, nil
 }
 
+// ParseForkSandboxResponse parses an HTTP response from a ForkSandboxWithResponse call
+func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ForkSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest ForkResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers ForkSandboxResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseCreateLeaseResponse parses an HTTP response from a CreateLeaseWithResponse call
 func ParseCreateLeaseResponse(rsp *http.Response) (*CreateLeaseResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -6117,6 +7191,74 @@ func ParseResumeSandboxResponse(rsp *http.Response) (*ResumeSandboxResponse, err
 	return response, nil
 }
 
+// ParseCreateSnapshotResponse parses an HTTP response from a CreateSnapshotWithResponse call
+func ParseCreateSnapshotResponse(rsp *http.Response) (*CreateSnapshotResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateSnapshotResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Snapshot
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseGetSandboxStatusResponse parses an HTTP response from a GetSandboxStatusWithResponse call
 func ParseGetSandboxStatusResponse(rsp *http.Response) (*GetSandboxStatusResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -6239,6 +7381,126 @@ func ParseUploadFileResponse(rsp *http.Response) (*UploadFileResponse, error) {
 	return response, nil
 }
 
+// ParseListSnapshotsResponse parses an HTTP response from a ListSnapshotsWithResponse call
+func ParseListSnapshotsResponse(rsp *http.Response) (*ListSnapshotsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListSnapshotsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SnapshotList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDeleteSnapshotResponse parses an HTTP response from a DeleteSnapshotWithResponse call
+func ParseDeleteSnapshotResponse(rsp *http.Response) (*DeleteSnapshotResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteSnapshotResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest DeleteResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetSnapshotResponse parses an HTTP response from a GetSnapshotWithResponse call
+func ParseGetSnapshotResponse(rsp *http.Response) (*GetSnapshotResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetSnapshotResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Snapshot
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// ListSandboxes List sandboxes
@@ -6274,6 +7536,9 @@ type ServerInterface interface {
 	// ListFiles List a directory
 	// (GET /v1/sandboxes/{id}/files/list)
 	ListFiles(w http.ResponseWriter, r *http.Request, id SandboxID, params ListFilesParams)
+	// ForkSandbox Fork a sandbox (owner)
+	// (POST /v1/sandboxes/{id}/fork)
+	ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// CreateLease Mint a new lease token
 	// (POST /v1/sandboxes/{id}/leases)
 	CreateLease(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -6301,12 +7566,24 @@ type ServerInterface interface {
 	// ResumeSandbox Thaw a paused sandbox (owner)
 	// (POST /v1/sandboxes/{id}/resume)
 	ResumeSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// CreateSnapshot Snapshot a sandbox's filesystem (owner)
+	// (POST /v1/sandboxes/{id}/snapshots)
+	CreateSnapshot(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// GetSandboxStatus The sandbox's state
 	// (GET /v1/sandboxes/{id}/status)
 	GetSandboxStatus(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// UploadFile Write a file from base64 (compatibility route)
 	// (POST /v1/sandboxes/{id}/upload)
 	UploadFile(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// ListSnapshots List the caller's snapshots
+	// (GET /v1/snapshots)
+	ListSnapshots(w http.ResponseWriter, r *http.Request)
+	// DeleteSnapshot Delete a snapshot
+	// (DELETE /v1/snapshots/{sid})
+	DeleteSnapshot(w http.ResponseWriter, r *http.Request, sid SnapshotID)
+	// GetSnapshot Describe a snapshot
+	// (GET /v1/snapshots/{sid})
+	GetSnapshot(w http.ResponseWriter, r *http.Request, sid SnapshotID)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -6379,6 +7656,12 @@ func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, id Sand
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// ForkSandbox Fork a sandbox (owner)
+// (POST /v1/sandboxes/{id}/fork)
+func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // CreateLease Mint a new lease token
 // (POST /v1/sandboxes/{id}/leases)
 func (_ Unimplemented) CreateLease(w http.ResponseWriter, r *http.Request, id SandboxID) {
@@ -6433,6 +7716,12 @@ func (_ Unimplemented) ResumeSandbox(w http.ResponseWriter, r *http.Request, id 
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// CreateSnapshot Snapshot a sandbox's filesystem (owner)
+// (POST /v1/sandboxes/{id}/snapshots)
+func (_ Unimplemented) CreateSnapshot(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // GetSandboxStatus The sandbox's state
 // (GET /v1/sandboxes/{id}/status)
 func (_ Unimplemented) GetSandboxStatus(w http.ResponseWriter, r *http.Request, id SandboxID) {
@@ -6442,6 +7731,24 @@ func (_ Unimplemented) GetSandboxStatus(w http.ResponseWriter, r *http.Request, 
 // UploadFile Write a file from base64 (compatibility route)
 // (POST /v1/sandboxes/{id}/upload)
 func (_ Unimplemented) UploadFile(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListSnapshots List the caller's snapshots
+// (GET /v1/snapshots)
+func (_ Unimplemented) ListSnapshots(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteSnapshot Delete a snapshot
+// (DELETE /v1/snapshots/{sid})
+func (_ Unimplemented) DeleteSnapshot(w http.ResponseWriter, r *http.Request, sid SnapshotID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetSnapshot Describe a snapshot
+// (GET /v1/snapshots/{sid})
+func (_ Unimplemented) GetSnapshot(w http.ResponseWriter, r *http.Request, sid SnapshotID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -6837,6 +8144,32 @@ func (siw *ServerInterfaceWrapper) ListFiles(w http.ResponseWriter, r *http.Requ
 	handler.ServeHTTP(w, r)
 }
 
+// ForkSandbox operation middleware
+func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ForkSandbox(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // CreateLease operation middleware
 func (siw *ServerInterfaceWrapper) CreateLease(w http.ResponseWriter, r *http.Request) {
 
@@ -7089,6 +8422,32 @@ func (siw *ServerInterfaceWrapper) ResumeSandbox(w http.ResponseWriter, r *http.
 	handler.ServeHTTP(w, r)
 }
 
+// CreateSnapshot operation middleware
+func (siw *ServerInterfaceWrapper) CreateSnapshot(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateSnapshot(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetSandboxStatus operation middleware
 func (siw *ServerInterfaceWrapper) GetSandboxStatus(w http.ResponseWriter, r *http.Request) {
 
@@ -7132,6 +8491,72 @@ func (siw *ServerInterfaceWrapper) UploadFile(w http.ResponseWriter, r *http.Req
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.UploadFile(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListSnapshots operation middleware
+func (siw *ServerInterfaceWrapper) ListSnapshots(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListSnapshots(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteSnapshot operation middleware
+func (siw *ServerInterfaceWrapper) DeleteSnapshot(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sid" -------------
+	var sid SnapshotID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sid", chi.URLParam(r, "sid"), &sid, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sid", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteSnapshot(w, r, sid)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSnapshot operation middleware
+func (siw *ServerInterfaceWrapper) GetSnapshot(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sid" -------------
+	var sid SnapshotID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sid", chi.URLParam(r, "sid"), &sid, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sid", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSnapshot(w, r, sid)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -7295,6 +8720,21 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/v1/sandboxes/{id}/leases/release", wrapper.ReleaseLease)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/snapshots", wrapper.CreateSnapshot)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/fork", wrapper.ForkSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/snapshots", wrapper.ListSnapshots)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/v1/snapshots/{sid}", wrapper.DeleteSnapshot)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/snapshots/{sid}", wrapper.GetSnapshot)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/renew", wrapper.RenewSandbox)
@@ -8469,6 +9909,144 @@ func (response ListFiles409ApplicationProblemPlusJSONResponse) VisitListFilesRes
 	return err
 }
 
+type ForkSandboxRequestObject struct {
+	ID   SandboxID `json:"id"`
+	Body *ForkSandboxJSONRequestBody
+}
+
+type ForkSandboxResponseObject interface {
+	VisitForkSandboxResponse(w http.ResponseWriter) error
+}
+
+type ForkSandbox201JSONResponse ForkResult
+
+func (response ForkSandbox201JSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox400ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox401ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox403ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox404ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox409ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox422ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox503ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateLeaseRequestObject struct {
 	ID   SandboxID `json:"id"`
 	Body *CreateLeaseJSONRequestBody
@@ -9337,6 +10915,125 @@ func (response ResumeSandbox503ApplicationProblemPlusJSONResponse) VisitResumeSa
 	return err
 }
 
+type CreateSnapshotRequestObject struct {
+	ID   SandboxID `json:"id"`
+	Body *CreateSnapshotJSONRequestBody
+}
+
+type CreateSnapshotResponseObject interface {
+	VisitCreateSnapshotResponse(w http.ResponseWriter) error
+}
+
+type CreateSnapshot201JSONResponse Snapshot
+
+func (response CreateSnapshot201JSONResponse) VisitCreateSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSnapshot400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSnapshot400ApplicationProblemPlusJSONResponse) VisitCreateSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSnapshot401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSnapshot401ApplicationProblemPlusJSONResponse) VisitCreateSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSnapshot403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSnapshot403ApplicationProblemPlusJSONResponse) VisitCreateSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSnapshot404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSnapshot404ApplicationProblemPlusJSONResponse) VisitCreateSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSnapshot409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSnapshot409ApplicationProblemPlusJSONResponse) VisitCreateSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSnapshot422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSnapshot422ApplicationProblemPlusJSONResponse) VisitCreateSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetSandboxStatusRequestObject struct {
 	ID SandboxID `json:"id"`
 }
@@ -9542,6 +11239,167 @@ func (response UploadFile422ApplicationProblemPlusJSONResponse) VisitUploadFileR
 	return err
 }
 
+type ListSnapshotsRequestObject struct {
+}
+
+type ListSnapshotsResponseObject interface {
+	VisitListSnapshotsResponse(w http.ResponseWriter) error
+}
+
+type ListSnapshots200JSONResponse SnapshotList
+
+func (response ListSnapshots200JSONResponse) VisitListSnapshotsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListSnapshots401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListSnapshots401ApplicationProblemPlusJSONResponse) VisitListSnapshotsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSnapshotRequestObject struct {
+	Sid SnapshotID `json:"sid"`
+}
+
+type DeleteSnapshotResponseObject interface {
+	VisitDeleteSnapshotResponse(w http.ResponseWriter) error
+}
+
+type DeleteSnapshot200JSONResponse DeleteResult
+
+func (response DeleteSnapshot200JSONResponse) VisitDeleteSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSnapshot401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteSnapshot401ApplicationProblemPlusJSONResponse) VisitDeleteSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSnapshot404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteSnapshot404ApplicationProblemPlusJSONResponse) VisitDeleteSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSnapshot409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteSnapshot409ApplicationProblemPlusJSONResponse) VisitDeleteSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSnapshotRequestObject struct {
+	Sid SnapshotID `json:"sid"`
+}
+
+type GetSnapshotResponseObject interface {
+	VisitGetSnapshotResponse(w http.ResponseWriter) error
+}
+
+type GetSnapshot200JSONResponse Snapshot
+
+func (response GetSnapshot200JSONResponse) VisitGetSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSnapshot401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetSnapshot401ApplicationProblemPlusJSONResponse) VisitGetSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSnapshot404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetSnapshot404ApplicationProblemPlusJSONResponse) VisitGetSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
 	// ListSandboxes List sandboxes
@@ -9577,6 +11435,9 @@ type StrictServerInterface interface {
 	// ListFiles List a directory
 	// (GET /v1/sandboxes/{id}/files/list)
 	ListFiles(ctx context.Context, request ListFilesRequestObject) (ListFilesResponseObject, error)
+	// ForkSandbox Fork a sandbox (owner)
+	// (POST /v1/sandboxes/{id}/fork)
+	ForkSandbox(ctx context.Context, request ForkSandboxRequestObject) (ForkSandboxResponseObject, error)
 	// CreateLease Mint a new lease token
 	// (POST /v1/sandboxes/{id}/leases)
 	CreateLease(ctx context.Context, request CreateLeaseRequestObject) (CreateLeaseResponseObject, error)
@@ -9604,12 +11465,24 @@ type StrictServerInterface interface {
 	// ResumeSandbox Thaw a paused sandbox (owner)
 	// (POST /v1/sandboxes/{id}/resume)
 	ResumeSandbox(ctx context.Context, request ResumeSandboxRequestObject) (ResumeSandboxResponseObject, error)
+	// CreateSnapshot Snapshot a sandbox's filesystem (owner)
+	// (POST /v1/sandboxes/{id}/snapshots)
+	CreateSnapshot(ctx context.Context, request CreateSnapshotRequestObject) (CreateSnapshotResponseObject, error)
 	// GetSandboxStatus The sandbox's state
 	// (GET /v1/sandboxes/{id}/status)
 	GetSandboxStatus(ctx context.Context, request GetSandboxStatusRequestObject) (GetSandboxStatusResponseObject, error)
 	// UploadFile Write a file from base64 (compatibility route)
 	// (POST /v1/sandboxes/{id}/upload)
 	UploadFile(ctx context.Context, request UploadFileRequestObject) (UploadFileResponseObject, error)
+	// ListSnapshots List the caller's snapshots
+	// (GET /v1/snapshots)
+	ListSnapshots(ctx context.Context, request ListSnapshotsRequestObject) (ListSnapshotsResponseObject, error)
+	// DeleteSnapshot Delete a snapshot
+	// (DELETE /v1/snapshots/{sid})
+	DeleteSnapshot(ctx context.Context, request DeleteSnapshotRequestObject) (DeleteSnapshotResponseObject, error)
+	// GetSnapshot Describe a snapshot
+	// (GET /v1/snapshots/{sid})
+	GetSnapshot(ctx context.Context, request GetSnapshotRequestObject) (GetSnapshotResponseObject, error)
 }
 
 type StrictHandlerFunc func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error)
@@ -9957,6 +11830,42 @@ func (sh *strictHandler) ListFiles(w http.ResponseWriter, r *http.Request, id Sa
 	}
 }
 
+// ForkSandbox operation middleware
+func (sh *strictHandler) ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	var request ForkSandboxRequestObject
+
+	request.ID = id
+
+	var body ForkSandboxJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		if !errors.Is(err, io.EOF) {
+			sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+			return
+		}
+	} else {
+		request.Body = &body
+	}
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ForkSandbox(ctx, request.(ForkSandboxRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ForkSandbox")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ForkSandboxResponseObject); ok {
+		if err := validResponse.VisitForkSandboxResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // CreateLease operation middleware
 func (sh *strictHandler) CreateLease(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	var request CreateLeaseRequestObject
@@ -10223,6 +12132,42 @@ func (sh *strictHandler) ResumeSandbox(w http.ResponseWriter, r *http.Request, i
 	}
 }
 
+// CreateSnapshot operation middleware
+func (sh *strictHandler) CreateSnapshot(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	var request CreateSnapshotRequestObject
+
+	request.ID = id
+
+	var body CreateSnapshotJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		if !errors.Is(err, io.EOF) {
+			sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+			return
+		}
+	} else {
+		request.Body = &body
+	}
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateSnapshot(ctx, request.(CreateSnapshotRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateSnapshot")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateSnapshotResponseObject); ok {
+		if err := validResponse.VisitCreateSnapshotResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetSandboxStatus operation middleware
 func (sh *strictHandler) GetSandboxStatus(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	var request GetSandboxStatusRequestObject
@@ -10282,154 +12227,245 @@ func (sh *strictHandler) UploadFile(w http.ResponseWriter, r *http.Request, id S
 	}
 }
 
+// ListSnapshots operation middleware
+func (sh *strictHandler) ListSnapshots(w http.ResponseWriter, r *http.Request) {
+	var request ListSnapshotsRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListSnapshots(ctx, request.(ListSnapshotsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListSnapshots")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListSnapshotsResponseObject); ok {
+		if err := validResponse.VisitListSnapshotsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteSnapshot operation middleware
+func (sh *strictHandler) DeleteSnapshot(w http.ResponseWriter, r *http.Request, sid SnapshotID) {
+	var request DeleteSnapshotRequestObject
+
+	request.Sid = sid
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteSnapshot(ctx, request.(DeleteSnapshotRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteSnapshot")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteSnapshotResponseObject); ok {
+		if err := validResponse.VisitDeleteSnapshotResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetSnapshot operation middleware
+func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid SnapshotID) {
+	var request GetSnapshotRequestObject
+
+	request.Sid = sid
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetSnapshot(ctx, request.(GetSnapshotRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetSnapshot")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetSnapshotResponseObject); ok {
+		if err := validResponse.VisitGetSnapshotResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // Base64 encoded, compressed with deflate, json marshaled OpenAPI spec.
 // Stored as a slice of fixed-width chunks rather than one concatenated
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3rbhu3tvCrENoHqJQ9ujhxundtBAep47Q5TWLDdtBTVDkeamZJYj0ipyTHspoY+B7ie8LvST6sRc5N",
-	"Gl2cxk7P3vlRNB4NyUVy3W/zoRWpWaokSGtaBx9aU+AxaPrnGVi9eD62oPGvGEykRWqFkq2D1jlESsaG",
-	"cfyZzacimjI7BRYlAqRlM75gGof3WkHLRFOYcZxjJqSYZbPWwSBo2UUKrYOWkBYmoFu3t7dBK+Waz8D6",
-	"9V+KBE65na6ujk+ZkEbEQKsaLuORujlkGhJuxTWwlNupYVxD+cgqeneu9FUsNAImcK7fM9CLVtCSfIbw",
-	"4MBW0NLweyY0xK0DqzNY2sNrkBMEa6/YhbFayEkL93CqtF2F+DlLlbYNMAcshijhGmImJAvxLRMyblmk",
-	"gVsowPRw5VDiIhuh5DfupL99+vTJ06A8+b2Gkw9a5w6YVy9WIb8oYWUiDlhoRjfdkHEZs8cDlqg56Igb",
-	"YCNu4MljFk255hFe4RrQRbwRcLjhszShMx3ddPkoimE8mYrfHj/Zf/rtP66SmWwhnlgLGuf+H3zrV979",
-	"43H3H+8/PB7c/ker6VLOwRih5Lr9nV78wox7hYl4DeBmC+SbEeMWh5pUSQOE3M8TDTxeHCkpIbI4H1Ki",
-	"tCAJe3iaJiLiCGM/1WqUwOzvvxkE+ENlyf/QMG4dtP7WL2m47341/VM3yi29hIxS2SnonFinKomNw0l/",
-	"Bni5oeVXoK5Bh2zODZPKMgOWtcNIxRAyYVj4/PXZ8fMXv1wenbx9e3x0cfwi7PRat0Hrex6fwe8ZGPuQ",
-	"u3olr3kikIzSzB6yELRW2oQsEcYaBtegF8wvSlAeKTlORPSgMNaIySDFE0vSSk6YsdwCGyvN7FQYpt0J",
-	"sjb0Jj2W8sxAzJRmxqo0hdid9EulRyKOQT4o+jCrrkASqNyjUsHN8BkzkUqR4SrkD5UtqQw52m3Qeqvs",
-	"S5XJB8X6d/JKqrkszr+tNBuLBAhmZKjuSE/5IlE8vlDqNdcTeGjsyK99pOIFokiCQOD5ccl4guw2JjDP",
-	"QV+LCN5Jfs1FwkfJg0J6co3sg6c8EnZBB4h4POLRFcgYwc6kBh5NES5kp8taRbdQK5oA8G/3KwrIbYWL",
-	"/wWQh7ac+WdV6VFlj0cnby+O//vi8u3JxeXLk3dvc/b4TvLMTpUWfzws238jjBFyErAZT8ZKzyAOGNyk",
-	"KM1wOxqu1RXEqHjEIK3gifHgplpFYAxe5rG0wi6+FFFcC5VwC15Y0ditjP42l9GEfUekVXl1h2CPY4Er",
-	"8eRUqxS0FSifxzwxELTSyqMPLZBWL1Il3KaFhRk9XpL0QUtmiSdIpyL4F7jWfIG/g7xev/Lu86nRbxBZ",
-	"fAG5mLnTlPUjRkXboH4818ICG8FYafAKKKrxmZYmIJWadYfZYPAE2LuLl91/Mgs3Fsl7K4QiTuDSihmo",
-	"zF6aBnPCqtTbEiQpEhSIc2GnTCoGNxAFxKoRTZHarObjsYhIT5GKcWt5NIWYfnNKDUKFOM5t66AVqwyB",
-	"C2r2xxqYZTYbIb8JWmLGHfuvg3qkpOVCgmb0AmvnGiEbLVisoivQnR5LVMSTA8JTVB+ZGjMu/Qgv9Sfc",
-	"wpwvvjHuZf9jLDREVukFa4fdLv3SpV9M2DlgnGmlLJ2FWRgLs/J9L3pDBwIz/BpCfHRy9IolfKEyyyzX",
-	"I54krK1ShyXJgoUIXs9yfaAhVQeWT8LOIeNywZxgJ+hRVZlIpZFjcMNCuLGa9wisEPeCfHFhNmBCiXkz",
-	"sDzmlv8JdD0jjIQYQRHmkGXEmfAvPNYw4SNIQjwjRCc1pqfIG3bCVDLAGixOfIwkAjepMmjBaZVNpiz8",
-	"4fiC9a/3+l4wgOl/EPFtH2RMnML0P+CMtyEZFTnLuIt1toWfBK1Mit8zeOXmxjduiXFdixj0pbvpDczB",
-	"Tbm0WT+6a1KIBBKan+awkHlXsMjN69/IfnHUuj8YIMYIOaFTv4LFTodOptAm/vCjmjuegEyKC+t1ylKZ",
-	"toqNIFIzBIjHi89A/hqMynTkGWuSnIxbB79ulmJnxZDb98sr3AYta5Omvb0WY8CtI18w3q0y1mrmGDAp",
-	"FTGMeZZYtvfPweCQDdgzxxZToRedz7BV7xJpto3xR7zPCmNykiFmYsxmTqfo7ED7tw0X/wISsHAGJktI",
-	"qNYFbky/xhWWMFIqAS5bzpzOLfFfizffN62h5hI1+nWreEXGXI6+3W8+AmS33xg2WlgwATk6vt3vgkRN",
-	"j5wFqxutwlabvwnAY88rXsmxWgUv5yR158jU2vSg3997/I/eoDfo7R3sf7f39EmrgeFWVO+d+e0SiEsb",
-	"KiAqJ2/c1g1Ex6iaXdAvywf783ThPIZqNkM5HouYnAw6k0jNSF4J4LuHDBGLzVHMCIvv4ZmDROz+teWZ",
-	"RitoeVZQgaXcEMJScUncQenz4K3Cf5ZJlPihmbJuFLL2iJupAzLVYEBaoomNTqGgFc0bZn7hqX3JW7lV",
-	"tH52vZI2oq/hEg27iUab69I4u7OBj9HxFbyqc8C82eDV9fyeExhbNoKpkDEJkCuRJCg+/PV6dfNwKBEo",
-	"0qAW7AogRcSQQk56Q7n+MAr+ELSMjYVspulzy2XMtXcVNVH01rPeIKtelMzao+4z5g/lM/DqzDS549+Z",
-	"XFVDu1TEu7HjOpdyeL6OktdyzzQjwd10Eken7xhJtjZCzf7OnM7ayZWyHCXwP/y7RBhhScxDjII+qEjG",
-	"Hns+QuJCfNGQjyJthUVcIgOxgCpurok3nvjKqcaZJlF7OduofFRg1lwesBlwkznX/apfn2S4sIYZy7VF",
-	"noZ/wI2wwRroWZv0/c4hAyQlr9B6O4EZPmeijkJC2m/3W006I9nEl9Zz3t3UlzrDblRhlJpdOoJtlpT5",
-	"6cy5yQkbNbU5lxYvfQYzUiAq5/SNyZ8mYiYs2h67XHBF7FZoPgV+demmu5yJUYMaD/yKacDLkjZfuI6N",
-	"ZEflVgPXEzA2R8wGtHwjvr8nlHSM8BJZUvNZIyYx/PmQ7T1+ypRknil5H6zXjMdcJJmGXiOaGBuDbuIn",
-	"aN7jBp1LnTQfpiFNeNSo8tBMKIY/w0xWZzLitgnFnjNjNfAZI+cixCyc8ZtLuIHoUmU2zWzoF8hxMMps",
-	"E6Ys8T4Pe3Ec9cOvEVOdVVSBbWKcLwUkMZHUKuMc42+rW/yv85O3ztXicVCNxyBj1MBpRMAoHuAChb/u",
-	"vQ+93V+ETkkMNB7sDIzxLo3NssCBVg5o3loCzQrrrBFjX1nDUtBkLyjJRsKawNmMBmwm4gD/PxFOGBgr",
-	"oqsFEZiKLE98EGTYGny7vz9sEQlVYoC/Drr/eP9hvyn2FyA4YiwgvuSEnSXlcQtdpJimQS7k10R1CTeW",
-	"QQIzcCyNyB2vqz1s9YetwjDVSjkNcGXutDGkXbEz+MioJLN+3lXR0kx/4o81p46/4Ek6ymhzZhazRMir",
-	"bwz5daxhFtmc/cawhFTVzo4yxs9z6YY3UmuxknuHvEdzLawF2Uz7a0wFbpH3CnPIQnJLkYOdsxhQFw3Y",
-	"y1cvTyg2hhzWVs0DPFIkWoFU7cFpBS2apMFSWCKEagDYv+tPOnBoXkevdXTyWhjbZNhZ7f9ZOIY2ieeC",
-	"4m5XXcrrcaow2z8VsTaw49r8Pow8UxqY35qLWs1B517kGsdfx439oefHs53HJvCzQ6nVM15/LnQEJTay",
-	"dnE4q+fSuQPFfU9UVsHxrYTUvH2avWm/PwJP3KbqWzWW28zUvQTqaqt3wg9rWuk1cAOfZjVTAHh3zZNW",
-	"OqcxqHZ6awmBSUFzC60N3jMcyhLvQysMLu5jCF6HriD4n7K/btcd03m+4Tp0oZpL0OGBi0rZKdqvLPS7",
-	"wsdFaMME7PTil4C5+whY4UA+ZBIHM+fiClwmQMA0SJgjz5sJFES4TJXv0QNkdP4Am5wiedBtlXFLdvby",
-	"iH23//QfeSCNxWC5ILV72T/SJO3f8GgqJHQ18BiPM9davBoYBiyUyl6OVSbpj9VQadCUXtJIhw6yRg+H",
-	"iwzegcMW6loDjy0JbFUUWmET2OBKWxWN785eMQ1j0CAjYGSPiPEid5znp46jWTvkI5XZg1HC5VXoPCVS",
-	"Sehs9z16keXAK7ZQnFngrq+J+E/twsVKP9VtlmyNdKyhtcqxrnW+eYvrGR0WDtA8oiQ/MyVTi5xxYpy7",
-	"4gJnUJtpZyfnjvfKfQGHmwut1/eK7yJHc/zBedmesVSkqM0508UrzWi8MJ5ybTsBA+EScyzXaLByy5SM",
-	"oDCvlc5ZZTRVBsiXaUkH1cb6iCprh/+Z2sWzQXjg1vPnSKB0gmJuO3WibrtTTqv5Z0CL3Af2CQGHAq3j",
-	"BgnqcjguRbzdRKq8u4Z63njGmHNkvNughcfYzIztwqe3rAKWx7ebAiFBy0dj7mTfwI2wa1wLb52zXSRQ",
-	"eFxbu1xKbvZtTPPwx3IbtJy9fqnGY9NkO1woNPucyaLGzL2NbDHOIoiZUWzMtXMkSbix9GZVw3Xz7mrJ",
-	"+I02n+8nokU56/Jmq8df2BHFHdcudA1ueUxptis8DLuLvQrqrYi95v0164tnkDiNsdlTrN3Pa7BYw4wL",
-	"PK5LeqtRzi4BU0zYMLoZPgnzTxNnhfL52bXHs1qYeRNEy0kQbpxzm5pDxh0/Vzrn8OTFYTPg0tSckt+Y",
-	"ajhixZvf6MY3rD0mEaukydMQP0fkORbm6nLS5Kl9IcyV2xsTkv0gvm+A4DBPs+GW4b1b9u0+eyO+7xyy",
-	"QSHghFnKtsmD6e2w2/X/7iIc3YkYhWXqDq9m2XhHT+mzVnN5SFYeamwpLi0suVqNc2odvz05Pz3KbUkU",
-	"z/t7T4qsEeudPS4j1vR83tABAzlWOnLhMO9LNlZpSgzS4joPE1DKjc/CoSOkg3JZh/kU4ee4n4nDhx3G",
-	"VLjpJM2KyMMO+UBVb/1dFmqipryOodEx+WmCMhUajB/TKClB1jJRppQs77Mz6ldQWWi7bomXuy1tZ4c8",
-	"u1UE2HrpCTf2kvRpYRd3Oq1PSu5an4K1nGJZNbiWHWB5wlPuuV1117j7aRbjVetuk6j0+HXuXi6GXWrg",
-	"Pt+1OcmhnvPvMlZD79UW1jA+oQBSETUrw2DkqZwL0+zS3yCXNmX5bFFiypOqmIz1Ey6nq+krNYLJwVtB",
-	"ywYUq+BOjgA5DbxfT+drFKA8FW9nDajKNraqQMXsGwA7w7Ua3dg+qxYlAnlunGP0kL2FN4r9sJixlGsX",
-	"AV+VzjvxhKXU3kyTGTjmkTW5F6a8ozBgIWlMlyKuelfKDblfqeBjdUcnKf89AzYCrkFXqkIoh3eTU3mF",
-	"XEufJYnfRn9rjYB3qhNbnSN30+3qjUT1X1+Dvsx00uxILhULuLGgJU/Yu7PXTMgoyShsF/av9+hsN2Rv",
-	"/XPwz0H/eq8J5N3JtgQ0qNNw9Q5XCdmdSZWgt9LdecEsGwJkYgzRIkrAFzSpcRmMrnooyXngzKPSUHJl",
-	"TsR2qMopD75SmitlnjYazw6edYbHF2DtO7Hv3T3x71KXwPhpnrjPnN4YtFww7zIPrmyriK05JCtDg+2p",
-	"kfnG84u9g4H0PJnzhWHhh9sGxha0broT1S1hzSL74dYVi0CUaWEX54gX3ixLxU+waPSTPz99xa5gQVnx",
-	"z31VD6UHHLDvHVekgonoChauciLssbcAMcSU5FgKg0QYe8h4YhRzmRJKDqWvZQHdzbGMDIYaTeWJ1n6y",
-	"2OXHEVaTiU1QlAeArKfg6w7EJvc0/ew5+ra90Vv57nZe+0dKHd22druQi0iy3IpRAsxlnXaKOl33d1mp",
-	"+99dHNX9YTHreqruEk8vIfE3Wofl8RZgNqy3ZRnEK+FtkvoCeIkoQSieLdmPFxenRcIXSlIkwi7cQJRR",
-	"JnihfPTYiSxN+q6EzGqeEDoqNBP5ULqqEgTRpDwC9hsXScA4e+EKREBOhASXPPJTNgItwYJhUZIZi6bo",
-	"2fH5BYFQMPSAKQldM1V2KBEkwlsykg/ZzzA6p+C78WOugVnQM4HysH168UsnL5EzbD5VBnKXHlW6UkGN",
-	"S/2IuBzKEbgUoQU+pKogzjRErla6N5RDeURVPoZFSo7FJNPAwlL+sWfMS9gfT84vDk5Pzi5QBh/62rA6",
-	"LVGxYgx6KMMP5RS3SwUdYY9doFJDVrvIM1ql1TyyrsznB0XRGpd7RFNrJuRQhhSekDzp81SElPI6AUlR",
-	"uTjPEQyKFMgi2Q8hoYQzbn2RiUpB8lT0FnyWhHQIf/sbQ7oEaX31HT58xB498lzp0SP2//7P/92dMZ3l",
-	"lUx11mQVcacK8g0lYz/BAo9/Bm4TYbfLU9G9gkXI+iw8f/72xQ/PL44vn5++uvzp+JfzkLUpmtM1kHLa",
-	"fKfHfvYVXsS+8puMcfbqWfAoghSNJKnkYqayojbaMCWTRZE6jECCxIcsUSod8eiKinx1Jp1XBicOu10h",
-	"icdDV6ouz+w07PRYlZUjD0ZliGbaiQULi1OXDBjv4HXJOPw96ErdUljRyUJUHDgLS9shZO3RonoFowXB",
-	"fnpy3lht5JyeuI8TuQqrYYaqci3hI2PhOv7o7oi4rEiEXXQCfLf+CqWbNWNUSHjxvVZzA9owxFfUf3nJ",
-	"HALfKcSnRRqwnpeboIDRR+yLMTinyUapVlZFKmFhzjJ7tOveqgzKy5Gps0clMc6deUj3kzP2KTeMs0eP",
-	"SAl+9OiA+Yg9a5cR+6CizNei8H0NJpsVwXguCXXRrMNXaSK3jOnQqeVxf9beIe4flBO5YTi3m82xGPJ+",
-	"4+/CGkjGO+UJcFkFy+H98vTkYnRzqRFy5qVRdH4XeN6uAkyREdhjO5YX000dsEeP9gd7jx71WKWbAIKw",
-	"e0MB7z11Uz2hqWRRn6byg4jzmQ5wdnx1/9EjPJZUUeySOEheeZprHYgVIwDJrkFTdlfAjGIiNjnmjlyI",
-	"HmKkuAhQ3LKqJZCv7bhHaRgjfkszR/LYH+znTJxSDgz+cUzvkw1Bztx1ldUha+cZGh3ncA5R+KA5T7F+",
-	"/IfDqDAYytCF+0PWnmYzLousjEP2khv7/PRV19hFkjfvMVRCx4TtuD4grqC9PWtM6SD51pzTEfn+GnfI",
-	"70CEpBpCpdn+48dD2VDSnfvi85pwH9gujS/jhONH5kw59pG9AU6c6ONQfux2u/QfvoArfSxSk6kY5KDE",
-	"XvZf5ydvA9+cg0R7UKAXxVbIWIq9weT+jUgVUDaunTI75ZaBiXgKtSwk5hffYx/z+jnccA5Hpf4+f/MJ",
-	"+7il50adQPywffaxgLgsS6CWF9SNyFdT570L/Kjv2MdaRxLnpSSFT0na21IrkrL9EiUGMO5a2xRl2R0/",
-	"8x5ug/paEJxoCfpfHj9mH309v6/xL+B5SpvPW03gqnmXiaxsfXHIIq4p4zCstJcI8xnwljkbZZNDlqjJ",
-	"BCEmRa9rRAxBtW/VBBVYlOtjYD77GScZyudMKtn9A7Ryefeuntsp5hAXdQ+UlSqVnvGEhWXZTBh4hpqr",
-	"+ISozlJLRATSuGCJMyeep3hs3ce9QStokd+JLCdz0O/P5/Mep597Sk/6fqzpv351dPz2/JjGlOlIhXXR",
-	"ClrXoF1yQWvQ23NveYWyddB60hv0nric6ilZvP3WwYfboNWfUrLhH/6vGVgtIuP/quqj/hHde/52VU3B",
-	"OX2OsBM3QslXceughQR+XrxV7wD264q7EXl1MaeroxfGoem6fl6F/3q3RhRLXqDbYAsMzpYJc+d1SKID",
-	"tcjwKnSM+ZonGbDwOgzYRFx7c/rq2XW4DmKqX28198SywGfPyMFXTX//n2fv//6s96ip9dX7pbZTjweD",
-	"Dc077ta0o+qE39zrCFmnkGVBs9IxaGousu/gaVqmgLtf6SdFQ/a2D6n1WKm6dQitcofOr+/xgEw2m3G9",
-	"oFLsqpmDx8knZsnpTwEq0xAOdHlFpmIWODWN6hm9jLKkXOkM+Wit+o1fgY84szZSkZBgjNMxOsFQKu2D",
-	"y66CkqNtiFIARYerpeyxkNRJZ2HmWc2+lYeTl+5seqzWvGcoq8J0zoU1zhyhnPrfM8hcT6osRTswdDbJ",
-	"JT0vIzphWaL+7WDQIZYqhzJXdZCHOyWlyp3Roi4Twyv6uJNlXhF3TLLONKJaExfnYARjv1fx4rMhd71R",
-	"zG3dj+mr4ZYoa+9zU9YZjJsIyyewefSibgcPRklBa3/vyfZBy020cNzjx7ssttpr6DZoPR3ssGZDR6yd",
-	"Cf/Im9o56a4h/WWxRtZ32amgua9Nbq7N1PWSHojPgbpoJgmFgSvmXUUxMz32KoZZqiyl9TjjZyidSSYk",
-	"g/EYInuA0FORrLc+qpZGrn88HQyaCMoNqBLUPYmMWr+HBtR2v8e9T8fOXTCl7JpHI/a3jyhajq1gVM2X",
-	"/et7VBjqLuXKs9zd7h6tw8UX/vYqjerwpjtrxVGjYjUB+wD3WQucb1QB/s2vFE9ltJ3BrCjATXsoX+mX",
-	"fVtv3zcyp37su59UNPCmbkqmyEnLI4HLgUB2xMnYKyV9nmuXGRjKdY2QvFJCQQGy+OgB2vm56Zu71J1D",
-	"ZJU3+Q28dJV8Gw2Ee+wLjPzbwuWfbA98n+r4Up+bNeTorziPvD6s6nDflIwDvts+oOj8+snqzP2zjDPg",
-	"cW4R8JwYl/zzzgHaeTBestzUbCtP4ZQKQ34wV7FvXOF62NgwwxlDizwkgCaS7yaeoVkGMh5KMiOE7TGy",
-	"wylRbHMDbaJ117QtPnTpGI7+17CbCdjjsr/RvRFrrefTGlLNj/vfnEbvn9Z+VHOUAoSijDvfaIFUBSZ9",
-	"fjILtr5MzeTXkuMNRK7I+VPJfJ0r4yyThoXeQeH9WBsaXdUcHWjHuNg+Cvm611SYoSz8o5rkFIUs88Yl",
-	"lTYs35BvLSmaArGJVlmKeoLvK5NHzN00NHVYadsRsr3HTwMfEqB09JCFfp3Qd56g9houDcEVFPXYq1qi",
-	"P9OZxDFD6bwvtfWo60rfxSNH6iYs53QpY8SOXFFeSHHo/cF+f3/wXZEyPpSViJHz0lMbw7LFNztGjPQ9",
-	"T4RhkVPBuF3b+CTXzoZy71tUzw5ZWJTPh9SHxnR67K2qesBZDDxOKBmE4gpUtR9WnDtpkiE3nmgewVCm",
-	"oIWKD0v2TPw9FsbnZ1CQLIKk1varidUi+Ee+wvN+nDjVtm87uXAGn3npTZpYpZMUa8+n3JKFnveIosyf",
-	"zlf17H+zt+ketMJMMiVL3Kk1SryL06pf9IxuVODOieWURiGxHLR9wjWWG7KDshUIPRv0mpQrb8bdge5U",
-	"ZMF2HROs019R9DASkpOx1vDVjc35rkvN6Y8cCN3chNuQLltrq1P/zM1Kxenm79581e4e0pLiTPM53ZoX",
-	"rF9Crys+bUQ6WLaFAuvfhJDeYVGnS9ZG0wmR8pCFUaYT1r0IO4GPuVGRogZphzKnUlHkEaUJjyhRS6Lk",
-	"MTYnbRegyT9E4RzIU0jIzvKt80hFa5LtaVZS+i5y/U8S+cPJ9Wq7oQb+8nPe+Oer3P5LulV+pi8ceG5A",
-	"iau78oMNYrSf53Y3ytLc+dskTV0qqLHchixWYCiI47qUuTQyNzQOqDXyWLm6Z9YW1gylq6XA9yixoHMH",
-	"pyqueHdJfHdK2eTeIBbz1bXxYJEH3wrvS8q6TTSU+FrOHWgoby/nMwFLvbMiDamVOJ6tEdeQLDoBMy7h",
-	"c7SgmoiAcUPJi2MVFnRm/DH12HPLZspY9jQYDAbFgu0xzOlzh86AF67ZpvMnJkpOOodDWbW3DV8QxBpc",
-	"F7yZ0lCl0iWNeT/IOdN+c5wWz4g+1nLfdLspp6faUdAfzFcyvmcypsSkioX1l6TjsnHLPXgki4hCrUyC",
-	"XG6cSZjXKyp67Llc+JSiGV8Uye9lCj79djiULv9bFnn/bkzbZ5gX2rMvDukszVYZ02MhlbuHeR+WoXQ1",
-	"oK48KPF9Cq+RXTQ3JyzVbVxkBEzNUJmMUbXPs/TzxP21WVF5Bdp9uNNqDSFvV79p+XApUG/QfI7/5djO",
-	"Jzut7p8DvSGcJ0qrlETeSVd2/KHv2zZtSps6o1oRUyEcl2fr61HLmjdqPld+LPOw5ry/AkhN5bMR4XKX",
-	"qJBFKpPWLPX2oeLFPBVrbEHPuY5Njx1x96UK4jlFvdhQtqUqzsSX5UCnXurxXRPB+ldLir0ngV7vy9VA",
-	"Tf6Fv3La1ZeSyUueJERLJxh4kqBcSPKC3wcJwFPpxecSsEsOG5z6y2eMnVJxSe9fyhfyF44nvNQAfwDl",
-	"n1YLWr8xlW+xbE4/XIOoWt0sfJZI/wOaZLd/Cm13jZQHHxq/HmqKVv3vzl4HbKyIpbtK3KKBv5JLcgCh",
-	"P0Q+jurYVCUxMwk3UzBD2Q7XbppaufBU9Knz0H/+/mwvLOuVw6VfvCLX9IX3bYlmK6lla27CtZRdW3xT",
-	"Nn+8V6NyqWnlulzRPOH53zlZlGy9OiYWnRRMeVU5MeIF/zlZs87mour8MLWLMP9kKRonvu2vqX6xqSjC",
-	"9PbY6cUvrB0ixoZU+UyPqYMwkg61awnJI5OnX5An1hercJmXDtaaQ7Rt/vWNPfZGfE9fW3W5DoEv7i+a",
-	"v5Iz1zVbNb7LgMqs30qbG3aSgvQnQDV88TemKH71aWP5SbtilmGudOeb57bSLbmoVfdwB/l5zRTluPGi",
-	"oTI3V65BRtlZeSjpYA7LVkG+v/Ihy6QVifu+avXr/MK4VgdeFQ1r3WVDNkBVt8jdqdqgJULdqWV2zS6l",
-	"5hzeMF1vhVZayt6PKbrSnvyezdFK3+gG3nXuGmF/jfr8a2Zd0PUyvsKGV7jwWhHc/2C2VAr9JBKfMeUn",
-	"L3Uwl/oWsChRrjqoLK3OU7CoE4/SVL5cmaO3ptJniTy/FvssIRkdzUPKfLz9yiXugmvr634e5narXcM3",
-	"anNf77cWhtvhYu/RTPJ73+RjyLlVf27u2WbbDgx1r7mfiMJ5zitdp2ZmFZNqzv5euPHb4SA8KFs5Hy71",
-	"V19WqaJMuwQbP76z1p/f7AuUML/fiuZa+/tGdenBvDwEyld96S/t8D++sSDjmk8o/8rWJ7mEXK+s+3Fe",
-	"urm/vPfyzMUaGJ9wIb86MR9IPb+Y8nnZl2i3qulmHC07BW+pqT7Pu8rcH6ZVWxqvU7Bc45t/Y1/ZRU0E",
-	"03k8WDAmS/O66ntwvWlhffwzBqq/pn5qRbPkkJqxVJoph6y9vcZ5KH2R82peMKukBdfzfqPNZd+n7+5S",
-	"9t2g+bhjvFOy8N0oqd48+4HThWsNrL/mC/+F6ny+RK7xJ1Rxb2thQ2V8ju+4VnF9Yit+qhWjxwvHhp7O",
-	"9W+RVjrRFFXfvUpXtQLChpBbte0z2kupSGGX9s/tFbd8pel3p7J6Sh7DplDfsie+2qy32uqwPVOZ9Nmg",
-	"U2qwC0U9etmd2XVxrq48h5H7xvTaUCPeBsVFbsikzLURV6n+qcvSdA1Lum8BB6zoGBYw36MvcHkxsYqy",
-	"We4gpAiO685b6c1NGFRAVF1VpQaF3/8PAAD//w==",
+	"7H1tc9s2tvBfOaO9M5GylGwnTndrT+ZOmiZt7qaJx3amt1PlmhAJSVhTAAuAltXUM8+PeH7h80ueOQcA",
+	"XyTqxW7s9u7mQ6cxRYKHB+f9DZ86iZrlSnJpTefoU2fKWco1/fOUW714MbZc418pN4kWuRVKdo46ZzxR",
+	"MjXA8GeYT0UyBTvlkGSCSwsztgCNjw86UcckUz5juMZMSDErZp2j/ahjFznvHHWEtHzCdefm5ibq5Eyz",
+	"Gbf+/a9Fxk+Yna6+Ha+CkEaknN5qmExH6voYNM+YFVcccmanBpjm1SWr6N650pep0AiYwLV+KbhedKKO",
+	"ZDOEBx/sRB3NfymE5mnnyOqCL33DWy4nCNZB+RXGaiEnHfyGE6XtKsQvIFfatsAcQcqTjGmegpAQ410m",
+	"BmYh0ZxZXoLp4QpQ4ks2QsmuHaa/evbs6bOowvxBC+ajzpkD5s23q5CfV7CCSCOIzei6HwOTKTzZh0zN",
+	"uU6Y4TBihj99AsmUaZbgFq4BXaQbAefXbJZnhNPRdZ+NkpSPJ1PxzydPD5999bfLbCY7SCfWco1r/w/e",
+	"9TPr//qk/7ePn57s3/xHp21TzrgxQsl133dy/hMYdwuIdA3gZgvk2wjjTLLcTJV1QNS+U+brvvMOUNRR",
+	"I/OtqLnBtUyupOHEcy8yzVm6eKmk5InFF6CAkJZLImqW55lIGKJuL9dqlPHZX/9pEI+fajD8h+bjzlHn",
+	"L3uVaNlzv5q9E/eUe/USj0hlp1wHGTJVWWocq/itQZqLLbvk6orrGObMgFQWDLfQjROV8hiEgfjF29NX",
+	"L7796eLl+3fvXr08f/Vt3Bt0bqLONyw95b8U3NiH/Ko38oplArk7L+wxxFxrpU0MmTDWAL/iegH+pQTl",
+	"SyXHmUgeFMYGjxsURCQptZITMJZZDmOlwU6FAe0wCF0+mAwgZ4XhKSgNxqo856nD9GulRyJNuXxQ8gGr",
+	"LrkkUJknpVLI4jUwicpRDygUW7VPUgUK2puo807Z16qQD0r1H+SlVHNZ4r+rNIxFxglmlPMOpSdskSmW",
+	"niv1lukJf2jqCNs+UukCSSRDIBB/TALLUAukBOYZ11ci4R8ku2IiY6PsQSF9f4Xig+UsEXZBCEQ6HrHk",
+	"kssUwS6k5iyZIlwo5ZeNnX5p7bQB4O/eq9lFNzXl8icgHvrkwl+rK7W6eHz5/t35q/8+v3j3/vzi9fsP",
+	"74J4/CBZYadKi18fVuz/IIwRchLBjGVjpWc8jYBf56je8HM0v1KXPEV7KOXSCpYZD26uVcKNwc18Ja2w",
+	"iz+KKa6EypjlXlnRs1sF/U1Q2kR9L8nY81YYwZ6mAt/EshOtcq6tQP08ZpnhUSevXfrU4dLqRa6E+2hh",
+	"+YwuL2n6qCOLzDOksxn8DUxrtsDfubxa/+bd11Ojf/LE4g0oxcytlmyiGO1/g2b7XAvLYcTHSnNvF6N3",
+	"UWhpIrL0oT8s9vefcvhw/rr/d7D82iJ7b4VQpBm/sGLGVWEvTIuXY1XuXRzSFBkqxLmwU5AK+DVPIhLV",
+	"SKbIbVaz8VgkZKdIBcxalkx5Sr85owahQhpntnPUSVWBwEUNt2gNzLKYjVDeRB0xY078N0F9qaRlQnIN",
+	"dAN0g4kIowWkKrnkujeATCUsOyI6RXsS1BiY9E94rT9hls/Z4pFxN/sfU6F5YpVeQDfu9+mXPv1i4t4R",
+	"MNBKWcKFWRjLZ9X9XvXGDgQw7IrHeOn9yzeQsYUqLFimRyzLoKtyRyXZAmIEb2CZPtI8V0eWTeLeMTC5",
+	"AKfYCXo0VSZSaZQYzEDMr61mAwIrxm9BubgwGyihorwZtyxllv0Ocj0liuQpgiLMMRQkmfAvRGucsRHP",
+	"YsQRkpMa01WUDTtRKvmFLY4wXkYW4de5MuhYalVMphB/9+oc9q4O9rxi4Gbvk0hv9rhMSVKYvU+44k1M",
+	"vk4QGbdxGrfIk6hTSPFLwd+4tfGOGxJcVyLl+sLt9Abh4JZc+lj/dN/kPBHIaH6Z41LnXfJF8Pr/Sf6L",
+	"49bD/X2kGCEnhPVLvhhAbLw/diFSUowsSXiOj0y5dlZi9x3/QcF3i9kjg9birEecPeNMuj21Ku9n/Ipn",
+	"MBY8S3faSHKvNsmc79XcyRkUfExYb6dWBrpVMOKJmuFHsnTxGUSK5kYVOvHCOsvejztHP2/WjKflIzcf",
+	"l9+Aqq3CbZtUZdrCWKuZk6rhZugq6WIjCcsyrh8Z3ClQc2l6RyCscQImon+61z8yTj7txOPWZm0IfyvG",
+	"HPcDBaDxYS0CjjQNWU8pH7Mis3Dw9/39Y9iH507+50Ivep8B/z4k1R6bwB+RcGsS2KnAFMQYZs546u2A",
+	"gJsWavyWZ9zyU26KjKyHpmWR0q9pTfaNlMo4kx0XNwgxiJ/LOz+2vUPNJbou697iLTZzMfrqsB0FuO2P",
+	"DIwWFnd/xAz/6rDPJZq0xHSrH1qHrbF+G4CvvFB8I8dqFbwgMptBm6m1+dHe3sGTvw32B/uDg6PDrw+e",
+	"Pe20UF3Nx9hZsSyBuPRBJUTV4q2fdc2TV2iDntMvy4j9cbpwvKZmMxRrqUgpmqILiSIGeT7jeO8xIGHB",
+	"HPWpsHgf4pxLpO6fO16SdaKOl081WKoPQlhqsZdbWLcevFX4TwuJpk1sptBPYuiOmJk6IHPNDZeWeGJj",
+	"UC7qJPOWlb/13L4ULd4qXz67AU0foq/4BXqwE43O5YVxDnaLHCP0lbKqdwTeP/J+SdjnjI8tjPhUyJQ0",
+	"5aXIMtSTfnu9XX08lAgUmYoLuOQ8R8KQQk4GQ7keGaV8iDrGpkK28/SZZTJl2sfE2jh6uyxfr0C/rYS1",
+	"J93n4JHyGWR1YdrSIR9MsEnRARfpbuK4KaUcna/j5LXSMy/ImmjDxMuTD0CarYtQw1/BGee9YH0GksD/",
+	"8O+KYIQl24OnaH1ENc04gBcjZC6kF83DU2SWQcIkChDL0ZYPLkcrxlewmhaaVO3FbKNFVINZM3mEppgp",
+	"XOpkNa9COpxMBbI3rKI/+LWw0RrooUuOTe8YOLKSt9y9QwSGzUE0SUhI+9Vhp804Juf/wnrJu5tN1RTY",
+	"rXaVUrMLx7DtmjJgZ85MYGw0H+dMWtz0GZ+RAVHD0yMTrmZiJiw6WbtscE3t1ng+5+zywi13MROjFn+F",
+	"s0vQHDdL2vDiJjWSwxjcI6Yn3NhAmC1k+YP45p5I0gnCCxRJ7bhGSgL8+RgOnjwDJcELJR9s9ub6mIms",
+	"0HzQSibGply3yZPz1/2/4we63AFZPqB5nrGk1eShlVANf4aVrC5kwmwbib0AYzVnM6AoKk8hnrHrC37N",
+	"kwtV2LywsX9BoMGksG2UsiT7POwlOprIbzBTU1TUgW0TnK/RLSOWWhWc5LKtfuJ/nb1/52JKngbVeMxl",
+	"ihY4PREBJT5covbng4+xD3CUqWtSA62InXFjfOxmsy5woFUPtH9axtsN1lkrxb6xBnKuyV9QEkbCmsg5",
+	"x4bbQqQR/n8inDIwViSXC2IwlViW+WzPsLP/1eHhsEMsVEs0/rzf/9vHT4dtCcYIwRFjwdMLRtRZcR6z",
+	"vI8c0/aQS3a2cV3GjAWe8Rl3Io3YHberO+zsDTult6yVchbgytp5a0lBzc9gI6Oywvp1V1VLO/+JX9dg",
+	"HX9BTDrO6DIwi1km5CX6roZ0kkUxZx8ZyMhU7e2oY/w6F+7xVm4t3+TuoTDZXAtruWzn/TWuArMoe4U5",
+	"hpjiby5gAilHWzSC129ev6ckIEpYW3cPEKXItAK52oPTiTq0SIunsMQI9dS3v9djOnJk3iSvdXzyVhjb",
+	"5thZ7f9ZRsA2qeeS425WY+fraap02+9KWBvEcWN9ny+fKc3Bf5pLz825DuHyhsRfJ4090gN6tsvYjP/o",
+	"SGoVx+vxQiioqBG6JXJW8dK7Bcd9Q1xWo/GtjNT++bR66/cqfXlXV7aQnk3JGyGXtIq5Hm6t0lkDS7tj",
+	"UEZ+dyZwn3465eNVEl/W2OXibSj6nrPM7fsSSJbZwjQDKepyawDHP9b2precGX633aBigN2Nc3rTGT2D",
+	"lnm5hR1ck1m+KcCIj0Lmw4ylT8p8Psm7GTUZ8Ltc1Jt1aDoLH9yELlZzyXV85DKUdoouPsT+q/BymeYy",
+	"EZyc/xSB248IymTCMUh8GFwUMHJVIRFoLvkc1cJMoK7G19RVA11AXeAR2BY3CgnYVd0m4fT1S/j68Nnf",
+	"QlIVUm6ZIM9kme/aDKIfWDIVkvc1ZymiMxh23lKOI4ilshdjVUj6YzVtHrWVGrWKKgdZaxDIZYlvoYRK",
+	"i7ZFDVUMtmotWGEzviHauGo9fDh9A5qPueYy4UAumxgvQhIlYB2fhm7MRqqwR6OMycvYBZOkkry3PTzr",
+	"tboDr/yEEmeR27425j+xC5c3v6s4zrZmvdbwWg2ta+OT3il9TsjCBzRLqA7VTMkbpXilGIdoZeRiDmba",
+	"2yn+5QOXf0BM0pVZNL8V70WJ5uSDC0Q+h1zkaPA67877FejfAcuZtr0IuHBFWpZp9OmZBSUTXkYglA6i",
+	"Mpkqwynca8lM18b67Dp04//M7eL5fnzk3ufxSKD0onJtO3XWwPa4pVbzz0AWIUx4h5xMSdZpiwZ19Tw+",
+	"rbZFbVb3ruGeH7xgDBIZ9zbqIBrbhbFd+FKnVcBCrUNbrijq+ITVrVxAfi3smujLO5ePEBkvg9KdXTYl",
+	"eMYbS348Wm6ijgtpXKjx2LS5V+cKPWPn1akxuLtRLKZFwlMwCsZMu1ib5NeW7qw7AW7dXZ09/6Ht+L0j",
+	"WVSrLn9sHf2lq1XucWND19CWp5R218vDsLvaq5HeVtM0rN0G2CnPnMXYbjNr9/MaKtZ8xgSi64LuatWz",
+	"S8CUC7Y83Q6f5PO7qbPS+Pzs1uNpozxgE0TLBTHuORdZNsfAnDxXOkh4CnTVCipC3PaRqWdsVhIerZkO",
+	"A90xqVglTShJ/RzJ+VSYy4tJWzD7W2Eu3beBkPCd+KYFguNQcsUs4L5b+OoQfhDf9I5hv1RwwixVXoV6",
+	"g27c7/t/9xGO/kSM4qqMi9UrrnwsrArrq7k8JkcYLbYcXy0sRaONi/u9evf+7ORlcLdRPR8ePC0riKyP",
+	"h7nqaDPwNWRHwOVY6cRlDH243VilqUhMi6uQSaHyK1+RRSgkRLkK1LBE/Dn2Z+LoYYdnatJ0khdlcmaH",
+	"2rB6QuM2L2rjptBq0xq7vZuizIXmxj/Tqim5bFQQTalxwhewNLeg9qLttiVu7rYSrh1qLlcJYOumZ8zY",
+	"C7KnhV3cClt3KvRbX463XG5bd7iWY4Sh+C0Et1cjWm5/2tV43bvbIYpz5m4uH7vQnPna5/Y6kGb/h6te",
+	"jn3gX1gDbEI5tjKxWGUKKZg7F6Y967FBL20qhNpixFSYqrmMTQxXyzXslQbDBPBWyLKFxGq0Ewgg8MDH",
+	"9Xy+xgC6a3CuPQB9q+hcLczXHun3FdZU6yhkKAk5hlANCTnTrkhgVTvvJBOWyrwLTW7gmCXWhChMtUdx",
+	"BDFZTBcirUdXqg9yv1Lzz+oXvc/ZLwWHEWea61qHkKs83BB3X2HXKmZJ6rc1JN1g4J1aGVfXCGG6XaOR",
+	"aP7rK64vCp21x9orw4JfW64ly+DD6VsQMskKymzGe1cHhNsNBW5/3//7/t7VQRvIu7NtBWjU5OH6Hq4y",
+	"ssNJnaG38t1ZKSxbcohizJNFknHf3KbGVb6+HqGk4IFzjypHybW8kdihjreQn6aSZ6pCbnWeQ/fn59H5",
+	"O6qQDV1+TpRbhvygxtB1LdwztoARh8ma0J1Li1yQz7tGeJAqCQW9LiU14gslU1IiVKy7tvzGlWlQ/GZ/",
+	"5yRos9J4p7baLURaW3GJSgM5VkjY6gqHfV+jB/yvt9ADgY62KoFy6U1g3c3XbE/Pv3AVcChdc67yjB+D",
+	"5NxVlY44uIYAKspk12VR5pO/7xQUc+y8Ntf18JbRTtbP7omsD7krkb5bIPszF1BHHVcucBHSt9ta2xvx",
+	"/Nqj0fbi6/DhYWNvEV94kc3ZwkD86abFLog61/2J6lewFon9dOP67nhSaGEXZ0gXPqqRi3/wRWua6cXJ",
+	"G2pDYAbiF75BkgqQjuAbZ1RQ71lyyReuCS0ewDvOU55SGXVlS2XC2GNgmVHgarGUHErfFsh1P1AZ+dsN",
+	"lRR6VvxiqavAJaqmCBVBUSEANXdpFjkQ23iVfvYG0bZvo7vC1+387u+pOH3bu8smGyo5Z1aMMg6urr1X",
+	"TmJwf1dTEP67j0/1v1vM+p6r+2QSVZD4HW3C8mQLMBvet+U1SFfCu/TNF+AmogFGFTMSvj8/PylLSlFU",
+	"IhP2+TVPCuo1KW33AbyXlX7sS15YzTIiR3XFNbChdA16CKLJWcLhn0xkETD41vXacTkRkrvytH8UI64l",
+	"t9xAkhXGcn0Ep6/OzgmE0h6KQEneR70wlAgS0S3FmI7hRz46o/Ie45+54mC5ngk0J7sn5z/1QrexgflU",
+	"GR4i4jQ0gHoTXXFZwuRQjrgrQlzgRWqwZKB54sZODIZyKF9Sw6SBRMmxmBSaQ1yZj/AcvIH6/fuz86OT",
+	"96fnaMIe+zbbJi9R33fK9VDGn6olbpZ64+IBnKNPQEEvEWrmpdUssa5j8jtFyU5X3UhLaxByKGPK7kmW",
+	"7bFcxFRUP+GSktppqEKOyiLrspwYIaGSVmZ9v57KuWS5GCzYLIsJCX/5CyBfcml9IzNefAyPH3up9Pgx",
+	"/L//8393F0ynoSm0KZqsIulUI76hBPgHXyD6UaXjR8T9PstF/5IvYtiD+OzFu2+/e3H+6uLFyZuLf7z6",
+	"6SyGLiVD+4bnjD6+N4AffbMsia+wkymuXseFa71DxCq5mKmiHDNhQMlsUTYnIJBc4kXIlMpHLLmkeQm6",
+	"kC6oiQvH/b6QJON5X6o+K+w07g2gLspRBqMvQSvtJIKFxaUrAYx78LYSHH4fdK0FNK65NDEaDgziyvWO",
+	"oTta1LdgtCDYT96ftTZuupwBfsd7uQqrAUMDDizRI0C8Tj66PSIpKzJhF70I723eQgWt7RQVE118o9Xc",
+	"cG0A6RXdR1YJh8jPgvKF14ZbL8tNVMLoC17KZ3BNU4xyraxKVAZxEJkD+urBqg4Kkx1odlOt9NbhPKb9",
+	"CYJ9ygwwePyYfMjHj4/AF7xAtyp4iWq+cKOIZU9zU8zKWhYmiXRnQlJQnRZyrzE9wloom4HuDmUzUbWQ",
+	"ewzXdqs5EUPJI/xdWMOz8U5lNkzWwXJ0v7w8OVtuLTVCybz0FOHvHPHtmmkVxVAGsOOkBtqpI3j8+HD/",
+	"4PHjAdQGsyAIu89m8ckHt9RTWkqWrb4qICINKx3h6njr4ePHiJZcUeqfJEho4g9WB1LFiHMJV1xT/WgE",
+	"RoFITaDckatw4SlyXMJR3ULdEwjvdtKjiishfUszR/Y43D8MQpwqdgz+8YruJx+CciHrhlTE0A0FTj2X",
+	"r4lR+cQRxFQqg/9wFBVHQxm7apkYutNixmRZ1HQMr5mxL07e9I1dZGE8m6HOYRDWNTT72SDdWWtFFOm3",
+	"9pKoxI8qukV5FBIktWMrDYdPngxly3SMkMoK4zV8XUjlfBmnHH8D58rBb/ADZySJfhvK3/r9Pv2HN+Cb",
+	"fiubH6jd7KiiXvivs/fvIj/niFR7VJIXpSbJWUq9w+T+jUQVUb2/nYKdMgvcJCznjSI+8C8/gN9Chy5+",
+	"cICjNsok3PkUftsyvqjJIP6xQ/ithLhqfKLpQTRvzg+mCGNg/FNfw2+N4U4uyE8Gn5L0bUtTnaoBe1RX",
+	"A8xNCSsnXPT8ygf4GTQiiOBET9D/8uQJ/OZHo/hxKSU8z+jjw9QefGsY2FNUU4SOIWGaaprj2qSeOKyA",
+	"u8xgVEyOIVOTCUJMhl7fiJRH9cmEEzRgUa+POfj+ClxkKF+AVLL/K9fKdfa40RjOMOdp2VlFde9S6RnL",
+	"IK4a8+LIC9Rg4hOhOk8tEwmXhleBk86LHNHWfzLY70QdCtuS52SO9vbm8/mA0c8DpSd7/lmz9/bNy1fv",
+	"zl7RM1U1X+lddKLOFdeuNqezPzhwd3mDsnPUeTrYHzx1XRtT8nj3OkefbqLO3pRqdX/1f8241SIx/q+6",
+	"Peov0b6Hu+tmCq7puxCcuhFKvkk7Rx1k8LPyruaMx59XovUoq8s13UgSYRyZrpvYWKZ/dpvpsxQFuom2",
+	"wOB8mTjkfmJSHWhFxpexE8xXLCs4xFdxBBNx5d3py+dX8TqIaRRIp33qoeVs9pzi4/UGm/95/vGvzweP",
+	"2yb4fVya4Pdkf3/DHKTbzT+q57A2j42jsQyyGpmgdMo1zWk6dPC0vaaEe682mo8eOdj+SGNcVT2sQ2QV",
+	"Ajo/f0QEmWI2Y3pBwx7qbg6ik03MUs6M8rumJZvuyvJMzS1wZhp1THsdZcm40gXK0UZ/LbvkvmADushF",
+	"QnJjnI3Ri4ZSaV+b4Xq0GfqGqAVQdbhu7QHEZE46DzP0TfipSE5fOtwMoDEHbSjrynTOKA6P4FHXzi8F",
+	"L1zMtsjRD4ydT3JB16uEaFwNwfhqf79HIlUOZTB1UIY7I6UundGjrlpPava402XeEHdCsik0ksY8LBdg",
+	"5MZ+o9LFZyPu5sytm2Yc0/fbLnHWwefmLOq1WGUsX//pyYuGvDwYJ0Wdw4On2x9ankeIzz15ssvLVse2",
+	"3USdZ/s7vLNluODOjP/Su9qBddew/rJaI++7moXSPiIsuGszdbVkB+J1TnOSs4wSYDX3rmaYmQG8Sfks",
+	"V5aq4pzzM5TOJRMS+HjME3uE0FMbvvc+6p5GsD+e7e+3MZR7oM5Q96QyGhNlWkjb/Z4O7k6du1BKNYCU",
+	"njjc/kQ5vXGFohqx7J8/osHQDCnXroVwu7u0jha/9btXm/mJO91bq45aDasJtw+wn426k40mwL/5liJW",
+	"RtsFzIoB3PYN1S171WTum4+twmkv9fOVahZ422A6U5Z0hkzgciIQXjJy9ipNH0pVC8OHct1MOW+UUFKA",
+	"PD66gH5+cH1DSN0FRFZlk/+A165XeKODcI+T31F+W37xOwfA36c5vjRJaw07+i0OmdeHNR3um5Pxga+3",
+	"P1AO0b6zOXP/IuOUszR4BCww41J83gVAew8mS5bnQ26VKYwqySgO5maCGDcaI24dyeOcoUVICaCL5M+L",
+	"KNAt4zIdSnIjhB0A+eFUZ7n5iATidTf/Mj125RiO/9eImwm3r6oJavfGrI2pcmtYNaD735xH75/Xvldz",
+	"1AJEosBcbLQkqpKSPj+bRVtvpuNC1rLjNU/cGIW7svm6UMZpIQ3EPkDh41gbRuk1Ah3ox7jcPir5ZtRU",
+	"mKEs46Oa9BSlLMNopNqgp0cUW8vKsWMw0arI0U7wk6tCxtwtQ0vHtcFAMRw8eRb5lAB1c8QQ+/fEfrYN",
+	"DfBxZQiuH28Abxp9MqALic8MpYu+NN5Hc532XD5ypK7jak1XMkbiyPW0xpSHPtw/3Dvc/7rsuBjKWsbI",
+	"Relpemt1WgK8Qor0U5WEgcSZYMyuHa0UrLOhPPgKzbNjiMsBHTGVUJreAN6pegQcUs7SjIpBKK9Ac0Hi",
+	"WnAnzwqUxhPNEj6UOddCpceVeCb5ngrj6zMoSZbwrDFYsE3UIvgvfYP0/QRx6oMldwrh7H/mV2+yxGqz",
+	"6qA7nzJLHnqYQkeVP70v5tn/5mjTPViFhQQlK9ppjGK9TdBqrxy/32rAnZHIqZxCEjno+8RrPDcUB9Ww",
+	"Ibq2P2gzrrwbdwu+U4nltu+EYJP/ygLwkZCMnLWWA4w217sunfPx0oHQDy7chnLZxuCu5kFmK4Xpm082",
+	"+2LdPaQnxUCzOe2aV6x/hF1XHl5HNlixhQObx+tIH7Bo8iV00XVCojyGOCl0Bv3zuBf5nBv1+Gou7VAG",
+	"LhVlHVGesYQKtSRqHmMDa7sETTjTxwWQpzwjP8sP5yQTrU2350XF6bvo9d/J5A+n1+sDzVrky49htNgX",
+	"vf2nDKv8SIfFeGlAhau7yoMNanQv1Ha36tIQ/G3Tpq4U1FhmY0gVN5TEcXMQXRmZezSNqE1mrNzYAOgK",
+	"a4bS9VLgfVRY0LtFUBXfeHtNfHtO2RTeIBHzJbTxYJkHP2zzj9R1m3go8y1wO/BQGGDpKwEru7OmDemw",
+	"AsStEVc8W/QiMK7gc7SgnogImKHixbGKSz4zHk0DeGFhpoyFZ9H+/n75wu6Yz+lAW+fACzfO18UTMyUn",
+	"veOhrPvbhi0IYs3dnM2Z0rzOpUsW82EUJNNhe54WcUTnXt03326q6anPLPWI+cLG98zGVJhU87D+nHys",
+	"9OX9xCNfVE3DzUE2lUocLSCmEaqxD9eaWnONGyvkC6aOgOK8CO1QUhO3qUJ35cFBJJRQPYcXegBcmoLO",
+	"nKNCKfTGkf2FvBKGutOceT6UIdfg3PRqcR/Vw/dTuRMFTOeNEns/gz/A4stCUoWfMJRzfFJJENZVWi2d",
+	"dhSFVGYEXF55G9/PaKoajUIW9/z8Ldn5Q1mimDpZXc/SEQgLE8VrGKIR2wh8m4DC6/dbl1UfsHuzekLx",
+	"56zCqs3PbRGF+GtZqfJvbOj/awbacHc3l+BUDfRrXINqDNw9JGjKBGuja4yYlIHk82aD2QBeyIUXLTO2",
+	"KHuBqo4k+u14KF07jCzboLw48g03ZTDB98r1llarPTOAmIbnxGGq21C6lnjXLZn5qcdXTsi2jTquog9+",
+	"7oSaoW+dQpeVTUuhj2ltkWhoyL0PUdQYL33PsmhzRegPKK//9WTRnUXL/cuHH4jmidNqHeK3Ch04+bDn",
+	"h0BuqiI9pdY5U2Mc13bg2/OrFmAaZVsdw37cMJUuOc9N7ZyueHnmZAxkQJmlSYHUyx0qU8eW6znTqRnA",
+	"S+aOBiOZU7bPDmVXqhInvkuR95qdb1+3May/teLYe/JvmlM+W7jJ3/BnrkL9o1yUpcA6kmV5JCfqhSzM",
+	"P3iQeiTqRPtcCnYpfo1L//EFtCfUazf4l7IY/8xWn+b8V+78xVp//yNTO/xuczX2GkLV6nrhi+b2PuXM",
+	"Tm9+F9nuWjgUfWo9l96UbvSH07cROnMo0t1ggvLEJCWX9ABCf4xyHM2xqcpSMBkzU26Gshuv/WgaDMdy",
+	"sUfzq/7zl+cHcTW+IV76xRtyVH9bP92n/Gt93e1Kpe2anXAD6tf2IlajpO81xrY0Antd6Xzo//h3rp2n",
+	"0FeTEsvBMqbaqsCMuMG/T9es87loWEmc20UcDsNH58QfImDqR2SWPeneHzs5/wm6MVJsTIMg6DKdR4Cs",
+	"Q9OrYgpQh2o0ilz53j0mQyd1Y1ZOt4zFHMAP4hs6x9+FdCI/66QcJU+5LTe63fihK6qw/lO6zMD7nEuP",
+	"AWppTh+ZchaAr6INmHYRp2EwusPH+9F+7uyFcnSHhzsK+JopKvll5fEMzFy6eUHVOQ1DSYg5rian+dMa",
+	"jqGQVmTu5H5bcQdihSa/eFM0bsyqj2EfTd2ylLHug1YEdasDOBp+Kc0q8o7pei+0NqD+flzRlcNO7tkd",
+	"rZ1C0SK7ztyxGl9iY/+asTF3Qj9bEcMrUnitCt77ZLY0Tv5DZL6A1C9e2WCuEjiCJFOuWbKaNBEqUmkw",
+	"mdI0zaG2xmBN4+MSe37pfVwiMkLNQ+p83P3aJu5Ca+vbIB9md+tnkGy05r7sb6MqYYeNvUc3yX/7phhD",
+	"kFZ7c3PPPtt2YGiY1/1kFM6CrHTnPoBVINUc/lqG8bvxfnxUHQxxvHRay7JJlRTa1Rv653tr4/ntsUDJ",
+	"5/ebSGwcptNqLj1YlIdA+WIv/akD/q+uLZdpIyYUzuy8U0jIjQ68n+ClW/uPj16eulwDsAkT8ksQ84HM",
+	"8/Mpm1dj2nYbItFOo435859f5bxkuS00X8431U6touoYKj5X803JLPCUVsYluIl8gZ4vVEdjUuVcgm9S",
+	"c6dwaU51tYkDJD2qZfxnLPUFwrZRHOMDHmPNzbQWFfbR0rBSmHJwXj/vQBhIC41kACzRypihDCNuNQ+B",
+	"FIRzLl1BE64YptLa6uyVtIGJbjUWV0lg1ZpzH+e55AvTG8CJnxVt/FJ+BGsAziXnaPwfjXE0Re4mZG6a",
+	"wBROG7gfDb18CsF9p9jLsxNaIhr+ty9RjT+3lj4rybldoNyljqc6PmLLoJ2zMGrw/vRt/ZyLdW6mm4b4",
+	"b5wxOG+oE8LHg6WkizwM27mHBIQrOnXVmzSUh4bslidoxDShr3bCRgzd7YNvXD1pKvRqsxjUesWazWDJ",
+	"5llAJx9uMwuoRb84NN6qg+x2nNQ8UeWBe8gap5p8aSL7EzV//xENaHcY7RNkT90+Xz9et7zrPjVT/SCr",
+	"dZopAFKWDNFZvmjdqrk0Eags5ca6LOLgIUa9NuAwNTxtsg7Cpe1JjFM+Jh+M8pJu8gd1/7mSumDAz5mp",
+	"eRvColSlCYCWivwIG71jtGj8m4dy6fwf5poAlSTtvzA+U+qH0G8Y+Fi33//3Zj0etnJu+9jGCqttZLRh",
+	"XuMDbMcmJ6fOow+2H7ujtxqhuA3BtzS9/LPOqtsCD03Nccu6yex7ZLB5OFaC6p5FW45QgsYRILXBr+WQ",
+	"tUFtiHkp+1dLul5X3k0lYH3u7LKxSImjlrqw+lFNoDRVp+xyZFN3pXakdlBXr/b2nNLabfVoy+Ui9QN2",
+	"6scTdGeqkL6Dc0qH4vByhlx1opI7ean+5jkfGVp/bT0cbikV71xT3iMIVjdd7q6vpeVaXvk9jdSPoJzy",
+	"HYGfqx+54u1UJcUsZLGpzMidqFM7T4vIsISo/laVG6Ti/x8AAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

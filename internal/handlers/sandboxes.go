@@ -57,6 +57,7 @@ func (s *server) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest
 		Entrypoint:      b.Entrypoint,
 		Ports:           b.Ports,
 		ProviderOptions: b.ProviderOptions,
+		SnapshotID:      deref(b.SnapshotID),
 	}
 	if r := b.Resources; r != nil {
 		cr.Resources = providers.Resources{CPU: r.CPU, MemoryMiB: int64p(r.MemoryMib), DiskGiB: r.DiskGib, GPU: int64p(r.GPU), GPUType: r.GPUType}

@@ -61,6 +61,9 @@ type CreateSpec struct {
 	Ports        []int    // declared ports, 1..65535, unique
 	Options      map[string]any
 	ReadyTimeout time.Duration // >0
+	// Snapshot, when set, is a snapshot of this provider (Snapshotter) the
+	// sandbox starts from: its files replace the image's.
+	Snapshot string
 }
 
 // Sandbox is what Create returns.
@@ -254,6 +257,19 @@ type FileLister interface {
 	// sorted by name, at most MaxDirEntries of them (truncated says there
 	// were more). ErrNotFound if missing, ErrInvalid if not a directory.
 	ListDir(ctx context.Context, id, path string) (entries []FileInfo, truncated bool, err error)
+}
+
+// Snapshotter is implemented by providers that can capture a sandbox's
+// filesystem (not its processes) and make sandboxes from it
+// (CreateSpec.Snapshot).
+type Snapshotter interface {
+	// Snapshot captures sandbox id's filesystem as snapshot sid; the
+	// sandbox keeps running. It returns the snapshot's size in bytes
+	// beyond its image, or 0 when it cannot tell.
+	Snapshot(ctx context.Context, id, sid string) (int64, error)
+	// DeleteSnapshot frees snapshot sid: ErrNotFound if there is none,
+	// ErrConflict while a sandbox made from it still needs it.
+	DeleteSnapshot(ctx context.Context, sid string) error
 }
 
 // ProcessStarter is implemented by providers that can run terminal

@@ -61,6 +61,46 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (Ref,
 	if err != nil {
 		return Ref{}, err
 	}
+	// NeMo Gym names the snapshot in provider_options.
+	if v, ok := req.ProviderOptions["snapshot_id"]; ok {
+		sid, isString := v.(string)
+		if !isString || (req.SnapshotID != "" && req.SnapshotID != sid) {
+			return Ref{}, providers.InvalidFields{{Field: "provider_options.snapshot_id", Message: "must be a string, and the same as snapshot_id if both are given"}}
+		}
+		req.SnapshotID = sid
+		opts := make(map[string]any, len(req.ProviderOptions))
+		for k, v := range req.ProviderOptions {
+			if k != "snapshot_id" {
+				opts[k] = v
+			}
+		}
+		req.ProviderOptions = opts
+	}
+	var sn *Snapshot
+	if req.SnapshotID != "" {
+		if _, _, err := s.snapshotter(); err != nil {
+			return Ref{}, err
+		}
+		got, err := s.ownSnapshot(creator, req.SnapshotID)
+		if err != nil {
+			return Ref{}, err
+		}
+		if req.Image == "" {
+			req.Image = got.Image
+		}
+		if req.Workdir == "" {
+			req.Workdir = got.Workdir
+		}
+		sn = &got
+	}
+	return s.createFor(ctx, creator, req, sn)
+}
+
+// createFor is Create for creator, from snapshot sn when not nil.
+func (s *Service) createFor(ctx context.Context, creator string, req CreateRequest, sn *Snapshot) (Ref, error) {
+	if sn != nil {
+		req.SnapshotID = sn.ID
+	}
 	if err := req.validate(); err != nil {
 		return Ref{}, err
 	}
@@ -120,6 +160,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest)
 		Ports:        req.Ports,
 		Options:      req.ProviderOptions,
 		ReadyTimeout: ready,
+		Snapshot:     req.SnapshotID,
 	})
 	if err != nil {
 		if s.shared != nil {
@@ -148,6 +189,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest)
 		Ports:     req.Ports,
 		Extra:     sb.Extra,
 		Creator:   creator,
+		Snapshot:  req.SnapshotID,
 	}
 	if ttl > 0 {
 		rec.ExpiresAt = now.Add(ttl)
@@ -389,7 +431,7 @@ func (s *Service) Delete(ctx context.Context, c Caller, id string) error {
 // When the provider fails the sandbox stays so the delete can be retried.
 func (s *Service) remove(ctx context.Context, b *box, why string) error {
 	s.mu.Lock()
-	id := b.rec.ID
+	id, snap := b.rec.ID, b.rec.Snapshot
 	s.mu.Unlock()
 	if err := s.p.Delete(ctx, id); err != nil && !errors.Is(err, providers.ErrNotFound) {
 		return fmt.Errorf("delete %s: %w", id, err)
@@ -397,6 +439,7 @@ func (s *Service) remove(ctx context.Context, b *box, why string) error {
 	if !s.unregister(b) {
 		return errSandboxNotFound(id) // a concurrent delete won
 	}
+	defer s.releaseSnapshot(context.WithoutCancel(ctx), snap)
 	s.m.DeletesTotal.WithLabelValues(why).Inc()
 	if err := s.st.DeleteSandbox(id); err != nil {
 		s.log.Error("forget sandbox", "sandbox", id, "err", err)

@@ -115,6 +115,7 @@ type Service struct {
 	mu     sync.Mutex      // guards boxes and leases, and every box's fields
 	boxes  map[string]*box // live and stopped sandboxes with a record
 	leases map[string]Lease
+	snaps  map[string]Snapshot
 	execs  int // execs in flight in all sandboxes (MaxExecs)
 
 	out *outputBudget // MaxExecOutputTotal
@@ -174,6 +175,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		m:      opts.Metrics,
 		boxes:  map[string]*box{},
 		leases: map[string]Lease{},
+		snaps:  map[string]Snapshot{},
 		out:    &outputBudget{total: opts.MaxExecOutputTotal},
 		stop:   make(chan struct{}),
 	}
@@ -183,6 +185,10 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		}
 	}
 	if err := s.reconcile(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
+	if err := s.loadSnapshots(); err != nil {
 		st.Close()
 		return nil, err
 	}
@@ -293,6 +299,7 @@ type CreateRequest struct {
 	Entrypoint      []string
 	Ports           []int
 	ProviderOptions map[string]any
+	SnapshotID      string // start from this snapshot ("" = the image)
 }
 
 // Ref is what create and mint return: a sandbox and one token for it.

@@ -28,6 +28,8 @@ type Record struct {
 	Ports       []int             `json:"ports,omitempty"`
 	Extra       map[string]any    `json:"extra,omitempty"`
 	Creator     string            `json:"creator,omitempty"` // fingerprint of the API key that created it
+	// Snapshot is the snapshot the sandbox was made from ("" = none).
+	Snapshot string `json:"snapshot_id,omitempty"`
 	// ActiveAt is the last activity a replica recorded in a SharedStore
 	// (not kept by the default store).
 	ActiveAt time.Time `json:"active_at,omitempty"`
@@ -47,7 +49,16 @@ type Lease struct {
 var (
 	bucketSandboxes = []byte("sandboxes") // id -> Record
 	bucketLeases    = []byte("leases")    // sandbox id -> bucket(lease id -> Lease)
+	bucketSnapshots = []byte("snapshots") // id -> Snapshot
 )
+
+// SnapshotStore is a Store that also keeps snapshots (the default one
+// does; a gateway whose store does not cannot snapshot).
+type SnapshotStore interface {
+	LoadSnapshots() ([]Snapshot, error)
+	PutSnapshot(Snapshot) error
+	DeleteSnapshot(id string) error
+}
 
 // Store is where the service keeps records and leases so that they
 // survive a restart. Every write is durable before it returns.
@@ -93,7 +104,7 @@ func openStore(dir string) (*store, error) {
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketLeases} {
+		for _, b := range [][]byte{bucketSandboxes, bucketLeases, bucketSnapshots} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -195,4 +206,36 @@ func (s *store) DeleteSandbox(id string) error {
 		}
 		return nil
 	})
+}
+
+// LoadSnapshots returns every snapshot.
+func (s *store) LoadSnapshots() ([]Snapshot, error) {
+	var out []Snapshot
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSnapshots).ForEach(func(k, v []byte) error {
+			var sn Snapshot
+			if err := json.Unmarshal(v, &sn); err != nil {
+				return fmt.Errorf("snapshot %s: %w", k, err)
+			}
+			out = append(out, sn)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// PutSnapshot writes sn.
+func (s *store) PutSnapshot(sn Snapshot) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		v, err := json.Marshal(sn)
+		if err != nil {
+			return err
+		}
+		return tx.Bucket(bucketSnapshots).Put([]byte(sn.ID), v)
+	})
+}
+
+// DeleteSnapshot removes snapshot id's record.
+func (s *store) DeleteSnapshot(id string) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketSnapshots).Delete([]byte(id)) })
 }

@@ -54,8 +54,9 @@ func randomID(n int) string {
 	return strings.ToLower(lower32.EncodeToString(b))[:n]
 }
 
-func newSandboxID() string { return "sbx-" + randomID(20) }
-func newLeaseID() string   { return "ls-" + randomID(16) }
+func newSandboxID() string  { return "sbx-" + randomID(20) }
+func newLeaseID() string    { return "ls-" + randomID(16) }
+func newSnapshotID() string { return "snp-" + randomID(20) }
 
 // signer mints and verifies lease tokens: tokenPrefix + base64url(payload)
 // + "." + base64url(HMAC-SHA256(secret, payload)).

@@ -9,6 +9,8 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +33,7 @@ type Provider struct {
 
 	mu    sync.Mutex
 	boxes map[string]*sandbox
+	snaps map[string]*sandbox // the files and dirs of each snapshot
 }
 
 type sandbox struct {
@@ -40,12 +43,13 @@ type sandbox struct {
 }
 
 var (
-	_ providers.Provider = (*Provider)(nil)
-	_ providers.Pauser   = (*Provider)(nil)
+	_ providers.Provider    = (*Provider)(nil)
+	_ providers.Pauser      = (*Provider)(nil)
+	_ providers.Snapshotter = (*Provider)(nil)
 )
 
 // New returns an empty fake provider.
-func New() *Provider { return &Provider{boxes: map[string]*sandbox{}} }
+func New() *Provider { return &Provider{boxes: map[string]*sandbox{}, snaps: map[string]*sandbox{}} }
 
 func (p *Provider) Name() string { return "fake" }
 
@@ -58,8 +62,55 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	for k := range spec.Options {
 		return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "provider_options: unknown key %q", k)
 	}
-	p.boxes[spec.ID] = &sandbox{state: providers.StateRunning, files: map[string][]byte{}, dirs: map[string]bool{spec.Workdir: true}}
+	sb := &sandbox{state: providers.StateRunning, files: map[string][]byte{}, dirs: map[string]bool{spec.Workdir: true}}
+	if spec.Snapshot != "" {
+		sn := p.snaps[spec.Snapshot]
+		if sn == nil {
+			return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "no snapshot %s", spec.Snapshot)
+		}
+		sb.files, sb.dirs = maps.Clone(sn.files), maps.Clone(sn.dirs)
+		sb.dirs[spec.Workdir] = true
+	}
+	p.boxes[spec.ID] = sb
 	return providers.Sandbox{ID: spec.ID, Workdir: spec.Workdir, Extra: map[string]any{"fake": true}}, nil
+}
+
+// Snapshot copies sandbox id's files and directories as snapshot sid.
+func (p *Provider) Snapshot(ctx context.Context, id, sid string) (int64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, err := p.get(id)
+	if err != nil {
+		return 0, err
+	}
+	var size int64
+	for _, f := range b.files {
+		size += int64(len(f))
+	}
+	files := make(map[string][]byte, len(b.files))
+	for k, v := range b.files {
+		files[k] = slices.Clone(v)
+	}
+	p.snaps[sid] = &sandbox{files: files, dirs: maps.Clone(b.dirs)}
+	return size, nil
+}
+
+// DeleteSnapshot forgets snapshot sid.
+func (p *Provider) DeleteSnapshot(ctx context.Context, sid string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.snaps[sid] == nil {
+		return providers.Errorf(providers.ErrNotFound, "no snapshot %s", sid)
+	}
+	delete(p.snaps, sid)
+	return nil
+}
+
+// Snapshots are the snapshots the fake holds.
+func (p *Provider) Snapshots() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Sorted(maps.Keys(p.snaps))
 }
 
 func (p *Provider) get(id string) (*sandbox, error) {
