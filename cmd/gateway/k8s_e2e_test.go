@@ -106,6 +106,9 @@ func TestKubernetesReplicas(t *testing.T) {
 	if s, body := call(t, "POST", sb.url+"/pause", "", "X-Sandbox-Lease", sb.token); s != 409 || !strings.Contains(string(body), "not_supported") {
 		t.Fatalf("pause: %d %s, want 409 not_supported", s, body)
 	}
+	if s, body := call(t, "POST", sb.url+"/snapshots", "", "X-Sandbox-Lease", sb.token); s != 409 || !strings.Contains(string(body), "not_supported") {
+		t.Fatalf("snapshot: %d %s, want 409 not_supported", s, body)
+	}
 	// Listed by both.
 	for _, g := range []*proc{a, b} {
 		if s, body := call(t, "GET", g.URL+"/v1/sandboxes", ""); s != 200 || !strings.Contains(string(body), sb.id) {

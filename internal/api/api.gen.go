@@ -807,8 +807,9 @@ type ClientInterface interface {
 	// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
 	// starts with the source's files as of the snapshot, and writes in one are invisible to the
 	// others and to the source. Each fork has its own owner lease (the source's leases do not
-	// work on it), the source's image, workdir, env and resources, and the default TTL. The
-	// snapshot is internal: it goes with the last fork.
+	// work on it), the source's image and workdir (docker: and its environment, kept with the
+	// files), the default resources and TTL, and belongs to the source's API key. The snapshot
+	// is internal: it goes with the last fork.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -820,8 +821,9 @@ type ClientInterface interface {
 	// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
 	// starts with the source's files as of the snapshot, and writes in one are invisible to the
 	// others and to the source. Each fork has its own owner lease (the source's leases do not
-	// work on it), the source's image, workdir, env and resources, and the default TTL. The
-	// snapshot is internal: it goes with the last fork.
+	// work on it), the source's image and workdir (docker: and its environment, kept with the
+	// files), the default resources and TTL, and belongs to the source's API key. The snapshot
+	// is internal: it goes with the last fork.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1265,8 +1267,9 @@ func (c *Client) ListFiles(ctx context.Context, id SandboxID, params *ListFilesP
 // A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
 // starts with the source's files as of the snapshot, and writes in one are invisible to the
 // others and to the source. Each fork has its own owner lease (the source's leases do not
-// work on it), the source's image, workdir, env and resources, and the default TTL. The
-// snapshot is internal: it goes with the last fork.
+// work on it), the source's image and workdir (docker: and its environment, kept with the
+// files), the default resources and TTL, and belongs to the source's API key. The snapshot
+// is internal: it goes with the last fork.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1288,8 +1291,9 @@ func (c *Client) ForkSandboxWithBody(ctx context.Context, id SandboxID, contentT
 // A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
 // starts with the source's files as of the snapshot, and writes in one are invisible to the
 // others and to the source. Each fork has its own owner lease (the source's leases do not
-// work on it), the source's image, workdir, env and resources, and the default TTL. The
-// snapshot is internal: it goes with the last fork.
+// work on it), the source's image and workdir (docker: and its environment, kept with the
+// files), the default resources and TTL, and belongs to the source's API key. The snapshot
+// is internal: it goes with the last fork.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3050,8 +3054,9 @@ type ClientWithResponsesInterface interface {
 	// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
 	// starts with the source's files as of the snapshot, and writes in one are invisible to the
 	// others and to the source. Each fork has its own owner lease (the source's leases do not
-	// work on it), the source's image, workdir, env and resources, and the default TTL. The
-	// snapshot is internal: it goes with the last fork.
+	// work on it), the source's image and workdir (docker: and its environment, kept with the
+	// files), the default resources and TTL, and belongs to the source's API key. The snapshot
+	// is internal: it goes with the last fork.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3063,8 +3068,9 @@ type ClientWithResponsesInterface interface {
 	// A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
 	// starts with the source's files as of the snapshot, and writes in one are invisible to the
 	// others and to the source. Each fork has its own owner lease (the source's leases do not
-	// work on it), the source's image, workdir, env and resources, and the default TTL. The
-	// snapshot is internal: it goes with the last fork.
+	// work on it), the source's image and workdir (docker: and its environment, kept with the
+	// files), the default resources and TTL, and belongs to the source's API key. The snapshot
+	// is internal: it goes with the last fork.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -5502,8 +5508,9 @@ func (c *ClientWithResponses) ListFilesWithResponse(ctx context.Context, id Sand
 // A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
 // starts with the source's files as of the snapshot, and writes in one are invisible to the
 // others and to the source. Each fork has its own owner lease (the source's leases do not
-// work on it), the source's image, workdir, env and resources, and the default TTL. The
-// snapshot is internal: it goes with the last fork.
+// work on it), the source's image and workdir (docker: and its environment, kept with the
+// files), the default resources and TTL, and belongs to the source's API key. The snapshot
+// is internal: it goes with the last fork.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -5521,8 +5528,9 @@ func (c *ClientWithResponses) ForkSandboxWithBodyWithResponse(ctx context.Contex
 // A snapshot of the sandbox followed by `count` creates from it, all or nothing: each fork
 // starts with the source's files as of the snapshot, and writes in one are invisible to the
 // others and to the source. Each fork has its own owner lease (the source's leases do not
-// work on it), the source's image, workdir, env and resources, and the default TTL. The
-// snapshot is internal: it goes with the last fork.
+// work on it), the source's image and workdir (docker: and its environment, kept with the
+// files), the default resources and TTL, and belongs to the source's API key. The snapshot
+// is internal: it goes with the last fork.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -12308,164 +12316,165 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H1tc9s2tvBfOaO9M5GylGwnTndrT+ZOmiZt7qaJx3amt1PlmhAJSVhTAAuAltXUM8+PeH7h80ueOQcA",
-	"XyTqxW7s9u7mQ6cxRYKHB+f9DZ86iZrlSnJpTefoU2fKWco1/fOUW714MbZc418pN4kWuRVKdo46ZzxR",
-	"MjXA8GeYT0UyBTvlkGSCSwsztgCNjw86UcckUz5juMZMSDErZp2j/ahjFznvHHWEtHzCdefm5ibq5Eyz",
-	"Gbf+/a9Fxk+Yna6+Ha+CkEaknN5qmExH6voYNM+YFVcccmanBpjm1SWr6N650pep0AiYwLV+KbhedKKO",
-	"ZDOEBx/sRB3NfymE5mnnyOqCL33DWy4nCNZB+RXGaiEnHfyGE6XtKsQvIFfatsAcQcqTjGmegpAQ410m",
-	"BmYh0ZxZXoLp4QpQ4ks2QsmuHaa/evbs6bOowvxBC+ajzpkD5s23q5CfV7CCSCOIzei6HwOTKTzZh0zN",
-	"uU6Y4TBihj99AsmUaZbgFq4BXaQbAefXbJZnhNPRdZ+NkpSPJ1PxzydPD5999bfLbCY7SCfWco1r/w/e",
-	"9TPr//qk/7ePn57s3/xHp21TzrgxQsl133dy/hMYdwuIdA3gZgvk2wjjTLLcTJV1QNS+U+brvvMOUNRR",
-	"I/OtqLnBtUyupOHEcy8yzVm6eKmk5InFF6CAkJZLImqW55lIGKJuL9dqlPHZX/9pEI+fajD8h+bjzlHn",
-	"L3uVaNlzv5q9E/eUe/USj0hlp1wHGTJVWWocq/itQZqLLbvk6orrGObMgFQWDLfQjROV8hiEgfjF29NX",
-	"L7796eLl+3fvXr08f/Vt3Bt0bqLONyw95b8U3NiH/Ko38oplArk7L+wxxFxrpU0MmTDWAL/iegH+pQTl",
-	"SyXHmUgeFMYGjxsURCQptZITMJZZDmOlwU6FAe0wCF0+mAwgZ4XhKSgNxqo856nD9GulRyJNuXxQ8gGr",
-	"LrkkUJknpVLI4jUwicpRDygUW7VPUgUK2puo807Z16qQD0r1H+SlVHNZ4r+rNIxFxglmlPMOpSdskSmW",
-	"niv1lukJf2jqCNs+UukCSSRDIBB/TALLUAukBOYZ11ci4R8ku2IiY6PsQSF9f4Xig+UsEXZBCEQ6HrHk",
-	"kssUwS6k5iyZIlwo5ZeNnX5p7bQB4O/eq9lFNzXl8icgHvrkwl+rK7W6eHz5/t35q/8+v3j3/vzi9fsP",
-	"74J4/CBZYadKi18fVuz/IIwRchLBjGVjpWc8jYBf56je8HM0v1KXPEV7KOXSCpYZD26uVcKNwc18Ja2w",
-	"iz+KKa6EypjlXlnRs1sF/U1Q2kR9L8nY81YYwZ6mAt/EshOtcq6tQP08ZpnhUSevXfrU4dLqRa6E+2hh",
-	"+YwuL2n6qCOLzDOksxn8DUxrtsDfubxa/+bd11Ojf/LE4g0oxcytlmyiGO1/g2b7XAvLYcTHSnNvF6N3",
-	"UWhpIrL0oT8s9vefcvhw/rr/d7D82iJ7b4VQpBm/sGLGVWEvTIuXY1XuXRzSFBkqxLmwU5AK+DVPIhLV",
-	"SKbIbVaz8VgkZKdIBcxalkx5Sr85owahQhpntnPUSVWBwEUNt2gNzLKYjVDeRB0xY078N0F9qaRlQnIN",
-	"dAN0g4kIowWkKrnkujeATCUsOyI6RXsS1BiY9E94rT9hls/Z4pFxN/sfU6F5YpVeQDfu9+mXPv1i4t4R",
-	"MNBKWcKFWRjLZ9X9XvXGDgQw7IrHeOn9yzeQsYUqLFimRyzLoKtyRyXZAmIEb2CZPtI8V0eWTeLeMTC5",
-	"AKfYCXo0VSZSaZQYzEDMr61mAwIrxm9BubgwGyihorwZtyxllv0Ocj0liuQpgiLMMRQkmfAvRGucsRHP",
-	"YsQRkpMa01WUDTtRKvmFLY4wXkYW4de5MuhYalVMphB/9+oc9q4O9rxi4Gbvk0hv9rhMSVKYvU+44k1M",
-	"vk4QGbdxGrfIk6hTSPFLwd+4tfGOGxJcVyLl+sLt9Abh4JZc+lj/dN/kPBHIaH6Z41LnXfJF8Pr/Sf6L",
-	"49bD/X2kGCEnhPVLvhhAbLw/diFSUowsSXiOj0y5dlZi9x3/QcF3i9kjg9birEecPeNMuj21Ku9n/Ipn",
-	"MBY8S3faSHKvNsmc79XcyRkUfExYb6dWBrpVMOKJmuFHsnTxGUSK5kYVOvHCOsvejztHP2/WjKflIzcf",
-	"l9+Aqq3CbZtUZdrCWKuZk6rhZugq6WIjCcsyrh8Z3ClQc2l6RyCscQImon+61z8yTj7txOPWZm0IfyvG",
-	"HPcDBaDxYS0CjjQNWU8pH7Mis3Dw9/39Y9iH507+50Ivep8B/z4k1R6bwB+RcGsS2KnAFMQYZs546u2A",
-	"gJsWavyWZ9zyU26KjKyHpmWR0q9pTfaNlMo4kx0XNwgxiJ/LOz+2vUPNJbou697iLTZzMfrqsB0FuO2P",
-	"DIwWFnd/xAz/6rDPJZq0xHSrH1qHrbF+G4CvvFB8I8dqFbwgMptBm6m1+dHe3sGTvw32B/uDg6PDrw+e",
-	"Pe20UF3Nx9hZsSyBuPRBJUTV4q2fdc2TV2iDntMvy4j9cbpwvKZmMxRrqUgpmqILiSIGeT7jeO8xIGHB",
-	"HPWpsHgf4pxLpO6fO16SdaKOl081WKoPQlhqsZdbWLcevFX4TwuJpk1sptBPYuiOmJk6IHPNDZeWeGJj",
-	"UC7qJPOWlb/13L4ULd4qXz67AU0foq/4BXqwE43O5YVxDnaLHCP0lbKqdwTeP/J+SdjnjI8tjPhUyJQ0",
-	"5aXIMtSTfnu9XX08lAgUmYoLuOQ8R8KQQk4GQ7keGaV8iDrGpkK28/SZZTJl2sfE2jh6uyxfr0C/rYS1",
-	"J93n4JHyGWR1YdrSIR9MsEnRARfpbuK4KaUcna/j5LXSMy/ImmjDxMuTD0CarYtQw1/BGee9YH0GksD/",
-	"8O+KYIQl24OnaH1ENc04gBcjZC6kF83DU2SWQcIkChDL0ZYPLkcrxlewmhaaVO3FbKNFVINZM3mEppgp",
-	"XOpkNa9COpxMBbI3rKI/+LWw0RrooUuOTe8YOLKSt9y9QwSGzUE0SUhI+9Vhp804Juf/wnrJu5tN1RTY",
-	"rXaVUrMLx7DtmjJgZ85MYGw0H+dMWtz0GZ+RAVHD0yMTrmZiJiw6WbtscE3t1ng+5+zywi13MROjFn+F",
-	"s0vQHDdL2vDiJjWSwxjcI6Yn3NhAmC1k+YP45p5I0gnCCxRJ7bhGSgL8+RgOnjwDJcELJR9s9ub6mIms",
-	"0HzQSibGply3yZPz1/2/4we63AFZPqB5nrGk1eShlVANf4aVrC5kwmwbib0AYzVnM6AoKk8hnrHrC37N",
-	"kwtV2LywsX9BoMGksG2UsiT7POwlOprIbzBTU1TUgW0TnK/RLSOWWhWc5LKtfuJ/nb1/52JKngbVeMxl",
-	"ihY4PREBJT5covbng4+xD3CUqWtSA62InXFjfOxmsy5woFUPtH9axtsN1lkrxb6xBnKuyV9QEkbCmsg5",
-	"x4bbQqQR/n8inDIwViSXC2IwlViW+WzPsLP/1eHhsEMsVEs0/rzf/9vHT4dtCcYIwRFjwdMLRtRZcR6z",
-	"vI8c0/aQS3a2cV3GjAWe8Rl3Io3YHberO+zsDTult6yVchbgytp5a0lBzc9gI6Oywvp1V1VLO/+JX9dg",
-	"HX9BTDrO6DIwi1km5CX6roZ0kkUxZx8ZyMhU7e2oY/w6F+7xVm4t3+TuoTDZXAtruWzn/TWuArMoe4U5",
-	"hpjiby5gAilHWzSC129ev6ckIEpYW3cPEKXItAK52oPTiTq0SIunsMQI9dS3v9djOnJk3iSvdXzyVhjb",
-	"5thZ7f9ZRsA2qeeS425WY+fraap02+9KWBvEcWN9ny+fKc3Bf5pLz825DuHyhsRfJ4090gN6tsvYjP/o",
-	"SGoVx+vxQiioqBG6JXJW8dK7Bcd9Q1xWo/GtjNT++bR66/cqfXlXV7aQnk3JGyGXtIq5Hm6t0lkDS7tj",
-	"UEZ+dyZwn3465eNVEl/W2OXibSj6nrPM7fsSSJbZwjQDKepyawDHP9b2precGX633aBigN2Nc3rTGT2D",
-	"lnm5hR1ck1m+KcCIj0Lmw4ylT8p8Psm7GTUZ8Ltc1Jt1aDoLH9yELlZzyXV85DKUdoouPsT+q/BymeYy",
-	"EZyc/xSB248IymTCMUh8GFwUMHJVIRFoLvkc1cJMoK7G19RVA11AXeAR2BY3CgnYVd0m4fT1S/j68Nnf",
-	"QlIVUm6ZIM9kme/aDKIfWDIVkvc1ZymiMxh23lKOI4ilshdjVUj6YzVtHrWVGrWKKgdZaxDIZYlvoYRK",
-	"i7ZFDVUMtmotWGEzviHauGo9fDh9A5qPueYy4UAumxgvQhIlYB2fhm7MRqqwR6OMycvYBZOkkry3PTzr",
-	"tboDr/yEEmeR27425j+xC5c3v6s4zrZmvdbwWg2ta+OT3il9TsjCBzRLqA7VTMkbpXilGIdoZeRiDmba",
-	"2yn+5QOXf0BM0pVZNL8V70WJ5uSDC0Q+h1zkaPA67877FejfAcuZtr0IuHBFWpZp9OmZBSUTXkYglA6i",
-	"Mpkqwynca8lM18b67Dp04//M7eL5fnzk3ufxSKD0onJtO3XWwPa4pVbzz0AWIUx4h5xMSdZpiwZ19Tw+",
-	"rbZFbVb3ruGeH7xgDBIZ9zbqIBrbhbFd+FKnVcBCrUNbrijq+ITVrVxAfi3smujLO5ePEBkvg9KdXTYl",
-	"eMYbS348Wm6ijgtpXKjx2LS5V+cKPWPn1akxuLtRLKZFwlMwCsZMu1ib5NeW7qw7AW7dXZ09/6Ht+L0j",
-	"WVSrLn9sHf2lq1XucWND19CWp5R218vDsLvaq5HeVtM0rN0G2CnPnMXYbjNr9/MaKtZ8xgSi64LuatWz",
-	"S8CUC7Y83Q6f5PO7qbPS+Pzs1uNpozxgE0TLBTHuORdZNsfAnDxXOkh4CnTVCipC3PaRqWdsVhIerZkO",
-	"A90xqVglTShJ/RzJ+VSYy4tJWzD7W2Eu3beBkPCd+KYFguNQcsUs4L5b+OoQfhDf9I5hv1RwwixVXoV6",
-	"g27c7/t/9xGO/kSM4qqMi9UrrnwsrArrq7k8JkcYLbYcXy0sRaONi/u9evf+7ORlcLdRPR8ePC0riKyP",
-	"h7nqaDPwNWRHwOVY6cRlDH243VilqUhMi6uQSaHyK1+RRSgkRLkK1LBE/Dn2Z+LoYYdnatJ0khdlcmaH",
-	"2rB6QuM2L2rjptBq0xq7vZuizIXmxj/Tqim5bFQQTalxwhewNLeg9qLttiVu7rYSrh1qLlcJYOumZ8zY",
-	"C7KnhV3cClt3KvRbX463XG5bd7iWY4Sh+C0Et1cjWm5/2tV43bvbIYpz5m4uH7vQnPna5/Y6kGb/h6te",
-	"jn3gX1gDbEI5tjKxWGUKKZg7F6Y967FBL20qhNpixFSYqrmMTQxXyzXslQbDBPBWyLKFxGq0Ewgg8MDH",
-	"9Xy+xgC6a3CuPQB9q+hcLczXHun3FdZU6yhkKAk5hlANCTnTrkhgVTvvJBOWyrwLTW7gmCXWhChMtUdx",
-	"BDFZTBcirUdXqg9yv1Lzz+oXvc/ZLwWHEWea61qHkKs83BB3X2HXKmZJ6rc1JN1g4J1aGVfXCGG6XaOR",
-	"aP7rK64vCp21x9orw4JfW64ly+DD6VsQMskKymzGe1cHhNsNBW5/3//7/t7VQRvIu7NtBWjU5OH6Hq4y",
-	"ssNJnaG38t1ZKSxbcohizJNFknHf3KbGVb6+HqGk4IFzjypHybW8kdihjreQn6aSZ6pCbnWeQ/fn59H5",
-	"O6qQDV1+TpRbhvygxtB1LdwztoARh8ma0J1Li1yQz7tGeJAqCQW9LiU14gslU1IiVKy7tvzGlWlQ/GZ/",
-	"5yRos9J4p7baLURaW3GJSgM5VkjY6gqHfV+jB/yvt9ADgY62KoFy6U1g3c3XbE/Pv3AVcChdc67yjB+D",
-	"5NxVlY44uIYAKspk12VR5pO/7xQUc+y8Ntf18JbRTtbP7omsD7krkb5bIPszF1BHHVcucBHSt9ta2xvx",
-	"/Nqj0fbi6/DhYWNvEV94kc3ZwkD86abFLog61/2J6lewFon9dOP67nhSaGEXZ0gXPqqRi3/wRWua6cXJ",
-	"G2pDYAbiF75BkgqQjuAbZ1RQ71lyyReuCS0ewDvOU55SGXVlS2XC2GNgmVHgarGUHErfFsh1P1AZ+dsN",
-	"lRR6VvxiqavAJaqmCBVBUSEANXdpFjkQ23iVfvYG0bZvo7vC1+387u+pOH3bu8smGyo5Z1aMMg6urr1X",
-	"TmJwf1dTEP67j0/1v1vM+p6r+2QSVZD4HW3C8mQLMBvet+U1SFfCu/TNF+AmogFGFTMSvj8/PylLSlFU",
-	"IhP2+TVPCuo1KW33AbyXlX7sS15YzTIiR3XFNbChdA16CKLJWcLhn0xkETD41vXacTkRkrvytH8UI64l",
-	"t9xAkhXGcn0Ep6/OzgmE0h6KQEneR70wlAgS0S3FmI7hRz46o/Ie45+54mC5ngk0J7sn5z/1QrexgflU",
-	"GR4i4jQ0gHoTXXFZwuRQjrgrQlzgRWqwZKB54sZODIZyKF9Sw6SBRMmxmBSaQ1yZj/AcvIH6/fuz86OT",
-	"96fnaMIe+zbbJi9R33fK9VDGn6olbpZ64+IBnKNPQEEvEWrmpdUssa5j8jtFyU5X3UhLaxByKGPK7kmW",
-	"7bFcxFRUP+GSktppqEKOyiLrspwYIaGSVmZ9v57KuWS5GCzYLIsJCX/5CyBfcml9IzNefAyPH3up9Pgx",
-	"/L//8393F0ynoSm0KZqsIulUI76hBPgHXyD6UaXjR8T9PstF/5IvYtiD+OzFu2+/e3H+6uLFyZuLf7z6",
-	"6SyGLiVD+4bnjD6+N4AffbMsia+wkymuXseFa71DxCq5mKmiHDNhQMlsUTYnIJBc4kXIlMpHLLmkeQm6",
-	"kC6oiQvH/b6QJON5X6o+K+w07g2gLspRBqMvQSvtJIKFxaUrAYx78LYSHH4fdK0FNK65NDEaDgziyvWO",
-	"oTta1LdgtCDYT96ftTZuupwBfsd7uQqrAUMDDizRI0C8Tj66PSIpKzJhF70I723eQgWt7RQVE118o9Xc",
-	"cG0A6RXdR1YJh8jPgvKF14ZbL8tNVMLoC17KZ3BNU4xyraxKVAZxEJkD+urBqg4Kkx1odlOt9NbhPKb9",
-	"CYJ9ygwwePyYfMjHj4/AF7xAtyp4iWq+cKOIZU9zU8zKWhYmiXRnQlJQnRZyrzE9wloom4HuDmUzUbWQ",
-	"ewzXdqs5EUPJI/xdWMOz8U5lNkzWwXJ0v7w8OVtuLTVCybz0FOHvHPHtmmkVxVAGsOOkBtqpI3j8+HD/",
-	"4PHjAdQGsyAIu89m8ckHt9RTWkqWrb4qICINKx3h6njr4ePHiJZcUeqfJEho4g9WB1LFiHMJV1xT/WgE",
-	"RoFITaDckatw4SlyXMJR3ULdEwjvdtKjiishfUszR/Y43D8MQpwqdgz+8YruJx+CciHrhlTE0A0FTj2X",
-	"r4lR+cQRxFQqg/9wFBVHQxm7apkYutNixmRZ1HQMr5mxL07e9I1dZGE8m6HOYRDWNTT72SDdWWtFFOm3",
-	"9pKoxI8qukV5FBIktWMrDYdPngxly3SMkMoK4zV8XUjlfBmnHH8D58rBb/ADZySJfhvK3/r9Pv2HN+Cb",
-	"fiubH6jd7KiiXvivs/fvIj/niFR7VJIXpSbJWUq9w+T+jUQVUb2/nYKdMgvcJCznjSI+8C8/gN9Chy5+",
-	"cICjNsok3PkUftsyvqjJIP6xQ/ithLhqfKLpQTRvzg+mCGNg/FNfw2+N4U4uyE8Gn5L0bUtTnaoBe1RX",
-	"A8xNCSsnXPT8ygf4GTQiiOBET9D/8uQJ/OZHo/hxKSU8z+jjw9QefGsY2FNUU4SOIWGaaprj2qSeOKyA",
-	"u8xgVEyOIVOTCUJMhl7fiJRH9cmEEzRgUa+POfj+ClxkKF+AVLL/K9fKdfa40RjOMOdp2VlFde9S6RnL",
-	"IK4a8+LIC9Rg4hOhOk8tEwmXhleBk86LHNHWfzLY70QdCtuS52SO9vbm8/mA0c8DpSd7/lmz9/bNy1fv",
-	"zl7RM1U1X+lddKLOFdeuNqezPzhwd3mDsnPUeTrYHzx1XRtT8nj3OkefbqLO3pRqdX/1f8241SIx/q+6",
-	"Peov0b6Hu+tmCq7puxCcuhFKvkk7Rx1k8LPyruaMx59XovUoq8s13UgSYRyZrpvYWKZ/dpvpsxQFuom2",
-	"wOB8mTjkfmJSHWhFxpexE8xXLCs4xFdxBBNx5d3py+dX8TqIaRRIp33qoeVs9pzi4/UGm/95/vGvzweP",
-	"2yb4fVya4Pdkf3/DHKTbzT+q57A2j42jsQyyGpmgdMo1zWk6dPC0vaaEe682mo8eOdj+SGNcVT2sQ2QV",
-	"Ajo/f0QEmWI2Y3pBwx7qbg6ik03MUs6M8rumJZvuyvJMzS1wZhp1THsdZcm40gXK0UZ/LbvkvmADushF",
-	"QnJjnI3Ri4ZSaV+b4Xq0GfqGqAVQdbhu7QHEZE46DzP0TfipSE5fOtwMoDEHbSjrynTOKA6P4FHXzi8F",
-	"L1zMtsjRD4ydT3JB16uEaFwNwfhqf79HIlUOZTB1UIY7I6UundGjrlpPava402XeEHdCsik0ksY8LBdg",
-	"5MZ+o9LFZyPu5sytm2Yc0/fbLnHWwefmLOq1WGUsX//pyYuGvDwYJ0Wdw4On2x9ankeIzz15ssvLVse2",
-	"3USdZ/s7vLNluODOjP/Su9qBddew/rJaI++7moXSPiIsuGszdbVkB+J1TnOSs4wSYDX3rmaYmQG8Sfks",
-	"V5aq4pzzM5TOJRMS+HjME3uE0FMbvvc+6p5GsD+e7e+3MZR7oM5Q96QyGhNlWkjb/Z4O7k6du1BKNYCU",
-	"njjc/kQ5vXGFohqx7J8/osHQDCnXroVwu7u0jha/9btXm/mJO91bq45aDasJtw+wn426k40mwL/5liJW",
-	"RtsFzIoB3PYN1S171WTum4+twmkv9fOVahZ422A6U5Z0hkzgciIQXjJy9ipNH0pVC8OHct1MOW+UUFKA",
-	"PD66gH5+cH1DSN0FRFZlk/+A165XeKODcI+T31F+W37xOwfA36c5vjRJaw07+i0OmdeHNR3um5Pxga+3",
-	"P1AO0b6zOXP/IuOUszR4BCww41J83gVAew8mS5bnQ26VKYwqySgO5maCGDcaI24dyeOcoUVICaCL5M+L",
-	"KNAt4zIdSnIjhB0A+eFUZ7n5iATidTf/Mj125RiO/9eImwm3r6oJavfGrI2pcmtYNaD735xH75/Xvldz",
-	"1AJEosBcbLQkqpKSPj+bRVtvpuNC1rLjNU/cGIW7svm6UMZpIQ3EPkDh41gbRuk1Ah3ox7jcPir5ZtRU",
-	"mKEs46Oa9BSlLMNopNqgp0cUW8vKsWMw0arI0U7wk6tCxtwtQ0vHtcFAMRw8eRb5lAB1c8QQ+/fEfrYN",
-	"DfBxZQiuH28Abxp9MqALic8MpYu+NN5Hc532XD5ypK7jak1XMkbiyPW0xpSHPtw/3Dvc/7rsuBjKWsbI",
-	"Relpemt1WgK8Qor0U5WEgcSZYMyuHa0UrLOhPPgKzbNjiMsBHTGVUJreAN6pegQcUs7SjIpBKK9Ac0Hi",
-	"WnAnzwqUxhPNEj6UOddCpceVeCb5ngrj6zMoSZbwrDFYsE3UIvgvfYP0/QRx6oMldwrh7H/mV2+yxGqz",
-	"6qA7nzJLHnqYQkeVP70v5tn/5mjTPViFhQQlK9ppjGK9TdBqrxy/32rAnZHIqZxCEjno+8RrPDcUB9Ww",
-	"Ibq2P2gzrrwbdwu+U4nltu+EYJP/ygLwkZCMnLWWA4w217sunfPx0oHQDy7chnLZxuCu5kFmK4Xpm082",
-	"+2LdPaQnxUCzOe2aV6x/hF1XHl5HNlixhQObx+tIH7Bo8iV00XVCojyGOCl0Bv3zuBf5nBv1+Gou7VAG",
-	"LhVlHVGesYQKtSRqHmMDa7sETTjTxwWQpzwjP8sP5yQTrU2350XF6bvo9d/J5A+n1+sDzVrky49htNgX",
-	"vf2nDKv8SIfFeGlAhau7yoMNanQv1Ha36tIQ/G3Tpq4U1FhmY0gVN5TEcXMQXRmZezSNqE1mrNzYAOgK",
-	"a4bS9VLgfVRY0LtFUBXfeHtNfHtO2RTeIBHzJbTxYJkHP2zzj9R1m3go8y1wO/BQGGDpKwEru7OmDemw",
-	"AsStEVc8W/QiMK7gc7SgnogImKHixbGKSz4zHk0DeGFhpoyFZ9H+/n75wu6Yz+lAW+fACzfO18UTMyUn",
-	"veOhrPvbhi0IYs3dnM2Z0rzOpUsW82EUJNNhe54WcUTnXt03326q6anPLPWI+cLG98zGVJhU87D+nHys",
-	"9OX9xCNfVE3DzUE2lUocLSCmEaqxD9eaWnONGyvkC6aOgOK8CO1QUhO3qUJ35cFBJJRQPYcXegBcmoLO",
-	"nKNCKfTGkf2FvBKGutOceT6UIdfg3PRqcR/Vw/dTuRMFTOeNEns/gz/A4stCUoWfMJRzfFJJENZVWi2d",
-	"dhSFVGYEXF55G9/PaKoajUIW9/z8Ldn5Q1mimDpZXc/SEQgLE8VrGKIR2wh8m4DC6/dbl1UfsHuzekLx",
-	"56zCqs3PbRGF+GtZqfJvbOj/awbacHc3l+BUDfRrXINqDNw9JGjKBGuja4yYlIHk82aD2QBeyIUXLTO2",
-	"KHuBqo4k+u14KF07jCzboLw48g03ZTDB98r1llarPTOAmIbnxGGq21C6lnjXLZn5qcdXTsi2jTquog9+",
-	"7oSaoW+dQpeVTUuhj2ltkWhoyL0PUdQYL33PsmhzRegPKK//9WTRnUXL/cuHH4jmidNqHeK3Ch04+bDn",
-	"h0BuqiI9pdY5U2Mc13bg2/OrFmAaZVsdw37cMJUuOc9N7ZyueHnmZAxkQJmlSYHUyx0qU8eW6znTqRnA",
-	"S+aOBiOZU7bPDmVXqhInvkuR95qdb1+3May/teLYe/JvmlM+W7jJ3/BnrkL9o1yUpcA6kmV5JCfqhSzM",
-	"P3iQeiTqRPtcCnYpfo1L//EFtCfUazf4l7IY/8xWn+b8V+78xVp//yNTO/xuczX2GkLV6nrhi+b2PuXM",
-	"Tm9+F9nuWjgUfWo9l96UbvSH07cROnMo0t1ggvLEJCWX9ABCf4xyHM2xqcpSMBkzU26Gshuv/WgaDMdy",
-	"sUfzq/7zl+cHcTW+IV76xRtyVH9bP92n/Gt93e1Kpe2anXAD6tf2IlajpO81xrY0Antd6Xzo//h3rp2n",
-	"0FeTEsvBMqbaqsCMuMG/T9es87loWEmc20UcDsNH58QfImDqR2SWPeneHzs5/wm6MVJsTIMg6DKdR4Cs",
-	"Q9OrYgpQh2o0ilz53j0mQyd1Y1ZOt4zFHMAP4hs6x9+FdCI/66QcJU+5LTe63fihK6qw/lO6zMD7nEuP",
-	"AWppTh+ZchaAr6INmHYRp2EwusPH+9F+7uyFcnSHhzsK+JopKvll5fEMzFy6eUHVOQ1DSYg5rian+dMa",
-	"jqGQVmTu5H5bcQdihSa/eFM0bsyqj2EfTd2ylLHug1YEdasDOBp+Kc0q8o7pei+0NqD+flzRlcNO7tkd",
-	"rZ1C0SK7ztyxGl9iY/+asTF3Qj9bEcMrUnitCt77ZLY0Tv5DZL6A1C9e2WCuEjiCJFOuWbKaNBEqUmkw",
-	"mdI0zaG2xmBN4+MSe37pfVwiMkLNQ+p83P3aJu5Ca+vbIB9md+tnkGy05r7sb6MqYYeNvUc3yX/7phhD",
-	"kFZ7c3PPPtt2YGiY1/1kFM6CrHTnPoBVINUc/lqG8bvxfnxUHQxxvHRay7JJlRTa1Rv653tr4/ntsUDJ",
-	"5/ebSGwcptNqLj1YlIdA+WIv/akD/q+uLZdpIyYUzuy8U0jIjQ68n+ClW/uPj16eulwDsAkT8ksQ84HM",
-	"8/Mpm1dj2nYbItFOo435859f5bxkuS00X8431U6touoYKj5X803JLPCUVsYluIl8gZ4vVEdjUuVcgm9S",
-	"c6dwaU51tYkDJD2qZfxnLPUFwrZRHOMDHmPNzbQWFfbR0rBSmHJwXj/vQBhIC41kACzRypihDCNuNQ+B",
-	"FIRzLl1BE64YptLa6uyVtIGJbjUWV0lg1ZpzH+e55AvTG8CJnxVt/FJ+BGsAziXnaPwfjXE0Re4mZG6a",
-	"wBROG7gfDb18CsF9p9jLsxNaIhr+ty9RjT+3lj4rybldoNyljqc6PmLLoJ2zMGrw/vRt/ZyLdW6mm4b4",
-	"b5wxOG+oE8LHg6WkizwM27mHBIQrOnXVmzSUh4bslidoxDShr3bCRgzd7YNvXD1pKvRqsxjUesWazWDJ",
-	"5llAJx9uMwuoRb84NN6qg+x2nNQ8UeWBe8gap5p8aSL7EzV//xENaHcY7RNkT90+Xz9et7zrPjVT/SCr",
-	"dZopAFKWDNFZvmjdqrk0Eags5ca6LOLgIUa9NuAwNTxtsg7Cpe1JjFM+Jh+M8pJu8gd1/7mSumDAz5mp",
-	"eRvColSlCYCWivwIG71jtGj8m4dy6fwf5poAlSTtvzA+U+qH0G8Y+Fi33//3Zj0etnJu+9jGCqttZLRh",
-	"XuMDbMcmJ6fOow+2H7ujtxqhuA3BtzS9/LPOqtsCD03Nccu6yex7ZLB5OFaC6p5FW45QgsYRILXBr+WQ",
-	"tUFtiHkp+1dLul5X3k0lYH3u7LKxSImjlrqw+lFNoDRVp+xyZFN3pXakdlBXr/b2nNLabfVoy+Ui9QN2",
-	"6scTdGeqkL6Dc0qH4vByhlx1opI7ean+5jkfGVp/bT0cbikV71xT3iMIVjdd7q6vpeVaXvk9jdSPoJzy",
-	"HYGfqx+54u1UJcUsZLGpzMidqFM7T4vIsISo/laVG6Ti/x8AAP//",
+	"7H1tc9s2tvBfwWjvTKQsJduJ093ak7mTpkmbu2nisZ3p7VS5JkQeSVhTAAuAltXUM8+PeH7h80ueOQcA",
+	"XyTqxW7s9u7mQ6cxRYKHB+f9DZ86iZrlSoK0pnP0qTMFnoKmf56C1YsXYwsa/0rBJFrkVijZOeqcQaJk",
+	"ahjHn9l8KpIps1NgSSZAWjbjC6bx8UEn6phkCjOOa8yEFLNi1jnajzp2kUPnqCOkhQnozs3NTdTJueYz",
+	"sP79r0UGJ9xOV9+OV5mQRqRAbzVcpiN1fcw0ZNyKK2A5t1PDuIbqklV071zpy1RoBEzgWr8UoBedqCP5",
+	"DOHBBztRR8MvhdCQdo6sLmDpG96CnCBYB+VXGKuFnHTwG06UtqsQv2C50rYF5oilkGRcQ8qEZDHeZWLG",
+	"LUs0cAslmB6uACW+ZCOU/Nph+qtnz54+iyrMH7RgPuqcOWDefLsK+XkFKxNpxGIzuu7HjMuUPdlnmZqD",
+	"TrgBNuIGnj5hyZRrnuAWrgFdpBsBh2s+yzPC6ei6z0dJCuPJVPzzydPDZ1/97TKbyQ7SibWgce3/wbt+",
+	"5v1fn/T/9vHTk/2b/+i0bcoZGCOUXPd9J+c/MeNuYSJdA7jZAvk2wjiTPDdTZR0Qte+U+brvvAMUddTI",
+	"fCtqbnAtkytpgHjuRaaBp4uXSkpILL4ABYS0IImoeZ5nIuGIur1cq1EGs7/+0yAeP9Vg+A8N485R5y97",
+	"lWjZc7+avRP3lHv1Eo9IZaeggwyZqiw1jlX81iDNxZZfgroCHbM5N0wqywxY1o0TlULMhGHxi7enr158",
+	"+9PFy/fv3r16ef7q27g36NxEnW94egq/FGDsQ37VG3nFM4HcnRf2mMWgtdImZpkw1jC4Ar1g/qUE5Usl",
+	"x5lIHhTGBo8bFEQkKbWSE2Yst8DGSjM7FYZph0HWhcFkwHJeGEiZ0sxYleeQOky/Vnok0hTkg5IPs+oS",
+	"JIHKPSmVQhavMZOoHPWAQrFV+yRVoKC9iTrvlH2tCvmgVP9BXko1lyX+u0qzsciAYEY571B6wheZ4um5",
+	"Um+5nsBDU0fY9pFKF0giGQKB+OOS8Qy1QEpgnoG+Egl8kPyKi4yPsgeF9P0Vig+e80TYBSEQ6XjEk0uQ",
+	"KYJdSA08mSJcKOWXjZ1+ae20AeDv3qvZRTc15fInIB765MJfqyu1unh8+f7d+av/Pr949/784vX7D++C",
+	"ePwgeWGnSotfH1bs/yCMEXISsRnPxkrPII0YXOeo3vBzNFypS0jRHkpBWsEz48HNtUrAGNzMV9IKu/ij",
+	"mOJKqIxb8MqKnt0q6G+C0ibqe0nGnrfCCPY0Ffgmnp1olYO2AvXzmGcGok5eu/SpA9LqRa6E+2hhYUaX",
+	"lzR91JFF5hnS2Qz+Bq41X+DvIK/Wv3n39dTon5BYvAGlmLnVkk0Uo/1v0Gyfa2GBjWCsNHi7GL2LQksT",
+	"kaXP+sNif/8psA/nr/t/ZxauLbL3VghFmsGFFTNQhb0wLV6OVbl3cUhTZKgQ58JOmVQMriGJSFQjmSK3",
+	"Wc3HY5GQnSIV49byZAop/eaMGoQKaZzbzlEnVQUCFzXcojUwy2I2QnkTdcSMO/HfBPWlkpYLCZrRDawb",
+	"TEQ2WrBUJZegewOWqYRnR0SnaE8yNWZc+ie81p9wC3O+eGTczf7HVGhIrNIL1o37ffqlT7+YuHfEONNK",
+	"WcKFWRgLs+p+r3pjBwIz/ApivPT+5RuW8YUqLLNcj3iWsa7KHZVkCxYjeAPL9ZGGXB1ZPol7x4zLBXOK",
+	"naBHU2UilUaJwQ2L4dpqPiCwYvwWlIsLs4ESKsqbgeUpt/x3kOspUSSkCIowx6wgyYR/IVrjjI8gixFH",
+	"SE5qTFdRNuxEqeQXtjjCeBlZBK5zZdCx1KqYTFn83atztnd1sOcVA5i9TyK92QOZkqQwe59wxZuYfJ0g",
+	"Mm7jNG6RJ1GnkOKXAt64tfGOGxJcVyIFfeF2eoNwcEsufax/um9ySAQyml/muNR5l7AIXv8/yX9x3Hq4",
+	"v48UI+SEsH4JiwGLjffHLkRKipEnCeT4yBS0sxK77+AHxb5bzB4ZtBZnPeLsGXDp9tSqvJ/BFWRsLCBL",
+	"d9pIcq82yZzv1dzJGRR8XFhvp1YGulVsBIma4UfydPEZRIoGowqdeGGdZe/HnaOfN2vG0/KRm4/Lb0DV",
+	"VuG2TapybdlYq5mTquFm1lXSxUYSnmWgHxncKabm0vSOmLDGCZiI/ule/8g4+bQTj1ubtSH8rRgD7gcK",
+	"QOPDWgQcaRqynlIY8yKz7ODv+/vHbJ89d/I/F3rR+wz49yGp9tgE/oiEW5PATgWmTIzZzBlPvR0QcNNC",
+	"jd9CBhZOwRQZWQ9NyyKlX9Oa7BsplQGXHRc3CDGIn8s7P7a9Q80lui7r3uItNnMx+uqwHQW47Y8MGy0s",
+	"7v6IG/jqsA8STVpiutUPrcPWWL8NwFdeKL6RY7UKXhCZzaDN1Nr8aG/v4MnfBvuD/cHB0eHXB8+edlqo",
+	"ruZj7KxYlkBc+qASomrx1s+6huQV2qDn9MsyYn+cLhyvqdkMxVoqUoqm6EKiiEGezwDvPWZIWGyO+lRY",
+	"vA9xDhKp++eOl2SdqOPlUw2W6oMQllrs5RbWrQdvFf7TQqJpE5sp6ycx6464mTogcw0GpCWe2BiUizrJ",
+	"vGXlbz23L0WLt8qXz25A04foK7hAD3ai0bm8MM7BbpFjhL5SVvWOmPePvF8S9jmDsWUjmAqZkqa8FFmG",
+	"etJvr7erj4cSgSJTccEuAXIkDCnkZDCU65FRyoeoY2wqZDtPn1kuU659TKyNo7fL8vUK9NtKWHvSfc48",
+	"Uj6DrC5MWzrkgwk2KTrgIt1NHDellKPzdZy8VnrmBVkTbZh4efKBkWbrItTsr8wZ571gfQaSwP/w74pg",
+	"hCXbA1K0PqKaZhywFyNkLqQXDeEpMstYwiUKEAtoyweXoxXjK1hNC02q9mK20SKqway5PEJTzBQudbKa",
+	"VyEdTqYC2RtW0R9wLWy0BnrWJcemd8wAWclb7t4hYobPmWiSkJD2q8NOm3FMzv+F9ZJ3N5uqKbBb7Sql",
+	"ZheOYds1ZcDOnJvA2Gg+zrm0uOkzmJEBUcPTIxOuZmImLDpZu2xwTe3WeD4HfnnhlruYiVGLvwL8kmnA",
+	"zZI2vLhJjeQwBveI6wkYGwizhSx/EN/cE0k6QXiBIqkd10hJDH8+ZgdPnjElmRdKPtjszfUxF1mhYdBK",
+	"JsamoNvkyfnr/t/xA13ugCwfpiHPeNJq8tBKqIY/w0pWFzLhto3EXjBjNfAZoygqpCye8esLuIbkQhU2",
+	"L2zsXxBoMClsG6UsyT4Pe4mOJvIbzNQUFXVg2wTna3TLiKVWBSe5bKuf+F9n79+5mJKnQTUeg0zRAqcn",
+	"IkaJD5eo/fngY+wDHGXqmtRAK2JnYIyP3WzWBQ606oH2T8ug3WCdtVLsG2tYDpr8BSXZSFgTOefYgC1E",
+	"GuH/J8IpA2NFcrkgBlOJ5ZnP9gw7+18dHg47xEK1ROPP+/2/ffx02JZgjBAcMRaQXnCizorzuIU+ckzb",
+	"Qy7Z2cZ1GTeWQQYzcCKN2B23qzvs7A07pbeslXIW4MraeWtJQc3P4COjssL6dVdVSzv/iV/XYB1/QUw6",
+	"zuhyZhazTMhL9F0N6SSLYs4+MiwjU7W3o47x61y4x1u5tXyTu4fCZHMtrAXZzvtrXAVuUfYKc8xiir+5",
+	"gAlLAW3RiL1+8/o9JQFRwtq6e4AoRaYVyNUenE7UoUVaPIUlRqinvv29HtORI/Mmea3jk7fC2DbHzmr/",
+	"zzICtkk9lxx3sxo7X09Tpdt+V8LaII4b6/t8+UxpYP7TXHpuDjqEyxsSf5009kgP6NkuYzP40ZHUKo7X",
+	"44VQUFEj65bIWcVL7xYc9w1xWY3GtzJS++fT6q3fq/TlXV3ZQno2JW+EXNIq5nq4tUpnDSztjkEZ+d2Z",
+	"wH366RTGqyS+rLHLxdtQ9D3wzO37EkiW28I0AynqcmsAxz/W9qa3wA3cbTeoGGB345zedEbPoGVebmEH",
+	"1+QWNgUY8VGW+TBj6ZNyn0/ybkZNBvwuF/VmHZrOwgc3oYvVXIKOj1yG0k7RxWex/yq8XKa5TMROzn+K",
+	"mNuPiJXJhGMm8WHmooCRqwqJmAYJc1QLM4G6Gl9TVw10AXWBR2Bb3CgkYFd1m2Snr1+yrw+f/S0kVVkK",
+	"lgvyTJb5rs0g+oEnUyGhr4GniM5g2HlLOY5YLJW9GKtC0h+rafOordSoVVQ5yFqDQC5LfAslVFq0LWqo",
+	"YrBVa8EKm8GGaOOq9fDh9A3TMAYNMgFGLpsYL0ISJWAdn2bdmI9UYY9GGZeXsQsmSSWhtz0867W6A6/8",
+	"hBJnkdu+NuY/sQuXN7+rOM62Zr3W8FoNrWvjk94pfU7Iwgc0T6gO1UzJG6V4pRiHaGXkYg5m2tsp/uUD",
+	"l39ATNKVWTS/Fe9FiebkgwtEPme5yNHgdd6d9yvQv2M859r2IgbCFWlZrtGn55YpmUAZgVA6iMpkqgxQ",
+	"uNeSma6N9dl11o3/M7eL5/vxkXufxyOB0ovKte3UWQPb45ZazT8DWYQw4R1yMiVZpy0a1NXz+LTaFrVZ",
+	"3buGe37wgjFIZNzbqINobBfGduFLnVYBC7UObbmiqOMTVrdyAeFa2DXRl3cuHyEyKIPSnV02JXjGG0t+",
+	"PFpuoo4LaVyo8di0uVfnCj1j59WpMXN3o1hMiwRSZhQbc+1ibRKuLd1ZdwLcurs6e/5D2/F7R7KoVl3+",
+	"2Dr6S1er3OPGhq6hLU8p7a6Xh2F3tVcjva2maVi7DbBTyJzF2G4za/fzGirWMOMC0XVBd7Xq2SVgygVb",
+	"nm6HT8L8buqsND4/u/V42igP2ATRckGMe85Fls0x406eKx0kPAW6agUVIW77yNQzNisJj9ZMh2HdMalY",
+	"JU0oSf0cyflUmMuLSVsw+1thLt23MSHZd+KbFgiOQ8kVtwz33bKvDtkP4pveMdsvFZwwS5VXod6gG/f7",
+	"/t99hKM/EaO4KuPi9YorHwurwvpqLo/JEUaLLcdXC0vRaOPifq/evT87eRncbVTPhwdPywoi6+Nhrjra",
+	"DHwN2REDOVY6cRlDH243VmkqEtPiKmRSqPzKV2QRCglRrgI1LBF/jv2ZOHrY4ZmaNJ3kRZmc2aE2rJ7Q",
+	"uM2L2rgptNq0xm7vpihzocH4Z1o1JchGBdGUGid8AUtzC2ov2m5b4uZuK+HaoeZylQC2bnrGjb0ge1rY",
+	"xa2wdadCv/XleMvltnWHazlGGIrfQnB7NaLl9qddjde9ux2iOGfu5vKxCw3c1z6314E0+z9c9XLsA//C",
+	"GsYnlGMrE4tVppCCuXNh2rMeG/TSpkKoLUZMhamay9jEcLVcw15pMEwAb4UsW0isRjuBAAIPfFzP52sM",
+	"oLsG59oD0LeKztXCfO2Rfl9hTbWOQoaSkGMWqiFZzrUrEljVzjvJhKUy70KTGzjmiTUhClPtURyxmCym",
+	"C5HWoyvVB7lfqfln9Yve5/yXAtgIuAZd6xBylYcb4u4r7FrFLEn9toakGwy8Uyvj6hohTLdrNBLNf30F",
+	"+qLQWXusvTIs4NqCljxjH07fMiGTrKDMZrx3dUC43VDg9vf9v+/vXR20gbw721aARk0eru/hKiM7nNQZ",
+	"eivfnZXCsiWHKMaQLJIMfHObGlf5+nqEkoIHzj2qHCXX8kZihzreQn6aSp6pCrnVeQ7dn59H5++oQjZ0",
+	"+TlRbjnygxqzrmvhnvEFGwGbrAndubTIBfm8a4QHqZJQ0OtSUiNYKJmSEqFi3bXlN65Mg+I3+zsnQZuV",
+	"xju11W4h0tqKS1QayLFCwlZXOOz7Gj3gf72FHgh0tFUJlEtvAutuvmZ7ev6Fq4BD6ZqDyjM4ZhLAVZWO",
+	"gLmGACrK5NdlUeaTv+8UFHPsvDbX9fCW0U7Wz+6JrA+5K5G+WyD7MxdQRx1XLnAR0rfbWtsb8fzao9H2",
+	"4uvw4WFjbxFfeJHN+cKw+NNNi10Qda77E9WvYC0S++nG9d1BUmhhF2dIFz6qkYt/wKI1zfTi5A21IXDD",
+	"4he+QZIKkI7YN86ooN6z5BIWrgktHrB3ACmkVEZd2VKZMPaY8cwo5mqxlBxK3xYIuh+ojPzthkoKPSt+",
+	"sdRV4BJVU4SKoKgQgJq7NIsciG28Sj97g2jbt9Fd4et2fvf3VJy+7d1lkw2VnHMrRhkwV9feKycxuL+r",
+	"KQj/3cen+t8tZn3P1X0yiSpI/I42YXmyBZgN79vyGqQr4V365gtwE9EAo4oZyb4/Pz8pS0pRVCIT9uEa",
+	"koJ6TUrbfcDey0o/9iUUVvOMyFFdgWZ8KF2DHoJocp4A+ycXWcQ4+9b12oGcCAmuPO0fxQi0BAuGJVlh",
+	"LOgjdvrq7JxAKO2hiCkJfdQLQ4kgEd1SjOmY/QijMyrvMf6ZK2AW9EygOdk9Of+pF7qNDZtPlYEQEaeh",
+	"AdSb6IrLEi6HcgSuCHGBF6nBkjMNiRs7MRjKoXxJDZOGJUqOxaTQwOLKfGTPmTdQv39/dn508v70HE3Y",
+	"Y99m2+Ql6vtOQQ9l/Kla4mapNy4esHP0CSjoJULNvLSaJ9Z1TH6nKNnpqhtpac2EHMqYsnuSZ3s8FzEV",
+	"1U9AUlI7DVXIUVlkXZYTIyRU0sqt79dTOUiei8GCz7KYkPCXvzDkS5DWNzLjxcfs8WMvlR4/Zv/v//zf",
+	"3QXTaWgKbYomq0g61YhvKBn7BywQ/ajS8SPifp/non8Ji5jtsfjsxbtvv3tx/urixcmbi3+8+uksZl1K",
+	"hvYN5Jw+vjdgP/pmWRJfYSdTXL2OC9d6h4hVcjFTRTlmwjAls0XZnIBAgsSLLFMqH/HkkuYl6EK6oCYu",
+	"HPf7QpKMh75UfV7YadwbsLooRxmMvgSttJMIFhaXrgQw7sHbSnD4fdC1FtC45tLEaDhwFleud8y6o0V9",
+	"C0YLgv3k/Vlr46bLGeB3vJersBpmaMCBJXpkLF4nH90ekZQVmbCLXoT3Nm+hgtZ2ioqJLr7Ram5AG4b0",
+	"iu4jr4RD5GdB+cJrA9bLchOVMPqCl/IZXNMUo1wrqxKVsTiIzAF99WBVB4XJDjS7qVZ663Ae0/4EwT7l",
+	"hnH2+DH5kI8fHzFf8MK6VcFLVPOFG0UsexpMMStrWbgk0p0JSUF1Wsi9xvQIa6FshnV3KJuJqoXcY7i2",
+	"W82JGEoe4e/CGsjGO5XZcFkHy9H98vLkbLm11Agl89JThL9zxLdrplUUQxmwHSc10E4dscePD/cPHj8e",
+	"sNpgFgRh99ksPvnglnpKS8my1VcFRKRhpSNcHW89fPwY0ZIrSv2TBAlN/MHqQKoYAUh2BZrqRyNmFBOp",
+	"CZQ7chUukCLHJYDqltU9gfBuJz2quBLStzRzZI/D/cMgxKlix+Afr+h+8iEoF7JuSEXMuqHAqefyNTEq",
+	"nzhiMZXK4D8cRcXRUMauWiZm3Wkx47Isajpmr7mxL07e9I1dZGE8m6HOYSasa2j2s0G6s9aKKNJv7SVR",
+	"iR9VdIvyKCRIasdWmh0+eTKULdMxQiorjNfwdSGV82WccvyNOVeO/cZ+AE6S6Leh/K3f79N/eAO+6bey",
+	"+YHazY4q6mX/dfb+XeTnHJFqj0ryotQkOUupd5jcv5GoIqr3t1Nmp9wyMAnPoVHEx/zLD9hvoUMXPzjA",
+	"URtlEu58yn7bMr6oySD+sUP2Wwlx1fhE04No3pwfTBHGwPinvma/NYY7uSA/GXxK0rctTXWqBuxRXQ3j",
+	"bkpYOeGi51c+wM+gEUEEJ3qC/pcnT9hvfjSKH5dSwvOMPj5M7cG3hoE9RTVF6JglXFNNc1yb1BOHFXCX",
+	"ORsVk2OWqckEISZDr29EClF9MuEEDVjU62Ngvr8CFxnKF0wq2f8VtHKdPW40hjPMIS07q6juXSo94xmL",
+	"q8a8OPICNZj4RKjOU8tEAtJAFTjpvMgRbf0ng/1O1KGwLXlO5mhvbz6fDzj9PFB6suefNXtv37x89e7s",
+	"FT1TVfOV3kUn6lyBdrU5nf3BgbvLG5Sdo87Twf7gqevamJLHu9c5+nQTdfamVKv7q/9rBlaLxPi/6vao",
+	"v0T7Hu6umym4pu9CcOpGKPkm7Rx1kMHPyruaMx5/XonWo6wu13QjSYRxZLpuYmOZ/tltps9SFOgm2gKD",
+	"82XikPuJSXWgFRlfxk4wX/GsABZfxRGbiCvvTl8+v4rXQUyjQDrtUw8t8Nlzio/XG2z+5/nHvz4fPG6b",
+	"4PdxaYLfk/39DXOQbjf/qJ7D2jw2jsYyyGpkgtIpaJrTdOjgaXtNCfdebTQfPXKw/ZHGuKp6WIfIKgR0",
+	"fv6ICDLFbMb1goY91N0cRCefmKWcGeV3TUs23ZXlmZpb4Mw06pj2OsqScaULlKON/lp+Cb5gg3WRi4QE",
+	"Y5yN0YuGUmlfm+F6tDn6hqgFUHW4bu0Bi8mcdB5m6JvwU5GcvnS4GbDGHLShrCvTOac4PIJHXTu/FFC4",
+	"mG2Rox8YO5/kgq5XCdG4GoLx1f5+j0SqHMpg6qAMd0ZKXTqjR121ntTscafLvCHuhGRTaCSNeVguwAjG",
+	"fqPSxWcj7ubMrZtmHNP32y5x1sHn5izqtVhlLF//6cmLhrw8GCdFncODp9sfWp5HiM89ebLLy1bHtt1E",
+	"nWf7O7yzZbjgzoz/0rvagXXXsP6yWiPvu5qF0j4iLLhrM3W1ZAfidaA5yVlGCbCae1czzMyAvUlhlitL",
+	"VXHO+RlK55IJyWA8hsQeIfTUhu+9j7qnEeyPZ/v7bQzlHqgz1D2pjMZEmRbSdr+ng7tT5y6UUg0gpScO",
+	"tz9RTm9coahGLPvnj2gwNEPKtWsh3O4uraPFb/3u1WZ+4k731qqjVsNqAvYB9rNRd7LRBPg331LEymi7",
+	"gFkxgNu+obplr5rMffOxVTjtpX6+Us0CbxtMZ8qSzpAJXE4EspecnL1K04dS1cLAUK6bKeeNEkoKkMdH",
+	"F9DPD65vCKm7gMiqbPIf8Nr1Cm90EO5x8jvKbwsXv3MA/H2a40uTtNawo9/ikHl9WNPhvjkZH/h6+wPl",
+	"EO07mzP3LzJOgafBI+CBGZfi8y4A2nswWbI8H3KrTOFUSUZxMDcTxLjRGHHrSB7nDC1CSgBdJH9eRIFu",
+	"Gch0KMmNEHbAyA+nOsvNRyQQr7v5l+mxK8dw/L9G3EzAvqomqN0bszamyq1h1YDuf3MevX9e+17NUQsQ",
+	"iTLuYqMlUZWU9PnZLNp6Mx0XspYdryFxYxTuyubrQhmnhTQs9gEKH8faMEqvEehAP8bl9lHJN6Omwgxl",
+	"GR/VpKcoZRlGI9UGPT2i2FpWjh1jE62KHO0EP7kqZMzdMrR0XBsMFLODJ88inxKgbo6Yxf49sZ9tQwN8",
+	"XBmC68cbsDeNPhmmC4nPDKWLvjTeR3Od9lw+cqSu42pNVzJG4sj1tMaUhz7cP9w73P+67LgYylrGyEXp",
+	"aXprdVoCe4UU6acqCcMSZ4Jxu3a0UrDOhvLgKzTPjllcDuiIqYTS9AbsnapHwFkKPM2oGITyCjQXJK4F",
+	"d/KsQGk80TyBocxBC5UeV+KZ5HsqjK/PoCRZAlljsGCbqEXwX/oG6fsJ4tQHS+4Uwtn/zK/eZInVZtWx",
+	"7nzKLXnoYQodVf70vphn/5ujTfdgFRaSKVnRTmMU622CVnvl+P1WA+6MRE7lFJLIQd8nXuO5oTiohg3R",
+	"tf1Bm3Hl3bhb8J1KLNi+E4JN/isLwEdCcnLWWg4w2lzvunTOx0sHQj+4cBvKZRuDu5oHma0Upm8+2eyL",
+	"dfeQnhRnms9p17xi/SPsuvLwOrLBii0c2DxeR/qARZMvWRddJyTKYxYnhc5Y/zzuRT7nRj2+GqQdysCl",
+	"oqwjyjOeUKGWRM1jbGBtl6AJZ/q4APIUMvKz/HBOMtHadHteVJy+i17/nUz+cHq9PtCsRb78GEaLfdHb",
+	"f8qwyo90WIyXBlS4uqs82KBG90Jtd6suDcHfNm3qSkGN5TZmqQJDSRw3B9GVkblH04jaZMbKjQ1gXWHN",
+	"ULpeCryPCgt6twiq4htvr4lvzymbwhskYr6ENh4s8+CHbf6Rum4TD2W+BW4HHgoDLH0lYGV31rQhHVaA",
+	"uDXiCrJFL2LGFXyOFtQTETFuqHhxrOKSz4xH04C9sGymjGXPov39/fKF3THM6UBb58ALN87XxRMzJSe9",
+	"46Gs+9uGLwhiDW7O5kxpqHPpksV8GAXJdNiep0Uc0blX9823m2p66jNLPWK+sPE9szEVJtU8rD8nHyt9",
+	"eT/xyBdV03BzkE2lEkcLFtMI1diHa02tucaNFfIFU0eM4rwI7VBSE7epQnflwUEklFA9hxd6AFyags6c",
+	"o0Ip9MaR/YW8Eoa605x5PpQh1+Dc9GpxH9XD91O5EwVM540Sez+DP8Diy0JShZ8wlHN8UkkmrKu0Wjrt",
+	"yAHosplhrP0RXaTYkrwSWskZDRW8hNyW3z6U9M1+zZDlLU9/ohXOz986BIwA5Z1pftkjE5ponOsQcDaU",
+	"1Bzr2qCOmLBsoqCGdJrajfhok3l4/X5Lveoze29WDz3+nIVdtZG8LdIVfy2LX/6NfYd/zdgd7u7mqp6q",
+	"J3+Nt1FNlruHnE+Zs200ohGTciZh3uxZG7AXcuGl1YwvyvaiqsmJfjseStdhI8vOKi/hfA9PGZ/wkqO3",
+	"tFrtmQGLaR5PHAbFDaXrsncNmJkfpHzl5Hbb9OQqoOFHWagZuusp6/KyDyq0Rq2tOw09vvchihoTq+9Z",
+	"Fm0uMv0B5fW/niy6s2i5f/nwA9E8cVqt6fxW0QgnH/b8XMlNhamn1I1naozjOhl8x3/VVUzTcauT3Y8b",
+	"1tclQG5qR3/Fy2MsY0Y2mVkaPkjt4aHYdWxBz7lOzYC95O60MZI5ZUfuUHalKnHiGx+h12ym+7qNYf2t",
+	"Fcfek8vUHBzawk3+hj9zYesf5fUsxeqRLMtTPlEvZGGkwoOUOFFz2+dSsEshcVz6j6/JPaH2vcG/lMX4",
+	"Z7b6NMCv4FzQ2siAR6Z2nt7mAu81hKrV9cLX4e19yrmd3vwust21Fin61HrUvSk98w+nbyN05lCku1kH",
+	"5SFMSi7pAYT+GOU4mmNTlaXMZNxMwQxlN1770TRrjudij0Zi/ecvzw/iaiJEvPSLN+SopLd+YFD51/pS",
+	"3pXi3TU74Wber21vrKZT32vYbmmq9rpq/NBS8u9cjk/RtCYllrNqTLVVgRlxg3+frlnnc9H8kzi3izic",
+	"r4/OiT+XwNRP3Szb3L0/dnL+E+vGSLExzZagy3TEAbIODcSKKeYdCtwoGObbAbkMzdmN8TvdMhZzwH4Q",
+	"37DRIkSBIj8+pZxOT+kyNw3e+DkuqrD+U7rcsPc5SI8B6pJOH5lyvIAvzA2YdgGnYTC6w8f7aYHuOIdy",
+	"GoiHOwr4mimqIubliQ/cXLoRRNXRD0NJiDmuhrH5AyCOWSGtyKhb0dGD74QXxg2T8aZo3Bh/H7N9NHXL",
+	"6si6D1oR1K3O9Gj4pTT+yDum673Q2sz7+3FFV85PuWd3tHawRYvsOnMndXyJjf1rxsbcof98RQyvSOG1",
+	"Knjvk9nSi/kPkfmaVL94ZYO54uKIJZly/ZfV8IpQ5EqzzpSmARG1NQZreimX2PNLO+USkRFqHlLn4+7X",
+	"NnEXWlvfWfkwu1s/1mSjNfdlfxuFDjts7D26Sf7bN8UYgrTam5t79tm2A0Pzwe4no3AWZKU7SoJZxaSa",
+	"s7+WYfxuvB8fVWdNHC8dALNsUiWFdiWM/vne2nh+eyxQwvx+E4mN83lazaUHi/IQKF/spT91wP/VtQWZ",
+	"NmJC4RjQO4WE3DTC+wleurX/+Ojlqcs1MD7hQn4JYj6QeX4+5fNq8ttucynaabQx0v7zq5yXPLeFhuV8",
+	"U+0gLCq4oXp2Nd+UzGKe0sq4BJjI1/z52nc0JlUOkvm+N3ewlwYq1U0cIOlRLeM/46mvOXbNf6GkyQc8",
+	"xhrMtBYV9tHSsFIYnFAvrKEa4UIjGTCeaGXMUIapuRpCIAXhnEtXI4UrhkG3tjrOJW1goltN2lWS8WrN",
+	"uY/zXMLC9AbsxI+fNn4pP9U1AOeSczRRkCZDmiJ3Qzc3DXUKBxjcj4ZePtjgvlPs5XEMLREN/9uXqMaf",
+	"W0ufleTcLlDuUsdTnUixZXbPWZheeH/6tn50xjo30w1Y/DfOGJw31Anh48FS0kUe5vfcQwLC1bG6gk+a",
+	"80Nze8tDOWIa+lc7tCNm3e2zdFyJair0av8Zq7WfNfvLks3jhU4+3Ga8UIt+cWi8VVPa7TipeUjLA7el",
+	"NQ5K+dKX9ifqJ/8jetruMC0oyJ66fb5+Ym95131qpvrZWOs0UwCkLBmi44HRulVzaSKmshSMdVnEwUNM",
+	"j23AYWp42mQdhEvbkxinMCYfjPKSbpgINRS6krpgwM+5qXkbwqJUpaGClor8CBu9Y7Roygr9pSOFuOsr",
+	"VJK0/8L4TKmfa79hhmTdfv/fm/V42Mq57ZMgK6y2kdGGEZAPsB2bnJw6jz7YfuyO3moq4zYE39L08s86",
+	"q24LPDSIxy3rhr3vkcHm4VgJqnsWbTmViTVOFanNki3ntg1qc9FL2b9a0vW68m4qAetzZ5eNRUoctdSF",
+	"1U9/YkpTdcoup0B1V2pHamd/9Wpvzymt3VaPtlwuUj+zp37iQXemCumbQqeurakcS1cd0uQOc6q/eQ4j",
+	"Q+uvrYfDLaXinWvKewTB6gbW3fW1tFzLK7+nKf0RKweHR8yP6o9c8XaqkmIWsthUZuQO6akd0UVkWEJU",
+	"f6vKDVLx/w8AAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -102,6 +102,9 @@ func wholeNumber(v any) (int64, bool) {
 // resource), ErrConflict if a container of that name exists,
 // ErrUnavailable when the daemon cannot be reached.
 func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
+	if spec.Snapshot != "" {
+		spec.Image = snapshotRef(spec.Snapshot) // its files, the source's image below them
+	}
 	opts, err := d.parseOptions(spec.Options)
 	var bad providers.InvalidFields
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/client"
 
 	"github.com/sandgate/sandgate/internal/agent/agenttest"
@@ -110,6 +111,17 @@ func RemoveInstance(t testing.TB, instance string) {
 	for _, c := range cs {
 		if err := cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
 			t.Errorf("remove container %s of %s: %v", c.ID[:12], instance, err)
+		}
+	}
+	// Snapshot images (labelled sandgate.snapshot) of the instance.
+	ims, err := cli.ImageList(ctx, image.ListOptions{Filters: filters.NewArgs(filters.Arg("label", LabelInstance+"="+instance), filters.Arg("label", "sandgate.snapshot"))})
+	if err != nil {
+		t.Errorf("list snapshot images of %s: %v", instance, err)
+		return
+	}
+	for _, im := range ims {
+		if _, err := cli.ImageRemove(ctx, im.ID, image.RemoveOptions{Force: true, PruneChildren: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("remove snapshot image %s of %s: %v", im.ID, instance, err)
 		}
 	}
 }
