@@ -109,3 +109,68 @@ func BenchmarkDockerExecTrue(b *testing.B) {
 	b.ReportMetric(k, "cli-p50-ms")
 	b.ReportMetric(k/g, "cli/gateway")
 }
+
+// BenchmarkDockerSnapshotRestore alternates, on the same daemon and image,
+// a snapshot of a sandbox and a create + first exec from it through the
+// gateway with `docker commit` + `docker run -d` + `docker exec` by the
+// CLI, and reports both and their ratio. Each round removes what it made.
+func BenchmarkDockerSnapshotRestore(b *testing.B) {
+	image, srv := dockerGateway(b)
+	c := srv.Client()
+	cli := func(args ...string) string {
+		out, err := exec.Command("docker", args...).Output()
+		if err != nil {
+			b.Fatalf("docker %v: %v", args, err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	var src struct {
+		ID  string `json:"sandbox_id"`
+		Tok string `json:"lease_token"`
+	}
+	json.Unmarshal(post(b, c, srv.URL+"/v1/sandboxes", "", `{"image":"`+image+`"}`), &src)
+	post(b, c, srv.URL+"/v1/sandboxes/"+src.ID+"/exec", src.Tok, `{"command":"head -c 10000000 /dev/urandom > /tmp/data"}`)
+	cid := cli("run", "-d", "--network", "none", image, "sh", "-c", "while :; do sleep 3600; done")
+	b.Cleanup(func() { exec.Command("docker", "rm", "-f", cid).Run() })
+	cli("exec", cid, "sh", "-c", "head -c 10000000 /dev/urandom > /tmp/data")
+	del := func(url, tok string) {
+		req, _ := http.NewRequest("DELETE", url, nil)
+		if tok != "" {
+			req.Header.Set("X-Sandbox-Lease", tok)
+		}
+		if res, err := c.Do(req); err == nil {
+			res.Body.Close()
+		}
+	}
+	var viaGateway, viaCLI []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		var sn struct {
+			ID string `json:"snapshot_id"`
+		}
+		json.Unmarshal(post(b, c, srv.URL+"/v1/sandboxes/"+src.ID+"/snapshots", src.Tok, `{}`), &sn)
+		var ref struct {
+			ID  string `json:"sandbox_id"`
+			Tok string `json:"lease_token"`
+		}
+		json.Unmarshal(post(b, c, srv.URL+"/v1/sandboxes", "", `{"snapshot_id":"`+sn.ID+`"}`), &ref)
+		post(b, c, srv.URL+"/v1/sandboxes/"+ref.ID+"/exec", ref.Tok, `{"command":"test -s /tmp/data"}`)
+		t1 := time.Now()
+		tag := "sandgate-bench-commit:" + randomSuffix()
+		cli("commit", cid, tag)
+		rid := cli("run", "-d", "--network", "none", tag, "sh", "-c", "while :; do sleep 3600; done")
+		cli("exec", rid, "test", "-s", "/tmp/data")
+		t2 := time.Now()
+		viaGateway, viaCLI = append(viaGateway, t1.Sub(t0)), append(viaCLI, t2.Sub(t1))
+		b.StopTimer()
+		del(srv.URL+"/v1/sandboxes/"+ref.ID, ref.Tok)
+		del(srv.URL+"/v1/snapshots/"+sn.ID, "")
+		cli("rm", "-f", rid)
+		cli("rmi", tag)
+		b.StartTimer()
+	}
+	g, k := pct(viaGateway, 0.5), pct(viaCLI, 0.5)
+	b.ReportMetric(g, "gateway-p50-ms")
+	b.ReportMetric(k, "cli-p50-ms")
+	b.ReportMetric(g/k, "ratio")
+}
