@@ -28,6 +28,18 @@ func dockerGateway(b *testing.B) (string, *httptest.Server) {
 	return image, srv
 }
 
+// dockerOut returns a runner of the docker CLI that fails b on an error
+// and returns the trimmed standard output (dockerCLI's has stderr in it).
+func dockerOut(b *testing.B) func(args ...string) string {
+	return func(args ...string) string {
+		out, err := exec.Command("docker", args...).Output()
+		if err != nil {
+			b.Fatalf("docker %v: %v", args, err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+}
+
 // BenchmarkDockerCreateFirstExec alternates, on the same daemon and image,
 // a create + first exec of `true` through the whole gateway over HTTP
 // with `docker run -d` + `docker exec` by the CLI, and reports both and
@@ -35,13 +47,7 @@ func dockerGateway(b *testing.B) (string, *httptest.Server) {
 func BenchmarkDockerCreateFirstExec(b *testing.B) {
 	image, srv := dockerGateway(b)
 	c := srv.Client()
-	cli := func(args ...string) string {
-		out, err := exec.Command("docker", args...).Output()
-		if err != nil {
-			b.Fatalf("docker %v: %v", args, err)
-		}
-		return strings.TrimSpace(string(out))
-	}
+	cli := dockerOut(b)
 	var viaGateway, viaCLI time.Duration
 	n := 0
 	for b.Loop() {
@@ -117,13 +123,7 @@ func BenchmarkDockerExecTrue(b *testing.B) {
 func BenchmarkDockerSnapshotRestore(b *testing.B) {
 	image, srv := dockerGateway(b)
 	c := srv.Client()
-	cli := func(args ...string) string {
-		out, err := exec.Command("docker", args...).Output()
-		if err != nil {
-			b.Fatalf("docker %v: %v", args, err)
-		}
-		return strings.TrimSpace(string(out))
-	}
+	cli := dockerOut(b)
 	var src struct {
 		ID  string `json:"sandbox_id"`
 		Tok string `json:"lease_token"`
