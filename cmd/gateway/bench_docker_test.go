@@ -174,3 +174,15 @@ func BenchmarkDockerSnapshotRestore(b *testing.B) {
 	b.ReportMetric(k, "cli-p50-ms")
 	b.ReportMetric(g/k, "ratio")
 }
+
+// BenchmarkDockerPoolCreateFirstExec: poolBench on the docker provider.
+func BenchmarkDockerPoolCreateFirstExec(b *testing.B) {
+	image := dockertest.Image(b)
+	instance := "bench-" + randomSuffix()
+	p, err := docker.New(docker.Options{InstanceID: instance, AgentBinary: dockertest.AgentBinary(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { dockertest.RemoveInstance(b, instance) })
+	poolBench(b, p, image)
+}

@@ -43,12 +43,23 @@ func benchGateway(b *testing.B) (*httptest.Server, *local.Local) {
 // serveInProcess puts service and handlers over p on a loopback HTTP
 // server; cleanup closes them and p.
 func serveInProcess(b *testing.B, p providers.Provider) *httptest.Server {
+	srv, _ := serveWith(b, p, nil)
+	return srv
+}
+
+// serveWith is serveInProcess with the service's options changed by mod
+// (when not nil); it returns the service too.
+func serveWith(b *testing.B, p providers.Provider, mod func(*sandbox.Options)) (*httptest.Server, *sandbox.Service) {
 	b.Helper()
 	var store sandbox.Store
 	if k, ok := p.(*kubernetes.Kubernetes); ok {
 		store = k.Store() // as main does
 	}
-	svc, err := sandbox.New(context.Background(), sandbox.Options{Provider: p, Store: store, StateDir: b.TempDir(), AllowAnonymous: true, MaxSandboxes: 1000})
+	opts := sandbox.Options{Provider: p, Store: store, StateDir: b.TempDir(), AllowAnonymous: true, MaxSandboxes: 1000}
+	if mod != nil {
+		mod(&opts)
+	}
+	svc, err := sandbox.New(context.Background(), opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -62,7 +73,7 @@ func serveInProcess(b *testing.B, p providers.Provider) *httptest.Server {
 		svc.Close()
 		p.Close()
 	})
-	return srv
+	return srv, svc
 }
 
 func post(b *testing.B, c *http.Client, url, tok, body string) []byte {
@@ -148,4 +159,72 @@ func BenchmarkCreateDelete(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(pct(creates, 0.5), "create-p50-ms")
 	b.ReportMetric(pct(deletes, 0.5), "delete-p50-ms")
+}
+
+// poolBench alternates, through the whole gateway over HTTP, a create +
+// first exec of `true` that a warm pool serves with one that it does not
+// (another workdir: a cold create), waiting (untimed) for the pool to be
+// full before each round, and reports both p50s and their ratio.
+func poolBench(b *testing.B, p providers.Provider, image string) {
+	const size = 4
+	srv, svc := serveWith(b, p, func(o *sandbox.Options) {
+		o.Pools = []sandbox.PoolSpec{{Image: image, Count: size}}
+	})
+	key := sandbox.PoolSpec{Image: image}.Key()
+	c := srv.Client()
+	createExec := func(workdir string) (benchRef, map[string]any) {
+		var ref struct {
+			benchRef
+			Extra map[string]any `json:"extra"`
+		}
+		json.Unmarshal(post(b, c, srv.URL+"/v1/sandboxes", "", `{"image":"`+image+`","workdir":"`+workdir+`"}`), &ref)
+		post(b, c, srv.URL+"/v1/sandboxes/"+ref.ID+"/exec", ref.Tok, `{"command":"true"}`)
+		return ref.benchRef, ref.Extra
+	}
+	var warm, cold []time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		for deadline := time.Now().Add(2 * time.Minute); svc.PoolReady()[key] < size; {
+			if time.Now().After(deadline) {
+				b.Fatal("the pool did not fill in 2 minutes")
+			}
+			poll := time.NewTimer(5 * time.Millisecond)
+			<-poll.C
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		w, extra := createExec("/workspace")
+		t1 := time.Now()
+		k, _ := createExec("/cold")
+		t2 := time.Now()
+		if extra["warm_pool"] != true {
+			b.Fatalf("the pool did not serve the create: %v", extra)
+		}
+		warm, cold = append(warm, t1.Sub(t0)), append(cold, t2.Sub(t1))
+		b.StopTimer()
+		benchDelete(c, srv.URL, w)
+		benchDelete(c, srv.URL, k)
+		b.StartTimer()
+	}
+	g, k := pct(warm, 0.5), pct(cold, 0.5)
+	b.ReportMetric(g, "pool-p50-ms")
+	b.ReportMetric(pct(warm, 0.99), "pool-p99-ms")
+	b.ReportMetric(k, "cold-p50-ms")
+	b.ReportMetric(k/g, "cold/pool")
+}
+
+// BenchmarkPoolCreateFirstExec: poolBench on the local provider.
+func BenchmarkPoolCreateFirstExec(b *testing.B) {
+	p, err := local.New(local.Options{StateDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx := context.Background()
+		owned, _ := p.List(ctx)
+		for _, o := range owned {
+			p.Delete(ctx, o.ID)
+		}
+	})
+	poolBench(b, p, "")
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
 // config is the gateway's configuration. Every flag has an environment
@@ -52,6 +55,7 @@ type config struct {
 	K8sNamespace       string
 	K8sAgentImage      string
 	K8sRunAsNonRoot    bool
+	Pools              []sandbox.PoolSpec
 	PTYRingBytes       int
 	AllowedOrigins     []string
 	LogLevel           string
@@ -112,6 +116,45 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 			if o = strings.TrimSpace(o); o != "" {
 				c.AllowedOrigins = append(c.AllowedOrigins, o)
 			}
+		}
+		return nil
+	})
+	fs.Func("pool", "a warm pool, SPEC=N: N ready sandboxes for creates of SPEC, comma-separated image=, workdir=, cpu=, memory_mib=, disk_gib= (e.g. image=python:3.12-slim,memory_mib=1024=8); repeatable, or several separated by ;", func(v string) error {
+		for _, one := range strings.Split(v, ";") {
+			if one = strings.TrimSpace(one); one == "" {
+				continue
+			}
+			p, err := sandbox.ParsePool(one)
+			if err != nil {
+				return err
+			}
+			c.Pools = append(c.Pools, p)
+		}
+		return nil
+	})
+	fs.Func("pool-file", "warm pools from a JSON file: [{\"image\": ..., \"workdir\": ..., \"resources\": {\"cpu\": ..., \"memory_mib\": ..., \"disk_gib\": ...}, \"count\": N}, ...]", func(path string) error {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		var ps []struct {
+			Image     string `json:"image"`
+			Workdir   string `json:"workdir"`
+			Resources struct {
+				CPU       *float64 `json:"cpu"`
+				MemoryMiB *int64   `json:"memory_mib"`
+				DiskGiB   *float64 `json:"disk_gib"`
+			} `json:"resources"`
+			Count int `json:"count"`
+		}
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&ps); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		for _, p := range ps {
+			c.Pools = append(c.Pools, sandbox.PoolSpec{Image: p.Image, Workdir: p.Workdir, Count: p.Count,
+				Resources: providers.Resources{CPU: p.Resources.CPU, MemoryMiB: p.Resources.MemoryMiB, DiskGiB: p.Resources.DiskGiB}})
 		}
 		return nil
 	})

@@ -96,6 +96,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		store = k.Store() // records and leases in the cluster: replicas share them
 	}
 	svc, err := sandbox.New(ctx, sandbox.Options{
+		Pools:              cfg.Pools,
 		Store:              store,
 		Provider:           p,
 		StateDir:           cfg.StateDir,

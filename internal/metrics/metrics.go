@@ -26,6 +26,8 @@ type Metrics struct {
 	HTTPRequests   *prometheus.CounterVec // route, code
 	HTTPSeconds    *prometheus.HistogramVec
 	Refused        *prometheus.CounterVec // limit: exec | pty | body | frame
+	PoolClaims     *prometheus.CounterVec // spec: a configured warm pool
+	PoolMisses     *prometheus.CounterVec // spec
 }
 
 // New creates the collectors and registers them, with the Go runtime and
@@ -72,9 +74,16 @@ func New(reg prometheus.Registerer) *Metrics {
 		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandgate_limit_refusals_total", Help: "Requests refused by a gateway limit.",
 		}, []string{"limit"}),
+		PoolClaims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_pool_claims_total", Help: "Creates served by a warm pool's ready sandbox, by pool spec.",
+		}, []string{"spec"}),
+		PoolMisses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_pool_misses_total", Help: "Creates matching a warm pool that found it empty, by pool spec.",
+		}, []string{"spec"}),
 	}
 	reg.MustRegister(m.CreatesTotal, m.CreateSeconds, m.DeletesTotal, m.ExecSeconds, m.ExecTotal,
 		m.PTYSessions, m.PTYAttachments, m.PTYBytesTotal, m.PTYDropped, m.HTTPRequests, m.HTTPSeconds, m.Refused,
+		m.PoolClaims, m.PoolMisses,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }
@@ -93,6 +102,25 @@ func (m *Metrics) WatchSandboxes(states func() map[string]int, waiting func() in
 			Name: "sandgate_capacity_queue_waiting", Help: "Creates waiting for capacity.",
 		}, func() float64 { return float64(waiting()) }),
 	)
+}
+
+// WatchPools registers sandgate_pool_ready{spec}, read from ready (pool
+// spec -> ready sandboxes) at scrape time.
+func (m *Metrics) WatchPools(ready func() map[string]int) {
+	m.reg.MustRegister(&mapCollector{get: ready, desc: prometheus.NewDesc("sandgate_pool_ready", "Ready sandboxes in each warm pool.", []string{"spec"}, nil)})
+}
+
+type mapCollector struct {
+	desc *prometheus.Desc
+	get  func() map[string]int
+}
+
+func (c *mapCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *mapCollector) Collect(ch chan<- prometheus.Metric) {
+	for k, v := range c.get() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(v), k)
+	}
 }
 
 // States are the sandbox states, always reported (0 when none).

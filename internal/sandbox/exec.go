@@ -123,7 +123,7 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 	res, err := s.p.Exec(ctx, id, providers.ExecRequest{
 		Command:            req.Command,
 		Cwd:                cwd,
-		Env:                req.Env,
+		Env:                mergeEnv(a.box.rec.Env, req.Env),
 		Timeout:            timeout,
 		User:               req.User,
 		Stdin:              stdin,

@@ -142,6 +142,16 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest)
 	}
 	id := newSandboxID()
 	start := s.opts.Clock.Now()
+	sb, claimed := s.claim(req)
+	if claimed {
+		id = sb.ID
+		extra := make(map[string]any, len(sb.Extra)+1)
+		for k, v := range sb.Extra {
+			extra[k] = v
+		}
+		extra["warm_pool"] = true
+		sb.Extra = extra
+	}
 	if s.shared != nil {
 		// Other replicas reconcile too: the record comes first, so that a
 		// sandbox of theirs without one is an orphan, never this create.
@@ -150,18 +160,21 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest)
 			return Ref{}, providers.Wrap(providers.ErrUnavailable, err, "the shared state store")
 		}
 	}
-	sb, err := s.p.Create(ctx, providers.CreateSpec{
-		ID:           id,
-		Image:        req.Image,
-		Workdir:      req.Workdir,
-		Env:          req.Env,
-		Resources:    req.Resources,
-		Entrypoint:   req.Entrypoint,
-		Ports:        req.Ports,
-		Options:      req.ProviderOptions,
-		ReadyTimeout: ready,
-		Snapshot:     req.SnapshotID,
-	})
+	var err error
+	if !claimed {
+		sb, err = s.p.Create(ctx, providers.CreateSpec{
+			ID:           id,
+			Image:        req.Image,
+			Workdir:      req.Workdir,
+			Env:          req.Env,
+			Resources:    req.Resources,
+			Entrypoint:   req.Entrypoint,
+			Ports:        req.Ports,
+			Options:      req.ProviderOptions,
+			ReadyTimeout: ready,
+			Snapshot:     req.SnapshotID,
+		})
+	}
 	if err != nil {
 		if s.shared != nil {
 			if derr := s.st.DeleteSandbox(id); derr != nil {
@@ -190,6 +203,9 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest)
 		Extra:     sb.Extra,
 		Creator:   creator,
 		Snapshot:  req.SnapshotID,
+	}
+	if claimed {
+		rec.Env = req.Env // a pool's sandbox started without it: every command gets it
 	}
 	if ttl > 0 {
 		rec.ExpiresAt = now.Add(ttl)

@@ -34,6 +34,7 @@ func (s *Service) ProcessSpec(c Caller, id string, spec providers.ProcessSpec) (
 	} else {
 		spec.Cwd = resolve(a.box.rec.Workdir, spec.Cwd)
 	}
+	spec.Env = mergeEnv(a.box.rec.Env, spec.Env)
 	return spec, nil
 }
 

@@ -32,6 +32,8 @@ func (realClock) Now() time.Time { return time.Now() }
 type Options struct {
 	Provider providers.Provider // required
 	StateDir string             // required: holds sandgate.db and lease.key
+	// Pools are the warm pools to keep (see pools.go).
+	Pools []PoolSpec
 	// Store keeps records and leases; nil = sandgate.db in StateDir. A
 	// SharedStore (several replicas) is read again on every call.
 	Store          Store
@@ -120,11 +122,17 @@ type Service struct {
 
 	out *outputBudget // MaxExecOutputTotal
 
+	pools      map[string]*pool // by PoolSpec.Key; nil without pools
+	poolCancel context.CancelFunc
+	poolWG     sync.WaitGroup
+
 	onRemove []func(id string) // see OnRemove
 	hosts    hosts             // in-process terminal session hosts (see SessionHost)
 
-	stop     chan struct{}
-	reaperWG sync.WaitGroup
+	stop      chan struct{}
+	reaperWG  sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // box is the in-memory half of a sandbox's state. Fields are guarded by
@@ -192,6 +200,11 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		st.Close()
 		return nil, err
 	}
+	if err := s.startPools(opts.Pools); err != nil {
+		st.Close()
+		return nil, err
+	}
+	s.m.WatchPools(s.PoolReady)
 	s.m.WatchSandboxes(s.countStates, s.slots.waiting)
 	s.reaperWG.Add(1)
 	go s.reaper()
@@ -201,10 +214,14 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 // Close stops the reaper and closes the store. Sandboxes keep running and
 // are adopted by the next Service on the same state dir.
 func (s *Service) Close() error {
-	close(s.stop)
-	s.reaperWG.Wait()
-	s.hosts.close()
-	return s.st.Close()
+	s.closeOnce.Do(func() {
+		s.stopPools()
+		close(s.stop)
+		s.reaperWG.Wait()
+		s.hosts.close()
+		s.closeErr = s.st.Close()
+	})
+	return s.closeErr
 }
 
 // ProviderName is the name of the provider the service dispatches to.

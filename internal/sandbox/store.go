@@ -28,6 +28,10 @@ type Record struct {
 	Ports       []int             `json:"ports,omitempty"`
 	Extra       map[string]any    `json:"extra,omitempty"`
 	Creator     string            `json:"creator,omitempty"` // fingerprint of the API key that created it
+	// Env is added to every command's and session's environment: the
+	// create's env of a sandbox claimed from a warm pool (one made by the
+	// create has it from its start).
+	Env map[string]string `json:"env,omitempty"`
 	// Snapshot is the snapshot the sandbox was made from ("" = none).
 	Snapshot string `json:"snapshot_id,omitempty"`
 	// ActiveAt is the last activity a replica recorded in a SharedStore
