@@ -148,7 +148,10 @@ func TestLifecycle(t *testing.T) {
 	if err != nil || cr.JSON201 == nil {
 		t.Fatalf("create: %v %s", err, cr.Body)
 	}
-	ref := *cr.JSON201
+	ref, err := cr.JSON201.AsSandboxRef()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if ref.ServerURL != g.URL+"/v1" || ref.Scope != api.LeaseScopeOwner || ref.ProviderName != "local" {
 		t.Fatalf("ref %+v", ref)
 	}

@@ -131,8 +131,22 @@ func (e SandboxStatus) Valid() bool {
 	}
 }
 
+// BatchFailure defines model for BatchFailure.
+type BatchFailure struct {
+	// Index Which of the `count` creates (0-based).
+	Index int `json:"index"`
+
+	// Problem An RFC 9457 problem detail.
+	Problem Problem `json:"problem"`
+}
+
 // CreateSandbox defines model for CreateSandbox.
 type CreateSandbox struct {
+	// AllowPartial With `count`, keep the sandboxes made when others fail (default false).
+	AllowPartial *bool `json:"allow_partial,omitempty"`
+
+	// Count Make this many sandboxes of this request; the answer is a `SandboxBatch`.
+	Count      *int              `json:"count,omitempty"`
 	Entrypoint []string          `json:"entrypoint,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
 
@@ -398,6 +412,13 @@ type Resources struct {
 	MemoryMib *int     `json:"memory_mib,omitempty"`
 }
 
+// SandboxBatch defines model for SandboxBatch.
+type SandboxBatch struct {
+	// Failed With `allow_partial`, the creates that failed.
+	Failed    []BatchFailure `json:"failed"`
+	Sandboxes []SandboxRef   `json:"sandboxes"`
+}
+
 // SandboxInfo defines model for SandboxInfo.
 type SandboxInfo struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -552,6 +573,11 @@ type ListSandboxesParams struct {
 	Label *string `form:"label,omitempty" json:"label,omitempty"`
 }
 
+// CreateSandbox201JSONResponseBody defines parameters for CreateSandbox.
+type CreateSandbox201JSONResponseBody struct {
+	union json.RawMessage
+}
+
 // DownloadFileParams defines parameters for DownloadFile.
 type DownloadFileParams struct {
 	// RemotePath Path inside the sandbox; relative paths are relative to the workdir.
@@ -605,6 +631,68 @@ type CreateSnapshotJSONRequestBody = SnapshotRequest
 
 // UploadFileJSONRequestBody defines body for UploadFile for application/json ContentType.
 type UploadFileJSONRequestBody = UploadRequest
+
+// AsSandboxRef returns the union data inside the CreateSandbox201JSONResponseBody as a SandboxRef
+func (t CreateSandbox201JSONResponseBody) AsSandboxRef() (SandboxRef, error) {
+	var body SandboxRef
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromSandboxRef overwrites any union data inside the CreateSandbox201JSONResponseBody as the provided SandboxRef
+func (t *CreateSandbox201JSONResponseBody) FromSandboxRef(v SandboxRef) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeSandboxRef performs a merge with any union data inside the CreateSandbox201JSONResponseBody, using the provided SandboxRef
+func (t *CreateSandbox201JSONResponseBody) MergeSandboxRef(v SandboxRef) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsSandboxBatch returns the union data inside the CreateSandbox201JSONResponseBody as a SandboxBatch
+func (t CreateSandbox201JSONResponseBody) AsSandboxBatch() (SandboxBatch, error) {
+	var body SandboxBatch
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromSandboxBatch overwrites any union data inside the CreateSandbox201JSONResponseBody as the provided SandboxBatch
+func (t *CreateSandbox201JSONResponseBody) FromSandboxBatch(v SandboxBatch) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeSandboxBatch performs a merge with any union data inside the CreateSandbox201JSONResponseBody, using the provided SandboxBatch
+func (t *CreateSandbox201JSONResponseBody) MergeSandboxBatch(v SandboxBatch) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t CreateSandbox201JSONResponseBody) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *CreateSandbox201JSONResponseBody) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
 
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
@@ -692,6 +780,11 @@ type ClientInterface interface {
 	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
 	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
 	//
+	// With `count` it makes that many sandboxes of the same request at once and answers a
+	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
+	// error), or with `allow_partial` the ones made, and for each failed one its index and
+	// problem (an error only when none was made).
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -703,6 +796,11 @@ type ClientInterface interface {
 	// or fails and leaves nothing behind. `files` are written before the response. Over capacity
 	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
 	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+	//
+	// With `count` it makes that many sandboxes of the same request at once and answers a
+	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
+	// error), or with `allow_partial` the ones made, and for each failed one its index and
+	// problem (an error only when none was made).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1032,6 +1130,11 @@ func (c *Client) ListSandboxes(ctx context.Context, params *ListSandboxesParams,
 // the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
 // answers 503 with `Retry-After`. The returned lease has scope `owner`.
 //
+// With `count` it makes that many sandboxes of the same request at once and answers a
+// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
+// error), or with `allow_partial` the ones made, and for each failed one its index and
+// problem (an error only when none was made).
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -1053,6 +1156,11 @@ func (c *Client) CreateSandboxWithBody(ctx context.Context, contentType string, 
 // or fails and leaves nothing behind. `files` are written before the response. Over capacity
 // the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
 // answers 503 with `Retry-After`. The returned lease has scope `owner`.
+//
+// With `count` it makes that many sandboxes of the same request at once and answers a
+// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
+// error), or with `allow_partial` the ones made, and for each failed one its index and
+// problem (an error only when none was made).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2925,6 +3033,11 @@ type ClientWithResponsesInterface interface {
 	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
 	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
 	//
+	// With `count` it makes that many sandboxes of the same request at once and answers a
+	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
+	// error), or with `allow_partial` the ones made, and for each failed one its index and
+	// problem (an error only when none was made).
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -2936,6 +3049,11 @@ type ClientWithResponsesInterface interface {
 	// or fails and leaves nothing behind. `files` are written before the response. Over capacity
 	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
 	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+	//
+	// With `count` it makes that many sandboxes of the same request at once and answers a
+	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
+	// error), or with `allow_partial` the ones made, and for each failed one its index and
+	// problem (an error only when none was made).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3341,7 +3459,7 @@ type CreateSandboxResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON201 the response for an HTTP 201 `application/json` response
-	JSON201 *SandboxRef
+	JSON201 *CreateSandbox201JSONResponseBody
 	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationProblemJSON400 *BadRequest
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -3357,7 +3475,7 @@ type CreateSandboxResponse struct {
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
-func (r CreateSandboxResponse) GetJSON201() *SandboxRef {
+func (r CreateSandboxResponse) GetJSON201() *CreateSandbox201JSONResponseBody {
 	return r.JSON201
 }
 
@@ -5307,6 +5425,11 @@ func (c *ClientWithResponses) ListSandboxesWithResponse(ctx context.Context, par
 // the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
 // answers 503 with `Retry-After`. The returned lease has scope `owner`.
 //
+// With `count` it makes that many sandboxes of the same request at once and answers a
+// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
+// error), or with `allow_partial` the ones made, and for each failed one its index and
+// problem (an error only when none was made).
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -5324,6 +5447,11 @@ func (c *ClientWithResponses) CreateSandboxWithBodyWithResponse(ctx context.Cont
 // or fails and leaves nothing behind. `files` are written before the response. Over capacity
 // the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
 // answers 503 with `Retry-After`. The returned lease has scope `owner`.
+//
+// With `count` it makes that many sandboxes of the same request at once and answers a
+// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
+// error), or with `allow_partial` the ones made, and for each failed one its index and
+// problem (an error only when none was made).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -5917,7 +6045,7 @@ func ParseCreateSandboxResponse(rsp *http.Response) (*CreateSandboxResponse, err
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
-		var dest SandboxRef
+		var dest CreateSandbox201JSONResponseBody
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -8861,12 +8989,12 @@ type CreateSandboxResponseObject interface {
 	VisitCreateSandboxResponse(w http.ResponseWriter) error
 }
 
-type CreateSandbox201JSONResponse SandboxRef
+type CreateSandbox201JSONResponse = CreateSandbox201JSONResponseBody
 
 func (response CreateSandbox201JSONResponse) VisitCreateSandboxResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.union); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -12316,165 +12444,170 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H1tc9s2tvBfwWjvTKQsJduJ093ak7mTpkmbu2nisZ3p7VS5JkQeSVhTAAuAltXUM8+PeH7h80ueOQcA",
-	"XyTqxW7s9u7mQ6cxRYKHB+f9DZ86iZrlSoK0pnP0qTMFnoKmf56C1YsXYwsa/0rBJFrkVijZOeqcQaJk",
-	"ahjHn9l8KpIps1NgSSZAWjbjC6bx8UEn6phkCjOOa8yEFLNi1jnajzp2kUPnqCOkhQnozs3NTdTJueYz",
-	"sP79r0UGJ9xOV9+OV5mQRqRAbzVcpiN1fcw0ZNyKK2A5t1PDuIbqklV071zpy1RoBEzgWr8UoBedqCP5",
-	"DOHBBztRR8MvhdCQdo6sLmDpG96CnCBYB+VXGKuFnHTwG06UtqsQv2C50rYF5oilkGRcQ8qEZDHeZWLG",
-	"LUs0cAslmB6uACW+ZCOU/Nph+qtnz54+iyrMH7RgPuqcOWDefLsK+XkFKxNpxGIzuu7HjMuUPdlnmZqD",
-	"TrgBNuIGnj5hyZRrnuAWrgFdpBsBh2s+yzPC6ei6z0dJCuPJVPzzydPDZ1/97TKbyQ7SibWgce3/wbt+",
-	"5v1fn/T/9vHTk/2b/+i0bcoZGCOUXPd9J+c/MeNuYSJdA7jZAvk2wjiTPDdTZR0Qte+U+brvvAMUddTI",
-	"fCtqbnAtkytpgHjuRaaBp4uXSkpILL4ABYS0IImoeZ5nIuGIur1cq1EGs7/+0yAeP9Vg+A8N485R5y97",
-	"lWjZc7+avRP3lHv1Eo9IZaeggwyZqiw1jlX81iDNxZZfgroCHbM5N0wqywxY1o0TlULMhGHxi7enr158",
-	"+9PFy/fv3r16ef7q27g36NxEnW94egq/FGDsQ37VG3nFM4HcnRf2mMWgtdImZpkw1jC4Ar1g/qUE5Usl",
-	"x5lIHhTGBo8bFEQkKbWSE2Yst8DGSjM7FYZph0HWhcFkwHJeGEiZ0sxYleeQOky/Vnok0hTkg5IPs+oS",
-	"JIHKPSmVQhavMZOoHPWAQrFV+yRVoKC9iTrvlH2tCvmgVP9BXko1lyX+u0qzsciAYEY571B6wheZ4um5",
-	"Um+5nsBDU0fY9pFKF0giGQKB+OOS8Qy1QEpgnoG+Egl8kPyKi4yPsgeF9P0Vig+e80TYBSEQ6XjEk0uQ",
-	"KYJdSA08mSJcKOWXjZ1+ae20AeDv3qvZRTc15fInIB765MJfqyu1unh8+f7d+av/Pr949/784vX7D++C",
-	"ePwgeWGnSotfH1bs/yCMEXISsRnPxkrPII0YXOeo3vBzNFypS0jRHkpBWsEz48HNtUrAGNzMV9IKu/ij",
-	"mOJKqIxb8MqKnt0q6G+C0ibqe0nGnrfCCPY0Ffgmnp1olYO2AvXzmGcGok5eu/SpA9LqRa6E+2hhYUaX",
-	"lzR91JFF5hnS2Qz+Bq41X+DvIK/Wv3n39dTon5BYvAGlmLnVkk0Uo/1v0Gyfa2GBjWCsNHi7GL2LQksT",
-	"kaXP+sNif/8psA/nr/t/ZxauLbL3VghFmsGFFTNQhb0wLV6OVbl3cUhTZKgQ58JOmVQMriGJSFQjmSK3",
-	"Wc3HY5GQnSIV49byZAop/eaMGoQKaZzbzlEnVQUCFzXcojUwy2I2QnkTdcSMO/HfBPWlkpYLCZrRDawb",
-	"TEQ2WrBUJZegewOWqYRnR0SnaE8yNWZc+ie81p9wC3O+eGTczf7HVGhIrNIL1o37ffqlT7+YuHfEONNK",
-	"WcKFWRgLs+p+r3pjBwIz/ApivPT+5RuW8YUqLLNcj3iWsa7KHZVkCxYjeAPL9ZGGXB1ZPol7x4zLBXOK",
-	"naBHU2UilUaJwQ2L4dpqPiCwYvwWlIsLs4ESKsqbgeUpt/x3kOspUSSkCIowx6wgyYR/IVrjjI8gixFH",
-	"SE5qTFdRNuxEqeQXtjjCeBlZBK5zZdCx1KqYTFn83atztnd1sOcVA5i9TyK92QOZkqQwe59wxZuYfJ0g",
-	"Mm7jNG6RJ1GnkOKXAt64tfGOGxJcVyIFfeF2eoNwcEsufax/um9ySAQyml/muNR5l7AIXv8/yX9x3Hq4",
-	"v48UI+SEsH4JiwGLjffHLkRKipEnCeT4yBS0sxK77+AHxb5bzB4ZtBZnPeLsGXDp9tSqvJ/BFWRsLCBL",
-	"d9pIcq82yZzv1dzJGRR8XFhvp1YGulVsBIma4UfydPEZRIoGowqdeGGdZe/HnaOfN2vG0/KRm4/Lb0DV",
-	"VuG2TapybdlYq5mTquFm1lXSxUYSnmWgHxncKabm0vSOmLDGCZiI/ule/8g4+bQTj1ubtSH8rRgD7gcK",
-	"QOPDWgQcaRqynlIY8yKz7ODv+/vHbJ89d/I/F3rR+wz49yGp9tgE/oiEW5PATgWmTIzZzBlPvR0QcNNC",
-	"jd9CBhZOwRQZWQ9NyyKlX9Oa7BsplQGXHRc3CDGIn8s7P7a9Q80lui7r3uItNnMx+uqwHQW47Y8MGy0s",
-	"7v6IG/jqsA8STVpiutUPrcPWWL8NwFdeKL6RY7UKXhCZzaDN1Nr8aG/v4MnfBvuD/cHB0eHXB8+edlqo",
-	"ruZj7KxYlkBc+qASomrx1s+6huQV2qDn9MsyYn+cLhyvqdkMxVoqUoqm6EKiiEGezwDvPWZIWGyO+lRY",
-	"vA9xDhKp++eOl2SdqOPlUw2W6oMQllrs5RbWrQdvFf7TQqJpE5sp6ycx6464mTogcw0GpCWe2BiUizrJ",
-	"vGXlbz23L0WLt8qXz25A04foK7hAD3ai0bm8MM7BbpFjhL5SVvWOmPePvF8S9jmDsWUjmAqZkqa8FFmG",
-	"etJvr7erj4cSgSJTccEuAXIkDCnkZDCU65FRyoeoY2wqZDtPn1kuU659TKyNo7fL8vUK9NtKWHvSfc48",
-	"Uj6DrC5MWzrkgwk2KTrgIt1NHDellKPzdZy8VnrmBVkTbZh4efKBkWbrItTsr8wZ571gfQaSwP/w74pg",
-	"hCXbA1K0PqKaZhywFyNkLqQXDeEpMstYwiUKEAtoyweXoxXjK1hNC02q9mK20SKqway5PEJTzBQudbKa",
-	"VyEdTqYC2RtW0R9wLWy0BnrWJcemd8wAWclb7t4hYobPmWiSkJD2q8NOm3FMzv+F9ZJ3N5uqKbBb7Sql",
-	"ZheOYds1ZcDOnJvA2Gg+zrm0uOkzmJEBUcPTIxOuZmImLDpZu2xwTe3WeD4HfnnhlruYiVGLvwL8kmnA",
-	"zZI2vLhJjeQwBveI6wkYGwizhSx/EN/cE0k6QXiBIqkd10hJDH8+ZgdPnjElmRdKPtjszfUxF1mhYdBK",
-	"JsamoNvkyfnr/t/xA13ugCwfpiHPeNJq8tBKqIY/w0pWFzLhto3EXjBjNfAZoygqpCye8esLuIbkQhU2",
-	"L2zsXxBoMClsG6UsyT4Pe4mOJvIbzNQUFXVg2wTna3TLiKVWBSe5bKuf+F9n79+5mJKnQTUeg0zRAqcn",
-	"IkaJD5eo/fngY+wDHGXqmtRAK2JnYIyP3WzWBQ606oH2T8ug3WCdtVLsG2tYDpr8BSXZSFgTOefYgC1E",
-	"GuH/J8IpA2NFcrkgBlOJ5ZnP9gw7+18dHg47xEK1ROPP+/2/ffx02JZgjBAcMRaQXnCizorzuIU+ckzb",
-	"Qy7Z2cZ1GTeWQQYzcCKN2B23qzvs7A07pbeslXIW4MraeWtJQc3P4COjssL6dVdVSzv/iV/XYB1/QUw6",
-	"zuhyZhazTMhL9F0N6SSLYs4+MiwjU7W3o47x61y4x1u5tXyTu4fCZHMtrAXZzvtrXAVuUfYKc8xiir+5",
-	"gAlLAW3RiL1+8/o9JQFRwtq6e4AoRaYVyNUenE7UoUVaPIUlRqinvv29HtORI/Mmea3jk7fC2DbHzmr/",
-	"zzICtkk9lxx3sxo7X09Tpdt+V8LaII4b6/t8+UxpYP7TXHpuDjqEyxsSf5009kgP6NkuYzP40ZHUKo7X",
-	"44VQUFEj65bIWcVL7xYc9w1xWY3GtzJS++fT6q3fq/TlXV3ZQno2JW+EXNIq5nq4tUpnDSztjkEZ+d2Z",
-	"wH366RTGqyS+rLHLxdtQ9D3wzO37EkiW28I0AynqcmsAxz/W9qa3wA3cbTeoGGB345zedEbPoGVebmEH",
-	"1+QWNgUY8VGW+TBj6ZNyn0/ybkZNBvwuF/VmHZrOwgc3oYvVXIKOj1yG0k7RxWex/yq8XKa5TMROzn+K",
-	"mNuPiJXJhGMm8WHmooCRqwqJmAYJc1QLM4G6Gl9TVw10AXWBR2Bb3CgkYFd1m2Snr1+yrw+f/S0kVVkK",
-	"lgvyTJb5rs0g+oEnUyGhr4GniM5g2HlLOY5YLJW9GKtC0h+rafOordSoVVQ5yFqDQC5LfAslVFq0LWqo",
-	"YrBVa8EKm8GGaOOq9fDh9A3TMAYNMgFGLpsYL0ISJWAdn2bdmI9UYY9GGZeXsQsmSSWhtz0867W6A6/8",
-	"hBJnkdu+NuY/sQuXN7+rOM62Zr3W8FoNrWvjk94pfU7Iwgc0T6gO1UzJG6V4pRiHaGXkYg5m2tsp/uUD",
-	"l39ATNKVWTS/Fe9FiebkgwtEPme5yNHgdd6d9yvQv2M859r2IgbCFWlZrtGn55YpmUAZgVA6iMpkqgxQ",
-	"uNeSma6N9dl11o3/M7eL5/vxkXufxyOB0ovKte3UWQPb45ZazT8DWYQw4R1yMiVZpy0a1NXz+LTaFrVZ",
-	"3buGe37wgjFIZNzbqINobBfGduFLnVYBC7UObbmiqOMTVrdyAeFa2DXRl3cuHyEyKIPSnV02JXjGG0t+",
-	"PFpuoo4LaVyo8di0uVfnCj1j59WpMXN3o1hMiwRSZhQbc+1ibRKuLd1ZdwLcurs6e/5D2/F7R7KoVl3+",
-	"2Dr6S1er3OPGhq6hLU8p7a6Xh2F3tVcjva2maVi7DbBTyJzF2G4za/fzGirWMOMC0XVBd7Xq2SVgygVb",
-	"nm6HT8L8buqsND4/u/V42igP2ATRckGMe85Fls0x406eKx0kPAW6agUVIW77yNQzNisJj9ZMh2HdMalY",
-	"JU0oSf0cyflUmMuLSVsw+1thLt23MSHZd+KbFgiOQ8kVtwz33bKvDtkP4pveMdsvFZwwS5VXod6gG/f7",
-	"/t99hKM/EaO4KuPi9YorHwurwvpqLo/JEUaLLcdXC0vRaOPifq/evT87eRncbVTPhwdPywoi6+Nhrjra",
-	"DHwN2REDOVY6cRlDH243VmkqEtPiKmRSqPzKV2QRCglRrgI1LBF/jv2ZOHrY4ZmaNJ3kRZmc2aE2rJ7Q",
-	"uM2L2rgptNq0xm7vpihzocH4Z1o1JchGBdGUGid8AUtzC2ov2m5b4uZuK+HaoeZylQC2bnrGjb0ge1rY",
-	"xa2wdadCv/XleMvltnWHazlGGIrfQnB7NaLl9qddjde9ux2iOGfu5vKxCw3c1z6314E0+z9c9XLsA//C",
-	"GsYnlGMrE4tVppCCuXNh2rMeG/TSpkKoLUZMhamay9jEcLVcw15pMEwAb4UsW0isRjuBAAIPfFzP52sM",
-	"oLsG59oD0LeKztXCfO2Rfl9hTbWOQoaSkGMWqiFZzrUrEljVzjvJhKUy70KTGzjmiTUhClPtURyxmCym",
-	"C5HWoyvVB7lfqfln9Yve5/yXAtgIuAZd6xBylYcb4u4r7FrFLEn9toakGwy8Uyvj6hohTLdrNBLNf30F",
-	"+qLQWXusvTIs4NqCljxjH07fMiGTrKDMZrx3dUC43VDg9vf9v+/vXR20gbw721aARk0eru/hKiM7nNQZ",
-	"eivfnZXCsiWHKMaQLJIMfHObGlf5+nqEkoIHzj2qHCXX8kZihzreQn6aSp6pCrnVeQ7dn59H5++oQjZ0",
-	"+TlRbjnygxqzrmvhnvEFGwGbrAndubTIBfm8a4QHqZJQ0OtSUiNYKJmSEqFi3bXlN65Mg+I3+zsnQZuV",
-	"xju11W4h0tqKS1QayLFCwlZXOOz7Gj3gf72FHgh0tFUJlEtvAutuvmZ7ev6Fq4BD6ZqDyjM4ZhLAVZWO",
-	"gLmGACrK5NdlUeaTv+8UFHPsvDbX9fCW0U7Wz+6JrA+5K5G+WyD7MxdQRx1XLnAR0rfbWtsb8fzao9H2",
-	"4uvw4WFjbxFfeJHN+cKw+NNNi10Qda77E9WvYC0S++nG9d1BUmhhF2dIFz6qkYt/wKI1zfTi5A21IXDD",
-	"4he+QZIKkI7YN86ooN6z5BIWrgktHrB3ACmkVEZd2VKZMPaY8cwo5mqxlBxK3xYIuh+ojPzthkoKPSt+",
-	"sdRV4BJVU4SKoKgQgJq7NIsciG28Sj97g2jbt9Fd4et2fvf3VJy+7d1lkw2VnHMrRhkwV9feKycxuL+r",
-	"KQj/3cen+t8tZn3P1X0yiSpI/I42YXmyBZgN79vyGqQr4V365gtwE9EAo4oZyb4/Pz8pS0pRVCIT9uEa",
-	"koJ6TUrbfcDey0o/9iUUVvOMyFFdgWZ8KF2DHoJocp4A+ycXWcQ4+9b12oGcCAmuPO0fxQi0BAuGJVlh",
-	"LOgjdvrq7JxAKO2hiCkJfdQLQ4kgEd1SjOmY/QijMyrvMf6ZK2AW9EygOdk9Of+pF7qNDZtPlYEQEaeh",
-	"AdSb6IrLEi6HcgSuCHGBF6nBkjMNiRs7MRjKoXxJDZOGJUqOxaTQwOLKfGTPmTdQv39/dn508v70HE3Y",
-	"Y99m2+Ql6vtOQQ9l/Kla4mapNy4esHP0CSjoJULNvLSaJ9Z1TH6nKNnpqhtpac2EHMqYsnuSZ3s8FzEV",
-	"1U9AUlI7DVXIUVlkXZYTIyRU0sqt79dTOUiei8GCz7KYkPCXvzDkS5DWNzLjxcfs8WMvlR4/Zv/v//zf",
-	"3QXTaWgKbYomq0g61YhvKBn7BywQ/ajS8SPifp/non8Ji5jtsfjsxbtvv3tx/urixcmbi3+8+uksZl1K",
-	"hvYN5Jw+vjdgP/pmWRJfYSdTXL2OC9d6h4hVcjFTRTlmwjAls0XZnIBAgsSLLFMqH/HkkuYl6EK6oCYu",
-	"HPf7QpKMh75UfV7YadwbsLooRxmMvgSttJMIFhaXrgQw7sHbSnD4fdC1FtC45tLEaDhwFleud8y6o0V9",
-	"C0YLgv3k/Vlr46bLGeB3vJersBpmaMCBJXpkLF4nH90ekZQVmbCLXoT3Nm+hgtZ2ioqJLr7Ram5AG4b0",
-	"iu4jr4RD5GdB+cJrA9bLchOVMPqCl/IZXNMUo1wrqxKVsTiIzAF99WBVB4XJDjS7qVZ663Ae0/4EwT7l",
-	"hnH2+DH5kI8fHzFf8MK6VcFLVPOFG0UsexpMMStrWbgk0p0JSUF1Wsi9xvQIa6FshnV3KJuJqoXcY7i2",
-	"W82JGEoe4e/CGsjGO5XZcFkHy9H98vLkbLm11Agl89JThL9zxLdrplUUQxmwHSc10E4dscePD/cPHj8e",
-	"sNpgFgRh99ksPvnglnpKS8my1VcFRKRhpSNcHW89fPwY0ZIrSv2TBAlN/MHqQKoYAUh2BZrqRyNmFBOp",
-	"CZQ7chUukCLHJYDqltU9gfBuJz2quBLStzRzZI/D/cMgxKlix+Afr+h+8iEoF7JuSEXMuqHAqefyNTEq",
-	"nzhiMZXK4D8cRcXRUMauWiZm3Wkx47Isajpmr7mxL07e9I1dZGE8m6HOYSasa2j2s0G6s9aKKNJv7SVR",
-	"iR9VdIvyKCRIasdWmh0+eTKULdMxQiorjNfwdSGV82WccvyNOVeO/cZ+AE6S6Leh/K3f79N/eAO+6bey",
-	"+YHazY4q6mX/dfb+XeTnHJFqj0ryotQkOUupd5jcv5GoIqr3t1Nmp9wyMAnPoVHEx/zLD9hvoUMXPzjA",
-	"URtlEu58yn7bMr6oySD+sUP2Wwlx1fhE04No3pwfTBHGwPinvma/NYY7uSA/GXxK0rctTXWqBuxRXQ3j",
-	"bkpYOeGi51c+wM+gEUEEJ3qC/pcnT9hvfjSKH5dSwvOMPj5M7cG3hoE9RTVF6JglXFNNc1yb1BOHFXCX",
-	"ORsVk2OWqckEISZDr29EClF9MuEEDVjU62Ngvr8CFxnKF0wq2f8VtHKdPW40hjPMIS07q6juXSo94xmL",
-	"q8a8OPICNZj4RKjOU8tEAtJAFTjpvMgRbf0ng/1O1KGwLXlO5mhvbz6fDzj9PFB6suefNXtv37x89e7s",
-	"FT1TVfOV3kUn6lyBdrU5nf3BgbvLG5Sdo87Twf7gqevamJLHu9c5+nQTdfamVKv7q/9rBlaLxPi/6vao",
-	"v0T7Hu6umym4pu9CcOpGKPkm7Rx1kMHPyruaMx5/XonWo6wu13QjSYRxZLpuYmOZ/tltps9SFOgm2gKD",
-	"82XikPuJSXWgFRlfxk4wX/GsABZfxRGbiCvvTl8+v4rXQUyjQDrtUw8t8Nlzio/XG2z+5/nHvz4fPG6b",
-	"4PdxaYLfk/39DXOQbjf/qJ7D2jw2jsYyyGpkgtIpaJrTdOjgaXtNCfdebTQfPXKw/ZHGuKp6WIfIKgR0",
-	"fv6ICDLFbMb1goY91N0cRCefmKWcGeV3TUs23ZXlmZpb4Mw06pj2OsqScaULlKON/lp+Cb5gg3WRi4QE",
-	"Y5yN0YuGUmlfm+F6tDn6hqgFUHW4bu0Bi8mcdB5m6JvwU5GcvnS4GbDGHLShrCvTOac4PIJHXTu/FFC4",
-	"mG2Rox8YO5/kgq5XCdG4GoLx1f5+j0SqHMpg6qAMd0ZKXTqjR121ntTscafLvCHuhGRTaCSNeVguwAjG",
-	"fqPSxWcj7ubMrZtmHNP32y5x1sHn5izqtVhlLF//6cmLhrw8GCdFncODp9sfWp5HiM89ebLLy1bHtt1E",
-	"nWf7O7yzZbjgzoz/0rvagXXXsP6yWiPvu5qF0j4iLLhrM3W1ZAfidaA5yVlGCbCae1czzMyAvUlhlitL",
-	"VXHO+RlK55IJyWA8hsQeIfTUhu+9j7qnEeyPZ/v7bQzlHqgz1D2pjMZEmRbSdr+ng7tT5y6UUg0gpScO",
-	"tz9RTm9coahGLPvnj2gwNEPKtWsh3O4uraPFb/3u1WZ+4k731qqjVsNqAvYB9rNRd7LRBPg331LEymi7",
-	"gFkxgNu+obplr5rMffOxVTjtpX6+Us0CbxtMZ8qSzpAJXE4EspecnL1K04dS1cLAUK6bKeeNEkoKkMdH",
-	"F9DPD65vCKm7gMiqbPIf8Nr1Cm90EO5x8jvKbwsXv3MA/H2a40uTtNawo9/ikHl9WNPhvjkZH/h6+wPl",
-	"EO07mzP3LzJOgafBI+CBGZfi8y4A2nswWbI8H3KrTOFUSUZxMDcTxLjRGHHrSB7nDC1CSgBdJH9eRIFu",
-	"Gch0KMmNEHbAyA+nOsvNRyQQr7v5l+mxK8dw/L9G3EzAvqomqN0bszamyq1h1YDuf3MevX9e+17NUQsQ",
-	"iTLuYqMlUZWU9PnZLNp6Mx0XspYdryFxYxTuyubrQhmnhTQs9gEKH8faMEqvEehAP8bl9lHJN6Omwgxl",
-	"GR/VpKcoZRlGI9UGPT2i2FpWjh1jE62KHO0EP7kqZMzdMrR0XBsMFLODJ88inxKgbo6Yxf49sZ9tQwN8",
-	"XBmC68cbsDeNPhmmC4nPDKWLvjTeR3Od9lw+cqSu42pNVzJG4sj1tMaUhz7cP9w73P+67LgYylrGyEXp",
-	"aXprdVoCe4UU6acqCcMSZ4Jxu3a0UrDOhvLgKzTPjllcDuiIqYTS9AbsnapHwFkKPM2oGITyCjQXJK4F",
-	"d/KsQGk80TyBocxBC5UeV+KZ5HsqjK/PoCRZAlljsGCbqEXwX/oG6fsJ4tQHS+4Uwtn/zK/eZInVZtWx",
-	"7nzKLXnoYQodVf70vphn/5ujTfdgFRaSKVnRTmMU622CVnvl+P1WA+6MRE7lFJLIQd8nXuO5oTiohg3R",
-	"tf1Bm3Hl3bhb8J1KLNi+E4JN/isLwEdCcnLWWg4w2lzvunTOx0sHQj+4cBvKZRuDu5oHma0Upm8+2eyL",
-	"dfeQnhRnms9p17xi/SPsuvLwOrLBii0c2DxeR/qARZMvWRddJyTKYxYnhc5Y/zzuRT7nRj2+GqQdysCl",
-	"oqwjyjOeUKGWRM1jbGBtl6AJZ/q4APIUMvKz/HBOMtHadHteVJy+i17/nUz+cHq9PtCsRb78GEaLfdHb",
-	"f8qwyo90WIyXBlS4uqs82KBG90Jtd6suDcHfNm3qSkGN5TZmqQJDSRw3B9GVkblH04jaZMbKjQ1gXWHN",
-	"ULpeCryPCgt6twiq4htvr4lvzymbwhskYr6ENh4s8+CHbf6Rum4TD2W+BW4HHgoDLH0lYGV31rQhHVaA",
-	"uDXiCrJFL2LGFXyOFtQTETFuqHhxrOKSz4xH04C9sGymjGXPov39/fKF3THM6UBb58ALN87XxRMzJSe9",
-	"46Gs+9uGLwhiDW7O5kxpqHPpksV8GAXJdNiep0Uc0blX9823m2p66jNLPWK+sPE9szEVJtU8rD8nHyt9",
-	"eT/xyBdV03BzkE2lEkcLFtMI1diHa02tucaNFfIFU0eM4rwI7VBSE7epQnflwUEklFA9hxd6AFyags6c",
-	"o0Ip9MaR/YW8Eoa605x5PpQh1+Dc9GpxH9XD91O5EwVM540Sez+DP8Diy0JShZ8wlHN8UkkmrKu0Wjrt",
-	"yAHosplhrP0RXaTYkrwSWskZDRW8hNyW3z6U9M1+zZDlLU9/ohXOz986BIwA5Z1pftkjE5ponOsQcDaU",
-	"1Bzr2qCOmLBsoqCGdJrajfhok3l4/X5Lveoze29WDz3+nIVdtZG8LdIVfy2LX/6NfYd/zdgd7u7mqp6q",
-	"J3+Nt1FNlruHnE+Zs200ohGTciZh3uxZG7AXcuGl1YwvyvaiqsmJfjseStdhI8vOKi/hfA9PGZ/wkqO3",
-	"tFrtmQGLaR5PHAbFDaXrsncNmJkfpHzl5Hbb9OQqoOFHWagZuusp6/KyDyq0Rq2tOw09vvchihoTq+9Z",
-	"Fm0uMv0B5fW/niy6s2i5f/nwA9E8cVqt6fxW0QgnH/b8XMlNhamn1I1naozjOhl8x3/VVUzTcauT3Y8b",
-	"1tclQG5qR3/Fy2MsY0Y2mVkaPkjt4aHYdWxBz7lOzYC95O60MZI5ZUfuUHalKnHiGx+h12ym+7qNYf2t",
-	"Fcfek8vUHBzawk3+hj9zYesf5fUsxeqRLMtTPlEvZGGkwoOUOFFz2+dSsEshcVz6j6/JPaH2vcG/lMX4",
-	"Z7b6NMCv4FzQ2siAR6Z2nt7mAu81hKrV9cLX4e19yrmd3vwust21Fin61HrUvSk98w+nbyN05lCku1kH",
-	"5SFMSi7pAYT+GOU4mmNTlaXMZNxMwQxlN1770TRrjudij0Zi/ecvzw/iaiJEvPSLN+SopLd+YFD51/pS",
-	"3pXi3TU74Wber21vrKZT32vYbmmq9rpq/NBS8u9cjk/RtCYllrNqTLVVgRlxg3+frlnnc9H8kzi3izic",
-	"r4/OiT+XwNRP3Szb3L0/dnL+E+vGSLExzZagy3TEAbIODcSKKeYdCtwoGObbAbkMzdmN8TvdMhZzwH4Q",
-	"37DRIkSBIj8+pZxOT+kyNw3e+DkuqrD+U7rcsPc5SI8B6pJOH5lyvIAvzA2YdgGnYTC6w8f7aYHuOIdy",
-	"GoiHOwr4mimqIubliQ/cXLoRRNXRD0NJiDmuhrH5AyCOWSGtyKhb0dGD74QXxg2T8aZo3Bh/H7N9NHXL",
-	"6si6D1oR1K3O9Gj4pTT+yDum673Q2sz7+3FFV85PuWd3tHawRYvsOnMndXyJjf1rxsbcof98RQyvSOG1",
-	"Knjvk9nSi/kPkfmaVL94ZYO54uKIJZly/ZfV8IpQ5EqzzpSmARG1NQZreimX2PNLO+USkRFqHlLn4+7X",
-	"NnEXWlvfWfkwu1s/1mSjNfdlfxuFDjts7D26Sf7bN8UYgrTam5t79tm2A0Pzwe4no3AWZKU7SoJZxaSa",
-	"s7+WYfxuvB8fVWdNHC8dALNsUiWFdiWM/vne2nh+eyxQwvx+E4mN83lazaUHi/IQKF/spT91wP/VtQWZ",
-	"NmJC4RjQO4WE3DTC+wleurX/+Ojlqcs1MD7hQn4JYj6QeX4+5fNq8ttucynaabQx0v7zq5yXPLeFhuV8",
-	"U+0gLCq4oXp2Nd+UzGKe0sq4BJjI1/z52nc0JlUOkvm+N3ewlwYq1U0cIOlRLeM/46mvOXbNf6GkyQc8",
-	"xhrMtBYV9tHSsFIYnFAvrKEa4UIjGTCeaGXMUIapuRpCIAXhnEtXI4UrhkG3tjrOJW1goltN2lWS8WrN",
-	"uY/zXMLC9AbsxI+fNn4pP9U1AOeSczRRkCZDmiJ3Qzc3DXUKBxjcj4ZePtjgvlPs5XEMLREN/9uXqMaf",
-	"W0ufleTcLlDuUsdTnUixZXbPWZheeH/6tn50xjo30w1Y/DfOGJw31Anh48FS0kUe5vfcQwLC1bG6gk+a",
-	"80Nze8tDOWIa+lc7tCNm3e2zdFyJair0av8Zq7WfNfvLks3jhU4+3Ga8UIt+cWi8VVPa7TipeUjLA7el",
-	"NQ5K+dKX9ifqJ/8jetruMC0oyJ66fb5+Ym95131qpvrZWOs0UwCkLBmi44HRulVzaSKmshSMdVnEwUNM",
-	"j23AYWp42mQdhEvbkxinMCYfjPKSbpgINRS6krpgwM+5qXkbwqJUpaGClor8CBu9Y7Roygr9pSOFuOsr",
-	"VJK0/8L4TKmfa79hhmTdfv/fm/V42Mq57ZMgK6y2kdGGEZAPsB2bnJw6jz7YfuyO3moq4zYE39L08s86",
-	"q24LPDSIxy3rhr3vkcHm4VgJqnsWbTmViTVOFanNki3ntg1qc9FL2b9a0vW68m4qAetzZ5eNRUoctdSF",
-	"1U9/YkpTdcoup0B1V2pHamd/9Wpvzymt3VaPtlwuUj+zp37iQXemCumbQqeurakcS1cd0uQOc6q/eQ4j",
-	"Q+uvrYfDLaXinWvKewTB6gbW3fW1tFzLK7+nKf0RKweHR8yP6o9c8XaqkmIWsthUZuQO6akd0UVkWEJU",
-	"f6vKDVLx/w8AAP//",
+	"7H3rctu2tvCrYLTPTKRsSrYTp7u1J3PGzaXN2WnisZ3p6VQ5JkQuWdimABYALaupZ76H+J7we5Jv1gLA",
+	"i0Rd7MZuz25+dBqLJLi4sO43fOokaporCdKazsGnzgR4Cpr+eQJWz4/GFjT+lYJJtMitULJz0DmFRMnU",
+	"MI6X2WwikgmzE2BJJkBaNuVzpvHxQSfqmGQCU45rTIUU02LaOdiNOnaeQ+egI6SFC9Cdm5ubqJNzzadg",
+	"/ftfiwyOuZ0svx1/ZUIakQK91XCZjtT1IdOQcSuugOXcTgzjGqqfrKJ7Z0pfpkIjYALX+qUAPe9EHcmn",
+	"CA8+2Ik6Gn4phIa0c2B1AQvf8BbkBYK1V36FsVrIiw5+w7HSdhniI5YrbVtgjlgKScY1pExIFuNdJmbc",
+	"skQDt1CC6eEKUOJL1kLJrx2mv3r27OmzqML8Xgvmo86pA+bNy2XIzypYmUgjFpvRdT9mXKbsyS7L1Ax0",
+	"wg2wETfw9AlLJlzzBLdwBegiXQs4XPNpnhFOR9d9PkpSGF9MxL+ePN1/9tU/LrOp7CCdWAsa1/4fvOtn",
+	"3v/1Sf8fHz892b35j07bppyCMULJVd93fPYTM+4WJtIVgJsNkG8ijFPJczNR1gFR+06Zr/rOO0BRR43M",
+	"N6LmBtcyuZIGiOeOMg08nb9QUkJi8QUoIKQFSUTN8zwTCUfU7eRajTKY/v1fBvH4qQbDf2gYdw46f9up",
+	"RMuOu2p2jt1T7tULPCKVnYAOMmSistQ4VvFbgzQXW34J6gp0zGbcMKksM2BZN05UCjEThsVHb09eHb38",
+	"6fzF+3fvXr04e/Uy7g06N1HnW56ewC8FGPuQX/VGXvFMIHfnhT1kMWittIlZJow1DK5Az5l/KUH5Qslx",
+	"JpIHhbHB4wYFEUlKreQFM5ZbYGOlmZ0Iw7TDIOvC4GLAcl4YSJnSzFiV55A6TL9WeiTSFOSDkg+z6hIk",
+	"gco9KZVCFn9jJlE56gGFYqv2SapAQXsTdd4p+1oV8kGp/oO8lGomS/x3lWZjkQHBjHLeofSYzzPF0zOl",
+	"3nJ9AQ9NHWHbRyqdI4lkCATij0vGM9QCKYF5CvpKJPBB8isuMj7KHhTS91coPnjOE2HnhECk4xFPLkGm",
+	"CHYhNfBkgnChlF80dvqltdMGgL97p2YX3dSUy5+AeOiTC/9bXanVxeOL9+/OXv332fm792fnr99/eBfE",
+	"4wfJCztRWvz6sGL/B2GMkBcRm/JsrPQU0ojBdY7qDT9Hw5W6hBTtoRSkFTwzHtxcqwSMwc18Ja2w8z+K",
+	"Ka6EyrgFr6zo2Y2C/iYobaK+b7lNJq+5yApNDJNrlYO2willIVO4XrZcfiSrW43ptXGiCmljbzYa1t3t",
+	"o0WGAnnZ4os6HpDtEVC3OX72EFXLfCzfoUb/gsSSIiNIvGVJ+5GmAkHn2XHt88Y8MxAtfDGJlPOca9zv",
+	"li8XdhK+OGKXAHndpAbDpjwFNpuAZKQHDBtzkbFuCmNeZJbROwkzssi8lHKGlP+KkVIZcImfQW9ZBuEH",
+	"fglOfUy5nNdeTftRKcpDgoxLMwON7MdZ7FFCex4jEJWxvt+01FdAV9tHkFbPcyUciMLClPC3YOatXIlr",
+	"zedunavVW7T9etXuowozt1qyiV90/gz6bDMtLLARjJUGT93oWhZamojcPNYfFru7T4F9OHvd/5pZuLZr",
+	"draCUKQZnFsxBVXYc9Pi4lqVe/+WNjRDa2iGlCcVg2tIItLTKKNQ1FrNx2ORkJEqFePW8mQCKV1zFi1C",
+	"hQKO285BJ1UFAhc1fOIVMMtiOnLbLabc6f4mqC+UtFxIpDC8gXUDr7LRnKUquQTdG7BMJTw7IHpEZwIp",
+	"lUv/hDf5LriFGZ8/Mu5mfzEVGhKr9Jx1436frvTpiol7B4wzrZQlXJi5sTCt7vd2V+xAYIZfQYw/vX/x",
+	"hmV8rgrLLNcjnmWsq3JHJdmcxQjewHJ9oCFXB5ZfxL1DhmzmrDqCHu3UC6k0qgtuWAzXVvMBgRXjt6BS",
+	"nJs1lFBR3hQsT7nlv4NcT4giIUVQhDlkBakl/IuEc8ZHkMWIIyQnL7JRMWxFqRQUaImC4M/IInCdK4PS",
+	"SKviYsLi716dsZ2rvZ1SKO18EunNDsiUJIXZ+YQr3pDsKUXGbSIGG+RJ1Cmk+KWAN25tvMOpnCuRgj53",
+	"O71GOLglFz7WP903OSQCGc0vc1gaPJcwDyGff5Hz6rh1f3cXKUbIC8L6JcwHLDbeGT8XKVlFPEkgx0cm",
+	"oJ2L0H0HPyj23Xz6yKCrMO0RZ0+BS7enVuX9DK4gY2MBWbrVRpJvvU7mfK9mTs6g4OPCeiel8s6sYiNI",
+	"1BQ/kqfzzyBSNBhV6KTUu+/HnYOf11sFJ+UjNx8X34B2TYXbNqnKtWVjraZOqoabWVdJFxhLeJaBfmRw",
+	"p5iaSdM7YMIaJ2Ai+qd7/SPj5NNWPG5t1obwt2IMuB8oAI2PaRJwpGnIdA5Gw97Xu7uHbJc9d/I/F3re",
+	"+wz49/HI9sAUXkTCrUlgpwJTJsZs6izn3hYIuGmhxpeQgYUTMEVml43OlK6mNdlXGkULxmC4s80IfKlm",
+	"Ev3WVW/x5ro5H321344C3PZHho3mFncfbdqv9vsg0Z9JB63BvjpsjfXbAHzlheIbOVbL4AWR2YzYTazN",
+	"D3Z29p78Y7A72B3sHex/s/fsaaeF6moO5taKZQHEhQ8qIaoWb/2sa0heoQNyRleWXYe54zU1naJYS0VK",
+	"oTRdSBQxyPMZ4L2HDAnLmdLC4n2Ic5BI3T93vCTrRB0vn2qwVB+EsNQCb7dwAzx4y/CfFBJNm9hMWD+J",
+	"WXfEzcQBmWswIC3xxNqIbNRJZi0rv/TcvpAq2ChfPrsBTR+ir+B8xJPLC60KmZ4bF11pkWOEvlJW9Q6Y",
+	"d469Uxr2OYOxZSOYCJmSprwUWYZ60m+vt6sPhxKBIlNx7twrXUgp5MVgKLdymoxNhWzn6VPLZcq1D4i2",
+	"cfRmWb5agb6shLUn3efMI+UzyOrCtOXCPphgkyrNCpFuJ46bUsrR+SpOXik984KsiTZMvDj+wEizdRFq",
+	"9nfmjPNesD4DSeB/+HdFMMKS7QEpWh9RTTMO2NEImQvpRUN4iswylnCJAsQC2vLB5WjF+BJW00KTqj2f",
+	"rrWIajBrLg/QFDOFy5stJ9VIh5OpQPaGVfQHXAsbrYCedcmx6R0yQFbylrt3iJjhMyaaJCSk/Wq/NbhC",
+	"kZ9z6yXvdjZVU2C32lVKTc8dw7ZryoCdGTeBsdF8nHFpcdOnMCUDooanRyb8mompsOhkbbPBNbVb4/kc",
+	"+OW5W+58KkYt/grwS6YBN0va8OImNZLDGNwjri/A2ECYLWT5g/j2nkjSCcJzFEntuEZKYnj5kO09ecaU",
+	"ZF4o+UyDN9fHLqTXHoMzNgXdJk/OXve/xg90iSOyfJiGPONJq8lDK6Ea/gwrWV3IhNs2EjtixmrgU0Yh",
+	"dEhZPOXX53ANybkqbF7Y2L8g0GBS2DZKWZB9HvYSHU3kN5ipKSrqwLYJztfolhFLLQtOctmWP/G/Tt+/",
+	"czElT4NqPAaZogVOT0SMsl4uS//z3sfYBzjKugVSA62InYIxPnazXhc40KoH2j8tg3aDddpKsW+sYTlo",
+	"8heUZCNhTeScYwO2EGmE/78QThkYK5LLOTGYSizPfKpv2Nn9an9/2CEWqmWZf97t/+Pjp/227HKE4Iix",
+	"gPScE3VWnMct9JFj2h5yme42rsu4sQwymIITacTuuF3dYWdn2Cm9Za2U7bVuQ95aT1LzM/jIqKywft1l",
+	"1dLOf+LXFVjHK4hJxxldzsx8mgl5ib6rIZ1kUczZR4ZlZKr2ttQxfp1z93grt5ZvcvdQmGymhbUg23l/",
+	"havALcpeYQ5ZTPE3FzBhKaAtGrHXb16/pwwwSlhbdw8Qpci0Arnag9OJOrRIi6ewwAj1ugd/r8d05Mi8",
+	"SV6r+OStMLbNsbM6ZFdCBGydei457mY5dr6apkq3/a6EtUYcN9b3xRJTpYH5T3O52RnoEC5vSPxV0tgj",
+	"PaBns4zN4EdHUss4Xo0XQkFFjaxbImcZL71bcNy3xGU1Gt/ISO2fT6u3fq/Sl3d1Zcs0Enkj5JKuTPy0",
+	"gLkClnbHoIz8bk3gPil1AuNlEl/U2OXibSj6Hnjm9n0BJMttYZqBFHW5MYDjH2t701vgBu62G1QJsr1x",
+	"Tm86pWfQMi+3sINrcgvrAoz4KMt8mLH0SbnPJ3k3oyYDfpeLerMKTafhg5vQxWomQccHLj1tJ+jis9h/",
+	"Ff5cprlMxI7PfoqY24+IlcmEQybxYeaigJErCYqYBgkzVAtTgboaX1NXDfQD6gKPwLa40XGVo14sFGMn",
+	"r1+wb/af/SNk1FkKlgvyTBb5rs0g+oEnEyGhr4GniM5g2HlLOY5YLJU9H6tC0h/LNRNRW51Zq6hykLUG",
+	"gVyJwC2UUGnRtqihisGWrQUrbAZroo3L1sOHkzdMwxg0yAQYuWxiPA9JlIB1fJp1Yz5ShT0YZVxexi6Y",
+	"JJWE3ubwrNfqDrzyE0qcRW772pj/2M5dgcFdxXG2Meu1Ofu+Mj7pndLnhCx8QPOEipDNhLxRileKcYhW",
+	"Ri7mYCa9reJfPnD5B8QkXY1N81vxXpRoTj64QORzloscDV7n3Xm/Av07xnOubS9iIFyFnuUafXpumZIJ",
+	"lBEIpYOoTCbKAIV7LZnp2lifXWfd+D9zO3++Gx+493k8Eii9qFzbTpw1sDluqdXsM5BFCBPeISdTknXa",
+	"okFdMZdPq21Qm9W9K7jnBy8Yg0TGvY06iMZ2YWznvs5tGbBQ69CWK4o6PmF1KxcQroVdEX155/IRIoMy",
+	"KN3ZZlOCZ7y23Mmj5SbquJDGuRqPTZt7dabQM3ZenRozdzeKxbRIIGVGsTHXLtYm4drSnXUnwK27rbPn",
+	"P7Qdv3cki2rVxY+to790tco9bmzoCtrylNLuenkYtld7NdLbaJqGtdsAO4HMWYztNrN2l1dQsYYpF4iu",
+	"c7qrVc8uAFMu2PJ0O3wSZndTZ6Xx+dmtx5NGecA6iBYLYtxzLrJsDhl38lzpIOEp0FUrqAhx20emnrFZ",
+	"Sni0ZjoM645JxSppQj3y50jOp8Jcnl+0BbNfCnPpvo0Jyb4T37ZAcBhKrrhluO+WfbXPfhDf9g7Zbqng",
+	"hFmovAr1Bt243/f/7iMc/QsxiqsyLl6vuPKxsCqsr2bykBxhtNhyfLWwFI02Lu736t370+MXwd1G9by/",
+	"97SsILI+HuZK483A15AdMJBjpROXMfThdmOVpiIxLa5CJoXKr3xFFqGQEOXKj8MS8efYnwtHD1s8U5Om",
+	"F3lRJme2qA2rJzRu86I2bqqXfrZEpbloTe64ctdGTWwcubSJr/a1E+621wV5thKrjZrjNn/iYWIIUfjs",
+	"j6vx1R7rvpthkQsNxj/TalmAbFRcTajLyBf8NEm29qLNtjgyw6aSty1qVJcZZiOTZNzYc/I/hJ3fClt3",
+	"KoxcXb64WJ5cd1AXY6qhWDAkA5YjgG5/2s2euje8BcWeupvLx841cN8o0F4302yWcqX+sU+UCGsYv6Cc",
+	"ZJmIrTKrFPyeCdOeJVqjx9cVjm0w+ipM1VzsJoar5Rr2XYNhAnhLZNlCYjXaCQQQeGANn68wGO8qiNoD",
+	"9reKZtZEWntmxFekU22okKGE5pCF6lGWc+2KKpatma1kwkJZfKHJbR7zxJoQtar2KI5YTBbmuUjr0ajq",
+	"g9xV6pRb/qL3Of+lADYCrkHX2ulcpeaaPMUSu1YxXjJXWkP4DQbequ93eY0Q1tw2eovukr4CfV7orD03",
+	"URlicG1BS56xDydvmZBJVlAmON652iPcrikI/Hr3692dq702kLdn2wrQqMnD9T1cZmSHkzpDb+S701JY",
+	"tuRcxRiSeZKB7wRV46q+oR7RpWCLcycrx9L1h5LYofbQkM+nEnGq2m4NNoRW6c+j87dUIWtaYp0otxz5",
+	"QY1Z1807mPI5GwG7WBHqdGmkc4oRrBAepEpCAbRL4Y1grmRKSoSKm1eWK7myFop37W6dNG5WZm/Vg76B",
+	"SGsrLlBpIMcKCRtDB2HfV+gBf/UWeiDQ0UYlUC69Dqy7+ebt5QxHrmIQpWsOKs/gkEkAV4U7AuYaKHxz",
+	"WFnE+uTrrYKIjp1X5gYf3jLayvrZPvH3IXcl5XcL/H/mgvOo48orzkO6e9MciEb+o/ZotLlYPXx42Nhb",
+	"xGOOshmfGxZ/ummxC6LOdf9C9StYi8R+unFNqpAUWtj5KdKFjwLl4p8wb03LHR2/obYNblh85LuJqWDr",
+	"gH3rjArq1UsuYe6a9uIBeweQQkpl55UtlQljDxnPjGKudk3JofQ9tKD7gcooPtFQSaHHxy+WuoplomqK",
+	"6BEUFQJQc5dmkQOxjVfpsjeINn0b3RW+but3f0/F/JveXTYlUYk+t2KUAXN9AL1ybIn7uxoZ8t99fKr/",
+	"3Xza91zdJ5OogsTvaBOWJxuAWfO+Da9BuhLepW++ADcRDTCqMJLs+7Oz47IEF0UlMmEfriEpqDentN0H",
+	"7L2s9GNfQmE1z4gc1RVoxofSNTQiiCbnCbB/cZFFjLOXrjcR5IWQ4Mr5/lmMQEuwYFiSFcaCPmAnr07P",
+	"CITSHoqYktBHvTCUCBLRLcXkDtmPMDqlcijjn7kCZkFPBZqT3eOzn3qhNd+w2UQZCBkEahymXk5XjJdw",
+	"OZQjcEWbc/yRGlI505C4GS2DoRzKF9Rgalii5FhcFBpYXJmP7DnzBur370/PDo7fn5yhCXvoe9KbvERD",
+	"ElLQQxl/qpa4WegljAfsDH0CChKK0GMgreaJdR2m3ylKDrtqUFpaMyGHMqZsqOTZDs9FTE0IFyCpCCAN",
+	"VdtRWZRell8jJFQCzK3vb1Q5SJ6LwZxPs5iQ8Le/MeRLkNZ3/eOPj9njx14qPX7M/t//+b/bC6aT0ETb",
+	"FE1WkXSqEd9QMvZPmCP6UaXjR8T9Ps9F/xLmMdth8enRu5ffHZ29Oj86fnP+z1c/ncasS8njvoGc08f3",
+	"BuxH31xM4ivsZIqr13HhWhURsUrOp6ooW80NUzKbl80cCCRI/JFlSuUjnlzScBFdSBcExoXjfl9IkvHQ",
+	"l6rPCzuJewNWF+Uog9GXoJW2EsHC4tKVAMY9eFsJDr8PutYyG9dcmhgNh6pN/gTGMeuO5vUtGM0J9uP3",
+	"p62Nri7Hgt/xXi7DapihaSCW6JGxeJV8dHtEUlZkws57Ed7bvIUKgNspKia6+FarmQFtGNIruo+8Eg6R",
+	"H5zmC9UNWC/LTVTC6AuEymdwTVOMcq2sSlTG4iAyB/TVg2UdFMag0KCzWqmyw3lM+xME+4Qbxtnjx+RD",
+	"Pn58wHyBEOtWBUJRzRduFP3saDDFtKz94ZJIdyokJSFoIfca0yOshTIj1t2izCiqFnKP4dpuNSdiKNmG",
+	"14U1kI23Kkvisg6Wo/vF5cnZcmupEUrmhacIf2eIb9d8rCiGMmBbjjWhnTpgjx/v7+49fjxgtSlGCML2",
+	"g4x8ssYt9ZSWkmVrtAqISMNKB7g63rr/+DGiJVdUKkESJAw9CFYHUsUIQLIr0FRvGzGjmEhNoNyRqwiC",
+	"FDkuAVS3rO4JhHc76VHFlZC+aTKGYfu7+0GIU4WTwT9e0f3kQ1DuaNVEl5h1Q0FYz+W3YlQ+ccRiKi3C",
+	"fziKiqOhjF11Ucy6k2LKZVkEdshec2OPjt/0jZ1nYZahoU5rJqxrAPeDdLrT1goy0m/tJWSJn+t1i3Iy",
+	"JEhqX1ea7T95MpQto2RC6i/MovF1NJXzZZxy/I05V479xn4ATpLot6H8rd/v0394A77pt7JZhNrzDirq",
+	"Zf91+v5d5IeCkWqPSvKiVC45S6l3mNy/kagi6o+wE5ejApPwHBpFj8y/fI/9Fjqa8YMDHLW5P+HOp+y3",
+	"DbO+mgziH9tnv5UQV41iNGqLhjP6QR5hZpJ/6hv2W2MSmgvyk8GnJH3bwgi0ahol1SEx7kbqlRNBen7l",
+	"PfwMmqdFcKIn6K88ecJ+83OE/GyhEp5n9PFhxBW+NUy3KqqRW4cs4ZpqwOPaWKs4rIC7zNmouDhkmbq4",
+	"QIjJ0OsbkUJUH+N5gQYs6vUxMN+PgosM5RGTSvZ/Ba1cJ5QbJeIMc0jLTjTqE5BKT3nG4qqRMY68QA0m",
+	"PhGq89QykYA0UAVOOkc5oq3/ZLDbiToUtiXPyRzs7MxmswGnywOlL3b8s2bn7ZsXr96dvqJnqurH0rvo",
+	"RJ0r0K6WqbM72HN3eYOyc9B5OtgdPHVdLhPyeHc6B59uos7OhGqbf/V/TcFqkRj/V90e9T/Rvoe762YK",
+	"rum7Npy6EUq+STsHHWTw01pqtD4Q9eelaD3K6mrwEI1wEcaR6arxpmX6Z7sBWAtRoJtoAwzOl4lD7icm",
+	"1YFWZHwZO8F8xbMCWHwVR+xCXHl3+vL5VbwKYhqd0mkfEWqBT59TfLzekPQ/zz/+/fngcdu4y48L4y6f",
+	"7O6uGRp2u2Fh9RzW+hmLNMZCViMmlE5B01CzfQdP22tKuHdqcyzpkb3NjzRmu9XDOkRWIaDz80dEkCmm",
+	"U67nNByj7uYgOvmFWciZUX7XtGTTX/jShMotcGYadZh7HWXJuNIFytFGPzK/BF/gwrrIRUKCMc7G6EVD",
+	"qbSvZXE97Rx9Q9QCqDpcd/uAxWROOg8z9Jn4KVJOXzrcDFhjaOBQ1pXpjFMcHsGjLqdfCihczLbI0Q+M",
+	"nU9yTr9XCdG4Ghry1e5uj0SqHMpg6qAMd0ZKXTqjR1216tTscafLvCFOurw+/gyROOWXoQakbRgZ0t10",
+	"2UJwyHYg8aFsjiU7YNwVawW0dnloZvXWnNPhSoZpa/XlykLdoSTR3iOlPGspY2ku4hx/xC/wZOILWvCy",
+	"y4fIFK6dWxGMny5qHTIPK9dX4v0z7lbsOa3SlLJJYzKdi8iCsd+qdP7ZpEFz+t1NM/DrG7oXRNHerV6u",
+	"JGzRudIoydnqVlebdPOxRYT5ymTPyGjTdBfH2VX1M4HckIQ9rfYeUMZFnf29p5sfWhyris89ebLNy5an",
+	"T95EnWe7W7yzZUbq1iL5hQ+CBB5fIZQXDQ6Ki1RTfdqH3QVHeqquFix0/B1o3HuWESvWHO+ayWwG7E0K",
+	"01xZqu90bulQOmdZSAbjMST2AKGngRJektR9wGAZPtvdbeNc90Cdc+9JmTdmI7WwgrueDu5OndtQSjVH",
+	"mZ7Y3/xEOYR2iaIaWYafP6I0aAb7a7+FRIj7aRUtvvS7VxtdjDvdW2kotJq8F2AfYD8bFUFrjbO/+JYi",
+	"VkabBcySa9L2DdUtO9UBAzcfW4XTTuonhdV8o7YRi6YsTg452sUULXvByQ2vbLBQdF0YGMpV0xG9uUjp",
+	"GvLF6YcBOyqDEiHZ4UJVy7LJf8Br1/W+1nW7xwMsUH5bOP+d51jcp6O0MBNuBTv6LQ458Yc1He6bk/GB",
+	"bzY/UJ4FcGdz5v5FxgnwNPhqPDDjQubEhaZ7DyZLFiedbpQpnGr8yINy022MG/IStw6Xcq7OPCRr0Hn1",
+	"x94U6DADeijk7Ag7YBQhoQrY9Se9EK+7Sa7pYRhbjb+tEDcXYF9VswDvjVkb8xFXsGpA91+cR++f175X",
+	"M9QCRKKMu6h1SVQlJX1+Nos23kynHq1kx2tI3ECQu7L5qiDTSSHJu6TQkY8wrhkK2QhBoR/jqi5QyTfj",
+	"2cIMZRm51qSnKJkchnzVRpY9oqhnVg7QYxdaFTnaCX4GW6hlcMvQ0nFtxFXM9p48i3yyhvqSYhb798R+",
+	"ShMFSVyBiOssHbA3jY4vpguJzwyli4s13kcTynZcpnikruNqTVfMR+LIdWfHVCGwv7u/s7/7TenLD2Ut",
+	"l+fyJzSHuDr0hb1CivTzwYRhiTPBuF05JCxYZ0O59xWaZ4csLkfNxFTcanoD9k7VcxMsBZ5mVKZDGR+a",
+	"cBPXwm55VqA0vtA8gaHMQQuVHlbimeR7KoyvnKH0ZQJZY0Rmm6hF8F/4Vv/7iRbVR6RuFSva/cyvXmeJ",
+	"1aYusu5swi156GGeItVk9b6YZ/+bo033YBUWkuK2gXYaQ4VvE7TaKQ+SaDXgTknkVE4hiRz0feIVnhuK",
+	"g2psFv22O2gzrrwbdwu+U4kF23dCsMl/ZWn+SEhOzlrLOWzrK5EXjit64UDoBxduTSFzYwRd8zzGpZaB",
+	"9Qc0frHuHtKT4kzzGe2aV6x/hF1XnsFJNlixgQObp4RJH7Bo8iXrUopK/AqHLE4KnbH+WdyLfDaUutU1",
+	"SDuUgUtFWeGVZzyhEjqJmsfYwNoudRaOJnMB5Alk5Gf5MbNkorXp9ryoOH0bvf47mfzh9Hp9NF+LfPkx",
+	"DMn7orf/lGGVH+nYIy8NqKR4W3mwRo3uhKr7Vl0agr9t2tQV6RrLbcxSBYaSOG6ipyvwc4+mETUwjZUb",
+	"gMG6wpqhdF0ueB+VfPRuEVTFN95eE9+eU9aFN0jEfAltPFjmwY+N/SN13Toeynxz4hY8FEax+jKMyu6s",
+	"aUM6dgNxa8QVZPNexIwrxR3NqVslYtxQWelYxSWfGY+mATuybKqMZc+i3d3d8oXdMczoXG7nwAs3mNrF",
+	"EzMlL3qHQ1n3tw2fE8Qa3MTYqdJQ59IFi3k/CpJpvz1PiziiE9zum2/XVVvVp+96xHxh43tmYyoZq3lY",
+	"f04+VvryfuKRR1U7d3MkU6USR/OlszqrtqdGzdWBr4JS+nIoqb3eVKG78ggsEkqonsMLPQAuTUGnJ1IJ",
+	"G3rjyP5CXglDfYPOPB/KkGtwbnq1uI/q4fupiocCprNG84M/TSLA4stCUoWfMJQzfFJJJqyrgVs4t8sB",
+	"6LKZ4YCGA/qRYkvySmglpzQe8xJyW377UNI3+zVDlrc8x4xWODt76xAwApR3pvllj0xob3KuQ8DZUFLb",
+	"smtQO2DCsgsFNaTT/HnER5vMw9/vt6asPn36Zvns9ttWkG1+1aqoIF4ti1/+wr7Dv2fsDnd3fVVPNS1h",
+	"hbdRzUi8h5xPmbNttAgSk3ImYdbsJhywIzn30mrK52XjV9V+RtcOh9L1Psmy581LON9dVcYnvOToLaxW",
+	"e2bAYpqUFIeRh0Pp5h+41tjMjwS/cnK7bQ54FdDwQ0bUFN31lApePeChaW1lgWvovr4PUdSYvX7Psqhe",
+	"w9p2fLi0/4ay6M6i5f7lww9E88RptXEAt4pGOPmw4yekritMPaE+SVNjHNdj4mcxVP3eNOd58dztIMMu",
+	"AXJTO8QuXhzIGjOyyczCGE1q3A/FrmMLesZ1agbsBXfn5pHMKXulh7IrVYkT35IKvWab4zdtDOtvrTj2",
+	"nlym5gjcFm7yN/yZC1v/KK9nIVaPZFmeV4t6IQvDLh6kxInaDj+Xgl0IiePSf3xN7jE1Vg7+rSzGP7PV",
+	"pwF+BeeC1oY5PDK1kyHXF3ivIFStrue+Dm/nU87t5OZ3ke22tUhRW0pUgyk98w8nbyN05lCkuykU5XFi",
+	"Si7oAYT+0LVaubOWmMm4mYAZym688qNpCiDPxQ4NK/vPX57vxdWsjnjhijfkqKS3fvRV+dfqUt6l4t0V",
+	"O+FOb1jZeFrNWb/XsN3CfPhV1fihpeSvXI5P0bQmJZZThEy1VYEZcYN/n65Z5XO5jsPczmPXZuycE3/C",
+	"hqmfH1u2F3p/7PjsJ9aNkWLjXtkESId1IOvQqLKYYt6hwI2CYb5Rk8vQNt8YjNQtYzF77AfxLRvNQxQo",
+	"8oNtynMWKF3mzjUwfsKOKqz/lC437H0O0mOA+tfTR6Yc/OALcwOmXcBpGIzu8PF+jqM7mKSc0+LhjgK+",
+	"poqqiHl5dgk3l244VHWIyVASYg6rMXn+KJNDVkgrMuojdfTgZxQI48b8eFM0bhzkELNdNHXL6si6D1oR",
+	"1K1Op2n4pTSYyjumq73Q2ukN9+OKLp0EdM/uaO2IlhbZderOnPkSG/v3jI3R9jK+JIaXpPBKFbzzyWzo",
+	"xfynyHxNql+8ssFccXHEkky5/stqrEgocvUd1DS6o7bGYEUv5QJ7fmmnXCAyQs1D6nzc/dombkNrqzsr",
+	"H2Z36wf0rLXmvuxvo9Bhi429RzfJf/u6GEOQVjszc88+22ZgaHLb/WQUToOsdId8MKuYVDP29zKM3413",
+	"44PqFJDDhaOMFk2qpNCuhNE/31sZz2+PBUqY3W8isXHSVKu59GBRHgLli730pw74v7q2INNGTCgcaHun",
+	"kJCbE3k/wUu39h8fvTxxuQbGL7iQX4KYD2Sen034rJrJt91cinYabRw28PlVzgue20LDYr6pdqQbFdxQ",
+	"PbuarUtmMU9pZVwCTORr/nztOxqTKgfJfN+bO6JOA5XqJg6Q9KCW8ad5ThSHcc1/oaTJBzzGGsykFhX2",
+	"0dKwUhicUC+soRrhQiMZMJ5oZcxQhnnGGkIgBeGcSVcjhSuGEcS2OmgnbWCiW81AVpLxas2Zj/Ncwtz0",
+	"BuzYDwb3Q7LCvN0AnEvO0axHmtlpityNQ43XTI8KR0vcj4ZePHLivlPs5UEZLRENf+1LVOPPraVPS3Ju",
+	"Fyh3qeOpzgrZMLvnNMyVvD99Wz/UZJWb6UZf/oUzBmcNdUL4eLCUdJGH+T33kIBwdayu4JPm/NBE5fK4",
+	"lJjGMdaOU4lZd/MsHVeimgq93H/Gau1nzf6yZP14oeMPtxkv1KJfHBpv1ZR2O05qHp/zwG1pjSNsvvSl",
+	"/Yn6yf+InrY7TAsKsqdun6+epVzedZ+aqX5q2SrNFAApS4booGu0btVMmoipLAVjXRZx8BBzfRtwmBqe",
+	"1lkH4afNSYwTGJMPRnlJN0yEGgpdSV0w4MOY1tACgVKVhgpaKvIjbPQO0aIpK/QXDnvirq9QSdL+c+Mz",
+	"pf7EgTUzJOv2+//erMfDVs5tngRZYbWNjNaMgHyA7Vjn5NR59MH2Y3v0VlMZNyH4lqaXf9ZZdRvgoUE8",
+	"blk3hn+HDDYPx1JQ3bNoy3lZrHHeS22WbDm3bVCbWF/K/uWSrteVd1MJWJ87u2wsUuKopS6sfi4XU5qq",
+	"U7Y5n6u7VDtSO5WtV3t7Tmnttnq0xXKR+mlK9bMoulNVSN8UOnFtTeVYuur4LHfMVv3NMxgZWn9lPRxu",
+	"KRXvXFPeIwhWN7Durq+l5Vpe+T2dnxCxcqR7xPwhCpEr3k5VUkxDFpvKjNzxSbXD04gMS4jqb1W5QSr+",
+	"/wEAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

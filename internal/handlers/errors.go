@@ -1,10 +1,13 @@
 package handlers
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
+
+	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/sandgate/sandgate/internal/providers"
 )
@@ -42,6 +45,12 @@ const retryAfter = "5"
 // error of no kind is a bug: it is logged with its full chain and the
 // client gets a safe message.
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	writeProblem(w, problemOf(r.Context(), log, err, r.Method+" "+r.URL.Path))
+}
+
+// problemOf is err, from the request named what, as a problem (see
+// writeError).
+func problemOf(ctx context.Context, log *slog.Logger, err error, what string) problem {
 	p := problem{Detail: providers.Message(err)}
 	kind := providers.Kind(err)
 	var mbe *http.MaxBytesError
@@ -53,8 +62,9 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 		p.Status, p.Code = ks.status, ks.code
 	default:
 		p.Status, p.Code = http.StatusInternalServerError, "internal"
-		p.Detail = "internal error; see the gateway log for request " + requestID(r)
-		log.Error("internal error", "method", r.Method, "path", r.URL.Path, "request_id", requestID(r), "err", err)
+		id := middleware.GetReqID(ctx)
+		p.Detail = "internal error; see the gateway log for request " + id
+		log.Error("internal error", "request", what, "request_id", id, "err", err)
 	}
 	// Some errors carry the code the contract documents for them
 	// (pty.Error: CONTEXT_NOT_FOUND, ALREADY_CONNECTED).
@@ -66,7 +76,13 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 	if errors.As(err, &fields) {
 		p.Errors = fields
 	}
-	writeProblem(w, p)
+	if p.Title == "" {
+		p.Title = http.StatusText(p.Status)
+	}
+	if p.Type == "" {
+		p.Type = "about:blank"
+	}
+	return p
 }
 
 // writeProblem writes p, filling the fields derived from the status.

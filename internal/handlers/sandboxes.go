@@ -62,11 +62,35 @@ func (s *server) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest
 	if r := b.Resources; r != nil {
 		cr.Resources = providers.Resources{CPU: r.CPU, MemoryMiB: int64p(r.MemoryMib), DiskGiB: r.DiskGib, GPU: int64p(r.GPU), GPUType: r.GPUType}
 	}
-	ref, err := s.svc.Create(ctx, callerFrom(ctx), cr)
+	var out api.CreateSandbox201JSONResponse
+	if b.Count == nil {
+		ref, err := s.svc.Create(ctx, callerFrom(ctx), cr)
+		if err != nil {
+			return nil, err
+		}
+		return out, out.FromSandboxRef(s.ref(ref))
+	}
+	refs, failed, err := s.svc.CreateBatch(ctx, callerFrom(ctx), cr, *b.Count, deref(b.AllowPartial))
 	if err != nil {
 		return nil, err
 	}
-	return api.CreateSandbox201JSONResponse(s.ref(ref)), nil
+	batch := api.SandboxBatch{Sandboxes: make([]api.SandboxRef, len(refs)), Failed: []api.BatchFailure{}}
+	for i, r := range refs {
+		batch.Sandboxes[i] = s.ref(r)
+	}
+	for _, f := range failed {
+		p := problemOf(ctx, s.log, f.Err, "POST /v1/sandboxes (batch)")
+		batch.Failed = append(batch.Failed, api.BatchFailure{Index: f.Index, Problem: api.Problem{Type: p.Type, Title: p.Title, Status: p.Status, Detail: p.Detail, Code: p.Code, Errors: apiFieldErrors(p.Errors)}})
+	}
+	return out, out.FromSandboxBatch(batch)
+}
+
+func apiFieldErrors(fs []providers.FieldError) []api.FieldError {
+	var out []api.FieldError
+	for _, f := range fs {
+		out = append(out, api.FieldError{Field: f.Field, Message: f.Message})
+	}
+	return out
 }
 
 func (s *server) ref(r sandbox.Ref) api.SandboxRef {

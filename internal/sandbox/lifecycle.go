@@ -7,6 +7,7 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers"
@@ -57,15 +58,85 @@ func (r *CreateRequest) validate() error {
 // full, and returns an owner lease for it. It returns only once the
 // sandbox is ready and its files are written; on failure nothing is left.
 func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (Ref, error) {
-	creator, err := s.authorizeKey(c)
+	creator, req, sn, err := s.prepare(c, req)
 	if err != nil {
 		return Ref{}, err
+	}
+	return s.createFor(ctx, creator, req, sn)
+}
+
+// BatchFailure is one create of a batch that failed.
+type BatchFailure struct {
+	Index int
+	Err   error
+}
+
+// CreateBatch makes count sandboxes of req at once. All or nothing unless
+// allowPartial: then it returns the ones made and the failures, and an
+// error only when none was made.
+func (s *Service) CreateBatch(ctx context.Context, c Caller, req CreateRequest, count int, allowPartial bool) ([]Ref, []BatchFailure, error) {
+	if count < 1 || count > MaxFork {
+		return nil, nil, providers.InvalidFields{{Field: "count", Message: fmt.Sprintf("must be 1 to %d", MaxFork)}}
+	}
+	creator, req, sn, err := s.prepare(c, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	refs, errs := s.createN(ctx, count, creator, req, sn)
+	var made []Ref
+	var failed []BatchFailure
+	for i, err := range errs {
+		if err != nil {
+			failed = append(failed, BatchFailure{Index: i, Err: err})
+		} else {
+			made = append(made, refs[i])
+		}
+	}
+	if len(failed) == 0 || (allowPartial && len(made) > 0) {
+		return made, failed, nil
+	}
+	for _, r := range made {
+		s.removeID(context.WithoutCancel(ctx), r.SandboxID, "batch failed")
+	}
+	return nil, nil, failed[0].Err
+}
+
+// createN runs n createFor at once (at most createsAtOnce in flight) and
+// returns each one's ref or error, by index.
+func (s *Service) createN(ctx context.Context, n int, creator string, req CreateRequest, sn *Snapshot) ([]Ref, []error) {
+	refs, errs := make([]Ref, n), make([]error, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, createsAtOnce)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			refs[i], errs[i] = s.createFor(ctx, creator, req, sn)
+		}()
+	}
+	wg.Wait()
+	return refs, errs
+}
+
+// createsAtOnce bounds the provider creates one batch or fork runs at once.
+const createsAtOnce = 8
+
+// prepare authorises a create and resolves its snapshot (given at the top
+// level or as NeMo Gym's provider_options.snapshot_id): the creator, the
+// request with the snapshot's image and workdir as defaults, and the
+// snapshot (nil for none).
+func (s *Service) prepare(c Caller, req CreateRequest) (string, CreateRequest, *Snapshot, error) {
+	creator, err := s.authorizeKey(c)
+	if err != nil {
+		return "", req, nil, err
 	}
 	// NeMo Gym names the snapshot in provider_options.
 	if v, ok := req.ProviderOptions["snapshot_id"]; ok {
 		sid, isString := v.(string)
 		if !isString || (req.SnapshotID != "" && req.SnapshotID != sid) {
-			return Ref{}, providers.InvalidFields{{Field: "provider_options.snapshot_id", Message: "must be a string, and the same as snapshot_id if both are given"}}
+			return "", req, nil, providers.InvalidFields{{Field: "provider_options.snapshot_id", Message: "must be a string, and the same as snapshot_id if both are given"}}
 		}
 		req.SnapshotID = sid
 		opts := make(map[string]any, len(req.ProviderOptions))
@@ -79,11 +150,11 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (Ref,
 	var sn *Snapshot
 	if req.SnapshotID != "" {
 		if _, _, err := s.snapshotter(); err != nil {
-			return Ref{}, err
+			return "", req, nil, err
 		}
 		got, err := s.ownSnapshot(creator, req.SnapshotID)
 		if err != nil {
-			return Ref{}, err
+			return "", req, nil, err
 		}
 		if req.Image == "" {
 			req.Image = got.Image
@@ -93,7 +164,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (Ref,
 		}
 		sn = &got
 	}
-	return s.createFor(ctx, creator, req, sn)
+	return creator, req, sn, nil
 }
 
 // createFor is Create for creator, from snapshot sn when not nil.

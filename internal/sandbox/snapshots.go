@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers"
@@ -27,7 +26,7 @@ type Snapshot struct {
 	Internal bool `json:"internal,omitempty"`
 }
 
-// MaxFork is the most forks one call makes.
+// MaxFork is the most sandboxes one fork, or one batch create, makes.
 const MaxFork = 64
 
 // snapshotter returns the provider's Snapshotter and the store's
@@ -228,20 +227,7 @@ func (s *Service) Fork(ctx context.Context, c Caller, id string, count int) ([]R
 	if err != nil {
 		return nil, err
 	}
-	refs := make([]Ref, count)
-	errs := make([]error, count)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 8) // creates at once
-	for i := range count {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			refs[i], errs[i] = s.createFor(ctx, sn.Creator, CreateRequest{SnapshotID: sn.ID, Image: sn.Image, Workdir: sn.Workdir}, &sn)
-		}()
-	}
-	wg.Wait()
+	refs, errs := s.createN(ctx, count, sn.Creator, CreateRequest{SnapshotID: sn.ID, Image: sn.Image, Workdir: sn.Workdir}, &sn)
 	if err := errors.Join(errs...); err != nil {
 		for i, r := range refs {
 			if errs[i] == nil {

@@ -28,6 +28,9 @@ type Provider struct {
 	ExecFunc ExecFunc
 	// CreateErr, when set, makes Create fail with it.
 	CreateErr error
+	// CreateCheck, when set, is asked first by every Create (unlocked):
+	// an error fails that create.
+	CreateCheck func(spec providers.CreateSpec) error
 	// PingErr, when set, makes Ping fail with it.
 	PingErr error
 
@@ -54,6 +57,11 @@ func New() *Provider { return &Provider{boxes: map[string]*sandbox{}, snaps: map
 func (p *Provider) Name() string { return "fake" }
 
 func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
+	if p.CreateCheck != nil {
+		if err := p.CreateCheck(spec); err != nil {
+			return providers.Sandbox{}, err
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.CreateErr != nil {
