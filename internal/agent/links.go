@@ -24,10 +24,8 @@ type Links struct {
 	// standard error so far.
 	Open func(ctx context.Context, id string, start bool) (conn io.ReadWriteCloser, stderr func() string, err error)
 	// Running returns nil when sandbox id is running, else its state as
-	// an error (ErrNotFound, ErrConflict). With settle (asked after a
-	// connection failed) a running answer is asked again for a moment: a
-	// sandbox being killed may still read as running.
-	Running func(ctx context.Context, id string, settle bool) error
+	// an error (ErrNotFound, ErrConflict).
+	Running func(ctx context.Context, id string) error
 
 	mu     sync.Mutex
 	byID   map[string]*Client
@@ -80,7 +78,7 @@ func (l *Links) cached(id string) (*Client, error) {
 func (l *Links) connect(ctx context.Context, id string, start bool) (*Client, error) {
 	conn, stderr, err := l.Open(ctx, id, start)
 	if err != nil {
-		if serr := l.Running(context.WithoutCancel(ctx), id, true); serr != nil {
+		if serr := l.settled(context.WithoutCancel(ctx), id); serr != nil {
 			return nil, serr // stopped or gone: that is the answer
 		}
 		return nil, err
@@ -93,7 +91,7 @@ func (l *Links) connect(ctx context.Context, id string, start bool) (*Client, er
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if serr := l.Running(context.WithoutCancel(ctx), id, true); serr != nil {
+		if serr := l.settled(context.WithoutCancel(ctx), id); serr != nil {
 			return nil, serr
 		}
 		why := strings.TrimSpace(stderr())
@@ -168,7 +166,7 @@ func (l *Links) Gone(ctx context.Context, id string, err error) error {
 	// The caller's call failed, but this check must finish, in bounded time.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReconnectTimeout)
 	defer cancel()
-	if serr := l.Running(ctx, id, false); serr != nil {
+	if serr := l.Running(ctx, id); serr != nil {
 		return serr
 	}
 	l.dialMu.Lock()
@@ -184,6 +182,33 @@ func (l *Links) Gone(ctx context.Context, id string, err error) error {
 	}
 	return providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": the connection to its agent broke; try again")
 }
+
+// settled is Running after a connection to the agent failed: a sandbox
+// being killed reads as running for a moment after its processes died
+// (the backend has not noticed yet), so a running answer is asked again
+// every 50 ms for up to settleTime before it counts.
+func (l *Links) settled(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, settleTime)
+	defer cancel()
+	for {
+		err := l.Running(ctx, id)
+		if ctx.Err() != nil {
+			return nil // still running as far as the backend said
+		}
+		if err != nil {
+			return err
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+const settleTime = 2 * time.Second
 
 // ReconnectTimeout bounds the check and reconnect after a connection
 // broke (a sandbox at its pids limit can make an exec hang).

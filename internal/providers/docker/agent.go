@@ -187,41 +187,6 @@ func (d *Docker) requireRunning(ctx context.Context, id string) error {
 	return nil
 }
 
-// running is agent.Links.Running: requireRunning, settled when asked.
-func (d *Docker) running(ctx context.Context, id string, settle bool) error {
-	if settle {
-		return d.settledState(ctx, id)
-	}
-	return d.requireRunning(ctx, id)
-}
-
-// settledState is requireRunning after a connection to the agent failed.
-// A container being killed reads as running for a moment after its
-// processes died, so a running answer is asked again for up to
-// settleTime before it counts.
-func (d *Docker) settledState(ctx context.Context, id string) error {
-	ctx, cancel := context.WithTimeout(ctx, settleTime)
-	defer cancel()
-	for {
-		err := d.requireRunning(ctx, id)
-		if ctx.Err() != nil {
-			return nil // still running as far as the daemon said
-		}
-		if err != nil {
-			return err
-		}
-		t := time.NewTimer(50 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-	}
-}
-
-const settleTime = 2 * time.Second
-
 // writeTar writes a one-file tar of size bytes from src to w.
 func writeTar(w io.Writer, name string, mode, size int64, src io.Reader) error {
 	tw := tar.NewWriter(w)

@@ -169,7 +169,7 @@ func New(opts Options) (*Docker, error) {
 		return nil, fmt.Errorf("docker: %w", err)
 	}
 	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}}
-	d.links.Open, d.links.Running = d.openAgent, d.running
+	d.links.Open, d.links.Running = d.openAgent, d.requireRunning
 	d.Via = agent.Via{Connect: d.Agent, Links: &d.links}
 	if d.volName, d.agentSize, err = agentVolume(opts.AgentBinary); err != nil {
 		cli.Close()

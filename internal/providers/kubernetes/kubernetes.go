@@ -321,36 +321,21 @@ func terminatedReason(t *corev1.ContainerStateTerminated) string {
 	return why
 }
 
-// running is agent.Links.Running: nil when the pod runs; with settle, a
-// running answer is asked again for a moment (a pod being killed reads
-// as running until the kubelet reports).
-func (k *Kubernetes) running(ctx context.Context, id string, settle bool) error {
-	deadline := time.Now().Add(settleTime)
-	for {
-		pod, err := k.pod(ctx, id)
-		if err != nil {
-			return err
-		}
-		if st, why := stateOf(pod); st != providers.StateRunning {
-			if why != "" {
-				return providers.Errorf(providers.ErrConflict, "sandbox %s is %s: %s", id, st, why)
-			}
-			return providers.Errorf(providers.ErrConflict, "sandbox %s is %s", id, st)
-		}
-		if !settle || time.Now().After(deadline) {
-			return nil
-		}
-		t := time.NewTimer(100 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
+// running is agent.Links.Running: nil when the pod runs, else its state
+// as an error.
+func (k *Kubernetes) running(ctx context.Context, id string) error {
+	pod, err := k.pod(ctx, id)
+	if err != nil {
+		return err
 	}
+	if st, why := stateOf(pod); st != providers.StateRunning {
+		if why != "" {
+			return providers.Errorf(providers.ErrConflict, "sandbox %s is %s: %s", id, st, why)
+		}
+		return providers.Errorf(providers.ErrConflict, "sandbox %s is %s", id, st)
+	}
+	return nil
 }
-
-const settleTime = 2 * time.Second
 
 // List reports this instance's sandboxes.
 func (k *Kubernetes) List(ctx context.Context) ([]providers.Owned, error) {

@@ -43,7 +43,7 @@ var _ providers.Endpointer = (*Kubernetes)(nil)
 // Endpoint returns a 127.0.0.1 URL on the gateway's machine that reaches
 // port of sandbox id (declared at create: the service checks).
 func (k *Kubernetes) Endpoint(ctx context.Context, id string, port int) (providers.Endpoint, error) {
-	if err := k.running(ctx, id, false); err != nil {
+	if err := k.running(ctx, id); err != nil {
 		return providers.Endpoint{}, err
 	}
 	k.fw.mu.Lock()
