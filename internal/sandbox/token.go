@@ -94,10 +94,12 @@ func (s signer) verify(tok string) (claims, error) {
 		return claims{}, errBadToken
 	}
 	// Strict: a token has exactly one spelling (no slack in the final
-	// character's unused bits).
+	// character's unused bits). The decoder skips CR and LF even so (found
+	// by FuzzLeaseToken): a token must be its own canonical encoding.
 	payload, err1 := strictB64.DecodeString(p64)
 	mac, err2 := strictB64.DecodeString(m64)
-	if err1 != nil || err2 != nil || !hmac.Equal(mac, s.mac(payload)) {
+	if err1 != nil || err2 != nil || strictB64.EncodeToString(payload) != p64 || strictB64.EncodeToString(mac) != m64 ||
+		!hmac.Equal(mac, s.mac(payload)) {
 		return claims{}, errBadToken
 	}
 	f := strings.Split(string(payload), "|")

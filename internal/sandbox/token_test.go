@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -49,5 +50,21 @@ func TestSandboxIDForm(t *testing.T) {
 			t.Fatalf("duplicate id %q", id)
 		}
 		seen[id] = true
+	}
+}
+
+// The base64 decoder skips CR and LF: a token with one inserted is another
+// spelling of a valid token and must not verify (found by FuzzLeaseToken).
+func TestTokenOneSpelling(t *testing.T) {
+	s := signer{secret: []byte("0123456789abcdef0123456789abcdef")}
+	tok := s.mint(claims{SandboxID: "sbx-a", LeaseID: "ls-b", Scope: ScopeOperate})
+	if _, err := s.verify(tok); err != nil {
+		t.Fatal(err)
+	}
+	dot := strings.IndexByte(tok, '.')
+	for _, bad := range []string{tok[:dot-2] + "\n" + tok[dot-2:], tok[:dot+3] + "\r" + tok[dot+3:], tok + "\n"} {
+		if _, err := s.verify(bad); err == nil {
+			t.Errorf("%q verified", bad)
+		}
 	}
 }
