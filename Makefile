@@ -8,7 +8,7 @@ STATE   ?= $(CURDIR)/.state
 # all threads, which the Go runtime only allows in a cgo-free binary.
 export CGO_ENABLED ?= 0
 
-.PHONY: build run test check-generated generate vet bench clean web agent-image k8s-up k8s-down
+.PHONY: build run test check-generated generate vet bench clean web agent-image k8s-up k8s-down fuzz
 
 build: web
 	$(GO) build -o $(BIN) ./cmd/gateway
@@ -64,6 +64,21 @@ vet:
 # they need one.
 test: web check-generated vet k8s-up
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...
+	$(MAKE) fuzz
+
+# Each fuzz target for FUZZTIME from its seeds (the seeds also run as plain
+# tests in `go test`). A crash is saved under the package's testdata/fuzz:
+# commit it with the fix, as a regression test.
+FUZZTIME ?= 5s
+FUZZ = ./internal/wire:FuzzDecodeClient ./internal/wire:FuzzReplayFrame \
+	./internal/sandbox:FuzzLeaseToken ./internal/sandbox:FuzzFilePath ./internal/sandbox:FuzzCreateValidation \
+	./internal/handlers:FuzzParseSince ./internal/rootfs:FuzzUnpack
+fuzz:
+	@for t in $(FUZZ); do \
+	  echo "fuzz $${t#*:} ($(FUZZTIME))"; \
+	  $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*} >/dev/null || \
+	    { $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*}; exit 1; }; \
+	done
 
 bench:
 	CGO_ENABLED=1 $(GO) test -run '^$$' -bench . -benchtime 300x ./cmd/gateway/ ./internal/providers/local/ ./internal/handlers/

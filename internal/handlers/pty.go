@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -98,9 +99,9 @@ func (s *server) attachPty(w http.ResponseWriter, r *http.Request) {
 	}
 	var bad providers.InvalidFields
 	if v := q.Get("since"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			bad.Add("query.since", "must be a non-negative integer")
+		n, err := parseSince(v)
+		if err != nil {
+			bad.Add("query.since", "%s", err)
 		}
 		req.Since = n
 	}
@@ -124,4 +125,17 @@ func (s *server) attachPty(w http.ResponseWriter, r *http.Request) {
 	if err := s.pty.Attach(w, r, c, req); err != nil {
 		writeError(w, r, s.log, err)
 	}
+}
+
+// parseSince reads the since query parameter: a byte offset, decimal
+// digits only (no sign, no spaces), at most 2^63-1.
+func parseSince(v string) (int64, error) {
+	if v == "" || strings.TrimLeft(v, "0123456789") != "" {
+		return 0, errors.New("must be a non-negative integer")
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, errors.New("must be a non-negative integer below 2^63")
+	}
+	return n, nil
 }
