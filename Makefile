@@ -64,6 +64,8 @@ vet:
 # they need one.
 test: web check-generated vet k8s-up
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...
+	@# Stops and restarts the shared docker daemon: alone, after the rest.
+	SANDGATE_DOCKER_RESTART_TEST=1 CGO_ENABLED=1 $(GO) test -race -count=1 -run '^TestRealDaemonRestart$$' ./internal/providers/docker/
 	$(MAKE) fuzz
 
 # Each fuzz target for FUZZTIME from its seeds (the seeds also run as plain

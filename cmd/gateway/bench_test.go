@@ -228,3 +228,22 @@ func BenchmarkPoolCreateFirstExec(b *testing.B) {
 	})
 	poolBench(b, p, "")
 }
+
+// interleave runs gateway and baseline alternately in b's loop and
+// reports the gateway's p50 and p99, the baseline's p50 (as name-p50-ms)
+// and baseline/gateway (as name/gateway).
+func interleave(b *testing.B, name string, gateway, baseline func()) {
+	var viaGateway, viaBase []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		gateway()
+		t1 := time.Now()
+		baseline()
+		viaGateway, viaBase = append(viaGateway, t1.Sub(t0)), append(viaBase, time.Since(t1))
+	}
+	g, k := pct(viaGateway, 0.5), pct(viaBase, 0.5)
+	b.ReportMetric(g, "gateway-p50-ms")
+	b.ReportMetric(pct(viaGateway, 0.99), "gateway-p99-ms")
+	b.ReportMetric(k, name+"-p50-ms")
+	b.ReportMetric(k/g, name+"/gateway")
+}

@@ -119,13 +119,6 @@ func (c *Client) CreateSession(ctx context.Context, sandboxID string, req api.Pt
 	return res.SessionID, err
 }
 
-// Session returns a terminal session's state.
-func (c *Client) Session(ctx context.Context, sandboxID, sessionID string) (api.PtySession, error) {
-	var res api.PtySession
-	err := c.do(ctx, http.MethodGet, c.sandboxPath(sandboxID, "pty", sessionID), nil, &res)
-	return res, err
-}
-
 // wsURL is the attach URL of a session, with since and takeover.
 func (c *Client) wsURL(sandboxID, sessionID string, since int64, takeover bool) string {
 	u := c.base + c.sandboxPath(sandboxID, "pty", sessionID, "ws") + fmt.Sprintf("?since=%d", since)
