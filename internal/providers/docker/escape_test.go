@@ -220,8 +220,15 @@ func forkBomb(ctx context.Context, t *testing.T, p *Docker, id, cid string) bomb
 		}
 		tick.Stop()
 	}
-	if r.err != nil || r.res.TimedOut || !contains(r.res.Stdout, "bomb-over") {
+	if r.err != nil || r.res.TimedOut {
 		t.Fatalf("bomb exec: %v timed out %v stdout %.200q stderr %.200q", r.err, r.res.TimedOut, r.res.Stdout, r.res.Stderr)
+	}
+	if !contains(r.res.Stdout, "bomb-over") {
+		// The command's own shell could not fork (busybox sh exits on
+		// that): the bomb filled the limit before it, or, under a
+		// neighbour's load, the host refused the fork. The caller's
+		// counts tell which.
+		t.Logf("the bomb's shell itself could not fork (exit %d)", r.res.ExitCode)
 	}
 	b.res = r.res
 	return b
