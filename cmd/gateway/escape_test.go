@@ -395,3 +395,45 @@ func TestEscapeOperateMintsLongerLease(t *testing.T) {
 		t.Errorf("child lease expires %v, after its parent's %v", child.Extra.ExpiresAt, op.Extra.ExpiresAt)
 	}
 }
+
+// TestEscapeThroughSharedSnapshot: forks share their source's snapshot
+// layer. Hostile code in one fork tries every way of changing a file it
+// got from the layer (write, append, truncate, chmod, chown, xattr, hard
+// link, rename, delete, a setuid bit) and of reaching the layer's
+// filesystem itself (mount, the block device, the loop device); its
+// sibling and the source see none of it.
+func TestEscapeThroughSharedSnapshot(t *testing.T) {
+	g := startGateway(t, t.TempDir(), nil)
+	src := escCreate(t, g, `{}`)
+	if out, code := src.sh(`set -e; cd /workspace; echo shared > f; cp /bin/sh ./prog; mkdir d; echo x > d/x`); code != 0 {
+		t.Fatalf("prepare: %s", out)
+	}
+	s, data := call(t, "POST", src.url("/fork"), `{"count":2}`, "X-Sandbox-Lease", src.Tok)
+	var fork struct {
+		Sandboxes []escBox `json:"sandboxes"`
+	}
+	if err := json.Unmarshal(data, &fork); s != 201 || err != nil || len(fork.Sandboxes) != 2 {
+		t.Fatalf("fork: %d %s", s, data)
+	}
+	evil, sibling := &fork.Sandboxes[0], &fork.Sandboxes[1]
+	evil.t, evil.g, sibling.t, sibling.g = t, g, t, g
+	out, _ := evil.sh(`cd /workspace
+		echo evil > f; echo more >> f; truncate -s 1 f; chmod 4777 prog; chown 1234:1234 prog
+		setfattr -n user.evil -v 1 prog 2>&1; ln prog hard; mv d d2; rm -rf d2
+		for dev in /dev/loop0 /dev/vda /dev/sda; do test -e $dev && echo "device $dev present"; done
+		mount -t btrfs /dev/loop0 /mnt 2>/dev/null && echo MOUNTED
+		grep -c btrfs /proc/self/mountinfo || true`)
+	if strings.Contains(out, "MOUNTED") || strings.Contains(out, "device ") {
+		t.Errorf("the fork reached the layer's filesystem:\n%s", out)
+	}
+	if got, _ := evil.sh(`cat /workspace/f; echo; stat -c '%a %u' /workspace/prog`); got != "e\n777 1234\n" { // chown clears the setuid bit
+		t.Errorf("the fork's own view after its writes: %q", got)
+	}
+	const want = "shared\n755 0\nx\n"
+	for name, b := range map[string]*escBox{"sibling": sibling, "source": src} {
+		got, _ := b.sh(`cd /workspace; cat f; stat -c '%a %u' prog; cat d/x; test -e hard && echo hard-exists; true`)
+		if got != want {
+			t.Errorf("the %s sees the fork's changes: %q, want %q", name, got, want)
+		}
+	}
+}

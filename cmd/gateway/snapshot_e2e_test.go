@@ -13,9 +13,21 @@ import (
 // a named snapshot survives a gateway restart, makes sandboxes, and
 // cannot be deleted while one of them lives.
 func TestDockerSnapshotFork(t *testing.T) {
+	snapshotFork(t, func(state string) *proc { return startDockerGateway(t, state) },
+		func(g *proc, members string) dkBox { return dkCreate(t, g, members) })
+}
+
+// TestLocalSnapshotFork is TestDockerSnapshotFork on the local provider
+// (btrfs snapshot layers).
+func TestLocalSnapshotFork(t *testing.T) {
+	snapshotFork(t, func(state string) *proc { return startGateway(t, state, nil) },
+		func(g *proc, members string) dkBox { return createFrom(t, g, members) })
+}
+
+func snapshotFork(t *testing.T, start func(state string) *proc, create func(g *proc, members string) dkBox) {
 	state := t.TempDir()
-	g := startDockerGateway(t, state)
-	sb := dkCreate(t, g, `"workdir":"/work","env":{"FROM":"source"}`)
+	g := start(state)
+	sb := create(g, `"workdir":"/work","env":{"FROM":"source"}`)
 	dkRun(t, sb, "echo v1 > a.txt")
 
 	s, body := call(t, "POST", sb.url+"/snapshots", `{"name":"clean"}`, "X-Sandbox-Lease", sb.token)
@@ -65,7 +77,7 @@ func TestDockerSnapshotFork(t *testing.T) {
 	if err := g.stop(syscall.SIGKILL); err == nil {
 		t.Fatal("the gateway exited cleanly on SIGKILL?")
 	}
-	g = startDockerGateway(t, state)
+	g = start(state)
 	if s, body := call(t, "GET", g.URL+"/v1/snapshots", ""); s != 200 || !strings.Contains(string(body), snap.ID) || strings.Count(string(body), "snapshot_id") != 1 {
 		t.Fatalf("list after the restart: %d %s (want the named snapshot only)", s, body)
 	}

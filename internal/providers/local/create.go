@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -80,6 +81,21 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	}
 	if spec.ReadyTimeout <= 0 {
 		spec.ReadyTimeout = defaultReadyTimeout
+	}
+	var snap snapshotRecord
+	if spec.Snapshot != "" {
+		var err error
+		if snap, err = l.snapshotRecord(spec.Snapshot); err != nil {
+			return providers.Sandbox{}, err
+		}
+		// The source's environment travels with its files, under the
+		// request's.
+		env := maps.Clone(snap.Env)
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, spec.Env)
+		spec.Env = env
 	}
 	l.mu.Lock()
 	if l.closed {
@@ -170,9 +186,9 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 		if res.DiskGiB != nil {
 			// Whole 1 MiB units: the filesystem's size, and its template's name.
 			cfg.DiskBytes = int64(*res.DiskGiB*(1<<10)) << 20
-			cfg.Mkfs, cfg.DiskTemplates = l.mkfs, l.stateDir+"/disk-templates"
+			cfg.DiskFS, cfg.Mkfs, cfg.DiskTemplates = l.diskFS, l.mkfs, l.stateDir+"/disk-templates"
 			if l.mkfs == "" {
-				return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "this host cannot enforce disk limits (no loop devices or mkfs.ext4)")
+				return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "this host cannot enforce disk limits (no loop devices or mkfs)")
 			}
 		}
 		cfg.Lower, cfg.Binds = l.view.dir, l.view.binds
@@ -181,7 +197,8 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 			cfg.Lower, cfg.Binds, cfg.Image = img.Dir, nil, true
 			st.View = ""
 		}
-		st.DiskBytes = cfg.DiskBytes
+		st.DiskBytes, st.DiskFS = cfg.DiskBytes, cfg.DiskFS
+		cfg.Layers, st.Layers, st.Snapshot = snap.Layers, snap.Layers, spec.Snapshot
 	}
 	cfg.Env = st.Env
 	pid, err := l.startInit(readyCtx, dir, cfg, &st)
@@ -307,7 +324,7 @@ func (l *Local) startInit(ctx context.Context, dir string, cfg initConfig, st *p
 	}
 	defer cfgR.Close()
 
-	cmd := exec.Command("/proc/self/exe", setupArg)
+	cmd := exec.Command(l.initBin, setupArg)
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -14,73 +14,165 @@ import (
 // A sandbox's disk limit. The kernel here has no quota format for ext4
 // project quotas and no XFS quota, so each sandbox with a limit gets a
 // filesystem of its own: a sparse file in its directory (disk.img),
-// formatted ext4 and mounted through a loop device in the sandbox's mount
-// namespace only; its upper layer and work directory live there. A sandbox
-// that writes past its size gets ENOSPC; the host gains at most that much,
-// and gets it back when the sandbox is deleted (the loop device is
-// auto-cleared when the namespace's last mount of it goes).
+// formatted btrfs (ext4 where btrfs-progs is missing) and mounted through a
+// loop device in the sandbox's mount namespace only; its upper layer and
+// work directory live there. A sandbox that writes past its size gets
+// ENOSPC; the host gains at most that much, and gets it back when the
+// sandbox is deleted (the loop device is auto-cleared when the last mount
+// of it goes).
+//
+// The filesystem is mounted id-mapped through the sandbox's user
+// namespace, so what it holds is owned as the sandbox sees it (sandbox
+// root's files by uid 0), like an image's: a snapshot of it (snapshot.go)
+// serves any sandbox, whatever its id range.
 
 const diskImage = "disk.img"
 
-// minDiskBytes is the smallest disk limit: room for ext4's own metadata
-// and the overlay's work directory, with space to spare.
+// minDiskBytes is the smallest disk limit: room for the filesystem's own
+// metadata and the overlay's work directory, with space to spare.
 const minDiskBytes = 64 << 20
 
-// mkfsPaths are where Debian and others keep mkfs.ext4 (setup runs with an
-// empty environment, so no PATH lookup).
-var mkfsPaths = []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4", "/usr/bin/mkfs.ext4"}
+// Disk filesystems. Only btrfs can snapshot (a read-only subvolume
+// snapshot: O(1) in what the sandbox wrote).
+const (
+	fsBtrfs = "btrfs"
+	fsExt4  = "ext4"
+)
 
-// findMkfs returns the path of mkfs.ext4 and checks loop devices exist, or
-// says why disk limits cannot be enforced.
-func findMkfs() (string, error) {
+// The overlay's directories on a sandbox's filesystem: upper and work in
+// layerDir, which on btrfs is a subvolume (a snapshot takes it whole;
+// btrfs renames nothing across subvolumes, so work must be in it too).
+const (
+	layerDir = "layer"
+	upperDir = layerDir + "/upper"
+	workDir  = layerDir + "/work"
+)
+
+// sbinDirs are where Debian and others keep mkfs.* (setup runs with an
+// empty environment, so no PATH lookup).
+var sbinDirs = []string{"/usr/sbin", "/sbin", "/usr/bin"}
+
+// findMkfs returns the disk filesystem to use (want, or btrfs if its mkfs
+// is there, else ext4) and the path of its mkfs, after checking loop
+// devices exist; or says why disk limits cannot be enforced.
+func findMkfs(want string) (fs, mkfs string, err error) {
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		return "", fmt.Errorf("no loop devices (/dev/loop-control: %w)", err)
+		return "", "", fmt.Errorf("no loop devices (/dev/loop-control: %w)", err)
 	}
-	for _, p := range mkfsPaths {
-		if fi, err := os.Stat(p); err == nil && fi.Mode()&0o111 != 0 {
-			return p, nil
+	kinds := []string{fsBtrfs, fsExt4}
+	if want != "" {
+		kinds = []string{want}
+	}
+	for _, kind := range kinds {
+		for _, d := range sbinDirs {
+			p := d + "/mkfs." + kind
+			if fi, err := os.Stat(p); err == nil && fi.Mode()&0o111 != 0 {
+				return kind, p, nil
+			}
 		}
 	}
-	return "", errors.New("mkfs.ext4 not found (install e2fsprogs)")
+	if want == fsBtrfs {
+		return "", "", errors.New("mkfs.btrfs not found (install btrfs-progs)")
+	}
+	return "", "", errors.New("mkfs.ext4 not found (install e2fsprogs)")
 }
 
-// makeDisk creates dir/disk.img of size bytes holding an empty ext4
-// filesystem and mounts it at target in the caller's mount namespace. Runs
-// in setup, as host root. The image is a sparse copy of a template
-// formatted once per size (in templates), which saves mkfs (~5 ms) on
-// every create; the copies share a filesystem UUID, which ext4 does not
-// mind.
-func makeDisk(mkfs, templates, dir, target string, size int64) error {
-	tpl, err := diskTemplate(mkfs, templates, size)
+// makeDisk creates dir/disk.img of size bytes holding an empty filesystem
+// of kind fs, with the overlay's upper and work directories, and returns it
+// mounted but not attached anywhere (a detached mount, for mountLayers to
+// id-map and attach). Runs in setup, as host root. The image is a sparse
+// copy of a template formatted once per size (in templates), which saves
+// mkfs (5-40 ms) on every create; the copies share a filesystem UUID,
+// which ext4 does not mind and btrfs handles (each clone mounted gets a
+// temporary one).
+func makeDisk(fs, mkfs, templates, dir string, size int64) (int, error) {
+	tpl, err := diskTemplate(fs, mkfs, templates, size)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	f, err := os.OpenFile(dir+"/"+diskImage, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return fmt.Errorf("create disk image: %w", err)
+		return -1, fmt.Errorf("create disk image: %w", err)
 	}
 	defer f.Close()
 	if err := copySparse(f, tpl, size); err != nil {
-		return fmt.Errorf("copy disk template: %w", err)
+		return -1, fmt.Errorf("copy disk template: %w", err)
 	}
 	loop, err := attachLoop(f)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	// The mount takes its own reference; closing ours after it arms
 	// autoclear (closing before would detach the device at once).
 	defer loop.Close()
-	if err := unix.Mount(loop.Name(), target, "ext4", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-		return fmt.Errorf("mount disk image: %w", err)
+	mfd, err := mountDevice(fs, loop.Name(), "", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return -1, fmt.Errorf("mount disk image: %w", err)
+	}
+	if err := makeOverlayDirs(mfd, fs); err != nil {
+		unix.Close(mfd)
+		return -1, err
+	}
+	return mfd, nil
+}
+
+// makeOverlayDirs makes layerDir (a subvolume on btrfs) with upper and
+// work in it, at the root of the detached mount mfd, owned by the
+// sandbox's root once id-mapped.
+func makeOverlayDirs(mfd int, fs string) error {
+	root, err := unix.Openat(mfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the disk's root: %w", err)
+	}
+	defer unix.Close(root)
+	if fs == fsBtrfs {
+		err = btrfsSubvolCreate(root, layerDir)
+	} else {
+		err = unix.Mkdirat(root, layerDir, 0o755)
+	}
+	if err != nil {
+		return fmt.Errorf("make the upper layer: %w", err)
+	}
+	for _, d := range []string{upperDir, workDir} {
+		if err := unix.Mkdirat(root, d, 0o755); err != nil {
+			return fmt.Errorf("make %s: %w", d, err)
+		}
 	}
 	return nil
 }
 
-// diskTemplate returns the template of an empty filesystem of size bytes,
-// formatting it if there is none yet (made aside and renamed into place,
-// so a concurrent create never sees half of one).
-func diskTemplate(mkfs, templates string, size int64) (string, error) {
-	tpl := fmt.Sprintf("%s/ext4-%d.img", templates, size)
+// mountDevice mounts the filesystem of kind fs on dev (subvol, on btrfs,
+// picks a subvolume; "" the top) and returns the mount detached, with
+// attrs (MOUNT_ATTR_*).
+func mountDevice(fs, dev, subvol string, attrs int) (int, error) {
+	fsfd, err := unix.Fsopen(fs, unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsopen %s: %w", fs, err)
+	}
+	defer unix.Close(fsfd)
+	if err := unix.FsconfigSetString(fsfd, "source", dev); err != nil {
+		return -1, fmt.Errorf("source %s: %w", dev, err)
+	}
+	if subvol != "" {
+		if err := unix.FsconfigSetString(fsfd, "subvol", subvol); err != nil {
+			return -1, fmt.Errorf("subvol %s: %w", subvol, err)
+		}
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return -1, fmt.Errorf("mount %s: %w", dev, err)
+	}
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, attrs)
+	if err != nil {
+		return -1, fmt.Errorf("fsmount %s: %w", dev, err)
+	}
+	return mfd, nil
+}
+
+// diskTemplate returns the template of an empty filesystem of kind fs and
+// size bytes, formatting it if there is none yet (made aside and renamed
+// into place, so a concurrent create never sees half of one).
+func diskTemplate(fs, mkfs, templates string, size int64) (string, error) {
+	tpl := fmt.Sprintf("%s/%s-%d.img", templates, fs, size)
 	if _, err := os.Stat(tpl); err == nil {
 		return tpl, nil
 	}
@@ -97,10 +189,21 @@ func diskTemplate(mkfs, templates string, size int64) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	// No journal (scratch space: a crash loses the sandbox anyway), no
-	// reserved blocks, inode tables initialised lazily.
-	out, err := exec.Command(mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal,^resize_inode",
-		"-E", "lazy_itable_init=1,nodiscard", tmp).CombinedOutput()
+	var args []string
+	switch fs {
+	case fsBtrfs:
+		// Single copies of metadata (scratch space: a crash loses the
+		// sandbox anyway); mixed block groups below 1 GiB, where separate
+		// data and metadata groups waste most of the space.
+		args = []string{"-q", "-f", "-m", "single", "-d", "single"}
+		if size < 1<<30 {
+			args = append(args, "-M")
+		}
+	default:
+		// No journal, no reserved blocks, inode tables initialised lazily.
+		args = []string{"-q", "-F", "-m", "0", "-O", "^has_journal,^resize_inode", "-E", "lazy_itable_init=1,nodiscard"}
+	}
+	out, err := exec.Command(mkfs, append(args, tmp)...).CombinedOutput()
 	if err != nil {
 		os.Remove(tmp)
 		return "", fmt.Errorf("format disk image: %v: %s", err, strings.TrimSpace(string(out)))

@@ -75,15 +75,21 @@ func mountIdmapped(src, dst string, userns *os.File, attrs uint64) error {
 		return fmt.Errorf("clone %s: %w", src, err)
 	}
 	defer unix.Close(fd)
+	return attachIdmapped(fd, dst, userns, unix.MOUNT_ATTR_RDONLY|attrs)
+}
+
+// attachIdmapped id-maps the detached mount fd through userns (nodev, plus
+// attrs) and attaches it at dst.
+func attachIdmapped(fd int, dst string, userns *os.File, attrs uint64) error {
 	attr := unix.MountAttr{
-		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NODEV | attrs,
+		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NODEV | attrs,
 		Userns_fd: uint64(userns.Fd()),
 	}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("idmap %s: %w", src, err)
+		return fmt.Errorf("idmap %s: %w", dst, err)
 	}
 	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attach %s: %w", src, err)
+		return fmt.Errorf("attach %s: %w", dst, err)
 	}
 	return nil
 }

@@ -113,6 +113,9 @@ func (l *Local) Delete(ctx context.Context, id string) error {
 		return fmt.Errorf("delete %s: %w", id, err)
 	}
 	l.freeRange(sb.st.IDBase)
+	if sb.st.DiskFS == fsBtrfs || len(sb.st.Layers) > 0 {
+		l.collectSandbox(id, sb.st.Layers)
+	}
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -67,8 +68,8 @@ func (l *Local) StartProcess(ctx context.Context, id string, spec providers.Proc
 		Dir:     sb.hostPath(filepath.Clean(cwd)),
 		User:    spec.User,
 		TTY:     spec.TTY,
-		Rows:    cmp(spec.Rows, 24),
-		Cols:    cmp(spec.Cols, 80),
+		Rows:    cmp.Or(spec.Rows, 24),
+		Cols:    cmp.Or(spec.Cols, 80),
 	}
 	p := &process{sb: sb, stdio: stdio{tty: spec.TTY}}
 	if err := p.start(ctx, req); err != nil {
@@ -78,13 +79,6 @@ func (l *Local) StartProcess(ctx context.Context, id string, spec providers.Proc
 		return nil, err
 	}
 	return p, nil
-}
-
-func cmp(v, def uint16) uint16 {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // process is a process started by StartProcess. The agent connection

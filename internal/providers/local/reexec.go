@@ -15,10 +15,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The hidden subcommands. The gateway re-executes its own binary
-// (/proc/self/exe) with one of these as os.Args[1]; this package's init
-// function catches them before main (or TestMain) runs, so the same
-// mechanism works from the gateway binary and from test binaries.
+// The hidden subcommands. The gateway executes its init binary
+// (Options.InitBinary: sandgate-agent, or its own, /proc/self/exe) with
+// one of these as os.Args[1]; this package's init function catches them
+// before main (or TestMain) runs, so the same mechanism works from any
+// binary that links this package: the agent, the gateway, test binaries.
 const (
 	setupArg = "__sandgate-local-setup" // privileged mount ns: clone / for the overlay, start init
 	initArg  = "__sandgate-local-init"  // the sandbox's init and agent
@@ -46,7 +47,9 @@ const nsFlags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID | syscall.CLONE_NEW
 // lower/ (the id-mapped, read-only root image: a host view or an image),
 // ro/<name> (id-mapped, read-only host directories to bind at /<name>),
 // rw/ (the sandbox's own filesystem when it has a disk limit) with
-// rw/upper and rw/work, and root/ (where init mounts the overlay). dir is
+// rw/layer/upper and rw/layer/work, layer<i>/ (the snapshot layers a sandbox made from
+// a snapshot stacks above lower/), and root/ (where init mounts the
+// overlay). dir is
 // owned by the sandbox's root and is init's working directory, so init
 // reaches all of it by relative paths without the right to traverse the
 // provider's state directory.
@@ -62,7 +65,9 @@ type initConfig struct {
 	Image         bool              `json:"image,omitempty"`      // Lower is an image: keep its setuid bits
 	Binds         []string          `json:"binds,omitempty"`      // host top-level directories bound read-only
 	DiskBytes     int64             `json:"disk_bytes,omitempty"` // 0: no filesystem of its own
+	DiskFS        string            `json:"disk_fs,omitempty"`    // its kind (fsBtrfs, fsExt4)
 	Mkfs          string            `json:"mkfs,omitempty"`
+	Layers        []layer           `json:"layers,omitempty"`         // snapshot layers, the newest first, above Lower
 	DiskTemplates string            `json:"disk_templates,omitempty"` // formatted empty filesystems, one per size
 	Cgroups       map[string]string `json:"cgroups,omitempty"`        // joined by setup, so init starts inside
 	ShmBytes      int64             `json:"shm_bytes"`
@@ -153,8 +158,9 @@ func runSetup() int {
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.ExtraFiles = []*os.File{os.NewFile(fdListener, "listener"), ready, cfgR, os.NewFile(fdSessions, "sessions")}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	disk := -1 // the sandbox's filesystem, a detached mount
 	if cfg.Isolation == IsolationNamespaces {
-		if err := stageRoot(cfg); err != nil {
+		if disk, err = stageRoot(cfg); err != nil {
 			return fail(err)
 		}
 		cmd.SysProcAttr = sandboxAttr(cfg.IDBase)
@@ -167,7 +173,7 @@ func runSetup() int {
 	// clean up after init.
 	writeReady(ready, readyMsg{Pid: cmd.Process.Pid})
 	if cfg.Isolation == IsolationNamespaces {
-		if err := mountLayers(cfg, cmd.Process.Pid); err != nil {
+		if err := mountLayers(cfg, cmd.Process.Pid, disk); err != nil {
 			// Init reads no config and exits.
 			return fail(err)
 		}
@@ -184,47 +190,59 @@ func runSetup() int {
 // shared mount, so that what is mounted under it later reaches init's
 // mount namespace too (a copy owned by a less privileged user namespace
 // receives a shared mount's events as a slave); makes the sandbox's
-// filesystem; hands dir to sandbox root; and makes dir the working
-// directory init starts in.
-func stageRoot(cfg initConfig) error {
+// filesystem (returned as a detached mount, or -1 without a disk limit);
+// hands dir to sandbox root; and makes dir the working directory init
+// starts in.
+func stageRoot(cfg initConfig) (int, error) {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make / private: %w", err)
+		return -1, fmt.Errorf("make / private: %w", err)
 	}
 	if err := unix.Mount(cfg.Dir, cfg.Dir, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind the sandbox directory: %w", err)
+		return -1, fmt.Errorf("bind the sandbox directory: %w", err)
 	}
 	if err := unix.Mount("", cfg.Dir, "", unix.MS_SHARED, ""); err != nil {
-		return fmt.Errorf("share the sandbox directory: %w", err)
+		return -1, fmt.Errorf("share the sandbox directory: %w", err)
 	}
 	base := int(cfg.IDBase)
 	rw := cfg.Dir + "/rw"
+	disk := -1
+	dirs := []string{rw, cfg.Dir + "/root", cfg.Dir + "/lower", cfg.Dir}
 	if cfg.DiskBytes > 0 {
-		if err := makeDisk(cfg.Mkfs, cfg.DiskTemplates, cfg.Dir, rw, cfg.DiskBytes); err != nil {
-			return err
+		var err error
+		if disk, err = makeDisk(cfg.DiskFS, cfg.Mkfs, cfg.DiskTemplates, cfg.Dir, cfg.DiskBytes); err != nil {
+			return -1, err
 		}
+	} else {
+		// Upper and work on the state directory's filesystem, as the
+		// sandbox's root (not id-mapped).
+		dirs = append(dirs, rw+"/"+layerDir, rw+"/"+upperDir, rw+"/"+workDir)
 	}
-	dirs := []string{rw, rw + "/upper", rw + "/work", cfg.Dir + "/root", cfg.Dir + "/lower", cfg.Dir}
+	for i := range cfg.Layers {
+		dirs = append(dirs, fmt.Sprintf("%s/layer%d", cfg.Dir, i))
+	}
 	for _, name := range cfg.Binds {
 		dirs = append(dirs, cfg.Dir+"/ro/"+name)
 	}
 	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
+			return -1, err
 		}
 		if err := os.Chown(d, base, base); err != nil {
-			return err
+			return -1, err
 		}
 	}
 	// Init, started with this working directory (the bind, not what it
 	// covers), reaches everything by relative paths.
-	return os.Chdir(cfg.Dir)
+	return disk, os.Chdir(cfg.Dir)
 }
 
-// mountLayers mounts the id-mapped, read-only layers of the sandbox's root
-// under dir, mapped through init's own user namespace (so no process is
-// needed to hold one). They reach init's mount namespace through the
-// shared bind stageRoot made.
-func mountLayers(cfg initConfig, initPid int) error {
+// mountLayers mounts the id-mapped layers of the sandbox's root under
+// dir, mapped through init's own user namespace (so no process is needed
+// to hold one): the read-only root image at lower/ and host directories
+// at ro/<name>, the snapshot layers at layer<i>/ (read-only), and the
+// sandbox's own filesystem (disk, unless -1) at rw/. They reach init's
+// mount namespace through the shared bind stageRoot made.
+func mountLayers(cfg initConfig, initPid, disk int) error {
 	userns, err := os.Open("/proc/" + strconv.Itoa(initPid) + "/ns/user")
 	if err != nil {
 		return fmt.Errorf("open init's user namespace: %w", err)
@@ -239,6 +257,23 @@ func mountLayers(cfg initConfig, initPid int) error {
 	}
 	for _, name := range cfg.Binds {
 		if err := mountIdmapped("/"+name, cfg.Dir+"/ro/"+name, userns, unix.MOUNT_ATTR_NOSUID); err != nil {
+			return err
+		}
+	}
+	for i, ly := range cfg.Layers {
+		fd, err := ly.mount()
+		if err != nil {
+			return err
+		}
+		err = attachIdmapped(fd, fmt.Sprintf("%s/layer%d", cfg.Dir, i), userns, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID)
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+	}
+	if disk >= 0 {
+		defer unix.Close(disk)
+		if err := attachIdmapped(disk, cfg.Dir+"/rw", userns, unix.MOUNT_ATTR_NOSUID); err != nil {
 			return err
 		}
 	}

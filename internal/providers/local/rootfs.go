@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,8 +23,9 @@ var (
 // setupRoot builds the sandbox's root filesystem and pivots into it. It
 // runs in init, inside the new user and mount namespaces, in the working
 // directory setup left it (the sandbox's directory; see initConfig):
-//   - / is an overlay: the read-only, id-mapped root image at lower/, with
-//     rw/upper taking every write (copy-on-write);
+//   - / is an overlay: the read-only, id-mapped root image at lower/, under
+//     the snapshot layers at layer<i>/ (a sandbox made from a snapshot),
+//     with rw/upper taking every write (copy-on-write);
 //   - the host directories of a host view (ro/<name>) are bound read-only
 //     at /<name>;
 //   - fresh /proc with the sensitive parts read-only or masked and nested
@@ -38,8 +40,12 @@ func setupRoot(cfg initConfig) error {
 	}
 	// userxattr: overlay in a user namespace cannot use trusted.* xattrs;
 	// without it, renaming or removing a lower directory fails with EIO.
+	lower := "lower"
+	for i := len(cfg.Layers) - 1; i >= 0; i-- {
+		lower = fmt.Sprintf("layer%d/%s:%s", i, strings.TrimPrefix(upperDir, layerDir+"/"), lower)
+	}
 	if err := unix.Mount("overlay", "root", "overlay", unix.MS_NODEV,
-		"lowerdir=lower,upperdir=rw/upper,workdir=rw/work,userxattr"); err != nil {
+		"lowerdir="+lower+",upperdir=rw/"+upperDir+",workdir=rw/"+workDir+",userxattr"); err != nil {
 		return fmt.Errorf("mount overlay root: %w", err)
 	}
 	for _, name := range cfg.Binds {

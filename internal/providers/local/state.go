@@ -28,6 +28,12 @@ type persisted struct {
 	// DiskBytes is the size of the sandbox's own filesystem (0: none; its
 	// writes land on the state directory's filesystem).
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+	// DiskFS is its kind (fsBtrfs, fsExt4; "" for ext4 before btrfs).
+	DiskFS string `json:"disk_fs,omitempty"`
+	// Snapshot is the snapshot the sandbox was made from, and Layers its
+	// layers (the newest first), stacked above the root image.
+	Snapshot string  `json:"snapshot,omitempty"`
+	Layers   []layer `json:"layers,omitempty"`
 	// View is the host-view directory the sandbox's root is built from
 	// (under <state>/views), or "" for an image root.
 	View string `json:"view,omitempty"`
@@ -43,16 +49,22 @@ const (
 	logName        = "init.log"
 )
 
-func writeState(dir string, st persisted) error {
-	b, err := json.MarshalIndent(st, "", "  ")
+// writeJSON writes v to path atomically (aside, then renamed), for root
+// only.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp := dir + "/" + stateFile + ".tmp"
+	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
 	}
-	return os.Rename(tmp, dir+"/"+stateFile)
+	return os.Rename(tmp, path)
+}
+
+func writeState(dir string, st persisted) error {
+	return writeJSON(dir+"/"+stateFile, st)
 }
 
 func readState(dir string) (persisted, error) {

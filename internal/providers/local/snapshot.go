@@ -1,0 +1,414 @@
+package local
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// Snapshots. A sandbox's own filesystem is btrfs (disk.go) with its upper
+// layer in a subvolume; a snapshot is a read-only snapshot of that
+// subvolume (snaps/<sid> in the same filesystem, whose upper/ a sandbox
+// made from it stacks): O(1), whatever the
+// sandbox wrote. A sandbox made from it stacks it, id-mapped and
+// read-only, as a layer between its own upper layer and the root image
+// (and, for a snapshot of such a sandbox, the layers it stacked itself
+// below that): no copy. The filesystems are crash-consistent at the
+// snapshot; running processes are not captured.
+//
+// The image that holds a snapshot is hard-linked into <state>/layers as
+// <sandbox id>.img when the first snapshot is taken, so it outlives its
+// sandbox. A layer is removed with the last snapshot record and sandbox
+// that use it; an image, once none of its layers is used and its sandbox
+// is gone. Every mount the provider makes of an image is detached (seen
+// by no one) or in a sandbox's mount namespace; all of them share one
+// loop device per image, found by the image's inode (a second device
+// would be a second, incoherent instance of the same filesystem).
+
+// snapshotRecord is <state>/snapshots/<sid>.json.
+type snapshotRecord struct {
+	ID      string            `json:"id"`
+	Sandbox string            `json:"sandbox"`
+	Layers  []layer           `json:"layers"`        // the newest first
+	Env     map[string]string `json:"env,omitempty"` // the source's, for sandboxes made from it
+	Created time.Time         `json:"created"`
+}
+
+// layer is a read-only btrfs subvolume in an image under <state>/layers.
+type layer struct {
+	Image  string `json:"image"`  // absolute path
+	Subvol string `json:"subvol"` // snaps/<sid>
+}
+
+const snapsDir = "snaps"
+
+var _ providers.Snapshotter = (*Local)(nil)
+
+func (l *Local) snapshotsDir() string { return l.stateDir + "/snapshots" }
+func (l *Local) layersDir() string    { return l.stateDir + "/layers" }
+
+// snapshotRecord reads snapshot sid's record: ErrNotFound if there is none.
+func (l *Local) snapshotRecord(sid string) (snapshotRecord, error) {
+	var rec snapshotRecord
+	if !idPattern.MatchString(sid) {
+		return rec, providers.Errorf(providers.ErrNotFound, "snapshot %s not found", sid)
+	}
+	b, err := os.ReadFile(l.snapshotsDir() + "/" + sid + ".json")
+	if errors.Is(err, os.ErrNotExist) {
+		return rec, providers.Errorf(providers.ErrNotFound, "snapshot %s not found", sid)
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &rec)
+	}
+	if err != nil {
+		return rec, providers.Wrap(providers.ErrUnavailable, err, "snapshot "+sid)
+	}
+	if l.isolation != IsolationNamespaces {
+		return rec, providers.Errorf(providers.ErrUnsupported, "a sandbox from a snapshot needs isolation %q", IsolationNamespaces)
+	}
+	return rec, nil
+}
+
+// Snapshot takes a read-only snapshot of sandbox id's upper layer as sid
+// and returns the space the sandbox's filesystem uses. The sandbox keeps
+// running. ErrUnsupported unless the sandbox has its own btrfs filesystem.
+func (l *Local) Snapshot(ctx context.Context, id, sid string) (int64, error) {
+	if !idPattern.MatchString(sid) {
+		return 0, providers.Errorf(providers.ErrInvalid, "invalid snapshot id %q", sid)
+	}
+	sb, err := l.lookup(id)
+	if err != nil {
+		return 0, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.deleted {
+		return 0, providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
+	}
+	switch {
+	case sb.st.Isolation != IsolationNamespaces:
+		return 0, providers.Errorf(providers.ErrUnsupported, "snapshots need isolation %q", IsolationNamespaces)
+	case sb.st.DiskBytes == 0:
+		return 0, providers.Errorf(providers.ErrUnsupported, "snapshots need the sandbox's own filesystem: sandbox %s has no disk limit", id)
+	case sb.st.DiskFS != fsBtrfs:
+		return 0, providers.Errorf(providers.ErrUnsupported, "snapshots need a btrfs disk (install btrfs-progs): sandbox %s's is %s", id, cmp.Or(sb.st.DiskFS, fsExt4))
+	}
+	if s := sb.state(); s != providers.StateRunning && s != providers.StatePaused {
+		return 0, providers.Errorf(providers.ErrConflict, "cannot snapshot sandbox %s: it is %s", id, s)
+	}
+	l.snapMu.Lock()
+	defer l.snapMu.Unlock()
+	for _, d := range []string{l.snapshotsDir(), l.layersDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return 0, err
+		}
+	}
+	img := l.layersDir() + "/" + id + ".img"
+	if err := os.Link(sb.dir+"/"+diskImage, img); err != nil && !errors.Is(err, os.ErrExist) {
+		return 0, fmt.Errorf("keep sandbox %s's disk: %w", id, err)
+	}
+	top := layer{Image: img}
+	mfd, err := top.mountWith(0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(mfd)
+	root, err := unix.Openat(mfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(root)
+	// Fixed names at the filesystem's root, which the sandbox cannot
+	// reach (it sees the inside of upper only).
+	if err := unix.Mkdirat(root, snapsDir, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return 0, err
+	}
+	snaps, err := unix.Openat(root, snapsDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(snaps)
+	src, err := unix.Openat(root, layerDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(src)
+	if err := btrfsSnapshot(snaps, src, sid); err != nil {
+		return 0, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+	}
+	rec := snapshotRecord{ID: sid, Sandbox: id, Created: time.Now().UTC(), Env: sb.st.Env,
+		Layers: append([]layer{{Image: img, Subvol: snapsDir + "/" + sid}}, sb.st.Layers...)}
+	if err := writeJSON(l.snapshotsDir()+"/"+sid+".json", rec); err != nil {
+		btrfsSubvolDelete(snaps, sid)
+		return 0, err
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(root, &fs); err != nil {
+		return 0, nil
+	}
+	return int64(fs.Blocks-fs.Bfree) * fs.Bsize, nil
+}
+
+// DeleteSnapshot removes snapshot sid's record and whatever of its layers
+// nothing else uses. ErrConflict while a sandbox made from it exists.
+func (l *Local) DeleteSnapshot(ctx context.Context, sid string) error {
+	l.snapMu.Lock()
+	defer l.snapMu.Unlock()
+	rec, err := l.snapshotRecord(sid)
+	if err != nil {
+		return err
+	}
+	for _, st := range l.allStates() {
+		if st.Snapshot == sid {
+			return providers.Errorf(providers.ErrConflict, "snapshot %s is in use by sandbox %s", sid, st.ID)
+		}
+	}
+	if err := os.Remove(l.snapshotsDir() + "/" + sid + ".json"); err != nil {
+		return err
+	}
+	return l.collect(rec.Layers)
+}
+
+// collectSandbox drops what deleted sandbox id kept for snapshots that
+// are gone.
+func (l *Local) collectSandbox(id string, layers []layer) {
+	l.snapMu.Lock()
+	defer l.snapMu.Unlock()
+	if err := l.collect(append(layers, layer{Image: l.layersDir() + "/" + id + ".img"})); err != nil {
+		l.log.Error("local: remove unused snapshot layers", "sandbox", id, "err", err)
+	}
+}
+
+// collect removes those of the given layers (Subvol "" stands for an
+// image as a whole) that no snapshot record and no sandbox uses: the
+// subvolume, or the image once none of its layers is used and its sandbox
+// is gone (its disk.img link too). l.snapMu is held.
+func (l *Local) collect(dropped []layer) error {
+	used := map[layer]bool{}
+	usedImage := map[string]bool{}
+	mark := func(ls []layer) {
+		for _, ly := range ls {
+			used[ly], usedImage[ly.Image] = true, true
+		}
+	}
+	ents, _ := os.ReadDir(l.snapshotsDir())
+	for _, e := range ents {
+		if sid, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			if rec, err := l.snapshotRecord(sid); err == nil {
+				mark(rec.Layers)
+			}
+		}
+	}
+	for _, st := range l.allStates() {
+		mark(st.Layers)
+	}
+	var errs []error
+	done := map[string]bool{}
+	for _, ly := range dropped {
+		if used[ly] || done[ly.Image] {
+			continue
+		}
+		var fi unix.Stat_t
+		if err := unix.Stat(ly.Image, &fi); err != nil {
+			continue // gone already
+		}
+		if !usedImage[ly.Image] && fi.Nlink == 1 {
+			// Nothing in it is used and its sandbox is gone.
+			errs = append(errs, os.Remove(ly.Image))
+			done[ly.Image] = true
+			continue
+		}
+		if ly.Subvol != "" {
+			errs = append(errs, ly.destroy())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// allStates reads the state of every sandbox on disk.
+func (l *Local) allStates() []persisted {
+	ents, _ := os.ReadDir(l.boxesDir)
+	out := make([]persisted, 0, len(ents))
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if st, err := readState(filepath.Join(l.boxesDir, e.Name())); err == nil {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// destroy deletes the layer's subvolume.
+func (ly layer) destroy() error {
+	mfd, err := layer{Image: ly.Image}.mountWith(0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(mfd)
+	dir, name := filepath.Split(ly.Subvol)
+	d, err := unix.Openat(mfd, cmp.Or(strings.TrimSuffix(dir, "/"), "."), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s in %s: %w", dir, ly.Image, err)
+	}
+	defer unix.Close(d)
+	if err := btrfsSubvolDelete(d, name); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete %s in %s: %w", ly.Subvol, ly.Image, err)
+	}
+	return nil
+}
+
+// mount mounts the layer read-only (nosuid, nodev) and returns it
+// detached.
+func (ly layer) mount() (int, error) {
+	return ly.mountWith(unix.MOUNT_ATTR_RDONLY)
+}
+
+// mountWith mounts the layer's subvolume (the whole filesystem for "")
+// with attrs and nosuid, nodev, and returns it detached. The image's loop
+// device is the one already bound to it, if any: a second one would be a
+// second instance of the same filesystem.
+func (ly layer) mountWith(attrs int) (int, error) {
+	f, err := os.OpenFile(ly.Image, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open layer image: %w", err)
+	}
+	defer f.Close()
+	// One finder or binder at a time per image, across processes.
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		return -1, err
+	}
+	attrs |= unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
+	var last error
+	for range 3 {
+		loop, err := boundLoop(f)
+		if err != nil {
+			return -1, err
+		}
+		if loop == nil {
+			if loop, err = attachLoop(f); err != nil {
+				return -1, err
+			}
+		}
+		mfd, err := mountDevice(fsBtrfs, loop.Name(), ly.Subvol, attrs)
+		loop.Close()
+		if err == nil {
+			return mfd, nil
+		}
+		// The device found may have been clearing itself as its last
+		// mount went: look again.
+		last = err
+	}
+	return -1, fmt.Errorf("mount layer %s of %s: %w", ly.Subvol, filepath.Base(ly.Image), last)
+}
+
+// boundLoop returns the loop device bound to f (open, which keeps it from
+// clearing itself), or nil if there is none.
+func boundLoop(f *os.File) (*os.File, error) {
+	var fi unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &fi); err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		n, ok := strings.CutPrefix(e.Name(), "loop")
+		if !ok {
+			continue
+		}
+		if _, err := strconv.Atoi(n); err != nil {
+			continue
+		}
+		if _, err := os.Stat("/sys/block/" + e.Name() + "/loop/backing_file"); err != nil {
+			continue // not bound
+		}
+		lf, err := os.OpenFile("/dev/"+e.Name(), os.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		info, err := unix.IoctlLoopGetStatus64(int(lf.Fd()))
+		if err == nil && info.Inode == fi.Ino && info.Device == uint64(fi.Dev) {
+			return lf, nil
+		}
+		lf.Close()
+	}
+	return nil, nil
+}
+
+// btrfs ioctls (linux/btrfs.h); x/sys/unix has none.
+const (
+	btrfsIocSubvolCreate  = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
+	btrfsIocSnapDestroy   = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
+	btrfsIocSnapCreateV2  = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
+	btrfsSubvolRdonly     = 1 << 1
+	btrfsPathNameMax      = 4087
+	btrfsSubvolNameMax    = 4039
+	btrfsVolArgsSize      = 4096
+	btrfsVolArgsV2HdrSize = 56
+)
+
+type btrfsVolArgs struct {
+	Fd   int64
+	Name [btrfsPathNameMax + 1]byte
+}
+
+type btrfsVolArgsV2 struct {
+	Fd      int64
+	Transid uint64
+	Flags   uint64
+	Unused  [4]uint64
+	Name    [btrfsSubvolNameMax + 1]byte
+}
+
+func btrfsIoctl(fd int, req uintptr, arg unsafe.Pointer) error {
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(arg))
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// btrfsSubvolCreate makes an empty subvolume name in directory dir.
+func btrfsSubvolCreate(dir int, name string) error {
+	var a btrfsVolArgs
+	copy(a.Name[:], name)
+	return btrfsIoctl(dir, btrfsIocSubvolCreate, unsafe.Pointer(&a))
+}
+
+// btrfsSubvolDelete deletes subvolume name in directory dir.
+func btrfsSubvolDelete(dir int, name string) error {
+	var a btrfsVolArgs
+	copy(a.Name[:], name)
+	return btrfsIoctl(dir, btrfsIocSnapDestroy, unsafe.Pointer(&a))
+}
+
+// btrfsSnapshot makes name in directory dir a read-only snapshot of the
+// subvolume src.
+func btrfsSnapshot(dir, src int, name string) error {
+	a := btrfsVolArgsV2{Fd: int64(src), Flags: btrfsSubvolRdonly}
+	copy(a.Name[:], name)
+	return btrfsIoctl(dir, btrfsIocSnapCreateV2, unsafe.Pointer(&a))
+}
+
+var (
+	_ [btrfsVolArgsSize - unsafe.Sizeof(btrfsVolArgs{})]byte
+	_ [unsafe.Sizeof(btrfsVolArgs{}) - btrfsVolArgsSize]byte
+	_ [btrfsVolArgsSize - unsafe.Sizeof(btrfsVolArgsV2{})]byte
+	_ [unsafe.Sizeof(btrfsVolArgsV2{}) - btrfsVolArgsSize]byte
+	_ [btrfsVolArgsV2HdrSize - unsafe.Offsetof(btrfsVolArgsV2{}.Name)]byte
+)
