@@ -158,7 +158,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 		}
 		return nil
 	})
-	fs.StringVar(&c.AgentBinary, "agent-binary", "", "docker provider: the static sandgate-agent binary every sandbox runs (default: sandgate-agent beside the gateway's executable; make build puts it there)")
+	fs.StringVar(&c.AgentBinary, "agent-binary", "", "docker: the static sandgate-agent binary every sandbox runs; local: the binary that starts each sandbox (the same one; without it the gateway's own, slower to start) (default: sandgate-agent beside the gateway's executable; make build puts it there)")
 	fs.StringVar(&c.DockerHost, "docker-host", "", "docker provider: daemon address (default: DOCKER_HOST, else the local socket)")
 	fs.StringVar(&c.InstanceID, "instance-id", "", "docker, kubernetes: the gateway instance owning the sandboxes (their label); replicas serving the same sandboxes share it (default: random, persisted in the state dir)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubernetes provider: kubeconfig file (default: KUBECONFIG, else the in-cluster config)")

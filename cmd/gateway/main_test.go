@@ -26,6 +26,10 @@ import (
 // process (cgo-free, as `make build` builds it).
 var gatewayBin string
 
+// agentBin is the sandgate-agent built beside it: the docker provider's
+// agent, and the local provider's init binary.
+func agentBin() string { return filepath.Join(filepath.Dir(gatewayBin), "sandgate-agent") }
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "sandgate-bin-")
 	if err != nil {
@@ -40,7 +44,7 @@ func TestMain(m *testing.M) {
 	}
 	// The docker provider finds the agent beside the gateway, as make
 	// build places it.
-	build = exec.Command("go", "build", "-o", filepath.Join(dir, "sandgate-agent"), "../sandgate-agent")
+	build = exec.Command("go", "build", "-o", agentBin(), "../sandgate-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
