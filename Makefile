@@ -8,7 +8,7 @@ STATE   ?= $(CURDIR)/.state
 # all threads, which the Go runtime only allows in a cgo-free binary.
 export CGO_ENABLED ?= 0
 
-.PHONY: build run test check-generated generate vet bench clean web agent-image k8s-up k8s-down fuzz
+.PHONY: build run test check-generated generate vet bench soak bench-go clean web agent-image k8s-up k8s-down fuzz
 
 build: web
 	$(GO) build -o $(BIN) ./cmd/gateway
@@ -82,7 +82,19 @@ fuzz:
 	    { $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*}; exit 1; }; \
 	done
 
-bench:
+# The benchmark harness (bench/): the gateway against its baselines on the
+# local and docker providers; table on stdout, JSON and SVG in bench/results.
+# Needs root and a docker daemon. BENCH_FLAGS passes more (e.g. -quick).
+bench: build
+	$(GO) run ./bench -gateway $(BIN) $(BENCH_FLAGS)
+
+# 10 minutes of mixed traffic on the local provider: no error, no lost
+# byte, flat memory (a 60 s version runs in make test).
+soak: build
+	$(GO) run ./bench -gateway $(BIN) -soak 10m
+
+# The Go benchmarks of the packages (interleaved A/B in each).
+bench-go:
 	CGO_ENABLED=1 $(GO) test -run '^$$' -bench . -benchtime 300x ./cmd/gateway/ ./internal/providers/local/ ./internal/handlers/
 
 clean:

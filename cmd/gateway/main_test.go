@@ -50,27 +50,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	code := 0
-	func() {
-		defer func() {
-			if v := recover(); v != nil {
-				code = 1
-				fmt.Fprintln(os.Stderr, v)
-			}
-		}()
-		goleak.VerifyTestMain(exitCode{&code, m})
-	}()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	// goleak exits through Cleanup, which removes the binaries first.
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}))
 }
-
-// exitCode lets TestMain clean up after goleak.VerifyTestMain, which exits.
-type exitCode struct {
-	code *int
-	m    *testing.M
-}
-
-func (e exitCode) Run() int { return e.m.Run() }
 
 // proc is a gateway running as a real process.
 type proc struct {

@@ -1,0 +1,680 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+
+	"github.com/sandgate/sandgate/internal/api"
+	"github.com/sandgate/sandgate/internal/client"
+)
+
+// bench holds what the scenarios share: the gateway under test, the
+// options, and the image a docker sandbox runs.
+type bench struct {
+	g      *gateway
+	o      options
+	image  string // docker: the busybox image built for the run
+	create map[string]any
+}
+
+func (b *bench) sandbox(ctx context.Context) (ref, error) {
+	req := map[string]any{}
+	for k, v := range b.create {
+		req[k] = v
+	}
+	return b.g.create(ctx, req)
+}
+
+// timed runs f and returns how long it took, failing the run on error.
+func timed(f func() error) (time.Duration, error) {
+	t0 := time.Now()
+	err := f()
+	return time.Since(t0), err
+}
+
+// --- 1. exec `true` ---------------------------------------------------------
+
+// execTrue alternates an exec of `true` through the gateway with the
+// baseline: on local, the same command in a fresh set of namespaces
+// started directly from Go; on docker, `docker exec`.
+func (b *bench) execTrue(ctx context.Context) (Result, error) {
+	sb, err := b.sandbox(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	defer b.g.delete(ctx, sb)
+	var base func() error
+	label := "namespaced process from Go"
+	if b.g.provider == "docker" {
+		cid, err := dockerRun(ctx, b.image)
+		if err != nil {
+			return Result{}, err
+		}
+		defer docker(context.WithoutCancel(ctx), "rm", "-f", cid)
+		base = func() error { _, err := docker(ctx, "exec", cid, "true"); return err }
+		label = "docker exec"
+	} else {
+		base = func() error { return namespacedTrue() }
+	}
+	var gw, bl []time.Duration
+	for range b.o.rounds * b.o.n {
+		d, err := timed(func() error { _, err := b.g.exec(ctx, sb, "true"); return err })
+		if err != nil {
+			return Result{}, err
+		}
+		gw = append(gw, d)
+		if d, err = timed(base); err != nil {
+			return Result{}, err
+		}
+		bl = append(bl, d)
+	}
+	bs := series(label, millis(bl))
+	r := compare("exec true", b.g.provider, "ms", series("gateway", millis(gw)), &bs)
+	if b.g.provider == "docker" {
+		r.judge("≥ 1x docker exec", r.Ratio <= 1)
+	} else {
+		r.judge("p50 < 5 ms", r.Gateway.P50 < 5)
+	}
+	return r, nil
+}
+
+// namespacedTrue runs /bin/true in new user, pid, mount, net, uts and ipc
+// namespaces as the root of a one-id mapping: what a sandbox's command
+// costs the kernel, without a gateway.
+func namespacedTrue() error {
+	cmd := exec.Command("/bin/true")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID | syscall.CLONE_NEWNS |
+			syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 1 << 30, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 1 << 30, Size: 1}},
+	}
+	return cmd.Run()
+}
+
+// --- 2. create → first exec → delete ----------------------------------------
+
+func (b *bench) lifecycle(ctx context.Context) (Result, error) {
+	var gw, bl []time.Duration
+	for range b.o.rounds * max(b.o.n/10, 2) {
+		d, err := timed(func() error {
+			sb, err := b.sandbox(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := b.g.exec(ctx, sb, "true"); err != nil {
+				return err
+			}
+			return b.g.delete(ctx, sb)
+		})
+		if err != nil {
+			return Result{}, err
+		}
+		gw = append(gw, d)
+		if b.g.provider != "docker" {
+			continue
+		}
+		if d, err = timed(func() error {
+			cid, err := dockerRun(ctx, b.image)
+			if err != nil {
+				return err
+			}
+			if _, err := docker(ctx, "exec", cid, "true"); err != nil {
+				return err
+			}
+			_, err = docker(ctx, "rm", "-f", cid)
+			return err
+		}); err != nil {
+			return Result{}, err
+		}
+		bl = append(bl, d)
+	}
+	var base *Series
+	if len(bl) > 0 {
+		s := series("docker run -d + exec + rm -f", millis(bl))
+		base = &s
+	}
+	r := compare("create → exec → delete", b.g.provider, "ms", series("gateway", millis(gw)), base)
+	if base != nil {
+		r.judge("< 1x the CLI", r.Ratio < 1)
+	}
+	return r, nil
+}
+
+// --- 3. PTY output throughput -------------------------------------------------
+
+// outputCmd writes size bytes of 'x' (no newlines: a terminal would
+// double them).
+func outputCmd(size int) string {
+	return fmt.Sprintf("head -c %d /dev/zero | tr '\\0' x", size)
+}
+
+// throughput reads a session's whole output through the gateway (PTY or
+// pipe mode) and, alternately, the same command's output read directly
+// from a PTY (or a pipe) on the host.
+func (b *bench) throughput(ctx context.Context, ptyMode bool) (Result, error) {
+	sb, err := b.sandbox(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	defer b.g.delete(ctx, sb)
+	size := b.o.streamBytes
+	var gw, bl []float64
+	for range b.o.rounds {
+		n, d, err := b.session(ctx, sb, outputCmd(size), ptyMode)
+		if err != nil {
+			return Result{}, err
+		}
+		if n != int64(size) {
+			return Result{}, fmt.Errorf("session output %d bytes, want %d", n, size)
+		}
+		gw = append(gw, mbps(n, d))
+		n, d, err = direct(outputCmd(size), ptyMode)
+		if err != nil {
+			return Result{}, err
+		}
+		bl = append(bl, mbps(n, d))
+	}
+	mode, label := "pipe", "the same command's pipe, read directly"
+	if ptyMode {
+		mode, label = "PTY", "the same command's PTY, read directly"
+	}
+	bs := series(label, bl)
+	r := compare(mode+" output throughput", b.g.provider, "MB/s", series("gateway", gw), &bs)
+	if ptyMode {
+		r.judge("≥ 0.7x direct", r.Ratio >= 0.7)
+	} else {
+		r.judge("≥ 0.5x direct", r.Ratio >= 0.5)
+	}
+	return r, nil
+}
+
+func mbps(n int64, d time.Duration) float64 { return float64(n) / 1e6 / d.Seconds() }
+
+// countWriter counts what is written to it.
+type countWriter struct{ n atomic.Int64 }
+
+func (c *countWriter) Write(p []byte) (int, error) { c.n.Add(int64(len(p))); return len(p), nil }
+
+// session starts command as a terminal session and reads all its output
+// through the gateway; it returns the bytes and the time from start to
+// exit.
+func (b *bench) session(ctx context.Context, sb ref, command string, ptyMode bool) (int64, time.Duration, error) {
+	c, err := client.New(b.g.URL, sb.Tok, b.g.hc)
+	if err != nil {
+		return 0, 0, err
+	}
+	t0 := time.Now()
+	id, err := c.CreateSession(ctx, sb.ID, api.PtyCreateRequest{Command: &command, Pty: &ptyMode})
+	if err != nil {
+		return 0, 0, err
+	}
+	var out countWriter
+	if _, err := c.Attach(ctx, sb.ID, id, client.AttachOptions{Output: &out}); err != nil {
+		return 0, 0, err
+	}
+	return out.n.Load(), time.Since(t0), nil
+}
+
+// direct runs command on the host and reads its output from a PTY or a
+// pipe.
+func direct(command string, ptyMode bool) (int64, time.Duration, error) {
+	cmd := exec.Command("/bin/sh", "-c", command)
+	t0 := time.Now()
+	var r io.Reader
+	if ptyMode {
+		f, err := pty.Start(cmd)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer f.Close()
+		r = f
+	} else {
+		p, err := cmd.StdoutPipe()
+		if err != nil {
+			return 0, 0, err
+		}
+		if err := cmd.Start(); err != nil {
+			return 0, 0, err
+		}
+		r = p
+	}
+	n, _ := io.Copy(io.Discard, r) // a PTY ends in EIO once the command exits
+	err := cmd.Wait()
+	return n, time.Since(t0), err
+}
+
+// --- 4. keystroke echo ------------------------------------------------------
+
+// echoWriter signals every byte the terminal sends back.
+type echoWriter struct{ got chan byte }
+
+func (e *echoWriter) Write(p []byte) (int, error) {
+	for _, c := range p {
+		e.got <- c
+	}
+	return len(p), nil
+}
+
+// echo types one key at a time into `cat` on a PTY and times its echo,
+// through the gateway and, alternately, on a PTY of the host.
+func (b *bench) echo(ctx context.Context) (Result, error) {
+	sb, err := b.sandbox(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	defer b.g.delete(ctx, sb)
+	c, err := client.New(b.g.URL, sb.Tok, b.g.hc)
+	if err != nil {
+		return Result{}, err
+	}
+	cat, yes := "stty -icanon; exec cat >/dev/null", true
+	id, err := c.CreateSession(ctx, sb.ID, api.PtyCreateRequest{Command: &cat, Pty: &yes})
+	if err != nil {
+		return Result{}, err
+	}
+	in := make(chan []byte)
+	out := &echoWriter{got: make(chan byte, 1<<16)}
+	actx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.Attach(actx, sb.ID, id, client.AttachOptions{Output: out, Input: in})
+	}()
+	defer func() { cancel(); wg.Wait() }()
+
+	f, err := pty.Start(exec.Command("/bin/sh", "-c", cat))
+	if err != nil {
+		return Result{}, err
+	}
+	defer f.Close()
+	var gw, bl []time.Duration
+	key := func(send func([]byte) error, recv func() (byte, error)) (time.Duration, error) {
+		t0 := time.Now()
+		if err := send([]byte("k")); err != nil {
+			return 0, err
+		}
+		for {
+			c, err := recv()
+			if err != nil {
+				return 0, err
+			}
+			if c == 'k' {
+				return time.Since(t0), nil
+			}
+		}
+	}
+	viaGateway := func() (time.Duration, error) {
+		return key(func(p []byte) error {
+			select {
+			case in <- p:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}, func() (byte, error) {
+			select {
+			case c := <-out.got:
+				return c, nil
+			case <-time.After(10 * time.Second):
+				return 0, errors.New("no echo through the gateway in 10 s")
+			}
+		})
+	}
+	buf := make([]byte, 1)
+	onHost := func() (time.Duration, error) {
+		return key(func(p []byte) error { _, err := f.Write(p); return err },
+			func() (byte, error) { _, err := f.Read(buf); return buf[0], err })
+	}
+	// Let the shell set the terminal up, then time.
+	for range 3 {
+		if _, err := viaGateway(); err != nil {
+			return Result{}, err
+		}
+		if _, err := onHost(); err != nil {
+			return Result{}, err
+		}
+	}
+	for range b.o.rounds * b.o.n {
+		d, err := viaGateway()
+		if err != nil {
+			return Result{}, err
+		}
+		gw = append(gw, d)
+		if d, err = onHost(); err != nil {
+			return Result{}, err
+		}
+		bl = append(bl, d)
+	}
+	bs := series("a PTY of the host", millis(bl))
+	r := compare("keystroke echo", b.g.provider, "ms", series("gateway", millis(gw)), &bs)
+	r.judge("p50 ≤ 0.09 ms (OpenSandbox execd)", r.Gateway.P50 <= 0.09)
+	return r, nil
+}
+
+// --- 5. concurrency -----------------------------------------------------------
+
+// concurrentExecs runs waves of execs at once over a few sandboxes and
+// reports each exec's latency and each wave's wall time.
+func (b *bench) concurrentExecs(ctx context.Context) (Result, error) {
+	const boxes = 10
+	sbs := make([]ref, boxes)
+	for i := range sbs {
+		var err error
+		if sbs[i], err = b.sandbox(ctx); err != nil {
+			return Result{}, err
+		}
+		defer b.g.delete(ctx, sbs[i])
+	}
+	var lat []time.Duration
+	var walls []float64
+	var mu sync.Mutex
+	for range b.o.rounds {
+		var wg sync.WaitGroup
+		errs := make(chan error, b.o.concurrency)
+		t0 := time.Now()
+		for i := range b.o.concurrency {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d, err := timed(func() error { _, err := b.g.exec(ctx, sbs[i%boxes], "true"); return err })
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				lat = append(lat, d)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		walls = append(walls, float64(time.Since(t0))/float64(time.Millisecond))
+		close(errs)
+		if err := <-errs; err != nil {
+			return Result{}, err
+		}
+	}
+	r := compare(fmt.Sprintf("%d concurrent execs", b.o.concurrency), b.g.provider, "ms", series("gateway", millis(lat)), nil)
+	r.Extra = map[string]float64{"wave wall p50 ms": series("", walls).P50}
+	return r, nil
+}
+
+// idleSessions holds many attached, idle terminal sessions and reports
+// what they cost the gateway: resident memory and Go heap, before and
+// with them.
+func (b *bench) idleSessions(ctx context.Context) (Result, error) {
+	const perBox = 250
+	n := b.o.idleSessions
+	rss0, heap0 := b.g.status("VmRSS"), b.g.metric(ctx, "go_memstats_heap_inuse_bytes")
+	actx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	var attached atomic.Int64
+	var sb ref
+	var c *client.Client
+	sleep, yes := "exec sleep 3600", true
+	for i := range n {
+		if i%perBox == 0 {
+			var err error
+			if sb, err = b.sandbox(ctx); err != nil {
+				return Result{}, err
+			}
+			defer b.g.delete(context.WithoutCancel(ctx), sb)
+			if c, err = client.New(b.g.URL, sb.Tok, b.g.hc); err != nil {
+				return Result{}, err
+			}
+		}
+		id, err := c.CreateSession(ctx, sb.ID, api.PtyCreateRequest{Command: &sleep, Pty: &yes})
+		if err != nil {
+			return Result{}, fmt.Errorf("session %d: %w", i, err)
+		}
+		wg.Add(1)
+		go func(c *client.Client, box string) {
+			defer wg.Done()
+			c.Attach(actx, box, id, client.AttachOptions{Output: io.Discard, Notify: func(e client.Event) {
+				if e.Kind == client.Connected {
+					attached.Add(1)
+				}
+			}})
+		}(c, sb.ID)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for attached.Load() < int64(n) {
+		if time.Now().After(deadline) {
+			return Result{}, fmt.Errorf("%d of %d sessions attached after 2 minutes", attached.Load(), n)
+		}
+		select {
+		case <-ctx.Done():
+			return Result{}, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	rss, heap := b.g.status("VmRSS"), b.g.metric(ctx, "go_memstats_heap_inuse_bytes")
+	r := Result{Scenario: fmt.Sprintf("%d idle attached PTY sessions", n), Provider: b.g.provider, Unit: "MiB",
+		Gateway: series("gateway RSS", []float64{float64(rss) / (1 << 20)}),
+		Extra: map[string]float64{
+			"RSS before MiB":      float64(rss0) / (1 << 20),
+			"heap before MiB":     heap0 / (1 << 20),
+			"heap with MiB":       heap / (1 << 20),
+			"RSS per session KiB": float64(rss-rss0) / 1024 / float64(n),
+		}}
+	return r, nil
+}
+
+// streaming runs many sessions that each write streamBytes at once and
+// reports their aggregate throughput.
+func (b *bench) streaming(ctx context.Context) (Result, error) {
+	n, size := b.o.streams, b.o.streamBytes/4
+	const perBox = 25
+	var boxes []ref
+	for range (n + perBox - 1) / perBox {
+		sb, err := b.sandbox(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		defer b.g.delete(ctx, sb)
+		boxes = append(boxes, sb)
+	}
+	var agg []float64
+	for range b.o.rounds {
+		var total atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		t0 := time.Now()
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got, _, err := b.session(ctx, boxes[i/perBox], outputCmd(size), true)
+				if err == nil && got != int64(size) {
+					err = fmt.Errorf("stream %d: %d bytes, want %d", i, got, size)
+				}
+				if err != nil {
+					errs <- err
+				}
+				total.Add(got)
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			return Result{}, err
+		}
+		agg = append(agg, mbps(total.Load(), time.Since(t0)))
+	}
+	return compare(fmt.Sprintf("%d sessions streaming at once (aggregate)", n), b.g.provider, "MB/s", series("gateway", agg), nil), nil
+}
+
+// --- 6. file transfer ---------------------------------------------------------
+
+// files uploads and downloads fileBytes through the streaming routes
+// and, alternately, copies the same file on the host (local) or with
+// `docker cp` (docker).
+func (b *bench) files(ctx context.Context) ([]Result, error) {
+	sb, err := b.sandbox(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer b.g.delete(ctx, sb)
+	src, err := os.CreateTemp("", "sandgate-bench-file-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(src.Name())
+	if _, err := io.CopyN(src, zeroReader{}, b.o.fileBytes); err != nil {
+		return nil, err
+	}
+	src.Close()
+	tmp, err := os.MkdirTemp("", "sandgate-bench-copy-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	var cid string
+	if b.g.provider == "docker" {
+		if cid, err = dockerRun(ctx, b.image); err != nil {
+			return nil, err
+		}
+		defer docker(context.WithoutCancel(ctx), "rm", "-f", cid)
+	}
+	var up, down, bup, bdown []float64
+	n := b.o.fileBytes
+	for range max(b.o.rounds/2, 2) {
+		f, err := os.Open(src.Name())
+		if err != nil {
+			return nil, err
+		}
+		d, err := timed(func() error { return b.g.upload(ctx, sb, "/tmp/big", f) })
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		up = append(up, mbps(n, d))
+		if d, err = timed(func() error {
+			got, err := b.g.download(ctx, sb, "/tmp/big", io.Discard)
+			if err == nil && got != n {
+				err = fmt.Errorf("downloaded %d bytes, want %d", got, n)
+			}
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		down = append(down, mbps(n, d))
+		if cid != "" {
+			if d, err = timed(func() error { _, err := docker(ctx, "cp", src.Name(), cid+":/tmp/big"); return err }); err != nil {
+				return nil, err
+			}
+			bup = append(bup, mbps(n, d))
+			if d, err = timed(func() error { _, err := docker(ctx, "cp", cid+":/tmp/big", tmp+"/back"); return err }); err != nil {
+				return nil, err
+			}
+			bdown = append(bdown, mbps(n, d))
+			os.Remove(tmp + "/back")
+		} else {
+			if d, err = timed(func() error { return copyFile(src.Name(), tmp+"/copy") }); err != nil {
+				return nil, err
+			}
+			bup = append(bup, mbps(n, d))
+			if d, err = timed(func() error { return copyFile(tmp+"/copy", tmp+"/back") }); err != nil {
+				return nil, err
+			}
+			bdown = append(bdown, mbps(n, d))
+			os.Remove(tmp + "/copy")
+			os.Remove(tmp + "/back")
+		}
+	}
+	label := "a file copy on the host"
+	if cid != "" {
+		label = "docker cp"
+	}
+	size := fmt.Sprintf("%d MiB", n>>20)
+	bu, bd := series(label, bup), series(label, bdown)
+	return []Result{
+		compare("upload "+size, b.g.provider, "MB/s", series("gateway", up), &bu),
+		compare("download "+size, b.g.provider, "MB/s", series("gateway", down), &bd),
+	}, nil
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// copyFile copies src to dst through user space, as a client would.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(struct{ io.Writer }{out}, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// --- docker ------------------------------------------------------------------
+
+func docker(ctx context.Context, args ...string) (string, error) {
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "docker", args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("docker %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+func dockerRun(ctx context.Context, image string) (string, error) {
+	return docker(ctx, "run", "-d", "--network", "none", image, "sh", "-c", "while :; do sleep 3600; done")
+}
+
+// benchImage builds the busybox image docker sandboxes run (no registry:
+// FROM scratch and the host's static busybox).
+func benchImage(ctx context.Context) (string, error) {
+	const ref = "sandgate-bench:busybox"
+	if _, err := docker(ctx, "image", "inspect", ref); err == nil {
+		return ref, nil
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		return "", errors.New("the docker scenarios need /bin/busybox (Debian's busybox-static)")
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dockerfile := "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nRUN [\"/bin/sh\", \"-c\", \"mkdir -p /tmp && chmod 1777 /tmp\"]\n"
+	for _, f := range []struct {
+		name string
+		mode int64
+		data []byte
+	}{{"Dockerfile", 0o644, []byte(dockerfile)}, {"busybox", 0o755, bb}} {
+		tw.WriteHeader(&tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.data))})
+		tw.Write(f.data)
+	}
+	tw.Close()
+	cmd := exec.CommandContext(ctx, "docker", "build", "-q", "-t", ref, "-")
+	cmd.Stdin = &buf
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build %s: %v: %s", ref, err, out)
+	}
+	return ref, nil
+}
