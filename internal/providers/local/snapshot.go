@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -184,9 +185,13 @@ func (l *Local) DeleteSnapshot(ctx context.Context, sid string) error {
 // collectSandbox drops what deleted sandbox id kept for snapshots that
 // are gone.
 func (l *Local) collectSandbox(id string, layers []layer) {
+	img := l.layersDir() + "/" + id + ".img"
+	if _, err := os.Stat(img); err != nil && len(layers) == 0 {
+		return // never snapshotted, made from no snapshot
+	}
 	l.snapMu.Lock()
 	defer l.snapMu.Unlock()
-	if err := l.collect(append(layers, layer{Image: l.layersDir() + "/" + id + ".img"})); err != nil {
+	if err := l.collect(append(layers, layer{Image: img})); err != nil {
 		l.log.Error("local: remove unused snapshot layers", "sandbox", id, "err", err)
 	}
 }
@@ -210,6 +215,13 @@ func (l *Local) collect(dropped []layer) error {
 				mark(rec.Layers)
 			}
 		}
+	}
+	// Only when a record does not keep one of them is it worth reading
+	// every sandbox's state (a sandbox's snapshot normally outlives it).
+	if !slices.ContainsFunc(dropped, func(ly layer) bool {
+		return (ly.Subvol == "" && !usedImage[ly.Image]) || (ly.Subvol != "" && !used[ly])
+	}) {
+		return nil
 	}
 	for _, st := range l.allStates() {
 		mark(st.Layers)
