@@ -76,11 +76,7 @@ FUZZ = ./internal/wire:FuzzDecodeClient ./internal/wire:FuzzReplayFrame \
 	./internal/sandbox:FuzzLeaseToken ./internal/sandbox:FuzzFilePath ./internal/sandbox:FuzzCreateValidation \
 	./internal/handlers:FuzzParseSince ./internal/rootfs:FuzzUnpack
 fuzz:
-	@for t in $(FUZZ); do \
-	  echo "fuzz $${t#*:} ($(FUZZTIME))"; \
-	  $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*} >/dev/null || \
-	    { $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*}; exit 1; }; \
-	done
+	@GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh $(FUZZ)
 
 # The benchmark harness (bench/): the gateway against its baselines on the
 # local and docker providers; table on stdout, JSON and SVG in bench/results.
