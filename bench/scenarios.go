@@ -202,26 +202,40 @@ func (b *bench) throughput(ctx context.Context, ptyMode bool) (Result, error) {
 
 func mbps(n int64, d time.Duration) float64 { return float64(n) / 1e6 / d.Seconds() }
 
-// countWriter counts what is written to it.
+// countWriter counts the 'x' bytes written to it (the payload of
+// outputCmd; not a terminal's echo of the go-ahead).
 type countWriter struct{ n atomic.Int64 }
 
-func (c *countWriter) Write(p []byte) (int, error) { c.n.Add(int64(len(p))); return len(p), nil }
+func (c *countWriter) Write(p []byte) (int, error) {
+	c.n.Add(int64(bytes.Count(p, []byte("x"))))
+	return len(p), nil
+}
 
-// session starts command as a terminal session and reads all its output
-// through the gateway; it returns the bytes and the time from start to
-// exit.
+// session starts command as a terminal session, attaches, lets it start
+// (it waits for a line: output written before the attach could be
+// beyond the retained ring by then) and reads all its output through
+// the gateway; it returns the payload bytes and the time from the
+// go-ahead to the exit.
 func (b *bench) session(ctx context.Context, sb ref, command string, ptyMode bool) (int64, time.Duration, error) {
 	c, err := client.New(b.g.URL, sb.Tok, b.g.hc)
 	if err != nil {
 		return 0, 0, err
 	}
-	t0 := time.Now()
+	command = "read go; " + command
 	id, err := c.CreateSession(ctx, sb.ID, api.PtyCreateRequest{Command: &command, Pty: &ptyMode})
 	if err != nil {
 		return 0, 0, err
 	}
 	var out countWriter
-	if _, err := c.Attach(ctx, sb.ID, id, client.AttachOptions{Output: &out}); err != nil {
+	in := make(chan []byte, 1)
+	var t0 time.Time
+	var once sync.Once
+	notify := func(e client.Event) {
+		if e.Kind == client.Connected {
+			once.Do(func() { t0 = time.Now(); in <- []byte("\n") })
+		}
+	}
+	if _, err := c.Attach(ctx, sb.ID, id, client.AttachOptions{Output: &out, Input: in, Notify: notify}); err != nil {
 		return 0, 0, err
 	}
 	return out.n.Load(), time.Since(t0), nil

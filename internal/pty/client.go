@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -284,14 +285,18 @@ func (c *client) closeConn(ctx context.Context, cause *closeCause) error {
 // error frame, as are malformed ones; neither ends the connection.
 func (c *client) readLoop(ctx context.Context) error {
 	limit := c.m.opts.MaxFrame
-	buf := make([]byte, limit+1)
+	// Grown to the largest frame read so far: keystrokes are small, and an
+	// idle attachment should not hold MaxFrame bytes (1,000 of them would
+	// hold 64 MiB).
+	var buf []byte
 	for {
 		typ, r, err := c.conn.Reader(ctx)
 		if err != nil {
 			return err
 		}
 		c.lastSeen.Store(time.Now().UnixNano())
-		n, err := io.ReadFull(r, buf)
+		buf, err = readUpTo(r, buf[:0], limit+1)
+		n := len(buf)
 		switch {
 		case n > limit:
 			if _, err := io.Copy(io.Discard, r); err != nil {
@@ -312,6 +317,25 @@ func (c *client) readLoop(ctx context.Context) error {
 		}
 		c.handle(msg)
 	}
+}
+
+// readUpTo appends what r holds to buf, up to limit bytes, growing buf as
+// needed; io.EOF is not an error.
+func readUpTo(r io.Reader, buf []byte, limit int) ([]byte, error) {
+	for len(buf) < limit {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(limit-len(buf), cap(buf)+512))
+		}
+		n, err := r.Read(buf[len(buf):min(cap(buf), limit)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
 }
 
 // handle acts on one client frame. Input goes to the session's host on
