@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -37,6 +38,7 @@ type options struct {
 	out          string
 	soak         time.Duration
 	soakRate     int
+	merge        bool
 }
 
 var allScenarios = []string{"exec", "lifecycle", "pty", "pipe", "echo", "concurrency", "sessions", "streams", "files", "rollout"}
@@ -53,6 +55,9 @@ func main() {
 		os.Exit(runSoak(ctx, o))
 	}
 	rep, err := run(ctx, o, os.Stderr)
+	if rep != nil && o.merge {
+		rep.mergeInto(filepath.Join(o.out, "results.json"))
+	}
 	if rep != nil {
 		rep.table(os.Stdout)
 		if werr := rep.write(o.out); werr != nil {
@@ -88,6 +93,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.out, "out", "bench/results", "directory for results.json and results.svg")
 	fs.DurationVar(&o.soak, "soak", 0, "instead of the benchmarks, a soak of this long on the local provider (make soak: 10m)")
 	fs.IntVar(&o.soakRate, "soak-rate", 10, "soak operations started per second")
+	fs.BoolVar(&o.merge, "merge", false, "keep the results already in -out, replacing those of the scenarios measured again (a provider or scenario re-run alone)")
 	fs.BoolVar(&quick, "quick", false, "small sizes and counts: checks the harness, measures little")
 	if err := fs.Parse(args); err != nil {
 		return o, err

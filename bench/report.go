@@ -135,6 +135,38 @@ func (rep *Report) write(dir string) error {
 	return os.WriteFile(filepath.Join(dir, "results.svg"), []byte(rep.svg()), 0o644)
 }
 
+// mergeInto puts the results of an earlier report (at path) that this
+// one did not measure again before its own, in their order.
+func (rep *Report) mergeInto(path string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	var old Report
+	if json.Unmarshal(b, &old) != nil {
+		return
+	}
+	key := func(r Result) string { return r.Provider + "\x00" + r.Scenario }
+	fresh := map[string]Result{}
+	for _, r := range rep.Results {
+		fresh[key(r)] = r
+	}
+	var out []Result
+	for _, r := range old.Results {
+		if f, ok := fresh[key(r)]; ok {
+			r = f
+			delete(fresh, key(r))
+		}
+		out = append(out, r)
+	}
+	for _, r := range rep.Results {
+		if _, ok := fresh[key(r)]; ok {
+			out = append(out, r)
+		}
+	}
+	rep.Results = out
+}
+
 func writeJSONFile(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {

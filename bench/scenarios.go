@@ -24,6 +24,10 @@ import (
 // bench holds what the scenarios share: the gateway under test, the
 // options, and the image a docker sandbox runs.
 type bench struct {
+	// What sessions' clients were told: bytes gone from the ring before
+	// they were replayed, re-attachments.
+	lost, reconnects atomic.Int64
+
 	g      *gateway
 	o      options
 	image  string // docker: the busybox image built for the run
@@ -231,8 +235,13 @@ func (b *bench) session(ctx context.Context, sb ref, command string, ptyMode boo
 	var t0 time.Time
 	var once sync.Once
 	notify := func(e client.Event) {
-		if e.Kind == client.Connected {
+		switch e.Kind {
+		case client.Connected:
 			once.Do(func() { t0 = time.Now(); in <- []byte("\n") })
+		case client.Lost:
+			b.lost.Add(e.Bytes)
+		case client.Reconnecting:
+			b.reconnects.Add(1)
 		}
 	}
 	if _, err := c.Attach(ctx, sb.ID, id, client.AttachOptions{Output: &out, Input: in, Notify: notify}); err != nil {
@@ -504,6 +513,9 @@ func (b *bench) streaming(ctx context.Context) (Result, error) {
 		boxes = append(boxes, sb)
 	}
 	var agg []float64
+	var short atomic.Int64
+	b.lost.Store(0)
+	b.reconnects.Store(0)
 	for range b.o.rounds {
 		var total atomic.Int64
 		var wg sync.WaitGroup
@@ -514,11 +526,11 @@ func (b *bench) streaming(ctx context.Context) (Result, error) {
 			go func() {
 				defer wg.Done()
 				got, _, err := b.session(ctx, boxes[i/perBox], outputCmd(size), true)
-				if err == nil && got != int64(size) {
-					err = fmt.Errorf("stream %d: %d bytes, want %d", i, got, size)
-				}
 				if err != nil {
 					errs <- err
+				}
+				if got != int64(size) {
+					short.Add(1)
 				}
 				total.Add(got)
 			}()
@@ -530,7 +542,14 @@ func (b *bench) streaming(ctx context.Context) (Result, error) {
 		}
 		agg = append(agg, mbps(total.Load(), time.Since(t0)))
 	}
-	return compare(fmt.Sprintf("%d sessions streaming at once (aggregate)", n), b.g.provider, "MB/s", series("gateway", agg), nil), nil
+	r := compare(fmt.Sprintf("%d sessions streaming at once (aggregate)", n), b.g.provider, "MB/s", series("gateway", agg), nil)
+	// A client that takes nothing for 2 s (starved here: 100 readers, 100
+	// writers and the gateway on the same cores) is closed with 1008 and
+	// re-attaches; what the process wrote meanwhile beyond the ring is
+	// reported lost to it.
+	r.Extra = map[string]float64{"re-attachments": float64(b.reconnects.Load()), "MiB lost": float64(b.lost.Load()) / (1 << 20), "streams short": float64(short.Load())}
+	r.judge("no output lost", b.lost.Load() == 0)
+	return r, nil
 }
 
 // --- 6. file transfer ---------------------------------------------------------

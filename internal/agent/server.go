@@ -130,6 +130,12 @@ func muxConfig() *yamux.Config {
 	c.LogOutput = io.Discard
 	c.MaxStreamWindowSize = 1 << 20
 	c.KeepAliveInterval = 10 * time.Second
+	// How long a frame may wait to be sent (and a ping for its answer)
+	// before the connection is declared dead: yamux's 10 s is too short on
+	// an overloaded host, where a sandbox's agent can go that long without
+	// a CPU (1,000 concurrent local rollouts on 2 cores lost executions
+	// to it); a dead peer is found by the socket closing anyway.
+	c.ConnectionWriteTimeout = time.Minute
 	return c
 }
 
