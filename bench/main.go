@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -39,6 +40,7 @@ type options struct {
 	soak         time.Duration
 	soakRate     int
 	merge        bool
+	table        bool
 }
 
 var allScenarios = []string{"exec", "lifecycle", "pty", "pipe", "echo", "concurrency", "sessions", "streams", "files", "rollout"}
@@ -53,6 +55,22 @@ func main() {
 	defer stop()
 	if o.soak > 0 {
 		os.Exit(runSoak(ctx, o))
+	}
+	if o.table {
+		var rep Report
+		b, err := os.ReadFile(filepath.Join(o.out, "results.json"))
+		if err == nil {
+			err = json.Unmarshal(b, &rep)
+		}
+		if err == nil {
+			rep.table(os.Stdout)
+			err = rep.write(o.out)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	rep, err := run(ctx, o, os.Stderr)
 	if rep != nil && o.merge {
@@ -94,6 +112,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.soak, "soak", 0, "instead of the benchmarks, a soak of this long on the local provider (make soak: 10m)")
 	fs.IntVar(&o.soakRate, "soak-rate", 10, "soak operations started per second")
 	fs.BoolVar(&o.merge, "merge", false, "keep the results already in -out, replacing those of the scenarios measured again (a provider or scenario re-run alone)")
+	fs.BoolVar(&o.table, "table", false, "print the table of the results in -out (and redraw their chart) instead of measuring")
 	fs.BoolVar(&quick, "quick", false, "small sizes and counts: checks the harness, measures little")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -87,6 +87,9 @@ func (rep *Report) table(w io.Writer) {
 		if r.Baseline != nil {
 			base, bp50 = r.Baseline.Label, num(r.Baseline.P50, r.Unit)
 			ratio = fmt.Sprintf("%.2f", r.Ratio)
+			if r.Ratio < 0.1 {
+				ratio = fmt.Sprintf("%.2g (%.0fx faster)", r.Ratio, 1/r.Ratio)
+			}
 		}
 		target := r.Target
 		if r.Met != nil {
