@@ -1,7 +1,6 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
@@ -16,9 +15,11 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	dockerclient "github.com/docker/docker/client"
 
 	"github.com/sandgate/sandgate/internal/api"
 	"github.com/sandgate/sandgate/internal/client"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 )
 
 // bench holds what the scenarios share: the gateway under test, the
@@ -681,33 +682,13 @@ func dockerRun(ctx context.Context, image string) (string, error) {
 	return docker(ctx, "run", "-d", "--network", "none", image, "sh", "-c", "while :; do sleep 3600; done")
 }
 
-// benchImage builds the busybox image docker sandboxes run (no registry:
-// FROM scratch and the host's static busybox).
+// benchImage builds the busybox image docker sandboxes run, the docker
+// tests' own.
 func benchImage(ctx context.Context) (string, error) {
-	const ref = "sandgate-bench:busybox"
-	if _, err := docker(ctx, "image", "inspect", ref); err == nil {
-		return ref, nil
-	}
-	bb, err := os.ReadFile("/bin/busybox")
+	cli, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
 	if err != nil {
-		return "", errors.New("the docker scenarios need /bin/busybox (Debian's busybox-static)")
+		return "", err
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	dockerfile := "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nRUN [\"/bin/sh\", \"-c\", \"mkdir -p /tmp && chmod 1777 /tmp\"]\n"
-	for _, f := range []struct {
-		name string
-		mode int64
-		data []byte
-	}{{"Dockerfile", 0o644, []byte(dockerfile)}, {"busybox", 0o755, bb}} {
-		tw.WriteHeader(&tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.data))})
-		tw.Write(f.data)
-	}
-	tw.Close()
-	cmd := exec.CommandContext(ctx, "docker", "build", "-q", "-t", ref, "-")
-	cmd.Stdin = &buf
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build %s: %v: %s", ref, err, out)
-	}
-	return ref, nil
+	defer cli.Close()
+	return dockertest.ImageRef, dockertest.EnsureImage(ctx, cli)
 }

@@ -49,7 +49,7 @@ type memSample struct {
 type cutter struct {
 	mu    sync.Mutex
 	conns map[net.Conn]bool
-	cuts  atomic.Int64
+	cuts  *atomic.Int64
 }
 
 func (c *cutter) dial(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -101,10 +101,7 @@ func soak(ctx context.Context, g *gateway, d time.Duration, rate int, log io.Wri
 		res.Ops[op]++
 		mu.Unlock()
 	}
-	// Terminal clients go through a dialer the soak cuts now and then.
-	cut := &cutter{conns: map[net.Conn]bool{}}
-	ptyHTTP := &http.Client{Transport: &http.Transport{DialContext: cut.dial}}
-	defer ptyHTTP.CloseIdleConnections()
+	var cuts atomic.Int64
 
 	home, err := g.create(ctx, map[string]any{})
 	if err != nil {
@@ -155,12 +152,10 @@ func soak(ctx context.Context, g *gateway, d time.Duration, rate int, log io.Wri
 			return err
 		}},
 		{"pty with a dropped connection", func(ctx context.Context) error {
-			return soakSession(ctx, g, home, ptyHTTP, cut, false)
+			return soakSession(ctx, g, home, &cuts, false)
 		}},
 		{"pty takeover", func(ctx context.Context) error {
-			// Not through the cutter: a cut racing the takeover would
-			// make the evicted client re-attach instead of ending.
-			return soakSession(ctx, g, home, g.hc, cut, true)
+			return soakSession(ctx, g, home, &cuts, true)
 		}},
 	}
 
@@ -205,7 +200,7 @@ loop:
 	}
 	wg.Wait()
 	sample()
-	res.Drops = cut.cuts.Load()
+	res.Drops = cuts.Load()
 	// Flat: the live heap (a window's lowest sample: just after a
 	// collection) over the last fifth of the run within 10% (or 1 MiB) of
 	// the same over the fifth after warm-up (the first fifth).
@@ -230,14 +225,23 @@ loop:
 // still get every byte from the start; without, every connection is cut
 // midway and the client must re-attach without losing or repeating a
 // byte.
-func soakSession(ctx context.Context, g *gateway, sb ref, hc *http.Client, cut *cutter, takeover bool) error {
+func soakSession(ctx context.Context, g *gateway, sb ref, cuts *atomic.Int64, takeover bool) error {
+	// The session is made over the gateway's client and attached over a
+	// dialer of its own, which cuts this session's connections only.
+	rest, err := client.New(g.URL, sb.Tok, g.hc)
+	if err != nil {
+		return err
+	}
+	cut := &cutter{conns: map[net.Conn]bool{}, cuts: cuts}
+	hc := &http.Client{Transport: &http.Transport{DialContext: cut.dial}}
+	defer hc.CloseIdleConnections()
 	c, err := client.New(g.URL, sb.Tok, hc)
 	if err != nil {
 		return err
 	}
 	const lines = 3000
 	cmd, no := fmt.Sprintf("sleep 0.3; seq 1 %d; sleep 0.2; seq 1 %d", lines, lines), false
-	id, err := c.CreateSession(ctx, sb.ID, api.PtyCreateRequest{Command: &cmd, Pty: &no})
+	id, err := rest.CreateSession(ctx, sb.ID, api.PtyCreateRequest{Command: &cmd, Pty: &no})
 	if err != nil {
 		return err
 	}
@@ -256,13 +260,17 @@ func soakSession(ctx context.Context, g *gateway, sb ref, hc *http.Client, cut *
 	}
 	opts := client.AttachOptions{Output: &out, Notify: notify, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond}
 	if !takeover {
-		go func() {
-			select {
-			case <-ctx.Done():
-			case <-time.After(350 * time.Millisecond):
-				cut.cutAll()
+		// The cut comes once attached, in the middle of the output (a cut
+		// during the first handshake may leave the gateway holding a
+		// half-open attachment, which a retried first attach meets as
+		// ALREADY_CONNECTED: the client cannot tell it was its own).
+		var once sync.Once
+		opts.Notify = func(e client.Event) {
+			notify(e)
+			if e.Kind == client.Connected {
+				once.Do(func() { time.AfterFunc(350*time.Millisecond, cut.cutAll) })
 			}
-		}()
+		}
 		code, err := c.Attach(ctx, sb.ID, id, opts)
 		if err != nil {
 			return err

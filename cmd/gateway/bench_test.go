@@ -23,12 +23,19 @@ import (
 // service, handlers, a loopback HTTP server.
 func benchGateway(b *testing.B) (*httptest.Server, *local.Local) {
 	b.Helper()
+	p := benchLocal(b)
+	return serveInProcess(b, p), p
+}
+
+// benchLocal is a local provider whose sandboxes are deleted after the
+// benchmark (registered first, so it runs last: sandboxes outlive the
+// gateway by design, but not the benchmark).
+func benchLocal(b *testing.B) *local.Local {
+	b.Helper()
 	p, err := local.New(local.Options{StateDir: b.TempDir(), InitBinary: agentBin()})
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Registered first, so it runs last: sandboxes outlive the gateway by
-	// design, but not the benchmark.
 	b.Cleanup(func() {
 		ctx := context.Background()
 		owned, _ := p.List(ctx)
@@ -38,7 +45,7 @@ func benchGateway(b *testing.B) (*httptest.Server, *local.Local) {
 			}
 		}
 	})
-	return serveInProcess(b, p), p
+	return p
 }
 
 // serveInProcess puts service and handlers over p on a loopback HTTP
@@ -216,18 +223,7 @@ func poolBench(b *testing.B, p providers.Provider, image string) {
 
 // BenchmarkPoolCreateFirstExec: poolBench on the local provider.
 func BenchmarkPoolCreateFirstExec(b *testing.B) {
-	p, err := local.New(local.Options{StateDir: b.TempDir(), InitBinary: agentBin()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		ctx := context.Background()
-		owned, _ := p.List(ctx)
-		for _, o := range owned {
-			p.Delete(ctx, o.ID)
-		}
-	})
-	poolBench(b, p, "")
+	poolBench(b, benchLocal(b), "")
 }
 
 // interleave runs gateway and baseline alternately in b's loop and

@@ -38,6 +38,10 @@ var kindStatus = map[error]struct {
 	providers.ErrUnavailable:  {http.StatusServiceUnavailable, "unavailable"},
 }
 
+// statusClientClosed answers a request whose client is gone (nginx's 499;
+// nobody reads it, but logs and metrics see it).
+const statusClientClosed = 499
+
 // retryAfter is the Retry-After (seconds) sent with every 503.
 const retryAfter = "5"
 
@@ -55,6 +59,11 @@ func problemOf(ctx context.Context, log *slog.Logger, err error, what string) pr
 	kind := providers.Kind(err)
 	var mbe *http.MaxBytesError
 	switch ks, ok := kindStatus[kind]; {
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()) && !ok:
+		// The client went away (or gave up) before the answer: nobody
+		// reads it, and it is no fault of the gateway's.
+		p.Status, p.Code = statusClientClosed, "client_closed"
+		log.Debug("client gone before the answer", "request", what, "err", err)
 	case errors.As(err, &mbe):
 		p.Status, p.Code = http.StatusRequestEntityTooLarge, "too_large"
 		p.Detail = "request body too large"

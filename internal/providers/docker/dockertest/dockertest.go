@@ -139,6 +139,12 @@ func setup() error {
 	if _, err := cli.Ping(pctx); err != nil {
 		return err
 	}
+	return EnsureImage(ctx, cli)
+}
+
+// EnsureImage builds ImageRef on cli's daemon unless it is there (no
+// registry: FROM scratch and the host's static busybox).
+func EnsureImage(ctx context.Context, cli *client.Client) error {
 	if _, err := cli.ImageInspect(ctx, ImageRef); err == nil {
 		return nil
 	}
