@@ -245,6 +245,9 @@ func soakSession(ctx context.Context, g *gateway, sb ref, cuts *atomic.Int64, ta
 	if err != nil {
 		return err
 	}
+	// An ended session is kept (for replay) until deleted, and counts
+	// against the sandbox's session limit.
+	defer g.do(context.WithoutCancel(ctx), "DELETE", "/v1/sandboxes/"+sb.ID+"/pty/"+id, sb.Tok, nil, nil)
 	var want strings.Builder
 	for range 2 {
 		for i := 1; i <= lines; i++ {
