@@ -6,7 +6,10 @@
 package metrics
 
 import (
+	"regexp"
+
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Metrics holds the collectors. Packages take a *Metrics in their
@@ -84,7 +87,11 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.CreatesTotal, m.CreateSeconds, m.DeletesTotal, m.ExecSeconds, m.ExecTotal,
 		m.PTYSessions, m.PTYAttachments, m.PTYBytesTotal, m.PTYDropped, m.HTTPRequests, m.HTTPSeconds, m.Refused,
 		m.PoolClaims, m.PoolMisses,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		// Besides the usual go_memstats_*, go_gc_heap_live_bytes: the heap
+		// the last collection kept, the figure a leak shows in.
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
+		prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }
 
