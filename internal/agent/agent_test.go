@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,7 +29,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // pair serves a fresh server on one end of a pipe and dials the other.
 // The server is the test process's subreaper, as the agent is the
 // sandbox's.
-func pair(t *testing.T) (*Server, *Client) {
+func pair(t testing.TB) (*Server, *Client) {
 	t.Helper()
 	srv := NewServer(true)
 	_, b, served := servePipe(srv)
@@ -524,5 +526,88 @@ func TestLastWords(t *testing.T) {
 	}
 	if logPath(SocketPath) != "/dev/.sandgate-agent.log" {
 		t.Fatalf("log path %q", logPath(SocketPath))
+	}
+}
+
+// An attachment that waits for output holds little, even after a burst:
+// a gateway keeps one per attached terminal, and 1,000 idle ones must fit
+// in well under 100 MiB (SPEC §11). A 64 KiB read buffer each once made
+// them 70 MiB; each kept its largest frame (up to 128 KiB) and its yamux
+// stream the buffer of its largest burst (512 KiB).
+func TestIdleAttachmentsAreSmall(t *testing.T) {
+	defer func(d time.Duration) { shrinkAfter = d }(shrinkAfter)
+	shrinkAfter = time.Millisecond
+	_, c := pair(t)
+	ctx := context.Background()
+	const burst = 300_000
+	cmd := fmt.Sprintf("read go; head -c %d /dev/zero | tr '\\0' x; exec sleep 3600", burst)
+	if _, err := c.StartSession(ctx, "idle", providers.ProcessSpec{Command: cmd}, false, 0); err != nil {
+		t.Fatal(err)
+	}
+	heap := func() int64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return int64(ms.HeapAlloc)
+	}
+	var wg sync.WaitGroup
+	var atts []*Attachment
+	defer func() {
+		for _, a := range atts {
+			a.Close()
+		}
+		wg.Wait()
+	}()
+	// attach adds an attachment that reads the burst (live for the first,
+	// as its replay for the others) and then waits, as the gateway's
+	// feeder does, until closed.
+	attach := func() *Attachment {
+		a, err := c.Attach(ctx, "idle", 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		atts = append(atts, a)
+		got := len(a.Replay)
+		a.Replay = nil // as its users do
+		if len(atts) == 1 {
+			a.Input([]byte("go\n"))
+		}
+		for got < burst {
+			ev, err := a.Next()
+			if err != nil || ev.Exited {
+				t.Fatalf("attachment %d after %d bytes: %+v %v", len(atts), got, ev, err)
+			}
+			got += len(ev.Data)
+		}
+		wg.Go(func() { a.Next() })
+		return a
+	}
+	// The first pays for what is paid once (the session's ring, the
+	// connection's buffers).
+	live := attach()
+	h0 := heap()
+	const n = 50
+	for range n {
+		attach()
+	}
+	var perAttachment int64
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if perAttachment = (heap() - h0) / n; perAttachment <= 32<<10 || time.Now().After(deadline) {
+			break // the streams let their buffers go shrinkAfter after their last read
+		}
+	}
+	t.Logf("%d bytes of heap per idle attachment (both ends)", perAttachment)
+	if perAttachment > 32<<10 {
+		t.Fatalf("an idle attachment holds %d bytes of heap (both ends of the agent protocol), want ≤ 32 KiB", perAttachment)
+	}
+	for _, a := range atts {
+		a.Close()
+	}
+	wg.Wait()
+	if live.buf != nil {
+		t.Fatalf("an attachment that waited holds its last payload's buffer (%d bytes)", cap(*live.buf))
+	}
+	if err := c.DeleteSession(ctx, "idle"); err != nil {
+		t.Fatal(err)
 	}
 }

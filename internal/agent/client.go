@@ -427,21 +427,40 @@ func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool) 
 		}
 		return nil, c.fail(err)
 	}
-	return &Attachment{st: st, r: bufio.NewReaderSize(st, 64<<10), c: c, Info: *rep.Session, From: rep.Replay, Replay: p}, nil
+	// A small read buffer: an attachment waiting for output (a gateway
+	// holds one per attached terminal) holds only it.
+	a := &Attachment{st: st, r: bufio.NewReader(st), c: c, Info: *rep.Session, From: rep.Replay, Replay: p}
+	if s, ok := st.(interface{ Shrink() }); ok {
+		// A yamux stream keeps the buffer of its largest burst (up to the
+		// 256 KiB window, grown to 512 KiB) unless told to let it go. Told
+		// on every wait, it would allocate anew for every frame of a stream
+		// (PTY throughput -20%): told once it has waited a while.
+		a.idle = time.AfterFunc(shrinkAfter, s.Shrink)
+	}
+	return a, nil
 }
+
+// shrinkAfter is how long an attachment waits for output before its
+// stream lets its buffer go.
+var shrinkAfter = time.Second
 
 // Attachment is one subscription to a session: the replay, then Next.
 type Attachment struct {
 	Info   SessionInfo // at the attach
 	From   int64       // the offset of Replay's first byte
-	Replay []byte
+	Replay []byte      // up to a whole ring: drop it once used
 
-	st  stream
-	r   *bufio.Reader // st, read in large pieces
-	c   *Client
-	wmu sync.Mutex
-	buf []byte
+	st   stream
+	r    *bufio.Reader // st
+	c    *Client
+	wmu  sync.Mutex
+	buf  *[]byte     // the last event's payload, from framePool
+	idle *time.Timer // shrinks st's buffer once Next has waited shrinkAfter
 }
+
+// framePool recycles attachments' payload buffers, so that one waiting
+// for output holds none. Its buffers hold a whole coalesced terminal frame.
+var framePool = sync.Pool{New: func() any { b := make([]byte, coalesceTTY); return &b }}
 
 // Event is what Next returns: output on a channel (wire.ChanOutput or
 // wire.ChanStderr), or the exit.
@@ -459,11 +478,29 @@ type Event struct {
 // Next blocks for the next output or the exit. After the exit (or an
 // error) the attachment is over.
 func (a *Attachment) Next() (Event, error) {
-	typ, p, err := readFrame(a.r, a.buf)
+	if a.buf != nil {
+		if cap(*a.buf) == coalesceTTY {
+			framePool.Put(a.buf)
+		}
+		a.buf = nil
+	}
+	if a.idle != nil {
+		a.idle.Reset(shrinkAfter)
+	}
+	typ, n, err := readFrameHeader(a.r, maxFrame)
 	if err != nil {
 		return Event{}, a.c.fail(err)
 	}
-	a.buf = p[:0]
+	if n <= coalesceTTY {
+		a.buf = framePool.Get().(*[]byte)
+	} else {
+		b := make([]byte, n)
+		a.buf = &b
+	}
+	p := (*a.buf)[:n]
+	if _, err := io.ReadFull(a.r, p); err != nil {
+		return Event{}, a.c.fail(err)
+	}
 	switch typ {
 	case frameStdout:
 		return Event{Chan: 0x01, Data: p}, nil
@@ -518,6 +555,9 @@ func (a *Attachment) Signal(sig syscall.Signal) error {
 
 // Close ends the subscription; the session goes on.
 func (a *Attachment) Close() error {
+	if a.idle != nil {
+		a.idle.Stop()
+	}
 	a.st.SetDeadline(time.Now())
 	return a.st.Close()
 }

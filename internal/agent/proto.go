@@ -199,22 +199,32 @@ func readFrame(r io.Reader, buf []byte) (byte, []byte, error) {
 const maxReplay = 256 << 20
 
 func readFrameMax(r io.Reader, buf []byte, limit uint32) (byte, []byte, error) {
-	var h [5]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
+	typ, n, err := readFrameHeader(r, limit)
+	if err != nil {
 		return 0, nil, err
 	}
-	n := binary.BigEndian.Uint32(h[1:])
-	if n > limit {
-		return 0, nil, fmt.Errorf("agent protocol: a %d-byte frame (the limit is %d)", n, limit)
-	}
-	if cap(buf) < int(n) {
+	if cap(buf) < n {
 		buf = make([]byte, n)
 	}
 	buf = buf[:n]
 	if _, err := io.ReadFull(r, buf); err != nil {
 		return 0, nil, err
 	}
-	return h[0], buf, nil
+	return typ, buf, nil
+}
+
+// readFrameHeader reads a frame's type and the length of its payload, at
+// most limit.
+func readFrameHeader(r io.Reader, limit uint32) (byte, int, error) {
+	var h [5]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, 0, err
+	}
+	n := binary.BigEndian.Uint32(h[1:])
+	if n > limit {
+		return 0, 0, fmt.Errorf("agent protocol: a %d-byte frame (the limit is %d)", n, limit)
+	}
+	return h[0], int(n), nil
 }
 
 // The error kinds on the wire, and back.

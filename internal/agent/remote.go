@@ -56,6 +56,7 @@ func (p *remoteProcess) pump() {
 	defer close(p.done)
 	if len(p.a.Replay) > 0 {
 		p.outW.Write(p.a.Replay)
+		p.a.Replay = nil
 	}
 	for {
 		ev, err := p.a.Next()

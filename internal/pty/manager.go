@@ -461,6 +461,7 @@ func (m *Manager) Attach(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	cl := newClient(m, req.SandboxID, req.SessionID, att)
 	if len(att.Replay) > 0 {
 		cl.replay = wire.AppendReplay(make([]byte, 0, wire.ReplayHeader+len(att.Replay)), att.From, att.Replay)
+		att.Replay = nil // up to a whole ring: an idle client must not keep it
 	}
 	if !att.Info.Running && att.Info.ExitCode != nil {
 		code := *att.Info.ExitCode
