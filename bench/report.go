@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -101,13 +102,7 @@ func (rep *Report) table(w io.Writer) {
 		}
 		if len(r.Extra) > 0 {
 			var ks []string
-			for _, k := range slices.Sorted(func(yield func(string) bool) {
-				for k := range r.Extra {
-					if !yield(k) {
-						return
-					}
-				}
-			}) {
+			for _, k := range slices.Sorted(maps.Keys(r.Extra)) {
 				ks = append(ks, fmt.Sprintf("%s %.4g", k, r.Extra[k]))
 			}
 			target = strings.TrimPrefix(target+"; "+strings.Join(ks, ", "), "; ")
