@@ -533,7 +533,7 @@ func TestLastWords(t *testing.T) {
 // a gateway keeps one per attached terminal, and 1,000 idle ones must fit
 // in well under 100 MiB (SPEC §11). A 64 KiB read buffer each once made
 // them 70 MiB; each kept its largest frame (up to 128 KiB) and its yamux
-// stream the buffer of its largest burst (512 KiB).
+// stream the buffer of its largest burst (up to its 1 MiB window).
 func TestIdleAttachmentsAreSmall(t *testing.T) {
 	defer func(d time.Duration) { shrinkAfter = d }(shrinkAfter)
 	shrinkAfter = time.Millisecond

@@ -431,8 +431,8 @@ func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool) 
 	// holds one per attached terminal) holds only it.
 	a := &Attachment{st: st, r: bufio.NewReader(st), c: c, Info: *rep.Session, From: rep.Replay, Replay: p}
 	if s, ok := st.(interface{ Shrink() }); ok {
-		// A yamux stream keeps the buffer of its largest burst (up to the
-		// 256 KiB window, grown to 512 KiB) unless told to let it go. Told
+		// A yamux stream keeps the buffer of its largest burst (as large as
+		// its window, up to 1 MiB: muxConfig) unless told to let it go. Told
 		// on every wait, it would allocate anew for every frame of a stream
 		// (PTY throughput -20%): told once it has waited a while.
 		a.idle = time.AfterFunc(shrinkAfter, s.Shrink)
