@@ -5,6 +5,7 @@ package main
 // and asserts it fails. Each attack worked against an earlier build.
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -340,7 +341,11 @@ func TestEscapeDiskAndProcesses(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the fork bomb never reached the pids limit")
+			cur, _ := os.ReadFile(cgroups["pids"] + "/pids.current")
+			lim, _ := os.ReadFile(cgroups["pids"] + "/pids.max")
+			mem, _ := os.ReadFile(cgroups["memory"] + "/memory.failcnt")
+			t.Fatalf("the fork bomb never reached the pids limit: pids %s of %s, memory failcnt %s",
+				bytes.TrimSpace(cur), bytes.TrimSpace(lim), bytes.TrimSpace(mem))
 		}
 		time.Sleep(50 * time.Millisecond) // polling a counter that has no notification
 	}

@@ -60,17 +60,32 @@ func ownCgroups() map[string]string {
 	return out
 }
 
-// hostPidMax is the kernel's pid_max (32768 if unreadable).
-func hostPidMax() int64 {
-	b, err := os.ReadFile("/proc/sys/kernel/pid_max")
-	if err != nil {
-		return 32768
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil || n <= 0 {
-		return 32768
+// hostProcs is how many tasks the host can have: the smaller of the
+// kernel's pid_max and threads-max (32768 where unreadable).
+func hostProcs() int64 {
+	n := int64(32768)
+	for i, f := range []string{"/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil || v <= 0 {
+			continue
+		}
+		if i == 0 || v < n {
+			n = v
+		}
 	}
 	return n
+}
+
+// defaultPidsMax is a sandbox's process limit when none is configured: a
+// sixteenth of what the host can hold, at least 64 and at most 4096 (a
+// host with pid_max 4194304 would otherwise let one sandbox have 262144,
+// which is no limit at all: its memory limit would be hit first).
+func defaultPidsMax(host int64) int64 {
+	return min(max(host/16, 64), 4096)
 }
 
 // ensurePidsParent creates the pids cgroup all sandboxes share and caps it

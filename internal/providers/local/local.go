@@ -96,8 +96,9 @@ type Options struct {
 	DefaultMemoryMiB int64
 	DefaultCPU       float64
 	DefaultDiskGiB   float64
-	// PidsMax is each sandbox's process limit (0: the host's pid_max/16);
-	// all sandboxes together get at most half of pid_max.
+	// PidsMax is each sandbox's process limit (0: a sixteenth of the
+	// host's pid_max or threads-max, whichever is smaller, within 64..4096);
+	// all sandboxes together get at most half of that host figure.
 	PidsMax int64
 	// ShmMiB sizes /dev/shm (0: DefaultShmMiB).
 	ShmMiB int64
@@ -273,7 +274,7 @@ func New(opts Options) (*Local, error) {
 		}
 		views[l.view.dir] = true
 		pruneViews(viewsDir, views)
-		if err := ensurePidsParent(hostPidMax() / 2); err != nil {
+		if err := ensurePidsParent(hostProcs() / 2); err != nil {
 			return nil, fmt.Errorf("local: %w", err)
 		}
 	}
@@ -305,7 +306,7 @@ func (l *Local) setLimits(opts Options) error {
 	}
 	l.pidsMax = opts.PidsMax
 	if l.pidsMax <= 0 {
-		l.pidsMax = max(hostPidMax()/16, 64)
+		l.pidsMax = defaultPidsMax(hostProcs())
 	}
 	l.shm = opts.ShmMiB << 20
 	if l.shm <= 0 {
