@@ -275,10 +275,7 @@ func soakSession(ctx context.Context, g *gateway, sb ref, cuts *atomic.Int64, ta
 	}
 	opts := client.AttachOptions{Output: &out, Notify: notify, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond}
 	if !takeover {
-		// The cut comes once attached, in the middle of the output (a cut
-		// during the first handshake may leave the gateway holding a
-		// half-open attachment, which a retried first attach meets as
-		// ALREADY_CONNECTED: the client cannot tell it was its own).
+		// The cut comes once attached, in the middle of the output.
 		var once sync.Once
 		opts.Notify = func(e client.Event) {
 			notify(e)

@@ -96,7 +96,8 @@ type AttachOptions struct {
 //
 // It returns ErrTakenOver after close 4001; an *Error for a refusal that
 // retrying cannot fix (401, 403, 404, 409 ALREADY_CONNECTED when the first
-// attach finds another holder); ErrInterrupted; or ctx's error. It blocks;
+// attach finds another holder, or a later one still does after a few
+// tries); ErrInterrupted; or ctx's error. It blocks;
 // the goroutines it starts have ended when it returns.
 func (c *Client) Attach(ctx context.Context, sandboxID, sessionID string, o AttachOptions) (int, error) {
 	if o.Interrupt == 0 {
@@ -114,6 +115,11 @@ func (c *Client) Attach(ctx context.Context, sandboxID, sessionID string, o Atta
 	a := &attachment{c: c, sbx: sandboxID, sid: sessionID, o: o}
 	takeover := o.Takeover
 	attempt, busy := 0, 0
+	// mayHold: an earlier try of ours may still be held by the gateway
+	// (it was attached, or it failed in a way that may have been after the
+	// gateway took it, such as a connection cut during the handshake), so
+	// a 409 may be our own ghost and is retried a few times.
+	mayHold := false
 	for {
 		r, err := a.once(ctx, takeover)
 		switch {
@@ -130,11 +136,13 @@ func (c *Client) Attach(ctx context.Context, sandboxID, sessionID string, o Atta
 		var refused *Error
 		if errors.As(err, &refused) {
 			switch {
-			case refused.Status == http.StatusConflict && a.everAttached && busy < busyRetries:
+			case refused.Status == http.StatusConflict && mayHold && busy < busyRetries:
 				busy++
 			case refused.Status/100 == 4:
 				return -1, err
 			}
+		} else if err != nil {
+			mayHold = true
 		}
 		if err != nil && errors.Is(err, errOutput) {
 			return -1, err
@@ -161,11 +169,10 @@ func backoff(n int, lo, hi time.Duration) time.Duration {
 
 // attachment is the state kept across one Attach's connections.
 type attachment struct {
-	c            *Client
-	sbx, sid     string
-	o            AttachOptions
-	received     int64 // absolute offset of the next output byte
-	everAttached bool
+	c        *Client
+	sbx, sid string
+	o        AttachOptions
+	received int64 // absolute offset of the next output byte
 }
 
 type result struct {
@@ -253,7 +260,6 @@ func (a *attachment) once(ctx context.Context, takeover bool) (r result, err err
 			switch m.Type {
 			case "connected":
 				r.attached = true
-				a.everAttached = true
 				close(connected)
 				a.o.Notify(Event{Kind: Connected})
 			case "exit":

@@ -387,3 +387,38 @@ func equal[T comparable](a, b []T) bool {
 	}
 	return true
 }
+
+// A first attach cut during its handshake may have been taken by the
+// gateway, which then holds it for a moment: the 409 that meets the retry
+// is our own ghost and is retried too. A first attach refused outright
+// (TestAlreadyConnected) is not.
+func TestBusyAfterCutHandshakeIsRetried(t *testing.T) {
+	f := newFake(t,
+		func(c *fakeConn) { c.accept(); c.drop() }, // upgraded, cut before "connected"
+		alreadyConnected,
+		alreadyConnected,
+		func(c *fakeConn) { c.accept(); c.connected(); c.output("hi"); c.exit(3) },
+	)
+	code, out, _, err := attach(t, f.client(t), AttachOptions{})
+	if err != nil || code != 3 || out != "hi" {
+		t.Fatalf("Attach = %d, %q, %v; want 3, \"hi\"", code, out, err)
+	}
+	if n := len(f.dialed()); n != 4 {
+		t.Errorf("%d dials, want 4", n)
+	}
+
+	// A holder that stays is still reported, after a few tries.
+	script := []func(*fakeConn){func(c *fakeConn) { c.accept(); c.drop() }}
+	for range busyRetries + 1 {
+		script = append(script, alreadyConnected)
+	}
+	f = newFake(t, script...)
+	_, _, _, err = attach(t, f.client(t), AttachOptions{})
+	var e *Error
+	if !errors.As(err, &e) || e.Status != http.StatusConflict {
+		t.Fatalf("Attach error %#v, want a 409 *Error", err)
+	}
+	if n := len(f.dialed()); n != busyRetries+2 {
+		t.Errorf("%d dials, want %d", n, busyRetries+2)
+	}
+}
