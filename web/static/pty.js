@@ -47,6 +47,7 @@ export class PtyConnection {
     this.received = 0;       // absolute offset of the next output byte
     this.attaches = 0;       // successful attaches so far
     this.everConnected = false;
+    this.dialed = false;     // a WebSocket was opened: the gateway may still hold it
     this.state = 'idle';
     this.exitCode = null;
     this.size = null;        // {cols, rows} last asked for
@@ -118,9 +119,10 @@ export class PtyConnection {
     }
     if (this.stopped) return;
     if (info.attached && !takeover) {
-      // Right after a drop the holder may be our own dead connection, which
-      // the gateway has not noticed yet: retry a few times before asking.
-      if (this.everConnected && this.busyTries < BUSY_RETRIES) {
+      // Right after a drop (or a handshake cut short) the holder may be our
+      // own dead connection, which the gateway has not noticed yet: retry a
+      // few times before asking.
+      if (this.dialed && this.busyTries < BUSY_RETRIES) {
         this.busyTries++;
         this._setState('busy', { retrying: true });
         return this._retry(true);
@@ -143,6 +145,7 @@ export class PtyConnection {
     }
     ws.binaryType = 'arraybuffer';
     this.ws = ws;
+    this.dialed = true;
     let lastHeard = Date.now();
     const ping = setInterval(() => {
       if (ws !== this.ws) return clearInterval(ping);
