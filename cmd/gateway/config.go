@@ -100,7 +100,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.MaxPTYSessions, "max-pty-sessions", 4096, "terminal sessions in all sandboxes; beyond it 503")
 	fs.IntVar(&c.MaxPTYPerSandbox, "max-pty-per-sandbox", 256, "terminal sessions in one sandbox; beyond it 429")
 	fs.Int64Var(&c.MaxBody, "max-body", 64<<20, "largest JSON request body in bytes (base64 file routes included)")
-	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long SIGTERM waits for in-flight requests")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long SIGTERM waits for in-flight requests (a second signal closes them at once)")
 	fs.StringVar(&c.LocalIsolation, "local-isolation", "namespaces", "local provider isolation: namespaces or none (plain host processes)")
 	fs.Int64Var(&c.DefaultMemoryMiB, "default-memory-mib", 2048, "memory limit of a sandbox whose create sets none, in MiB (0 = none)")
 	fs.Float64Var(&c.DefaultCPU, "default-cpu", 2, "CPU limit of a sandbox whose create sets none, in cores (0 = none)")

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -491,5 +492,63 @@ func TestSIGTERMDrains(t *testing.T) {
 	}
 	if _, err := http.Get(g.URL + "/healthz"); err == nil {
 		t.Fatal("gateway still accepting after SIGTERM")
+	}
+}
+
+// TestSecondSignalCutsDrain: a second SIGTERM while an exec still drains
+// closes its connection at once instead of waiting out the 30 s grace, and
+// the gateway still finishes its cleanup and exits 0: it is never killed
+// by a signal halfway (a second SIGTERM once arrived during the closing of
+// the provider and killed the process).
+func TestSecondSignalCutsDrain(t *testing.T) {
+	g := startGateway(t, t.TempDir(), nil)
+	_, body := call(t, "POST", g.URL+"/v1/sandboxes", `{}`)
+	var ref map[string]any
+	json.Unmarshal(body, &ref)
+	sb := g.URL + "/v1/sandboxes/" + ref["sandbox_id"].(string)
+	tok := ref["lease_token"].(string)
+
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", sb+"/exec", strings.NewReader(`{"command": "touch /tmp/started; sleep 60", "timeout_s": 90}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Sandbox-Lease", tok)
+		res, err := http.DefaultClient.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			err = fmt.Errorf("the drained exec answered %d %s", res.StatusCode, b)
+		}
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s, b := call(t, "POST", sb+"/exec", `{"command": "test -f /tmp/started && echo yes"}`, "X-Sandbox-Lease", tok)
+		if s == 200 && strings.Contains(string(b), "yes") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("exec never started")
+		}
+	}
+	start := time.Now()
+	g.cmd.Process.Signal(syscall.SIGTERM)
+	for !strings.Contains(g.stderr.String(), "shutting down") {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("no shutdown after SIGTERM\n%s", g.stderr)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the log, which has no notification
+	}
+	if err := g.stop(syscall.SIGTERM); err != nil {
+		t.Fatalf("exit after a second SIGTERM: %v\n%s", err, g.stderr)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("the second SIGTERM took %v to end the drain (grace 30 s)", d)
+	}
+	if err := <-done; err == nil || strings.Contains(err.Error(), "answered") {
+		t.Errorf("the in-flight exec: %v, want its connection closed", err)
+	}
+	if !strings.Contains(g.stderr.String(), "second signal") {
+		t.Errorf("no word of the second signal in the log:\n%s", g.stderr)
 	}
 }

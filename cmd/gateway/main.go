@@ -62,6 +62,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
+	// Signals are caught until run returns, cleanup included: the first
+	// starts the shutdown, a second cuts its drain short; neither kills
+	// the process halfway through closing its state.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
 	if cfg.MemoryLimit > 0 {
 		// Process-wide: put back what was there when run returns.
 		defer debug.SetMemoryLimit(debug.SetMemoryLimit(int64(cfg.MemoryLimit)))
@@ -134,8 +140,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Shutdown does not wait for hijacked connections: the WebSockets are
 	// told 1001 as it starts, and terms.Close below waits for them.
 	srv.RegisterOnShutdown(terms.Shutdown)
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 
@@ -147,18 +151,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case err := <-served:
 		return err
 	case <-ctx.Done():
+	case <-sigs:
 	}
 	log.Info("shutting down: draining in-flight requests; sandboxes keep running", "grace", cfg.ShutdownGrace)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownGrace)
+	sctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), cfg.ShutdownGrace, errGraceOver)
 	defer cancel()
-	err = srv.Shutdown(sctx)
-	if errors.Is(err, context.DeadlineExceeded) {
+	drained := make(chan error, 1)
+	go func() { drained <- srv.Shutdown(sctx) }()
+	select {
+	case err = <-drained:
+	case <-sigs:
+		log.Info("second signal: closing the remaining connections now")
 		srv.Close()
+		err = <-drained
+	}
+	if err != nil {
+		srv.Close()
+		if context.Cause(sctx) == errGraceOver {
+			err = fmt.Errorf("in-flight requests outlasted --shutdown-grace %v: closed", cfg.ShutdownGrace)
+		} else {
+			err = nil // closed at the second signal, as asked
+		}
 	}
 	<-served
 	terms.Close()
 	return err
 }
+
+var errGraceOver = errors.New("shutdown grace over")
 
 // memoryLimit describes the Go runtime's soft memory limit.
 func memoryLimit() string {
