@@ -471,17 +471,7 @@ func TestSIGTERMDrains(t *testing.T) {
 		s, b := call(t, "POST", sb+"/exec", `{"command": "touch /tmp/started; sleep 1; echo finished"}`, "X-Sandbox-Lease", tok)
 		done <- result{s, b}
 	}()
-	// Wait until the command is running, then stop the gateway.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s, b := call(t, "POST", sb+"/exec", `{"command": "test -f /tmp/started && echo yes"}`, "X-Sandbox-Lease", tok)
-		if s == 200 && strings.Contains(string(b), "yes") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("exec never started")
-		}
-	}
+	waitStarted(t, sb, tok) // then stop the gateway
 	g.cmd.Process.Signal(syscall.SIGTERM)
 	r := <-done
 	if r.status != 200 || !strings.Contains(string(r.body), `"stdout":"finished\n"`) {
@@ -492,6 +482,22 @@ func TestSIGTERMDrains(t *testing.T) {
 	}
 	if _, err := http.Get(g.URL + "/healthz"); err == nil {
 		t.Fatal("gateway still accepting after SIGTERM")
+	}
+}
+
+// waitStarted returns once a command in sandbox sb has touched
+// /tmp/started.
+func waitStarted(t *testing.T, sb, tok string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s, b := call(t, "POST", sb+"/exec", `{"command": "test -f /tmp/started && echo yes"}`, "X-Sandbox-Lease", tok)
+		if s == 200 && strings.Contains(string(b), "yes") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("exec never started")
+		}
 	}
 }
 
@@ -521,16 +527,7 @@ func TestSecondSignalCutsDrain(t *testing.T) {
 		}
 		done <- err
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s, b := call(t, "POST", sb+"/exec", `{"command": "test -f /tmp/started && echo yes"}`, "X-Sandbox-Lease", tok)
-		if s == 200 && strings.Contains(string(b), "yes") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("exec never started")
-		}
-	}
+	waitStarted(t, sb, tok)
 	start := time.Now()
 	g.cmd.Process.Signal(syscall.SIGTERM)
 	for !strings.Contains(g.stderr.String(), "shutting down") {

@@ -154,31 +154,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case <-sigs:
 	}
 	log.Info("shutting down: draining in-flight requests; sandboxes keep running", "grace", cfg.ShutdownGrace)
-	sctx, cancel := context.WithTimeoutCause(context.WithoutCancel(ctx), cfg.ShutdownGrace, errGraceOver)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownGrace)
 	defer cancel()
 	drained := make(chan error, 1)
 	go func() { drained <- srv.Shutdown(sctx) }()
 	select {
 	case err = <-drained:
+		if errors.Is(err, context.DeadlineExceeded) {
+			srv.Close()
+			err = fmt.Errorf("in-flight requests outlasted --shutdown-grace %v: closed", cfg.ShutdownGrace)
+		}
 	case <-sigs:
 		log.Info("second signal: closing the remaining connections now")
 		srv.Close()
-		err = <-drained
-	}
-	if err != nil {
-		srv.Close()
-		if context.Cause(sctx) == errGraceOver {
-			err = fmt.Errorf("in-flight requests outlasted --shutdown-grace %v: closed", cfg.ShutdownGrace)
-		} else {
-			err = nil // closed at the second signal, as asked
-		}
+		err = <-drained // it returns once the closed connections are gone
 	}
 	<-served
 	terms.Close()
 	return err
 }
-
-var errGraceOver = errors.New("shutdown grace over")
 
 // memoryLimit describes the Go runtime's soft memory limit.
 func memoryLimit() string {

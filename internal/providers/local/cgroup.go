@@ -64,20 +64,23 @@ func ownCgroups() map[string]string {
 // kernel's pid_max and threads-max (32768 where unreadable).
 func hostProcs() int64 {
 	n := int64(32768)
-	for i, f := range []string{"/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil || v <= 0 {
-			continue
-		}
-		if i == 0 || v < n {
-			n = v
-		}
+	if v, ok := readProcInt("/proc/sys/kernel/pid_max"); ok {
+		n = v
+	}
+	if v, ok := readProcInt("/proc/sys/kernel/threads-max"); ok {
+		n = min(n, v)
 	}
 	return n
+}
+
+// readProcInt reads a positive integer from a /proc file.
+func readProcInt(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return v, err == nil && v > 0
 }
 
 // defaultPidsMax is a sandbox's process limit when none is configured: a
