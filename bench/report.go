@@ -89,7 +89,12 @@ func (rep *Report) table(w io.Writer) {
 			base, bp50 = r.Baseline.Label, num(r.Baseline.P50, r.Unit)
 			ratio = fmt.Sprintf("%.2f", r.Ratio)
 			if r.Ratio < 0.1 {
-				ratio = fmt.Sprintf("%.2g (%.0fx faster)", r.Ratio, 1/r.Ratio)
+				// A small ratio of times is a win; of throughputs, a loss.
+				how := "faster"
+				if r.Unit == "MB/s" {
+					how = "slower"
+				}
+				ratio = fmt.Sprintf("%.2g (%.0fx %s)", r.Ratio, 1/r.Ratio, how)
 			}
 		}
 		target := r.Target
