@@ -456,11 +456,8 @@ var _ = time.Second
 // new connections are refused.
 func TestSIGTERMDrains(t *testing.T) {
 	g := startGateway(t, t.TempDir(), nil)
-	_, body := call(t, "POST", g.URL+"/v1/sandboxes", `{}`)
-	var ref map[string]any
-	json.Unmarshal(body, &ref)
-	sb := g.URL + "/v1/sandboxes/" + ref["sandbox_id"].(string)
-	tok := ref["lease_token"].(string)
+	id, tok := newLocalSandbox(t, g)
+	sb := g.URL + "/v1/sandboxes/" + id
 
 	type result struct {
 		status int
@@ -508,11 +505,8 @@ func waitStarted(t *testing.T, sb, tok string) {
 // the provider and killed the process).
 func TestSecondSignalCutsDrain(t *testing.T) {
 	g := startGateway(t, t.TempDir(), nil)
-	_, body := call(t, "POST", g.URL+"/v1/sandboxes", `{}`)
-	var ref map[string]any
-	json.Unmarshal(body, &ref)
-	sb := g.URL + "/v1/sandboxes/" + ref["sandbox_id"].(string)
-	tok := ref["lease_token"].(string)
+	id, tok := newLocalSandbox(t, g)
+	sb := g.URL + "/v1/sandboxes/" + id
 
 	done := make(chan error, 1)
 	go func() {
