@@ -62,11 +62,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
-	// Signals are caught until run returns, cleanup included: the first
-	// starts the shutdown, a second cuts its drain short; neither kills
-	// the process halfway through closing its state.
+	// Once serving, signals are caught until run returns, cleanup included
+	// (this defer runs last): the first starts the shutdown, a second cuts
+	// its drain short; neither kills the process halfway through closing
+	// its state. During start-up they still end the process at once.
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
 	if cfg.MemoryLimit > 0 {
 		// Process-wide: put back what was there when run returns.
@@ -140,6 +140,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Shutdown does not wait for hijacked connections: the WebSockets are
 	// told 1001 as it starts, and terms.Close below waits for them.
 	srv.RegisterOnShutdown(terms.Shutdown)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 
