@@ -272,6 +272,16 @@ type Snapshotter interface {
 	DeleteSnapshot(ctx context.Context, sid string) error
 }
 
+// Sweeper is implemented by providers that make objects beside their
+// sandboxes (a network policy, a network) which can outlive a sandbox
+// whose gateway died mid-create or mid-delete. The service calls Sweep
+// once at start, after reconciling; it removes only objects of this
+// provider instance whose sandbox is gone, and is safe while other
+// replicas create.
+type Sweeper interface {
+	Sweep(ctx context.Context) error
+}
+
 // ProcessStarter is implemented by providers that can run terminal
 // sessions. ctx bounds only the start; the process outlives it.
 type ProcessStarter interface {

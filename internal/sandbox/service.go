@@ -286,6 +286,11 @@ func (s *Service) reconcile(ctx context.Context) error {
 			s.log.Warn("delete orphan", "sandbox", id, "err", err)
 		}
 	}
+	if sw, ok := s.p.(providers.Sweeper); ok {
+		if err := sw.Sweep(ctx); err != nil {
+			s.log.Warn("sweep leftovers of gone sandboxes", "provider", s.p.Name(), "err", err)
+		}
+	}
 	return nil
 }
 
