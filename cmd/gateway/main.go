@@ -269,6 +269,7 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 			InstanceID:       id,
 			AgentImage:       cfg.K8sAgentImage,
 			RunAsNonRoot:     cfg.K8sRunAsNonRoot,
+			NoNetworkPolicy:  !cfg.K8sNetworkPolicy,
 			Logger:           log.With("provider", "kubernetes"),
 			DefaultMemoryMiB: noneIfZero(cfg.DefaultMemoryMiB),
 			DefaultCPU:       noneIfZero(cfg.DefaultCPU),

@@ -30,10 +30,12 @@ const (
 // the shell only has to stay.
 var keepAlive = []string{"/bin/sh", "-c", "while :; do sleep 3600; done"}
 
-// Create makes sandbox spec.ID's pod and returns once its agent runs a
-// command in the workdir. A pod that is not running within
-// spec.ReadyTimeout (unschedulable, image missing, crashing) is removed
-// and the error names what the pod said.
+// Create makes sandbox spec.ID's NetworkPolicy and pod (netpol.go) and
+// returns once its agent runs a command in the workdir. A pod that is not
+// running within spec.ReadyTimeout (unschedulable, image missing,
+// crashing) is removed and the error names what the pod said. A policy
+// the API server refuses (no permission) fails the create with
+// ErrUnavailable and no pod.
 func (k *Kubernetes) Create(ctx context.Context, spec providers.CreateSpec) (providers.Sandbox, error) {
 	if spec.Image == "" {
 		return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "image is required by the kubernetes provider")
@@ -49,22 +51,45 @@ func (k *Kubernetes) Create(ctx context.Context, spec providers.CreateSpec) (pro
 	if err != nil {
 		return providers.Sandbox{}, err
 	}
-	if _, err := k.cs.CoreV1().Pods(k.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if !k.opts.NoNetworkPolicy {
+		if err := k.createPolicy(ctx, pod); err != nil {
+			return providers.Sandbox{}, err
+		}
+	}
+	// From here on, a failure removes what this call made, even when ctx
+	// is done.
+	detached := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+	}
+	made, err := k.cs.CoreV1().Pods(k.ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		// Not the pod: one of that name may be another sandbox's.
+		if !k.opts.NoNetworkPolicy {
+			rctx, cancel := detached()
+			defer cancel()
+			if err := k.deletePolicy(rctx, spec.ID); err != nil {
+				k.log.Error("removing a half-made sandbox", "sandbox", spec.ID, "err", err)
+			}
+		}
 		return providers.Sandbox{}, k.kind(err, "create sandbox %s", spec.ID)
 	}
-	// From here on, a failure removes what was made, even when ctx is done.
 	ok := false
 	defer func() {
 		if ok {
 			return
 		}
 		k.links.Drop(spec.ID)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+		rctx, cancel := detached()
 		defer cancel()
-		if err := k.deletePod(rctx, spec.ID); err != nil {
+		if err := k.remove(rctx, spec.ID); err != nil {
 			k.log.Error("removing a half-made sandbox", "sandbox", spec.ID, "err", err)
 		}
 	}()
+	if !k.opts.NoNetworkPolicy {
+		if err := k.ownPolicy(ctx, made); err != nil {
+			return providers.Sandbox{}, err
+		}
+	}
 	if err := k.waitReady(ctx, spec.ID, workdir, spec.ReadyTimeout); err != nil {
 		return providers.Sandbox{}, err
 	}

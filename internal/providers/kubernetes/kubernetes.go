@@ -17,7 +17,8 @@
 // Pods are hardened: no service-account token, no privilege escalation,
 // the runtime's default seccomp profile, a few capabilities dropped, no
 // service links, a one-second grace. The pod's processes share one pid
-// namespace whose PID 1 (the pause process) reaps orphans.
+// namespace whose PID 1 (the pause process) reaps orphans. Each pod has a
+// NetworkPolicy of its own allowing no traffic in or out (netpol.go).
 package kubernetes
 
 import (
@@ -91,6 +92,10 @@ type Options struct {
 	// RunAsNonRoot runs every sandbox as uid and gid 65534 instead of the
 	// image's user, with a workdir of its own (an emptyDir).
 	RunAsNonRoot bool
+	// NoNetworkPolicy makes no NetworkPolicy for the sandbox pods (see
+	// netpol.go), for a cluster whose operator isolates them otherwise.
+	// By default every pod gets one allowing no ingress and no egress.
+	NoNetworkPolicy bool
 	// PingTimeout bounds Ping. 0 = DefaultPingTimeout.
 	PingTimeout time.Duration
 	// Logger defaults to slog.Default().
@@ -119,6 +124,7 @@ var (
 	_ providers.StateReasoner  = (*Kubernetes)(nil)
 	_ providers.ProcessStarter = (*Kubernetes)(nil)
 	_ providers.FileLister     = (*Kubernetes)(nil)
+	_ providers.Sweeper        = (*Kubernetes)(nil)
 	_ agent.Provider           = (*Kubernetes)(nil)
 )
 
@@ -353,8 +359,9 @@ func (k *Kubernetes) List(ctx context.Context) ([]providers.Owned, error) {
 }
 
 // Delete removes sandbox id's pod at once (grace period 0: its processes
-// are killed, not asked to stop) and waits until the API server no
-// longer has it.
+// are killed, not asked to stop), waits until the API server no longer
+// has it, then removes its NetworkPolicy (after the pod: never a running
+// pod without one).
 func (k *Kubernetes) Delete(ctx context.Context, id string) error {
 	if _, err := k.pod(ctx, id); err != nil {
 		return err
@@ -364,7 +371,19 @@ func (k *Kubernetes) Delete(ctx context.Context, id string) error {
 	k.mu.Lock()
 	delete(k.reasons, id)
 	k.mu.Unlock()
-	return k.deletePod(ctx, id)
+	return k.remove(ctx, id)
+}
+
+// remove deletes sandbox id's pod and waits for it to be gone, then
+// deletes its NetworkPolicy. Either may be missing already.
+func (k *Kubernetes) remove(ctx context.Context, id string) error {
+	if err := k.deletePod(ctx, id); err != nil {
+		return err
+	}
+	if k.opts.NoNetworkPolicy {
+		return nil
+	}
+	return k.deletePolicy(ctx, id)
 }
 
 // deletePod deletes pod id with no grace and waits for it to be gone.

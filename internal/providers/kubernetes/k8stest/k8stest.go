@@ -264,9 +264,10 @@ func importImage(ctx context.Context, ref string, files []file, cmd []string) er
 	return nil
 }
 
-// RemoveInstance deletes every pod and record (ConfigMap) labelled with
-// the given gateway instance id, reporting failures with t.Errorf. Meant for t.Cleanup:
-// sandboxes outlive their gateway by design, not the test.
+// RemoveInstance deletes every pod, record (ConfigMap) and NetworkPolicy
+// labelled with the given gateway instance id, reporting failures with
+// t.Errorf. Meant for t.Cleanup: sandboxes outlive their gateway by
+// design, not the test.
 func RemoveInstance(t testing.TB, instance string) {
 	t.Helper()
 	cs, done, err := client()
@@ -284,5 +285,8 @@ func RemoveInstance(t testing.TB, instance string) {
 	}
 	if err := cs.CoreV1().ConfigMaps(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
 		t.Errorf("remove records of %s: %v", instance, err)
+	}
+	if err := cs.NetworkingV1().NetworkPolicies(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
+		t.Errorf("remove network policies of %s: %v", instance, err)
 	}
 }
