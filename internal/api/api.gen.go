@@ -322,6 +322,28 @@ type Health struct {
 	Status string `json:"status"`
 }
 
+// LeaseInfo One live lease (never its token).
+type LeaseInfo struct {
+	CreatedAt time.Time `json:"created_at"`
+
+	// ExpiresAt Null = lives as long as the sandbox (and its parent).
+	ExpiresAt *time.Time `json:"expires_at"`
+
+	// LeaseID Example: ls-abcdefgh234567kl
+	LeaseID string `json:"lease_id"`
+
+	// ParentID The lease whose token minted this one; null for the create's lease and leases minted with an API key.
+	ParentID *string `json:"parent_id"`
+
+	// Scope `owner`: everything. `operate`: exec, files, PTY, status, endpoints; never delete, pause, renew, mint owner, list or revoke leases.
+	Scope LeaseScope `json:"scope"`
+}
+
+// LeaseList defines model for LeaseList.
+type LeaseList struct {
+	Leases []LeaseInfo `json:"leases"`
+}
+
 // LeaseRequest defines model for LeaseRequest.
 type LeaseRequest struct {
 	Scope *LeaseScope `json:"scope,omitempty"`
@@ -330,7 +352,7 @@ type LeaseRequest struct {
 	TTLS *float64 `json:"ttl_s,omitempty"`
 }
 
-// LeaseScope `owner`: everything. `operate`: exec, files, PTY, status, endpoints; never delete, pause, renew or mint owner.
+// LeaseScope `owner`: everything. `operate`: exec, files, PTY, status, endpoints; never delete, pause, renew, mint owner, list or revoke leases.
 type LeaseScope string
 
 // Problem An RFC 9457 problem detail.
@@ -412,6 +434,12 @@ type Resources struct {
 	MemoryMib *int     `json:"memory_mib,omitempty"`
 }
 
+// RevokeResult defines model for RevokeResult.
+type RevokeResult struct {
+	// Revoked How many live leases ended (the lease and its subtree).
+	Revoked int `json:"revoked"`
+}
+
 // SandboxBatch defines model for SandboxBatch.
 type SandboxBatch struct {
 	// Failed With `allow_partial`, the creates that failed.
@@ -461,7 +489,7 @@ type SandboxRef struct {
 	// SandboxID Example: sbx-abcdefghij234567klmn
 	SandboxID string `json:"sandbox_id"`
 
-	// Scope `owner`: everything. `operate`: exec, files, PTY, status, endpoints; never delete, pause, renew or mint owner.
+	// Scope `owner`: everything. `operate`: exec, files, PTY, status, endpoints; never delete, pause, renew, mint owner, list or revoke leases.
 	Scope LeaseScope `json:"scope"`
 
 	// ServerURL The gateway's external URL including `/v1`.
@@ -521,6 +549,9 @@ type UploadResult = struct{}
 
 // FilePath defines model for FilePath.
 type FilePath = string
+
+// LeaseID Example: ls-abcdefgh234567kl
+type LeaseID = string
 
 // Port defines model for Port.
 type Port = int
@@ -928,6 +959,16 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandbox(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListLeases List the sandbox's live leases (owner)
+	//
+	// Every live lease of the sandbox, oldest first, with its scope, the lease that minted it
+	// (`parent_id`, null for one made by create or minted with an API key) and its expiry. Tokens
+	// are never returned (the gateway does not keep them). Expired and revoked leases are not
+	// listed.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/leases (the `ListLeases` operationId).
+	ListLeases(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// CreateLeaseWithBody Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
@@ -952,12 +993,25 @@ type ClientInterface interface {
 
 	// ReleaseLease Revoke the calling lease
 	//
-	// Revokes the lease whose token authenticated this request; the sandbox keeps running.
-	// `remaining_leases` counts the sandbox's live leases afterwards. Called with an API key
-	// (no lease to release) it answers 409.
+	// Revokes the lease whose token authenticated this request, and every lease minted from it,
+	// transitively (the whole subtree); the sandbox keeps running. `remaining_leases` counts the
+	// sandbox's live leases afterwards. Called with an API key (no lease to release) it answers
+	// 409.
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/leases/release (the `ReleaseLease` operationId).
 	ReleaseLease(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RevokeLease Revoke a lease and every lease minted from it (owner)
+	//
+	// Ends the lease and every lease minted from it, transitively (the whole subtree), at once on
+	// every replica and across restarts; their tokens answer 401 from then on. `revoked` counts
+	// the live leases that ended. A lease id that is not a live lease of this sandbox (never
+	// minted, another sandbox's, already revoked or expired) answers 404 and changes nothing. An
+	// owner may revoke its own lease. `DELETE …/leases/release` is a different route: it revokes
+	// the calling lease (no lease id matches `release`).
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
+	RevokeLease(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PauseSandbox Freeze all of a sandbox's processes (owner)
 	//
@@ -1418,6 +1472,26 @@ func (c *Client) ForkSandbox(ctx context.Context, id SandboxID, body ForkSandbox
 	return c.Client.Do(req)
 }
 
+// ListLeases List the sandbox's live leases (owner)
+//
+// Every live lease of the sandbox, oldest first, with its scope, the lease that minted it
+// (`parent_id`, null for one made by create or minted with an API key) and its expiry. Tokens
+// are never returned (the gateway does not keep them). Expired and revoked leases are not
+// listed.
+//
+// Corresponds with GET /v1/sandboxes/{id}/leases (the `ListLeases` operationId).
+func (c *Client) ListLeases(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListLeasesRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // CreateLeaseWithBody Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
@@ -1462,13 +1536,36 @@ func (c *Client) CreateLease(ctx context.Context, id SandboxID, body CreateLease
 
 // ReleaseLease Revoke the calling lease
 //
-// Revokes the lease whose token authenticated this request; the sandbox keeps running.
-// `remaining_leases` counts the sandbox's live leases afterwards. Called with an API key
-// (no lease to release) it answers 409.
+// Revokes the lease whose token authenticated this request, and every lease minted from it,
+// transitively (the whole subtree); the sandbox keeps running. `remaining_leases` counts the
+// sandbox's live leases afterwards. Called with an API key (no lease to release) it answers
+// 409.
 //
 // Corresponds with DELETE /v1/sandboxes/{id}/leases/release (the `ReleaseLease` operationId).
 func (c *Client) ReleaseLease(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewReleaseLeaseRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RevokeLease Revoke a lease and every lease minted from it (owner)
+//
+// Ends the lease and every lease minted from it, transitively (the whole subtree), at once on
+// every replica and across restarts; their tokens answer 401 from then on. `revoked` counts
+// the live leases that ended. A lease id that is not a live lease of this sandbox (never
+// minted, another sandbox's, already revoked or expired) answers 404 and changes nothing. An
+// owner may revoke its own lease. `DELETE …/leases/release` is a different route: it revokes
+// the calling lease (no lease id matches `release`).
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
+func (c *Client) RevokeLease(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRevokeLeaseRequest(c.Server, id, leaseID)
 	if err != nil {
 		return nil, err
 	}
@@ -2393,6 +2490,40 @@ func NewForkSandboxRequestWithBody(server string, id SandboxID, contentType stri
 	return req, nil
 }
 
+// NewListLeasesRequest constructs an http.Request for the ListLeases method
+func NewListLeasesRequest(server string, id SandboxID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/leases", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewCreateLeaseRequest calls the generic CreateLease builder with application/json body
 func NewCreateLeaseRequest(server string, id SandboxID, body CreateLeaseJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -2457,6 +2588,47 @@ func NewReleaseLeaseRequest(server string, id SandboxID) (*http.Request, error) 
 	}
 
 	operationPath := fmt.Sprintf("/v1/sandboxes/%s/leases/release", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewRevokeLeaseRequest constructs an http.Request for the RevokeLease method
+func NewRevokeLeaseRequest(server string, id SandboxID, leaseID LeaseID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "lease_id", leaseID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/leases/%s", pathParam0, pathParam1)
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -3195,6 +3367,18 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandboxWithResponse(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
 
+	// ListLeasesWithResponse List the sandbox's live leases (owner)
+	//
+	// Every live lease of the sandbox, oldest first, with its scope, the lease that minted it
+	// (`parent_id`, null for one made by create or minted with an API key) and its expiry. Tokens
+	// are never returned (the gateway does not keep them). Expired and revoked leases are not
+	// listed.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/leases (the `ListLeases` operationId).
+	ListLeasesWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ListLeasesResponse, error)
+
 	// CreateLeaseWithBodyWithResponse Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
@@ -3219,14 +3403,29 @@ type ClientWithResponsesInterface interface {
 
 	// ReleaseLeaseWithResponse Revoke the calling lease
 	//
-	// Revokes the lease whose token authenticated this request; the sandbox keeps running.
-	// `remaining_leases` counts the sandbox's live leases afterwards. Called with an API key
-	// (no lease to release) it answers 409.
+	// Revokes the lease whose token authenticated this request, and every lease minted from it,
+	// transitively (the whole subtree); the sandbox keeps running. `remaining_leases` counts the
+	// sandbox's live leases afterwards. Called with an API key (no lease to release) it answers
+	// 409.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/leases/release (the `ReleaseLease` operationId).
 	ReleaseLeaseWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ReleaseLeaseResponse, error)
+
+	// RevokeLeaseWithResponse Revoke a lease and every lease minted from it (owner)
+	//
+	// Ends the lease and every lease minted from it, transitively (the whole subtree), at once on
+	// every replica and across restarts; their tokens answer 401 from then on. `revoked` counts
+	// the live leases that ended. A lease id that is not a live lease of this sandbox (never
+	// minted, another sandbox's, already revoked or expired) answers 404 and changes nothing. An
+	// owner may revoke its own lease. `DELETE …/leases/release` is a different route: it revokes
+	// the calling lease (no lease id matches `release`).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
+	RevokeLeaseWithResponse(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*RevokeLeaseResponse, error)
 
 	// PauseSandboxWithResponse Freeze all of a sandbox's processes (owner)
 	//
@@ -4328,6 +4527,68 @@ func (r ForkSandboxResponse) ContentType() string {
 	return ""
 }
 
+type ListLeasesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *LeaseList
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListLeasesResponse) GetJSON200() *LeaseList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListLeasesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListLeasesResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListLeasesResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r ListLeasesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListLeasesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListLeasesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListLeasesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type CreateLeaseResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4467,6 +4728,75 @@ func (r ReleaseLeaseResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ReleaseLeaseResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type RevokeLeaseResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *RevokeResult
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r RevokeLeaseResponse) GetJSON200() *RevokeResult {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r RevokeLeaseResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r RevokeLeaseResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r RevokeLeaseResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r RevokeLeaseResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r RevokeLeaseResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RevokeLeaseResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RevokeLeaseResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RevokeLeaseResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -5671,6 +6001,24 @@ func (c *ClientWithResponses) ForkSandboxWithResponse(ctx context.Context, id Sa
 	return ParseForkSandboxResponse(rsp)
 }
 
+// ListLeasesWithResponse List the sandbox's live leases (owner)
+//
+// Every live lease of the sandbox, oldest first, with its scope, the lease that minted it
+// (`parent_id`, null for one made by create or minted with an API key) and its expiry. Tokens
+// are never returned (the gateway does not keep them). Expired and revoked leases are not
+// listed.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/leases (the `ListLeases` operationId).
+func (c *ClientWithResponses) ListLeasesWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ListLeasesResponse, error) {
+	rsp, err := c.ListLeases(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListLeasesResponse(rsp)
+}
+
 // CreateLeaseWithBodyWithResponse Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
@@ -5707,9 +6055,10 @@ func (c *ClientWithResponses) CreateLeaseWithResponse(ctx context.Context, id Sa
 
 // ReleaseLeaseWithResponse Revoke the calling lease
 //
-// Revokes the lease whose token authenticated this request; the sandbox keeps running.
-// `remaining_leases` counts the sandbox's live leases afterwards. Called with an API key
-// (no lease to release) it answers 409.
+// Revokes the lease whose token authenticated this request, and every lease minted from it,
+// transitively (the whole subtree); the sandbox keeps running. `remaining_leases` counts the
+// sandbox's live leases afterwards. Called with an API key (no lease to release) it answers
+// 409.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -5720,6 +6069,26 @@ func (c *ClientWithResponses) ReleaseLeaseWithResponse(ctx context.Context, id S
 		return nil, err
 	}
 	return ParseReleaseLeaseResponse(rsp)
+}
+
+// RevokeLeaseWithResponse Revoke a lease and every lease minted from it (owner)
+//
+// Ends the lease and every lease minted from it, transitively (the whole subtree), at once on
+// every replica and across restarts; their tokens answer 401 from then on. `revoked` counts
+// the live leases that ended. A lease id that is not a live lease of this sandbox (never
+// minted, another sandbox's, already revoked or expired) answers 404 and changes nothing. An
+// owner may revoke its own lease. `DELETE …/leases/release` is a different route: it revokes
+// the calling lease (no lease id matches `release`).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
+func (c *ClientWithResponses) RevokeLeaseWithResponse(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*RevokeLeaseResponse, error) {
+	rsp, err := c.RevokeLease(ctx, id, leaseID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRevokeLeaseResponse(rsp)
 }
 
 // PauseSandboxWithResponse Freeze all of a sandbox's processes (owner)
@@ -6767,6 +7136,53 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 	return response, nil
 }
 
+// ParseListLeasesResponse parses an HTTP response from a ListLeasesWithResponse call
+func ParseListLeasesResponse(rsp *http.Response) (*ListLeasesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListLeasesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest LeaseList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseCreateLeaseResponse parses an HTTP response from a CreateLeaseWithResponse call
 func ParseCreateLeaseResponse(rsp *http.Response) (*CreateLeaseResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -6876,6 +7292,60 @@ func ParseReleaseLeaseResponse(rsp *http.Response) (*ReleaseLeaseResponse, error
 			return nil, err
 		}
 		response.ApplicationProblemJSON409 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseRevokeLeaseResponse parses an HTTP response from a RevokeLeaseWithResponse call
+func ParseRevokeLeaseResponse(rsp *http.Response) (*RevokeLeaseResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RevokeLeaseResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest RevokeResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
 
 	}
 
@@ -7675,12 +8145,18 @@ type ServerInterface interface {
 	// ForkSandbox Fork a sandbox (owner)
 	// (POST /v1/sandboxes/{id}/fork)
 	ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// ListLeases List the sandbox's live leases (owner)
+	// (GET /v1/sandboxes/{id}/leases)
+	ListLeases(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// CreateLease Mint a new lease token
 	// (POST /v1/sandboxes/{id}/leases)
 	CreateLease(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// ReleaseLease Revoke the calling lease
 	// (DELETE /v1/sandboxes/{id}/leases/release)
 	ReleaseLease(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// RevokeLease Revoke a lease and every lease minted from it (owner)
+	// (DELETE /v1/sandboxes/{id}/leases/{lease_id})
+	RevokeLease(w http.ResponseWriter, r *http.Request, id SandboxID, leaseID LeaseID)
 	// PauseSandbox Freeze all of a sandbox's processes (owner)
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -7798,6 +8274,12 @@ func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, id Sa
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// ListLeases List the sandbox's live leases (owner)
+// (GET /v1/sandboxes/{id}/leases)
+func (_ Unimplemented) ListLeases(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // CreateLease Mint a new lease token
 // (POST /v1/sandboxes/{id}/leases)
 func (_ Unimplemented) CreateLease(w http.ResponseWriter, r *http.Request, id SandboxID) {
@@ -7807,6 +8289,12 @@ func (_ Unimplemented) CreateLease(w http.ResponseWriter, r *http.Request, id Sa
 // ReleaseLease Revoke the calling lease
 // (DELETE /v1/sandboxes/{id}/leases/release)
 func (_ Unimplemented) ReleaseLease(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// RevokeLease Revoke a lease and every lease minted from it (owner)
+// (DELETE /v1/sandboxes/{id}/leases/{lease_id})
+func (_ Unimplemented) RevokeLease(w http.ResponseWriter, r *http.Request, id SandboxID, leaseID LeaseID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -8306,6 +8794,32 @@ func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// ListLeases operation middleware
+func (siw *ServerInterfaceWrapper) ListLeases(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListLeases(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // CreateLease operation middleware
 func (siw *ServerInterfaceWrapper) CreateLease(w http.ResponseWriter, r *http.Request) {
 
@@ -8349,6 +8863,41 @@ func (siw *ServerInterfaceWrapper) ReleaseLease(w http.ResponseWriter, r *http.R
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ReleaseLease(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// RevokeLease operation middleware
+func (siw *ServerInterfaceWrapper) RevokeLease(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "lease_id" -------------
+	var leaseID LeaseID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "lease_id", chi.URLParam(r, "lease_id"), &leaseID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "lease_id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.RevokeLease(w, r, id, leaseID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -8852,10 +9401,16 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/v1/sandboxes/{id}/files/list", wrapper.ListFiles)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/leases", wrapper.ListLeases)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/leases", wrapper.CreateLease)
 	})
 	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/v1/sandboxes/{id}/leases/release", wrapper.ReleaseLease)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/v1/sandboxes/{id}/leases/{lease_id}", wrapper.RevokeLease)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/snapshots", wrapper.CreateSnapshot)
@@ -10183,6 +10738,76 @@ func (response ForkSandbox503ApplicationProblemPlusJSONResponse) VisitForkSandbo
 	return err
 }
 
+type ListLeasesRequestObject struct {
+	ID SandboxID `json:"id"`
+}
+
+type ListLeasesResponseObject interface {
+	VisitListLeasesResponse(w http.ResponseWriter) error
+}
+
+type ListLeases200JSONResponse LeaseList
+
+func (response ListLeases200JSONResponse) VisitListLeasesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListLeases401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListLeases401ApplicationProblemPlusJSONResponse) VisitListLeasesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListLeases403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListLeases403ApplicationProblemPlusJSONResponse) VisitListLeasesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListLeases404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ListLeases404ApplicationProblemPlusJSONResponse) VisitListLeasesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateLeaseRequestObject struct {
 	ID   SandboxID `json:"id"`
 	Body *CreateLeaseJSONRequestBody
@@ -10368,6 +10993,93 @@ func (response ReleaseLease409ApplicationProblemPlusJSONResponse) VisitReleaseLe
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLeaseRequestObject struct {
+	ID      SandboxID `json:"id"`
+	LeaseID LeaseID   `json:"lease_id"`
+}
+
+type RevokeLeaseResponseObject interface {
+	VisitRevokeLeaseResponse(w http.ResponseWriter) error
+}
+
+type RevokeLease200JSONResponse RevokeResult
+
+func (response RevokeLease200JSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLease400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response RevokeLease400ApplicationProblemPlusJSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLease401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response RevokeLease401ApplicationProblemPlusJSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLease403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response RevokeLease403ApplicationProblemPlusJSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeLease404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response RevokeLease404ApplicationProblemPlusJSONResponse) VisitRevokeLeaseResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -11574,12 +12286,18 @@ type StrictServerInterface interface {
 	// ForkSandbox Fork a sandbox (owner)
 	// (POST /v1/sandboxes/{id}/fork)
 	ForkSandbox(ctx context.Context, request ForkSandboxRequestObject) (ForkSandboxResponseObject, error)
+	// ListLeases List the sandbox's live leases (owner)
+	// (GET /v1/sandboxes/{id}/leases)
+	ListLeases(ctx context.Context, request ListLeasesRequestObject) (ListLeasesResponseObject, error)
 	// CreateLease Mint a new lease token
 	// (POST /v1/sandboxes/{id}/leases)
 	CreateLease(ctx context.Context, request CreateLeaseRequestObject) (CreateLeaseResponseObject, error)
 	// ReleaseLease Revoke the calling lease
 	// (DELETE /v1/sandboxes/{id}/leases/release)
 	ReleaseLease(ctx context.Context, request ReleaseLeaseRequestObject) (ReleaseLeaseResponseObject, error)
+	// RevokeLease Revoke a lease and every lease minted from it (owner)
+	// (DELETE /v1/sandboxes/{id}/leases/{lease_id})
+	RevokeLease(ctx context.Context, request RevokeLeaseRequestObject) (RevokeLeaseResponseObject, error)
 	// PauseSandbox Freeze all of a sandbox's processes (owner)
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(ctx context.Context, request PauseSandboxRequestObject) (PauseSandboxResponseObject, error)
@@ -12002,6 +12720,32 @@ func (sh *strictHandler) ForkSandbox(w http.ResponseWriter, r *http.Request, id 
 	}
 }
 
+// ListLeases operation middleware
+func (sh *strictHandler) ListLeases(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	var request ListLeasesRequestObject
+
+	request.ID = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListLeases(ctx, request.(ListLeasesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListLeases")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListLeasesResponseObject); ok {
+		if err := validResponse.VisitListLeasesResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // CreateLease operation middleware
 func (sh *strictHandler) CreateLease(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	var request CreateLeaseRequestObject
@@ -12057,6 +12801,33 @@ func (sh *strictHandler) ReleaseLease(w http.ResponseWriter, r *http.Request, id
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ReleaseLeaseResponseObject); ok {
 		if err := validResponse.VisitReleaseLeaseResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// RevokeLease operation middleware
+func (sh *strictHandler) RevokeLease(w http.ResponseWriter, r *http.Request, id SandboxID, leaseID LeaseID) {
+	var request RevokeLeaseRequestObject
+
+	request.ID = id
+	request.LeaseID = leaseID
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.RevokeLease(ctx, request.(RevokeLeaseRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "RevokeLease")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(RevokeLeaseResponseObject); ok {
+		if err := validResponse.VisitRevokeLeaseResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -12444,170 +13215,181 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3rctu2tvCrYLTPTKRsSrYTp7u1J3PGzaXN2WnisZ3p6VQ5JkQuWdimABYALaupZ76H+J7we5Jv1gLA",
-	"i0Rd7MZuz25+dBqLJLi4sO43fOokaporCdKazsGnzgR4Cpr+eQJWz4/GFjT+lYJJtMitULJz0DmFRMnU",
-	"MI6X2WwikgmzE2BJJkBaNuVzpvHxQSfqmGQCU45rTIUU02LaOdiNOnaeQ+egI6SFC9Cdm5ubqJNzzadg",
-	"/ftfiwyOuZ0svx1/ZUIakQK91XCZjtT1IdOQcSuugOXcTgzjGqqfrKJ7Z0pfpkIjYALX+qUAPe9EHcmn",
-	"CA8+2Ik6Gn4phIa0c2B1AQvf8BbkBYK1V36FsVrIiw5+w7HSdhniI5YrbVtgjlgKScY1pExIFuNdJmbc",
-	"skQDt1CC6eEKUOJL1kLJrx2mv3r27OmzqML8Xgvmo86pA+bNy2XIzypYmUgjFpvRdT9mXKbsyS7L1Ax0",
-	"wg2wETfw9AlLJlzzBLdwBegiXQs4XPNpnhFOR9d9PkpSGF9MxL+ePN1/9tU/LrOp7CCdWAsa1/4fvOtn",
-	"3v/1Sf8fHz892b35j07bppyCMULJVd93fPYTM+4WJtIVgJsNkG8ijFPJczNR1gFR+06Zr/rOO0BRR43M",
-	"N6LmBtcyuZIGiOeOMg08nb9QUkJi8QUoIKQFSUTN8zwTCUfU7eRajTKY/v1fBvH4qQbDf2gYdw46f9up",
-	"RMuOu2p2jt1T7tULPCKVnYAOMmSistQ4VvFbgzQXW34J6gp0zGbcMKksM2BZN05UCjEThsVHb09eHb38",
-	"6fzF+3fvXr04e/Uy7g06N1HnW56ewC8FGPuQX/VGXvFMIHfnhT1kMWittIlZJow1DK5Az5l/KUH5Qslx",
-	"JpIHhbHB4wYFEUlKreQFM5ZbYGOlmZ0Iw7TDIOvC4GLAcl4YSJnSzFiV55A6TL9WeiTSFOSDkg+z6hIk",
-	"gco9KZVCFn9jJlE56gGFYqv2SapAQXsTdd4p+1oV8kGp/oO8lGomS/x3lWZjkQHBjHLeofSYzzPF0zOl",
-	"3nJ9AQ9NHWHbRyqdI4lkCATij0vGM9QCKYF5CvpKJPBB8isuMj7KHhTS91coPnjOE2HnhECk4xFPLkGm",
-	"CHYhNfBkgnChlF80dvqltdMGgL97p2YX3dSUy5+AeOiTC/9bXanVxeOL9+/OXv332fm792fnr99/eBfE",
-	"4wfJCztRWvz6sGL/B2GMkBcRm/JsrPQU0ojBdY7qDT9Hw5W6hBTtoRSkFTwzHtxcqwSMwc18Ja2w8z+K",
-	"Ka6EyrgFr6zo2Y2C/iYobaK+b7lNJq+5yApNDJNrlYO2willIVO4XrZcfiSrW43ptXGiCmljbzYa1t3t",
-	"o0WGAnnZ4os6HpDtEVC3OX72EFXLfCzfoUb/gsSSIiNIvGVJ+5GmAkHn2XHt88Y8MxAtfDGJlPOca9zv",
-	"li8XdhK+OGKXAHndpAbDpjwFNpuAZKQHDBtzkbFuCmNeZJbROwkzssi8lHKGlP+KkVIZcImfQW9ZBuEH",
-	"fglOfUy5nNdeTftRKcpDgoxLMwON7MdZ7FFCex4jEJWxvt+01FdAV9tHkFbPcyUciMLClPC3YOatXIlr",
-	"zedunavVW7T9etXuowozt1qyiV90/gz6bDMtLLARjJUGT93oWhZamojcPNYfFru7T4F9OHvd/5pZuLZr",
-	"draCUKQZnFsxBVXYc9Pi4lqVe/+WNjRDa2iGlCcVg2tIItLTKKNQ1FrNx2ORkJEqFePW8mQCKV1zFi1C",
-	"hQKO285BJ1UFAhc1fOIVMMtiOnLbLabc6f4mqC+UtFxIpDC8gXUDr7LRnKUquQTdG7BMJTw7IHpEZwIp",
-	"lUv/hDf5LriFGZ8/Mu5mfzEVGhKr9Jx1436frvTpiol7B4wzrZQlXJi5sTCt7vd2V+xAYIZfQYw/vX/x",
-	"hmV8rgrLLNcjnmWsq3JHJdmcxQjewHJ9oCFXB5ZfxL1DhmzmrDqCHu3UC6k0qgtuWAzXVvMBgRXjt6BS",
-	"nJs1lFBR3hQsT7nlv4NcT4giIUVQhDlkBakl/IuEc8ZHkMWIIyQnL7JRMWxFqRQUaImC4M/IInCdK4PS",
-	"SKviYsLi716dsZ2rvZ1SKO18EunNDsiUJIXZ+YQr3pDsKUXGbSIGG+RJ1Cmk+KWAN25tvMOpnCuRgj53",
-	"O71GOLglFz7WP903OSQCGc0vc1gaPJcwDyGff5Hz6rh1f3cXKUbIC8L6JcwHLDbeGT8XKVlFPEkgx0cm",
-	"oJ2L0H0HPyj23Xz6yKCrMO0RZ0+BS7enVuX9DK4gY2MBWbrVRpJvvU7mfK9mTs6g4OPCeiel8s6sYiNI",
-	"1BQ/kqfzzyBSNBhV6KTUu+/HnYOf11sFJ+UjNx8X34B2TYXbNqnKtWVjraZOqoabWVdJFxhLeJaBfmRw",
-	"p5iaSdM7YMIaJ2Ai+qd7/SPj5NNWPG5t1obwt2IMuB8oAI2PaRJwpGnIdA5Gw97Xu7uHbJc9d/I/F3re",
-	"+wz49/HI9sAUXkTCrUlgpwJTJsZs6izn3hYIuGmhxpeQgYUTMEVml43OlK6mNdlXGkULxmC4s80IfKlm",
-	"Ev3WVW/x5ro5H321344C3PZHho3mFncfbdqv9vsg0Z9JB63BvjpsjfXbAHzlheIbOVbL4AWR2YzYTazN",
-	"D3Z29p78Y7A72B3sHex/s/fsaaeF6moO5taKZQHEhQ8qIaoWb/2sa0heoQNyRleWXYe54zU1naJYS0VK",
-	"oTRdSBQxyPMZ4L2HDAnLmdLC4n2Ic5BI3T93vCTrRB0vn2qwVB+EsNQCb7dwAzx4y/CfFBJNm9hMWD+J",
-	"WXfEzcQBmWswIC3xxNqIbNRJZi0rv/TcvpAq2ChfPrsBTR+ir+B8xJPLC60KmZ4bF11pkWOEvlJW9Q6Y",
-	"d469Uxr2OYOxZSOYCJmSprwUWYZ60m+vt6sPhxKBIlNx7twrXUgp5MVgKLdymoxNhWzn6VPLZcq1D4i2",
-	"cfRmWb5agb6shLUn3efMI+UzyOrCtOXCPphgkyrNCpFuJ46bUsrR+SpOXik984KsiTZMvDj+wEizdRFq",
-	"9nfmjPNesD4DSeB/+HdFMMKS7QEpWh9RTTMO2NEImQvpRUN4iswylnCJAsQC2vLB5WjF+BJW00KTqj2f",
-	"rrWIajBrLg/QFDOFy5stJ9VIh5OpQPaGVfQHXAsbrYCedcmx6R0yQFbylrt3iJjhMyaaJCSk/Wq/NbhC",
-	"kZ9z6yXvdjZVU2C32lVKTc8dw7ZryoCdGTeBsdF8nHFpcdOnMCUDooanRyb8mompsOhkbbPBNbVb4/kc",
-	"+OW5W+58KkYt/grwS6YBN0va8OImNZLDGNwjri/A2ECYLWT5g/j2nkjSCcJzFEntuEZKYnj5kO09ecaU",
-	"ZF4o+UyDN9fHLqTXHoMzNgXdJk/OXve/xg90iSOyfJiGPONJq8lDK6Ea/gwrWV3IhNs2EjtixmrgU0Yh",
-	"dEhZPOXX53ANybkqbF7Y2L8g0GBS2DZKWZB9HvYSHU3kN5ipKSrqwLYJztfolhFLLQtOctmWP/G/Tt+/",
-	"czElT4NqPAaZogVOT0SMsl4uS//z3sfYBzjKugVSA62InYIxPnazXhc40KoH2j8tg3aDddpKsW+sYTlo",
-	"8heUZCNhTeScYwO2EGmE/78QThkYK5LLOTGYSizPfKpv2Nn9an9/2CEWqmWZf97t/+Pjp/227HKE4Iix",
-	"gPScE3VWnMct9JFj2h5yme42rsu4sQwymIITacTuuF3dYWdn2Cm9Za2U7bVuQ95aT1LzM/jIqKywft1l",
-	"1dLOf+LXFVjHK4hJxxldzsx8mgl5ib6rIZ1kUczZR4ZlZKr2ttQxfp1z93grt5ZvcvdQmGymhbUg23l/",
-	"havALcpeYQ5ZTPE3FzBhKaAtGrHXb16/pwwwSlhbdw8Qpci0Arnag9OJOrRIi6ewwAj1ugd/r8d05Mi8",
-	"SV6r+OStMLbNsbM6ZFdCBGydei457mY5dr6apkq3/a6EtUYcN9b3xRJTpYH5T3O52RnoEC5vSPxV0tgj",
-	"PaBns4zN4EdHUss4Xo0XQkFFjaxbImcZL71bcNy3xGU1Gt/ISO2fT6u3fq/Sl3d1Zcs0Enkj5JKuTPy0",
-	"gLkClnbHoIz8bk3gPil1AuNlEl/U2OXibSj6Hnjm9n0BJMttYZqBFHW5MYDjH2t701vgBu62G1QJsr1x",
-	"Tm86pWfQMi+3sINrcgvrAoz4KMt8mLH0SbnPJ3k3oyYDfpeLerMKTafhg5vQxWomQccHLj1tJ+jis9h/",
-	"Ff5cprlMxI7PfoqY24+IlcmEQybxYeaigJErCYqYBgkzVAtTgboaX1NXDfQD6gKPwLa40XGVo14sFGMn",
-	"r1+wb/af/SNk1FkKlgvyTBb5rs0g+oEnEyGhr4GniM5g2HlLOY5YLJU9H6tC0h/LNRNRW51Zq6hykLUG",
-	"gVyJwC2UUGnRtqihisGWrQUrbAZroo3L1sOHkzdMwxg0yAQYuWxiPA9JlIB1fJp1Yz5ShT0YZVxexi6Y",
-	"JJWE3ubwrNfqDrzyE0qcRW772pj/2M5dgcFdxXG2Meu1Ofu+Mj7pndLnhCx8QPOEipDNhLxRileKcYhW",
-	"Ri7mYCa9reJfPnD5B8QkXY1N81vxXpRoTj64QORzloscDV7n3Xm/Av07xnOubS9iIFyFnuUafXpumZIJ",
-	"lBEIpYOoTCbKAIV7LZnp2lifXWfd+D9zO3++Gx+493k8Eii9qFzbTpw1sDluqdXsM5BFCBPeISdTknXa",
-	"okFdMZdPq21Qm9W9K7jnBy8Yg0TGvY06iMZ2YWznvs5tGbBQ69CWK4o6PmF1KxcQroVdEX155/IRIoMy",
-	"KN3ZZlOCZ7y23Mmj5SbquJDGuRqPTZt7dabQM3ZenRozdzeKxbRIIGVGsTHXLtYm4drSnXUnwK27rbPn",
-	"P7Qdv3cki2rVxY+to790tco9bmzoCtrylNLuenkYtld7NdLbaJqGtdsAO4HMWYztNrN2l1dQsYYpF4iu",
-	"c7qrVc8uAFMu2PJ0O3wSZndTZ6Xx+dmtx5NGecA6iBYLYtxzLrJsDhl38lzpIOEp0FUrqAhx20emnrFZ",
-	"Sni0ZjoM645JxSppQj3y50jOp8Jcnl+0BbNfCnPpvo0Jyb4T37ZAcBhKrrhluO+WfbXPfhDf9g7Zbqng",
-	"hFmovAr1Bt243/f/7iMc/QsxiqsyLl6vuPKxsCqsr2bykBxhtNhyfLWwFI02Lu736t370+MXwd1G9by/",
-	"97SsILI+HuZK483A15AdMJBjpROXMfThdmOVpiIxLa5CJoXKr3xFFqGQEOXKj8MS8efYnwtHD1s8U5Om",
-	"F3lRJme2qA2rJzRu86I2bqqXfrZEpbloTe64ctdGTWwcubSJr/a1E+621wV5thKrjZrjNn/iYWIIUfjs",
-	"j6vx1R7rvpthkQsNxj/TalmAbFRcTajLyBf8NEm29qLNtjgyw6aSty1qVJcZZiOTZNzYc/I/hJ3fClt3",
-	"KoxcXb64WJ5cd1AXY6qhWDAkA5YjgG5/2s2euje8BcWeupvLx841cN8o0F4302yWcqX+sU+UCGsYv6Cc",
-	"ZJmIrTKrFPyeCdOeJVqjx9cVjm0w+ipM1VzsJoar5Rr2XYNhAnhLZNlCYjXaCQQQeGANn68wGO8qiNoD",
-	"9reKZtZEWntmxFekU22okKGE5pCF6lGWc+2KKpatma1kwkJZfKHJbR7zxJoQtar2KI5YTBbmuUjr0ajq",
-	"g9xV6pRb/qL3Of+lADYCrkHX2ulcpeaaPMUSu1YxXjJXWkP4DQbequ93eY0Q1tw2eovukr4CfV7orD03",
-	"URlicG1BS56xDydvmZBJVlAmON652iPcrikI/Hr3692dq702kLdn2wrQqMnD9T1cZmSHkzpDb+S701JY",
-	"tuRcxRiSeZKB7wRV46q+oR7RpWCLcycrx9L1h5LYofbQkM+nEnGq2m4NNoRW6c+j87dUIWtaYp0otxz5",
-	"QY1Z1807mPI5GwG7WBHqdGmkc4oRrBAepEpCAbRL4Y1grmRKSoSKm1eWK7myFop37W6dNG5WZm/Vg76B",
-	"SGsrLlBpIMcKCRtDB2HfV+gBf/UWeiDQ0UYlUC69Dqy7+ebt5QxHrmIQpWsOKs/gkEkAV4U7AuYaKHxz",
-	"WFnE+uTrrYKIjp1X5gYf3jLayvrZPvH3IXcl5XcL/H/mgvOo48orzkO6e9MciEb+o/ZotLlYPXx42Nhb",
-	"xGOOshmfGxZ/ummxC6LOdf9C9StYi8R+unFNqpAUWtj5KdKFjwLl4p8wb03LHR2/obYNblh85LuJqWDr",
-	"gH3rjArq1UsuYe6a9uIBeweQQkpl55UtlQljDxnPjGKudk3JofQ9tKD7gcooPtFQSaHHxy+WuoplomqK",
-	"6BEUFQJQc5dmkQOxjVfpsjeINn0b3RW+but3f0/F/JveXTYlUYk+t2KUAXN9AL1ybIn7uxoZ8t99fKr/",
-	"3Xza91zdJ5OogsTvaBOWJxuAWfO+Da9BuhLepW++ADcRDTCqMJLs+7Oz47IEF0UlMmEfriEpqDentN0H",
-	"7L2s9GNfQmE1z4gc1RVoxofSNTQiiCbnCbB/cZFFjLOXrjcR5IWQ4Mr5/lmMQEuwYFiSFcaCPmAnr07P",
-	"CITSHoqYktBHvTCUCBLRLcXkDtmPMDqlcijjn7kCZkFPBZqT3eOzn3qhNd+w2UQZCBkEahymXk5XjJdw",
-	"OZQjcEWbc/yRGlI505C4GS2DoRzKF9Rgalii5FhcFBpYXJmP7DnzBur370/PDo7fn5yhCXvoe9KbvERD",
-	"ElLQQxl/qpa4WegljAfsDH0CChKK0GMgreaJdR2m3ylKDrtqUFpaMyGHMqZsqOTZDs9FTE0IFyCpCCAN",
-	"VdtRWZRell8jJFQCzK3vb1Q5SJ6LwZxPs5iQ8Le/MeRLkNZ3/eOPj9njx14qPX7M/t//+b/bC6aT0ETb",
-	"FE1WkXSqEd9QMvZPmCP6UaXjR8T9Ps9F/xLmMdth8enRu5ffHZ29Oj86fnP+z1c/ncasS8njvoGc08f3",
-	"BuxH31xM4ivsZIqr13HhWhURsUrOp6ooW80NUzKbl80cCCRI/JFlSuUjnlzScBFdSBcExoXjfl9IkvHQ",
-	"l6rPCzuJewNWF+Uog9GXoJW2EsHC4tKVAMY9eFsJDr8PutYyG9dcmhgNh6pN/gTGMeuO5vUtGM0J9uP3",
-	"p62Nri7Hgt/xXi7DapihaSCW6JGxeJV8dHtEUlZkws57Ed7bvIUKgNspKia6+FarmQFtGNIruo+8Eg6R",
-	"H5zmC9UNWC/LTVTC6AuEymdwTVOMcq2sSlTG4iAyB/TVg2UdFMag0KCzWqmyw3lM+xME+4Qbxtnjx+RD",
-	"Pn58wHyBEOtWBUJRzRduFP3saDDFtKz94ZJIdyokJSFoIfca0yOshTIj1t2izCiqFnKP4dpuNSdiKNmG",
-	"14U1kI23Kkvisg6Wo/vF5cnZcmupEUrmhacIf2eIb9d8rCiGMmBbjjWhnTpgjx/v7+49fjxgtSlGCML2",
-	"g4x8ssYt9ZSWkmVrtAqISMNKB7g63rr/+DGiJVdUKkESJAw9CFYHUsUIQLIr0FRvGzGjmEhNoNyRqwiC",
-	"FDkuAVS3rO4JhHc76VHFlZC+aTKGYfu7+0GIU4WTwT9e0f3kQ1DuaNVEl5h1Q0FYz+W3YlQ+ccRiKi3C",
-	"fziKiqOhjF11Ucy6k2LKZVkEdshec2OPjt/0jZ1nYZahoU5rJqxrAPeDdLrT1goy0m/tJWSJn+t1i3Iy",
-	"JEhqX1ea7T95MpQto2RC6i/MovF1NJXzZZxy/I05V479xn4ATpLot6H8rd/v0394A77pt7JZhNrzDirq",
-	"Zf91+v5d5IeCkWqPSvKiVC45S6l3mNy/kagi6o+wE5ejApPwHBpFj8y/fI/9Fjqa8YMDHLW5P+HOp+y3",
-	"DbO+mgziH9tnv5UQV41iNGqLhjP6QR5hZpJ/6hv2W2MSmgvyk8GnJH3bwgi0ahol1SEx7kbqlRNBen7l",
-	"PfwMmqdFcKIn6K88ecJ+83OE/GyhEp5n9PFhxBW+NUy3KqqRW4cs4ZpqwOPaWKs4rIC7zNmouDhkmbq4",
-	"QIjJ0OsbkUJUH+N5gQYs6vUxMN+PgosM5RGTSvZ/Ba1cJ5QbJeIMc0jLTjTqE5BKT3nG4qqRMY68QA0m",
-	"PhGq89QykYA0UAVOOkc5oq3/ZLDbiToUtiXPyRzs7MxmswGnywOlL3b8s2bn7ZsXr96dvqJnqurH0rvo",
-	"RJ0r0K6WqbM72HN3eYOyc9B5OtgdPHVdLhPyeHc6B59uos7OhGqbf/V/TcFqkRj/V90e9T/Rvoe762YK",
-	"rum7Npy6EUq+STsHHWTw01pqtD4Q9eelaD3K6mrwEI1wEcaR6arxpmX6Z7sBWAtRoJtoAwzOl4lD7icm",
-	"1YFWZHwZO8F8xbMCWHwVR+xCXHl3+vL5VbwKYhqd0mkfEWqBT59TfLzekPQ/zz/+/fngcdu4y48L4y6f",
-	"7O6uGRp2u2Fh9RzW+hmLNMZCViMmlE5B01CzfQdP22tKuHdqcyzpkb3NjzRmu9XDOkRWIaDz80dEkCmm",
-	"U67nNByj7uYgOvmFWciZUX7XtGTTX/jShMotcGYadZh7HWXJuNIFytFGPzK/BF/gwrrIRUKCMc7G6EVD",
-	"qbSvZXE97Rx9Q9QCqDpcd/uAxWROOg8z9Jn4KVJOXzrcDFhjaOBQ1pXpjFMcHsGjLqdfCihczLbI0Q+M",
-	"nU9yTr9XCdG4Ghry1e5uj0SqHMpg6qAMd0ZKXTqjR1216tTscafLvCFOurw+/gyROOWXoQakbRgZ0t10",
-	"2UJwyHYg8aFsjiU7YNwVawW0dnloZvXWnNPhSoZpa/XlykLdoSTR3iOlPGspY2ku4hx/xC/wZOILWvCy",
-	"y4fIFK6dWxGMny5qHTIPK9dX4v0z7lbsOa3SlLJJYzKdi8iCsd+qdP7ZpEFz+t1NM/DrG7oXRNHerV6u",
-	"JGzRudIoydnqVlebdPOxRYT5ymTPyGjTdBfH2VX1M4HckIQ9rfYeUMZFnf29p5sfWhyris89ebLNy5an",
-	"T95EnWe7W7yzZUbq1iL5hQ+CBB5fIZQXDQ6Ki1RTfdqH3QVHeqquFix0/B1o3HuWESvWHO+ayWwG7E0K",
-	"01xZqu90bulQOmdZSAbjMST2AKGngRJektR9wGAZPtvdbeNc90Cdc+9JmTdmI7WwgrueDu5OndtQSjVH",
-	"mZ7Y3/xEOYR2iaIaWYafP6I0aAb7a7+FRIj7aRUtvvS7VxtdjDvdW2kotJq8F2AfYD8bFUFrjbO/+JYi",
-	"VkabBcySa9L2DdUtO9UBAzcfW4XTTuonhdV8o7YRi6YsTg452sUULXvByQ2vbLBQdF0YGMpV0xG9uUjp",
-	"GvLF6YcBOyqDEiHZ4UJVy7LJf8Br1/W+1nW7xwMsUH5bOP+d51jcp6O0MBNuBTv6LQ458Yc1He6bk/GB",
-	"bzY/UJ4FcGdz5v5FxgnwNPhqPDDjQubEhaZ7DyZLFiedbpQpnGr8yINy022MG/IStw6Xcq7OPCRr0Hn1",
-	"x94U6DADeijk7Ag7YBQhoQrY9Se9EK+7Sa7pYRhbjb+tEDcXYF9VswDvjVkb8xFXsGpA91+cR++f175X",
-	"M9QCRKKMu6h1SVQlJX1+Nos23kynHq1kx2tI3ECQu7L5qiDTSSHJu6TQkY8wrhkK2QhBoR/jqi5QyTfj",
-	"2cIMZRm51qSnKJkchnzVRpY9oqhnVg7QYxdaFTnaCX4GW6hlcMvQ0nFtxFXM9p48i3yyhvqSYhb798R+",
-	"ShMFSVyBiOssHbA3jY4vpguJzwyli4s13kcTynZcpnikruNqTVfMR+LIdWfHVCGwv7u/s7/7TenLD2Ut",
-	"l+fyJzSHuDr0hb1CivTzwYRhiTPBuF05JCxYZ0O59xWaZ4csLkfNxFTcanoD9k7VcxMsBZ5mVKZDGR+a",
-	"cBPXwm55VqA0vtA8gaHMQQuVHlbimeR7KoyvnKH0ZQJZY0Rmm6hF8F/4Vv/7iRbVR6RuFSva/cyvXmeJ",
-	"1aYusu5swi156GGeItVk9b6YZ/+bo033YBUWkuK2gXYaQ4VvE7TaKQ+SaDXgTknkVE4hiRz0feIVnhuK",
-	"g2psFv22O2gzrrwbdwu+U4kF23dCsMl/ZWn+SEhOzlrLOWzrK5EXjit64UDoBxduTSFzYwRd8zzGpZaB",
-	"9Qc0frHuHtKT4kzzGe2aV6x/hF1XnsFJNlixgQObp4RJH7Bo8iXrUopK/AqHLE4KnbH+WdyLfDaUutU1",
-	"SDuUgUtFWeGVZzyhEjqJmsfYwNoudRaOJnMB5Alk5Gf5MbNkorXp9ryoOH0bvf47mfzh9Hp9NF+LfPkx",
-	"DMn7orf/lGGVH+nYIy8NqKR4W3mwRo3uhKr7Vl0agr9t2tQV6RrLbcxSBYaSOG6ipyvwc4+mETUwjZUb",
-	"gMG6wpqhdF0ueB+VfPRuEVTFN95eE9+eU9aFN0jEfAltPFjmwY+N/SN13Toeynxz4hY8FEax+jKMyu6s",
-	"aUM6dgNxa8QVZPNexIwrxR3NqVslYtxQWelYxSWfGY+mATuybKqMZc+i3d3d8oXdMczoXG7nwAs3mNrF",
-	"EzMlL3qHQ1n3tw2fE8Qa3MTYqdJQ59IFi3k/CpJpvz1PiziiE9zum2/XVVvVp+96xHxh43tmYyoZq3lY",
-	"f04+VvryfuKRR1U7d3MkU6USR/OlszqrtqdGzdWBr4JS+nIoqb3eVKG78ggsEkqonsMLPQAuTUGnJ1IJ",
-	"G3rjyP5CXglDfYPOPB/KkGtwbnq1uI/q4fupiocCprNG84M/TSLA4stCUoWfMJQzfFJJJqyrgVs4t8sB",
-	"6LKZ4YCGA/qRYkvySmglpzQe8xJyW377UNI3+zVDlrc8x4xWODt76xAwApR3pvllj0xob3KuQ8DZUFLb",
-	"smtQO2DCsgsFNaTT/HnER5vMw9/vt6asPn36Zvns9ttWkG1+1aqoIF4ti1/+wr7Dv2fsDnd3fVVPNS1h",
-	"hbdRzUi8h5xPmbNttAgSk3ImYdbsJhywIzn30mrK52XjV9V+RtcOh9L1Psmy581LON9dVcYnvOToLaxW",
-	"e2bAYpqUFIeRh0Pp5h+41tjMjwS/cnK7bQ54FdDwQ0bUFN31lApePeChaW1lgWvovr4PUdSYvX7Psqhe",
-	"w9p2fLi0/4ay6M6i5f7lww9E88RptXEAt4pGOPmw4yekritMPaE+SVNjHNdj4mcxVP3eNOd58dztIMMu",
-	"AXJTO8QuXhzIGjOyyczCGE1q3A/FrmMLesZ1agbsBXfn5pHMKXulh7IrVYkT35IKvWab4zdtDOtvrTj2",
-	"nlym5gjcFm7yN/yZC1v/KK9nIVaPZFmeV4t6IQvDLh6kxInaDj+Xgl0IiePSf3xN7jE1Vg7+rSzGP7PV",
-	"pwF+BeeC1oY5PDK1kyHXF3ivIFStrue+Dm/nU87t5OZ3ke22tUhRW0pUgyk98w8nbyN05lCkuykU5XFi",
-	"Si7oAYT+0LVaubOWmMm4mYAZym688qNpCiDPxQ4NK/vPX57vxdWsjnjhijfkqKS3fvRV+dfqUt6l4t0V",
-	"O+FOb1jZeFrNWb/XsN3CfPhV1fihpeSvXI5P0bQmJZZThEy1VYEZcYN/n65Z5XO5jsPczmPXZuycE3/C",
-	"hqmfH1u2F3p/7PjsJ9aNkWLjXtkESId1IOvQqLKYYt6hwI2CYb5Rk8vQNt8YjNQtYzF77AfxLRvNQxQo",
-	"8oNtynMWKF3mzjUwfsKOKqz/lC437H0O0mOA+tfTR6Yc/OALcwOmXcBpGIzu8PF+jqM7mKSc0+LhjgK+",
-	"poqqiHl5dgk3l244VHWIyVASYg6rMXn+KJNDVkgrMuojdfTgZxQI48b8eFM0bhzkELNdNHXL6si6D1oR",
-	"1K1Op2n4pTSYyjumq73Q2ukN9+OKLp0EdM/uaO2IlhbZderOnPkSG/v3jI3R9jK+JIaXpPBKFbzzyWzo",
-	"xfynyHxNql+8ssFccXHEkky5/stqrEgocvUd1DS6o7bGYEUv5QJ7fmmnXCAyQs1D6nzc/dombkNrqzsr",
-	"H2Z36wf0rLXmvuxvo9Bhi429RzfJf/u6GEOQVjszc88+22ZgaHLb/WQUToOsdId8MKuYVDP29zKM3413",
-	"44PqFJDDhaOMFk2qpNCuhNE/31sZz2+PBUqY3W8isXHSVKu59GBRHgLli730pw74v7q2INNGTCgcaHun",
-	"kJCbE3k/wUu39h8fvTxxuQbGL7iQX4KYD2Sen034rJrJt91cinYabRw28PlVzgue20LDYr6pdqQbFdxQ",
-	"PbuarUtmMU9pZVwCTORr/nztOxqTKgfJfN+bO6JOA5XqJg6Q9KCW8ad5ThSHcc1/oaTJBzzGGsykFhX2",
-	"0dKwUhicUC+soRrhQiMZMJ5oZcxQhnnGGkIgBeGcSVcjhSuGEcS2OmgnbWCiW81AVpLxas2Zj/Ncwtz0",
-	"BuzYDwb3Q7LCvN0AnEvO0axHmtlpityNQ43XTI8KR0vcj4ZePHLivlPs5UEZLRENf+1LVOPPraVPS3Ju",
-	"Fyh3qeOpzgrZMLvnNMyVvD99Wz/UZJWb6UZf/oUzBmcNdUL4eLCUdJGH+T33kIBwdayu4JPm/NBE5fK4",
-	"lJjGMdaOU4lZd/MsHVeimgq93H/Gau1nzf6yZP14oeMPtxkv1KJfHBpv1ZR2O05qHp/zwG1pjSNsvvSl",
-	"/Yn6yf+InrY7TAsKsqdun6+epVzedZ+aqX5q2SrNFAApS4booGu0btVMmoipLAVjXRZx8BBzfRtwmBqe",
-	"1lkH4afNSYwTGJMPRnlJN0yEGgpdSV0w4MOY1tACgVKVhgpaKvIjbPQO0aIpK/QXDnvirq9QSdL+c+Mz",
-	"pf7EgTUzJOv2+//erMfDVs5tngRZYbWNjNaMgHyA7Vjn5NR59MH2Y3v0VlMZNyH4lqaXf9ZZdRvgoUE8",
-	"blk3hn+HDDYPx1JQ3bNoy3lZrHHeS22WbDm3bVCbWF/K/uWSrteVd1MJWJ87u2wsUuKopS6sfi4XU5qq",
-	"U7Y5n6u7VDtSO5WtV3t7Tmnttnq0xXKR+mlK9bMoulNVSN8UOnFtTeVYuur4LHfMVv3NMxgZWn9lPRxu",
-	"KRXvXFPeIwhWN7Durq+l5Vpe+T2dnxCxcqR7xPwhCpEr3k5VUkxDFpvKjNzxSbXD04gMS4jqb1W5QSr+",
-	"/wEAAP//",
+	"7H37chs3lveroDhbZdLTpCRHziRSubYcW06844tKkiubCr1qsBsUMWoCHQAtinFUtQ/xPcP3YPskW+cc",
+	"oC9k8yLFUrIz/mNqYrEbjcu5X3741En0NNdKKGc7B586E8FTYfA/T4Qz8+djJwz8KxU2MTJ3UqvOQedU",
+	"JFqllnH4mc0mMpkwNxEsyaRQjk35nBl4fdCJOjaZiCmHMaZSyWkx7RzsRh03z0XnoCOVExfCdG5ubqJO",
+	"zg2fCue//0pm4pi7yfLX4a9MKitTgV+1XKUjfX3IjMi4k1eC5dxNLONGVH9yGp+daXOZSgMTkzDWL4Uw",
+	"807UUXwK84EXO1HHiF8KaUTaOXCmEAtreCPUBUxrr1yFdUaqiw6s4Y3gVrx+uTzp5yyDn5hMIxZnth8z",
+	"rlK29zXL9EyYBH4acSu+esKSCTc8gW1g3RhfOpdpzKRinMWntNYTMY4fWRaLa2d43CuX4+fvVxNeXrsi",
+	"cc2neYaP2z4fJakYX0yefLX/9Ou/XWYdOBXnhIHB/yuz/Z95/9cn/b99/LT39c2/ddp24Fgb17b8XBvX",
+	"cmoRS0WScSNSWGEMT9mYcccSI7gTK1YGj60/J35NtPb106dfPY0q2ttrob2o47e17eDOqrnS4dnRtT+9",
+	"J7vrTm/F1Lc+DvhOOA/5j3AiU9U8E3iqPJQnuysO5VRYK7Vatb7js5+YpUeYTFdM3G6Y+SbWOFU8txPt",
+	"aBK1dap81TrvMIv61qh849bcwFg218oKlDrPMyN4On+hlRKJgw+AiFROKCRqnueZTDhs3U5u9CgT07/+",
+	"w8I+fqrN4d+MGHcOOn/ZqYTrDv1qd47pLfr0Ao8o7SbCBCk60VlqiVX80QDNxY5fCn0lTMxm3DKlHbPC",
+	"sW6c6FTETFoWP39zcvT85U/nL96/e3f04uzoJQiIm6jzHU9PxC+FsO4hV/VaXfFMAnfnhTtksTBGGxuz",
+	"TFpnmbgSZs78R3GWL7QaZzJ50Dk2eNyCIEJdYbS6YNZxJ9hYG+Ym0jJDO8i6YnAxYDkvrEiZNsw6neci",
+	"pZ1+pc1IpqlQD0o+zOlLoXCq3JNSKWThb8wmOgdNqEFs1ZakCxC0N1HnnXavdKEelOo/qEulZ6rc/642",
+	"bCwzgXMGOU9besznmebpmdZvuLkQD00d4dhHOp0DiWQwCdg/rhjPQAukOM1TYa5kIj4ofsVlxkfZg870",
+	"/RWID57zRLo5biDQ8Ygnl0KlMO1CGcGTCcwLpPyiudcv7b22Cfind2qW4U1NufwJiAeXXPi/1ZVaXTy+",
+	"eP/u7Og/z87fvT87f/X+w7sgHj8oXriJNvLXhxX7b6W1Ul1EbMqzsTZTkUZMXOeg3mA5RlzpS5GCPZQK",
+	"5STPrJ9ubnQirIXDPFJOuvkfxRRXUmfcCa+s8N2Ngv4mKG2kvu+4SyavuMwKgwyTG50L4yQpZalScb1s",
+	"ufyIfoce42fjRBfKxd5stKy72weLLEXbeNHiizp+IttvQN3m+NnPqBrmY/kNPfqHSBwqMpyJtyzxPNJU",
+	"wtR5dlxb3phnVkQLK0aRcp5zA+fdsnLpJmHFEbsUIq+b1MKyKU8Fm02EYqgHLBtzmbFuKsa8yBzDb+LO",
+	"qCLzUooMKb+KkdaZ4AqWgV9ZnsJbfilIfUy5mtc+jedRKcpDnBlXdiYMsF/lw+CZxzCJyljfb1rqK2ZX",
+	"O0ehnJnnWtIUpRNT3L8FM2/lSNwYPqdxrlYf0fbjVacPKszeasjm/oL7a8FrnRnpBBuJsTbCUzc414VR",
+	"NkJHl/WHxe7uV4J9OHvV/4Y5ce3WnGw1Q5lm4tzJqdCFO7ctTr7Tuffw8UAzsIZmQHlKM3Etkgj1NMgo",
+	"ELXO8PFYJmikKs24czyZiBR/I4sWZgUCjrvOQSfVBUwuakQFVsxZFdMRHbecctL9zam+0MpxqYDC4AHW",
+	"DbzKRnOW6uRSmN6AZTrh2QHSIzgTQKlc+Te8yXfBnZjx+SNLD/sfU2lE4rSZs27c7+MvffzFxr0DxpnR",
+	"2uFe2Ll1Ylo97+2umKbALL8SMfzp/YvXLONzXTjmuBnxLGNdnROVZHMWw/QGjpsDI3J94PhF3DtkwGZk",
+	"1eHswU69UNqAuuAhFDDAacWwFlCKc7uGEirKmwrHU+747yDXE6RIkcJUpD1kBaol+BcK54yPRBbDHgE5",
+	"eZENimErSsWgQEscCP4MLCKuc21BGhldXExY/P3RGdu52tsphdLOJ5ne7AiVoqSwO59gxBuUPaXIuE3E",
+	"YIM8iTqFkr8U4jWNDU+QyrmSqTDndNJrhAMNubBY/3bf5iKRwGh+mMPS4LkU8xD0+gc6r8St+7u7QDFS",
+	"XeCuX4r5gMXWO+MUWrKMJ4nI4ZWJMOQidN+Jt5p9P58+suAqTHvI2VPBFZ2p03k/E1ciY2MpsnSrg0Tf",
+	"ep3M+UHPSM6A4OPSeSel8s6cZiOR6CkskqfzzyBSjLC6MEmpd9+POwc/r7cKTspXbj4ufgHsmmpv26Qq",
+	"N46NjZ6SVA0Ps65WFBhLeJYJ88jCSTE9U7Z3wKSzJGAi/E/6/CNL8mkrHncua9vwN3Is4DxAAFof1cXJ",
+	"oaZB0zkYDXvf7O4esl32jOR/Ls289xn230dk2wNT8CMQbk0CkwpMmRyzKVnOvS024KaFGl+KTDhxImyR",
+	"uWWjM8Vf05rsK42iBWMwPNlmBL7UMwV+66qveHPdno++3m/fAjj2R5aN5g5OH2zar/f7QoE/kw5ag331",
+	"uTXGb5vgkReKr9VYL08viMxmxG7iXH6ws7P35G+D3cHuYO9g/9u9p191Wqiu5mBurVgWpriwoHJG1eCt",
+	"y7oWyRE4IGf4y7LrMCde09MpiLVUphhKM4UCEQM8nwl49pABYZEpLR08B3suFFD3zx0vyTpRx8un2lyq",
+	"BcFcaoG3W7gBfnrL8z8pFJg2sZ2wfhKz7ojbCU0yN8IK5ZAn1kZko04yaxn5pef2hWTJRvny2Q1oXIi5",
+	"EucjnlxeGF2o9NxSdKVFjuH2lbKqd8C8c+yd0nDOmRg7NhITqVLUlJcyy0BP+uP1dvXhUMGk0FSck3tl",
+	"CqWkuhgM1VZOk3WpVO08feq4SrnxAdE2jt4sy1cr0JeVsPak+4z5TfkMsrqwbdnADzbYpNqwQqbbieOm",
+	"lCI6X8XJK6VnXqA10bYTL44/MNRsXZg1+ysj47wXrM9AEvA/+HdFMNKh7SFSsD6immYcsOcjYC6gFyPC",
+	"W2iWsYQrECBOgC0fXI7WHV/a1bQwqGrPp2stotqcDVcHYIrZgvJmy0k11OFoKqC94TT+Q1xLF62YPeui",
+	"Y9M7ZAJYyVvu3iFils+YbJKQVO7r/dbgCkZ+zp2XvNvZVE2B3WpXaT09J4Zt15Rhd2bcBsYG83HGlYND",
+	"n4opGhC1fXpkw18zOZUOnKxtDrimdms8nwt+eU7DnU/lqMVfEfySGQGHpVz4cJMa0WEM7hE3F8K6QJgt",
+	"ZPlWfndPJEmC8BxEUvteAyUx+PmQ7T15yrRiXij5TIM318cU0muPwVmXCtMmT85e9b+BBVLiCC0fZkSe",
+	"8aTV5MGRQA1/hpGcKVTCXRuJPWfWGcGnDEPoImXxlF+fi2uRnOvC5YWL/QcCDSaFa6OUBdnn515uR3Pz",
+	"G8zUFBX1ybYJzlfgliFLLQtOdNmWl/gfp+/fUUzJ06Aej4VKwQLHNyKGWS/K0v+89zH2AY6ycgPVQOvG",
+	"ToW1PnazXhfQ1KoX2peWiXaDddpKsa+dZbkw6C9oxUbS2YicYytcIdMI/v9CkjKwTiaXc2QwnTie+VTf",
+	"sLP79f7+sIMsVMsy/7zb/9vHT/tt2eUIpiPHUqTnHKmz4jzuRB84pu0lynS3cV3GrWMiE1NBIg3ZHY6r",
+	"O+zsDDult2y0dr3WY8hbK2pqfgYfWZ0Vzo+7rFra+U/+umLX4RfYSeKMLmd2Ps2kugTf1aJOciDm3CPL",
+	"MjRVe1vqGD/OOb3eyq3ll+gZDJPNjHROqHbeX+EqcAeyV9pDFmP8jQImLBVgi0bs1etX7zEDDBLW1d0D",
+	"2FJgWglc7afTiTo4SIunsMAI9boH/6zf6YjIvEleq/jkjbSuzbFzJmRXQgRsnXouOe5mOXa+mqZKt/2u",
+	"hLVGHDfG98USU20E80uj3OxMmBAub0j8VdLYb3rYns0yNhM/Ekkt7/HqfcEtqKiRdcvNWd6X3i047jvk",
+	"shqNb2Sk9uXj6K3r1ebyrq5smUZCbwRd0pWJn5ZprphLu2NQRn63JvCqsG6ZxBc1djl42xb9IHhG574w",
+	"JcddYZuBFH25MYDjX2v7EtUaejW4UAigBMvklfBFh10lroQhcasvhSId1jwfCqvdSlFRltr6d5ozeEe+",
+	"J0zCAqmjD+OdirLUA9QtTCrnJsQsWr+80SMuKx23KGhs0Ynw9dZoLSpd3MLZBFMMWGEzBbpMKX6rlfCO",
+	"dlC+tJOo0OBFCjtwcCz9e2h4cMWeH7/GaPw2C8TSnU00jARxik8uklGtFJSGqi87qp9+41hXkl27VqF1",
+	"bs1zFQFvYjk/8Mrp3E0mlZu6nYta396PUSXIOjAmd2JdmB1JIfPB9jIy084XvztQc7Nqm07Dgpuzi/VM",
+	"CRMfUJGGm0gFRr5fFfy5TPbaiB2f/RQxkkoRK1Nqh4xEDMXCIyqMi5gRSswiJHyGH4kw61fVtXjWqFtN",
+	"+ByYSX5X20Kqx1X5xmINJTt59YJ9u//0b6HYhKXCcZm1iLxWX+EtTyZSib4RPIU9Dj6PdyLjiMVKu/Ox",
+	"LhT+Y7mcKGorwWzV4jSz1vgoVc/cwj4rnb0WC63SPcuGtJMuE2sC8cuG9YeT18yIsTBCJYJhNEOO5yG/",
+	"GHYd3mbdmI904Q5GGVeXMcVZlVaitzlz4Q1eml65hHLPIjq+Nolw7OZUe3NXSyXbmBDeXJiyMnTv4zXP",
+	"cLPgBcMT7FCwEwzUYChfjkMgP6JwnJ30ttITPqb/B4TrqfysuVZ4FsQcCQ2K0T9juczBF6TAh3e5U2EM",
+	"4zk3rhcxIal41XED+pI7plUiyuCcNkF+JqCUMRPi0IM11vnCE9aN/z1382e78QF9z+8jTqUXlWO7CRnK",
+	"m0P6Rs8+A1mECPod0pUlWactxiXVOXobZoNFWT27gnveesEYJDKcbdSBbWwXxm7uS0CXJxbKgNrSqNEd",
+	"jU7pVgQm31GqTmaizNd0tjmUEDRaWwnot+Um6lC071yPx7Yt8nCmHc98wEOPGT0NYjEtEpEyq9mYGwpD",
+	"K3Ht8Mm6f0zjbhsH8Qtt3987kkU16uJi69tfRiHKM24c6Ara8pTSbj/6OWyv9mqkt9FrC2O3TexEZGRG",
+	"truThn5eQcVGTLmE7Tqv7N8NfnY5YMvb7fNTYnY3dVZapJ/dpDxpVM6sm9FirRi9R0kXe8g4yXNtgoTH",
+	"GHCt1iikNB7ZejJzKRfYmgS0rDtGFauVDaX6n6NuJZX28vyiLc/zUtpLWhuTin0vv2uZwWGoRuQOTWDH",
+	"vt5nb+V3vUO2Wyo4aReKEkMpTjfu9/1/92Ee/Qs5iqsKR14vRvRh4irjpWfqEGNEYLHl8GnpMFFjyTM9",
+	"evf+9PhFiESBet7f+6osrnM+VExdI3bgyysPmFBjbRJKpvtMlHXaYP2kkVchyYiVib5YEbcQN4oq88MQ",
+	"8ec4nwuihy3eqUnTi7wo85ZblE3Wc323+VA7N4E/tFoCYRdAe34YK7CrcI8Ft0ykpGKqIARmg4uRM0K0",
+	"FsUviSj6Yps4qldwtySXuGzN0VLVeqO0PY5qIRMM2RIpUqx2KxXQaB1o830eJhQYhWWv2a/2lNW9RN7Q",
+	"06rH2ibYLOjr9u4eaEPG3VS5ukWp+TJzb2TojFt3jr6SdPNb7dad6ptXVyEvdhnUnenF1Eio+Q05veXA",
+	"Hp1Pu4lW99y3oNhTerh87dwI7vt92svfmj2P1LET+3wniAt+gaUFZT1FVSCBOayZtO3J3jU2x7r6zw0G",
+	"arVTtXBAc4er4VbHNMP0lsiyhcRqtBMIIPDAGj5fYdzeVRBtFSFdn5SoibT2BKdvLMESb6lCJdwhC0Xg",
+	"LOeGaqOWLa+tZMJCd0th0MUf88TZEGGrziiOWIV8UKOwakH0K4bjW7IfOf+lEGwkuBGm1hVLBddr0o1L",
+	"7FrLJYBp1ZqJazDwVu37vz+6D66duRLmvDBZe9aiMhrFtRNG8Yx9OHnDpEqyAgs64p2rPdzbNXW93+x+",
+	"s7tztdc25e3Ztppo1OTh+hkuM3JIU1QMvZHvTkth2ZLFkWORzJNM+IZuPa7KlOrRZwwMketbOcHU5o1i",
+	"B7u8Q1kOdnpg80VrYCQgHnwenb+lClnT2U6i3HHgBz1mXQJumfI5Gwl2sSIsS9ngc4xnrBAeqEpCHwNl",
+	"4kdirr3NiT0KK6sOqToNY3O7W9d+NBsstoKS2ECktREXqDSQY7UJG8Mc4dxX6AH/6y30QKCjjUqgHHrd",
+	"tO4WR2ivSnpOhb8gXXOh80wcMiUEFdOPBKM+KN/jWdaiP/lmq4AnsfPKFP/DW0ZbWT/b5+8/5NQZcrck",
+	"xWfuG4k6VCV1HqpWNsG5NHI1tVejzT0nYeHhYG8RO3qezfjcsvjTTYtdEHWu+xe6X821SNynG+o1F0lh",
+	"pJufAl34iFUu/y7mrSlEn5nHvsrnHhQA6y4P2HdkVGDLbXIp5tR7Gw/YOyHA6Xa6bktl0rpDxjOrGZWg",
+	"ajVUvhVemH6gMoylNFRSaNXzg6XUeIBUjdFHnEW1AaC5S7OIprgagooMok1rw6fC6rb+9g/Yk7Pp22Vv",
+	"IXbacCdHmWDUzlNhWdG/K+Sf/+zDW/3v59O+5+o+mkTVTPyJNufyZMNk1nxvw2eArmRr+Q0cIhhgWCio",
+	"2A9nZ8dlJT2ISmDCvrgWSYEtdqXtPmDvVaUf+0oUzvAMyVFfCcP4UFFfMkzR5jwR7B9cZhHj7CW1GAt1",
+	"IZWgqty/FyNhlHDCsiQrrBPmgJ0cnZ7hFEp7KGJaiT7ohaGCKSHdYvzwkP0oRqdY1Wj9O1eCOWGmEszJ",
+	"7vHZT72AsGF9gYzPdmD/P7ZkU01twtVQjQTVXs/hj9hXzpkRCUEtDYZqqF5gn7hliVZjeVEYweLKfGTP",
+	"mDdQf3h/enZw/P7kDEzYQw8t0eQlxDpJhRmq+FM1xM1CS3A8YGfgE2BAU4ZWIeUMTxw1in+vMZFNRd04",
+	"tGFSDVWMmVvFsx2eyxh7iS6EwoKFNDRfRGVvSdlFATPBSn7ufJuyzoXiuRzM+TSLcRP+8hcGfCmU8+Ad",
+	"8MfH7PFjL5UeP2b/89//b3vBdBJ64ZuiyWkqxaiIb6gY+7uYw/aDSodFxP0+z2X/UsxjtsPi0+fvXn7/",
+	"/Ozo/Pnx6/O/H/10GrMuJrr7VuQcF98bsB89RgCKr3CSKYxe3wvqOIaN1Wo+1UWJGGGZVtm87MmCSQoF",
+	"f2SZ1vmIJ5eIEWQKRQFrGDju96VCGS/6Svd54SZxb8DqohxkMPgSONJWIlg6GLoSwHAGbyrB4c/B1Drf",
+	"45pL04LYx7qjef0IRnOc+/H709Z+dQrmwjreq+W5WmYR1MchPTIWr5KPdEYoZWUm3bwXwbPNR7COv52i",
+	"YqSL74yeWWEsA3oF95FXwiHyCJC+38QK52W5jco5+gqn8h0Y0xaj3GinE52xOIjMAa56sKyDApoRIjbW",
+	"Og5oz2M8nyDYJ9wyzh4/Rh/y8eMD5iucWLeqcIpqvnCjamnHCFtMy+IlmOlUKsyW4Cg+yE6VTLgVIBrE",
+	"lcZOZfqxh/sZKqhYd2UFFYxeFlFF1YfozRDPpy/AP+BH6azIxltUXHEkjNqkV1RfEac0vom+GX1Aj0CQ",
+	"gx6rjYTb/YZmBx4b48wZIQ5q0wxfIWrxeQjgQvp2gASiH3xpZJCcKCwMV1Y6eSWyOYlSHh7zJZnSTXTh",
+	"WIzxvNiDJvksVpX7wKSCf1E6nPgZ0BVhJWiMFQ3YlihMSJEH7PHj/d29x48HrAa6BnPeHnfNJ9BoqK9w",
+	"KFUiOehwrGkY6QBGh0f3Hz+GQ841lq+gpAwYLcG6AuofCaHYlTDYHhAxq5lMbeDQEVVpiRQkSyLArGB1",
+	"jyd8mw6oip8BHyOQj2X7u/tBWWHVmYV/HOHz6CthPm8VAFXMuqFIr0enFYOSjSMWY7kX/AfxRxwNVUwV",
+	"XzHrToopV2Vh3iF7xa17fvy6b908C+CzFoEhmHSEV+Fxv7rT1qo+1OPtZX2JhyG8RYkfsBGibWjD9p88",
+	"GaoW5KuQjg3QWb62qXIyLRkBvzFyWdlv7K3gKHF/G6rf+v0+/g8egC/9Vva2YTfxQUW97D9O37+LPIYh",
+	"mjBRSV6YXkenMPWOIf03EFWE7VzIQNwxYROei2bVtv/4HvstADDAgsM8ajBl4cmv2G8boAmbDOJf22e/",
+	"lTOu+loRGRCxZD3uUIB48299y35rADdSMgMNW61wbQuIjRV8MNaGMU4IoCWAUc+PvAfLQPg/nCd4vP6X",
+	"J0/Ybx72zEOhlfN5iosPiHzw1QDGV1QIgYcs4QZbVuIaCl8cRoBT5mxUXByyTF9cwIzRoO1bmYqojrt8",
+	"AYY62C9jwXz7HAwyVM+Z0qr/qzCaGjcJ+YgcEJGWjbPY1qS0mfKMxVXfdRx5TRBcGSRU8kgzmQhlRRUg",
+	"6jzPYdv6Twa7naiD4Wn0EO3Bzs5sNhtw/HmgzcWOf9fuvHn94ujd6RG+U1Wkll5UJ+pcCUP1ZZ3dwR49",
+	"5Q3nzkHnq8Hu4CtqypugZ7/TOfh0E3V2JtiK8av/11Q4IxPr/1W3u/2f8NzD03VzDMb0TWakJKVWr9PO",
+	"QQcY/LSWAq4jWP+83JOR1XHSEHFKWiLTVXjUZZprO7y+hWjXTbRhDuSzxSHHFaPqAGs5voxJMF/xrBAs",
+	"voojdiGvfNjg8tlVvGrGiPTUaUc0doJPn5kFUOmf/+vZx78+GzxuQ+f9uIDO+2R3dw3G4e2wDeu5uvWQ",
+	"sIi6oypEHG1SYRCDcZ/m0/aZct47NdhdfGVv8ysNKMp6+ArJKgSufv4IG2SL6ZSbOWL51N052E5+YRdy",
+	"g5jHti1VAy98CUbl/pDRiYAYXkc5tApNAXK0AZ/AL4UvOmJd4CKphLVkY/SiodLG1xf5XhjwgUELgOog",
+	"MI4Bi9E4Jk86tMV50DvSl7Q3A9bAOB2qujKdccw3wPSwKfOXQhQUmy5y8Hdj8r3O8e9V4jeuMI6+3t3t",
+	"oUhVQxVMHZDhZKTUpfOAEQKmd/4qv4N0mXc4UJfX0RphE6f8MtS6tGEnAt1Nly0E2myaEh+qJoriAeNU",
+	"QBe2tctD77235kiHaxXAIevDlcXTQ4WivYdKedZSrtMchKxy2F/Bk4kv3IGfKe+jUoFUNFTB+OmC1kHz",
+	"sHLxFTw/4zRij7RKU8omDSBNijwL677T6fyzSYMmWOdNM8Dt8ScWRNHerT6uldiixahRerTVo1SDdfOx",
+	"RYT5anHPyGDTdBfRN6s6oUBuQMKeVnsPKOOizv7eV5tfWkSBhveePNnmY8tguTdR5+nuFt9sgXTeWiS/",
+	"8MGewOMrhPKiwYHxnwqErB2bM4QFpvpqwUKHvwu8nyPLkBVrYYSayWwH7HUqprl2WHNLbulQkZcvFRPj",
+	"sUjcAcwe8W+8JKn7gMEyfLq728a59EKdc+9JmTeg3FpYgX5PB3enzm0opYJ9xzf2N79RYmYvUVQjm/Lz",
+	"R5AGzaRG7W8h4UN/WkWLL/3p1ZDW4aR7Kw2FVpP3QrgHOM9G5dNa4+xf/EhhV0abBcySa9K2huqRneo+",
+	"lJuPrcJpJ/XAhjXfqA0R1pYF4yEXvZiKZi84uuGVDRYK4QsrhmoVmKs3FzEthb44/mHAnpdBiZDUoVDV",
+	"smzyC3hFIB1rXbd7vHEI5LcT57/z4qH7dJQWICxXsKM/4pD7f1jT4b45GV74dvML5dUldzZn7l9knAie",
+	"Bl+NB2ZcyBBRaLr3YLJkEZh5o0zhWMuIHhSBcVnCpIpbsfDI1ZmHpBQ4r/6esgIcZgEeCjo70g0YRkiw",
+	"0nf9xVTI6wQ8nR4GlH342wpxcyHcUQVdem/M2oBzXcGqYbv/xXn0/nntBz0DLYAkyjhFrUuiKinp87NZ",
+	"tPFhvKRtJTtei4Twi+7K5quCTCeFQu8SQ0c+wrgGw7YRggI/hqpLQMk349nSDlUZuTaopzBpHjAJawiL",
+	"jzDqmZV4n+zC6CIHO8FDRoaaDRoGh45riHwx23vyNPLJGuwVi1nsvxNHVe7RF8JQt++AvW504TFTKHhn",
+	"qCgu1vgeAiruUEZ8pK/jakwqWkRxRB3zMVZC7O/u7+zvflv68kNVy+VR/gRh06s7qtgRUKSHM5SWJWSC",
+	"cbcS0zBYZ0O19zWYZ4csLpGxYizitb0Be6fruQmWCp5mWI6EGR8E5IprYbc8K0AaXxieiKHKhZE6PazE",
+	"M8r3VFpfIYTpy0RkDUTfNlEL03/h4RfuJ1pUR3TeKla0+5k/vc4Sq4HEsu5swl2J/VSCdva+mGf/l6NN",
+	"92AVFgrjtoF2Ghjotwla7ZT33rQacKcociqnEEUO+D7xCs8NxEGF8od/2x20GVfejbsF3+nECdcnIdjk",
+	"v7IFYSQVR2et5drI9RXXC7ervaAp9IMLt6Zgu4GY2bxAd6k1Yv2Nul+su4f0pDgzfIan5hXrH2HXlZcm",
+	"ow1WbODA5qWGygcsmnzJupiikr+KQxYnhclY/yzuRT4biggCRig3VIFLZVmvlmc8ofo40DxUKweDU+os",
+	"3KRIAeSJyNDP8qjYaKK16fa8qDh9G73+O5n84fR6HUm0Rb78GDA9v+jtP2VY5Ue8pc1LA6xi3FYerFGj",
+	"O6G7oFWXhuBvmzalYmTruItZqoXFJA4BEFOBH72aRtioNdYESsK60tmhom4eeA5LPnq3CKrCF2+viW/P",
+	"KevCGyhivoQ2Hizz4FGu/0hdt46HMt+EuQUPBeRoX4ZR2Z01bYi3BMHeWixM7kXMUinuaI5dORHjFstK",
+	"xzou+cz6bRqw545NtXXsabS7u1t+sDsWM2FKB14Sjj7FEzOtLnqHQ1X3ty2f44yNIIDrqTaizqULFvN+",
+	"FCTTfnueFvYIL5y8b75dV21VBwv3G/OFje+ZjbFkrOZh/Tn5WJvL+4lHPq/a1pswWZVKHM2Xrhau2rsa",
+	"NVcHvgpKm8uhQhiBWitCeWMfCiVQz+GDfgKUpsDLXrGEDbxxYH+prqTF/kgyz4cq5BrITa8G91E9+D5W",
+	"8WDAdNbo2vCX34S5+LKQVMMShmoGb2rFpKMauIVrBmmClM0M98kclMhSQl1Jo9UUIUsvRe7KtQ8VrtmP",
+	"GbK85bWLOMLZ2RvagJEAeWebK3tkS6xsdB3Cng0VtmdTI94Bk45d6Eb/B7dY13LZJvPg7/dbU1YHy7/x",
+	"7sTvqCDb/KlVUUH4tSx++Rf2Hf45Y3dwuuureipUiBXeRoVb2WolUV9P7T6BprCMmM5SAawmjXU+B4Jo",
+	"c4nOfYdCWyvWUHXjEoQ+jioUfZB9WKRatUtqswI9v1dJIII2881dQwXSk4ILZZVut96ACn4Ruj/h/vRp",
+	"b8COfMtX2dMnSvR+HA+EDnakpqvsKGqKu09DqgLgX2FJ1aAA/6XLo9C6aYJf1lESN9W/3UP+s6xfaLQF",
+	"E0kzJWbNDuIBe67KBkk+D02dtcZS/O1wqKgPUJV9rl7b12+kAL+g5JnmaLV3BmU3pYdkHSrCPDmosfG6",
+	"Sz1qwT0PLKSn0gHjdvlCj+maYu+AuHAfarlxYcQ96+V6Pfcyr75FifZPp5fvrGbvXyK8RZpHTqtBgNwq",
+	"MkfCY8cjOK8r0j7xfc6u9RIZXmE8hLtkPLWTJby2O7reG01ajYoaAr7rYcOZAQVnS0h0Fi9CTscMPRzb",
+	"KB5YEJbYZDzjJrUD9oLTrblNTcy6Spe76vvARa/WNDxU+7vftvG8f7Zi+ntSnE2U7xaG9A/8mevE/6gg",
+	"wkLqC9EDwm31Je7Bg1UMeib8FEAi1zZLHKm0zoQbmItt4q2obMmqwJyMQJqkUsPEaAvMTDGAQx/Rcx5z",
+	"AHkB+6fxi4iHrRVyJZqbgRmpta3OgtSRrbBoOiBdyJT+LMmU5UtWeoV46W8BGypacLTYif3IRmXzczB9",
+	"tQkgCL162wdh+ky4uqg6+cBYCc0joPk9wkSIQgTr4uXRm6OzI/Y///3/FyRpuFVRjvFmGRfwEfBabhSk",
+	"tCMNgqvJHJmyKXdUCxqG7LVLGxjtAYRNDc+7VdbgFv9zaf+HyLojWfGtmPn+TPzNYU263Gy1CEMggs8V",
+	"1lxIksPQf3yXzjFCLQz+qWJIf+Y4kBHiV0FB6RqM1SNbu9p+PT+sIFSjr+e+Mn/nU87d5OZ3ke221clR",
+	"W5EUaNUQfvpw8iZiY41WKeFvlfcha7Xg98PsD6n5mi6LZTbjdgJKpRuvXDTiH/Nc7iBM67//8mwvrlDK",
+	"4oVfvLLBJp/63b3lv1Y39yy186w4CbpjayUURXUbzr3GnxZu8VnVnxeaTL9EoBqUWOIn2uqoAjPCAd9P",
+	"5IkwCHI3jwl4hEI0/h608pIdLIgP1q2PSh2f/cS6MVBs3CthAfBKNWAdBGmNMQseSt5R93roBq4CkE4D",
+	"ErJbZmf22Fv5HRvNQ14o8pB+5W1YWEBDt09Zjy2ImF+4lC637H0ulN8BRLRJH9kSCsoHj8NOUwpqGEIP",
+	"YfEewZqujysR6vy8o7BfU536ALZfELeXBItZXTU3VLgxhxVAsL9w7pAVysmMrH1XcQfsCoWTfTNE47qt",
+	"mO0Ohqrql6hH4iqCutUdgo3oHEJy+vDc6lhc7Y6t+wnILd3XeM9BudpFei2y65RuBvySLfvnzJbh8TK+",
+	"JIaXpPBKFbzzyW4IOPxdZr5LxQ9e2WDUbhSxJNOEyFABjYW2F4+pgmBetTEGK9AVFtjzC8DCApHh1jyk",
+	"zofTrx3iNrS2GmvhYU63fo3iWmvuy/k2Sh+3ONh7dJP82tfFGIK02qG7a//QySAy7f3UcZ0GWUk1AMxp",
+	"pvSM/bVMZnbj3figuv/scOHCyUWTKikMNTX493srs5rtAUYlZvdbWtS4D7TVXHqwKA9O5Yu99KdOex5d",
+	"O4H4yfXc3lg4ORV3CgkRQvb9BC9p7D8+enlC6VLGL7hUX4KYD2Sen034rELp3Q6pqp1GG9csfX6V84Ln",
+	"rjBN4LVQ3ksX72IJLiXmZmvz8Z7SyriEsJHPGfpuODAmdS4U853wdJEwlaOxhCaSHtRqALF4LqQXh6os",
+	"cvYBj7ERdlKLCvtoaRgpQCnVS22xa6gwQAY+wTlUoZAuZDppnjNFVdMwYqgMcNUVg2ljJ7rV7Q9aMV6N",
+	"GbDdL8Xc9gbs2F+J4pOg4aaBMLkyqfotoXjbIieA9HgNnmS4VOt+NPTiZVv3XWhUXhHWEtHwv32Javy5",
+	"tfRpSc7tAuUulb3VLWkb0PxOA9L0/enb+nVuq9xMAsP+F84YnDXUCe7Hg1XVFHlA9LuHBAR1tlALCCL/",
+	"4R0L5UVxMQI01y6Si1l3M7oeNa2k0ix3pLNaQ3qz4zxZDzh4/OE2gIMt+oW28VZt6rfjpObFgQ/cqN64",
+	"vO9Lp/qfCGHmj+hyvwN+YJA9dft89e0K5VP3qZnq97Wu0kxhImXVozCP6LIEPVO22QMzeAik/8Y8bG2f",
+	"1lkH4U+bkxgnYow+GOYlCV4MIQaowjAY8AG4vaq48iDRDkudcTd6h2DRlD17C9dcUvHihVao/efWZ0r9",
+	"HURrUKXr9vv/3azHwxb/bsaGrna1jYzWgEI/wHGsc3LqPPpg57H99lY4zZs2+Jaml3+XrLoN80FoPhqW",
+	"LubZQYPNz2MpqO5ZtOWmUNa4z66GLl8iuQ5qd9iUsn+5pOtV5d1UAtbnzi4bg5R71FIXVr+RlGmD1Snb",
+	"3EzaXaodqd1H26t9Pce0dls92mK5SP0eyfrtVN2pLpSHiZhQo3MJVFtdHEoXjNa/PBMji+OvrIeDI8Xi",
+	"nWvMewTBShC2d/0sDtfyyR/wRqWIlZe8RMxfqxRRrXmqk2IasthYZkQXR9aujUUyLGdU/6rOLVDx/wYA",
+	"AP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -31,6 +31,8 @@ var routes = []route{
 	{"list files", "GET", "/v1/sandboxes/{id}/files/list?path=.", nil, "operate", 200, nil},
 	{"mint", "POST", "/v1/sandboxes/{id}/leases", map[string]any{"scope": "operate"}, "operate", 201, nil},
 	{"release", "DELETE", "/v1/sandboxes/{id}/leases/release", nil, "operate", 200, nil},
+	{"list leases", "GET", "/v1/sandboxes/{id}/leases", nil, "owner", 200, nil},
+	{"revoke lease", "DELETE", "/v1/sandboxes/{id}/leases/{lease}", nil, "owner", 200, nil}, // {lease}: a fresh operate lease
 	{"renew", "POST", "/v1/sandboxes/{id}/renew", map[string]any{"ttl_s": 60}, "owner", 200, nil},
 	{"pause", "POST", "/v1/sandboxes/{id}/pause", nil, "owner", 200, nil},
 	{"resume", "POST", "/v1/sandboxes/{id}/resume", nil, "owner", 200, func(g *gw, id, owner string) {
@@ -95,7 +97,11 @@ func TestAuthMatrix(t *testing.T) {
 					}
 					hdr, body = hdr2, []byte("raw bytes")
 				}
-				r := g.do(rt.method, strings.ReplaceAll(rt.path, "{id}", a.SandboxID), body, hdr)
+				path := strings.ReplaceAll(rt.path, "{id}", a.SandboxID)
+				if strings.Contains(path, "{lease}") {
+					path = strings.ReplaceAll(path, "{lease}", leaseID(g.mint(a.SandboxID, a.Token, "operate", nil)))
+				}
+				r := g.do(rt.method, path, body, hdr)
 				if r.status != want {
 					t.Fatalf("%s %s with %s: status %d, want %d (%s)", rt.method, rt.path, cred, r.status, want, r.body)
 				}

@@ -3,9 +3,13 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/sandgate/sandgate/internal/providers"
 )
@@ -117,4 +121,261 @@ func TestMintCappedByParent(t *testing.T) {
 	if _, err := e.svc.Mint(ctx, lease(a.Token), a.SandboxID, ScopeOperate, dur(11*24*time.Hour)); err != nil {
 		t.Fatalf("owner without expiry minting 11 days: %v", err)
 	}
+}
+
+// chain mints a lease from each previous one: the first from tok.
+func chain(t *testing.T, svc *Service, id, tok string, n int) []Ref {
+	t.Helper()
+	var out []Ref
+	for range n {
+		r, err := svc.Mint(context.Background(), lease(tok), id, ScopeOperate, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+		tok = r.Token
+	}
+	return out
+}
+
+// wantRevoked checks that every ref's token answers 401 on status, exec,
+// mint and release, on svc.
+func wantRevoked(t *testing.T, svc *Service, id string, refs ...Ref) {
+	t.Helper()
+	ctx := context.Background()
+	for _, r := range refs {
+		_, err := svc.Get(ctx, lease(r.Token), id)
+		wantKind(t, err, providers.ErrUnauthorized)
+		_, err = svc.Exec(ctx, lease(r.Token), id, ExecRequest{Command: "true"})
+		wantKind(t, err, providers.ErrUnauthorized)
+		_, err = svc.Mint(ctx, lease(r.Token), id, ScopeOperate, nil)
+		wantKind(t, err, providers.ErrUnauthorized)
+		_, err = svc.Release(ctx, lease(r.Token), id)
+		wantKind(t, err, providers.ErrUnauthorized)
+	}
+}
+
+// wantLive checks that every ref's token still execs on svc.
+func wantLive(t *testing.T, svc *Service, id string, refs ...Ref) {
+	t.Helper()
+	for _, r := range refs {
+		if _, err := svc.Exec(context.Background(), lease(r.Token), id, ExecRequest{Command: "true"}); err != nil {
+			t.Fatalf("lease %s: %v", r.LeaseID, err)
+		}
+	}
+}
+
+// leaseIDs is what Leases lists for id, as "id<-parent" in list order.
+func leaseIDs(t *testing.T, svc *Service, owner, id string) []string {
+	t.Helper()
+	ls, err := svc.Leases(context.Background(), lease(owner), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range ls {
+		out = append(out, l.ID+"<-"+l.Parent)
+	}
+	return out
+}
+
+// TestReleaseRevokesSubtree: OP mints CH, CH mints CH2; releasing OP ends
+// all three, at once and after a restart, and nothing else.
+func TestReleaseRevokesSubtree(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	a := e.create(t, CreateRequest{})
+	id := a.SandboxID
+	c := chain(t, e.svc, id, a.Token, 3) // OP, CH, CH2
+	sibling := chain(t, e.svc, id, a.Token, 1)[0]
+	other := e.create(t, CreateRequest{})
+	otherOp := chain(t, e.svc, other.SandboxID, other.Token, 1)[0]
+
+	left, err := e.svc.Release(ctx, lease(c[0].Token), id)
+	if err != nil || left != 2 {
+		t.Fatalf("release OP: %v, %d left, want 2 (the owner and the sibling)", err, left)
+	}
+	wantRevoked(t, e.svc, id, c...)
+	wantLive(t, e.svc, id, a, sibling)
+	wantLive(t, e.svc, other.SandboxID, other, otherOp)
+
+	e.restart(t)
+	wantRevoked(t, e.svc, id, c...)
+	wantLive(t, e.svc, id, a, sibling)
+	if got := leaseIDs(t, e.svc, a.Token, id); len(got) != 2 {
+		t.Fatalf("leases after the restart: %v", got)
+	}
+}
+
+// TestRevokeMiddleNode: revoking a lease in the middle of a tree ends its
+// subtree only; the list shows scope, parent and expiry of what is left.
+func TestRevokeMiddleNode(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	a := e.create(t, CreateRequest{})
+	id := a.SandboxID
+	e.clock.Advance(time.Second) // listed oldest first
+	op, err := e.svc.Mint(ctx, lease(a.Token), id, ScopeOperate, dur(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := chain(t, e.svc, id, op.Token, 2) // CH, CH2
+	e.clock.Advance(time.Second)           // CH' is listed after CH and CH2
+	side := chain(t, e.svc, id, op.Token, 1)[0]
+
+	n, err := e.svc.Revoke(ctx, lease(a.Token), id, ch[0].LeaseID)
+	if err != nil || n != 2 {
+		t.Fatalf("revoke CH: %v, revoked %d, want 2", err, n)
+	}
+	wantRevoked(t, e.svc, id, ch...)
+	wantLive(t, e.svc, id, a, op, side)
+
+	ls, err := e.svc.Leases(ctx, lease(a.Token), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		id, parent string
+		scope      Scope
+		expires    time.Time
+	}
+	want := []row{
+		{a.LeaseID, "", ScopeOwner, time.Time{}},
+		{op.LeaseID, a.LeaseID, ScopeOperate, op.ExpiresAt},
+		{side.LeaseID, op.LeaseID, ScopeOperate, op.ExpiresAt}, // no ttl_s: the parent's expiry
+	}
+	if len(ls) != len(want) {
+		t.Fatalf("listed %d leases, want %d: %+v", len(ls), len(want), ls)
+	}
+	for i, w := range want {
+		l := ls[i]
+		if l.ID != w.id || l.Parent != w.parent || l.Scope != w.scope || !l.ExpiresAt.Equal(w.expires) || l.SandboxID != id {
+			t.Errorf("lease %d: %+v, want %+v", i, l, w)
+		}
+	}
+	// Revoking a lease already revoked finds nothing.
+	_, err = e.svc.Revoke(ctx, lease(a.Token), id, ch[1].LeaseID)
+	wantKind(t, err, providers.ErrNotFound)
+	// The owner may revoke its own lease, which ends every lease minted from it.
+	if n, err := e.svc.Revoke(ctx, lease(a.Token), id, a.LeaseID); err != nil || n != 3 {
+		t.Fatalf("owner revoking itself: %v, revoked %d, want 3", err, n)
+	}
+	wantRevoked(t, e.svc, id, a, op, side)
+}
+
+// TestRevokeRefusals: an operate lease can neither list nor revoke; an id
+// that is not a live lease of the sandbox is 404 and changes nothing; a
+// token never minted is 401.
+func TestRevokeRefusals(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	a := e.create(t, CreateRequest{})
+	b := e.create(t, CreateRequest{})
+	id := a.SandboxID
+	c := chain(t, e.svc, id, a.Token, 2)
+	expiring, err := e.svc.Mint(ctx, lease(a.Token), id, ScopeOperate, dur(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	before := leaseIDs(t, e.svc, a.Token, id)
+
+	_, err = e.svc.Leases(ctx, lease(c[0].Token), id)
+	wantKind(t, err, providers.ErrForbidden)
+	_, err = e.svc.Revoke(ctx, lease(c[0].Token), id, c[1].LeaseID)
+	wantKind(t, err, providers.ErrForbidden)
+	for _, bad := range []string{newLeaseID(), b.LeaseID, expiring.LeaseID, "release", ""} {
+		_, err = e.svc.Revoke(ctx, lease(a.Token), id, bad)
+		wantKind(t, err, providers.ErrNotFound)
+	}
+	never := lease(e.svc.sign.mint(claims{SandboxID: id, LeaseID: newLeaseID(), Scope: ScopeOwner}))
+	_, err = e.svc.Leases(ctx, never, id)
+	wantKind(t, err, providers.ErrUnauthorized)
+	_, err = e.svc.Revoke(ctx, never, id, c[0].LeaseID)
+	wantKind(t, err, providers.ErrUnauthorized)
+
+	if after := leaseIDs(t, e.svc, a.Token, id); !slices.Equal(before, after) || len(after) != 3 {
+		t.Fatalf("leases %v after refused calls, were %v", after, before)
+	}
+	wantLive(t, e.svc, id, c...)
+	wantLive(t, e.svc, b.SandboxID, b)
+}
+
+// TestSubtreeRevokedOnReplica: a tree minted across two replicas of one
+// shared store, released on one, is refused by the other at once; a
+// revocation there is seen here too; and a lease a replica stored under a
+// lease being revoked (the race of a mint with a revocation) is refused
+// as the rest of the subtree.
+func TestSubtreeRevokedOnReplica(t *testing.T) {
+	a, b, _, st, _ := replicas(t)
+	ctx := context.Background()
+	ref, err := a.Create(ctx, Caller{}, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ref.SandboxID
+	op := chain(t, a, id, ref.Token, 1)[0]
+	ch := chain(t, b, id, op.Token, 1)[0]
+	ch2 := chain(t, a, id, ch.Token, 1)[0]
+	wantLive(t, b, id, op, ch, ch2)
+
+	if left, err := b.Release(ctx, lease(op.Token), id); err != nil || left != 1 {
+		t.Fatalf("release OP on B: %v, %d left", err, left)
+	}
+	wantRevoked(t, a, id, op, ch, ch2)
+	wantRevoked(t, b, id, op, ch, ch2)
+
+	x := chain(t, a, id, ref.Token, 2)
+	if n, err := a.Revoke(ctx, lease(ref.Token), id, x[0].LeaseID); err != nil || n != 2 {
+		t.Fatalf("revoke on A: %v, %d", err, n)
+	}
+	wantRevoked(t, b, id, x...)
+
+	// B mints under X while A revokes X: the child lands after the subtree
+	// went. Its parent is gone, so it is revoked too, on both replicas.
+	orphan := Lease{ID: newLeaseID(), SandboxID: id, Scope: ScopeOperate, CreatedAt: time.Unix(1_800_000_000, 0), Parent: x[1].LeaseID}
+	if err := st.PutLease(orphan); err != nil {
+		t.Fatal(err)
+	}
+	orphanRef := b.ref(Record{ID: id}, orphan)
+	wantRevoked(t, a, id, orphanRef)
+	wantRevoked(t, b, id, orphanRef)
+	if got := leaseIDs(t, b, ref.Token, id); len(got) != 1 {
+		t.Fatalf("B lists %v, want the owner's lease only", got)
+	}
+	wantLive(t, a, id, ref)
+}
+
+// TestLeaseWithoutParentLoads: a lease stored before parents were
+// recorded loads as a root: it works, lists with no parent and outlives a
+// revocation of the create's lease.
+func TestLeaseWithoutParentLoads(t *testing.T) {
+	e := newEnv(t, nil)
+	a := e.create(t, CreateRequest{})
+	id := a.SandboxID
+	e.svc.Close()
+	old := Lease{ID: newLeaseID(), SandboxID: id, Scope: ScopeOperate, CreatedAt: e.clock.Now()}
+	st, err := openStore(e.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := fmt.Sprintf(`{"id":%q,"sandbox_id":%q,"scope":"operate","created_at":%q,"expires_at":"0001-01-01T00:00:00Z"}`,
+		old.ID, id, old.CreatedAt.UTC().Format(time.RFC3339Nano))
+	err = st.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLeases).Bucket([]byte(id)).Put([]byte(old.ID), []byte(raw))
+	})
+	st.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.restart(t)
+	oldRef := e.svc.ref(Record{ID: id}, old)
+	wantLive(t, e.svc, id, oldRef)
+	if got := leaseIDs(t, e.svc, a.Token, id); !slices.Contains(got, old.ID+"<-") {
+		t.Fatalf("leases %v: the old lease is not a root", got)
+	}
+	if n, err := e.svc.Revoke(context.Background(), lease(a.Token), id, a.LeaseID); err != nil || n != 1 {
+		t.Fatalf("revoke the create's lease: %v, %d", err, n)
+	}
+	wantLive(t, e.svc, id, oldRef)
 }

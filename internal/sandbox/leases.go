@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -81,6 +82,9 @@ func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
 	if !l.ExpiresAt.IsZero() && !now.Before(l.ExpiresAt) {
 		return access{}, providers.Errorf(providers.ErrUnauthorized, "lease token expired")
 	}
+	if !s.liveLocked(l, now) {
+		return access{}, providers.Errorf(providers.ErrUnauthorized, "lease token was revoked")
+	}
 	if !l.Scope.covers(need) {
 		return access{}, providers.Errorf(providers.ErrForbidden, "this needs a lease of scope %s", need)
 	}
@@ -107,6 +111,31 @@ func (s *Service) apiKey(tok string) (string, bool) {
 		}
 	}
 	return fp, ok
+}
+
+// liveLocked reports whether l is live at now: unexpired, and every lease
+// above it (up to its root) in memory and unexpired. Revoking a lease
+// removes its subtree from the store, but a replica may mint under a lease
+// of that subtree while the removal is under way; the child it stores then
+// has a missing parent and is refused here, like the rest of the subtree.
+// Caller holds mu.
+func (s *Service) liveLocked(l Lease, now time.Time) bool {
+	// Bounded by the number of leases: a parent chain read from a store
+	// written by others must not loop forever even if it were a cycle.
+	for range len(s.leases) + 1 {
+		if !l.ExpiresAt.IsZero() && !now.Before(l.ExpiresAt) {
+			return false
+		}
+		if l.Parent == "" {
+			return true
+		}
+		p, ok := s.leases[l.Parent]
+		if !ok || p.SandboxID != l.SandboxID {
+			return false
+		}
+		l = p
+	}
+	return false
 }
 
 // authorizeKey checks the credentials for create and list and returns the
@@ -151,7 +180,7 @@ func (s *Service) Mint(ctx context.Context, c Caller, id string, scope Scope, tt
 		return Ref{}, err
 	}
 	now := s.opts.Clock.Now()
-	l := Lease{ID: newLeaseID(), SandboxID: id, Scope: scope, CreatedAt: now}
+	l := Lease{ID: newLeaseID(), SandboxID: id, Scope: scope, CreatedAt: now, Parent: a.leaseID}
 	if ttl != nil {
 		l.ExpiresAt = now.Add(*ttl).Truncate(time.Second)
 	}
@@ -174,8 +203,9 @@ func (s *Service) Mint(ctx context.Context, c Caller, id string, scope Scope, tt
 	return s.ref(rec, l), nil
 }
 
-// Release revokes the caller's own lease and returns how many leases the
-// sandbox has left.
+// Release revokes the caller's own lease with every lease minted from it,
+// transitively (see Revoke), and returns how many live leases the sandbox
+// has left. An API key holds no lease: ErrConflict.
 func (s *Service) Release(ctx context.Context, c Caller, id string) (int, error) {
 	a, err := s.authorize(c, id, ScopeOperate)
 	if err != nil {
@@ -184,17 +214,102 @@ func (s *Service) Release(ctx context.Context, c Caller, id string) (int, error)
 	if a.leaseID == "" {
 		return 0, providers.Errorf(providers.ErrConflict, "release revokes the calling lease token; an API key has none")
 	}
-	if err := s.st.DeleteLease(id, a.leaseID); err != nil {
+	_, left, err := s.revoke(id, a.leaseID)
+	return left, err
+}
+
+// Revoke ends lease leaseID of sandbox id and every lease minted from it,
+// transitively (the whole subtree), durably and for every replica of a
+// SharedStore, and returns how many live leases that ended. It needs
+// owner scope. A lease id that is not a live lease of this sandbox (never
+// minted, another sandbox's, revoked or expired) is ErrNotFound, and
+// nothing changes. The caller may revoke its own lease.
+func (s *Service) Revoke(ctx context.Context, c Caller, id, leaseID string) (int, error) {
+	if _, err := s.authorize(c, id, ScopeOwner); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.leases, a.leaseID)
-	n := 0
-	for _, l := range s.leases {
-		if l.SandboxID == id {
-			n++
+	l, ok := s.leases[leaseID]
+	ok = ok && l.SandboxID == id && s.liveLocked(l, s.opts.Clock.Now())
+	s.mu.Unlock()
+	if !ok {
+		return 0, providers.Errorf(providers.ErrNotFound, "sandbox %s has no live lease %s", id, leaseID)
+	}
+	n, _, err := s.revoke(id, leaseID)
+	return n, err
+}
+
+// revoke removes lease root of sandbox id and its subtree from the store,
+// then from memory. It returns how many of them were live, and how many
+// live leases the sandbox has left.
+func (s *Service) revoke(id, root string) (revoked, left int, err error) {
+	now := s.opts.Clock.Now()
+	s.mu.Lock()
+	ids := s.subtreeLocked(id, root)
+	for _, lid := range ids {
+		if l, ok := s.leases[lid]; ok && s.liveLocked(l, now) {
+			revoked++
 		}
 	}
-	return n, nil
+	s.mu.Unlock()
+	if err := s.st.DeleteLeases(id, ids); err != nil {
+		return 0, 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, lid := range ids {
+		delete(s.leases, lid)
+	}
+	for _, l := range s.leases {
+		if l.SandboxID == id && s.liveLocked(l, now) {
+			left++
+		}
+	}
+	return revoked, left, nil
+}
+
+// subtreeLocked returns root and every lease of sandbox id minted from
+// it, transitively, root first. Caller holds mu.
+func (s *Service) subtreeLocked(id, root string) []string {
+	children := map[string][]string{}
+	for _, l := range s.leases {
+		if l.SandboxID == id && l.Parent != "" {
+			children[l.Parent] = append(children[l.Parent], l.ID)
+		}
+	}
+	out := []string{root}
+	seen := map[string]bool{root: true}
+	for i := 0; i < len(out); i++ {
+		for _, c := range children[out[i]] {
+			if !seen[c] {
+				seen[c] = true
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// Leases returns the live leases of sandbox id (owner scope), oldest
+// first. Tokens are not kept, so none is returned.
+func (s *Service) Leases(ctx context.Context, c Caller, id string) ([]Lease, error) {
+	if _, err := s.authorize(c, id, ScopeOwner); err != nil {
+		return nil, err
+	}
+	now := s.opts.Clock.Now()
+	s.mu.Lock()
+	var out []Lease
+	for _, l := range s.leases {
+		if l.SandboxID == id && s.liveLocked(l, now) {
+			out = append(out, l)
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b Lease) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out, nil
 }

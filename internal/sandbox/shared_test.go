@@ -69,10 +69,12 @@ func (m *memShared) PutLease(l Lease) error {
 	return nil
 }
 
-func (m *memShared) DeleteLease(sid, lid string) error {
+func (m *memShared) DeleteLeases(sid string, lids []string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.leases[sid], lid)
+	for _, lid := range lids {
+		delete(m.leases[sid], lid)
+	}
 	return nil
 }
 

@@ -42,12 +42,19 @@ type Record struct {
 // Lease is one live grant of access to a sandbox. A token is valid only
 // while its lease is in the store, and grants what the lease says: the
 // token names it, the stored lease decides (see Service.authorize).
+//
+// Leases form a tree per sandbox: Parent is the lease whose token minted
+// this one, "" for a root (the create's owner lease, one minted with an
+// API key, and every lease stored before parents were recorded). A lease
+// is live only while every lease above it is in the store, so revoking a
+// lease ends its whole subtree.
 type Lease struct {
 	ID        string    `json:"id"`
 	SandboxID string    `json:"sandbox_id"`
 	Scope     Scope     `json:"scope"`
 	CreatedAt time.Time `json:"created_at"`
 	ExpiresAt time.Time `json:"expires_at"` // zero: lives as long as the sandbox
+	Parent    string    `json:"parent_id,omitempty"`
 }
 
 var (
@@ -73,7 +80,9 @@ type Store interface {
 	// atomically.
 	PutRecord(r Record, l *Lease) error
 	PutLease(l Lease) error
-	DeleteLease(sandboxID, leaseID string) error
+	// DeleteLeases removes the named leases of sandbox sandboxID,
+	// atomically; ids it does not hold are no error.
+	DeleteLeases(sandboxID string, leaseIDs []string) error
 	// DeleteSandbox removes a record and all its leases.
 	DeleteSandbox(id string) error
 	// Ping fails once the store is closed or cannot be reached.
@@ -190,10 +199,17 @@ func putLease(tx *bolt.Tx, l Lease) error {
 	return b.Put([]byte(l.ID), v)
 }
 
-func (s *store) DeleteLease(sandboxID, leaseID string) error {
+// DeleteLeases removes the named leases in one transaction.
+func (s *store) DeleteLeases(sandboxID string, leaseIDs []string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(bucketLeases).Bucket([]byte(sandboxID)); b != nil {
-			return b.Delete([]byte(leaseID))
+		b := tx.Bucket(bucketLeases).Bucket([]byte(sandboxID))
+		if b == nil {
+			return nil
+		}
+		for _, id := range leaseIDs {
+			if err := b.Delete([]byte(id)); err != nil {
+				return err
+			}
 		}
 		return nil
 	})

@@ -197,10 +197,14 @@ func (s *recordStore) PutLease(l sandbox.Lease) error {
 	})
 }
 
-// DeleteLease removes a lease; a missing record or lease is no error.
-func (s *recordStore) DeleteLease(sandboxID, leaseID string) error {
+// DeleteLeases removes the named leases in one update of the record (so
+// another replica reads all of them or none); a missing record or lease
+// is no error.
+func (s *recordStore) DeleteLeases(sandboxID string, leaseIDs []string) error {
 	err := s.update(sandboxID, false, func(data map[string]string) error {
-		delete(data, leasePrefix+leaseID)
+		for _, id := range leaseIDs {
+			delete(data, leasePrefix+id)
+		}
 		return nil
 	})
 	if providers.Kind(err) == providers.ErrNotFound {
