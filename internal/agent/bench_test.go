@@ -20,7 +20,7 @@ func BenchmarkSessionEcho(b *testing.B) {
 	if _, err := c.StartSession(ctx, "e", providers.ProcessSpec{Command: "stty raw -echo; echo READY; exec cat", TTY: true}, false, 0); err != nil {
 		b.Fatal(err)
 	}
-	a, err := c.Attach(ctx, "e", 0, nil)
+	a, err := c.Attach(ctx, "e", 0, nil, defaultRing)
 	if err != nil {
 		b.Fatal(err)
 	}

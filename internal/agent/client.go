@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -24,12 +25,30 @@ import (
 // Its kind is ErrUnavailable (503) unless a provider knows better.
 var ErrGone = providers.Errorf(providers.ErrUnavailable, "the connection to the sandbox agent is gone")
 
+// ErrViolation is the cause of a call's error when the agent broke the
+// protocol (a length over its bound, a malformed message or frame, more
+// bytes than it announced): the client closed the connection, and
+// Violation says why. The call's error is ErrConflict, its message the
+// violation.
+var ErrViolation = errors.New("the gateway closed its connection to the sandbox's agent")
+
 // Client is the gateway's end of one connection to an agent. It is safe
 // for concurrent use; each call is a stream of its own.
+//
+// The agent runs inside the sandbox, whose root can replace it: the
+// client trusts no length it announces beyond the bound of the call
+// (replay: the ring asked for; frames: maxFrame; replies: maxReply;
+// files: the size announced; exec output: the cap asked for) and
+// allocates as bytes arrive. An agent that breaks the protocol gets its
+// connection closed (see ErrViolation); its sandbox's provider then
+// marks the sandbox in error with Violation as the reason.
 type Client struct {
 	ys     *yamux.Session
 	agent  string
 	direct func(context.Context) (net.Conn, error) // see WithDirect
+
+	mu        sync.Mutex // guards violation
+	violation string
 }
 
 // Option configures a Client.
@@ -89,8 +108,32 @@ func (c *Client) Done() <-chan struct{} { return c.ys.CloseChan() }
 // Close ends the connection. The agent and its sessions keep running.
 func (c *Client) Close() error { return c.ys.Close() }
 
-// fail is err, or ErrGone when the connection has ended.
+// Violation is why the client closed the connection for a protocol
+// violation ("agent protocol violation: ..."), or "".
+func (c *Client) Violation() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.violation
+}
+
+// violate records the agent's violation, closes the connection and
+// returns the error for the call that met it (see ErrViolation).
+func (c *Client) violate(pe *ProtocolError) error {
+	c.mu.Lock()
+	if c.violation == "" {
+		c.violation = pe.Error()
+	}
+	c.mu.Unlock()
+	c.ys.Close()
+	return providers.Wrap(providers.ErrConflict, ErrViolation, pe.Error())
+}
+
+// fail is err, a violation when err is a *ProtocolError, or ErrGone when
+// the connection has ended.
 func (c *Client) fail(err error) error {
+	if pe, ok := errors.AsType[*ProtocolError](err); ok {
+		return c.violate(pe)
+	}
 	if c.ys.IsClosed() {
 		return fmt.Errorf("%w: %v", ErrGone, err)
 	}
@@ -192,7 +235,13 @@ func (c *Client) simple(ctx context.Context, req request) (reply, error) {
 var answerGrace = 30 * time.Second
 
 // Exec runs one command and waits for it; ctx ending kills its tree.
+// Each of stdout and stderr holds at most req.MaxOutput bytes (default
+// providers.DefaultMaxOutput); an agent that sends more breaks the
+// protocol (ErrViolation).
 func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers.ExecResult, error) {
+	if req.MaxOutput <= 0 {
+		req.MaxOutput = providers.DefaultMaxOutput
+	}
 	er := &execRequest{
 		Command: req.Command, Cwd: req.Cwd, Env: req.Env, TimeoutMS: req.Timeout.Milliseconds(),
 		User: req.User, Stdin: req.Stdin, HasStdin: req.Stdin != nil,
@@ -234,17 +283,22 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 			return providers.ExecResult{}, c.fail(fmt.Errorf("exec: %w", err))
 		}
 		buf = p[:0]
-		// The agent caps the output; an agent the sandbox replaced might
-		// not: the gateway keeps at most MaxOutput of each stream anyway.
 		switch typ {
 		case frameStdout:
-			res.Stdout, res.Truncated = appendCapped(res.Stdout, p, req.MaxOutput, res.Truncated)
+			if len(res.Stdout)+len(p) > req.MaxOutput {
+				return providers.ExecResult{}, c.violate(&ProtocolError{fmt.Sprintf("exec stdout over its cap of %d bytes", req.MaxOutput)})
+			}
+			res.Stdout = append(res.Stdout, p...)
 		case frameStderr:
-			res.Stderr, res.Truncated = appendCapped(res.Stderr, p, req.MaxOutput, res.Truncated)
+			// The agent's out-of-memory note may follow a full stderr.
+			if len(res.Stderr)+len(p) > req.MaxOutput+noteSlack {
+				return providers.ExecResult{}, c.violate(&ProtocolError{fmt.Sprintf("exec stderr over its cap of %d bytes", req.MaxOutput)})
+			}
+			res.Stderr = append(res.Stderr, p...)
 		case frameResult:
 			var r execResult
 			if err := json.Unmarshal(p, &r); err != nil {
-				return providers.ExecResult{}, fmt.Errorf("exec: bad result from the agent: %w", err)
+				return providers.ExecResult{}, c.violate(&ProtocolError{fmt.Sprintf("an exec result that is not JSON (%v)", err)})
 			}
 			if r.Error != "" {
 				return providers.ExecResult{}, remoteError(r.Error, r.Kind)
@@ -266,18 +320,15 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 				res.Stderr = []byte{}
 			}
 			return res, nil
+		default:
+			return providers.ExecResult{}, c.violate(&ProtocolError{fmt.Sprintf("frame %q on an exec stream", typ)})
 		}
 	}
 }
 
-// appendCapped appends p to b up to max bytes in all (no cap when max <=
-// 0) and reports whether anything was cut, or truncated already was.
-func appendCapped(b, p []byte, max int, truncated bool) ([]byte, bool) {
-	if max > 0 && len(b)+len(p) > max {
-		return append(b, p[:max-len(b)]...), true
-	}
-	return append(b, p...), truncated
-}
+// noteSlack is room past an exec's stderr cap for the agent's own notes
+// (the out-of-memory kill).
+const noteSlack = 4 << 10
 
 // StatFile describes the file at path (a symlink is not followed).
 func (c *Client) StatFile(ctx context.Context, path string) (providers.FileInfo, error) {
@@ -310,24 +361,64 @@ func (c *Client) ReadFile(ctx context.Context, path string) (io.ReadCloser, int6
 	if err != nil {
 		return nil, 0, err
 	}
+	if rep.Size < 0 {
+		st.Close()
+		return nil, 0, c.violate(&ProtocolError{fmt.Sprintf("file size %d", rep.Size)})
+	}
 	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
-	return &fileReader{st: st, stop: stop, left: rep.Size, c: c}, rep.Size, nil
+	return &fileReader{st: st, stop: stop, size: rep.Size, left: rep.Size, c: c}, rep.Size, nil
 }
 
+// fileReader reads exactly the size the agent announced: it never asks
+// the stream for more, and once the last byte is in it checks that the
+// stream ends there (a byte more is a violation).
 type fileReader struct {
 	st   *yamux.Stream
 	stop func() bool
+	size int64
 	left int64
 	c    *Client
+	err  error // sticky: the end of the file, or why it failed
 }
 
 func (f *fileReader) Read(p []byte) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
+	if f.left == 0 {
+		f.err = f.end()
+		return 0, f.err
+	}
+	if int64(len(p)) > f.left {
+		p = p[:f.left]
+	}
 	n, err := f.st.Read(p)
 	f.left -= int64(n)
-	if err == io.EOF && f.left > 0 {
+	switch {
+	case err == io.EOF && f.left > 0:
 		err = f.c.fail(io.ErrUnexpectedEOF)
+	case err == nil && f.left == 0:
+		err = f.end()
+	case err != nil && err != io.EOF:
+		err = f.c.fail(err)
 	}
+	f.err = err
 	return n, err
+}
+
+// endGrace is how long a file's stream may take to end after its last
+// announced byte; an agent that keeps it open longer is let go quietly.
+var endGrace = 5 * time.Second
+
+// end waits (up to endGrace) for the stream to end after the announced
+// bytes: io.EOF, or a violation if the agent sends more.
+func (f *fileReader) end() error {
+	f.st.SetReadDeadline(time.Now().Add(endGrace))
+	var b [1]byte
+	if n, _ := f.st.Read(b[:]); n > 0 {
+		return f.c.violate(&ProtocolError{fmt.Sprintf("a file stream longer than the %d bytes announced", f.size)})
+	}
+	return io.EOF
 }
 
 func (f *fileReader) Close() error {
@@ -381,6 +472,9 @@ func (c *Client) StartSession(ctx context.Context, id string, spec providers.Pro
 	if err != nil {
 		return SessionInfo{}, err
 	}
+	if rep.Session == nil {
+		return SessionInfo{}, c.violate(&ProtocolError{"a session.start reply without the session"})
+	}
 	return *rep.Session, nil
 }
 
@@ -403,9 +497,12 @@ func (c *Client) Shutdown(ctx context.Context) error {
 }
 
 // Attach subscribes to session id's output from offset since. tty, when
-// not nil, is the mode a deferred session starts in.
-func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool) (*Attachment, error) {
-	req := request{Op: opAttach, Session: id, Since: since, TTY: tty}
+// not nil, is the mode a deferred session starts in. maxReplay (> 0) bounds
+// the replay: the ring the session was started with (a session whose
+// ring is larger replays only its last maxReplay bytes); an agent that
+// announces a longer one breaks the protocol (ErrViolation).
+func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool, maxReplay int) (*Attachment, error) {
+	req := request{Op: opAttach, Session: id, Since: since, TTY: tty, MaxReplay: int64(maxReplay)}
 	var rep reply
 	var st stream
 	var err error
@@ -417,13 +514,17 @@ func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool) 
 	if err != nil {
 		return nil, err
 	}
-	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
-	typ, p, err := readFrameMax(st, nil, maxReplay)
-	stop()
-	if err != nil || typ != frameReplay {
+	if rep.Session == nil {
 		st.Close()
-		if err == nil {
-			err = fmt.Errorf("attach: frame %q before the replay", typ)
+		return nil, c.violate(&ProtocolError{"an attach reply without the session"})
+	}
+	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
+	p, err := readReplay(st, maxReplay)
+	stop()
+	if err != nil {
+		st.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
 		return nil, c.fail(err)
 	}
@@ -438,6 +539,21 @@ func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool) 
 		a.idle = time.AfterFunc(shrinkAfter, s.Shrink)
 	}
 	return a, nil
+}
+
+// readReplay reads an attach's replay frame, of at most limit bytes.
+func readReplay(r io.Reader, limit int) ([]byte, error) {
+	typ, n, err := readFrameHeader(r, math.MaxUint32)
+	if err != nil {
+		return nil, err
+	}
+	if typ != frameReplay {
+		return nil, protocolErrorf("frame %q before the replay", typ)
+	}
+	if n > limit {
+		return nil, protocolErrorf("replay length %d over %d", n, limit)
+	}
+	return readPayload(r, nil, n)
 }
 
 // shrinkAfter is how long an attachment waits for output before its
@@ -510,10 +626,12 @@ func (a *Attachment) Next() (Event, error) {
 		return Event{Slow: true}, nil
 	case frameExit:
 		var x exitInfo
-		json.Unmarshal(p, &x)
+		if err := json.Unmarshal(p, &x); err != nil {
+			return Event{}, a.c.violate(&ProtocolError{fmt.Sprintf("an exit frame that is not JSON (%v)", err)})
+		}
 		return Event{Exited: true, Code: x.Code, Lost: x.Lost}, nil
 	}
-	return Event{}, fmt.Errorf("attach: unexpected frame %q", typ)
+	return Event{}, a.c.violate(&ProtocolError{fmt.Sprintf("frame %q on an attachment", typ)})
 }
 
 func (a *Attachment) send(typ byte, p []byte) error {

@@ -16,8 +16,9 @@ import (
 // sandbox, for a provider that reaches an agent through a byte stream its
 // backend opens (an exec of the agent's bridge: Docker, Kubernetes). A
 // connection is made on first use (after a gateway restart too) and again
-// when it broke; a sandbox whose agent is gone (or mismatched) is marked
-// broken, with why, and its calls answer ErrConflict.
+// when it broke; a sandbox whose agent is gone (or mismatched, or broke
+// the protocol: Client.Violation) is marked broken, with why, and its
+// calls answer ErrConflict.
 type Links struct {
 	// Open opens a stream to sandbox id's agent bridge ("connect", with
 	// --start when start). stderr returns what the bridge said on its
@@ -60,6 +61,7 @@ func (l *Links) get(ctx context.Context, id string, start bool) (*Client, error)
 func (l *Links) cached(id string) (*Client, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.noteViolation(id)
 	if why := l.broken[id]; why != "" {
 		return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is in error: %s", id, why)
 	}
@@ -124,6 +126,23 @@ func (l *Links) connect(ctx context.Context, id string, start bool) (*Client, er
 	return c, nil
 }
 
+// noteViolation marks sandbox id broken when its agent broke the protocol
+// (the connection is closed then: no reconnect can be trusted). Caller
+// holds mu.
+func (l *Links) noteViolation(id string) {
+	c := l.byID[id]
+	if c == nil {
+		return
+	}
+	if why := c.Violation(); why != "" {
+		delete(l.byID, id)
+		if l.broken == nil {
+			l.broken = map[string]string{}
+		}
+		l.broken[id] = why
+	}
+}
+
 // Drop closes and forgets sandbox id's connection and broken mark (its
 // sandbox is being deleted).
 func (l *Links) Drop(id string) {
@@ -141,6 +160,7 @@ func (l *Links) Drop(id string) {
 func (l *Links) Broken(id string) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.noteViolation(id)
 	return l.broken[id]
 }
 

@@ -62,6 +62,9 @@ type request struct {
 	TTY     *bool           `json:"tty,omitempty"`     // attach: the mode of a deferred session's start
 	Start   *startRequest   `json:"start,omitempty"`
 	Extra   json.RawMessage `json:"extra,omitempty"`
+	// MaxReplay (attach) bounds the replay to the last MaxReplay bytes
+	// from Since: the gateway takes a longer one for a lie.
+	MaxReplay int64 `json:"max_replay,omitempty"`
 }
 
 // reply is the agent's first message on a stream; Error set means the op
@@ -164,6 +167,19 @@ func writeMsg(w io.Writer, v any) error {
 	return err
 }
 
+// ProtocolError is a message or frame that breaks the protocol: a length
+// over its bound or a payload that does not decode. The gateway treats
+// one from an agent as a lie (Client.Violation).
+type ProtocolError struct{ What string }
+
+func (e *ProtocolError) Error() string { return "agent protocol violation: " + e.What }
+
+func protocolErrorf(format string, args ...any) error {
+	return &ProtocolError{What: fmt.Sprintf(format, args...)}
+}
+
+// readMsg reads one message of at most limit bytes into v. An announced
+// length over limit, or a body that is not v's JSON, is a *ProtocolError.
 func readMsg(r io.Reader, v any, limit uint32) error {
 	var h [4]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
@@ -171,14 +187,46 @@ func readMsg(r io.Reader, v any, limit uint32) error {
 	}
 	n := binary.BigEndian.Uint32(h[:])
 	if n > limit {
-		return fmt.Errorf("agent protocol: a %d-byte message (the limit is %d)", n, limit)
+		return protocolErrorf("message length %d over %d", n, limit)
 	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(r, b); err != nil {
+	b, err := readPayload(r, nil, int(n))
+	if err != nil {
 		return err
 	}
-	return json.Unmarshal(b, v)
+	if err := json.Unmarshal(b, v); err != nil {
+		return protocolErrorf("a message that is not JSON of its kind (%v)", err)
+	}
+	return nil
 }
+
+// readPayload reads an n-byte payload into buf, growing it as the bytes
+// arrive rather than to n at once: a peer that announces n but sends
+// less costs only what it sent.
+func readPayload(r io.Reader, buf []byte, n int) ([]byte, error) {
+	if cap(buf) >= n {
+		buf = buf[:n]
+		_, err := io.ReadFull(r, buf)
+		return buf, err
+	}
+	buf = buf[:0]
+	for len(buf) < n {
+		if len(buf) == cap(buf) {
+			nb := make([]byte, len(buf), min(max(2*cap(buf), payloadStep), n))
+			copy(nb, buf)
+			buf = nb
+		}
+		k, err := io.ReadFull(r, buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+k]
+		if err != nil {
+			return nil, err
+		}
+	}
+	return buf, nil
+}
+
+// payloadStep is readPayload's first allocation for a payload larger than
+// the buffer it was given.
+const payloadStep = 64 << 10
 
 func writeFrame(w io.Writer, typ byte, p []byte) error {
 	buf := make([]byte, 5, 5+len(p))
@@ -194,27 +242,20 @@ func readFrame(r io.Reader, buf []byte) (byte, []byte, error) {
 	return readFrameMax(r, buf, maxFrame)
 }
 
-// maxReplay bounds an attach's replay frame: the ring the gateway asked
-// for, whatever its size, but not what a replaced agent might send.
-const maxReplay = 256 << 20
-
 func readFrameMax(r io.Reader, buf []byte, limit uint32) (byte, []byte, error) {
 	typ, n, err := readFrameHeader(r, limit)
 	if err != nil {
 		return 0, nil, err
 	}
-	if cap(buf) < n {
-		buf = make([]byte, n)
-	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(r, buf); err != nil {
+	buf, err = readPayload(r, buf, n)
+	if err != nil {
 		return 0, nil, err
 	}
 	return typ, buf, nil
 }
 
-// readFrameHeader reads a frame's type and the length of its payload, at
-// most limit.
+// readFrameHeader reads a frame's type and the length of its payload; a
+// length over limit is a *ProtocolError.
 func readFrameHeader(r io.Reader, limit uint32) (byte, int, error) {
 	var h [5]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
@@ -222,7 +263,7 @@ func readFrameHeader(r io.Reader, limit uint32) (byte, int, error) {
 	}
 	n := binary.BigEndian.Uint32(h[1:])
 	if n > limit {
-		return 0, 0, fmt.Errorf("agent protocol: a %d-byte frame (the limit is %d)", n, limit)
+		return 0, 0, protocolErrorf("frame length %d over %d", n, limit)
 	}
 	return h[0], int(n), nil
 }

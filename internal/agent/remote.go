@@ -17,10 +17,10 @@ import (
 // on the attachment, Kill deleting the session.
 func StartProcess(ctx context.Context, c *Client, spec providers.ProcessSpec) (providers.Process, error) {
 	id := "proc-" + rand.Text()[:16]
-	if _, err := c.StartSession(ctx, id, spec, false, 0); err != nil {
+	if _, err := c.StartSession(ctx, id, spec, false, defaultRing); err != nil {
 		return nil, err
 	}
-	a, err := c.Attach(ctx, id, 0, nil)
+	a, err := c.Attach(ctx, id, 0, nil, defaultRing)
 	if err != nil {
 		c.DeleteSession(context.WithoutCancel(ctx), id)
 		return nil, err

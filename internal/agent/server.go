@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -221,7 +222,9 @@ func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 		}
 		defer f.Close()
 		if writeMsg(st, reply{Size: size}) == nil {
-			io.Copy(st, f)
+			// Exactly what was announced, though the file grew meanwhile:
+			// the gateway takes more for a lie.
+			io.CopyN(st, f, size)
 		}
 	case opWrite:
 		n, err := writeTo(req.Path, st)
@@ -243,7 +246,7 @@ func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 			writeMsg(st, errorReply(err))
 			return
 		}
-		writeMsg(st, reply{Files: files, Truncated: truncated})
+		writeMsg(st, fitReply(reply{Files: files, Truncated: truncated}))
 	case opStart:
 		if req.Start == nil {
 			writeMsg(st, errorReply(providers.Errorf(providers.ErrInvalid, "session.start without a spec")))
@@ -273,4 +276,17 @@ func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 	default:
 		writeMsg(st, errorReply(providers.Errorf(providers.ErrUnsupported, "unknown op %q", req.Op)))
 	}
+}
+
+// fitReply cuts a listing's entries until the reply fits maxReply (the
+// gateway takes a longer one for a lie), marking it truncated.
+func fitReply(rep reply) reply {
+	for len(rep.Files) > 0 {
+		b, err := json.Marshal(rep)
+		if err != nil || len(b) <= maxReply {
+			break
+		}
+		rep.Files, rep.Truncated = rep.Files[:len(rep.Files)*3/4], true
+	}
+	return rep
 }

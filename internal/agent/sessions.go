@@ -331,10 +331,14 @@ func (s *Server) attach(st io.ReadWriteCloser, req request) {
 		return
 	}
 	ss.mu.Lock()
-	from := max(req.Since, ss.ring.Start())
-	replay, cursor := []byte(nil), ss.ring.Total()
-	if req.Since < cursor {
-		replay, from = ss.ring.AppendSince(nil, req.Since)
+	since, cursor := req.Since, ss.ring.Total()
+	if req.MaxReplay > 0 && cursor-since > req.MaxReplay {
+		since = cursor - req.MaxReplay // the gateway takes no more (a ring larger than it asks for now)
+	}
+	from := max(since, ss.ring.Start())
+	replay := []byte(nil)
+	if since < cursor {
+		replay, from = ss.ring.AppendSince(nil, since)
 	}
 	info := ss.infoLocked()
 	// The subscriber counts from now, while its replay is being sent:

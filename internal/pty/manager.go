@@ -451,7 +451,7 @@ func (m *Manager) Attach(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	if held && !req.Takeover {
 		return errAlreadyConnected(req.SessionID)
 	}
-	att, err := h.Attach(r.Context(), req.SessionID, req.Since, req.PTY)
+	att, err := h.Attach(r.Context(), req.SessionID, req.Since, req.PTY, m.opts.RingBytes)
 	if err != nil {
 		if providers.Kind(err) == providers.ErrNotFound {
 			return errSessionNotFound(req.SessionID)

@@ -225,7 +225,9 @@ func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Re
 }
 
 // ReadFile opens path in the sandbox for streaming; the caller closes it.
-// limit > 0 refuses larger files with ErrTooLarge.
+// limit > 0 refuses larger files with ErrTooLarge. The stream ends at the
+// size returned, however much the sandbox sends (a file growing, an
+// agent lying).
 func (s *Service) ReadFile(ctx context.Context, c Caller, id, p string, limit int64) (io.ReadCloser, int64, error) {
 	_, end, abs, err := s.fileOp(c, id, p)
 	if err != nil {
@@ -241,7 +243,7 @@ func (s *Service) ReadFile(ctx context.Context, c Caller, id, p string, limit in
 		end()
 		return nil, 0, providers.Errorf(providers.ErrTooLarge, "%s is %d bytes; this route returns at most %d (use GET /files)", p, size, limit)
 	}
-	return &endCloser{ReadCloser: rc, end: end}, size, nil
+	return &endCloser{ReadCloser: rc, r: io.LimitReader(rc, size), end: end}, size, nil
 }
 
 // StatFile describes the file at p in the sandbox (a symlink is not
@@ -295,8 +297,11 @@ func (s *Service) fileLister() (providers.FileLister, error) {
 // endCloser ends a request's activity hold when the stream is closed.
 type endCloser struct {
 	io.ReadCloser
+	r   io.Reader // reads ReadCloser
 	end func()
 }
+
+func (e *endCloser) Read(p []byte) (int, error) { return e.r.Read(p) }
 
 func (e *endCloser) Close() error {
 	err := e.ReadCloser.Close()

@@ -442,13 +442,18 @@ func (l *Local) running(id string) (*sandbox, error) {
 	return sb, nil
 }
 
-// Status reports running, paused or stopped (init is gone).
+// Status reports running, paused or stopped (init is gone); error when
+// its session host broke the protocol (StateReason says how).
 func (l *Local) Status(ctx context.Context, id string) (providers.State, error) {
 	sb, err := l.lookup(id)
 	if err != nil {
 		return "", err
 	}
-	return sb.state(), nil
+	st := sb.state()
+	if st == providers.StateRunning && sb.hostViolation() != "" {
+		return providers.StateError, nil
+	}
+	return st, nil
 }
 
 // List reports every sandbox under the state directory, including those

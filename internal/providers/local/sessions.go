@@ -44,7 +44,9 @@ func (a *agent) serveSessions(l net.Listener) {
 }
 
 // Agent returns the gateway's connection to sandbox id's session host,
-// its init, connecting when there is none or it broke.
+// its init, connecting when there is none or it broke. A host that broke
+// the protocol (sandbox root can replace it) is not reconnected: the
+// sandbox is in error (ErrConflict) until deleted.
 func (l *Local) Agent(ctx context.Context, id string) (*sgagent.Client, error) {
 	sb, err := l.running(id)
 	if err != nil {
@@ -53,6 +55,9 @@ func (l *Local) Agent(ctx context.Context, id string) (*sgagent.Client, error) {
 	sb.hostMu.Lock()
 	defer sb.hostMu.Unlock()
 	if c := sb.host; c != nil {
+		if why := c.Violation(); why != "" {
+			return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is in error: %s", id, why)
+		}
 		select {
 		case <-c.Done():
 		default:
@@ -76,6 +81,28 @@ func (l *Local) Agent(ctx context.Context, id string) (*sgagent.Client, error) {
 	return c, nil
 }
 
+// hostViolation is why the gateway cut its connection to sb's session
+// host for breaking the protocol, or "".
+func (sb *sandbox) hostViolation() string {
+	sb.hostMu.Lock()
+	defer sb.hostMu.Unlock()
+	if sb.host == nil {
+		return ""
+	}
+	return sb.host.Violation()
+}
+
+// StateReason says why sandbox id is in error ("" when it is not).
+func (l *Local) StateReason(id string) string {
+	sb, err := l.lookup(id)
+	if err != nil {
+		return ""
+	}
+	return sb.hostViolation()
+}
+
+var _ providers.StateReasoner = (*Local)(nil)
+
 // dialSessions connects to init's session host.
 func (sb *sandbox) dialSessions(ctx context.Context) (net.Conn, error) {
 	addr, d, err := sockAddrOf(sb.dir, sessionsSocket)
@@ -89,10 +116,16 @@ func (sb *sandbox) dialSessions(ctx context.Context) (net.Conn, error) {
 	return dialer.DialContext(ctx, "unix", addr)
 }
 
-// dropHost closes the gateway's connection to sb's session host.
+// dropHost closes the gateway's connection to sb's session host. A host
+// that broke the protocol is kept (its connection is closed already): it
+// is why the sandbox is in error.
 func (sb *sandbox) dropHost() {
 	sb.hostMu.Lock()
 	c := sb.host
+	if c != nil && c.Violation() != "" {
+		sb.hostMu.Unlock()
+		return
+	}
 	sb.host = nil
 	sb.hostMu.Unlock()
 	if c != nil {

@@ -1,0 +1,440 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+// A liar is an agent the sandbox replaced: it speaks the hello honestly
+// (it is the same protocol) and then lies on every other stream, as lie
+// says. Its streams run on goroutines the test joins.
+
+// lie answers one stream: req is its request, st the stream.
+type lie func(req request, st net.Conn)
+
+// serveLiar serves lie on conn (yamux, as an agent does) until conn
+// closes; done closes once every stream's goroutine has returned.
+func serveLiar(conn net.Conn, l lie) (done <-chan struct{}) {
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		ys, err := yamux.Server(conn, muxConfig())
+		if err != nil {
+			return
+		}
+		defer ys.Close()
+		for {
+			st, err := ys.AcceptStream()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer st.Close()
+				var req request
+				if readMsg(st, &req, maxRequest) != nil {
+					return
+				}
+				if req.Op == opHello {
+					writeMsg(st, reply{Version: Version, Agent: "liar"})
+					return
+				}
+				l(req, st)
+			})
+		}
+	}()
+	return ch
+}
+
+// dialLiar returns a client of a liar on a pipe; the cleanup closes it
+// and waits for the liar.
+func dialLiar(t *testing.T, l lie) *Client {
+	t.Helper()
+	a, b := net.Pipe()
+	done := serveLiar(a, l)
+	c, err := Dial(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		a.Close()
+		<-done
+	})
+	return c
+}
+
+// rawFrame writes a frame header announcing n bytes and then p (which may
+// be shorter or longer than n).
+func rawFrame(w io.Writer, typ byte, n uint32, p []byte) error {
+	var h [5]byte
+	h[0] = typ
+	binary.BigEndian.PutUint32(h[1:], n)
+	_, err := w.Write(append(h[:], p...))
+	return err
+}
+
+// hugeReplay is the replay length a replaced agent announced in the
+// attack this guards against.
+const hugeReplay = 256 << 20
+
+// replayLiar answers an attach with a replay frame announcing hugeReplay
+// bytes, sends 64 KiB of it and then holds the stream until the gateway
+// closes it.
+func replayLiar(req request, st net.Conn) {
+	if req.Op != opAttach {
+		writeMsg(st, reply{Error: "no", Kind: "invalid"})
+		return
+	}
+	writeMsg(st, reply{Session: &SessionInfo{ID: req.Session, TTY: true, Running: true}})
+	rawFrame(st, frameReplay, hugeReplay, make([]byte, 64<<10))
+	io.Copy(io.Discard, st)
+}
+
+func heapAlloc() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// TestLyingReplayIsBounded: an agent announcing a 256 MiB replay on each
+// of 4 attaches costs the gateway no more than the replay it asked for;
+// the attaches fail with the violation, and the connection is closed
+// with it (the attack took a gateway from 63 MiB to 1.4 GiB of RSS).
+func TestLyingReplayIsBounded(t *testing.T) {
+	c := dialLiar(t, replayLiar)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	before := heapAlloc()
+	var peak uint64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			a, err := c.Attach(ctx, "s", 0, nil, defaultRing)
+			if err == nil {
+				a.Close()
+			}
+			errs[i] = err
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			mu.Lock()
+			peak = max(peak, ms.HeapAlloc)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	after := heapAlloc()
+	t.Logf("heap before 4 lying attaches %.1f MiB, at most %.1f MiB during, %.1f MiB after",
+		float64(before)/(1<<20), float64(peak)/(1<<20), float64(after)/(1<<20))
+	if peak > before+32<<20 {
+		t.Fatalf("4 attaches announcing %d-byte replays took the heap from %d to %d bytes", hugeReplay, before, peak)
+	}
+	const want = "agent protocol violation: replay length 268435456 over 1048576"
+	violated := 0
+	for i, err := range errs {
+		switch {
+		case errors.Is(err, ErrViolation):
+			violated++
+			if !errors.Is(err, providers.ErrConflict) || providers.Message(err) != want {
+				t.Errorf("attach %d: %v (kind %v), want the message %q", i, err, providers.Kind(err), want)
+			}
+		case errors.Is(err, ErrGone): // the first violation closed the connection under it
+		default:
+			t.Errorf("attach %d: %v, want the violation or the connection gone", i, err)
+		}
+	}
+	if violated == 0 {
+		t.Fatalf("no attach met the violation: %v", errs)
+	}
+	if got := c.Violation(); got != want {
+		t.Fatalf("Violation() = %q, want %q", got, want)
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection to a lying agent is still open")
+	}
+}
+
+// TestLiesCloseTheConnection: every kind of lie ends the call with the
+// violation and closes the connection; none panics or allocates what it
+// announces.
+func TestLiesCloseTheConnection(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	attach := func(c *Client) error {
+		a, err := c.Attach(ctx, "s", 0, nil, defaultRing)
+		if err != nil {
+			return err
+		}
+		defer a.Close()
+		for {
+			ev, err := a.Next()
+			if err != nil || ev.Exited {
+				return err
+			}
+		}
+	}
+	session := &SessionInfo{ID: "s", Running: true}
+	for _, tc := range []struct {
+		name string
+		lie  lie
+		call func(c *Client) error
+		want string
+	}{{
+		name: "reply over its bound",
+		lie: func(req request, st net.Conn) {
+			binary.Write(st, binary.BigEndian, uint32(1<<31))
+			io.Copy(io.Discard, st)
+		},
+		call: func(c *Client) error { _, err := c.Sessions(ctx); return err },
+		want: "message length 2147483648 over 1048576",
+	}, {
+		name: "reply not JSON",
+		lie: func(req request, st net.Conn) {
+			binary.Write(st, binary.BigEndian, uint32(3))
+			st.Write([]byte("}{x"))
+		},
+		call: func(c *Client) error { _, err := c.StatFile(ctx, "/x"); return err },
+		want: "a message that is not JSON",
+	}, {
+		name: "start without its session",
+		lie:  func(req request, st net.Conn) { writeMsg(st, reply{}) },
+		call: func(c *Client) error {
+			_, err := c.StartSession(ctx, "s", providers.ProcessSpec{}, false, defaultRing)
+			return err
+		},
+		want: "session.start reply without the session",
+	}, {
+		name: "attach without its session",
+		lie:  func(req request, st net.Conn) { writeMsg(st, reply{}) },
+		call: attach,
+		want: "attach reply without the session",
+	}, {
+		name: "output before the replay",
+		lie: func(req request, st net.Conn) {
+			writeMsg(st, reply{Session: session})
+			writeFrame(st, frameStdout, []byte("x"))
+		},
+		call: attach,
+		want: `frame 'o' before the replay`,
+	}, {
+		name: "frame over its bound",
+		lie: func(req request, st net.Conn) {
+			writeMsg(st, reply{Session: session})
+			writeFrame(st, frameReplay, nil)
+			rawFrame(st, frameStdout, 1<<30, nil)
+			io.Copy(io.Discard, st)
+		},
+		call: attach,
+		want: "frame length 1073741824 over 1048576",
+	}, {
+		name: "unknown frame on an attachment",
+		lie: func(req request, st net.Conn) {
+			writeMsg(st, reply{Session: session})
+			writeFrame(st, frameReplay, nil)
+			writeFrame(st, 'Q', []byte("?"))
+		},
+		call: attach,
+		want: `frame 'Q' on an attachment`,
+	}, {
+		name: "exit not JSON",
+		lie: func(req request, st net.Conn) {
+			writeMsg(st, reply{Session: session})
+			writeFrame(st, frameReplay, nil)
+			writeFrame(st, frameExit, []byte("{"))
+		},
+		call: attach,
+		want: "an exit frame that is not JSON",
+	}, {
+		name: "exec output over its cap",
+		lie: func(req request, st net.Conn) {
+			writeMsg(st, reply{})
+			chunk := bytes.Repeat([]byte("x"), 64<<10)
+			for range 80 { // 5 MiB, far over the cap
+				if writeFrame(st, frameStdout, chunk) != nil {
+					return
+				}
+			}
+			writeFrame(st, frameResult, []byte(`{"exit_code":0}`))
+		},
+		call: func(c *Client) error {
+			_, err := c.Exec(ctx, providers.ExecRequest{Command: "x", Timeout: time.Second, MaxOutput: 1000})
+			return err
+		},
+		want: "exec stdout over its cap of 1000 bytes",
+	}, {
+		name: "exec result not JSON",
+		lie: func(req request, st net.Conn) {
+			writeMsg(st, reply{})
+			writeFrame(st, frameResult, []byte("nope"))
+		},
+		call: func(c *Client) error {
+			_, err := c.Exec(ctx, providers.ExecRequest{Command: "x", Timeout: time.Second})
+			return err
+		},
+		want: "an exec result that is not JSON",
+	}, {
+		name: "unknown frame on an exec",
+		lie: func(req request, st net.Conn) {
+			writeMsg(st, reply{})
+			writeFrame(st, frameReplay, []byte("x"))
+		},
+		call: func(c *Client) error {
+			_, err := c.Exec(ctx, providers.ExecRequest{Command: "x", Timeout: time.Second})
+			return err
+		},
+		want: `frame 'R' on an exec stream`,
+	}, {
+		name: "file size negative",
+		lie:  func(req request, st net.Conn) { writeMsg(st, reply{Size: -1}) },
+		call: func(c *Client) error { _, _, err := c.ReadFile(ctx, "/x"); return err },
+		want: "file size -1",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialLiar(t, tc.lie)
+			err := tc.call(c)
+			if !errors.Is(err, ErrViolation) || !errors.Is(err, providers.ErrConflict) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want a violation saying %q", err, tc.want)
+			}
+			if !strings.HasPrefix(c.Violation(), "agent protocol violation: ") || !strings.Contains(c.Violation(), tc.want) {
+				t.Fatalf("Violation() = %q", c.Violation())
+			}
+			select {
+			case <-c.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the connection is still open")
+			}
+		})
+	}
+}
+
+// TestLyingFileStream: a file stream ends at the size the agent
+// announced; a byte more is a violation, and what follows it is never
+// read (the attack streamed 1.96 GB through a download capped at 64 MiB).
+func TestLyingFileStream(t *testing.T) {
+	const announced = 1000
+	c := dialLiar(t, func(req request, st net.Conn) {
+		writeMsg(st, reply{Size: announced})
+		chunk := make([]byte, 64<<10)
+		for range 1600 { // 100 MiB
+			if _, err := st.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	before := heapAlloc()
+	r, size, err := c.ReadFile(context.Background(), "/f")
+	if err != nil || size != announced {
+		t.Fatalf("read: %d %v", size, err)
+	}
+	defer r.Close()
+	n, err := io.Copy(io.Discard, r)
+	if n != announced || !errors.Is(err, ErrViolation) || !strings.Contains(err.Error(), "a file stream longer than the 1000 bytes announced") {
+		t.Fatalf("read %d bytes, %v; want %d and the violation", n, err, announced)
+	}
+	if after := heapAlloc(); after > before+16<<20 {
+		t.Fatalf("heap grew from %d to %d", before, after)
+	}
+	<-c.Done()
+}
+
+// TestHonestFileStreamEnds: the check at the end of a file costs an
+// honest agent nothing (its stream ends with the file).
+func TestHonestFileStreamEnds(t *testing.T) {
+	c := dialLiar(t, func(req request, st net.Conn) {
+		writeMsg(st, reply{Size: 5})
+		st.Write([]byte("hello"))
+	})
+	r, _, err := c.ReadFile(context.Background(), "/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	start := time.Now()
+	b, err := io.ReadAll(r)
+	if string(b) != "hello" || err != nil || time.Since(start) > endGrace/2 || c.Violation() != "" {
+		t.Fatalf("read %q, %v after %v; violation %q", b, err, time.Since(start), c.Violation())
+	}
+}
+
+// TestLinksMarkALiarBroken: through Links (docker, kubernetes), a
+// sandbox whose agent lied is broken with the violation as its reason
+// and is not reconnected; another sandbox's agent is served as before.
+func TestLinksMarkALiarBroken(t *testing.T) {
+	srv := NewServer(false)
+	defer srv.Close()
+	var mu sync.Mutex
+	var cleanups []func()
+	defer func() {
+		for _, f := range cleanups {
+			f()
+		}
+	}()
+	dials := map[string]int{}
+	l := &Links{
+		Open: func(ctx context.Context, id string, start bool) (io.ReadWriteCloser, func() string, error) {
+			a, b := net.Pipe()
+			mu.Lock()
+			defer mu.Unlock()
+			dials[id]++
+			if id == "liar" {
+				done := serveLiar(a, replayLiar)
+				cleanups = append(cleanups, func() { a.Close(); <-done })
+			} else {
+				served := make(chan struct{})
+				go func() { defer close(served); srv.Serve(a, nil) }()
+				cleanups = append(cleanups, func() { a.Close(); <-served })
+			}
+			return b, func() string { return "" }, nil
+		},
+		Running: func(ctx context.Context, id string) error { return nil },
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	liar, err := l.Get(ctx, "liar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := liar.Attach(ctx, "s", 0, nil, defaultRing); !errors.Is(err, ErrViolation) {
+		t.Fatalf("attach to a liar: %v", err)
+	}
+	const why = "agent protocol violation: replay length 268435456 over 1048576"
+	if got := l.Broken("liar"); got != why {
+		t.Fatalf("Broken = %q, want %q", got, why)
+	}
+	if _, err := l.Get(ctx, "liar"); !errors.Is(err, providers.ErrConflict) || !strings.Contains(err.Error(), why) {
+		t.Fatalf("get after the lie: %v", err)
+	}
+	good, err := l.Get(ctx, "good")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := good.Exec(ctx, providers.ExecRequest{Command: "echo fine", Timeout: 10 * time.Second})
+	if err != nil || string(res.Stdout) != "fine\n" {
+		t.Fatalf("the other sandbox: %q %v", res.Stdout, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if dials["liar"] != 1 {
+		t.Fatalf("the liar was dialled %d times, want once (no reconnect)", dials["liar"])
+	}
+}
