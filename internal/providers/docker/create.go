@@ -28,7 +28,7 @@ var keepAlive = []string{"/bin/sh", "-c", "while :; do sleep 3600; done"}
 
 // createOptions are the provider_options a create may carry.
 type createOptions struct {
-	network   string // "" = none (or bridge when ports are declared)
+	network   string // an operator's network; "" = none, or the sandbox's own when it declares ports
 	pidsLimit int64  // 0 = Options.PidsLimit
 }
 
@@ -52,11 +52,10 @@ func (d *Docker) parseOptions(in map[string]any) (createOptions, error) {
 			case !ok:
 				bad.Add(field, "must be a string")
 			case s == "none" || s == "":
-				o.network = "none"
 			case s == "host" || strings.HasPrefix(s, "container:"):
 				bad.Add(field, "network %q is not allowed", s)
 			case !slices.Contains(d.opts.Networks, s):
-				bad.Add(field, "network %q is not allowed (allowed: none, %s)", s, strings.Join(d.opts.Networks, ", "))
+				bad.Add(field, "network %q is not allowed (allowed: %s)", s, strings.Join(append([]string{"none"}, d.opts.Networks...), ", "))
 			default:
 				o.network = s
 			}
@@ -94,8 +93,11 @@ func wholeNumber(v any) (int64, bool) {
 }
 
 // Create makes and starts the sandbox's container and returns once an exec
-// in its workdir succeeds (or spec.ReadyTimeout passes). On any failure the
-// container it made is removed. Resources the spec leaves nil get the
+// in its workdir succeeds (or spec.ReadyTimeout passes). A sandbox that
+// declares ports and names no network gets a network of its own
+// (network.go); it needs the host firewall unless
+// Options.UnisolatedNetworks (ErrInvalid naming ports). On any failure
+// the container and network it made are removed. Resources the spec leaves nil get the
 // provider's defaults (Options); resources.disk_gib is enforced only where
 // the daemon's storage driver can (Extra["disk_limit"] says whether).
 // ErrInvalid for a bad spec (missing image, unknown option, unsupported
@@ -122,6 +124,10 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 	if spec.Resources.MemoryMiB != nil && *spec.Resources.MemoryMiB < 6 {
 		bad.Add("resources.memory_mib", "must be at least 6")
 	}
+	ownNetwork := len(spec.Ports) > 0 && opts.network == ""
+	if ownNetwork {
+		d.checkIsolation(&bad)
+	}
 	if err := bad.Err(); err != nil {
 		return providers.Sandbox{}, err
 	}
@@ -130,12 +136,25 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 		workdir = "/"
 	}
 
+	ok := false // the create succeeded: nothing made is removed
 	facts, err := d.daemonFacts(ctx)
 	if err != nil {
 		return providers.Sandbox{}, err
 	}
 	if err := d.ensureAgentVolume(ctx, spec.Image); err != nil {
 		return providers.Sandbox{}, err
+	}
+	if ownNetwork {
+		netID, err := d.createNetwork(ctx, spec.ID)
+		if err != nil {
+			return providers.Sandbox{}, err
+		}
+		// Registered first, so it runs after the container's removal.
+		defer func() {
+			if !ok {
+				d.removeNetworkAfterFailure(ctx, spec.ID, netID)
+			}
+		}()
 	}
 	cfg, hc, nc, extra := d.containerConfig(spec, opts, workdir, facts)
 	created, err := d.cli.ContainerCreate(ctx, cfg, hc, nc, nil, spec.ID)
@@ -156,7 +175,6 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 		return providers.Sandbox{}, d.kind(err, "create sandbox %s", spec.ID)
 	}
 	// From here on, a failure removes what was made, even when ctx is done.
-	ok := false
 	defer func() {
 		if ok {
 			return
@@ -214,15 +232,12 @@ func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, wor
 	}
 	extra := d.setLimits(hc, spec.Resources, o, f)
 	netMode := o.network
-	if netMode == "" {
+	switch {
+	case netMode != "":
+	case len(spec.Ports) > 0:
+		netMode = networkName(spec.ID) // made by Create
+	default:
 		netMode = "none"
-		if len(spec.Ports) > 0 {
-			netMode = "bridge"
-		}
-	}
-	if len(spec.Ports) > 0 && netMode == "none" {
-		// Ports cannot be published without a network.
-		netMode = "bridge"
 	}
 	hc.NetworkMode = container.NetworkMode(netMode)
 	if len(spec.Ports) > 0 {

@@ -15,6 +15,10 @@
 // profile, masked and read-only paths kept. No process is ever signalled
 // from the host: signals and kills are execs inside the container.
 //
+// A sandbox has no network unless it declares ports; then it gets a
+// bridge network of its own (network.go) that the gateway's firewall rules
+// (package hostfw) keep off the host and off every other sandbox network.
+//
 // The daemon may be older than the client: the client negotiates the API
 // version (Debian's docker.io 20.10 speaks 1.41).
 package docker
@@ -37,6 +41,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/docker/hostfw"
 )
 
 // Labels every sandbox container carries.
@@ -86,10 +91,20 @@ type Options struct {
 	DefaultCPU float64
 	// CapDrop replaces DefaultCapDrop when non-nil.
 	CapDrop []string
-	// Networks are the networks a create may name in
-	// provider_options.network. nil = {"bridge"}. "host" and
-	// "container:..." are never allowed.
+	// Networks are the operator's networks a create may name in
+	// provider_options.network; every sandbox that names one shares it
+	// with the others that do (no isolation between them). nil = none.
+	// "host" and "container:..." are never allowed. A sandbox that names
+	// none and declares ports gets a network of its own (network.go).
 	Networks []string
+	// UnisolatedNetworks lets sandboxes with ports have their network
+	// when the gateway cannot install its firewall rules (not root, no
+	// iptables, a remote daemon): they can then reach host listeners.
+	// false = such creates are refused (ErrInvalid naming ports).
+	UnisolatedNetworks bool
+	// Firewall names the host rules (package hostfw). The zero value is
+	// the gateway's; tests name their own.
+	Firewall hostfw.Config
 	// PingTimeout bounds Ping. 0 = DefaultPingTimeout.
 	PingTimeout time.Duration
 	// AgentBinary is the static sandgate-agent binary every sandbox runs
@@ -118,6 +133,9 @@ type Docker struct {
 
 	factsMu sync.Mutex   // guards facts
 	facts   *daemonFacts // nil until the daemon has answered Info
+
+	fw       *hostfw.Firewall // nil: the host rules could not be installed
+	fwConfig hostfw.Config    // names sandbox bridges, even without fw
 }
 
 var (
@@ -154,9 +172,6 @@ func New(opts Options) (*Docker, error) {
 	if opts.CapDrop == nil {
 		opts.CapDrop = DefaultCapDrop
 	}
-	if opts.Networks == nil {
-		opts.Networks = []string{"bridge"}
-	}
 	if opts.PingTimeout <= 0 {
 		opts.PingTimeout = DefaultPingTimeout
 	}
@@ -168,12 +183,21 @@ func New(opts Options) (*Docker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker: %w", err)
 	}
-	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}}
+	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}, fwConfig: opts.Firewall}
 	d.links.Open, d.links.Running = d.openAgent, d.requireRunning
 	d.Via = agent.Via{Connect: d.Agent, Links: &d.links}
 	if d.volName, d.agentSize, err = agentVolume(opts.AgentBinary); err != nil {
 		cli.Close()
 		return nil, err
+	}
+	if d.fw, err = openFirewall(cli.DaemonHost(), opts.Firewall); err != nil {
+		if opts.UnisolatedNetworks {
+			d.log.Warn("sandboxes with ports are NOT isolated from the host or from each other (--docker-unisolated-networks)", "reason", err)
+		} else {
+			d.log.Warn("sandboxes with ports will be refused: the gateway cannot isolate their networks (--docker-unisolated-networks allows them unisolated)", "reason", err)
+		}
+	} else {
+		d.log.Info("sandbox networks isolated by the gateway's firewall rules", "iptables", d.fw.Tool(), "chains", d.fw.Config().Chain+"-INPUT, "+d.fw.Config().Chain+"-FORWARD")
 	}
 	return d, nil
 }
@@ -181,11 +205,16 @@ func New(opts Options) (*Docker, error) {
 // Name returns "docker".
 func (d *Docker) Name() string { return "docker" }
 
-// Close closes the client's idle connections. Calls in flight are not
-// interrupted; sandboxes keep running.
+// Close closes the client's idle connections and releases the host
+// firewall (removed when no other gateway holds it and no sandbox network
+// is left). Calls in flight are not interrupted; sandboxes keep running.
 func (d *Docker) Close() error {
 	d.links.Close()
-	return d.cli.Close()
+	var fwErr error
+	if d.fw != nil {
+		fwErr = d.fw.Close()
+	}
+	return errors.Join(d.cli.Close(), fwErr)
 }
 
 // Ping reports whether the daemon answers within Options.PingTimeout
@@ -268,7 +297,12 @@ func (d *Docker) List(ctx context.Context) ([]providers.Owned, error) {
 	if err != nil {
 		return nil, d.kind(err, "list sandboxes")
 	}
+	nets, err := d.networkSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]providers.Owned, 0, len(cs))
+	seen := make(map[string]bool, len(cs))
 	for _, c := range cs {
 		id := c.Labels[LabelSandbox]
 		if id == "" {
@@ -277,20 +311,37 @@ func (d *Docker) List(ctx context.Context) ([]providers.Owned, error) {
 		st := mapState(string(c.State))
 		d.setPaused(id, st == providers.StatePaused)
 		out = append(out, providers.Owned{ID: id, State: st})
+		seen[id] = true
+	}
+	// A network without its container (a create or delete cut short) is
+	// a stopped sandbox: reconciliation deletes it unless a record holds
+	// it (a create in flight on another replica).
+	for _, id := range nets {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, providers.Owned{ID: id, State: providers.StateStopped})
+		}
 	}
 	return out, nil
 }
 
-// Delete force-removes the container and its anonymous volumes.
-// ErrNotFound if there is none.
+// Delete force-removes the container and its anonymous volumes, then
+// the sandbox's own network. ErrNotFound if there is neither.
 func (d *Docker) Delete(ctx context.Context, id string) error {
 	d.links.Drop(id)
 	d.setPaused(id, false)
 	err := d.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
-	if err != nil {
-		if cerrdefs.IsConflict(err) && strings.Contains(err.Error(), "already in progress") {
-			return nil
-		}
+	switch {
+	case err != nil && cerrdefs.IsConflict(err) && strings.Contains(err.Error(), "already in progress"):
+		return nil // that delete removes the network
+	case err != nil && !cerrdefs.IsNotFound(err):
+		return d.kind(err, "delete sandbox %s", id)
+	}
+	removed, nerr := d.removeNetwork(ctx, id)
+	if nerr != nil {
+		return nerr
+	}
+	if err != nil && !removed {
 		return d.kind(err, "delete sandbox %s", id)
 	}
 	return nil

@@ -25,9 +25,11 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
 
 	"github.com/sandgate/sandgate/internal/agent/agenttest"
+	"github.com/sandgate/sandgate/internal/providers/docker/hostfw"
 )
 
 // ImageRef is the test image: FROM scratch with Debian's static busybox
@@ -90,9 +92,10 @@ func newClient() (*client.Client, error) {
 	return client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
 }
 
-// RemoveInstance force-removes every container labelled with the given
-// gateway instance id, reporting failures with t.Errorf. Meant for
-// t.Cleanup: sandboxes outlive their gateway by design, not the test.
+// RemoveInstance force-removes every container and network labelled with
+// the given gateway instance id, and the gateway's host firewall rules if
+// no gateway holds them any more, reporting failures with t.Errorf. Meant
+// for t.Cleanup: sandboxes outlive their gateway by design, not the test.
 func RemoveInstance(t testing.TB, instance string) {
 	t.Helper()
 	cli, err := newClient()
@@ -112,6 +115,21 @@ func RemoveInstance(t testing.TB, instance string) {
 		if err := cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
 			t.Errorf("remove container %s of %s: %v", c.ID[:12], instance, err)
 		}
+	}
+	// Sandbox networks, once their containers are gone; then the rules
+	// that guarded them, if this was the last gateway (a killed gateway
+	// never removes them itself).
+	nets, err := cli.NetworkList(ctx, network.ListOptions{Filters: filters.NewArgs(filters.Arg("label", LabelInstance+"="+instance))})
+	if err != nil {
+		t.Errorf("remove networks of %s: %v", instance, err)
+	}
+	for _, n := range nets {
+		if err := cli.NetworkRemove(ctx, n.ID); err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("remove network %s of %s: %v", n.Name, instance, err)
+		}
+	}
+	if _, err := hostfw.RemoveUnused(hostfw.Config{}); err != nil {
+		t.Errorf("remove the gateway's firewall rules: %v", err)
 	}
 	// Snapshot images (labelled sandgate.snapshot) of the instance.
 	ims, err := cli.ImageList(ctx, image.ListOptions{Filters: filters.NewArgs(filters.Arg("label", LabelInstance+"="+instance), filters.Arg("label", "sandgate.snapshot"))})
