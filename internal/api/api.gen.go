@@ -316,6 +316,22 @@ type ForkResult struct {
 	Sandboxes []SandboxRef `json:"sandboxes"`
 }
 
+// GatewayAdmission The gateway-wide admission numbers (all keys).
+type GatewayAdmission struct {
+	// DiskBudgetGib The state dir filesystem's size × `--disk-overcommit`; 0 = no budget.
+	DiskBudgetGib float64 `json:"disk_budget_gib"`
+	DiskGib       float64 `json:"disk_gib"`
+	MaxSandboxes  int     `json:"max_sandboxes"`
+
+	// MemoryBudgetMib Host memory × `--overcommit`; 0 = no budget.
+	MemoryBudgetMib int64 `json:"memory_budget_mib"`
+
+	// MemoryMib Memory committed by all live sandboxes.
+	MemoryMib int64 `json:"memory_mib"`
+	Queued    int   `json:"queued"`
+	Sandboxes int   `json:"sandboxes"`
+}
+
 // Health defines model for Health.
 type Health struct {
 	// Status Example: ok
@@ -387,6 +403,52 @@ type PtySession struct {
 // PtySessionList defines model for PtySessionList.
 type PtySessionList struct {
 	Sessions []PtySession `json:"sessions"`
+}
+
+// Quota defines model for Quota.
+type Quota struct {
+	// Gateway The gateway-wide admission numbers (all keys).
+	Gateway GatewayAdmission `json:"gateway"`
+
+	// Limits What one API key may hold (the gateway's `--quota-*` flags); 0 is unlimited.
+	Limits QuotaLimits `json:"limits"`
+	Usage  QuotaUsage  `json:"usage"`
+}
+
+// QuotaLimits What one API key may hold (the gateway's `--quota-*` flags); 0 is unlimited.
+type QuotaLimits struct {
+	DiskGib   float64 `json:"disk_gib"`
+	MemoryMib int64   `json:"memory_mib"`
+
+	// Sandboxes Live sandboxes, with the key's queued creates.
+	Sandboxes     int   `json:"sandboxes"`
+	SnapshotBytes int64 `json:"snapshot_bytes"`
+	Snapshots     int   `json:"snapshots"`
+}
+
+// QuotaUsage defines model for QuotaUsage.
+type QuotaUsage struct {
+	// DiskGib Disk committed by the key's live sandboxes.
+	DiskGib float64 `json:"disk_gib"`
+
+	// MemoryMib Memory committed by the key's live sandboxes.
+	MemoryMib             int64 `json:"memory_mib"`
+	OrphanedSnapshotBytes int64 `json:"orphaned_snapshot_bytes"`
+
+	// OrphanedSnapshots Of `snapshots`, those whose source sandbox is gone.
+	OrphanedSnapshots int `json:"orphaned_snapshots"`
+
+	// Queued The key's creates waiting in the queue.
+	Queued int `json:"queued"`
+
+	// Sandboxes Live sandboxes of the key.
+	Sandboxes int `json:"sandboxes"`
+
+	// SnapshotBytes Their bytes, where the provider can tell (local, docker); a provider that cannot counts 0.
+	SnapshotBytes int64 `json:"snapshot_bytes"`
+
+	// Snapshots Snapshots the key keeps (a fork's internal snapshot is not counted).
+	Snapshots int `json:"snapshots"`
 }
 
 // ReleaseResult defines model for ReleaseResult.
@@ -551,6 +613,9 @@ type NotFound = Problem
 
 // PayloadTooLarge An RFC 9457 problem detail.
 type PayloadTooLarge = Problem
+
+// QuotaExceeded An RFC 9457 problem detail.
+type QuotaExceeded = Problem
 
 // ServiceUnavailable An RFC 9457 problem detail.
 type ServiceUnavailable = Problem
@@ -768,6 +833,19 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 // The interface specification for the client above.
 type ClientInterface interface {
 
+	// GetQuota The caller's quotas and usage
+	//
+	// The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
+	// without keys is one key) and what it uses: live sandboxes with the memory and disk they
+	// commit (their `resources`, or the provider's defaults), creates queued, and snapshots by
+	// count and bytes, with those whose source sandbox is gone (`orphaned_*`; deleting them with
+	// `DELETE /v1/snapshots/{sid}` frees their quota). `gateway` holds the gateway-wide admission
+	// numbers. A create or snapshot that would take the key over a quota answers 429
+	// `quota_exceeded` naming the quota.
+	//
+	// Corresponds with GET /v1/quota (the `GetQuota` operationId).
+	GetQuota(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListSandboxes List sandboxes
 	//
 	// Corresponds with GET /v1/sandboxes (the `ListSandboxes` operationId).
@@ -777,8 +855,13 @@ type ClientInterface interface {
 	//
 	// Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 	// or fails and leaves nothing behind. `files` are written before the response. Over capacity
-	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+	// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+	// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+	// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+	// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+	// order. A create that could never fit the budget answers 400 at once; one that would take the
+	// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+	// `owner`.
 	//
 	// With `count` it makes that many sandboxes of the same request at once and answers a
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -794,8 +877,13 @@ type ClientInterface interface {
 	//
 	// Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 	// or fails and leaves nothing behind. `files` are written before the response. Over capacity
-	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+	// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+	// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+	// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+	// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+	// order. A create that could never fit the budget answers 400 at once; one that would take the
+	// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+	// `owner`.
 	//
 	// With `count` it makes that many sandboxes of the same request at once and answers a
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -1042,7 +1130,10 @@ type ClientInterface interface {
 	// processes, their memory and open connections are not captured: a sandbox made from the
 	// snapshot starts fresh processes on the captured files. The snapshot is durable across
 	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
-	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+	// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+	// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+	// `not_supported`.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1055,7 +1146,10 @@ type ClientInterface interface {
 	// processes, their memory and open connections are not captured: a sandbox made from the
 	// snapshot starts fresh processes on the captured files. The snapshot is durable across
 	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
-	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+	// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+	// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+	// `not_supported`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1108,6 +1202,29 @@ type ClientInterface interface {
 	GetSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
+// GetQuota The caller's quotas and usage
+//
+// The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
+// without keys is one key) and what it uses: live sandboxes with the memory and disk they
+// commit (their `resources`, or the provider's defaults), creates queued, and snapshots by
+// count and bytes, with those whose source sandbox is gone (`orphaned_*`; deleting them with
+// `DELETE /v1/snapshots/{sid}` frees their quota). `gateway` holds the gateway-wide admission
+// numbers. A create or snapshot that would take the key over a quota answers 429
+// `quota_exceeded` naming the quota.
+//
+// Corresponds with GET /v1/quota (the `GetQuota` operationId).
+func (c *Client) GetQuota(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetQuotaRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListSandboxes List sandboxes
 //
 // Corresponds with GET /v1/sandboxes (the `ListSandboxes` operationId).
@@ -1127,8 +1244,13 @@ func (c *Client) ListSandboxes(ctx context.Context, params *ListSandboxesParams,
 //
 // Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 // or fails and leaves nothing behind. `files` are written before the response. Over capacity
-// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+// order. A create that could never fit the budget answers 400 at once; one that would take the
+// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+// `owner`.
 //
 // With `count` it makes that many sandboxes of the same request at once and answers a
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -1154,8 +1276,13 @@ func (c *Client) CreateSandboxWithBody(ctx context.Context, contentType string, 
 //
 // Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 // or fails and leaves nothing behind. `files` are written before the response. Over capacity
-// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+// order. A create that could never fit the budget answers 400 at once; one that would take the
+// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+// `owner`.
 //
 // With `count` it makes that many sandboxes of the same request at once and answers a
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -1652,7 +1779,10 @@ func (c *Client) ResumeSandbox(ctx context.Context, id SandboxID, reqEditors ...
 // processes, their memory and open connections are not captured: a sandbox made from the
 // snapshot starts fresh processes on the captured files. The snapshot is durable across
 // gateway restarts and owned by the API key that created the sandbox (anonymous on a
-// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+// `not_supported`.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1675,7 +1805,10 @@ func (c *Client) CreateSnapshotWithBody(ctx context.Context, id SandboxID, conte
 // processes, their memory and open connections are not captured: a sandbox made from the
 // snapshot starts fresh processes on the captured files. The snapshot is durable across
 // gateway restarts and owned by the API key that created the sandbox (anonymous on a
-// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+// `not_supported`.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1795,6 +1928,33 @@ func (c *Client) GetSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...
 		return nil, err
 	}
 	return c.Client.Do(req)
+}
+
+// NewGetQuotaRequest constructs an http.Request for the GetQuota method
+func NewGetQuotaRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/quota")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
 }
 
 // NewListSandboxesRequest constructs an http.Request for the ListSandboxes method
@@ -3019,6 +3179,21 @@ func WithBaseURL(baseURL string) ClientOption {
 // ClientWithResponsesInterface is the interface specification for the client with responses above.
 type ClientWithResponsesInterface interface {
 
+	// GetQuotaWithResponse The caller's quotas and usage
+	//
+	// The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
+	// without keys is one key) and what it uses: live sandboxes with the memory and disk they
+	// commit (their `resources`, or the provider's defaults), creates queued, and snapshots by
+	// count and bytes, with those whose source sandbox is gone (`orphaned_*`; deleting them with
+	// `DELETE /v1/snapshots/{sid}` frees their quota). `gateway` holds the gateway-wide admission
+	// numbers. A create or snapshot that would take the key over a quota answers 429
+	// `quota_exceeded` naming the quota.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/quota (the `GetQuota` operationId).
+	GetQuotaWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetQuotaResponse, error)
+
 	// ListSandboxesWithResponse List sandboxes
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -3030,8 +3205,13 @@ type ClientWithResponsesInterface interface {
 	//
 	// Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 	// or fails and leaves nothing behind. `files` are written before the response. Over capacity
-	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+	// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+	// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+	// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+	// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+	// order. A create that could never fit the budget answers 400 at once; one that would take the
+	// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+	// `owner`.
 	//
 	// With `count` it makes that many sandboxes of the same request at once and answers a
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -3047,8 +3227,13 @@ type ClientWithResponsesInterface interface {
 	//
 	// Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 	// or fails and leaves nothing behind. `files` are written before the response. Over capacity
-	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+	// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+	// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+	// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+	// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+	// order. A create that could never fit the budget answers 400 at once; one that would take the
+	// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+	// `owner`.
 	//
 	// With `count` it makes that many sandboxes of the same request at once and answers a
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -3321,7 +3506,10 @@ type ClientWithResponsesInterface interface {
 	// processes, their memory and open connections are not captured: a sandbox made from the
 	// snapshot starts fresh processes on the captured files. The snapshot is durable across
 	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
-	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+	// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+	// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+	// `not_supported`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3334,7 +3522,10 @@ type ClientWithResponsesInterface interface {
 	// processes, their memory and open connections are not captured: a sandbox made from the
 	// snapshot starts fresh processes on the captured files. The snapshot is durable across
 	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
-	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+	// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+	// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+	// `not_supported`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3395,6 +3586,54 @@ type ClientWithResponsesInterface interface {
 	GetSnapshotWithResponse(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*GetSnapshotResponse, error)
 }
 
+type GetQuotaResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Quota
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetQuotaResponse) GetJSON200() *Quota {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetQuotaResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetBody returns the raw response body bytes
+func (r GetQuotaResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetQuotaResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetQuotaResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetQuotaResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type ListSandboxesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3450,6 +3689,11 @@ func (r ListSandboxesResponse) ContentType() string {
 	return ""
 }
 
+// CreateSandboxResponse429Headers the declared response headers of an HTTP 429 response for CreateSandbox
+type CreateSandboxResponse429Headers struct {
+	RetryAfter *int
+}
+
 // CreateSandboxResponse503Headers the declared response headers of an HTTP 503 response for CreateSandbox
 type CreateSandboxResponse503Headers struct {
 	RetryAfter *int
@@ -3468,8 +3712,12 @@ type CreateSandboxResponse struct {
 	ApplicationProblemJSON413 *PayloadTooLarge
 	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationProblemJSON422 *UnprocessableEntity
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *QuotaExceeded
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateSandboxResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *CreateSandboxResponse503Headers
 }
@@ -3497,6 +3745,11 @@ func (r CreateSandboxResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 // GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r CreateSandboxResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
 	return r.ApplicationProblemJSON422
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateSandboxResponse) GetApplicationProblemJSON429() *QuotaExceeded {
+	return r.ApplicationProblemJSON429
 }
 
 // GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -4231,6 +4484,11 @@ func (r ListFilesResponse) ContentType() string {
 	return ""
 }
 
+// ForkSandboxResponse429Headers the declared response headers of an HTTP 429 response for ForkSandbox
+type ForkSandboxResponse429Headers struct {
+	RetryAfter *int
+}
+
 // ForkSandboxResponse503Headers the declared response headers of an HTTP 503 response for ForkSandbox
 type ForkSandboxResponse503Headers struct {
 	RetryAfter *int
@@ -4253,8 +4511,12 @@ type ForkSandboxResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationProblemJSON422 *UnprocessableEntity
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *QuotaExceeded
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ForkSandboxResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *ForkSandboxResponse503Headers
 }
@@ -4292,6 +4554,11 @@ func (r ForkSandboxResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r ForkSandboxResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
 	return r.ApplicationProblemJSON422
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON429() *QuotaExceeded {
+	return r.ApplicationProblemJSON429
 }
 
 // GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -5005,6 +5272,11 @@ func (r ResumeSandboxResponse) ContentType() string {
 	return ""
 }
 
+// CreateSnapshotResponse429Headers the declared response headers of an HTTP 429 response for CreateSnapshot
+type CreateSnapshotResponse429Headers struct {
+	RetryAfter *int
+}
+
 type CreateSnapshotResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5022,6 +5294,10 @@ type CreateSnapshotResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationProblemJSON422 *UnprocessableEntity
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *QuotaExceeded
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateSnapshotResponse429Headers
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
@@ -5057,6 +5333,11 @@ func (r CreateSnapshotResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r CreateSnapshotResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
 	return r.ApplicationProblemJSON422
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateSnapshotResponse) GetApplicationProblemJSON429() *QuotaExceeded {
+	return r.ApplicationProblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -5405,6 +5686,27 @@ func (r GetSnapshotResponse) ContentType() string {
 	return ""
 }
 
+// GetQuotaWithResponse The caller's quotas and usage
+//
+// The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
+// without keys is one key) and what it uses: live sandboxes with the memory and disk they
+// commit (their `resources`, or the provider's defaults), creates queued, and snapshots by
+// count and bytes, with those whose source sandbox is gone (`orphaned_*`; deleting them with
+// `DELETE /v1/snapshots/{sid}` frees their quota). `gateway` holds the gateway-wide admission
+// numbers. A create or snapshot that would take the key over a quota answers 429
+// `quota_exceeded` naming the quota.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/quota (the `GetQuota` operationId).
+func (c *ClientWithResponses) GetQuotaWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetQuotaResponse, error) {
+	rsp, err := c.GetQuota(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetQuotaResponse(rsp)
+}
+
 // ListSandboxesWithResponse List sandboxes
 //
 // Returns a wrapper object for the known response body format(s).
@@ -5422,8 +5724,13 @@ func (c *ClientWithResponses) ListSandboxesWithResponse(ctx context.Context, par
 //
 // Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 // or fails and leaves nothing behind. `files` are written before the response. Over capacity
-// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+// order. A create that could never fit the budget answers 400 at once; one that would take the
+// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+// `owner`.
 //
 // With `count` it makes that many sandboxes of the same request at once and answers a
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -5445,8 +5752,13 @@ func (c *ClientWithResponses) CreateSandboxWithBodyWithResponse(ctx context.Cont
 //
 // Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 // or fails and leaves nothing behind. `files` are written before the response. Over capacity
-// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+// order. A create that could never fit the budget answers 400 at once; one that would take the
+// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+// `owner`.
 //
 // With `count` it makes that many sandboxes of the same request at once and answers a
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -5869,7 +6181,10 @@ func (c *ClientWithResponses) ResumeSandboxWithResponse(ctx context.Context, id 
 // processes, their memory and open connections are not captured: a sandbox made from the
 // snapshot starts fresh processes on the captured files. The snapshot is durable across
 // gateway restarts and owned by the API key that created the sandbox (anonymous on a
-// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+// `not_supported`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -5888,7 +6203,10 @@ func (c *ClientWithResponses) CreateSnapshotWithBodyWithResponse(ctx context.Con
 // processes, their memory and open connections are not captured: a sandbox made from the
 // snapshot starts fresh processes on the captured files. The snapshot is durable across
 // gateway restarts and owned by the API key that created the sandbox (anonymous on a
-// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+// `not_supported`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -5990,6 +6308,39 @@ func (c *ClientWithResponses) GetSnapshotWithResponse(ctx context.Context, sid S
 	return ParseGetSnapshotResponse(rsp)
 }
 
+// ParseGetQuotaResponse parses an HTTP response from a GetQuotaWithResponse call
+func ParseGetQuotaResponse(rsp *http.Response) (*GetQuotaResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetQuotaResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Quota
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseListSandboxesResponse parses an HTTP response from a ListSandboxesWithResponse call
 func ParseListSandboxesResponse(rsp *http.Response) (*ListSandboxesResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -6079,6 +6430,13 @@ func ParseCreateSandboxResponse(rsp *http.Response) (*CreateSandboxResponse, err
 		}
 		response.ApplicationProblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QuotaExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest ServiceUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6089,6 +6447,16 @@ func ParseCreateSandboxResponse(rsp *http.Response) (*CreateSandboxResponse, err
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers CreateSandboxResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreateSandboxResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -6742,6 +7110,13 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 		}
 		response.ApplicationProblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QuotaExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest ServiceUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6752,6 +7127,16 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers ForkSandboxResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ForkSandboxResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -7390,6 +7775,26 @@ func ParseCreateSnapshotResponse(rsp *http.Response) (*CreateSnapshotResponse, e
 		}
 		response.ApplicationProblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QuotaExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers CreateSnapshotResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
@@ -7639,6 +8044,9 @@ func ParseGetSnapshotResponse(rsp *http.Response) (*GetSnapshotResponse, error) 
 
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
+	// GetQuota The caller's quotas and usage
+	// (GET /v1/quota)
+	GetQuota(w http.ResponseWriter, r *http.Request)
 	// ListSandboxes List sandboxes
 	// (GET /v1/sandboxes)
 	ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams)
@@ -7725,6 +8133,12 @@ type ServerInterface interface {
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
 
 type Unimplemented struct{}
+
+// GetQuota The caller's quotas and usage
+// (GET /v1/quota)
+func (_ Unimplemented) GetQuota(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
 
 // ListSandboxes List sandboxes
 // (GET /v1/sandboxes)
@@ -7896,6 +8310,20 @@ type ServerInterfaceWrapper struct {
 }
 
 type MiddlewareFunc func(http.Handler) http.Handler
+
+// GetQuota operation middleware
+func (siw *ServerInterfaceWrapper) GetQuota(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetQuota(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
 
 // ListSandboxes operation middleware
 func (siw *ServerInterfaceWrapper) ListSandboxes(w http.ResponseWriter, r *http.Request) {
@@ -8873,6 +9301,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/v1/snapshots/{sid}", wrapper.GetSnapshot)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/quota", wrapper.GetQuota)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/renew", wrapper.RenewSandbox)
 	})
 	r.Group(func(r chi.Router) {
@@ -8912,6 +9343,15 @@ type NotFoundApplicationProblemPlusJSONResponse Problem
 
 type PayloadTooLargeApplicationProblemPlusJSONResponse Problem
 
+type QuotaExceededResponseHeaders struct {
+	RetryAfter *int
+}
+type QuotaExceededApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers QuotaExceededResponseHeaders
+}
+
 type ServiceUnavailableResponseHeaders struct {
 	RetryAfter *int
 }
@@ -8926,6 +9366,43 @@ type SessionNotFoundApplicationProblemPlusJSONResponse Problem
 type UnauthorizedApplicationProblemPlusJSONResponse Problem
 
 type UnprocessableEntityApplicationProblemPlusJSONResponse Problem
+
+type GetQuotaRequestObject struct {
+}
+
+type GetQuotaResponseObject interface {
+	VisitGetQuotaResponse(w http.ResponseWriter) error
+}
+
+type GetQuota200JSONResponse Quota
+
+func (response GetQuota200JSONResponse) VisitGetQuotaResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetQuota401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetQuota401ApplicationProblemPlusJSONResponse) VisitGetQuotaResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
 
 type ListSandboxesRequestObject struct {
 	Params ListSandboxesParams
@@ -9063,6 +9540,25 @@ func (response CreateSandbox422ApplicationProblemPlusJSONResponse) VisitCreateSa
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSandbox429ApplicationProblemPlusJSONResponse struct {
+	QuotaExceededApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSandbox429ApplicationProblemPlusJSONResponse) VisitCreateSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -10164,6 +10660,25 @@ func (response ForkSandbox422ApplicationProblemPlusJSONResponse) VisitForkSandbo
 	return err
 }
 
+type ForkSandbox429ApplicationProblemPlusJSONResponse struct {
+	QuotaExceededApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox429ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ForkSandbox503ApplicationProblemPlusJSONResponse struct {
 	ServiceUnavailableApplicationProblemPlusJSONResponse
 }
@@ -11170,6 +11685,25 @@ func (response CreateSnapshot422ApplicationProblemPlusJSONResponse) VisitCreateS
 	return err
 }
 
+type CreateSnapshot429ApplicationProblemPlusJSONResponse struct {
+	QuotaExceededApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSnapshot429ApplicationProblemPlusJSONResponse) VisitCreateSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetSandboxStatusRequestObject struct {
 	ID SandboxID `json:"id"`
 }
@@ -11538,6 +12072,9 @@ func (response GetSnapshot404ApplicationProblemPlusJSONResponse) VisitGetSnapsho
 
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
+	// GetQuota The caller's quotas and usage
+	// (GET /v1/quota)
+	GetQuota(ctx context.Context, request GetQuotaRequestObject) (GetQuotaResponseObject, error)
 	// ListSandboxes List sandboxes
 	// (GET /v1/sandboxes)
 	ListSandboxes(ctx context.Context, request ListSandboxesRequestObject) (ListSandboxesResponseObject, error)
@@ -11658,6 +12195,30 @@ type strictHandler struct {
 	ssi         StrictServerInterface
 	middlewares []StrictMiddlewareFunc
 	options     StrictHTTPServerOptions
+}
+
+// GetQuota operation middleware
+func (sh *strictHandler) GetQuota(w http.ResponseWriter, r *http.Request) {
+	var request GetQuotaRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetQuota(ctx, request.(GetQuotaRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetQuota")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetQuotaResponseObject); ok {
+		if err := validResponse.VisitGetQuotaResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
 }
 
 // ListSandboxes operation middleware
@@ -12444,170 +13005,187 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3rctu2tvCrYLTPTKRsSrYTp7u1J3PGzaXN2WnisZ3p6VQ5JkQuWdimABYALaupZ76H+J7we5Jv1gLA",
-	"i0Rd7MZuz25+dBqLJLi4sO43fOokaporCdKazsGnzgR4Cpr+eQJWz4/GFjT+lYJJtMitULJz0DmFRMnU",
-	"MI6X2WwikgmzE2BJJkBaNuVzpvHxQSfqmGQCU45rTIUU02LaOdiNOnaeQ+egI6SFC9Cdm5ubqJNzzadg",
-	"/ftfiwyOuZ0svx1/ZUIakQK91XCZjtT1IdOQcSuugOXcTgzjGqqfrKJ7Z0pfpkIjYALX+qUAPe9EHcmn",
-	"CA8+2Ik6Gn4phIa0c2B1AQvf8BbkBYK1V36FsVrIiw5+w7HSdhniI5YrbVtgjlgKScY1pExIFuNdJmbc",
-	"skQDt1CC6eEKUOJL1kLJrx2mv3r27OmzqML8Xgvmo86pA+bNy2XIzypYmUgjFpvRdT9mXKbsyS7L1Ax0",
-	"wg2wETfw9AlLJlzzBLdwBegiXQs4XPNpnhFOR9d9PkpSGF9MxL+ePN1/9tU/LrOp7CCdWAsa1/4fvOtn",
-	"3v/1Sf8fHz892b35j07bppyCMULJVd93fPYTM+4WJtIVgJsNkG8ijFPJczNR1gFR+06Zr/rOO0BRR43M",
-	"N6LmBtcyuZIGiOeOMg08nb9QUkJi8QUoIKQFSUTN8zwTCUfU7eRajTKY/v1fBvH4qQbDf2gYdw46f9up",
-	"RMuOu2p2jt1T7tULPCKVnYAOMmSistQ4VvFbgzQXW34J6gp0zGbcMKksM2BZN05UCjEThsVHb09eHb38",
-	"6fzF+3fvXr04e/Uy7g06N1HnW56ewC8FGPuQX/VGXvFMIHfnhT1kMWittIlZJow1DK5Az5l/KUH5Qslx",
-	"JpIHhbHB4wYFEUlKreQFM5ZbYGOlmZ0Iw7TDIOvC4GLAcl4YSJnSzFiV55A6TL9WeiTSFOSDkg+z6hIk",
-	"gco9KZVCFn9jJlE56gGFYqv2SapAQXsTdd4p+1oV8kGp/oO8lGomS/x3lWZjkQHBjHLeofSYzzPF0zOl",
-	"3nJ9AQ9NHWHbRyqdI4lkCATij0vGM9QCKYF5CvpKJPBB8isuMj7KHhTS91coPnjOE2HnhECk4xFPLkGm",
-	"CHYhNfBkgnChlF80dvqltdMGgL97p2YX3dSUy5+AeOiTC/9bXanVxeOL9+/OXv332fm792fnr99/eBfE",
-	"4wfJCztRWvz6sGL/B2GMkBcRm/JsrPQU0ojBdY7qDT9Hw5W6hBTtoRSkFTwzHtxcqwSMwc18Ja2w8z+K",
-	"Ka6EyrgFr6zo2Y2C/iYobaK+b7lNJq+5yApNDJNrlYO2willIVO4XrZcfiSrW43ptXGiCmljbzYa1t3t",
-	"o0WGAnnZ4os6HpDtEVC3OX72EFXLfCzfoUb/gsSSIiNIvGVJ+5GmAkHn2XHt88Y8MxAtfDGJlPOca9zv",
-	"li8XdhK+OGKXAHndpAbDpjwFNpuAZKQHDBtzkbFuCmNeZJbROwkzssi8lHKGlP+KkVIZcImfQW9ZBuEH",
-	"fglOfUy5nNdeTftRKcpDgoxLMwON7MdZ7FFCex4jEJWxvt+01FdAV9tHkFbPcyUciMLClPC3YOatXIlr",
-	"zedunavVW7T9etXuowozt1qyiV90/gz6bDMtLLARjJUGT93oWhZamojcPNYfFru7T4F9OHvd/5pZuLZr",
-	"draCUKQZnFsxBVXYc9Pi4lqVe/+WNjRDa2iGlCcVg2tIItLTKKNQ1FrNx2ORkJEqFePW8mQCKV1zFi1C",
-	"hQKO285BJ1UFAhc1fOIVMMtiOnLbLabc6f4mqC+UtFxIpDC8gXUDr7LRnKUquQTdG7BMJTw7IHpEZwIp",
-	"lUv/hDf5LriFGZ8/Mu5mfzEVGhKr9Jx1436frvTpiol7B4wzrZQlXJi5sTCt7vd2V+xAYIZfQYw/vX/x",
-	"hmV8rgrLLNcjnmWsq3JHJdmcxQjewHJ9oCFXB5ZfxL1DhmzmrDqCHu3UC6k0qgtuWAzXVvMBgRXjt6BS",
-	"nJs1lFBR3hQsT7nlv4NcT4giIUVQhDlkBakl/IuEc8ZHkMWIIyQnL7JRMWxFqRQUaImC4M/IInCdK4PS",
-	"SKviYsLi716dsZ2rvZ1SKO18EunNDsiUJIXZ+YQr3pDsKUXGbSIGG+RJ1Cmk+KWAN25tvMOpnCuRgj53",
-	"O71GOLglFz7WP903OSQCGc0vc1gaPJcwDyGff5Hz6rh1f3cXKUbIC8L6JcwHLDbeGT8XKVlFPEkgx0cm",
-	"oJ2L0H0HPyj23Xz6yKCrMO0RZ0+BS7enVuX9DK4gY2MBWbrVRpJvvU7mfK9mTs6g4OPCeiel8s6sYiNI",
-	"1BQ/kqfzzyBSNBhV6KTUu+/HnYOf11sFJ+UjNx8X34B2TYXbNqnKtWVjraZOqoabWVdJFxhLeJaBfmRw",
-	"p5iaSdM7YMIaJ2Ai+qd7/SPj5NNWPG5t1obwt2IMuB8oAI2PaRJwpGnIdA5Gw97Xu7uHbJc9d/I/F3re",
-	"+wz49/HI9sAUXkTCrUlgpwJTJsZs6izn3hYIuGmhxpeQgYUTMEVml43OlK6mNdlXGkULxmC4s80IfKlm",
-	"Ev3WVW/x5ro5H321344C3PZHho3mFncfbdqv9vsg0Z9JB63BvjpsjfXbAHzlheIbOVbL4AWR2YzYTazN",
-	"D3Z29p78Y7A72B3sHex/s/fsaaeF6moO5taKZQHEhQ8qIaoWb/2sa0heoQNyRleWXYe54zU1naJYS0VK",
-	"oTRdSBQxyPMZ4L2HDAnLmdLC4n2Ic5BI3T93vCTrRB0vn2qwVB+EsNQCb7dwAzx4y/CfFBJNm9hMWD+J",
-	"WXfEzcQBmWswIC3xxNqIbNRJZi0rv/TcvpAq2ChfPrsBTR+ir+B8xJPLC60KmZ4bF11pkWOEvlJW9Q6Y",
-	"d469Uxr2OYOxZSOYCJmSprwUWYZ60m+vt6sPhxKBIlNx7twrXUgp5MVgKLdymoxNhWzn6VPLZcq1D4i2",
-	"cfRmWb5agb6shLUn3efMI+UzyOrCtOXCPphgkyrNCpFuJ46bUsrR+SpOXik984KsiTZMvDj+wEizdRFq",
-	"9nfmjPNesD4DSeB/+HdFMMKS7QEpWh9RTTMO2NEImQvpRUN4iswylnCJAsQC2vLB5WjF+BJW00KTqj2f",
-	"rrWIajBrLg/QFDOFy5stJ9VIh5OpQPaGVfQHXAsbrYCedcmx6R0yQFbylrt3iJjhMyaaJCSk/Wq/NbhC",
-	"kZ9z6yXvdjZVU2C32lVKTc8dw7ZryoCdGTeBsdF8nHFpcdOnMCUDooanRyb8mompsOhkbbPBNbVb4/kc",
-	"+OW5W+58KkYt/grwS6YBN0va8OImNZLDGNwjri/A2ECYLWT5g/j2nkjSCcJzFEntuEZKYnj5kO09ecaU",
-	"ZF4o+UyDN9fHLqTXHoMzNgXdJk/OXve/xg90iSOyfJiGPONJq8lDK6Ea/gwrWV3IhNs2EjtixmrgU0Yh",
-	"dEhZPOXX53ANybkqbF7Y2L8g0GBS2DZKWZB9HvYSHU3kN5ipKSrqwLYJztfolhFLLQtOctmWP/G/Tt+/",
-	"czElT4NqPAaZogVOT0SMsl4uS//z3sfYBzjKugVSA62InYIxPnazXhc40KoH2j8tg3aDddpKsW+sYTlo",
-	"8heUZCNhTeScYwO2EGmE/78QThkYK5LLOTGYSizPfKpv2Nn9an9/2CEWqmWZf97t/+Pjp/227HKE4Iix",
-	"gPScE3VWnMct9JFj2h5yme42rsu4sQwymIITacTuuF3dYWdn2Cm9Za2U7bVuQ95aT1LzM/jIqKywft1l",
-	"1dLOf+LXFVjHK4hJxxldzsx8mgl5ib6rIZ1kUczZR4ZlZKr2ttQxfp1z93grt5ZvcvdQmGymhbUg23l/",
-	"havALcpeYQ5ZTPE3FzBhKaAtGrHXb16/pwwwSlhbdw8Qpci0Arnag9OJOrRIi6ewwAj1ugd/r8d05Mi8",
-	"SV6r+OStMLbNsbM6ZFdCBGydei457mY5dr6apkq3/a6EtUYcN9b3xRJTpYH5T3O52RnoEC5vSPxV0tgj",
-	"PaBns4zN4EdHUss4Xo0XQkFFjaxbImcZL71bcNy3xGU1Gt/ISO2fT6u3fq/Sl3d1Zcs0Enkj5JKuTPy0",
-	"gLkClnbHoIz8bk3gPil1AuNlEl/U2OXibSj6Hnjm9n0BJMttYZqBFHW5MYDjH2t701vgBu62G1QJsr1x",
-	"Tm86pWfQMi+3sINrcgvrAoz4KMt8mLH0SbnPJ3k3oyYDfpeLerMKTafhg5vQxWomQccHLj1tJ+jis9h/",
-	"Ff5cprlMxI7PfoqY24+IlcmEQybxYeaigJErCYqYBgkzVAtTgboaX1NXDfQD6gKPwLa40XGVo14sFGMn",
-	"r1+wb/af/SNk1FkKlgvyTBb5rs0g+oEnEyGhr4GniM5g2HlLOY5YLJU9H6tC0h/LNRNRW51Zq6hykLUG",
-	"gVyJwC2UUGnRtqihisGWrQUrbAZroo3L1sOHkzdMwxg0yAQYuWxiPA9JlIB1fJp1Yz5ShT0YZVxexi6Y",
-	"JJWE3ubwrNfqDrzyE0qcRW772pj/2M5dgcFdxXG2Meu1Ofu+Mj7pndLnhCx8QPOEipDNhLxRileKcYhW",
-	"Ri7mYCa9reJfPnD5B8QkXY1N81vxXpRoTj64QORzloscDV7n3Xm/Av07xnOubS9iIFyFnuUafXpumZIJ",
-	"lBEIpYOoTCbKAIV7LZnp2lifXWfd+D9zO3++Gx+493k8Eii9qFzbTpw1sDluqdXsM5BFCBPeISdTknXa",
-	"okFdMZdPq21Qm9W9K7jnBy8Yg0TGvY06iMZ2YWznvs5tGbBQ69CWK4o6PmF1KxcQroVdEX155/IRIoMy",
-	"KN3ZZlOCZ7y23Mmj5SbquJDGuRqPTZt7dabQM3ZenRozdzeKxbRIIGVGsTHXLtYm4drSnXUnwK27rbPn",
-	"P7Qdv3cki2rVxY+to790tco9bmzoCtrylNLuenkYtld7NdLbaJqGtdsAO4HMWYztNrN2l1dQsYYpF4iu",
-	"c7qrVc8uAFMu2PJ0O3wSZndTZ6Xx+dmtx5NGecA6iBYLYtxzLrJsDhl38lzpIOEp0FUrqAhx20emnrFZ",
-	"Sni0ZjoM645JxSppQj3y50jOp8Jcnl+0BbNfCnPpvo0Jyb4T37ZAcBhKrrhluO+WfbXPfhDf9g7Zbqng",
-	"hFmovAr1Bt243/f/7iMc/QsxiqsyLl6vuPKxsCqsr2bykBxhtNhyfLWwFI02Lu736t370+MXwd1G9by/",
-	"97SsILI+HuZK483A15AdMJBjpROXMfThdmOVpiIxLa5CJoXKr3xFFqGQEOXKj8MS8efYnwtHD1s8U5Om",
-	"F3lRJme2qA2rJzRu86I2bqqXfrZEpbloTe64ctdGTWwcubSJr/a1E+621wV5thKrjZrjNn/iYWIIUfjs",
-	"j6vx1R7rvpthkQsNxj/TalmAbFRcTajLyBf8NEm29qLNtjgyw6aSty1qVJcZZiOTZNzYc/I/hJ3fClt3",
-	"KoxcXb64WJ5cd1AXY6qhWDAkA5YjgG5/2s2euje8BcWeupvLx841cN8o0F4302yWcqX+sU+UCGsYv6Cc",
-	"ZJmIrTKrFPyeCdOeJVqjx9cVjm0w+ipM1VzsJoar5Rr2XYNhAnhLZNlCYjXaCQQQeGANn68wGO8qiNoD",
-	"9reKZtZEWntmxFekU22okKGE5pCF6lGWc+2KKpatma1kwkJZfKHJbR7zxJoQtar2KI5YTBbmuUjr0ajq",
-	"g9xV6pRb/qL3Of+lADYCrkHX2ulcpeaaPMUSu1YxXjJXWkP4DQbequ93eY0Q1tw2eovukr4CfV7orD03",
-	"URlicG1BS56xDydvmZBJVlAmON652iPcrikI/Hr3692dq702kLdn2wrQqMnD9T1cZmSHkzpDb+S701JY",
-	"tuRcxRiSeZKB7wRV46q+oR7RpWCLcycrx9L1h5LYofbQkM+nEnGq2m4NNoRW6c+j87dUIWtaYp0otxz5",
-	"QY1Z1807mPI5GwG7WBHqdGmkc4oRrBAepEpCAbRL4Y1grmRKSoSKm1eWK7myFop37W6dNG5WZm/Vg76B",
-	"SGsrLlBpIMcKCRtDB2HfV+gBf/UWeiDQ0UYlUC69Dqy7+ebt5QxHrmIQpWsOKs/gkEkAV4U7AuYaKHxz",
-	"WFnE+uTrrYKIjp1X5gYf3jLayvrZPvH3IXcl5XcL/H/mgvOo48orzkO6e9MciEb+o/ZotLlYPXx42Nhb",
-	"xGOOshmfGxZ/ummxC6LOdf9C9StYi8R+unFNqpAUWtj5KdKFjwLl4p8wb03LHR2/obYNblh85LuJqWDr",
-	"gH3rjArq1UsuYe6a9uIBeweQQkpl55UtlQljDxnPjGKudk3JofQ9tKD7gcooPtFQSaHHxy+WuoplomqK",
-	"6BEUFQJQc5dmkQOxjVfpsjeINn0b3RW+but3f0/F/JveXTYlUYk+t2KUAXN9AL1ybIn7uxoZ8t99fKr/",
-	"3Xza91zdJ5OogsTvaBOWJxuAWfO+Da9BuhLepW++ADcRDTCqMJLs+7Oz47IEF0UlMmEfriEpqDentN0H",
-	"7L2s9GNfQmE1z4gc1RVoxofSNTQiiCbnCbB/cZFFjLOXrjcR5IWQ4Mr5/lmMQEuwYFiSFcaCPmAnr07P",
-	"CITSHoqYktBHvTCUCBLRLcXkDtmPMDqlcijjn7kCZkFPBZqT3eOzn3qhNd+w2UQZCBkEahymXk5XjJdw",
-	"OZQjcEWbc/yRGlI505C4GS2DoRzKF9Rgalii5FhcFBpYXJmP7DnzBur370/PDo7fn5yhCXvoe9KbvERD",
-	"ElLQQxl/qpa4WegljAfsDH0CChKK0GMgreaJdR2m3ylKDrtqUFpaMyGHMqZsqOTZDs9FTE0IFyCpCCAN",
-	"VdtRWZRell8jJFQCzK3vb1Q5SJ6LwZxPs5iQ8Le/MeRLkNZ3/eOPj9njx14qPX7M/t//+b/bC6aT0ETb",
-	"FE1WkXSqEd9QMvZPmCP6UaXjR8T9Ps9F/xLmMdth8enRu5ffHZ29Oj86fnP+z1c/ncasS8njvoGc08f3",
-	"BuxH31xM4ivsZIqr13HhWhURsUrOp6ooW80NUzKbl80cCCRI/JFlSuUjnlzScBFdSBcExoXjfl9IkvHQ",
-	"l6rPCzuJewNWF+Uog9GXoJW2EsHC4tKVAMY9eFsJDr8PutYyG9dcmhgNh6pN/gTGMeuO5vUtGM0J9uP3",
-	"p62Nri7Hgt/xXi7DapihaSCW6JGxeJV8dHtEUlZkws57Ed7bvIUKgNspKia6+FarmQFtGNIruo+8Eg6R",
-	"H5zmC9UNWC/LTVTC6AuEymdwTVOMcq2sSlTG4iAyB/TVg2UdFMag0KCzWqmyw3lM+xME+4Qbxtnjx+RD",
-	"Pn58wHyBEOtWBUJRzRduFP3saDDFtKz94ZJIdyokJSFoIfca0yOshTIj1t2izCiqFnKP4dpuNSdiKNmG",
-	"14U1kI23Kkvisg6Wo/vF5cnZcmupEUrmhacIf2eIb9d8rCiGMmBbjjWhnTpgjx/v7+49fjxgtSlGCML2",
-	"g4x8ssYt9ZSWkmVrtAqISMNKB7g63rr/+DGiJVdUKkESJAw9CFYHUsUIQLIr0FRvGzGjmEhNoNyRqwiC",
-	"FDkuAVS3rO4JhHc76VHFlZC+aTKGYfu7+0GIU4WTwT9e0f3kQ1DuaNVEl5h1Q0FYz+W3YlQ+ccRiKi3C",
-	"fziKiqOhjF11Ucy6k2LKZVkEdshec2OPjt/0jZ1nYZahoU5rJqxrAPeDdLrT1goy0m/tJWSJn+t1i3Iy",
-	"JEhqX1ea7T95MpQto2RC6i/MovF1NJXzZZxy/I05V479xn4ATpLot6H8rd/v0394A77pt7JZhNrzDirq",
-	"Zf91+v5d5IeCkWqPSvKiVC45S6l3mNy/kagi6o+wE5ejApPwHBpFj8y/fI/9Fjqa8YMDHLW5P+HOp+y3",
-	"DbO+mgziH9tnv5UQV41iNGqLhjP6QR5hZpJ/6hv2W2MSmgvyk8GnJH3bwgi0ahol1SEx7kbqlRNBen7l",
-	"PfwMmqdFcKIn6K88ecJ+83OE/GyhEp5n9PFhxBW+NUy3KqqRW4cs4ZpqwOPaWKs4rIC7zNmouDhkmbq4",
-	"QIjJ0OsbkUJUH+N5gQYs6vUxMN+PgosM5RGTSvZ/Ba1cJ5QbJeIMc0jLTjTqE5BKT3nG4qqRMY68QA0m",
-	"PhGq89QykYA0UAVOOkc5oq3/ZLDbiToUtiXPyRzs7MxmswGnywOlL3b8s2bn7ZsXr96dvqJnqurH0rvo",
-	"RJ0r0K6WqbM72HN3eYOyc9B5OtgdPHVdLhPyeHc6B59uos7OhGqbf/V/TcFqkRj/V90e9T/Rvoe762YK",
-	"rum7Npy6EUq+STsHHWTw01pqtD4Q9eelaD3K6mrwEI1wEcaR6arxpmX6Z7sBWAtRoJtoAwzOl4lD7icm",
-	"1YFWZHwZO8F8xbMCWHwVR+xCXHl3+vL5VbwKYhqd0mkfEWqBT59TfLzekPQ/zz/+/fngcdu4y48L4y6f",
-	"7O6uGRp2u2Fh9RzW+hmLNMZCViMmlE5B01CzfQdP22tKuHdqcyzpkb3NjzRmu9XDOkRWIaDz80dEkCmm",
-	"U67nNByj7uYgOvmFWciZUX7XtGTTX/jShMotcGYadZh7HWXJuNIFytFGPzK/BF/gwrrIRUKCMc7G6EVD",
-	"qbSvZXE97Rx9Q9QCqDpcd/uAxWROOg8z9Jn4KVJOXzrcDFhjaOBQ1pXpjFMcHsGjLqdfCihczLbI0Q+M",
-	"nU9yTr9XCdG4Ghry1e5uj0SqHMpg6qAMd0ZKXTqjR1216tTscafLvCFOurw+/gyROOWXoQakbRgZ0t10",
-	"2UJwyHYg8aFsjiU7YNwVawW0dnloZvXWnNPhSoZpa/XlykLdoSTR3iOlPGspY2ku4hx/xC/wZOILWvCy",
-	"y4fIFK6dWxGMny5qHTIPK9dX4v0z7lbsOa3SlLJJYzKdi8iCsd+qdP7ZpEFz+t1NM/DrG7oXRNHerV6u",
-	"JGzRudIoydnqVlebdPOxRYT5ymTPyGjTdBfH2VX1M4HckIQ9rfYeUMZFnf29p5sfWhyris89ebLNy5an",
-	"T95EnWe7W7yzZUbq1iL5hQ+CBB5fIZQXDQ6Ki1RTfdqH3QVHeqquFix0/B1o3HuWESvWHO+ayWwG7E0K",
-	"01xZqu90bulQOmdZSAbjMST2AKGngRJektR9wGAZPtvdbeNc90Cdc+9JmTdmI7WwgrueDu5OndtQSjVH",
-	"mZ7Y3/xEOYR2iaIaWYafP6I0aAb7a7+FRIj7aRUtvvS7VxtdjDvdW2kotJq8F2AfYD8bFUFrjbO/+JYi",
-	"VkabBcySa9L2DdUtO9UBAzcfW4XTTuonhdV8o7YRi6YsTg452sUULXvByQ2vbLBQdF0YGMpV0xG9uUjp",
-	"GvLF6YcBOyqDEiHZ4UJVy7LJf8Br1/W+1nW7xwMsUH5bOP+d51jcp6O0MBNuBTv6LQ458Yc1He6bk/GB",
-	"bzY/UJ4FcGdz5v5FxgnwNPhqPDDjQubEhaZ7DyZLFiedbpQpnGr8yINy022MG/IStw6Xcq7OPCRr0Hn1",
-	"x94U6DADeijk7Ag7YBQhoQrY9Se9EK+7Sa7pYRhbjb+tEDcXYF9VswDvjVkb8xFXsGpA91+cR++f175X",
-	"M9QCRKKMu6h1SVQlJX1+Nos23kynHq1kx2tI3ECQu7L5qiDTSSHJu6TQkY8wrhkK2QhBoR/jqi5QyTfj",
-	"2cIMZRm51qSnKJkchnzVRpY9oqhnVg7QYxdaFTnaCX4GW6hlcMvQ0nFtxFXM9p48i3yyhvqSYhb798R+",
-	"ShMFSVyBiOssHbA3jY4vpguJzwyli4s13kcTynZcpnikruNqTVfMR+LIdWfHVCGwv7u/s7/7TenLD2Ut",
-	"l+fyJzSHuDr0hb1CivTzwYRhiTPBuF05JCxYZ0O59xWaZ4csLkfNxFTcanoD9k7VcxMsBZ5mVKZDGR+a",
-	"cBPXwm55VqA0vtA8gaHMQQuVHlbimeR7KoyvnKH0ZQJZY0Rmm6hF8F/4Vv/7iRbVR6RuFSva/cyvXmeJ",
-	"1aYusu5swi156GGeItVk9b6YZ/+bo033YBUWkuK2gXYaQ4VvE7TaKQ+SaDXgTknkVE4hiRz0feIVnhuK",
-	"g2psFv22O2gzrrwbdwu+U4kF23dCsMl/ZWn+SEhOzlrLOWzrK5EXjit64UDoBxduTSFzYwRd8zzGpZaB",
-	"9Qc0frHuHtKT4kzzGe2aV6x/hF1XnsFJNlixgQObp4RJH7Bo8iXrUopK/AqHLE4KnbH+WdyLfDaUutU1",
-	"SDuUgUtFWeGVZzyhEjqJmsfYwNoudRaOJnMB5Alk5Gf5MbNkorXp9ryoOH0bvf47mfzh9Hp9NF+LfPkx",
-	"DMn7orf/lGGVH+nYIy8NqKR4W3mwRo3uhKr7Vl0agr9t2tQV6RrLbcxSBYaSOG6ipyvwc4+mETUwjZUb",
-	"gMG6wpqhdF0ueB+VfPRuEVTFN95eE9+eU9aFN0jEfAltPFjmwY+N/SN13Toeynxz4hY8FEax+jKMyu6s",
-	"aUM6dgNxa8QVZPNexIwrxR3NqVslYtxQWelYxSWfGY+mATuybKqMZc+i3d3d8oXdMczoXG7nwAs3mNrF",
-	"EzMlL3qHQ1n3tw2fE8Qa3MTYqdJQ59IFi3k/CpJpvz1PiziiE9zum2/XVVvVp+96xHxh43tmYyoZq3lY",
-	"f04+VvryfuKRR1U7d3MkU6USR/OlszqrtqdGzdWBr4JS+nIoqb3eVKG78ggsEkqonsMLPQAuTUGnJ1IJ",
-	"G3rjyP5CXglDfYPOPB/KkGtwbnq1uI/q4fupiocCprNG84M/TSLA4stCUoWfMJQzfFJJJqyrgVs4t8sB",
-	"6LKZ4YCGA/qRYkvySmglpzQe8xJyW377UNI3+zVDlrc8x4xWODt76xAwApR3pvllj0xob3KuQ8DZUFLb",
-	"smtQO2DCsgsFNaTT/HnER5vMw9/vt6asPn36Zvns9ttWkG1+1aqoIF4ti1/+wr7Dv2fsDnd3fVVPNS1h",
-	"hbdRzUi8h5xPmbNttAgSk3ImYdbsJhywIzn30mrK52XjV9V+RtcOh9L1Psmy581LON9dVcYnvOToLaxW",
-	"e2bAYpqUFIeRh0Pp5h+41tjMjwS/cnK7bQ54FdDwQ0bUFN31lApePeChaW1lgWvovr4PUdSYvX7Psqhe",
-	"w9p2fLi0/4ay6M6i5f7lww9E88RptXEAt4pGOPmw4yekritMPaE+SVNjHNdj4mcxVP3eNOd58dztIMMu",
-	"AXJTO8QuXhzIGjOyyczCGE1q3A/FrmMLesZ1agbsBXfn5pHMKXulh7IrVYkT35IKvWab4zdtDOtvrTj2",
-	"nlym5gjcFm7yN/yZC1v/KK9nIVaPZFmeV4t6IQvDLh6kxInaDj+Xgl0IiePSf3xN7jE1Vg7+rSzGP7PV",
-	"pwF+BeeC1oY5PDK1kyHXF3ivIFStrue+Dm/nU87t5OZ3ke22tUhRW0pUgyk98w8nbyN05lCkuykU5XFi",
-	"Si7oAYT+0LVaubOWmMm4mYAZym688qNpCiDPxQ4NK/vPX57vxdWsjnjhijfkqKS3fvRV+dfqUt6l4t0V",
-	"O+FOb1jZeFrNWb/XsN3CfPhV1fihpeSvXI5P0bQmJZZThEy1VYEZcYN/n65Z5XO5jsPczmPXZuycE3/C",
-	"hqmfH1u2F3p/7PjsJ9aNkWLjXtkESId1IOvQqLKYYt6hwI2CYb5Rk8vQNt8YjNQtYzF77AfxLRvNQxQo",
-	"8oNtynMWKF3mzjUwfsKOKqz/lC437H0O0mOA+tfTR6Yc/OALcwOmXcBpGIzu8PF+jqM7mKSc0+LhjgK+",
-	"poqqiHl5dgk3l244VHWIyVASYg6rMXn+KJNDVkgrMuojdfTgZxQI48b8eFM0bhzkELNdNHXL6si6D1oR",
-	"1K1Op2n4pTSYyjumq73Q2ukN9+OKLp0EdM/uaO2IlhbZderOnPkSG/v3jI3R9jK+JIaXpPBKFbzzyWzo",
-	"xfynyHxNql+8ssFccXHEkky5/stqrEgocvUd1DS6o7bGYEUv5QJ7fmmnXCAyQs1D6nzc/dombkNrqzsr",
-	"H2Z36wf0rLXmvuxvo9Bhi429RzfJf/u6GEOQVjszc88+22ZgaHLb/WQUToOsdId8MKuYVDP29zKM3413",
-	"44PqFJDDhaOMFk2qpNCuhNE/31sZz2+PBUqY3W8isXHSVKu59GBRHgLli730pw74v7q2INNGTCgcaHun",
-	"kJCbE3k/wUu39h8fvTxxuQbGL7iQX4KYD2Sen034rJrJt91cinYabRw28PlVzgue20LDYr6pdqQbFdxQ",
-	"PbuarUtmMU9pZVwCTORr/nztOxqTKgfJfN+bO6JOA5XqJg6Q9KCW8ad5ThSHcc1/oaTJBzzGGsykFhX2",
-	"0dKwUhicUC+soRrhQiMZMJ5oZcxQhnnGGkIgBeGcSVcjhSuGEcS2OmgnbWCiW81AVpLxas2Zj/Ncwtz0",
-	"BuzYDwb3Q7LCvN0AnEvO0axHmtlpityNQ43XTI8KR0vcj4ZePHLivlPs5UEZLRENf+1LVOPPraVPS3Ju",
-	"Fyh3qeOpzgrZMLvnNMyVvD99Wz/UZJWb6UZf/oUzBmcNdUL4eLCUdJGH+T33kIBwdayu4JPm/NBE5fK4",
-	"lJjGMdaOU4lZd/MsHVeimgq93H/Gau1nzf6yZP14oeMPtxkv1KJfHBpv1ZR2O05qHp/zwG1pjSNsvvSl",
-	"/Yn6yf+InrY7TAsKsqdun6+epVzedZ+aqX5q2SrNFAApS4booGu0btVMmoipLAVjXRZx8BBzfRtwmBqe",
-	"1lkH4afNSYwTGJMPRnlJN0yEGgpdSV0w4MOY1tACgVKVhgpaKvIjbPQO0aIpK/QXDnvirq9QSdL+c+Mz",
-	"pf7EgTUzJOv2+//erMfDVs5tngRZYbWNjNaMgHyA7Vjn5NR59MH2Y3v0VlMZNyH4lqaXf9ZZdRvgoUE8",
-	"blk3hn+HDDYPx1JQ3bNoy3lZrHHeS22WbDm3bVCbWF/K/uWSrteVd1MJWJ87u2wsUuKopS6sfi4XU5qq",
-	"U7Y5n6u7VDtSO5WtV3t7Tmnttnq0xXKR+mlK9bMoulNVSN8UOnFtTeVYuur4LHfMVv3NMxgZWn9lPRxu",
-	"KRXvXFPeIwhWN7Durq+l5Vpe+T2dnxCxcqR7xPwhCpEr3k5VUkxDFpvKjNzxSbXD04gMS4jqb1W5QSr+",
-	"/wEAAP//",
+	"7H39chs3lu+rnOJslUlPk6IcOZNI5dpy/JF4xx+6klzZVOhVg92giFET6ABoUYyjqvsQt+o+0H2T+yRb",
+	"OAfoD7L5IcdSsjP+Y3ZjsRt9AJxzcD5/+NhJ1CxXkktrOocfO1POUq7xP0+41YunE8u1+1fKTaJFboWS",
+	"ncPOKU+UTA0w9zPMpyKZgp1ySDLBpYUZW4B2rw86UcckUz5jboyZkGJWzDqHw6hjFznvHHaEtPyC687N",
+	"zU3UyZlmM27991+KjB8zO139uvsrCGlEyvGrhsl0rK6PQPOMWXHFIWd2aoBpXv3JKnx2rvRlKrQjTLix",
+	"fim4XnSijmQzR497sRN1NP+lEJqnnUOrC740h9dcXjiy9stZGKuFvOi4ORwrbVcpfgq50raF5ghSnmRM",
+	"8xSEhNg9ZWJgFhLNmeUlmZ6uQKX7yEYq2TWt9NePH3/1OKpWfr9l5aPOKRHz6vkq5WcVrSDSCGIzvu7H",
+	"wGQKj4aQqTnXCTMcxszwrx5BMmWaJW4L15Au0o2E82s2yzNc0/F1n42TlE8upuIfj746ePz13y6zmew4",
+	"PrGWazf2f7mnfmb9Xx/1//bh46Phzb912jbllBsjlFw3v+Ozn8DQIyDSNYSbLZRvY4xTyXIzVZaIqM1T",
+	"5uvm+QlU1JdG5luX5saNZXIlDUeZe5ppztLFMyUlT6z7gFMQ0nKJTM3yPBMJc0u3l2s1zvjsr/8wbh0/",
+	"1mj4N80nncPOX/Yq1bJHv5q9Y3qLPr0kI1LZKddBh0xVlhoSFb81judiyy65uuI6hjkzIJUFwy1040Sl",
+	"PAZhIH76+uTF0+c/nT979/bti2dnL57HvUHnJup8x9IT/kvBjb3PWb2SVywTTrrzwh5BzLVW2sSQCWMN",
+	"8CuuF+A/ilQ+U3KSieReaWzIuHGKCDWlVvICjGWWw0RpsFNhQNMKQpcPLgaQs8LwFJQGY1We85RW+qXS",
+	"Y5GmXN4r+4BVl1wiqcyzUqlk3d/AJCp354Byaqs2JVU4RXsTdd4q+1IV8l65/r28lGouy/XvKg0TkXGk",
+	"2el5WtJjtsgUS8+Ues30Bb9v7gjbPlbpwrFI5ohw68cksMydAimS+b8KZdmL64Tz9H6VR53IuSqyFJyi",
+	"IJuEZRnXDww8PX4Fl3wBTn0Ag18crQ3NgX855578+Ggk45RbJrIYnPolbYQPHYb94iaCGZ8pvYggFeYy",
+	"AuP1vEGx8P+A8cJy0xvAKecjGX//4gz2rvb3cKx4MHLKftny6pemV9uS+Kf3akbaDZ10+kok/L1kV0xk",
+	"bJzdK6u8cyubsJwlwi6Qg92KjVlyyWXqlriQmrNk6ugafMY54/nwJ5BenHLh/1a3Kupc9uzd27MX/3l2",
+	"/vbd2fnLd+/fhvPpvWSFnSotfr1f0XkjjBHyIoIZyyZKz3gaAb/OnX3hpqP5lbrkqTNIUy6tYJnx5OZa",
+	"JdwYt5kvpBV28UcJ/JVQGbNePundrSftTbCakPu+YzaZvmQiKzQKTK5VzrUVZBUJmfLrVdPxR3R71AQ/",
+	"GyeqkDb2druB7rDvTGJ3Iq6a3FHHE7L7AtSNvp89RdUwH8pvqPE/eGLRkkBKvGmP+5GmwpHOsuPa9CYs",
+	"MzxamjHq9POcabffLTMXdhpmHMEl53ndp+EGZizlMJ9yCXgQG5gwkUE35RNWZBbwm7gyssi8liJL1s9i",
+	"rFTGmXTTwK+skvCG1Ltw35KL2qdxPypL5QgpY9LMuXbixyD2S4J7HjsiKm/poOkqraGuto9cWr3IlSAS",
+	"heUzXL8lO3vtSExrtqBxrtZv0e7jVbvvbAhzqyGb6+u8b+Oc5rkWlsOYT5Tmnrudb19oaSL0s6E/KobD",
+	"rzi8P3vZ/wYsv7YbdraiUKQZP7dixlVhz01LjMGq3AcYcEMzZ47OHedJBfyaJxEaSk5HOVVrNZtMRIJe",
+	"glTArGXJlKf4G7kUjiqn4JjtHHZSVTjiokZQYg3NspiNabvFjJHx1ST1mZKWCek4zD0A3SCrMF5AqpJL",
+	"rnsDyFTCskPkR2dOOE5l0r/hbe4LZvmcLR4Yetj/mArNE6v0Arpxv4+/9PEXE/cOgYFWyuJamIWxfFY9",
+	"7w3fmEgAw6547P707tkryNhCFRYs02OWZdBVOXFJtoDYkTewTB9qnqtDyy7i3hE4MSOzGql3jsKFVNod",
+	"F8xAzK+tZgMkK3ZzcYfiwmzghIrzZtyylFn2O9j1BDmSp44UYY6gwGPJ/QuVc8bGPIvdGjl28irbHQw7",
+	"cSpGZVrCUO7PTkT4da6M00ZaFRdTKM27UintfRTpzR6XKWoKs/fRjXiDuqdUGbcJ2WzRJ1GnkOKXgr+i",
+	"sd0TdORciZTrc9rpDcqBhlyarH+7b3KeCCdofpij0uC55IsQc/sHRg9IWg+GQ8cxQl7gql/yxQDiYBif",
+	"ixStIpYkPHevTLkmH637lr9R8P1i9sA4X23WQ8mecSZpT63K+xm/4hlMBM/SnTYSgxubdM4Pak56xik+",
+	"Jqz3Eiv32CoY80TN3CRZuvgMKkVzowqdlOfuu0nn8OfNVsFJ+crNh+UvOLumWts2rcq0hYlWM9KqpYfS",
+	"VXLJX0JfaS5N7xCENaRgIvxP+vwDQ/ppJxm3Nmtb8Ndiwt1+OAVofFAZicOTBk3nYDTsfzMcHsEQnpD+",
+	"z4Ve9D7D+vuAcHtk0P3oGLemgekITEFMYEaWc2+HBbhp4cbnPOOWn3BTZHbV6Ezx17Sm+0qjaMkYDE+2",
+	"GYHP1VxmiqXrvuLNdXM+/vqgfQnctj8w5MBGGOb9+qDPpfNn0kFrtLVOW2P8NgJfeKX4Sk7UKnlBZTZD",
+	"plNr88O9vf1HfxsMB8PB/uHBt/uPv+q0cF3Nwdz5YFkicWlCJUXV4K3TuubJC+eAnOEvq67DgmRNzWZO",
+	"raUixVimLqRTMU7mM+6ePQLHWGRKC+uec2vOpePunztek3WijtdPNVqqCTlaapHPW7gBnrxV+k8K6Uyb",
+	"2Eyhn8TQHTMzJSJzzQ2XFmViY0g86iTzlpGfe2lfytVs1S+f3YDGiegrfj5myeWFVoVMzw1FV1r0GC5f",
+	"qat6h+CdY++Uhn3O+MTCmE+FTPGkvBRZ5s5Jv73erj4aSUcUmooLcq90IaWQFxQq2u40GZsK2S7Tp5bJ",
+	"lGkfkW6T6O26fP0B+rxS1p51n4BflM+gqwvTlox8b4JNqjQUIt1NHTe1FPH5Okleqz3zAq2JtpV4dvwe",
+	"8GTrOqrhr0DGeS9Yn4El3P/cvyuGERZtD5466yOqnYwDeDp2wuX4RfPwFpplkDDpFIjlzpYPLkfriq+s",
+	"alpoPGrPZxstohrNmslDZ4qZghKXq1lNPMPRVEB7wyr8B78WNlpDPXTRsekdAXei5C137xCBYXMQTRYS",
+	"0n590BpcwcjPufWadzebqqmwW+0qpWbnJLDtJ2VYnTkzQbCd+Thn0rpNpzAxdGvr9MCEv2ZiJqxzsnbZ",
+	"4NqxW5P5nLPLcxrufCbGLf4KZ5egudssacOHm9yIDmNwj5i+4MYGxmxhyzfiuztiSVKE504lta+14yRw",
+	"Px/B/qPHoCR4peRTPd5cn1BIrz0GZ2zKdZs+OXvZ/8ZNkDJ3aPmA5nnGklaTB0dyx/BnGMnqQibMtrHY",
+	"UzBWczYDDKHzFOIZuz7n1zw5V4XNCxv7DwQeTArbxilLus/TXi5Hc/EbwtRUFXVi2xTnS+eWoUitKk50",
+	"2Van+B+n795STMnzoJpMuEydBY5vRIBpRyqT+Hn/Q+wDHGXhCB4DrQs748b42M3ms4BIq15on1rG2w3W",
+	"WSvHvrIGcq7RX1ASxsKaiJxjw20h0sj9/wtBh4GxIrlcoICpxLLM51pHneHXBwejDopQLc3/87D/tw8f",
+	"D9rS+5EjR0wET88ZcmcleczyvpOYtpeo1KBN6jJmLPCMzzipNBR3t13dUWdv1Cm9Za2U7bVuQ95a0FPz",
+	"M9jYqKywftzVo6Vd/sSva1bd/eJWkiSjy8AsZpmQl853NXgmWafm7AMDGZqqvR3PGD/OOb3eKq3ll+gZ",
+	"DJPNtbCWy3bZX+MqMOt0rzBHEGP8jQImkHJni0bw8tXLd5hrdBrW1t0Dt6ROaIWTak9OJ+rgIC2ewpIg",
+	"1AtP/LN+pSNi8yZ7rZOT18LYNsfO6pBdCRGwTcdzKXE3q7Hz9TxVuu2fylgb1HFjfF+tMlOag58aJcfn",
+	"XIdweUPjr9PGftHD8mzXsRn/kVhqdY3XrwsuQcWN0C0XZ3VdereQuO9Qymo8vlWQ2qePo7fOV+nLT3Vl",
+	"yzQSeiPokq5N/LSQuYaWdsegjPzuzOA+KXXCJ6ssvnxil4O3LdH3ZDE/Tf1p084B3q7uz91us/AskAXm",
+	"FGWWYTyXTptmYEqYy/NxkV5we37RZmdiORGWDaVC1/ISD7w6/n//F+J+3w3TV1dcO9NT2LgM7dHQu/ou",
+	"jhhPxQ6PO4upsTerit1b0H6CrYb0D8qU9jNNZsd5rD9ONtntb+hLNL6lpJLbn0xc1XKuO37ol4IXjahi",
+	"/UzbtDJLTNhcyfq75Tcas6ptVdsaRyts1cbbP3CWkU5bEjfLbGGaQUJ1uTU46V9r+9Jrzgz/NE2DZWa7",
+	"O574pVN8x3mdpXrquDGZ5ZuC5+5VyHwIvYy3MJ8r9S507Xz7XeGXm3XLdBom3KQuVnPJdXxIpRd2KqQz",
+	"3f2s3J/LFK6J4PjspwhoPyIoE2VHIN3LQBHuiOoNI9Bc8rkzeWbC2aHuM3WzB//g7By/gG0x0eOq/mK5",
+	"ChVOXj6Dbw8e/y1UiwAVga1qwnb39A1LpkLyvuYsdcsZnBbvBcYRxFLZ84kqJP5jtR4oaitibT2GibLW",
+	"ACeVv9zCwCq9tRYTqxKwVa1hhc34hkj6qmX8/uQVaD7hmsuEA4YjxGQREoRh1d3b0I3ZWBX2cJwxeRlT",
+	"oFQqyXvbUw/eYiXyyimUaxbR9rUJ/7FdUPHMp5oa2daM7vbKkrWxdx9weYKL5V7QLMEOBzPFSAvG4sUk",
+	"ROIjiqeZaW+n2K4Pyv8B8XaqH2vO1T3rNBrpBwqyP4Fc5M6Zo8iF95lTrjWwnGnbi4ALKv+1TLvzkllQ",
+	"MuFldE3poCqTqTIcUxkWXVBtrK8cgW7877ldPBnGh/Q9v45ISi8qx7ZTsnS3x+S1mn8Gtggh8E/IN5Zs",
+	"nbacoFSo6FPGW47N6tk10vPGK8agkd3eRh23jO3K2C58DecqYaGOpy0PGnV8MvZW4Q1+LeyayOJbyrWJ",
+	"jJcJl84umxKiPhtL+fyy3EQdCtedq8nEtIUOzpRlmY9YqAnQ004tpkXCUzAKJkxTHFnya6otrju4NO6u",
+	"gQw/0fb1/US2qEZdnmx9+cswQrnHjQ1dw1ueU9rDCp6G3Y+9GuttdbvC2G2EYeH7Kj3ezdpGxYrPdhN1",
+	"MCOwlX787mt6FLWDj3Fufec9Prk8R//RMFBUTmDtnF+XZLaErZTkZdX9jFGUhBi3KnSL+30sg+8/jGGS",
+	"sQvTcx4U1oojNRQ2aXFBb+H1NZyrXYJ7dUdouWCl7nT5KK6va3pggFyfUAW8Ju8Q6nNQxHclKbQV7OCb",
+	"1X2xdS5YNd4KQWv3+n3grvW7sZQNFuay6bdWK7XBe911J7e7yTt9bv2iK51PmeTp+Sdt2crbLez0blLV",
+	"wpk4AusMEpjj/6Uqq3pn1oWSa3JZlVu/GouhBQiF6XMmrDO1fcUpvjj4fVIQUgGXfLErx69QKXQoMVqT",
+	"HqY0IuaIo1BTewSsesg6jeNzjhjtMzDcNZi/foNOy3YeP0Osx8BUwkRpzCM4E1yyrCqlE9SYiESs6QDY",
+	"ILFboycbRLeV6dbzcZukn/CMYh/tkU1NP6+xxzSfMeEO/nN8ahdlVQ7Y8nY7fZLPP80xK8Monz0OctIo",
+	"4txE0XLZshdyOngdP6NnonTwVTAdWSt7Dez+wNTralbKUlrrUQx0J+gsKmlC297nKKHccgDg3Jy++V58",
+	"10LBUSiMZxbcvlv4+gDeiO/QDgiumjBL9fGhKrQb9/v+vymkfCHGcVVsz+p18V5NVcUXai6PMF3hFGLu",
+	"Pi0s1gwYOtdfvH13evwsJEWco3mw/1VZ52191pI6SM3Aa6VD4HKidEJ1XV6VGas0lvJrcRXqXbBI3tfN",
+	"4xLiQlGTWBgi/hz7c0H8sMM7NZ14kRdlCc0OFfz1c/k2H2qTpnqDTkvtABOtJTjUlNToXMIDlZdHH54Q",
+	"9Hqj9H6TsdzoDGuLjN1PpicK0/6wfr3aKxI+zUXOhebGv9PqI3PZqIufYjO+L8tusmztQ9ujSk4YtjUm",
+	"7NBJtCowW4UkY8aeYyRN2MWtVuuT2lfWN5ksN5HVQ63Lme/Q0hFKNlbztLQ/7Q58Pa67A8ee0sPla+ea",
+	"M9OWYAzVzU1MAWrIjH05i7AG2AVWjpXlclX9G5YozIVpr+XZcI5vKu/fEr6oVqoWLG6ucDVcI1LREJhA",
+	"3gpbtrBYjXcCAwQZ2CDna0Ifn6qI2ssqbpVzrqm09kCA7xvEDh4hQ6HzEYQeH8iZptLXVWtmJ52w1LxY",
+	"aAwAT1hiTci/VHsURxCjhXku0npepZoQ/YqAEi0+W85+KTiMOdPO7ShRJ6ifZkM1yYq4VtlKNFdaCy0a",
+	"ArwTPM7qGCFBt2seMupg6bs+L3S2sX7ggQF+7d2f9yevQcgkK7BeL9672se13dC28c3wm+He1X4bybuL",
+	"bUVo1JTh+h6uCjKtSV2gt8rdaaksWyrjxIQniyQLlQ9qUlWh1nOTmDagwGgVIiUYFVQ7iKISqi6xkQ97",
+	"61rD5sE1/Txn/o5HyAbkGFLlljl5UBPoEizYjC1gzDF0sb6UaF1gAJUHHiXBt6ZCqzFfKJniIYItaFui",
+	"Bpi5GfZuGQ1Ylbn1UE1bmLQ24hKXBnasFmFrEDzs+5pzoB7L2O0cCHy09RAoh95E1qf55u1Fp0+pr8Np",
+	"15yrPONHIDmnXqkxB2pz9S38ZavRo292SoeROK+t4Lp/y2gn62f3Epb3OTX+fVoK+zO3BUYdKoI9D0WJ",
+	"2+DSGpn82qvR9pbCMPGwsbeIxzzN5mxhIP5402IXRJ3r/oXqV7QWif14Q1AiPCm0sItTxxc+CpSLv/NF",
+	"a4FJSIkwA/FTj/mCZfWH8B0ZFYiokFzyBUErxAN4i5hE2BxY2VKZMPYIWGYUUIeBkiPpkU647gcuw/hE",
+	"40gqg5le1VBfGXI1RvSQimoB3MldmkVEYpus4s/eINo2N3wqzG7nb/+ALZfbvl22jmMjJbNinHGgbs1e",
+	"ie5H/66Q9f6z797qf7+Y9b1U99EkqijxO9qk5dEWYjZ8b8tnHF8J79I3P+A20RlgWAcu4Yezs+OyUcqp",
+	"SieEfX7NkwI7qKusB7yT1fnYl7ywmmXIjoSJNZIEO4FoVzlLOPyDiSwCBs8JQYLLCyE5NV38vRhzLbnl",
+	"BpKsMJbrQzh5cXqGJJT2UARK8r47F0bSkYR8izG5I/iRj0+xaN34d644WK5nwpmT3eOzn3oBQMn4lIjP",
+	"hSO8CyJuUMtEwuRIjjm11izcHxE2hIHmCUEZDkZyJJ8hDIiBRMmJuCg0h7gyH+EJeAP1h3enZ4fH707O",
+	"nAl75JGDmrKE6cmU65GMP1ZD3CwhPsQDOHM+AQYJRegElVazxBIOyPcKy5yoZweH1iDkSMYhqbDHchFj",
+	"q+gFl1jOlobeuqhsHSyb5Bwl2KjFrEehUDmXLBeDBZtlMS7CX/4CTi65tB6byf3xITx86LXSw4fw///3",
+	"/9ldMZ0EqJOmarIKtVON+UYS4O984ZbfHeluEnG/z3LRv+SLGPYgPn369vn3T89enD89fnX+9xc/ncbQ",
+	"xTKovuE5w8n3BvCjh4BB9RV2MnWj19eCACXcwiq5mKmiBAQyoGS2KFtuHZFcuj9CplQ+ZsklYvDpQlIQ",
+	"2A0c9/tCoo7nfan6rLDTuDeAuip3Otj5EjjSTipYWDd0pYDdHryuFIffB10DNolrLk3sDIcKzOiET2Lo",
+	"jhf1LRgvkPbjd6etcCSUY3HzeCdXaTVgELPNIj8CxOv0I+0RalmRCbvoRe7Z5iPYptXOUTHyxXdazQ3X",
+	"Bhy/OveRVcoh8vjCPrVnuPW63EQljb7UtXzHjWmKca6VVYnKIA4qc4CzHqyeQQGsDvGAaw1ltOYx7k9Q",
+	"7FNmgMHDh+hDPnx4CL7UFbpVqWtU84Ub5at7mptiVlaxMomsOxMSkxA4EH3G9HDVQsEsdHcomI2qgeg1",
+	"NzaNRioGk22Y/rWGZ5OdCmyZrJNFfL88PDpbNJYaO8289Bau35lbb4KIURhDGcCO4HO4U4fw8OHBcP/h",
+	"wwHUwD4dCbvjffpkDQ31FQ4lSwAbFRYiDSMdutHdowcPH7plyRUW/aEGCdBUwepwXDHmXMIV19gVFYFR",
+	"IFITOHdMta08dRKXcHfcQt0TCN8m7VHFlRx/I36ZgYPhQVDiWKtr3D9e4PPoQ2DuaB3uXgzdUNrco/xW",
+	"7A6fOIIYi2TdfxBHxVEN+rI7LWZMluXMR/CSGfv0+FXf2EUWIL8N4uGAsATT4+EOu7PWWmg839qLoRMP",
+	"f3uLwmjHkAgypDQcPHo0ki2AfyH1FxADfUVo5XwZOhx/A3Ll4Dd4wxlqot9G8rd+v4//cw+4L/1WtvQi",
+	"iMJhxb3wH6fv3kYeOxeP9qhkL0zlorOUeoeJ/tsxVYRdrFhKxCxwk7CcN8r3wX98H34LuDNuwoGOGjpj",
+	"ePIr+G0LJG5TQPxrB/BbSXHVzo+ItIhh7uHWArKlf+tb+K0BGExBfjT4lMS5LSEFV6DtWFELjJCnS9y2",
+	"nh95300DYWeRTucJ+l8ePYLfPNqjR4As6XmMkw9ApO6rAYO0qIBRjyBhGjv14hr4aBxGcLvMYFxcHEGm",
+	"Li4cxWjo9Y1IeVRHu79wBqw71yccfNewG2Qkn4JUsv8r14r61QnwjQxznpZ4AdjNKZWesQziCm4ijrxC",
+	"DSY+Mip5aplIuDS8Cpx0nuZu2fqPBsNO1MGwLXpO5nBvbz6fDxj+PFD6Ys+/a/Zev3r24u3pC3ynquMv",
+	"vYtO1LnimqpyO8PBPj3lDcrOYeerwXDwFfUiT9Hj3escfryJOntT7NL51f9rxq0WifH/qtuj/k+47+Hp",
+	"AIqLxZOtxbHTUCxRQhcs4/t2h/Ckqh4MAJDBDKTHyRTzxuJIOm2oCksQZsJg4eIlX5Aym/sO3MJwc7hU",
+	"SFbV//l+MELzMZeI3TKSVI2GuX6hIS7BvuISHXe1oMP0ojJlTcVAZOpXyMJjHLmQ1tt5tlaJuK1+DLpx",
+	"WQ70MD6iU8f3Xsy8xRs/f/H6xdkLshrDV/c+GufTwERzUk1CExhybwCxX8m4Btve3mI4kr7H0Gltb6zW",
+	"gZJR/y0hOK+ANpfH4aNvR3IZtrkONoc/kciQxSKUfJV2Dh1vUcnuEgD+o+FwA4rt7dBr6QNrsGvrKGtY",
+	"N6osIxsNS28RYvdguL/uGyXRew3Y4HosCjvPQhTq5w83H6KOKWYzphfLJCx/vBN1LLswS3m/Gy+fjUSj",
+	"l9Hm4roD+LRWulC/1+PnlWyas6UqecKyRGHoGFl3S0eZnt1tI5aitDfRFhpIfOKQm43RtHNMGF/GJGZX",
+	"LCs4xFdxBBfiyoe7Lp9cxesoRgDKTvtNF5az2RPMX9VhHf7ryYe/Phk8bLu14cMdMm09x7z5qgAEA5QV",
+	"UJ/SKdeeb4fb+bZ2HcPdsvrrRhhiDW9HnVyZluPmmdfDldtObhTidHkbEqtOEbqNNVGdnP6iAjToulNO",
+	"SG4M+QC9aCSV9rVmhAzGrjjWjTrv0WOEDSBGd48iQKFb32Pxkj1LazOABvT6SHbjfn/GrvvlHKsDZ/mg",
+	"QpSmkvf9geUTbHh0Vqqb2nN7DVN6zjALV6smRnuzyMEqiEnDn+Pfq1qIuEJ1/Ho4dGuBtXBBrTvzjfyT",
+	"umE2gLPyCwIRpTWwRCtTnvwG6/00d7ZapixcKIQwxtHLumcnx+WhPeFzN4dsqajfrQ1nydQrZ2cKhwPZ",
+	"bQQagikGRojpq6OMipDx+CLjbSIogUlLV3PkhlVbGiFvrpx7I7l88EXuxFu5pwC6hnNYulSgR8tVho+q",
+	"yAVa/SPpYxbo9tTxvB0/z9hlKJdrQ9d2azVbdaaI72l+bCSbONuH2LKudMnhXRbQmbzjS1aDkgE+vD5c",
+	"2Z03kmgF95Cb5y0Vf81BaCsdP+J2Ug0drjcxbcqvKQIT/MSuM9DRk66ihNI9P2c0Yq/NmkgaUOuUvOLG",
+	"fqfSxWdTzE0495tmjswjlC2dCvu3+riSfId29Ub14k6PUhnnzYeW08S3I3qd6ty/7jI+e1VqGNjN8bDn",
+	"1d49HjdR52D/q+0vLV/U4t579GiXj61ep4Dvfrv93eatKzdR5/FwB0pbrgrZ+Ux95qPMQTPsaDFi4LkC",
+	"t23HfA+Rypm6WgqBoFrGa+eyDAW4FtmsxSTMAF6lfJYriwX0dOyNJEUjhQQ+mfDEurOCcBW9/qkH2YLr",
+	"/Xg4bJN3eqEu73dkjTUgglsEiH5PB5/O07twSnWfE75xsP2N8i6WFY5qpHF//uB0SDObWvtbyDTTn9bx",
+	"4nO/e7UrlNxO99Zaeq0+ywW397CfjZLLjdb1v/iWulUZb1cwK75l2xyqR/aqiw5vPrQqp73UA2avDUCd",
+	"eNvfLhXBLNfAwDOGcc7K0g1dLYWp3wG19H1v72M+HIOd+AdnYYaob8gmUy5gVTf5Cbwk8LeNvvcdXqTp",
+	"9Lfl57/zPs279HSXoNHXiKPf4lB0dL8Gx11LsnthB/uivJPwk42gu1cZJ5ylwdlmQRiXUtOU++vdmy5Z",
+	"vvBjq05hWESNfheBvBrCOo1bMZbJQVqEbDiw8vrdwlhMjVNgG4QdAIa4sMVg842zKOt0oUl6FG5vcn9b",
+	"o24uuH1RQeLfmbA2rglYI6phuf/FZfTuZe0HNXenALIoMEoLlkxVctLnF7No68N4+/JacbzmCeFifqqY",
+	"r4sSnhQSfVKM/fkQ8Ya7ERoxRMxkYVmbO+SbCUNhRrJMDWo8p7BaJ2Bd15C7H2DYOitx5OFCqyJ3doKH",
+	"Ig/FYjQMDh3XkJ5j2H/0OPLZcGz8jCH234lrMBe+Ao9AaAbwqtFSC7qQ7p2RpMBm43sI1L1HpThjdR1X",
+	"Y1K1NKojAnKKsQTrYHiwdzD8towAjGQtlUUJaryOp7p8Fl44jvQw2cJAQiYYs2uxsoN1NpL7Xzvz7Aji",
+	"EnE1xu4B0xvAW1VP/kLKWZphHSSm1BHoNa4FN/OscNr4QrOEj2TOtVDpUaWeUb+nwvjSRKwPSXjWuCmi",
+	"TdU68p95VLC7iTHVbwrZKcI0/Myf3mSJ1S4fgO58yix66OFaASx67X0xz/6AGNVnizbdgVVYSIz2Bt5p",
+	"3K1zm6DVXnmfYqsBd4oqp3IKUeU43yde47k5dVChR+PfEKxkxbjybtwt5E4llts+KcGm/JW9T2MhGTpr",
+	"LffBb271WLq19xmR0A8u3IZOkQYS+6CRCl3pyaoDCKwABtx8se7u05NioNkcd80frH+EXeek4JjZKdlg",
+	"xRYJbN5WLn3AoimX0MXElviVH0GcFDqD/lkcCm8IDkRzaUcySKkoS2jzjCVYoyzdyWNsEG3KuIUr0imA",
+	"POUZ+lk+6YomWtvZnheVpO9yrv9OIb+/c72OUN+iX34MWPFfzu0/ZVjlR7z912sD7NnYVR9sOEb3QltT",
+	"61kagr9tpyl1QRjLbAyp4pjw9xdbUAU1vZpG2CE6UYQwBF1hzUhSGyHWwYkrLnu3CKq6L97+JL69pGwK",
+	"b6CK+RLauLfMg7895Y886zbJUOa7v3eQoXAjiS/eqOzO2mmIt0+6tTXiimeLXgSGeh3GC2wHjIAZrNuf",
+	"qLiUM+OXaQBPLcyUsfA4Gg6H5Qe7Ez7nunTgBd3PRPHETMmL3tFI1v1twxZIseZ0ccpMaV6X0iWL+SAK",
+	"mumgPU/r1ggvMr9rud1ULle/hMYvzBcxvmMxxpq/mof155RjpS/vJh75tKqnbmLeVUfieFEWfIXStqqv",
+	"tFGpdehrp5S+HEnEL6lVvZc3QaNScsdz+KAngNIUc2dGYJWg88ad+At5JQw2ZpN5PpIh10BuejW4j+q5",
+	"72PtDwZM543uMn+pYqDFl4Wkyk1hJOfuTSVB2F7UJJqu10cCKZsZ7ik8xD9ibEleCa3kDJH0L3luy7mP",
+	"JM7ZjxmyvGWFP45wdvaaFmDMnb4zzZlVPQvkOoQ1G0lRwYoegvCVjOWi4zVsbj3adJ77+91WotUvYbrx",
+	"7sTvqDvb/ql1UUH3a1n88i/sO/zPrS/7/Jrf8cTmWqAKxGaNj1JB195BpqjM9DY6t1G0GUg+bzZ5D+Cp",
+	"XHgdN2OLsh+36grG345GklpSZdmK7PWir/kuoxpe3/SWRqu9M4AYAezigEQ7kgRLQ4gFmb9z6Iq0fdtF",
+	"Q1UYxGM/KQ/I3WVl43DoJV5bTBtAMe5CgTUud7pjDVavl13VYG+clv/n02CfrJDuXj+8QZ5HSauhtNwq",
+	"hkH6Yc8DV28qZz3B9nVTExxqLfIQORUMB14kI0qMiqOGzUaA49UN8PEyTnYc8M6b6MbY1RBKZCeW6znT",
+	"qRnAM0aXzqPOKSEsRrIrVbkmHimA95rd59+2Cax/tJLYO3K0msjkLdLkH/gzl8P+Ub7SUoTfsWXZPOvO",
+	"hSxgEN1LYRR2g3+uA3YpkO6G/uMreY+x333wT2Vn/pmtPs35r5wc1xrGzgMTymG42VIWvoZRtbpe+Oq9",
+	"vY85s9Ob38W2u1YwRW2JVM1N6c+/P3kdORfQqXQCByrv4lZy6Rxw1B9RW5e/gsdkzEy5GcluvHbSCM7K",
+	"crGHGJL//suT/biCUIqXfvGGHBYC1++NLv+1vgB4peR3zU7Q9XBr+42ri5zuNNi3dAHVuhr+0Ijyr1zE",
+	"jzG4JieW4G6m2qogjG6Df99Zs87nou7G3C7i0KbqnBN/hV95qwYWzYVWRu+PHZ/9BN3YcWzcKxsO8TZA",
+	"JzqIIBljpDyUxWEIzffnMhnQTBp4dd0ygrMPb8R3MF6E2FHk0RfKi9wwyUYXpxkPfKYK66fSZQbe5Vz6",
+	"FUBYkfSBKfF4fDlvWGkKU42C0R0m7+F16ebDEj7L0x2F9Zqp1Heo+gkxc0mYfdUtiSOJC3NUoZf6uxKP",
+	"oJBWZHhTIvGDh44RhtDXvCkaN26Ki2HoTN2yprLug1YMdavrLxt+KeIFesd0vRdaux7ublzRlatG79gd",
+	"rd0B2aK7TulSyy8RtX/OajjcXmAranhFC689ggkDZpPL+3eR+UpWP3hlg1FJcgRJpqhrs0J7CqWxvlsb",
+	"EZVqYwzWdGAuieeXJswlJsOluc8z3+1+bRN34bX1/Zj3s7v1G0A3WnNf9rdRHrHDxt6hm+TnvinGELTV",
+	"3tzcsc+2nRgE1LybjMJp0JV09xJYBVLN4a9lGL8bD+PD6nKmo6Ub5pZNqqTQVPjo3++tjee3xwIln99t",
+	"+rFxAWCruXRvUR4k5Yu99KcO+L+4tlymjZhQJibcihn/pJAQwffeTfCSxv7jo5cnlGsAdsGE/BLEvCfz",
+	"/GzK5hVU6m5oFu082rgD5vMfOc9YbgvNl/NNtZs2sUyH7sGdb0pmgee0Mi7BTeQrBWswZSrnEny3HN0c",
+	"qjndsEuEpIe1jD9iR2EchloGQyGUD3hMNDfTWlTYR0vDSAFuoV6Og5XFhXZs4AHHRjLAzGseAimOzrms",
+	"rp0OaKS2uv8sbaxEt8IkVRJYNWYdjLRH5UM+v4fyiLeUmoo6j97YxWeiChG0uhIJV7d5J1LPB2U85nRE",
+	"APYVpPUSaOjhKgxZC/Cm+7RUjXW75LkdwLH/vGlc0lw+R/lFOBi6QaWy56bICWk73oC2FW4tuhsrY/k2",
+	"o7suEyjvYGqJyvjfvkRm7r/W6R6CMqUUtKvST6lgqi6v2oJ1dBqAVO/O0qjfsrXOwSas13/hXMlZ4yDF",
+	"9bi3ZHyRB7yjO0i9UN0vFcgiLhJC/Jf3d8UIElq73yuG7nbsISrpTYVe7deDWrtesx8v2QzHdPz+NnBM",
+	"LacSLeOtmvhuJ0nN+9zuuY2vcafalz6+P1H//R/RA/gJ6EpB99Q9k/Xg4eVTd3ky1a/RXHcylZD7dgmz",
+	"3Rn7JgKVpdxYyp8O7gPIukGHqa3TJuugCeG/uWJxgt4nZmQJfAUbMBsQySUYbmgZcVoVQRjp+gFcjd6R",
+	"s2jKjoal2weZLe8jMJYtTNMd2YC5Wbf6/+fme+63ZnA7cma1qm1stAEy8x62Y5NrVJfRe9uP3Ze3QrHc",
+	"tsC3NL38u2TVbaEHgYtoWLoXZg8NNk/HSjrBi2jLBY7QuICshr1b4twNalc0lLp/tZjtZeXdVArWZw0v",
+	"G4OUa9RSEVe/KBKUxrqcXS6M7K5UzdSuCe3Vvp6j29hWibdcKFO/3q9+OVJ3pgrpm2in1AZWwvhV9znS",
+	"vY/1L8/52OD4aysB3ZZi2dI1ZnyCYiWAv0/9LA7X8skf8EKfCMo7DCLwt/pEVLaeqqSYhfw9FljRfX61",
+	"2zw9Zr6nqP5VlRvHxf8dAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
