@@ -316,6 +316,22 @@ type ForkResult struct {
 	Sandboxes []SandboxRef `json:"sandboxes"`
 }
 
+// GatewayAdmission The gateway-wide admission numbers (all keys).
+type GatewayAdmission struct {
+	// DiskBudgetGib The state dir filesystem's size × `--disk-overcommit`; 0 = no budget.
+	DiskBudgetGib float64 `json:"disk_budget_gib"`
+	DiskGib       float64 `json:"disk_gib"`
+	MaxSandboxes  int     `json:"max_sandboxes"`
+
+	// MemoryBudgetMib Host memory × `--overcommit`; 0 = no budget.
+	MemoryBudgetMib int64 `json:"memory_budget_mib"`
+
+	// MemoryMib Memory committed by all live sandboxes.
+	MemoryMib int64 `json:"memory_mib"`
+	Queued    int   `json:"queued"`
+	Sandboxes int   `json:"sandboxes"`
+}
+
 // Health defines model for Health.
 type Health struct {
 	// Status Example: ok
@@ -409,6 +425,52 @@ type PtySession struct {
 // PtySessionList defines model for PtySessionList.
 type PtySessionList struct {
 	Sessions []PtySession `json:"sessions"`
+}
+
+// Quota defines model for Quota.
+type Quota struct {
+	// Gateway The gateway-wide admission numbers (all keys).
+	Gateway GatewayAdmission `json:"gateway"`
+
+	// Limits What one API key may hold (the gateway's `--quota-*` flags); 0 is unlimited.
+	Limits QuotaLimits `json:"limits"`
+	Usage  QuotaUsage  `json:"usage"`
+}
+
+// QuotaLimits What one API key may hold (the gateway's `--quota-*` flags); 0 is unlimited.
+type QuotaLimits struct {
+	DiskGib   float64 `json:"disk_gib"`
+	MemoryMib int64   `json:"memory_mib"`
+
+	// Sandboxes Live sandboxes, with the key's queued creates.
+	Sandboxes     int   `json:"sandboxes"`
+	SnapshotBytes int64 `json:"snapshot_bytes"`
+	Snapshots     int   `json:"snapshots"`
+}
+
+// QuotaUsage defines model for QuotaUsage.
+type QuotaUsage struct {
+	// DiskGib Disk committed by the key's live sandboxes.
+	DiskGib float64 `json:"disk_gib"`
+
+	// MemoryMib Memory committed by the key's live sandboxes.
+	MemoryMib             int64 `json:"memory_mib"`
+	OrphanedSnapshotBytes int64 `json:"orphaned_snapshot_bytes"`
+
+	// OrphanedSnapshots Of `snapshots`, those whose source sandbox is gone.
+	OrphanedSnapshots int `json:"orphaned_snapshots"`
+
+	// Queued The key's creates waiting in the queue.
+	Queued int `json:"queued"`
+
+	// Sandboxes Live sandboxes of the key.
+	Sandboxes int `json:"sandboxes"`
+
+	// SnapshotBytes Their bytes, where the provider can tell (local, docker); a provider that cannot counts 0.
+	SnapshotBytes int64 `json:"snapshot_bytes"`
+
+	// Snapshots Snapshots the key keeps (a fork's internal snapshot is not counted).
+	Snapshots int `json:"snapshots"`
 }
 
 // ReleaseResult defines model for ReleaseResult.
@@ -582,6 +644,9 @@ type NotFound = Problem
 
 // PayloadTooLarge An RFC 9457 problem detail.
 type PayloadTooLarge = Problem
+
+// QuotaExceeded An RFC 9457 problem detail.
+type QuotaExceeded = Problem
 
 // ServiceUnavailable An RFC 9457 problem detail.
 type ServiceUnavailable = Problem
@@ -799,6 +864,19 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 // The interface specification for the client above.
 type ClientInterface interface {
 
+	// GetQuota The caller's quotas and usage
+	//
+	// The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
+	// without keys is one key) and what it uses: live sandboxes with the memory and disk they
+	// commit (their `resources`, or the provider's defaults), creates queued, and snapshots by
+	// count and bytes, with those whose source sandbox is gone (`orphaned_*`; deleting them with
+	// `DELETE /v1/snapshots/{sid}` frees their quota). `gateway` holds the gateway-wide admission
+	// numbers. A create or snapshot that would take the key over a quota answers 429
+	// `quota_exceeded` naming the quota.
+	//
+	// Corresponds with GET /v1/quota (the `GetQuota` operationId).
+	GetQuota(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListSandboxes List sandboxes
 	//
 	// Corresponds with GET /v1/sandboxes (the `ListSandboxes` operationId).
@@ -808,8 +886,13 @@ type ClientInterface interface {
 	//
 	// Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 	// or fails and leaves nothing behind. `files` are written before the response. Over capacity
-	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+	// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+	// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+	// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+	// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+	// order. A create that could never fit the budget answers 400 at once; one that would take the
+	// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+	// `owner`.
 	//
 	// With `count` it makes that many sandboxes of the same request at once and answers a
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -825,8 +908,13 @@ type ClientInterface interface {
 	//
 	// Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 	// or fails and leaves nothing behind. `files` are written before the response. Over capacity
-	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+	// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+	// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+	// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+	// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+	// order. A create that could never fit the budget answers 400 at once; one that would take the
+	// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+	// `owner`.
 	//
 	// With `count` it makes that many sandboxes of the same request at once and answers a
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -1096,7 +1184,10 @@ type ClientInterface interface {
 	// processes, their memory and open connections are not captured: a sandbox made from the
 	// snapshot starts fresh processes on the captured files. The snapshot is durable across
 	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
-	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+	// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+	// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+	// `not_supported`.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1109,7 +1200,10 @@ type ClientInterface interface {
 	// processes, their memory and open connections are not captured: a sandbox made from the
 	// snapshot starts fresh processes on the captured files. The snapshot is durable across
 	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
-	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+	// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+	// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+	// `not_supported`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1162,6 +1256,29 @@ type ClientInterface interface {
 	GetSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
+// GetQuota The caller's quotas and usage
+//
+// The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
+// without keys is one key) and what it uses: live sandboxes with the memory and disk they
+// commit (their `resources`, or the provider's defaults), creates queued, and snapshots by
+// count and bytes, with those whose source sandbox is gone (`orphaned_*`; deleting them with
+// `DELETE /v1/snapshots/{sid}` frees their quota). `gateway` holds the gateway-wide admission
+// numbers. A create or snapshot that would take the key over a quota answers 429
+// `quota_exceeded` naming the quota.
+//
+// Corresponds with GET /v1/quota (the `GetQuota` operationId).
+func (c *Client) GetQuota(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetQuotaRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListSandboxes List sandboxes
 //
 // Corresponds with GET /v1/sandboxes (the `ListSandboxes` operationId).
@@ -1181,8 +1298,13 @@ func (c *Client) ListSandboxes(ctx context.Context, params *ListSandboxesParams,
 //
 // Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 // or fails and leaves nothing behind. `files` are written before the response. Over capacity
-// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+// order. A create that could never fit the budget answers 400 at once; one that would take the
+// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+// `owner`.
 //
 // With `count` it makes that many sandboxes of the same request at once and answers a
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -1208,8 +1330,13 @@ func (c *Client) CreateSandboxWithBody(ctx context.Context, contentType string, 
 //
 // Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 // or fails and leaves nothing behind. `files` are written before the response. Over capacity
-// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+// order. A create that could never fit the budget answers 400 at once; one that would take the
+// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+// `owner`.
 //
 // With `count` it makes that many sandboxes of the same request at once and answers a
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -1749,7 +1876,10 @@ func (c *Client) ResumeSandbox(ctx context.Context, id SandboxID, reqEditors ...
 // processes, their memory and open connections are not captured: a sandbox made from the
 // snapshot starts fresh processes on the captured files. The snapshot is durable across
 // gateway restarts and owned by the API key that created the sandbox (anonymous on a
-// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+// `not_supported`.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1772,7 +1902,10 @@ func (c *Client) CreateSnapshotWithBody(ctx context.Context, id SandboxID, conte
 // processes, their memory and open connections are not captured: a sandbox made from the
 // snapshot starts fresh processes on the captured files. The snapshot is durable across
 // gateway restarts and owned by the API key that created the sandbox (anonymous on a
-// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+// `not_supported`.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1892,6 +2025,33 @@ func (c *Client) GetSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...
 		return nil, err
 	}
 	return c.Client.Do(req)
+}
+
+// NewGetQuotaRequest constructs an http.Request for the GetQuota method
+func NewGetQuotaRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/quota")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
 }
 
 // NewListSandboxesRequest constructs an http.Request for the ListSandboxes method
@@ -3191,6 +3351,21 @@ func WithBaseURL(baseURL string) ClientOption {
 // ClientWithResponsesInterface is the interface specification for the client with responses above.
 type ClientWithResponsesInterface interface {
 
+	// GetQuotaWithResponse The caller's quotas and usage
+	//
+	// The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
+	// without keys is one key) and what it uses: live sandboxes with the memory and disk they
+	// commit (their `resources`, or the provider's defaults), creates queued, and snapshots by
+	// count and bytes, with those whose source sandbox is gone (`orphaned_*`; deleting them with
+	// `DELETE /v1/snapshots/{sid}` frees their quota). `gateway` holds the gateway-wide admission
+	// numbers. A create or snapshot that would take the key over a quota answers 429
+	// `quota_exceeded` naming the quota.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/quota (the `GetQuota` operationId).
+	GetQuotaWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetQuotaResponse, error)
+
 	// ListSandboxesWithResponse List sandboxes
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -3202,8 +3377,13 @@ type ClientWithResponsesInterface interface {
 	//
 	// Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 	// or fails and leaves nothing behind. `files` are written before the response. Over capacity
-	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+	// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+	// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+	// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+	// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+	// order. A create that could never fit the budget answers 400 at once; one that would take the
+	// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+	// `owner`.
 	//
 	// With `count` it makes that many sandboxes of the same request at once and answers a
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -3219,8 +3399,13 @@ type ClientWithResponsesInterface interface {
 	//
 	// Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 	// or fails and leaves nothing behind. `files` are written before the response. Over capacity
-	// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-	// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+	// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+	// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+	// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+	// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+	// order. A create that could never fit the budget answers 400 at once; one that would take the
+	// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+	// `owner`.
 	//
 	// With `count` it makes that many sandboxes of the same request at once and answers a
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -3520,7 +3705,10 @@ type ClientWithResponsesInterface interface {
 	// processes, their memory and open connections are not captured: a sandbox made from the
 	// snapshot starts fresh processes on the captured files. The snapshot is durable across
 	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
-	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+	// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+	// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+	// `not_supported`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3533,7 +3721,10 @@ type ClientWithResponsesInterface interface {
 	// processes, their memory and open connections are not captured: a sandbox made from the
 	// snapshot starts fresh processes on the captured files. The snapshot is durable across
 	// gateway restarts and owned by the API key that created the sandbox (anonymous on a
-	// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+	// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+	// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+	// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+	// `not_supported`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3594,6 +3785,54 @@ type ClientWithResponsesInterface interface {
 	GetSnapshotWithResponse(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*GetSnapshotResponse, error)
 }
 
+type GetQuotaResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Quota
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetQuotaResponse) GetJSON200() *Quota {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetQuotaResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetBody returns the raw response body bytes
+func (r GetQuotaResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetQuotaResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetQuotaResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetQuotaResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type ListSandboxesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3649,6 +3888,11 @@ func (r ListSandboxesResponse) ContentType() string {
 	return ""
 }
 
+// CreateSandboxResponse429Headers the declared response headers of an HTTP 429 response for CreateSandbox
+type CreateSandboxResponse429Headers struct {
+	RetryAfter *int
+}
+
 // CreateSandboxResponse503Headers the declared response headers of an HTTP 503 response for CreateSandbox
 type CreateSandboxResponse503Headers struct {
 	RetryAfter *int
@@ -3667,8 +3911,12 @@ type CreateSandboxResponse struct {
 	ApplicationProblemJSON413 *PayloadTooLarge
 	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationProblemJSON422 *UnprocessableEntity
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *QuotaExceeded
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateSandboxResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *CreateSandboxResponse503Headers
 }
@@ -3696,6 +3944,11 @@ func (r CreateSandboxResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 // GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r CreateSandboxResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
 	return r.ApplicationProblemJSON422
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateSandboxResponse) GetApplicationProblemJSON429() *QuotaExceeded {
+	return r.ApplicationProblemJSON429
 }
 
 // GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -4430,6 +4683,11 @@ func (r ListFilesResponse) ContentType() string {
 	return ""
 }
 
+// ForkSandboxResponse429Headers the declared response headers of an HTTP 429 response for ForkSandbox
+type ForkSandboxResponse429Headers struct {
+	RetryAfter *int
+}
+
 // ForkSandboxResponse503Headers the declared response headers of an HTTP 503 response for ForkSandbox
 type ForkSandboxResponse503Headers struct {
 	RetryAfter *int
@@ -4452,8 +4710,12 @@ type ForkSandboxResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationProblemJSON422 *UnprocessableEntity
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *QuotaExceeded
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ForkSandboxResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *ForkSandboxResponse503Headers
 }
@@ -4491,6 +4753,11 @@ func (r ForkSandboxResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r ForkSandboxResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
 	return r.ApplicationProblemJSON422
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ForkSandboxResponse) GetApplicationProblemJSON429() *QuotaExceeded {
+	return r.ApplicationProblemJSON429
 }
 
 // GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -5335,6 +5602,11 @@ func (r ResumeSandboxResponse) ContentType() string {
 	return ""
 }
 
+// CreateSnapshotResponse429Headers the declared response headers of an HTTP 429 response for CreateSnapshot
+type CreateSnapshotResponse429Headers struct {
+	RetryAfter *int
+}
+
 type CreateSnapshotResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5352,6 +5624,10 @@ type CreateSnapshotResponse struct {
 	ApplicationProblemJSON409 *Conflict
 	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationProblemJSON422 *UnprocessableEntity
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *QuotaExceeded
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateSnapshotResponse429Headers
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
@@ -5387,6 +5663,11 @@ func (r CreateSnapshotResponse) GetApplicationProblemJSON409() *Conflict {
 // GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r CreateSnapshotResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
 	return r.ApplicationProblemJSON422
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateSnapshotResponse) GetApplicationProblemJSON429() *QuotaExceeded {
+	return r.ApplicationProblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -5735,6 +6016,27 @@ func (r GetSnapshotResponse) ContentType() string {
 	return ""
 }
 
+// GetQuotaWithResponse The caller's quotas and usage
+//
+// The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
+// without keys is one key) and what it uses: live sandboxes with the memory and disk they
+// commit (their `resources`, or the provider's defaults), creates queued, and snapshots by
+// count and bytes, with those whose source sandbox is gone (`orphaned_*`; deleting them with
+// `DELETE /v1/snapshots/{sid}` frees their quota). `gateway` holds the gateway-wide admission
+// numbers. A create or snapshot that would take the key over a quota answers 429
+// `quota_exceeded` naming the quota.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/quota (the `GetQuota` operationId).
+func (c *ClientWithResponses) GetQuotaWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetQuotaResponse, error) {
+	rsp, err := c.GetQuota(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetQuotaResponse(rsp)
+}
+
 // ListSandboxesWithResponse List sandboxes
 //
 // Returns a wrapper object for the known response body format(s).
@@ -5752,8 +6054,13 @@ func (c *ClientWithResponses) ListSandboxesWithResponse(ctx context.Context, par
 //
 // Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 // or fails and leaves nothing behind. `files` are written before the response. Over capacity
-// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+// order. A create that could never fit the budget answers 400 at once; one that would take the
+// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+// `owner`.
 //
 // With `count` it makes that many sandboxes of the same request at once and answers a
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -5775,8 +6082,13 @@ func (c *ClientWithResponses) CreateSandboxWithBodyWithResponse(ctx context.Cont
 //
 // Creates a sandbox and returns once it can run a command and take a file (readiness probe),
 // or fails and leaves nothing behind. `files` are written before the response. Over capacity
-// the request waits in a FIFO queue for up to `create_queue_timeout_s` (default 600), then
-// answers 503 with `Retry-After`. The returned lease has scope `owner`.
+// (`--max-sandboxes`, or the memory and disk its sandboxes commit beyond the admission
+// budget) the request waits in the queue for up to `create_queue_timeout_s` (default 600),
+// then answers 503 with `Retry-After`. The queue is fair across API keys: a freed slot goes to
+// the waiting key with the fewest live sandboxes, and each key's own creates are served in
+// order. A create that could never fit the budget answers 400 at once; one that would take the
+// key over a quota, 429 `quota_exceeded` (see `GET /v1/quota`). The returned lease has scope
+// `owner`.
 //
 // With `count` it makes that many sandboxes of the same request at once and answers a
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
@@ -6238,7 +6550,10 @@ func (c *ClientWithResponses) ResumeSandboxWithResponse(ctx context.Context, id 
 // processes, their memory and open connections are not captured: a sandbox made from the
 // snapshot starts fresh processes on the captured files. The snapshot is durable across
 // gateway restarts and owned by the API key that created the sandbox (anonymous on a
-// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+// `not_supported`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -6257,7 +6572,10 @@ func (c *ClientWithResponses) CreateSnapshotWithBodyWithResponse(ctx context.Con
 // processes, their memory and open connections are not captured: a sandbox made from the
 // snapshot starts fresh processes on the captured files. The snapshot is durable across
 // gateway restarts and owned by the API key that created the sandbox (anonymous on a
-// gateway without keys). Providers that cannot snapshot answer 409 `not_supported`.
+// gateway without keys), and counts against its snapshot quotas (count, and bytes where the
+// provider can tell) until deleted, also after the sandbox is gone: over a quota, 429
+// `quota_exceeded` and no snapshot is kept. Providers that cannot snapshot answer 409
+// `not_supported`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -6359,6 +6677,39 @@ func (c *ClientWithResponses) GetSnapshotWithResponse(ctx context.Context, sid S
 	return ParseGetSnapshotResponse(rsp)
 }
 
+// ParseGetQuotaResponse parses an HTTP response from a GetQuotaWithResponse call
+func ParseGetQuotaResponse(rsp *http.Response) (*GetQuotaResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetQuotaResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Quota
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseListSandboxesResponse parses an HTTP response from a ListSandboxesWithResponse call
 func ParseListSandboxesResponse(rsp *http.Response) (*ListSandboxesResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -6448,6 +6799,13 @@ func ParseCreateSandboxResponse(rsp *http.Response) (*CreateSandboxResponse, err
 		}
 		response.ApplicationProblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QuotaExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest ServiceUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6458,6 +6816,16 @@ func ParseCreateSandboxResponse(rsp *http.Response) (*CreateSandboxResponse, err
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers CreateSandboxResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreateSandboxResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -7111,6 +7479,13 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 		}
 		response.ApplicationProblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QuotaExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest ServiceUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7121,6 +7496,16 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers ForkSandboxResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ForkSandboxResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -7860,6 +8245,26 @@ func ParseCreateSnapshotResponse(rsp *http.Response) (*CreateSnapshotResponse, e
 		}
 		response.ApplicationProblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QuotaExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers CreateSnapshotResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
@@ -8109,6 +8514,9 @@ func ParseGetSnapshotResponse(rsp *http.Response) (*GetSnapshotResponse, error) 
 
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
+	// GetQuota The caller's quotas and usage
+	// (GET /v1/quota)
+	GetQuota(w http.ResponseWriter, r *http.Request)
 	// ListSandboxes List sandboxes
 	// (GET /v1/sandboxes)
 	ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams)
@@ -8201,6 +8609,12 @@ type ServerInterface interface {
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
 
 type Unimplemented struct{}
+
+// GetQuota The caller's quotas and usage
+// (GET /v1/quota)
+func (_ Unimplemented) GetQuota(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
 
 // ListSandboxes List sandboxes
 // (GET /v1/sandboxes)
@@ -8384,6 +8798,20 @@ type ServerInterfaceWrapper struct {
 }
 
 type MiddlewareFunc func(http.Handler) http.Handler
+
+// GetQuota operation middleware
+func (siw *ServerInterfaceWrapper) GetQuota(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetQuota(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
 
 // ListSandboxes operation middleware
 func (siw *ServerInterfaceWrapper) ListSandboxes(w http.ResponseWriter, r *http.Request) {
@@ -9428,6 +9856,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/v1/snapshots/{sid}", wrapper.GetSnapshot)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/quota", wrapper.GetQuota)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/renew", wrapper.RenewSandbox)
 	})
 	r.Group(func(r chi.Router) {
@@ -9467,6 +9898,15 @@ type NotFoundApplicationProblemPlusJSONResponse Problem
 
 type PayloadTooLargeApplicationProblemPlusJSONResponse Problem
 
+type QuotaExceededResponseHeaders struct {
+	RetryAfter *int
+}
+type QuotaExceededApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers QuotaExceededResponseHeaders
+}
+
 type ServiceUnavailableResponseHeaders struct {
 	RetryAfter *int
 }
@@ -9481,6 +9921,43 @@ type SessionNotFoundApplicationProblemPlusJSONResponse Problem
 type UnauthorizedApplicationProblemPlusJSONResponse Problem
 
 type UnprocessableEntityApplicationProblemPlusJSONResponse Problem
+
+type GetQuotaRequestObject struct {
+}
+
+type GetQuotaResponseObject interface {
+	VisitGetQuotaResponse(w http.ResponseWriter) error
+}
+
+type GetQuota200JSONResponse Quota
+
+func (response GetQuota200JSONResponse) VisitGetQuotaResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetQuota401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetQuota401ApplicationProblemPlusJSONResponse) VisitGetQuotaResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
 
 type ListSandboxesRequestObject struct {
 	Params ListSandboxesParams
@@ -9618,6 +10095,25 @@ func (response CreateSandbox422ApplicationProblemPlusJSONResponse) VisitCreateSa
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSandbox429ApplicationProblemPlusJSONResponse struct {
+	QuotaExceededApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSandbox429ApplicationProblemPlusJSONResponse) VisitCreateSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -10715,6 +11211,25 @@ func (response ForkSandbox422ApplicationProblemPlusJSONResponse) VisitForkSandbo
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForkSandbox429ApplicationProblemPlusJSONResponse struct {
+	QuotaExceededApplicationProblemPlusJSONResponse
+}
+
+func (response ForkSandbox429ApplicationProblemPlusJSONResponse) VisitForkSandboxResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -11882,6 +12397,25 @@ func (response CreateSnapshot422ApplicationProblemPlusJSONResponse) VisitCreateS
 	return err
 }
 
+type CreateSnapshot429ApplicationProblemPlusJSONResponse struct {
+	QuotaExceededApplicationProblemPlusJSONResponse
+}
+
+func (response CreateSnapshot429ApplicationProblemPlusJSONResponse) VisitCreateSnapshotResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetSandboxStatusRequestObject struct {
 	ID SandboxID `json:"id"`
 }
@@ -12250,6 +12784,9 @@ func (response GetSnapshot404ApplicationProblemPlusJSONResponse) VisitGetSnapsho
 
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
+	// GetQuota The caller's quotas and usage
+	// (GET /v1/quota)
+	GetQuota(ctx context.Context, request GetQuotaRequestObject) (GetQuotaResponseObject, error)
 	// ListSandboxes List sandboxes
 	// (GET /v1/sandboxes)
 	ListSandboxes(ctx context.Context, request ListSandboxesRequestObject) (ListSandboxesResponseObject, error)
@@ -12376,6 +12913,30 @@ type strictHandler struct {
 	ssi         StrictServerInterface
 	middlewares []StrictMiddlewareFunc
 	options     StrictHTTPServerOptions
+}
+
+// GetQuota operation middleware
+func (sh *strictHandler) GetQuota(w http.ResponseWriter, r *http.Request) {
+	var request GetQuotaRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetQuota(ctx, request.(GetQuotaRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetQuota")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetQuotaResponseObject); ok {
+		if err := validResponse.VisitGetQuotaResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
 }
 
 // ListSandboxes operation middleware
@@ -13215,181 +13776,198 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H37chs3lveroDhbZdLTpCRHziRSubYcW06844tKkiubCr1qsBsUMWoCHQAtinFUtQ/xPcP3YPskW+cc",
-	"oC9k8yLFUrIz/mNqYrEbjcu5X3741En0NNdKKGc7B586E8FTYfA/T4Qz8+djJwz8KxU2MTJ3UqvOQedU",
-	"JFqllnH4mc0mMpkwNxEsyaRQjk35nBl4fdCJOjaZiCmHMaZSyWkx7RzsRh03z0XnoCOVExfCdG5ubqJO",
-	"zg2fCue//0pm4pi7yfLX4a9MKitTgV+1XKUjfX3IjMi4k1eC5dxNLONGVH9yGp+daXOZSgMTkzDWL4Uw",
-	"807UUXwK84EXO1HHiF8KaUTaOXCmEAtreCPUBUxrr1yFdUaqiw6s4Y3gVrx+uTzp5yyDn5hMIxZnth8z",
-	"rlK29zXL9EyYBH4acSu+esKSCTc8gW1g3RhfOpdpzKRinMWntNYTMY4fWRaLa2d43CuX4+fvVxNeXrsi",
-	"cc2neYaP2z4fJakYX0yefLX/9Ou/XWYdOBXnhIHB/yuz/Z95/9cn/b99/LT39c2/ddp24Fgb17b8XBvX",
-	"cmoRS0WScSNSWGEMT9mYcccSI7gTK1YGj60/J35NtPb106dfPY0q2ttrob2o47e17eDOqrnS4dnRtT+9",
-	"J7vrTm/F1Lc+DvhOOA/5j3AiU9U8E3iqPJQnuysO5VRYK7Vatb7js5+YpUeYTFdM3G6Y+SbWOFU8txPt",
-	"aBK1dap81TrvMIv61qh849bcwFg218oKlDrPMyN4On+hlRKJgw+AiFROKCRqnueZTDhs3U5u9CgT07/+",
-	"w8I+fqrN4d+MGHcOOn/ZqYTrDv1qd47pLfr0Ao8o7SbCBCk60VlqiVX80QDNxY5fCn0lTMxm3DKlHbPC",
-	"sW6c6FTETFoWP39zcvT85U/nL96/e3f04uzoJQiIm6jzHU9PxC+FsO4hV/VaXfFMAnfnhTtksTBGGxuz",
-	"TFpnmbgSZs78R3GWL7QaZzJ50Dk2eNyCIEJdYbS6YNZxJ9hYG+Ym0jJDO8i6YnAxYDkvrEiZNsw6neci",
-	"pZ1+pc1IpqlQD0o+zOlLoXCq3JNSKWThb8wmOgdNqEFs1ZakCxC0N1HnnXavdKEelOo/qEulZ6rc/642",
-	"bCwzgXMGOU9besznmebpmdZvuLkQD00d4dhHOp0DiWQwCdg/rhjPQAukOM1TYa5kIj4ofsVlxkfZg870",
-	"/RWID57zRLo5biDQ8Ygnl0KlMO1CGcGTCcwLpPyiudcv7b22Cfind2qW4U1NufwJiAeXXPi/1ZVaXTy+",
-	"eP/u7Og/z87fvT87f/X+w7sgHj8oXriJNvLXhxX7b6W1Ul1EbMqzsTZTkUZMXOeg3mA5RlzpS5GCPZQK",
-	"5STPrJ9ubnQirIXDPFJOuvkfxRRXUmfcCa+s8N2Ngv4mKG2kvu+4SyavuMwKgwyTG50L4yQpZalScb1s",
-	"ufyIfoce42fjRBfKxd5stKy72weLLEXbeNHiizp+IttvQN3m+NnPqBrmY/kNPfqHSBwqMpyJtyzxPNJU",
-	"wtR5dlxb3phnVkQLK0aRcp5zA+fdsnLpJmHFEbsUIq+b1MKyKU8Fm02EYqgHLBtzmbFuKsa8yBzDb+LO",
-	"qCLzUooMKb+KkdaZ4AqWgV9ZnsJbfilIfUy5mtc+jedRKcpDnBlXdiYMsF/lw+CZxzCJyljfb1rqK2ZX",
-	"O0ehnJnnWtIUpRNT3L8FM2/lSNwYPqdxrlYf0fbjVacPKszeasjm/oL7a8FrnRnpBBuJsTbCUzc414VR",
-	"NkJHl/WHxe7uV4J9OHvV/4Y5ce3WnGw1Q5lm4tzJqdCFO7ctTr7Tuffw8UAzsIZmQHlKM3Etkgj1NMgo",
-	"ELXO8PFYJmikKs24czyZiBR/I4sWZgUCjrvOQSfVBUwuakQFVsxZFdMRHbecctL9zam+0MpxqYDC4AHW",
-	"DbzKRnOW6uRSmN6AZTrh2QHSIzgTQKlc+Te8yXfBnZjx+SNLD/sfU2lE4rSZs27c7+MvffzFxr0DxpnR",
-	"2uFe2Ll1Ylo97+2umKbALL8SMfzp/YvXLONzXTjmuBnxLGNdnROVZHMWw/QGjpsDI3J94PhF3DtkwGZk",
-	"1eHswU69UNqAuuAhFDDAacWwFlCKc7uGEirKmwrHU+747yDXE6RIkcJUpD1kBaol+BcK54yPRBbDHgE5",
-	"eZENimErSsWgQEscCP4MLCKuc21BGhldXExY/P3RGdu52tsphdLOJ5ne7AiVoqSwO59gxBuUPaXIuE3E",
-	"YIM8iTqFkr8U4jWNDU+QyrmSqTDndNJrhAMNubBY/3bf5iKRwGh+mMPS4LkU8xD0+gc6r8St+7u7QDFS",
-	"XeCuX4r5gMXWO+MUWrKMJ4nI4ZWJMOQidN+Jt5p9P58+suAqTHvI2VPBFZ2p03k/E1ciY2MpsnSrg0Tf",
-	"ep3M+UHPSM6A4OPSeSel8s6cZiOR6CkskqfzzyBSjLC6MEmpd9+POwc/r7cKTspXbj4ufgHsmmpv26Qq",
-	"N46NjZ6SVA0Ps65WFBhLeJYJ88jCSTE9U7Z3wKSzJGAi/E/6/CNL8mkrHncua9vwN3Is4DxAAFof1cXJ",
-	"oaZB0zkYDXvf7O4esl32jOR/Ls289xn230dk2wNT8CMQbk0CkwpMmRyzKVnOvS024KaFGl+KTDhxImyR",
-	"uWWjM8Vf05rsK42iBWMwPNlmBL7UMwV+66qveHPdno++3m/fAjj2R5aN5g5OH2zar/f7QoE/kw5ag331",
-	"uTXGb5vgkReKr9VYL08viMxmxG7iXH6ws7P35G+D3cHuYO9g/9u9p191Wqiu5mBurVgWpriwoHJG1eCt",
-	"y7oWyRE4IGf4y7LrMCde09MpiLVUphhKM4UCEQM8nwl49pABYZEpLR08B3suFFD3zx0vyTpRx8un2lyq",
-	"BcFcaoG3W7gBfnrL8z8pFJg2sZ2wfhKz7ojbCU0yN8IK5ZAn1kZko04yaxn5pef2hWTJRvny2Q1oXIi5",
-	"EucjnlxeGF2o9NxSdKVFjuH2lbKqd8C8c+yd0nDOmRg7NhITqVLUlJcyy0BP+uP1dvXhUMGk0FSck3tl",
-	"CqWkuhgM1VZOk3WpVO08feq4SrnxAdE2jt4sy1cr0JeVsPak+4z5TfkMsrqwbdnADzbYpNqwQqbbieOm",
-	"lCI6X8XJK6VnXqA10bYTL44/MNRsXZg1+ysj47wXrM9AEvA/+HdFMNKh7SFSsD6immYcsOcjYC6gFyPC",
-	"W2iWsYQrECBOgC0fXI7WHV/a1bQwqGrPp2stotqcDVcHYIrZgvJmy0k11OFoKqC94TT+Q1xLF62YPeui",
-	"Y9M7ZAJYyVvu3iFils+YbJKQVO7r/dbgCkZ+zp2XvNvZVE2B3WpXaT09J4Zt15Rhd2bcBsYG83HGlYND",
-	"n4opGhC1fXpkw18zOZUOnKxtDrimdms8nwt+eU7DnU/lqMVfEfySGQGHpVz4cJMa0WEM7hE3F8K6QJgt",
-	"ZPlWfndPJEmC8BxEUvteAyUx+PmQ7T15yrRiXij5TIM318cU0muPwVmXCtMmT85e9b+BBVLiCC0fZkSe",
-	"8aTV5MGRQA1/hpGcKVTCXRuJPWfWGcGnDEPoImXxlF+fi2uRnOvC5YWL/QcCDSaFa6OUBdnn515uR3Pz",
-	"G8zUFBX1ybYJzlfgliFLLQtOdNmWl/gfp+/fUUzJ06Aej4VKwQLHNyKGWS/K0v+89zH2AY6ycgPVQOvG",
-	"ToW1PnazXhfQ1KoX2peWiXaDddpKsa+dZbkw6C9oxUbS2YicYytcIdMI/v9CkjKwTiaXc2QwnTie+VTf",
-	"sLP79f7+sIMsVMsy/7zb/9vHT/tt2eUIpiPHUqTnHKmz4jzuRB84pu0lynS3cV3GrWMiE1NBIg3ZHY6r",
-	"O+zsDDult2y0dr3WY8hbK2pqfgYfWZ0Vzo+7rFra+U/+umLX4RfYSeKMLmd2Ps2kugTf1aJOciDm3CPL",
-	"MjRVe1vqGD/OOb3eyq3ll+gZDJPNjHROqHbeX+EqcAeyV9pDFmP8jQImLBVgi0bs1etX7zEDDBLW1d0D",
-	"2FJgWglc7afTiTo4SIunsMAI9boH/6zf6YjIvEleq/jkjbSuzbFzJmRXQgRsnXouOe5mOXa+mqZKt/2u",
-	"hLVGHDfG98USU20E80uj3OxMmBAub0j8VdLYb3rYns0yNhM/Ekkt7/HqfcEtqKiRdcvNWd6X3i047jvk",
-	"shqNb2Sk9uXj6K3r1ebyrq5smUZCbwRd0pWJn5ZprphLu2NQRn63JvCqsG6ZxBc1djl42xb9IHhG574w",
-	"JcddYZuBFH25MYDjX2v7EtUaejW4UAigBMvklfBFh10lroQhcasvhSId1jwfCqvdSlFRltr6d5ozeEe+",
-	"J0zCAqmjD+OdirLUA9QtTCrnJsQsWr+80SMuKx23KGhs0Ynw9dZoLSpd3MLZBFMMWGEzBbpMKX6rlfCO",
-	"dlC+tJOo0OBFCjtwcCz9e2h4cMWeH7/GaPw2C8TSnU00jARxik8uklGtFJSGqi87qp9+41hXkl27VqF1",
-	"bs1zFQFvYjk/8Mrp3E0mlZu6nYta396PUSXIOjAmd2JdmB1JIfPB9jIy084XvztQc7Nqm07Dgpuzi/VM",
-	"CRMfUJGGm0gFRr5fFfy5TPbaiB2f/RQxkkoRK1Nqh4xEDMXCIyqMi5gRSswiJHyGH4kw61fVtXjWqFtN",
-	"+ByYSX5X20Kqx1X5xmINJTt59YJ9u//0b6HYhKXCcZm1iLxWX+EtTyZSib4RPIU9Dj6PdyLjiMVKu/Ox",
-	"LhT+Y7mcKGorwWzV4jSz1vgoVc/cwj4rnb0WC63SPcuGtJMuE2sC8cuG9YeT18yIsTBCJYJhNEOO5yG/",
-	"GHYd3mbdmI904Q5GGVeXMcVZlVaitzlz4Q1eml65hHLPIjq+Nolw7OZUe3NXSyXbmBDeXJiyMnTv4zXP",
-	"cLPgBcMT7FCwEwzUYChfjkMgP6JwnJ30ttITPqb/B4TrqfysuVZ4FsQcCQ2K0T9juczBF6TAh3e5U2EM",
-	"4zk3rhcxIal41XED+pI7plUiyuCcNkF+JqCUMRPi0IM11vnCE9aN/z1382e78QF9z+8jTqUXlWO7CRnK",
-	"m0P6Rs8+A1mECPod0pUlWactxiXVOXobZoNFWT27gnveesEYJDKcbdSBbWwXxm7uS0CXJxbKgNrSqNEd",
-	"jU7pVgQm31GqTmaizNd0tjmUEDRaWwnot+Um6lC071yPx7Yt8nCmHc98wEOPGT0NYjEtEpEyq9mYGwpD",
-	"K3Ht8Mm6f0zjbhsH8Qtt3987kkU16uJi69tfRiHKM24c6Ara8pTSbj/6OWyv9mqkt9FrC2O3TexEZGRG",
-	"truThn5eQcVGTLmE7Tqv7N8NfnY5YMvb7fNTYnY3dVZapJ/dpDxpVM6sm9FirRi9R0kXe8g4yXNtgoTH",
-	"GHCt1iikNB7ZejJzKRfYmgS0rDtGFauVDaX6n6NuJZX28vyiLc/zUtpLWhuTin0vv2uZwWGoRuQOTWDH",
-	"vt5nb+V3vUO2Wyo4aReKEkMpTjfu9/1/92Ee/Qs5iqsKR14vRvRh4irjpWfqEGNEYLHl8GnpMFFjyTM9",
-	"evf+9PhFiESBet7f+6osrnM+VExdI3bgyysPmFBjbRJKpvtMlHXaYP2kkVchyYiVib5YEbcQN4oq88MQ",
-	"8ec4nwuihy3eqUnTi7wo85ZblE3Wc323+VA7N4E/tFoCYRdAe34YK7CrcI8Ft0ykpGKqIARmg4uRM0K0",
-	"FsUviSj6Yps4qldwtySXuGzN0VLVeqO0PY5qIRMM2RIpUqx2KxXQaB1o830eJhQYhWWv2a/2lNW9RN7Q",
-	"06rH2ibYLOjr9u4eaEPG3VS5ukWp+TJzb2TojFt3jr6SdPNb7dad6ptXVyEvdhnUnenF1Eio+Q05veXA",
-	"Hp1Pu4lW99y3oNhTerh87dwI7vt92svfmj2P1LET+3wniAt+gaUFZT1FVSCBOayZtO3J3jU2x7r6zw0G",
-	"arVTtXBAc4er4VbHNMP0lsiyhcRqtBMIIPDAGj5fYdzeVRBtFSFdn5SoibT2BKdvLMESb6lCJdwhC0Xg",
-	"LOeGaqOWLa+tZMJCd0th0MUf88TZEGGrziiOWIV8UKOwakH0K4bjW7IfOf+lEGwkuBGm1hVLBddr0o1L",
-	"7FrLJYBp1ZqJazDwVu37vz+6D66duRLmvDBZe9aiMhrFtRNG8Yx9OHnDpEqyAgs64p2rPdzbNXW93+x+",
-	"s7tztdc25e3Ztppo1OTh+hkuM3JIU1QMvZHvTkth2ZLFkWORzJNM+IZuPa7KlOrRZwwMketbOcHU5o1i",
-	"B7u8Q1kOdnpg80VrYCQgHnwenb+lClnT2U6i3HHgBz1mXQJumfI5Gwl2sSIsS9ngc4xnrBAeqEpCHwNl",
-	"4kdirr3NiT0KK6sOqToNY3O7W9d+NBsstoKS2ECktREXqDSQY7UJG8Mc4dxX6AH/6y30QKCjjUqgHHrd",
-	"tO4WR2ivSnpOhb8gXXOh80wcMiUEFdOPBKM+KN/jWdaiP/lmq4AnsfPKFP/DW0ZbWT/b5+8/5NQZcrck",
-	"xWfuG4k6VCV1HqpWNsG5NHI1tVejzT0nYeHhYG8RO3qezfjcsvjTTYtdEHWu+xe6X821SNynG+o1F0lh",
-	"pJufAl34iFUu/y7mrSlEn5nHvsrnHhQA6y4P2HdkVGDLbXIp5tR7Gw/YOyHA6Xa6bktl0rpDxjOrGZWg",
-	"ajVUvhVemH6gMoylNFRSaNXzg6XUeIBUjdFHnEW1AaC5S7OIprgagooMok1rw6fC6rb+9g/Yk7Pp22Vv",
-	"IXbacCdHmWDUzlNhWdG/K+Sf/+zDW/3v59O+5+o+mkTVTPyJNufyZMNk1nxvw2eArmRr+Q0cIhhgWCio",
-	"2A9nZ8dlJT2ISmDCvrgWSYEtdqXtPmDvVaUf+0oUzvAMyVFfCcP4UFFfMkzR5jwR7B9cZhHj7CW1GAt1",
-	"IZWgqty/FyNhlHDCsiQrrBPmgJ0cnZ7hFEp7KGJaiT7ohaGCKSHdYvzwkP0oRqdY1Wj9O1eCOWGmEszJ",
-	"7vHZT72AsGF9gYzPdmD/P7ZkU01twtVQjQTVXs/hj9hXzpkRCUEtDYZqqF5gn7hliVZjeVEYweLKfGTP",
-	"mDdQf3h/enZw/P7kDEzYQw8t0eQlxDpJhRmq+FM1xM1CS3A8YGfgE2BAU4ZWIeUMTxw1in+vMZFNRd04",
-	"tGFSDVWMmVvFsx2eyxh7iS6EwoKFNDRfRGVvSdlFATPBSn7ufJuyzoXiuRzM+TSLcRP+8hcGfCmU8+Ad",
-	"8MfH7PFjL5UeP2b/89//b3vBdBJ64ZuiyWkqxaiIb6gY+7uYw/aDSodFxP0+z2X/UsxjtsPi0+fvXn7/",
-	"/Ozo/Pnx6/O/H/10GrMuJrr7VuQcF98bsB89RgCKr3CSKYxe3wvqOIaN1Wo+1UWJGGGZVtm87MmCSQoF",
-	"f2SZ1vmIJ5eIEWQKRQFrGDju96VCGS/6Svd54SZxb8DqohxkMPgSONJWIlg6GLoSwHAGbyrB4c/B1Drf",
-	"45pL04LYx7qjef0IRnOc+/H709Z+dQrmwjreq+W5WmYR1MchPTIWr5KPdEYoZWUm3bwXwbPNR7COv52i",
-	"YqSL74yeWWEsA3oF95FXwiHyCJC+38QK52W5jco5+gqn8h0Y0xaj3GinE52xOIjMAa56sKyDApoRIjbW",
-	"Og5oz2M8nyDYJ9wyzh4/Rh/y8eMD5iucWLeqcIpqvnCjamnHCFtMy+IlmOlUKsyW4Cg+yE6VTLgVIBrE",
-	"lcZOZfqxh/sZKqhYd2UFFYxeFlFF1YfozRDPpy/AP+BH6azIxltUXHEkjNqkV1RfEac0vom+GX1Aj0CQ",
-	"gx6rjYTb/YZmBx4b48wZIQ5q0wxfIWrxeQjgQvp2gASiH3xpZJCcKCwMV1Y6eSWyOYlSHh7zJZnSTXTh",
-	"WIzxvNiDJvksVpX7wKSCf1E6nPgZ0BVhJWiMFQ3YlihMSJEH7PHj/d29x48HrAa6BnPeHnfNJ9BoqK9w",
-	"KFUiOehwrGkY6QBGh0f3Hz+GQ841lq+gpAwYLcG6AuofCaHYlTDYHhAxq5lMbeDQEVVpiRQkSyLArGB1",
-	"jyd8mw6oip8BHyOQj2X7u/tBWWHVmYV/HOHz6CthPm8VAFXMuqFIr0enFYOSjSMWY7kX/AfxRxwNVUwV",
-	"XzHrToopV2Vh3iF7xa17fvy6b908C+CzFoEhmHSEV+Fxv7rT1qo+1OPtZX2JhyG8RYkfsBGibWjD9p88",
-	"GaoW5KuQjg3QWb62qXIyLRkBvzFyWdlv7K3gKHF/G6rf+v0+/g8egC/9Vva2YTfxQUW97D9O37+LPIYh",
-	"mjBRSV6YXkenMPWOIf03EFWE7VzIQNwxYROei2bVtv/4HvstADDAgsM8ajBl4cmv2G8boAmbDOJf22e/",
-	"lTOu+loRGRCxZD3uUIB48299y35rADdSMgMNW61wbQuIjRV8MNaGMU4IoCWAUc+PvAfLQPg/nCd4vP6X",
-	"J0/Ybx72zEOhlfN5iosPiHzw1QDGV1QIgYcs4QZbVuIaCl8cRoBT5mxUXByyTF9cwIzRoO1bmYqojrt8",
-	"AYY62C9jwXz7HAwyVM+Z0qr/qzCaGjcJ+YgcEJGWjbPY1qS0mfKMxVXfdRx5TRBcGSRU8kgzmQhlRRUg",
-	"6jzPYdv6Twa7naiD4Wn0EO3Bzs5sNhtw/HmgzcWOf9fuvHn94ujd6RG+U1Wkll5UJ+pcCUP1ZZ3dwR49",
-	"5Q3nzkHnq8Hu4CtqypugZ7/TOfh0E3V2JtiK8av/11Q4IxPr/1W3u/2f8NzD03VzDMb0TWakJKVWr9PO",
-	"QQcY/LSWAq4jWP+83JOR1XHSEHFKWiLTVXjUZZprO7y+hWjXTbRhDuSzxSHHFaPqAGs5voxJMF/xrBAs",
-	"voojdiGvfNjg8tlVvGrGiPTUaUc0doJPn5kFUOmf/+vZx78+GzxuQ+f9uIDO+2R3dw3G4e2wDeu5uvWQ",
-	"sIi6oypEHG1SYRCDcZ/m0/aZct47NdhdfGVv8ysNKMp6+ArJKgSufv4IG2SL6ZSbOWL51N052E5+YRdy",
-	"g5jHti1VAy98CUbl/pDRiYAYXkc5tApNAXK0AZ/AL4UvOmJd4CKphLVkY/SiodLG1xf5XhjwgUELgOog",
-	"MI4Bi9E4Jk86tMV50DvSl7Q3A9bAOB2qujKdccw3wPSwKfOXQhQUmy5y8Hdj8r3O8e9V4jeuMI6+3t3t",
-	"oUhVQxVMHZDhZKTUpfOAEQKmd/4qv4N0mXc4UJfX0RphE6f8MtS6tGEnAt1Nly0E2myaEh+qJoriAeNU",
-	"QBe2tctD77235kiHaxXAIevDlcXTQ4WivYdKedZSrtMchKxy2F/Bk4kv3IGfKe+jUoFUNFTB+OmC1kHz",
-	"sHLxFTw/4zRij7RKU8omDSBNijwL677T6fyzSYMmWOdNM8Dt8ScWRNHerT6uldiixahRerTVo1SDdfOx",
-	"RYT5anHPyGDTdBfRN6s6oUBuQMKeVnsPKOOizv7eV5tfWkSBhveePNnmY8tguTdR5+nuFt9sgXTeWiS/",
-	"8MGewOMrhPKiwYHxnwqErB2bM4QFpvpqwUKHvwu8nyPLkBVrYYSayWwH7HUqprl2WHNLbulQkZcvFRPj",
-	"sUjcAcwe8W+8JKn7gMEyfLq728a59EKdc+9JmTeg3FpYgX5PB3enzm0opYJ9xzf2N79RYmYvUVQjm/Lz",
-	"R5AGzaRG7W8h4UN/WkWLL/3p1ZDW4aR7Kw2FVpP3QrgHOM9G5dNa4+xf/EhhV0abBcySa9K2huqRneo+",
-	"lJuPrcJpJ/XAhjXfqA0R1pYF4yEXvZiKZi84uuGVDRYK4QsrhmoVmKs3FzEthb44/mHAnpdBiZDUoVDV",
-	"smzyC3hFIB1rXbd7vHEI5LcT57/z4qH7dJQWICxXsKM/4pD7f1jT4b45GV74dvML5dUldzZn7l9knAie",
-	"Bl+NB2ZcyBBRaLr3YLJkEZh5o0zhWMuIHhSBcVnCpIpbsfDI1ZmHpBQ4r/6esgIcZgEeCjo70g0YRkiw",
-	"0nf9xVTI6wQ8nR4GlH342wpxcyHcUQVdem/M2oBzXcGqYbv/xXn0/nntBz0DLYAkyjhFrUuiKinp87NZ",
-	"tPFhvKRtJTtei4Twi+7K5quCTCeFQu8SQ0c+wrgGw7YRggI/hqpLQMk349nSDlUZuTaopzBpHjAJawiL",
-	"jzDqmZV4n+zC6CIHO8FDRoaaDRoGh45riHwx23vyNPLJGuwVi1nsvxNHVe7RF8JQt++AvW504TFTKHhn",
-	"qCgu1vgeAiruUEZ8pK/jakwqWkRxRB3zMVZC7O/u7+zvflv68kNVy+VR/gRh06s7qtgRUKSHM5SWJWSC",
-	"cbcS0zBYZ0O19zWYZ4csLpGxYizitb0Be6fruQmWCp5mWI6EGR8E5IprYbc8K0AaXxieiKHKhZE6PazE",
-	"M8r3VFpfIYTpy0RkDUTfNlEL03/h4RfuJ1pUR3TeKla0+5k/vc4Sq4HEsu5swl2J/VSCdva+mGf/l6NN",
-	"92AVFgrjtoF2Ghjotwla7ZT33rQacKcociqnEEUO+D7xCs8NxEGF8od/2x20GVfejbsF3+nECdcnIdjk",
-	"v7IFYSQVR2et5drI9RXXC7ervaAp9IMLt6Zgu4GY2bxAd6k1Yv2Nul+su4f0pDgzfIan5hXrH2HXlZcm",
-	"ow1WbODA5qWGygcsmnzJupiikr+KQxYnhclY/yzuRT4biggCRig3VIFLZVmvlmc8ofo40DxUKweDU+os",
-	"3KRIAeSJyNDP8qjYaKK16fa8qDh9G73+O5n84fR6HUm0Rb78GDA9v+jtP2VY5Ue8pc1LA6xi3FYerFGj",
-	"O6G7oFWXhuBvmzalYmTruItZqoXFJA4BEFOBH72aRtioNdYESsK60tmhom4eeA5LPnq3CKrCF2+viW/P",
-	"KevCGyhivoQ2Hizz4FGu/0hdt46HMt+EuQUPBeRoX4ZR2Z01bYi3BMHeWixM7kXMUinuaI5dORHjFstK",
-	"xzou+cz6bRqw545NtXXsabS7u1t+sDsWM2FKB14Sjj7FEzOtLnqHQ1X3ty2f44yNIIDrqTaizqULFvN+",
-	"FCTTfnueFvYIL5y8b75dV21VBwv3G/OFje+ZjbFkrOZh/Tn5WJvL+4lHPq/a1pswWZVKHM2Xrhau2rsa",
-	"NVcHvgpKm8uhQhiBWitCeWMfCiVQz+GDfgKUpsDLXrGEDbxxYH+prqTF/kgyz4cq5BrITa8G91E9+D5W",
-	"8WDAdNbo2vCX34S5+LKQVMMShmoGb2rFpKMauIVrBmmClM0M98kclMhSQl1Jo9UUIUsvRe7KtQ8VrtmP",
-	"GbK85bWLOMLZ2RvagJEAeWebK3tkS6xsdB3Cng0VtmdTI94Bk45d6Eb/B7dY13LZJvPg7/dbU1YHy7/x",
-	"7sTvqCDb/KlVUUH4tSx++Rf2Hf45Y3dwuuureipUiBXeRoVb2WolUV9P7T6BprCMmM5SAawmjXU+B4Jo",
-	"c4nOfYdCWyvWUHXjEoQ+jioUfZB9WKRatUtqswI9v1dJIII2881dQwXSk4ILZZVut96ACn4Ruj/h/vRp",
-	"b8COfMtX2dMnSvR+HA+EDnakpqvsKGqKu09DqgLgX2FJ1aAA/6XLo9C6aYJf1lESN9W/3UP+s6xfaLQF",
-	"E0kzJWbNDuIBe67KBkk+D02dtcZS/O1wqKgPUJV9rl7b12+kAL+g5JnmaLV3BmU3pYdkHSrCPDmosfG6",
-	"Sz1qwT0PLKSn0gHjdvlCj+maYu+AuHAfarlxYcQ96+V6Pfcyr75FifZPp5fvrGbvXyK8RZpHTqtBgNwq",
-	"MkfCY8cjOK8r0j7xfc6u9RIZXmE8hLtkPLWTJby2O7reG01ajYoaAr7rYcOZAQVnS0h0Fi9CTscMPRzb",
-	"KB5YEJbYZDzjJrUD9oLTrblNTcy6Spe76vvARa/WNDxU+7vftvG8f7Zi+ntSnE2U7xaG9A/8mevE/6gg",
-	"wkLqC9EDwm31Je7Bg1UMeib8FEAi1zZLHKm0zoQbmItt4q2obMmqwJyMQJqkUsPEaAvMTDGAQx/Rcx5z",
-	"AHkB+6fxi4iHrRVyJZqbgRmpta3OgtSRrbBoOiBdyJT+LMmU5UtWeoV46W8BGypacLTYif3IRmXzczB9",
-	"tQkgCL162wdh+ky4uqg6+cBYCc0joPk9wkSIQgTr4uXRm6OzI/Y///3/FyRpuFVRjvFmGRfwEfBabhSk",
-	"tCMNgqvJHJmyKXdUCxqG7LVLGxjtAYRNDc+7VdbgFv9zaf+HyLojWfGtmPn+TPzNYU263Gy1CEMggs8V",
-	"1lxIksPQf3yXzjFCLQz+qWJIf+Y4kBHiV0FB6RqM1SNbu9p+PT+sIFSjr+e+Mn/nU87d5OZ3ke221clR",
-	"W5EUaNUQfvpw8iZiY41WKeFvlfcha7Xg98PsD6n5mi6LZTbjdgJKpRuvXDTiH/Nc7iBM67//8mwvrlDK",
-	"4oVfvLLBJp/63b3lv1Y39yy186w4CbpjayUURXUbzr3GnxZu8VnVnxeaTL9EoBqUWOIn2uqoAjPCAd9P",
-	"5IkwCHI3jwl4hEI0/h608pIdLIgP1q2PSh2f/cS6MVBs3CthAfBKNWAdBGmNMQseSt5R93roBq4CkE4D",
-	"ErJbZmf22Fv5HRvNQ14o8pB+5W1YWEBDt09Zjy2ImF+4lC637H0ulN8BRLRJH9kSCsoHj8NOUwpqGEIP",
-	"YfEewZqujysR6vy8o7BfU536ALZfELeXBItZXTU3VLgxhxVAsL9w7pAVysmMrH1XcQfsCoWTfTNE47qt",
-	"mO0Ohqrql6hH4iqCutUdgo3oHEJy+vDc6lhc7Y6t+wnILd3XeM9BudpFei2y65RuBvySLfvnzJbh8TK+",
-	"JIaXpPBKFbzzyW4IOPxdZr5LxQ9e2WDUbhSxJNOEyFABjYW2F4+pgmBetTEGK9AVFtjzC8DCApHh1jyk",
-	"zofTrx3iNrS2GmvhYU63fo3iWmvuy/k2Sh+3ONh7dJP82tfFGIK02qG7a//QySAy7f3UcZ0GWUk1AMxp",
-	"pvSM/bVMZnbj3figuv/scOHCyUWTKikMNTX493srs5rtAUYlZvdbWtS4D7TVXHqwKA9O5Yu99KdOex5d",
-	"O4H4yfXc3lg4ORV3CgkRQvb9BC9p7D8+enlC6VLGL7hUX4KYD2Sen034rELp3Q6pqp1GG9csfX6V84Ln",
-	"rjBN4LVQ3ksX72IJLiXmZmvz8Z7SyriEsJHPGfpuODAmdS4U853wdJEwlaOxhCaSHtRqALF4LqQXh6os",
-	"cvYBj7ERdlKLCvtoaRgpQCnVS22xa6gwQAY+wTlUoZAuZDppnjNFVdMwYqgMcNUVg2ljJ7rV7Q9aMV6N",
-	"GbDdL8Xc9gbs2F+J4pOg4aaBMLkyqfotoXjbIieA9HgNnmS4VOt+NPTiZVv3XWhUXhHWEtHwv32Javy5",
-	"tfRpSc7tAuUulb3VLWkb0PxOA9L0/enb+nVuq9xMAsP+F84YnDXUCe7Hg1XVFHlA9LuHBAR1tlALCCL/",
-	"4R0L5UVxMQI01y6Si1l3M7oeNa2k0ix3pLNaQ3qz4zxZDzh4/OE2gIMt+oW28VZt6rfjpObFgQ/cqN64",
-	"vO9Lp/qfCGHmj+hyvwN+YJA9dft89e0K5VP3qZnq97Wu0kxhImXVozCP6LIEPVO22QMzeAik/8Y8bG2f",
-	"1lkH4U+bkxgnYow+GOYlCV4MIQaowjAY8AG4vaq48iDRDkudcTd6h2DRlD17C9dcUvHihVao/efWZ0r9",
-	"HURrUKXr9vv/3azHwxb/bsaGrna1jYzWgEI/wHGsc3LqPPpg57H99lY4zZs2+Jaml3+XrLoN80FoPhqW",
-	"LubZQYPNz2MpqO5ZtOWmUNa4z66GLl8iuQ5qd9iUsn+5pOtV5d1UAtbnzi4bg5R71FIXVr+RlGmD1Snb",
-	"3EzaXaodqd1H26t9Pce0dls92mK5SP0eyfrtVN2pLpSHiZhQo3MJVFtdHEoXjNa/PBMji+OvrIeDI8Xi",
-	"nWvMewTBShC2d/0sDtfyyR/wRqWIlZe8RMxfqxRRrXmqk2IasthYZkQXR9aujUUyLGdU/6rOLVDx/wYA",
-	"AP//",
+	"7H39chs3lu+roLhbZdLTpChHziRSubYcW0684w9dSa5sKvSqwW6QxKgJdAC0KMZR1T7ErbpvcF/kvsk+",
+	"yS2cA3SjyW6SUiwlO+M/piYWu9H4OOfgfP7Op04i57kUTBjdOfzUmTGaMgX/ecqMWj6fGKbsv1KmE8Vz",
+	"w6XoHHbOWCJFqgm1P5PFjCczYmaMJBlnwpA5XRJlXx90oo5OZmxO7RhzLvi8mHcOh1HHLHPWOexwYdiU",
+	"qc7NzU3Uyamic2bc91/xjJ1QM1v/uv0r4ULzlMFXNRXpWF4fEcUyavgVIzk1M02oYtWfjIRnF1JdplzZ",
+	"iXE71i8FU8tO1BF0budjX+xEHcV+KbhiaefQqIKtrOENE1M7rf1yFdooLqYdu4Y3jGr2+uX6pJ+TzP5E",
+	"eBqRONP9mFCRkv2vSSYXTCX2pzHV7KsnJJlRRRO7DaQbw0sXPI0JF4SS+AzXesom8SNNYnZtFI175XLc",
+	"/N1q/MsbV8Su6TzP4HHdp+MkZZPp7MlXB0+//utl1rGnYgxTdvD/zHT/Z9r/9Un/rx8/7X9986+dph04",
+	"kco0LT+XyjScWkRSlmRUsdSuMLZP6ZhQQxLFqGEtK7OPbT4neo209vXTp189jSra22+gvajjtrXp4M6r",
+	"ueLh6fG1O70nw02n1zL1nY/DfsefB/+7P5G5qJ+Jfao8lCfDlkM5Y1pzKdrWd3L+E9H4COFpy8T1lplv",
+	"Y40zQXM9kwYnEaxT5G3rvMMswq0R+datubFj6VwKzUDqPM8Uo+nyhRSCJcZ+wIpIYZgAoqZ5nvGE2q3b",
+	"y5UcZ2z+l79ru4+fgjn8q2KTzmHnX/Yq4bqHv+q9E3wLP73CI0KaGVNeis5klmpkFXc0luZiQy+ZvGIq",
+	"JguqiZCGaGZIN05kymLCNYmfvzk9fv7yp4sX79+9O35xfvzSCoibqPMdTU/ZLwXT5iFX9Vpc0Yxb7s4L",
+	"c0RippRUOiYZ10YTdsXUkriPwixfSDHJePKgc6zxuLaCCO4KJcWUaEMNIxOpiJlxTRTuIOmywXRAclpo",
+	"lhKpiDYyz1mKO/1KqjFPUyYelHyIkZdMwFSpI6VSyNq/EZ3I3N6E0oqtYEmysIL2Juq8k+aVLMSDUv0H",
+	"cSnkQpT735WKTHjGYM5WzuOWntBlJml6LuUbqqbsoanDH/tYpktLIpmdhN0/KgjN7C2QwjT/VyENPb5O",
+	"GEsfVniEk1zIIkuJFRSoldEsY+qRJs9PXpNLtiRWfBBKfrFzrUkO+MsFc9OPj0YiTpmhPIuJFb8ojeCh",
+	"Q39eTEdkzuZSLSOScn0ZEe3kvAa2cP8g46VhujcgZ4yNRPz98TnZu9rfg7HiwcgK+1Xds18qn01b4p7e",
+	"C9TUG7zp1BVP2AdBryjP6Dh7UFJ5b3c2oTlNuFkCBdsdG9PkkonUbnEhFKPJzM5r8BnXDPfDn4B7YcmF",
+	"+1uoVYRU9uL9u/Pj/zi/ePf+/OLV+w/v/P30QdDCzKTivz4s67zlWnMxjcicZhOp5iyNCLvOrX5hl6PY",
+	"lbxkqVVIUyYMp5l2082VTJjW9jCPheFm+Ucx/BWXGTWOP/HdrTftjdeagPq+oyaZvaI8KxQwTK5kzpTh",
+	"qBVxkbLrddXxRzD85AQ+GyeyECZ2ersm3WHfqsQpGCerKnfUcRPZfQNCpe9nN6NqmI/lN+T47ywxoEnA",
+	"TJxqD+eRptxOnWYnwfImNNMsWlkxyPSLnCp73g0r52bmVxyRS8by0KZhmsxpyshixgSBi1iTCeUZ6aZs",
+	"QovMEPgm7IwoMielUJN1qxhLmTEq7DLgK+tTeIvindtviWXwaTiPSlM5gplRoRdMWfarjEg489hOorKW",
+	"DuqmUsvsgnNkwqhlLjlOkRs2h/1b0bNbR6JK0SWOc9V+RLuPV52+1SH0rYas7+8r+z4xkiwUN4yM2UQq",
+	"5qibKGYKJXQEngbSHxXD4VeMfDh/1f+GGHZtNpxsNUOeZuzC8DmThbnQDV4WI3PnYoEDzaw6urCUJyRh",
+	"1yyJQFGyMsqKWqPoZMITsBKEJNQYmsxYCr+hSWFnZQUcNZ3DTioLO7mo5pZpmbMo5mM8bj6nqHzVp/pC",
+	"CkO5sBRmHyBdz6tkvCSpTC6Z6g1IJhOaHQI9WnXCUioV7g2nc0+pYQu6fKTxYfdjyhVLjFRL0o37ffil",
+	"D7/ouHdIKFFSGtgLvdSGzavnneIb4xSIplcstn96/+I1yehSFoYYqsY0y0hX5kgl2ZLEdnoDQ9WhYrk8",
+	"NHQa946IZTNUq2H21lCYCqnsdUG9L2YA04rtWuyluNQbKKGivDkzNKWG/g5yPQWKZKmdCtdHpIBryf4L",
+	"hHNGxyyL7R5ZcnIi214MO1EqeGUaHHH2z5ZF2HUutZVGShbTGSnVu1Io7X3i6c0eEylICr33yY54A7Kn",
+	"FBm3cdlskSdRpxD8l4K9xrHtE3jlXPGUqQs86Q3CAYdcWax7u69zlnDLaG6Yo1LhuWRL73X8O3gPkFsP",
+	"hkNLMVxMYdcv2XJAYq8Yo29PE5okLLevzJhCG637jr2V5Pvl/JG2ttq8B5w9Z1TgmRqZ9zN2xTIy4SxL",
+	"dzpIcG5skjk/yAXKGSv4KDfOSqzMYyPJmCVybhdJ0+VnECmKaVmopLx33086hz9v1gpOy1duPq5+weo1",
+	"1d42SVWqDJkoOUepWlooXSlW7CWwlRZC9w4JNxoFTAT/iZ9/pFE+7cTjxmRNG/6GT5g9DysAtXOrw+Tg",
+	"pgHV2SsN+98Mh0dkSJ6h/M+5WvY+w/47l3izZ9D+aAk3kMB4BaaET8gcNefeDhtw00CNL1nGDDtlusjM",
+	"utKZwq9pIPtKpWhFGfRPNimBL+VCZJKmbV9x6rq+GH990LwF9tgfaTRgI3Dzfn3QZ8LaM+mg0dsazq02",
+	"ftMEj51QfC0mcn16XmTWXaYzY/LDvb39J38dDAfDwf7hwbf7T7/qNFBdYGDufLGsTHFlQeWMqsEbl3XN",
+	"kmNrgJzDL+umwxJ5Tc7nVqylPAVfpiqEFTGW5zNmnz0ilrBQlebGPmf3nAlL3T93nCTrRB0nn4K5VAuy",
+	"cwk8n7cwA9z01ud/Wgir2sR6RvpJTLpjqmc4yVwxzYQBntjoEo86yaJh5JeO21eiVVvly2dXoGEh6opd",
+	"jGlyOVWyEOmFRu9KgxyD7StlVe+QOOPYGaX+nDM2MWTMZlykcFNe8iyz96Q7XqdXH42EnRSoiks0r1Qh",
+	"BBdTdBVtN5q0Sblo5ukzQ0VKlfNIN3H0dlnefoG+rIS1I91nxG3KZ5DVhW4Kx37QXieVihQ83U0c16UU",
+	"0nkbJ7dKz7wAbaJpJ16cfCBws3XtrMlfCCrnPa99epKw/7P/rgiGG9A9WGq1jyi4GQfk+dgyl6UXxfxb",
+	"oJaRhAorQAyzurw3ORp3fG1X00LBVXsx36gRBXNWVBxaVUwXGLhcj2rCHQ6qAugbRsI/2DU3UcvsSRcM",
+	"m94RYZaVnObuDCKi6YLwOglxYb4+aHSugOfnwjjJu5tOVRfYjXqVlPMLZNjmm9LvzoJqz9hWfVxQYeyh",
+	"o5uYdIN9eqT9XzM+58YaWbsccHDtBjyfM3p5gcNdzPm4wV5h9JIoZg9LGP/hOjWCwejNI6qmTBtPmA1k",
+	"+ZZ/d08kiYLwwoqk5r22lETsz0dk/8lTIgVxQsmFepy6PkGXXrMPTpuUqSZ5cv6q/41dIEbuQPMhiuUZ",
+	"TRpVHhjJXsOfYSSjCpFQ00Riz4k2itE5ARc6S0k8p9cX7JolF7IweWFi9wFPg0lhmihlRfa5uZfbUd/8",
+	"GjPVRUU42SbB+cqaZcBS64ITTLb1Jf772ft36FNyNCgnEyZSq4HDGxGBsCOmSfy8/zF2Do4ydQaugcaN",
+	"nTOtne9m812AU6teaF5axpoV1nkjxb42muRMgb0gBRlzoyM0jjUzBU8j+/9TjpeBNjy5XAKDycTQzMVa",
+	"R53h1wcHow6wUBDm/3nY/+vHTwdN4f3ITodPOEsvKFBnxXnUsL7lmKaXMNWgiesyqg1hGZszFGnA7va4",
+	"uqPO3qhTWstKStNrPIa8MaUpsDPoWMusMG7c9aulmf/4ry27bn+xO4mc0aVEL+cZF5fWdtVwJxkr5swj",
+	"TTJQVXs73jFunAt8vZFbyy/hM+AmWyhuDBPNvN9iKlBjZS/XRyQG/xs6TEjKrC4akVevX72HWKOVsCY0",
+	"D+yWWqbllqvddDpRBwZpsBRWGCFMPHHPup2OkMzr5NXGJ2+4Nk2GnVE+uuI9YJuu55LjbtZ95+00VZrt",
+	"dyWsDeK4Nr7LVplLxYhbGgbHF0x5d3lN4rdJY7fpfnu2y9iM/Ygktb7H7fsCW1BRI+mWm7O+L71bcNx3",
+	"wGUBjW9lpOblw+iN65Xq8q6mbBlGAmsETNLWwE/DNFvm0mwYlJ7fnQm8ymxcJ/HVG7scvGmLvkeN+Xnq",
+	"bptmCnB6dX9hT5v6ZwlqYFZQZhn4c/G2qTumuL68GBfplJmLaZOeCelEkDaUchXEJR45cfz//g+J+307",
+	"TF9eMWVVT27i0rWHQ+9qu9jJuFns8LjVmGpnsy7YnQbtFtioSP8gdak/42J2XEf7dbJJb3+LX8LxDQaV",
+	"7Plk/CqIue74oV8KVtS8iuGdtmlnVoiwvpPhu+U3aqsKjqppj6M1smqi7R8YzVCmrbCboabQdSehvNzq",
+	"nHSvNX0JE5mdireS5CIYbj1mNHcFu2IKVQl5yUQDxziX8a2UMMzA0O6d+gzeoV/FTkJbMQ72uTOYyzwy",
+	"q0raSeVUeX9c45e3envKNOodsqUb9D379cZIBCiUsIWLGYTPIH1vbgkuxdiEFMw5kbxiiTsJypp9EV1q",
+	"VDPt3wOlmgqf67WTOwvyArfJZyCIM3hylYyCPHMcKlx2FJ5+7Vhbya5ZY8J17nyfVAS87TpxA7dO5273",
+	"bbmpu7lfwu39GFWXdMeOSQ3bFEICUshcIKn0Ojbzxe92Qt60bdOZX3B9drFcCKbiQ0xAMjMurAHrVmX/",
+	"XCYy6IicnP8UEZRKESnDxUcERQzGeSLMuo2IYoItIiB8Ah+JIKJd5Ww51ggtAnjOmgBuV5vCBSdVatJq",
+	"gjY5ffWCfHvw9K8+kYpgfmSDyGu0g9/SZMYF6ytGU7vH3p53DpI4IrGQ5mIiCwH/WE+Vi5ryuxs1VJxZ",
+	"o+8fM8NuYXuUjowG66O6e9YvVMNNxjYEmdaNxg+nr4liE6aYSBgBTx2fLH3s3O+6fZt0YzqWhTkcZ1Rc",
+	"xhhDEFKw3vaonDPmcHrlEso9i/D4miTCiVliXtldtfBsa7LD9qSr1rCU80U+g82yLyiaQPmTnoETEsJU",
+	"fOKDVBG6mvWst9M94eJVf0AoClMr62u1z1oxh0ID40/PSM5zpkkXnXrOnZQypQjNqTK9iDCOmfGGKntf",
+	"UkOkSFjpeJbKy8/EXsoQ5TPgnVHauKQq0o3/LTfLZ8P4EL/n9hGm0ovKsc0MjcDt4SolF5+BLHx06A6h",
+	"+JKs0wblEnN4nQ6zRaOsnm3hnrdOMHqJbM826thtbBbGZunSm9cn5lPcmlIEojsqndy0ON3fYRiaZ6yM",
+	"RXZ2ORTvEN2Y5eq25SbqoCf7Qk4musmrdi4NzZwzT04IPm3FYlokLCVakglVGGIR7BrT7kPfD467q4/P",
+	"LbR5f+9IFtWoq4sNt7/0sJVnXDvQFtpylNKsP7o57H7tBaS31SPhx26aGNSErM/HeSC2zWLNnWEtEj7n",
+	"Zuv84btv8FGQDs79v/WdD/DkmpqMI/mBonIBrWt+U06zwaMrBSsLUuYUHYhIuFUOaNzvQ4VI/3FMJhmd",
+	"6t4RGWIZBcwGPYoN3plbOERqfodd/N6hj2A1lyv0R7gAh0v5e6QJegV8gnxLSM6nrgGL7zolX3Gzg9si",
+	"dFO0eSeq8dYm1HrWHzx1tZ/GSqIE15d1l061UxscO7ue5HYP0k6fa990qfIZFSy9uNORrb3dQE7vJ1Wa",
+	"qI4jYsBLgL4CTEAMixanUrSEeSuP17r/ATfA12wsKDdW1XbJ2PDi4PdxgY+SOV/ELhS/NkuufPZdS+YE",
+	"RtghfSLy6eZHhFYPGStxXDgeHOGaDHeNc7Uf0FlZ6eZWCKlKEGWbSAUhNquCC5pVWaYca3ZhEi3FMRs4",
+	"dqtjcQPrNhJdOx03cfopy9Ah0uz0V/hziz6m2Jxye/FfVJ6cLUsvB2x4u3l+gi3uZpiVvpXP7hw5reU3",
+	"b5rRaka/Y3K8eC09g2UilbdVIFIfZIR7cn+kw5SztYytxlQtTboTMBal0L6i9XNkF2+5AGBtVt58z79r",
+	"mMGRrxmhBpw5hnx9QN7y70AP8KYa1yulIz5huhv3++6/Mdoy5eO4qkOhYcmIE1NVXpJciCOI5FmBmNtP",
+	"cwPpNBrv9eN3789OXvh4oTU0D/a/KksgjAvoY3G1HjipdEiYmEiVYMqjE2XaSAVVLopf+VQwqB9xJSWw",
+	"hbBRWD/ph4g/x/lMkR52eCeQidO8KLPLdihuCe/l23yomZuu5OUGCQS1ms1ZfFAnVwUuNGEiZU7nrNzp",
+	"kLNXjI1ibBfp7L/YJI7COruGFCDKGzPpsLawVoAIlz8rr2m4zfD1WgXNJsW+VuDZ5MV7mIBt5Je9Yb+a",
+	"E4vuJYYEPsMwajQDTA1XXXH3kBEw7rb6oh0KAteZeytDZ1SbC/D6cbO81W7dqQqtvVZstRY0dAuvJrD4",
+	"yiyfebUeosLzaXY2hD7oHSj2DB8uX7tQjOqmPAFfpFCHBsG66thlpVlxQaeQAFpmvVZprJBptOC6OSVv",
+	"g86xqUpni6ul2qnAsV3f4Wq49uicn94aWTaQWEA7ngA8D2zg8xY3zV0F0U6xvs2pI4FIa3ZauPJfKMTj",
+	"wtcrHBFfqkdyqjCDfV3z2kkmrNQgFwqc1ROaGO1jRdUZxRGpAMICCqsWhL9CYLnBvszpLwUjY0aVNZFK",
+	"8Bgsi9uQFLbGrkFU3KpWjflSNQbeCeXq98epow5UsKiLQmUb04AeacKunan24fQN4SLJCki7jfeu9mFv",
+	"N1RffTP8Zrh3td805d3ZtppoVOfh8AzXGdkH3CuG3sp3Z6WwbMhH4BOWLJPMJzDJSZVMHsZRIcSBTtzK",
+	"nYtoSCB2AAzJJ09DPS6UyDa6+L0Z/Xnu/B2vkA0AUCjKDbX8ICeki/iGc7okYwZulvaMwDYnBggPuEq8",
+	"HwDzJcdsKZ3OCZWkWzwcEGUa9m7puVjnuXbEtS1EGoy4QqWeHKtN2Oqw9+fecg+Efpfd7gFPR1svgXLo",
+	"TdO6mx+hOXf8OZZnWemaM5ln7IgIxrDkccwIVqs7JI6yYvDJNzuF7pCdWxMxH14z2kn72T0T7UOO9bt3",
+	"C7d/5ureqIO57Bc+t3gb6mEt6yB4NdpeGewX7g/2Fr6j59mCLjWJP9006AVR57o/lf1qrkViPt0gIhBL",
+	"CsXN8szShfNY5fxvbNmYDOPDN1ST+LmDboLqmEPyHSoVAIySXLIlIqTEA/IOoMWgxrfSpTKuzRGhmZYE",
+	"C4WkGAkHWMRU31MZ+FJqV1LpeHWiBstDgarB+wizqDbA3tylWoRTbEdqRYVo29rgKb+6nb/9A1ROb/t2",
+	"iQAB9dDU8HHGCBZdV5Cv+O8KIPM/+vat/vfLed9xdR9Uomom7kTrc3myZTIbvrflM5aueGMiqT1Eq4BB",
+	"OYcgP5yfn5T1jlZUWibss2uWFACEUEVoyHtR3Y99wQqjaAbkiNB2I4HoMQBal9OEkb9TnkWEkpcIBMPE",
+	"lAuGtVN/K8ZMCWaYJklWaMPUITk9PjuHKZT6UESkYH17L4yEnRLQLfgPj8iPbHwGtSfavXPFiGFqzq06",
+	"2T05/6nncdC0C9+4uD2gNAFwDlY+JVSMxJhhhdzS/hHQfyhRLEFE0sFIjMQLQPPRJJFiwqeFYiSu1Efy",
+	"jDgF9Yf3Z+eHJ+9Pz60Ke+QAwOq8BKHUlKmRiD9VQ9ysALfEA3JubQJwaHJf0C2MoolBOJ/vJaRkYekd",
+	"DK0IFyMR+wDIHs15DBXfUyYg9S71JbJRWQFc1rramUC9JTUOTEbmTNCcD5Z0nsWwCf/yL8TyJRPGQazZ",
+	"Pz4mjx87qfT4Mfnv//rfuwumU49YVBdNRmJSYUV8I0HI39jSbr+90u0i4n6f5rx/yZYx2SPx2fN3L79/",
+	"fn588fzk9cXfjn86i0kXUrb6muUUFt8bkB8dkhOIL3+SqR093AvEhbEbK8VyLosS10sTKbJlWTlvJ8mE",
+	"/SPJpMzHNLkEKE1VCHRY24Hjfp8LkPGsL2SfFmYW9wYkFOVWBltbAkbaSQRzY4euBLA9gzeV4HDnoAJ8",
+	"ojgwaRqArUl3vAyPYLyEuZ+8P2tEFUJnrl3He7E+V000QC8aoEdC4jb5iGcEUpZn3Cx7kX22/ghUWzZT",
+	"VAx08Z2SC82UJpZerflIK+EQOaB0F4bUzDhZrqNyji5Xt3zHjqmLca6kkYnMSOxF5gBWPVi/gzzmJACb",
+	"B3WhuOcxnI8X7DOqCSWPH4MN+fjxIXG5uqRb5epGgS1cy7/dU0wX8zIN1850zgVES2AU52THnFzYCisa",
+	"2JUEPBn8sQf76XOBSbc1F9iOXqYDR9WH8E3vz8cv2H9AENtolk12yB2mQBjBpFvyiJFTat8E2ww/IMdW",
+	"kNt7LBgJtvsNzs5abIQSoxg7DKbpv4LU4uIQlgvx2x64EX9wSf5ecoKwUFRobvgVy5YoSql/zBUXcDOT",
+	"hSEx+PNiB22pq+wUd8tbE9W9yA1M/NzSFSJaSfAVDciOWJlAkYfk8eOD4f7jxwMSYBPbOe8OT+wCaDjU",
+	"VzCUKPG2pD/W1I90aEe3jx48fmwPOZeQiAmS0iPpee3KUv+YMUGumIIizohoSXiqPYeOMd+YpVayJMyq",
+	"FSS0ePy38YAq/5nlY4Bb1ORgeOAvK8if1vYfx/A82EoQz2uDCY1J16eb9/C0YnvJxhGJIXHZ/gfyRxwF",
+	"SL3dWTGnokwxPyKvqDbPT173tVlmvkeDBvguwg2iijl01u68MT8d7vHmBPXEoXXfIlndshFgoklFDp48",
+	"GYkGfFIfjvUApy5LtzIyNSoBvxE0Wclv5C2jIHF/G4nf+v0+/M8+YL/0W4lAAJgvhxX1kn8/e/8uclDf",
+	"oMJEJXlBeB2MwtQZhvjflqgiKLoHBqKGMJ3QnNXrj9zH98lvHibLLtjPIwCT9U9+RX7bguBdZxD32gH5",
+	"rZxxhT4CANrQcsGhQ3ogXvfWt+S3Gr45BjNAsZUC1rYCbF512YAsZ0IRKL+Emey5kfftMgAlG+ZpLV73",
+	"y5Mn5DcHTusAa8v5PIXFe9xk+1UPmVxUOM5HJKEKCovjACs59iPYU6ZkXEyPSCanUztjUGj7mqcsCtuT",
+	"TK2ibvWXCSMO5MAOMhLPiZCi/ytTEuE1EJ8SDRCWlvAmUHwupJrTjMQVOk4cuZvAmzJAqGiRZjxhQrPK",
+	"QdR5nttt6z8ZDDtRB9zTYCHqw729xWIxoPDzQKrpnntX7715/eL43dkxvFPVVpRWVCfqXDGFmdKd4WAf",
+	"n3KKc+ew89VgOPgKoRNmYNnvdQ4/3USdvRkUFf7q/jVnRvFEu3+Ferf7E5y7f9pjeENCa2PC8swnsJRI",
+	"K6tw5N0heVZldHq8Wq/u4uOocjqleCT8nQaIi1goZ/8bhdnCAQYUmunDleS+6tZz5asIPqYvAWpqJDBD",
+	"EHICuCJxiU0Yl2De60k2uheVoXlM0MJ7uAJCH8PIhTBOnzVBdui2nD7SjcsUrcfxEd46rh5m7jT7+OXx",
+	"m+PzY9SO/Vf3Pmlru5GJYiiauELs9t6AxG4n46DLRHNF9Ei4kmgrtZ1SHuK6g/xbAZxfw5gvr8Mn347E",
+	"Ksp8iI0JPyHLoJ7FpXiddg4tbWEa9Uq/jifD4QbQ7duBbeMHWqC2Q1BIyOWVhqLGCenQgAh+MNxv+0Y5",
+	"6b0aynnoc4MSQe9t+/njzceoo4v5nKrl6hRWP96JOoZO9Up888bxZy2g6ni0vrn2Aj4LUjTCRkw/r1f/",
+	"ZiHaNKSKco3XSFtbpTIMvdtBrHijb6Itc0D2iX0MOgbVzhJhfBkjm13RrGAkvoojMuVXzq13+ewqbpsx",
+	"4OV2mhvzGEbnz9RKb6Sf//PZx788GzxuajLz8R6JNoylb+5sAtilosIVlSplytHtcDvdBt1j7pfU39Tc",
+	"LS20HXVyqRuumxdODlfuCTQKAVbQ6ZCQCQxIk7QOQmflFyYFkq695bhgWqMN0ItGQiqX/+eqrq8Y5PJa",
+	"K9lBGg5IDMYrero8uIiDDkd9FvdmQGqdIkaiG/f7c3rdL9dYXTirFxUkqJW07y4sF0iEq7MS3Ygm0Kup",
+	"0gsK0cYgwxv0zSInRpIYJfwF/L3K+YgrENqvh0O7F5Cf6MW6Vd/QPgkVswE5L7/AAQBfEZooqcubX0MO",
+	"pmJWV8ukIVMJiOswepmLbvm4vLQnbGHXkK0UWti9YTSZOeFsVWF/IduDAEUwBQcQEn11lWFiOFxfqLxN",
+	"OAZqcesCQ25YlQoiUPDavTcSqxdfZG+8tbYqpKsZIys9UHq4XaWbrPLQgNY/Es43A2ZP2H7A0vOcXvq0",
+	"wKZmAHav5uvGFNI9ro+ORL0twCEgbEhVUniXejA5Z/ii1iCF73YQDldWTI4EaME9oOZFQ2ZjfRA8SkuP",
+	"cJyYKwj7jUSbMmDokfB2Ytcq6GBJV95QYZ9fUByx16RNJLXOEBikY9p8J9PlZxPM9e4TN/VYoANUXLkV",
+	"9m/1cSnYDrgCtSzNnR7FdNWbjw23iSsRdTLVmn/d1XYSVUqlJzdLw45Wew943USdg/2vtr+02lfKvvfk",
+	"yS4fW+/+Au9+u/3depOom6jzdLjDTBs6G+18p75w3nQvGXbUGMHBXmFxN7eo8H7XubxacYGAWIY+oVkG",
+	"DBz4aQOfhB6Q1ymb59JAUQNeeyOBblQuCJtMWGLsXYEwsE7+hE42b3o/HQ6b+B1fCPn9nrSxGqJ5AwPh",
+	"7+ng7jS9C6VU7efgjYPtb5Sto9Yoqhau/vmjlSH1qHHwNx9Rxz+10eJLd3pBxzd70r1WTa/RZpky8wDn",
+	"WUst3ahd/5Mfqd2V8XYBs2ZbNq2hemSv6st687FROO2lDt+/1QF16nR/s5Lss5rrQ15Q8HNWmq6vNCp0",
+	"2LJu5ftO34e4Pzg74Q9Ww/ReXx81x1jAumxyC3iFWJUbbe977Hxs5bdhF7+zAfJ9WrornRxa2NEdsU+u",
+	"eliF47452b6wg35RtlC9sxJ0/yLjlNHUG9vUM+NKCB5jf70HkyWr/Ym2yhQKyeJgdyEmtUZo5rgREh4N",
+	"pKWP+hNa9ksvtIEUAHRsE24GBFxcUEqxuUE28Dr2X0qPfLM5+7cWcTNl5rjq4HFvzFrratLCqn67/8l5",
+	"9P557Qe5sLcAkCihGBYsiaqkpM/PZtHWh6FZfCs7XrMEYXzvyuZtXsLTQoBNCr4/5yLe0Mql5kOESBak",
+	"79lLvh4w5HokytCggnsKspI8NH/QaOARuK2zsu0FmSpZ5FZPcJ0TfFIcDgNDxwEwfUz2nzyNXDQcinFj",
+	"ErvvxAH0iMs0RGCgAXldK3MmqhD2nZFAx2bte9BXYA9TjsbyOq7GxKxwEEcIrhVDqtnB8GDvYPht6QEY",
+	"iSCUhQFq6B5W9comx5YiHao/1yRBFYyaVmh/r52NxP7XVj07InEJEB1DlYTuDcg7GQZ/ScpomkG+J4TU",
+	"AZc6DpybeVZYaTxVNGEjkTPFZXpUiWeQ7ynXLgUT8kMSltUa2zSJWjv9Fw6p7X58TGFjo508TMPP/OlN",
+	"mljQK4V0FzNqSpjYsndF74t69gf4qD6bt+ketMJCgLfX006tFdhtnFZ7ZfvXRgXuDEROZRSCyLG2T9xi",
+	"uVlxUIHdw98AQGZNuXJm3C34TiaGmT4KwTr/lTVeYy4oGGur9tYmEwgE5kqT8Rc4hb434TZUxNQaRwxq",
+	"odC12rMQ1GENL+Hmi3b3kJYUJYou4NTcxfpH6HWWC06omaEOVmzhQB8pgLQxLpzDos6XpAuBLf4rOyJx",
+	"UqiM9M9jn3iDEC2KCTMSnkt5mRCcZzTBBGR782Aysh0cI274Ue0cyDOWgZ3lgq6gojXd7XlRcfou9/rv",
+	"ZPKHu9fDhhoN8uVH39riy739p3Sr/AjNyp00gDTxXeXBhmt0z5dvNd6l3vnbdJtitYc21MQklQwC/q4P",
+	"D2ZQ46tpBJWwE4moT6TLjR4JLJeEPDh+xUTvFk5V+8Xb38S355RN7g0QMV9cGw8WeXDNnv7Iu24TD2Wu",
+	"yn0HHvINlFzyRqV3BrchNMu1e6uh8qMXEY21DuMllD1GhGrI25/IuOQz7bZpQJ4bMpfakKfRcDgsP9id",
+	"sAVTpQHPsZ0c+hMzKaa9o5EI7W1NlzBjxbDP01wqFnLpisZ8EHnJdNAcp7V79AoU93vm203pcmHPLLcx",
+	"X9j4ntkYcv4CC+vPycdSXd6PP/J5lU9dxyGsrsTxskz48qltVf1sLVPr0OVOSXU5EoDTEmS9l43rQSjZ",
+	"69l/0E0AwxQLq0ZAlqC1xi37c3HFNRSgo3o+Ej7WgGZ6Nbjz6tnvQ+4POEwXtbI41wPWz8WlhaTSLmEk",
+	"FvZNKQg3vag+acBIwQliNNO3VT0sofuYuOJKijl0N7hkuSnXPhKwZjemj/KWGf4wwvn5G9yAMbPyTtdX",
+	"VtUsoOng92wkeAX1eki4y2SsCuyohryWyyaZZ/9+v5loYc+4G2dO/I68s+2favMK2l/L5Jd/Ytvhf25+",
+	"2eeX/JYmNucCVWA9LTZKBSfcqFthuWXQsKwuYiMis5RZBuVKGxc5gRzrROaucKypQnYkunHZ5SqOqjZd",
+	"VmJCQmxVxS5VS3uuXiW3EHHS1dyOhJW56JIoU4JDcHywpsBogu74ZsbmvQE5dpW4Zak1K9uDwXhWVAFQ",
+	"QNqmfWGt8n2qX1WHrxb9K0Bo/adOqgKdqI5JHILXbsuau4eoaZn1UENrQJImgi3qwA4D8lyUdet06Wvt",
+	"g3p/+O1oJLA8W5TwA05HCFveWWui5Jn6aME7g7LI3SFljwRCUR0GbLypa2DgEnR4b9I1DOjSldL/DYnl",
+	"HgjnPi7zWke6e77Nw9zxdV59CxLtH+42v/PlfP8S4S3QPHBagMx0K38eCo89B6y/KbX71MFPmMYulbSC",
+	"3vHNKh21u2qcTaAVIWQF3mqYCuFht49qJhD2VPA9l0i82gkg9h0dwpSDFWEJ2A8LqlI9IC8o5Fes3MSk",
+	"K2S5qw6eg/UCLIeROBh+28Tz7tmK6e/p4qw3X2hgSPfAnzm7/I9yPawEzADUxdeil3A0D5Zn6Jjwk8fu",
+	"3VhicSzSkAm3MBfZxltRWf5VYewpBjSJCYpYoacYeg6OnB/QOCgY4AWAtYAvQhmgFMCVoG56ZsQavpAF",
+	"EShDQKq1ByDiKf7ZNUWha1p6BUTs2gyPBC44WgXIeKSjEpPCq75SeWyaXlgsglBrMyqmVQGnVVZ8yYm9",
+	"+R3wj/ddeO3C1dn/93/93xVJGiMqRMon0LrSeNgabjyOD+5IjeACmcNTMqcGM0j9kL1maWNHewBhE7RZ",
+	"aJQ1sMX/WLf/Q8TqgazoTsx8fyr+dmcodk9uF2GAD/O5nKEroXU79B9f23MCCDiDfyjP05/ZD6QY+5Wh",
+	"KztAF3ykfYLsVpO3hVCVvF66fP69Tzk1s5vfRba75jRHTalV9lb17qcPp28iMpGglSIsIqDLUDMjUqzY",
+	"/Xb2R1jo7Rol6ozqmb1UunHrogGWnuZ8D9Cz/+2XZ/txBR4Zr/ziLhsoDXJFQK4yaGtJ0FoRUMtJYBPf",
+	"VgSSqt3mvfqfVtqEtlX1+dLULx6oGiWWsLa6OirPjPaA78fzhHgHuVnGHrhiLNOla7Rc9j6DNHqv3Tqv",
+	"1Mn5T6QbW4qNeyUEAfRstqwD2NkxxM59ojzcvQ6xgwqPb1ZD6u2WMZ198pZ/R8ZLH02KHB5T2W4X0m6w",
+	"va12kK8AxQhL6VJN3udMuB0AoLH0kS4R+pzz2O80Bq5G3vXgF+8aC2B/6hI41M078vs1l6lzYLsFUX2J",
+	"aMVVL+uRgI05qnDbXUfrI1IIwzPU9k3FHXZX0J3sSihq/XxjMhyMRFVlEXriKoK6VZPymncOkJKde67d",
+	"Fxc08b0fh9xaQ/h7dsoFnbobZNcZth7/EmP7x8yPh+MldE0Mr0nh1isYUeE2ORz+xjNX2+IGr3QwLFKK",
+	"SJJJxHGo8B99sYzDbwGMxWCMQQsmwwp7foFlWCEy2JqHvPPt6QeHuAuttSM0PMzphn3aN2pzX863ljC5",
+	"w8Heo5nk1r7Jx+Cl1d5C37PNtn0yABh+P9lfZ15WYg4AMZIIuSB/KYOZ3XgYH1ZtKY9W+gCvqlRJobAU",
+	"wr3fa41qNjsYBVvcb0JSrU1zo7r0YF4emMoXfelPHfY8vjYMYO3D2N6EGT5nd3IJYeOC+3Fe4th/vPfy",
+	"FMOlhE4pF1+cmA+knp/P6KICT98N36qZRmvd7z7/lfOC5qZQdbg2nxSM/dAhcRcDc4uN8XhHaaVfgunI",
+	"xQwD4FKZM0Fc/Tz2d8d0NJLgRNLDIAcQkud8eHEkytRo5/CYKKZngVfYeUv9SB6AKUzQhVqjQlkycAHO",
+	"kfCJdD7SifNcCMy1tiP6zABTdX5NazvRrVDKpSC0GjOEJ+9hQoTLUQB+hF7yupqdw3PuwjNRhRFeNYOE",
+	"3a13g+w5p4zrQhFh05CqycUKjPjhOjBpAxS3/bSQtX27ZLkZkBP3eRfH9T1s/HNlXNgOKqS50EWOvTfi",
+	"Dfibvl/j/WgZq30c7ztZquw+2eCVcb998cw8fPbzAzhlSi5oFqV3yWmu2nZuQT8889Dq96dphP1F2wxs",
+	"RH//J46VnNcuUtiPB8snKnKPgHgPoResBMKSGUBKhKY/ZefSGGDDg86mMeluRyPEIp+Uq/UKfhIU8Ncr",
+	"9JPNAI0nH24D0NhwK+E23qqs/3acVO9k+8CF/bVusl8q+/9EiDx/BCrAHfAWvewJLZP2diLlU/d5M4UN",
+	"xNtuprIJj1np4mKVfV2v/hk8RGuL2jx0sE+btIN6U5/NedsTsD4hIotwbADJUGuaUMLjV7lmDlQbGxLB",
+	"bvSOrEZT1jiu9F3GtE3oUKQNXeq6ObIBhTvU+v/nxnseNu15O5Z2tatNZLQBRPsBjmOTaRTy6IOdx+7b",
+	"W+Fab9vgW6pe7l3U6rbMB6AMcVjsFLcHCpubx1o4wbFoQ+tqUmuwGqDxl8i3g6BpUyn715PZXlXWTSVg",
+	"XdTwsjZIuUcNGXFhi2wiFeTl7NIqu7uWNRM0SO8FX8/BbGzKxFtNlAkbG4ftErtzWQgHqzHDwvAS2Lfq",
+	"ZI0dr8MvL9hYw/itmYD2SCFt6RoiPl6wIuTvXT8LwzV88gdo8ReRsqtRRFyfvwiz7FOZFHMfv4cEK+xk",
+	"HPQxd1103IzCr8pcWyr+/wEAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

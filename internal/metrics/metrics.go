@@ -17,7 +17,7 @@ import (
 type Metrics struct {
 	reg prometheus.Registerer
 
-	CreatesTotal   *prometheus.CounterVec // provider, outcome: ok | error | unavailable
+	CreatesTotal   *prometheus.CounterVec // provider, outcome: ok | error | unavailable | refused (quota, budget)
 	CreateSeconds  prometheus.Histogram
 	DeletesTotal   *prometheus.CounterVec // reason: deleted | expired | idle
 	ExecSeconds    prometheus.Histogram
@@ -31,6 +31,12 @@ type Metrics struct {
 	Refused        *prometheus.CounterVec // limit: exec | pty | body | frame
 	PoolClaims     *prometheus.CounterVec // spec: a configured warm pool
 	PoolMisses     *prometheus.CounterVec // spec
+	// QuotaRefusals counts requests refused by a per-key quota or the
+	// admission budget, by kind: sandboxes | memory_mib | disk_gib |
+	// snapshots | snapshot_bytes (a key's quota); budget (could never
+	// fit); budget_memory | budget_disk (waited the queue timeout for
+	// room). Never labelled by key.
+	QuotaRefusals *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them, with the Go runtime and
@@ -83,10 +89,13 @@ func New(reg prometheus.Registerer) *Metrics {
 		PoolMisses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandgate_pool_misses_total", Help: "Creates matching a warm pool that found it empty, by pool spec.",
 		}, []string{"spec"}),
+		QuotaRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_quota_refusals_total", Help: "Creates and snapshots refused by a per-key quota or the admission budget, by kind.",
+		}, []string{"kind"}),
 	}
 	reg.MustRegister(m.CreatesTotal, m.CreateSeconds, m.DeletesTotal, m.ExecSeconds, m.ExecTotal,
 		m.PTYSessions, m.PTYAttachments, m.PTYBytesTotal, m.PTYDropped, m.HTTPRequests, m.HTTPSeconds, m.Refused,
-		m.PoolClaims, m.PoolMisses,
+		m.PoolClaims, m.PoolMisses, m.QuotaRefusals,
 		// Besides the usual go_memstats_*, go_gc_heap_live_bytes: the heap
 		// the last collection kept, the figure a leak shows in.
 		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
@@ -108,6 +117,20 @@ func (m *Metrics) WatchSandboxes(states func() map[string]int, waiting func() in
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sandgate_capacity_queue_waiting", Help: "Creates waiting for capacity.",
 		}, func() float64 { return float64(waiting()) }),
+	)
+}
+
+// WatchAdmission registers sandgate_committed_memory_bytes and
+// sandgate_committed_disk_bytes, the memory and disk committed by all
+// live sandboxes (committed returns them in MiB), read at scrape time.
+func (m *Metrics) WatchAdmission(committed func() (memMiB, diskMiB int64)) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sandgate_committed_memory_bytes", Help: "Memory committed by live sandboxes (their limits), gateway-wide.",
+		}, func() float64 { mem, _ := committed(); return float64(mem) * (1 << 20) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sandgate_committed_disk_bytes", Help: "Disk committed by live sandboxes (their limits), gateway-wide.",
+		}, func() float64 { _, disk := committed(); return float64(disk) * (1 << 20) }),
 	)
 }
 

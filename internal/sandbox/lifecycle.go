@@ -82,6 +82,13 @@ func (s *Service) CreateBatch(ctx context.Context, c Caller, req CreateRequest, 
 	if err != nil {
 		return nil, nil, err
 	}
+	if !allowPartial {
+		// All or nothing: a batch over the key's quota is refused before
+		// any of it is made.
+		if err := s.slots.check(s.demandOf(creator, req.Resources), count); err != nil {
+			return nil, nil, err
+		}
+	}
 	refs, errs := s.createN(ctx, count, creator, req, sn)
 	var made []Ref
 	var failed []BatchFailure
@@ -175,14 +182,19 @@ func (s *Service) createFor(ctx context.Context, creator string, req CreateReque
 	if err := req.validate(); err != nil {
 		return Ref{}, err
 	}
-	if err := s.slots.acquire(ctx, s.opts.QueueTimeout); err != nil {
-		s.m.CreatesTotal.WithLabelValues(s.p.Name(), "unavailable").Inc()
+	d := s.demandOf(creator, req.Resources)
+	if err := s.slots.acquire(ctx, d, s.opts.QueueTimeout); err != nil {
+		outcome := "unavailable"
+		if providers.Kind(err) == providers.ErrTooMany || providers.Kind(err) == providers.ErrInvalid {
+			outcome = "refused"
+		}
+		s.m.CreatesTotal.WithLabelValues(s.p.Name(), outcome).Inc()
 		return Ref{}, err
 	}
 	start := time.Now()
-	ref, err := s.create(ctx, creator, req)
+	ref, err := s.create(ctx, creator, req, d)
 	if err != nil {
-		s.slots.release()
+		s.slots.release(d)
 		s.m.CreatesTotal.WithLabelValues(s.p.Name(), "error").Inc()
 		return Ref{}, err
 	}
@@ -202,7 +214,9 @@ func (s *Service) countStates() map[string]int {
 	return n
 }
 
-func (s *Service) create(ctx context.Context, creator string, req CreateRequest) (Ref, error) {
+// create makes the sandbox of req for creator, which holds slot (acquired
+// by the caller, released by it on failure).
+func (s *Service) create(ctx context.Context, creator string, req CreateRequest, slot demand) (Ref, error) {
 	ttl := s.opts.DefaultTTL
 	if req.TTL != nil {
 		ttl = *req.TTL
@@ -274,6 +288,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest)
 		Extra:     sb.Extra,
 		Creator:   creator,
 		Snapshot:  req.SnapshotID,
+		Resources: req.Resources,
 	}
 	if claimed {
 		rec.Env = req.Env // a pool's sandbox started without it: every command gets it
@@ -301,7 +316,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest)
 		return Ref{}, err
 	}
 	s.mu.Lock()
-	s.boxes[id] = &box{rec: rec, lastActivity: now, hasSlot: true}
+	s.boxes[id] = &box{rec: rec, lastActivity: now, slot: &slot}
 	s.leases[lease.ID] = lease
 	s.mu.Unlock()
 	s.log.Info("sandbox created", "sandbox", id, "provider", s.p.Name(), "duration", now.Sub(start))
@@ -401,13 +416,13 @@ func (s *Service) setState(b *box, state providers.State) {
 	s.mu.Lock()
 	b.rec.State = state
 	rec := b.rec
-	release := b.hasSlot && !state.Live()
-	if release {
-		b.hasSlot = false
+	var slot *demand
+	if !state.Live() {
+		slot, b.slot = b.slot, nil
 	}
 	s.mu.Unlock()
-	if release {
-		s.slots.release()
+	if slot != nil {
+		s.slots.release(*slot)
 	}
 	if err := s.st.PutRecord(rec, nil); err != nil {
 		s.log.Error("persist sandbox state", "sandbox", rec.ID, "err", err)

@@ -52,6 +52,15 @@ type Options struct {
 	MaxExecsPerSandbox  int           // concurrent execs in one sandbox; default 256
 	ReapInterval        time.Duration // default 1s
 
+	// Budget is the gateway-wide admission budget (zero: none); Quotas
+	// are each API key's (zero: none). A create commits its resources'
+	// memory_mib and disk_gib, or DefaultMemoryMiB and DefaultDiskGiB
+	// (what the provider applies when a create sets none; 0: nothing) .
+	Budget           Budget
+	Quotas           Quotas
+	DefaultMemoryMiB int64
+	DefaultDiskGiB   float64
+
 	Clock   Clock // default: the wall clock
 	Logger  *slog.Logger
 	Metrics *metrics.Metrics // default: metrics.Discard()
@@ -140,10 +149,10 @@ type Service struct {
 type box struct {
 	rec          Record
 	lastActivity time.Time
-	busy         int  // requests in flight (exec, files): never idle while > 0
-	execs        int  // execs in flight (MaxExecsPerSandbox)
-	holds        int  // attached clients (PTY): never idle while > 0
-	hasSlot      bool // counts against MaxSandboxes
+	busy         int     // requests in flight (exec, files): never idle while > 0
+	execs        int     // execs in flight (MaxExecsPerSandbox)
+	holds        int     // attached clients (PTY): never idle while > 0
+	slot         *demand // what it holds of MaxSandboxes, the budget and its key's quotas; nil: nothing
 }
 
 // Caller is a request's credentials, as the transport found them.
@@ -187,6 +196,8 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		out:    &outputBudget{total: opts.MaxExecOutputTotal},
 		stop:   make(chan struct{}),
 	}
+	s.slots.budget, s.slots.quota = opts.Budget, opts.Quotas
+	s.slots.refused = func(kind string) { s.m.QuotaRefusals.WithLabelValues(kind).Inc() }
 	for _, k := range opts.APIKeys {
 		if k != "" {
 			s.keys[keyFingerprint(k)] = true
@@ -206,6 +217,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	}
 	s.m.WatchPools(s.PoolReady)
 	s.m.WatchSandboxes(s.countStates, s.slots.waiting)
+	s.m.WatchAdmission(s.slots.committed)
 	s.reaperWG.Add(1)
 	go s.reaper()
 	return s, nil
@@ -259,8 +271,9 @@ func (s *Service) reconcile(ctx context.Context) error {
 		switch {
 		case ok && state.Live():
 			b.rec.State = state
-			b.hasSlot = true
-			s.slots.take()
+			d := s.demandOf(r.Creator, r.Resources)
+			b.slot = &d
+			s.slots.take(d)
 		case r.State == providers.StateStarting && s.shared != nil && now.Sub(r.CreatedAt) < provisionalLife:
 			// Another replica's create in flight: its sandbox is not
 			// there yet.

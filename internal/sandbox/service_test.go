@@ -465,7 +465,7 @@ func TestCapacityQueue(t *testing.T) {
 func TestQueueIsFIFO(t *testing.T) {
 	s := newSlots(1)
 	ctx := context.Background()
-	if err := s.acquire(ctx, time.Second); err != nil {
+	if err := s.acquire(ctx, demand{}, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	order := make(chan int, 3)
@@ -474,15 +474,15 @@ func TestQueueIsFIFO(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := s.acquire(ctx, time.Minute); err != nil {
+			if err := s.acquire(ctx, demand{}, time.Minute); err != nil {
 				t.Error(err)
 			}
 			order <- i
-			s.release()
+			s.release(demand{})
 		}()
 		waitFor(t, func() bool { return s.waiting() == i+1 })
 	}
-	s.release()
+	s.release(demand{})
 	wg.Wait()
 	for want := range 3 {
 		if got := <-order; got != want {

@@ -96,13 +96,13 @@ func (s *Service) unregister(b *box) bool {
 			delete(s.leases, lid)
 		}
 	}
-	release := b.hasSlot
-	b.hasSlot = false
+	slot := b.slot
+	b.slot = nil
 	b.rec.State = providers.StateStopped
 	hooks := s.onRemove
 	s.mu.Unlock()
-	if release {
-		s.slots.release()
+	if slot != nil {
+		s.slots.release(*slot)
 	}
 	s.hosts.drop(id)
 	for _, f := range hooks {

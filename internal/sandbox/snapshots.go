@@ -69,7 +69,25 @@ func (s *Service) Snapshot(ctx context.Context, c Caller, id, name string) (Snap
 	if err != nil {
 		return Snapshot{}, err
 	}
-	return s.snapshot(ctx, a.box, name, false)
+	s.mu.Lock()
+	key := a.box.rec.Creator
+	s.mu.Unlock()
+	if err := s.checkSnapshotQuota(key); err != nil {
+		return Snapshot{}, err
+	}
+	sn, err := s.snapshot(ctx, a.box, name, false)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	// Its size is known only now; concurrent snapshots of the key may
+	// have passed the check above together.
+	if err := s.checkSnapshotQuotaAfter(key, sn.SizeBytes); err != nil {
+		if derr := s.dropSnapshot(context.WithoutCancel(ctx), sn.ID); derr != nil {
+			s.log.Error("delete a snapshot over quota", "snapshot", sn.ID, "err", derr)
+		}
+		return Snapshot{}, err
+	}
+	return sn, nil
 }
 
 func (s *Service) snapshot(ctx context.Context, b *box, name string, internal bool) (Snapshot, error) {

@@ -34,6 +34,9 @@ type Record struct {
 	Env map[string]string `json:"env,omitempty"`
 	// Snapshot is the snapshot the sandbox was made from ("" = none).
 	Snapshot string `json:"snapshot_id,omitempty"`
+	// Resources are the create's (nil fields: the provider's defaults):
+	// what the sandbox commits of the admission budget and its key's quotas.
+	Resources providers.Resources `json:"resources"`
 	// ActiveAt is the last activity a replica recorded in a SharedStore
 	// (not kept by the default store).
 	ActiveAt time.Time `json:"active_at,omitempty"`
