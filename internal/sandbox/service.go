@@ -200,7 +200,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		st.Close()
 		return nil, err
 	}
-	if err := s.startPools(opts.Pools); err != nil {
+	if err := s.startPools(ctx, opts.Pools); err != nil {
 		st.Close()
 		return nil, err
 	}
