@@ -261,6 +261,13 @@ func (s *Service) reconcile(ctx context.Context) error {
 			b.rec.State = state
 			b.hasSlot = true
 			s.slots.take()
+		case ok && state == providers.StateError && r.State.Live():
+			// It ended while the gateway was down, and the provider can
+			// tell how (a local init killed by a signal).
+			b.rec.State = state
+			if sr, ok := s.p.(providers.StateReasoner); ok {
+				b.rec.StateReason = sr.StateReason(r.ID)
+			}
 		case r.State == providers.StateStarting && s.shared != nil && now.Sub(r.CreatedAt) < provisionalLife:
 			// Another replica's create in flight: its sandbox is not
 			// there yet.

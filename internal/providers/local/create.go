@@ -217,6 +217,12 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot record sandbox state")
 	}
 	sb := &sandbox{id: spec.ID, dir: dir, st: st}
+	sb.watch()
+	defer func() {
+		if !ok {
+			sb.unwatch()
+		}
+	}()
 	tid, err := sb.forkerTid(readyCtx)
 	if err != nil {
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
