@@ -53,7 +53,7 @@ type Resources struct {
 // Options (an unknown option key is ErrInvalid naming the key).
 type CreateSpec struct {
 	ID           string            // sbx-…, chosen by the service
-	Image        string            // required by docker; ignored by local
+	Image        string            // required by docker; local: a name in its image directory, "" for the host view
 	Workdir      string            // absolute, cleaned; created if missing
 	Env          map[string]string // environment of every process
 	Resources    Resources

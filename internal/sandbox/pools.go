@@ -133,8 +133,17 @@ type pool struct {
 	wake   chan struct{} // a claim: refill
 }
 
-// startPools starts one filler per pool.
-func (s *Service) startPools(specs []PoolSpec) error {
+// imageChecker is implemented by providers that can tell at start-up
+// whether a create naming an image would find it (local: its image
+// directory). A warm pool of an image the provider does not have fails
+// the start instead of retrying its creates forever.
+type imageChecker interface {
+	CheckImage(ctx context.Context, image string) error
+}
+
+// startPools checks the pools (and their images, where the provider can)
+// and starts one filler per pool.
+func (s *Service) startPools(ctx context.Context, specs []PoolSpec) error {
 	if len(specs) == 0 {
 		return nil
 	}
@@ -149,6 +158,11 @@ func (s *Service) startPools(specs []PoolSpec) error {
 		if err := checkPoolWorkdir(sp.Workdir); err != nil {
 			return fmt.Errorf("pool %s: %w", sp.Key(), err)
 		}
+		if ic, ok := s.p.(imageChecker); ok {
+			if err := ic.CheckImage(ctx, sp.Image); err != nil {
+				return fmt.Errorf("pool %s: %w", sp.Key(), err)
+			}
+		}
 		if sp.Workdir == "" {
 			sp.Workdir = defaultWorkdir
 		}
@@ -158,11 +172,11 @@ func (s *Service) startPools(specs []PoolSpec) error {
 		}
 		s.pools[k] = &pool{spec: sp, key: k, wake: make(chan struct{}, 1)}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	fillCtx, cancel := context.WithCancel(context.Background())
 	s.poolCancel = cancel
 	for _, p := range s.pools {
 		s.poolWG.Add(1)
-		go s.fill(ctx, p)
+		go s.fill(fillCtx, p)
 	}
 	return nil
 }

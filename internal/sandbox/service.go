@@ -211,7 +211,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		st.Close()
 		return nil, err
 	}
-	if err := s.startPools(opts.Pools); err != nil {
+	if err := s.startPools(ctx, opts.Pools); err != nil {
 		st.Close()
 		return nil, err
 	}
@@ -274,6 +274,13 @@ func (s *Service) reconcile(ctx context.Context) error {
 			d := s.demandOf(r.Creator, r.Resources)
 			b.slot = &d
 			s.slots.take(d)
+		case ok && state == providers.StateError && r.State.Live():
+			// It ended while the gateway was down, and the provider can
+			// tell how (a local init killed by a signal).
+			b.rec.State = state
+			if sr, ok := s.p.(providers.StateReasoner); ok {
+				b.rec.StateReason = sr.StateReason(r.ID)
+			}
 		case r.State == providers.StateStarting && s.shared != nil && now.Sub(r.CreatedAt) < provisionalLife:
 			// Another replica's create in flight: its sandbox is not
 			// there yet.

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -81,6 +82,14 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	}
 	if spec.ReadyTimeout <= 0 {
 		spec.ReadyTimeout = defaultReadyTimeout
+	}
+	// Before anything is made: an unknown image changes nothing.
+	var img rootfs.Image
+	if spec.Image != "" {
+		var err error
+		if img, err = l.image(ctx, spec.Image); err != nil {
+			return providers.Sandbox{}, err
+		}
 	}
 	var snap snapshotRecord
 	if spec.Snapshot != "" {
@@ -159,29 +168,20 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	if len(skipped) > 0 {
 		l.log.Warn("local: cgroup controllers not writable; limits not applied", "sandbox", spec.ID, "controllers", skipped)
 	}
-	var img rootfs.Image
-	extra := map[string]any{"isolation": l.isolation}
-	if spec.Image != "" {
-		var found bool
-		if img, found, err = l.image(ctx, spec.Image); err != nil {
-			return providers.Sandbox{}, err
-		}
-		if found {
-			// The image's environment (PATH and the like) under the request's.
-			env := make(map[string]string, len(img.Config.Env)+len(spec.Env))
-			for _, kv := range img.Config.Env {
-				if k, v, ok := strings.Cut(kv, "="); ok {
-					env[k] = v
-				}
-			}
-			for k, v := range spec.Env {
+	if img.Dir != "" {
+		// The image's environment (PATH and the like) under the request's.
+		env := make(map[string]string, len(img.Config.Env)+len(spec.Env))
+		for _, kv := range img.Config.Env {
+			if k, v, ok := strings.Cut(kv, "="); ok {
 				env[k] = v
 			}
-			st.Env, st.Image = env, spec.Image
-		} else {
-			extra["image"] = "ignored: not an image in the local image directory"
 		}
+		for k, v := range spec.Env {
+			env[k] = v
+		}
+		st.Env, st.Image = env, spec.Image
 	}
+	extra := map[string]any{"isolation": l.isolation}
 	if l.isolation == IsolationNamespaces {
 		if res.DiskGiB != nil {
 			// Whole 1 MiB units: the filesystem's size, and its template's name.
@@ -217,6 +217,12 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot record sandbox state")
 	}
 	sb := &sandbox{id: spec.ID, dir: dir, st: st}
+	sb.watch()
+	defer func() {
+		if !ok {
+			sb.unwatch()
+		}
+	}()
 	tid, err := sb.forkerTid(readyCtx)
 	if err != nil {
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
@@ -236,14 +242,23 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	return providers.Sandbox{ID: spec.ID, Workdir: spec.Workdir, Extra: extra}, nil
 }
 
-// image resolves a create's image name to a root filesystem under the
-// image directory. ok is false for a name that is no image there (a
-// registry reference, say): the local provider ignores it, as it always
-// has, and the caller says so. ErrInvalid for an absolute path outside the
-// directory or an unusable image.
-func (l *Local) image(ctx context.Context, name string) (img rootfs.Image, ok bool, err error) {
+// image resolves a create's image name to a root filesystem in the image
+// directory: an entry's name there (a root filesystem directory, or a
+// tarball with an optional selector, "all.tar:repo:tag") or an absolute
+// path under it. Every other name is ErrInvalid, naming the images there
+// and how to add one: a registry reference such as "python:3.13-slim"
+// included, since the local provider never pulls and running the host's
+// view instead would leave the caller believing they run that image. So is
+// any image with isolation "none" or without an image directory. A
+// tarball that cannot be unpacked is ErrUnavailable.
+func (l *Local) image(ctx context.Context, name string) (rootfs.Image, error) {
+	if l.isolation == IsolationNone {
+		return rootfs.Image{}, providers.Errorf(providers.ErrInvalid,
+			"image %q: with isolation %q the local provider runs commands on the host and cannot run an image; leave image unset", name, IsolationNone)
+	}
 	if l.store == nil {
-		return img, false, nil
+		return rootfs.Image{}, providers.Errorf(providers.ErrInvalid,
+			"image %q: this gateway has no local image directory (--local-images) and runs no images; leave image unset for the host's view", name)
 	}
 	p := name
 	if !filepath.IsAbs(p) {
@@ -252,21 +267,89 @@ func (l *Local) image(ctx context.Context, name string) (img rootfs.Image, ok bo
 	p = filepath.Clean(p)
 	if !strings.HasPrefix(p, l.images+"/") {
 		if filepath.IsAbs(name) {
-			return img, false, providers.Errorf(providers.ErrInvalid, "image %q: the local provider runs images from its image directory only", name)
+			return rootfs.Image{}, providers.Errorf(providers.ErrInvalid, "image %q: the local provider runs images from its image directory only", name)
 		}
-		return img, false, nil
+		return rootfs.Image{}, l.unknownImage(name)
 	}
-	img, err = l.store.Resolve(ctx, p)
-	msg := func() string { return strings.ReplaceAll(err.Error(), l.images+"/", "") }
+	img, err := l.store.Resolve(ctx, p)
 	switch {
 	case err == nil:
-		return img, true, nil
-	case errors.Is(err, rootfs.ErrNotFound) && !filepath.IsAbs(name):
-		return img, false, nil
-	case errors.Is(err, rootfs.ErrNotFound), errors.Is(err, rootfs.ErrInvalid), errors.Is(err, rootfs.ErrNotLocal):
-		return img, false, providers.Errorf(providers.ErrInvalid, "%s", msg())
+		return img, nil
+	case errors.Is(err, rootfs.ErrNotFound), errors.Is(err, rootfs.ErrNotLocal):
+		return img, l.unknownImage(name)
+	case errors.Is(err, rootfs.ErrInvalid):
+		return img, providers.Errorf(providers.ErrInvalid, "%s", strings.ReplaceAll(err.Error(), l.images+"/", ""))
 	}
-	return img, false, providers.Wrap(providers.ErrUnavailable, err, "cannot unpack the image")
+	return img, providers.Wrap(providers.ErrUnavailable, err, "cannot unpack the image")
+}
+
+// maxImageNames bounds the image names an unknown-image error lists.
+const maxImageNames = 20
+
+// unknownImage is the ErrInvalid for an image name that is not in the image
+// directory: what the directory holds and how to add an image. It names
+// the directory by its flag, not its path (a host path is not the
+// caller's business).
+func (l *Local) unknownImage(name string) error {
+	names := l.imageNames()
+	have := "it holds no image"
+	if len(names) > 0 {
+		quoted := make([]string, 0, maxImageNames+1)
+		for _, n := range names[:min(len(names), maxImageNames)] {
+			quoted = append(quoted, strconv.Quote(n))
+		}
+		if len(names) > maxImageNames {
+			quoted = append(quoted, fmt.Sprintf("and %d more", len(names)-maxImageNames))
+		}
+		have = "it has " + strings.Join(quoted, ", ")
+	}
+	file := strings.NewReplacer("/", "-", ":", "-", "@", "-").Replace(strings.Trim(name, "/"))
+	if file == "" || file == "." || file == ".." {
+		file = "image"
+	}
+	if !strings.HasSuffix(file, ".tar") {
+		file += ".tar"
+	}
+	return providers.Errorf(providers.ErrInvalid,
+		"image %q is not in the local provider's image directory (%s). The local provider never pulls an image: "+
+			"to add one, put a root filesystem directory, a docker save or an OCI layout tarball in the directory "+
+			"given by --local-images (default <state-dir>/images), e.g. `docker save %s > <images dir>/%s`, "+
+			"and create with {\"image\": %q}; leave image unset for the host's view",
+		name, have, name, file, file)
+}
+
+// imageNames lists the image directory's entries that may be images
+// (directories and regular files, symlinks to them included; no hidden
+// names), sorted.
+func (l *Local) imageNames() []string {
+	entries, err := os.ReadDir(l.images)
+	if err != nil {
+		l.log.Warn("local: reading the image directory", "err", err)
+		return nil
+	}
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		fi, err := os.Stat(filepath.Join(l.images, e.Name()))
+		if err == nil && (fi.IsDir() || fi.Mode().IsRegular()) {
+			names = append(names, e.Name())
+		}
+	}
+	return names // os.ReadDir sorts by name
+}
+
+// CheckImage reports whether a create naming image would find it (see
+// image), unpacking a tarball into the cache if it is not there yet: the
+// service checks its warm pools' images at start-up with it. "" (the
+// host's view) is always fine.
+func (l *Local) CheckImage(ctx context.Context, image string) error {
+	if image == "" {
+		return nil
+	}
+	_, err := l.image(ctx, image)
+	return err
 }
 
 // withDefaults is r with the provider's default limits where r sets none.

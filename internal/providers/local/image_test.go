@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -66,7 +67,7 @@ func busyboxLayer(t *testing.T, extra map[string]string) []byte {
 // TestImages: a create may name a root filesystem directory or a docker
 // save tarball in the image directory; the sandbox then runs that image
 // (and sees nothing of the host's system directories). Paths outside the
-// directory are refused; other names are ignored, as before images.
+// directory and names that are no image there are refused.
 func TestImages(t *testing.T) {
 	images := t.TempDir()
 	// A root filesystem directory.
@@ -131,13 +132,66 @@ func TestImages(t *testing.T) {
 			t.Errorf("image %q: %v, want ErrInvalid", bad, err)
 		}
 	}
-	id := providertest.NewID()
-	sb, err := l.Create(ctxT(t), providers.CreateSpec{ID: id, Workdir: "/workspace", Image: "python:3.12-slim", ReadyTimeout: defaultReadyTimeout})
-	if err != nil {
-		t.Fatal(err)
+	if err := l.CheckImage(ctxT(t), "bb.tar"); err != nil {
+		t.Errorf("CheckImage of a tarball there: %v", err)
 	}
-	t.Cleanup(func() { l.Delete(ctxT(t), id) })
-	if s, _ := sb.Extra["image"].(string); !strings.HasPrefix(s, "ignored") {
-		t.Errorf("a registry image on local: extra %v", sb.Extra)
+	testUnknownImage(t, l, "bb-dir", "bb.tar")
+}
+
+// testUnknownImage: an image that is not in l's image directory (a
+// registry reference, as a new user would try) is refused with a detail
+// that lists what the directory has (want) and how to add one, and
+// nothing is made; CheckImage (warm pools) refuses it the same way.
+func testUnknownImage(t *testing.T, l *Local, want ...string) {
+	t.Helper()
+	before, _ := os.ReadDir(l.boxesDir)
+	for _, image := range []string{"python:3.13-slim", "docker.io/library/python:3.13-slim", "missing.tar", "../x"} {
+		id := providertest.NewID()
+		_, err := l.Create(ctxT(t), providers.CreateSpec{ID: id, Workdir: "/workspace", Image: image, ReadyTimeout: defaultReadyTimeout})
+		if err == nil {
+			l.Delete(ctxT(t), id)
+		}
+		if !errors.Is(err, providers.ErrInvalid) {
+			t.Errorf("image %q: %v, want ErrInvalid", image, err)
+			continue
+		}
+		msg := err.Error()
+		for _, s := range append([]string{strconv.Quote(image), "docker save", "--local-images", "leave image unset"}, want...) {
+			if !strings.Contains(msg, s) {
+				t.Errorf("image %q: the error does not say %q: %s", image, s, msg)
+			}
+		}
+		if strings.Contains(msg, l.images) {
+			t.Errorf("image %q: the error names the host path %s: %s", image, l.images, msg)
+		}
+		if err := l.CheckImage(ctxT(t), image); !errors.Is(err, providers.ErrInvalid) {
+			t.Errorf("CheckImage(%q): %v, want ErrInvalid", image, err)
+		}
+	}
+	if after, _ := os.ReadDir(l.boxesDir); len(after) != len(before) {
+		t.Errorf("a refused create left sandbox directories: %d before, %d after", len(before), len(after))
+	}
+	if err := l.CheckImage(ctxT(t), ""); err != nil {
+		t.Errorf("CheckImage of no image (the host view): %v", err)
+	}
+}
+
+// TestImageWithoutDirectory: with no image directory (or isolation
+// "none", which runs host processes), every image is refused clearly;
+// no image keeps the host's view.
+func TestImageWithoutDirectory(t *testing.T) {
+	for _, opts := range []Options{{}, {Isolation: IsolationNone, Images: t.TempDir()}} {
+		l := newLocal(t, opts)
+		_, err := l.Create(ctxT(t), providers.CreateSpec{ID: providertest.NewID(), Workdir: "/workspace", Image: "python:3.13-slim"})
+		if !errors.Is(err, providers.ErrInvalid) || !strings.Contains(err.Error(), "leave image unset") {
+			t.Errorf("isolation %q: %v, want ErrInvalid saying to leave image unset", l.isolation, err)
+		}
+		if entries, _ := os.ReadDir(l.boxesDir); len(entries) != 0 {
+			t.Errorf("isolation %q: a refused create left %d sandbox directories", l.isolation, len(entries))
+		}
+		id := create(t, l, providers.CreateSpec{})
+		if got, code := sh(t, l, id, "test -x /bin/sh && echo host-view"); got != "host-view\n" || code != 0 {
+			t.Errorf("isolation %q without an image: %q %d", l.isolation, got, code)
+		}
 	}
 }

@@ -122,6 +122,7 @@ func (l *Local) Delete(ctx context.Context, id string) error {
 // forget drops sb from the cache; sb.mu is held.
 func (l *Local) forget(sb *sandbox) {
 	sb.deleted = true
+	sb.unwatch()
 	l.mu.Lock()
 	if l.boxes[sb.id] == sb {
 		delete(l.boxes, sb.id)

@@ -172,6 +172,10 @@ type sandbox struct {
 	// mu serialises the state changes: Pause, Resume, Delete.
 	mu      sync.Mutex
 	deleted bool // guarded by mu; a deleted sandbox is also gone from Local.boxes
+
+	exitMu  sync.Mutex // guards pidfd and exitWhy (see exit.go)
+	pidfd   *os.File   // on init, held from create or adoption until forgotten; nil without
+	exitWhy string     // how init ended, once known
 }
 
 // New returns a provider keeping its sandboxes under opts.StateDir. With
@@ -404,13 +408,18 @@ func (l *Local) lookup(id string) (*sandbox, error) {
 		return nil, providers.Wrap(providers.ErrNotFound, err, "sandbox "+id+" not found")
 	}
 	sb := &sandbox{id: id, dir: dir, st: st}
+	sb.watch()
 	l.boxes[id] = sb
 	return sb, nil
 }
 
-// state is the sandbox's state as the kernel sees it.
+// state is the sandbox's state as the kernel sees it: error if init
+// ended on its own and how is known (see exit.go), stopped if not.
 func (sb *sandbox) state() providers.State {
 	if !alive(sb.st.Pid, sb.st.StartTime) {
+		if sb.exitReason() != "" {
+			return providers.StateError
+		}
 		return providers.StateStopped
 	}
 	if fz := sb.st.Cgroups["freezer"]; fz != "" {
@@ -442,8 +451,9 @@ func (l *Local) running(id string) (*sandbox, error) {
 	return sb, nil
 }
 
-// Status reports running, paused or stopped (init is gone); error when
-// its session host broke the protocol (StateReason says how).
+// Status reports running, paused, error (init ended on its own, or its
+// session host broke the protocol; see StateReason) or stopped (init is
+// gone, and how is not known).
 func (l *Local) Status(ctx context.Context, id string) (providers.State, error) {
 	sb, err := l.lookup(id)
 	if err != nil {
@@ -507,6 +517,7 @@ func (l *Local) Close() error {
 	l.mu.Unlock()
 	for _, sb := range boxes {
 		sb.dropHost()
+		sb.unwatch()
 	}
 	return nil
 }

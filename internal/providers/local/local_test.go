@@ -244,7 +244,8 @@ func TestAdoptionAfterRestart(t *testing.T) {
 		t.Errorf("file through the new provider: %q", got)
 	}
 
-	// A killed init means a stopped sandbox.
+	// An init killed from outside (as the kernel's OOM killer would) means
+	// a sandbox in error that says so, also for the provider that adopted it.
 	st, err := readState(filepath.Join(stateDir, "sandboxes", id))
 	if err != nil {
 		t.Fatal(err)
@@ -252,19 +253,9 @@ func TestAdoptionAfterRestart(t *testing.T) {
 	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		s, err := l2.Status(ctxT(t), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s == providers.StateStopped {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Status after killing init: %s", s)
-		}
-		<-time.After(20 * time.Millisecond)
+	waitState(t, l2, id, providers.StateError)
+	if why := l2.StateReason(id); why != "init killed by signal SIGKILL" {
+		t.Errorf("StateReason after killing init: %q", why)
 	}
 	if _, err := l2.Exec(ctxT(t), id, providers.ExecRequest{Command: "true", Timeout: time.Second, MaxOutput: 1}); !errors.Is(err, providers.ErrConflict) {
 		t.Errorf("Exec in a stopped sandbox: %v, want ErrConflict", err)
@@ -678,5 +669,80 @@ func TestDefaultPidsMax(t *testing.T) {
 	}
 	if n := hostProcs(); n <= 0 || n > 1<<22 {
 		t.Errorf("hostProcs() = %d", n)
+	}
+}
+
+// waitState polls id's status until it is want (20 s at most).
+func waitState(t *testing.T, l *Local, id string, want providers.State) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := l.Status(ctxT(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status %s after 20 s, want %s", s, want)
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+}
+
+// TestInitKilledBySignal: sandbox root sending SIGSEGV to init (which ends
+// the sandbox) leaves it in error with the signal named, not stopped; the
+// sandbox then takes no command and is deleted as any other. A sandbox
+// deleted while running is gone (not error), and an init's exit that is
+// no signal is worded as an exit.
+func TestInitKilledBySignal(t *testing.T) {
+	l := newLocal(t, Options{})
+	id := create(t, l, providers.CreateSpec{})
+	// The command dies with the sandbox: its result does not matter.
+	l.Exec(ctxT(t), id, providers.ExecRequest{Command: "kill -SEGV 1; sleep 30", Timeout: 60 * time.Second, MaxOutput: 1 << 10})
+	waitState(t, l, id, providers.StateError)
+	if why := l.StateReason(id); why != "init killed by signal SIGSEGV" {
+		t.Errorf("StateReason: %q", why)
+	}
+	owned, err := l.List(ctxT(t))
+	if err != nil || len(owned) != 1 || owned[0].State != providers.StateError {
+		t.Errorf("List: %+v %v", owned, err)
+	}
+	if _, err := l.Exec(ctxT(t), id, providers.ExecRequest{Command: "true", Timeout: time.Second, MaxOutput: 1}); !errors.Is(err, providers.ErrConflict) {
+		t.Errorf("Exec in a sandbox whose init died: %v, want ErrConflict", err)
+	}
+	if err := l.Delete(ctxT(t), id); err != nil {
+		t.Errorf("Delete: %v", err)
+	}
+	if _, err := l.Status(ctxT(t), id); !errors.Is(err, providers.ErrNotFound) {
+		t.Errorf("Status after Delete: %v, want ErrNotFound", err)
+	}
+
+	id2 := create(t, l, providers.CreateSpec{})
+	if err := l.Delete(ctxT(t), id2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Status(ctxT(t), id2); !errors.Is(err, providers.ErrNotFound) {
+		t.Errorf("Status after deleting a running sandbox: %v, want ErrNotFound", err)
+	}
+	if why := l.StateReason(id2); why != "" {
+		t.Errorf("StateReason of a deleted sandbox: %q", why)
+	}
+
+	none := func() int64 { return 0 }
+	for ws, want := range map[syscall.WaitStatus]string{
+		2 << 8:                              "init exited with status 2",
+		(initSignalExit + 11) << 8:          "init killed by signal SIGSEGV",
+		(initSignalExit + 15) << 8:          "init exited with status 143", // SIGTERM is ignored, never fatal
+		syscall.WaitStatus(syscall.SIGKILL): "init killed by signal SIGKILL",
+	} {
+		if got := describeExit(ws, none, none); got != want {
+			t.Errorf("describeExit(%#x) = %q, want %q", uint32(ws), got, want)
+		}
+	}
+	oom := describeExit(syscall.WaitStatus(syscall.SIGKILL), func() int64 { return 1 }, func() int64 { return 64 << 20 })
+	if oom != "init killed by signal SIGKILL (the sandbox ran out of memory: its limit is 64 MiB)" {
+		t.Errorf("describeExit of an OOM kill: %q", oom)
 	}
 }

@@ -299,6 +299,17 @@ func runInit() int {
 		for range sigs {
 		}
 	}()
+	// A signal that crashes a Go program (SIGSEGV and the like), sent
+	// from inside, ends the sandbox as it always did, but in a way the
+	// gateway can name: see initFatalSignals. A real fault in init still
+	// crashes it through the runtime.
+	fatal := make(chan os.Signal, 1)
+	signal.Notify(fatal, initFatalSignals...)
+	go func() {
+		sig := (<-fatal).(syscall.Signal)
+		fmt.Fprintf(os.Stderr, "sandgate init: %s sent from inside the sandbox: exiting\n", unix.SignalName(sig))
+		os.Exit(initSignalExit + int(sig))
+	}()
 
 	cfg, _, err := readConfig()
 	if err != nil {

@@ -92,16 +92,6 @@ func (sb *sandbox) hostViolation() string {
 	return sb.host.Violation()
 }
 
-// StateReason says why sandbox id is in error ("" when it is not).
-func (l *Local) StateReason(id string) string {
-	sb, err := l.lookup(id)
-	if err != nil {
-		return ""
-	}
-	return sb.hostViolation()
-}
-
-var _ providers.StateReasoner = (*Local)(nil)
 
 // dialSessions connects to init's session host.
 func (sb *sandbox) dialSessions(ctx context.Context) (net.Conn, error) {

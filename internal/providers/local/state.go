@@ -85,6 +85,9 @@ type procStat struct {
 	ppid, pgid, sid int
 	tpgid           int // foreground process group of the controlling terminal, or -1
 	startTime       uint64
+	// exitCode is a zombie's wait status (field 52, Linux 3.5+; shown to
+	// a reader allowed to ptrace the process), -1 if absent.
+	exitCode int
 }
 
 // readProcStat parses /proc/<pid>/stat under proc. The command name (field
@@ -105,7 +108,11 @@ func readProcStat(proc string, pid int) (procStat, error) {
 	}
 	atoi := func(b []byte) int { n, _ := strconv.Atoi(string(b)); return n }
 	start, _ := strconv.ParseUint(string(f[19]), 10, 64)
-	return procStat{state: f[0][0], ppid: atoi(f[1]), pgid: atoi(f[2]), sid: atoi(f[3]), tpgid: atoi(f[5]), startTime: start}, nil
+	exit := -1
+	if len(f) > 49 {
+		exit = atoi(f[49])
+	}
+	return procStat{state: f[0][0], ppid: atoi(f[1]), pgid: atoi(f[2]), sid: atoi(f[3]), tpgid: atoi(f[5]), startTime: start, exitCode: exit}, nil
 }
 
 // alive reports whether pid is still the process that started at
