@@ -92,7 +92,6 @@ func (sb *sandbox) hostViolation() string {
 	return sb.host.Violation()
 }
 
-
 // dialSessions connects to init's session host.
 func (sb *sandbox) dialSessions(ctx context.Context) (net.Conn, error) {
 	addr, d, err := sockAddrOf(sb.dir, sessionsSocket)
