@@ -175,7 +175,7 @@ type CreateSandbox struct {
 	// SnapshotID Start from this snapshot (one the caller's key owns): its files, its source's image.
 	SnapshotID *string `json:"snapshot_id,omitempty"`
 
-	// TTLS Lifetime in seconds from creation (default 1800; 0 = no expiry).
+	// TTLS Lifetime in seconds from creation (default 1800; 0 = no expiry, refused when the gateway has a TTL ceiling, `--max-ttl`, by default 24 h).
 	TTLS *float64 `json:"ttl_s,omitempty"`
 
 	// Workdir The working directory (created if missing).
@@ -326,7 +326,7 @@ type Health struct {
 type LeaseRequest struct {
 	Scope *LeaseScope `json:"scope,omitempty"`
 
-	// TTLS Lease lifetime; null = as long as the sandbox.
+	// TTLS Lease lifetime; null = as long as the sandbox. At most the gateway's TTL ceiling.
 	TTLS *float64 `json:"ttl_s,omitempty"`
 }
 
@@ -785,6 +785,13 @@ type ClientInterface interface {
 	// error), or with `allow_partial` the ones made, and for each failed one its index and
 	// problem (an error only when none was made).
 	//
+	// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+	// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+	// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+	// (names and values counted), the number of `files`, and docker's
+	// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+	// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -801,6 +808,13 @@ type ClientInterface interface {
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
 	// error), or with `allow_partial` the ones made, and for each failed one its index and
 	// problem (an error only when none was made).
+	//
+	// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+	// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+	// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+	// (names and values counted), the number of `files`, and docker's
+	// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+	// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1014,7 +1028,8 @@ type ClientInterface interface {
 	// RenewSandboxWithBody Extend a sandbox's lifetime (owner)
 	//
 	// Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-	// `ttl_s`). The body may be omitted.
+	// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+	// when there is one) is a 400 naming the ceiling.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1024,7 +1039,8 @@ type ClientInterface interface {
 	// RenewSandbox Extend a sandbox's lifetime (owner)
 	//
 	// Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-	// `ttl_s`). The body may be omitted.
+	// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+	// when there is one) is a 400 naming the ceiling.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1135,6 +1151,13 @@ func (c *Client) ListSandboxes(ctx context.Context, params *ListSandboxesParams,
 // error), or with `allow_partial` the ones made, and for each failed one its index and
 // problem (an error only when none was made).
 //
+// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+// (names and values counted), the number of `files`, and docker's
+// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -1161,6 +1184,13 @@ func (c *Client) CreateSandboxWithBody(ctx context.Context, contentType string, 
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
 // error), or with `allow_partial` the ones made, and for each failed one its index and
 // problem (an error only when none was made).
+//
+// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+// (names and values counted), the number of `files`, and docker's
+// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1594,7 +1624,8 @@ func (c *Client) GetPtySession(ctx context.Context, id SandboxID, sid SessionID,
 // RenewSandboxWithBody Extend a sandbox's lifetime (owner)
 //
 // Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-// `ttl_s`). The body may be omitted.
+// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+// when there is one) is a 400 naming the ceiling.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1614,7 +1645,8 @@ func (c *Client) RenewSandboxWithBody(ctx context.Context, id SandboxID, content
 // RenewSandbox Extend a sandbox's lifetime (owner)
 //
 // Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-// `ttl_s`). The body may be omitted.
+// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+// when there is one) is a 400 naming the ceiling.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3038,6 +3070,13 @@ type ClientWithResponsesInterface interface {
 	// error), or with `allow_partial` the ones made, and for each failed one its index and
 	// problem (an error only when none was made).
 	//
+	// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+	// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+	// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+	// (names and values counted), the number of `files`, and docker's
+	// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+	// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -3054,6 +3093,13 @@ type ClientWithResponsesInterface interface {
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
 	// error), or with `allow_partial` the ones made, and for each failed one its index and
 	// problem (an error only when none was made).
+	//
+	// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+	// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+	// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+	// (names and values counted), the number of `files`, and docker's
+	// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+	// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3291,7 +3337,8 @@ type ClientWithResponsesInterface interface {
 	// RenewSandboxWithBodyWithResponse Extend a sandbox's lifetime (owner)
 	//
 	// Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-	// `ttl_s`). The body may be omitted.
+	// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+	// when there is one) is a 400 naming the ceiling.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3301,7 +3348,8 @@ type ClientWithResponsesInterface interface {
 	// RenewSandboxWithResponse Extend a sandbox's lifetime (owner)
 	//
 	// Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-	// `ttl_s`). The body may be omitted.
+	// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+	// when there is one) is a 400 naming the ceiling.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -5430,6 +5478,13 @@ func (c *ClientWithResponses) ListSandboxesWithResponse(ctx context.Context, par
 // error), or with `allow_partial` the ones made, and for each failed one its index and
 // problem (an error only when none was made).
 //
+// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+// (names and values counted), the number of `files`, and docker's
+// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -5452,6 +5507,13 @@ func (c *ClientWithResponses) CreateSandboxWithBodyWithResponse(ctx context.Cont
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
 // error), or with `allow_partial` the ones made, and for each failed one its index and
 // problem (an error only when none was made).
+//
+// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+// (names and values counted), the number of `files`, and docker's
+// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -5821,7 +5883,8 @@ func (c *ClientWithResponses) GetPtySessionWithResponse(ctx context.Context, id 
 // RenewSandboxWithBodyWithResponse Extend a sandbox's lifetime (owner)
 //
 // Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-// `ttl_s`). The body may be omitted.
+// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+// when there is one) is a 400 naming the ceiling.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -5837,7 +5900,8 @@ func (c *ClientWithResponses) RenewSandboxWithBodyWithResponse(ctx context.Conte
 // RenewSandboxWithResponse Extend a sandbox's lifetime (owner)
 //
 // Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-// `ttl_s`). The body may be omitted.
+// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+// when there is one) is a 400 naming the ceiling.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -12444,170 +12508,174 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3rctu2tvCrYLTPTKRsSrYTp7u1J3PGzaXN2WnisZ3p6VQ5JkQuWdimABYALaupZ76H+J7we5Jv1gLA",
-	"i0Rd7MZuz25+dBqLJLi4sO43fOokaporCdKazsGnzgR4Cpr+eQJWz4/GFjT+lYJJtMitULJz0DmFRMnU",
-	"MI6X2WwikgmzE2BJJkBaNuVzpvHxQSfqmGQCU45rTIUU02LaOdiNOnaeQ+egI6SFC9Cdm5ubqJNzzadg",
-	"/ftfiwyOuZ0svx1/ZUIakQK91XCZjtT1IdOQcSuugOXcTgzjGqqfrKJ7Z0pfpkIjYALX+qUAPe9EHcmn",
-	"CA8+2Ik6Gn4phIa0c2B1AQvf8BbkBYK1V36FsVrIiw5+w7HSdhniI5YrbVtgjlgKScY1pExIFuNdJmbc",
-	"skQDt1CC6eEKUOJL1kLJrx2mv3r27OmzqML8Xgvmo86pA+bNy2XIzypYmUgjFpvRdT9mXKbsyS7L1Ax0",
-	"wg2wETfw9AlLJlzzBLdwBegiXQs4XPNpnhFOR9d9PkpSGF9MxL+ePN1/9tU/LrOp7CCdWAsa1/4fvOtn",
-	"3v/1Sf8fHz892b35j07bppyCMULJVd93fPYTM+4WJtIVgJsNkG8ijFPJczNR1gFR+06Zr/rOO0BRR43M",
-	"N6LmBtcyuZIGiOeOMg08nb9QUkJi8QUoIKQFSUTN8zwTCUfU7eRajTKY/v1fBvH4qQbDf2gYdw46f9up",
-	"RMuOu2p2jt1T7tULPCKVnYAOMmSistQ4VvFbgzQXW34J6gp0zGbcMKksM2BZN05UCjEThsVHb09eHb38",
-	"6fzF+3fvXr04e/Uy7g06N1HnW56ewC8FGPuQX/VGXvFMIHfnhT1kMWittIlZJow1DK5Az5l/KUH5Qslx",
-	"JpIHhbHB4wYFEUlKreQFM5ZbYGOlmZ0Iw7TDIOvC4GLAcl4YSJnSzFiV55A6TL9WeiTSFOSDkg+z6hIk",
-	"gco9KZVCFn9jJlE56gGFYqv2SapAQXsTdd4p+1oV8kGp/oO8lGomS/x3lWZjkQHBjHLeofSYzzPF0zOl",
-	"3nJ9AQ9NHWHbRyqdI4lkCATij0vGM9QCKYF5CvpKJPBB8isuMj7KHhTS91coPnjOE2HnhECk4xFPLkGm",
-	"CHYhNfBkgnChlF80dvqltdMGgL97p2YX3dSUy5+AeOiTC/9bXanVxeOL9+/OXv332fm792fnr99/eBfE",
-	"4wfJCztRWvz6sGL/B2GMkBcRm/JsrPQU0ojBdY7qDT9Hw5W6hBTtoRSkFTwzHtxcqwSMwc18Ja2w8z+K",
-	"Ka6EyrgFr6zo2Y2C/iYobaK+b7lNJq+5yApNDJNrlYO2willIVO4XrZcfiSrW43ptXGiCmljbzYa1t3t",
-	"o0WGAnnZ4os6HpDtEVC3OX72EFXLfCzfoUb/gsSSIiNIvGVJ+5GmAkHn2XHt88Y8MxAtfDGJlPOca9zv",
-	"li8XdhK+OGKXAHndpAbDpjwFNpuAZKQHDBtzkbFuCmNeZJbROwkzssi8lHKGlP+KkVIZcImfQW9ZBuEH",
-	"fglOfUy5nNdeTftRKcpDgoxLMwON7MdZ7FFCex4jEJWxvt+01FdAV9tHkFbPcyUciMLClPC3YOatXIlr",
-	"zedunavVW7T9etXuowozt1qyiV90/gz6bDMtLLARjJUGT93oWhZamojcPNYfFru7T4F9OHvd/5pZuLZr",
-	"draCUKQZnFsxBVXYc9Pi4lqVe/+WNjRDa2iGlCcVg2tIItLTKKNQ1FrNx2ORkJEqFePW8mQCKV1zFi1C",
-	"hQKO285BJ1UFAhc1fOIVMMtiOnLbLabc6f4mqC+UtFxIpDC8gXUDr7LRnKUquQTdG7BMJTw7IHpEZwIp",
-	"lUv/hDf5LriFGZ8/Mu5mfzEVGhKr9Jx1436frvTpiol7B4wzrZQlXJi5sTCt7vd2V+xAYIZfQYw/vX/x",
-	"hmV8rgrLLNcjnmWsq3JHJdmcxQjewHJ9oCFXB5ZfxL1DhmzmrDqCHu3UC6k0qgtuWAzXVvMBgRXjt6BS",
-	"nJs1lFBR3hQsT7nlv4NcT4giIUVQhDlkBakl/IuEc8ZHkMWIIyQnL7JRMWxFqRQUaImC4M/IInCdK4PS",
-	"SKviYsLi716dsZ2rvZ1SKO18EunNDsiUJIXZ+YQr3pDsKUXGbSIGG+RJ1Cmk+KWAN25tvMOpnCuRgj53",
-	"O71GOLglFz7WP903OSQCGc0vc1gaPJcwDyGff5Hz6rh1f3cXKUbIC8L6JcwHLDbeGT8XKVlFPEkgx0cm",
-	"oJ2L0H0HPyj23Xz6yKCrMO0RZ0+BS7enVuX9DK4gY2MBWbrVRpJvvU7mfK9mTs6g4OPCeiel8s6sYiNI",
-	"1BQ/kqfzzyBSNBhV6KTUu+/HnYOf11sFJ+UjNx8X34B2TYXbNqnKtWVjraZOqoabWVdJFxhLeJaBfmRw",
-	"p5iaSdM7YMIaJ2Ai+qd7/SPj5NNWPG5t1obwt2IMuB8oAI2PaRJwpGnIdA5Gw97Xu7uHbJc9d/I/F3re",
-	"+wz49/HI9sAUXkTCrUlgpwJTJsZs6izn3hYIuGmhxpeQgYUTMEVml43OlK6mNdlXGkULxmC4s80IfKlm",
-	"Ev3WVW/x5ro5H321344C3PZHho3mFncfbdqv9vsg0Z9JB63BvjpsjfXbAHzlheIbOVbL4AWR2YzYTazN",
-	"D3Z29p78Y7A72B3sHex/s/fsaaeF6moO5taKZQHEhQ8qIaoWb/2sa0heoQNyRleWXYe54zU1naJYS0VK",
-	"oTRdSBQxyPMZ4L2HDAnLmdLC4n2Ic5BI3T93vCTrRB0vn2qwVB+EsNQCb7dwAzx4y/CfFBJNm9hMWD+J",
-	"WXfEzcQBmWswIC3xxNqIbNRJZi0rv/TcvpAq2ChfPrsBTR+ir+B8xJPLC60KmZ4bF11pkWOEvlJW9Q6Y",
-	"d469Uxr2OYOxZSOYCJmSprwUWYZ60m+vt6sPhxKBIlNx7twrXUgp5MVgKLdymoxNhWzn6VPLZcq1D4i2",
-	"cfRmWb5agb6shLUn3efMI+UzyOrCtOXCPphgkyrNCpFuJ46bUsrR+SpOXik984KsiTZMvDj+wEizdRFq",
-	"9nfmjPNesD4DSeB/+HdFMMKS7QEpWh9RTTMO2NEImQvpRUN4iswylnCJAsQC2vLB5WjF+BJW00KTqj2f",
-	"rrWIajBrLg/QFDOFy5stJ9VIh5OpQPaGVfQHXAsbrYCedcmx6R0yQFbylrt3iJjhMyaaJCSk/Wq/NbhC",
-	"kZ9z6yXvdjZVU2C32lVKTc8dw7ZryoCdGTeBsdF8nHFpcdOnMCUDooanRyb8mompsOhkbbPBNbVb4/kc",
-	"+OW5W+58KkYt/grwS6YBN0va8OImNZLDGNwjri/A2ECYLWT5g/j2nkjSCcJzFEntuEZKYnj5kO09ecaU",
-	"ZF4o+UyDN9fHLqTXHoMzNgXdJk/OXve/xg90iSOyfJiGPONJq8lDK6Ea/gwrWV3IhNs2EjtixmrgU0Yh",
-	"dEhZPOXX53ANybkqbF7Y2L8g0GBS2DZKWZB9HvYSHU3kN5ipKSrqwLYJztfolhFLLQtOctmWP/G/Tt+/",
-	"czElT4NqPAaZogVOT0SMsl4uS//z3sfYBzjKugVSA62InYIxPnazXhc40KoH2j8tg3aDddpKsW+sYTlo",
-	"8heUZCNhTeScYwO2EGmE/78QThkYK5LLOTGYSizPfKpv2Nn9an9/2CEWqmWZf97t/+Pjp/227HKE4Iix",
-	"gPScE3VWnMct9JFj2h5yme42rsu4sQwymIITacTuuF3dYWdn2Cm9Za2U7bVuQ95aT1LzM/jIqKywft1l",
-	"1dLOf+LXFVjHK4hJxxldzsx8mgl5ib6rIZ1kUczZR4ZlZKr2ttQxfp1z93grt5ZvcvdQmGymhbUg23l/",
-	"havALcpeYQ5ZTPE3FzBhKaAtGrHXb16/pwwwSlhbdw8Qpci0Arnag9OJOrRIi6ewwAj1ugd/r8d05Mi8",
-	"SV6r+OStMLbNsbM6ZFdCBGydei457mY5dr6apkq3/a6EtUYcN9b3xRJTpYH5T3O52RnoEC5vSPxV0tgj",
-	"PaBns4zN4EdHUss4Xo0XQkFFjaxbImcZL71bcNy3xGU1Gt/ISO2fT6u3fq/Sl3d1Zcs0Enkj5JKuTPy0",
-	"gLkClnbHoIz8bk3gPil1AuNlEl/U2OXibSj6Hnjm9n0BJMttYZqBFHW5MYDjH2t701vgBu62G1QJsr1x",
-	"Tm86pWfQMi+3sINrcgvrAoz4KMt8mLH0SbnPJ3k3oyYDfpeLerMKTafhg5vQxWomQccHLj1tJ+jis9h/",
-	"Ff5cprlMxI7PfoqY24+IlcmEQybxYeaigJErCYqYBgkzVAtTgboaX1NXDfQD6gKPwLa40XGVo14sFGMn",
-	"r1+wb/af/SNk1FkKlgvyTBb5rs0g+oEnEyGhr4GniM5g2HlLOY5YLJU9H6tC0h/LNRNRW51Zq6hykLUG",
-	"gVyJwC2UUGnRtqihisGWrQUrbAZroo3L1sOHkzdMwxg0yAQYuWxiPA9JlIB1fJp1Yz5ShT0YZVxexi6Y",
-	"JJWE3ubwrNfqDrzyE0qcRW772pj/2M5dgcFdxXG2Meu1Ofu+Mj7pndLnhCx8QPOEipDNhLxRileKcYhW",
-	"Ri7mYCa9reJfPnD5B8QkXY1N81vxXpRoTj64QORzloscDV7n3Xm/Av07xnOubS9iIFyFnuUafXpumZIJ",
-	"lBEIpYOoTCbKAIV7LZnp2lifXWfd+D9zO3++Gx+493k8Eii9qFzbTpw1sDluqdXsM5BFCBPeISdTknXa",
-	"okFdMZdPq21Qm9W9K7jnBy8Yg0TGvY06iMZ2YWznvs5tGbBQ69CWK4o6PmF1KxcQroVdEX155/IRIoMy",
-	"KN3ZZlOCZ7y23Mmj5SbquJDGuRqPTZt7dabQM3ZenRozdzeKxbRIIGVGsTHXLtYm4drSnXUnwK27rbPn",
-	"P7Qdv3cki2rVxY+to790tco9bmzoCtrylNLuenkYtld7NdLbaJqGtdsAO4HMWYztNrN2l1dQsYYpF4iu",
-	"c7qrVc8uAFMu2PJ0O3wSZndTZ6Xx+dmtx5NGecA6iBYLYtxzLrJsDhl38lzpIOEp0FUrqAhx20emnrFZ",
-	"Sni0ZjoM645JxSppQj3y50jOp8Jcnl+0BbNfCnPpvo0Jyb4T37ZAcBhKrrhluO+WfbXPfhDf9g7Zbqng",
-	"hFmovAr1Bt243/f/7iMc/QsxiqsyLl6vuPKxsCqsr2bykBxhtNhyfLWwFI02Lu736t370+MXwd1G9by/",
-	"97SsILI+HuZK483A15AdMJBjpROXMfThdmOVpiIxLa5CJoXKr3xFFqGQEOXKj8MS8efYnwtHD1s8U5Om",
-	"F3lRJme2qA2rJzRu86I2bqqXfrZEpbloTe64ctdGTWwcubSJr/a1E+621wV5thKrjZrjNn/iYWIIUfjs",
-	"j6vx1R7rvpthkQsNxj/TalmAbFRcTajLyBf8NEm29qLNtjgyw6aSty1qVJcZZiOTZNzYc/I/hJ3fClt3",
-	"KoxcXb64WJ5cd1AXY6qhWDAkA5YjgG5/2s2euje8BcWeupvLx841cN8o0F4302yWcqX+sU+UCGsYv6Cc",
-	"ZJmIrTKrFPyeCdOeJVqjx9cVjm0w+ipM1VzsJoar5Rr2XYNhAnhLZNlCYjXaCQQQeGANn68wGO8qiNoD",
-	"9reKZtZEWntmxFekU22okKGE5pCF6lGWc+2KKpatma1kwkJZfKHJbR7zxJoQtar2KI5YTBbmuUjr0ajq",
-	"g9xV6pRb/qL3Of+lADYCrkHX2ulcpeaaPMUSu1YxXjJXWkP4DQbequ93eY0Q1tw2eovukr4CfV7orD03",
-	"URlicG1BS56xDydvmZBJVlAmON652iPcrikI/Hr3692dq702kLdn2wrQqMnD9T1cZmSHkzpDb+S701JY",
-	"tuRcxRiSeZKB7wRV46q+oR7RpWCLcycrx9L1h5LYofbQkM+nEnGq2m4NNoRW6c+j87dUIWtaYp0otxz5",
-	"QY1Z1807mPI5GwG7WBHqdGmkc4oRrBAepEpCAbRL4Y1grmRKSoSKm1eWK7myFop37W6dNG5WZm/Vg76B",
-	"SGsrLlBpIMcKCRtDB2HfV+gBf/UWeiDQ0UYlUC69Dqy7+ebt5QxHrmIQpWsOKs/gkEkAV4U7AuYaKHxz",
-	"WFnE+uTrrYKIjp1X5gYf3jLayvrZPvH3IXcl5XcL/H/mgvOo48orzkO6e9MciEb+o/ZotLlYPXx42Nhb",
-	"xGOOshmfGxZ/ummxC6LOdf9C9StYi8R+unFNqpAUWtj5KdKFjwLl4p8wb03LHR2/obYNblh85LuJqWDr",
-	"gH3rjArq1UsuYe6a9uIBeweQQkpl55UtlQljDxnPjGKudk3JofQ9tKD7gcooPtFQSaHHxy+WuoplomqK",
-	"6BEUFQJQc5dmkQOxjVfpsjeINn0b3RW+but3f0/F/JveXTYlUYk+t2KUAXN9AL1ybIn7uxoZ8t99fKr/",
-	"3Xza91zdJ5OogsTvaBOWJxuAWfO+Da9BuhLepW++ADcRDTCqMJLs+7Oz47IEF0UlMmEfriEpqDentN0H",
-	"7L2s9GNfQmE1z4gc1RVoxofSNTQiiCbnCbB/cZFFjLOXrjcR5IWQ4Mr5/lmMQEuwYFiSFcaCPmAnr07P",
-	"CITSHoqYktBHvTCUCBLRLcXkDtmPMDqlcijjn7kCZkFPBZqT3eOzn3qhNd+w2UQZCBkEahymXk5XjJdw",
-	"OZQjcEWbc/yRGlI505C4GS2DoRzKF9Rgalii5FhcFBpYXJmP7DnzBur370/PDo7fn5yhCXvoe9KbvERD",
-	"ElLQQxl/qpa4WegljAfsDH0CChKK0GMgreaJdR2m3ylKDrtqUFpaMyGHMqZsqOTZDs9FTE0IFyCpCCAN",
-	"VdtRWZRell8jJFQCzK3vb1Q5SJ6LwZxPs5iQ8Le/MeRLkNZ3/eOPj9njx14qPX7M/t//+b/bC6aT0ETb",
-	"FE1WkXSqEd9QMvZPmCP6UaXjR8T9Ps9F/xLmMdth8enRu5ffHZ29Oj86fnP+z1c/ncasS8njvoGc08f3",
-	"BuxH31xM4ivsZIqr13HhWhURsUrOp6ooW80NUzKbl80cCCRI/JFlSuUjnlzScBFdSBcExoXjfl9IkvHQ",
-	"l6rPCzuJewNWF+Uog9GXoJW2EsHC4tKVAMY9eFsJDr8PutYyG9dcmhgNh6pN/gTGMeuO5vUtGM0J9uP3",
-	"p62Nri7Hgt/xXi7DapihaSCW6JGxeJV8dHtEUlZkws57Ed7bvIUKgNspKia6+FarmQFtGNIruo+8Eg6R",
-	"H5zmC9UNWC/LTVTC6AuEymdwTVOMcq2sSlTG4iAyB/TVg2UdFMag0KCzWqmyw3lM+xME+4Qbxtnjx+RD",
-	"Pn58wHyBEOtWBUJRzRduFP3saDDFtKz94ZJIdyokJSFoIfca0yOshTIj1t2izCiqFnKP4dpuNSdiKNmG",
-	"14U1kI23Kkvisg6Wo/vF5cnZcmupEUrmhacIf2eIb9d8rCiGMmBbjjWhnTpgjx/v7+49fjxgtSlGCML2",
-	"g4x8ssYt9ZSWkmVrtAqISMNKB7g63rr/+DGiJVdUKkESJAw9CFYHUsUIQLIr0FRvGzGjmEhNoNyRqwiC",
-	"FDkuAVS3rO4JhHc76VHFlZC+aTKGYfu7+0GIU4WTwT9e0f3kQ1DuaNVEl5h1Q0FYz+W3YlQ+ccRiKi3C",
-	"fziKiqOhjF11Ucy6k2LKZVkEdshec2OPjt/0jZ1nYZahoU5rJqxrAPeDdLrT1goy0m/tJWSJn+t1i3Iy",
-	"JEhqX1ea7T95MpQto2RC6i/MovF1NJXzZZxy/I05V479xn4ATpLot6H8rd/v0394A77pt7JZhNrzDirq",
-	"Zf91+v5d5IeCkWqPSvKiVC45S6l3mNy/kagi6o+wE5ejApPwHBpFj8y/fI/9Fjqa8YMDHLW5P+HOp+y3",
-	"DbO+mgziH9tnv5UQV41iNGqLhjP6QR5hZpJ/6hv2W2MSmgvyk8GnJH3bwgi0ahol1SEx7kbqlRNBen7l",
-	"PfwMmqdFcKIn6K88ecJ+83OE/GyhEp5n9PFhxBW+NUy3KqqRW4cs4ZpqwOPaWKs4rIC7zNmouDhkmbq4",
-	"QIjJ0OsbkUJUH+N5gQYs6vUxMN+PgosM5RGTSvZ/Ba1cJ5QbJeIMc0jLTjTqE5BKT3nG4qqRMY68QA0m",
-	"PhGq89QykYA0UAVOOkc5oq3/ZLDbiToUtiXPyRzs7MxmswGnywOlL3b8s2bn7ZsXr96dvqJnqurH0rvo",
-	"RJ0r0K6WqbM72HN3eYOyc9B5OtgdPHVdLhPyeHc6B59uos7OhGqbf/V/TcFqkRj/V90e9T/Rvoe762YK",
-	"rum7Npy6EUq+STsHHWTw01pqtD4Q9eelaD3K6mrwEI1wEcaR6arxpmX6Z7sBWAtRoJtoAwzOl4lD7icm",
-	"1YFWZHwZO8F8xbMCWHwVR+xCXHl3+vL5VbwKYhqd0mkfEWqBT59TfLzekPQ/zz/+/fngcdu4y48L4y6f",
-	"7O6uGRp2u2Fh9RzW+hmLNMZCViMmlE5B01CzfQdP22tKuHdqcyzpkb3NjzRmu9XDOkRWIaDz80dEkCmm",
-	"U67nNByj7uYgOvmFWciZUX7XtGTTX/jShMotcGYadZh7HWXJuNIFytFGPzK/BF/gwrrIRUKCMc7G6EVD",
-	"qbSvZXE97Rx9Q9QCqDpcd/uAxWROOg8z9Jn4KVJOXzrcDFhjaOBQ1pXpjFMcHsGjLqdfCihczLbI0Q+M",
-	"nU9yTr9XCdG4Ghry1e5uj0SqHMpg6qAMd0ZKXTqjR1216tTscafLvCFOurw+/gyROOWXoQakbRgZ0t10",
-	"2UJwyHYg8aFsjiU7YNwVawW0dnloZvXWnNPhSoZpa/XlykLdoSTR3iOlPGspY2ku4hx/xC/wZOILWvCy",
-	"y4fIFK6dWxGMny5qHTIPK9dX4v0z7lbsOa3SlLJJYzKdi8iCsd+qdP7ZpEFz+t1NM/DrG7oXRNHerV6u",
-	"JGzRudIoydnqVlebdPOxRYT5ymTPyGjTdBfH2VX1M4HckIQ9rfYeUMZFnf29p5sfWhyris89ebLNy5an",
-	"T95EnWe7W7yzZUbq1iL5hQ+CBB5fIZQXDQ6Ki1RTfdqH3QVHeqquFix0/B1o3HuWESvWHO+ayWwG7E0K",
-	"01xZqu90bulQOmdZSAbjMST2AKGngRJektR9wGAZPtvdbeNc90Cdc+9JmTdmI7WwgrueDu5OndtQSjVH",
-	"mZ7Y3/xEOYR2iaIaWYafP6I0aAb7a7+FRIj7aRUtvvS7VxtdjDvdW2kotJq8F2AfYD8bFUFrjbO/+JYi",
-	"VkabBcySa9L2DdUtO9UBAzcfW4XTTuonhdV8o7YRi6YsTg452sUULXvByQ2vbLBQdF0YGMpV0xG9uUjp",
-	"GvLF6YcBOyqDEiHZ4UJVy7LJf8Br1/W+1nW7xwMsUH5bOP+d51jcp6O0MBNuBTv6LQ458Yc1He6bk/GB",
-	"bzY/UJ4FcGdz5v5FxgnwNPhqPDDjQubEhaZ7DyZLFiedbpQpnGr8yINy022MG/IStw6Xcq7OPCRr0Hn1",
-	"x94U6DADeijk7Ag7YBQhoQrY9Se9EK+7Sa7pYRhbjb+tEDcXYF9VswDvjVkb8xFXsGpA91+cR++f175X",
-	"M9QCRKKMu6h1SVQlJX1+Nos23kynHq1kx2tI3ECQu7L5qiDTSSHJu6TQkY8wrhkK2QhBoR/jqi5QyTfj",
-	"2cIMZRm51qSnKJkchnzVRpY9oqhnVg7QYxdaFTnaCX4GW6hlcMvQ0nFtxFXM9p48i3yyhvqSYhb798R+",
-	"ShMFSVyBiOssHbA3jY4vpguJzwyli4s13kcTynZcpnikruNqTVfMR+LIdWfHVCGwv7u/s7/7TenLD2Ut",
-	"l+fyJzSHuDr0hb1CivTzwYRhiTPBuF05JCxYZ0O59xWaZ4csLkfNxFTcanoD9k7VcxMsBZ5mVKZDGR+a",
-	"cBPXwm55VqA0vtA8gaHMQQuVHlbimeR7KoyvnKH0ZQJZY0Rmm6hF8F/4Vv/7iRbVR6RuFSva/cyvXmeJ",
-	"1aYusu5swi156GGeItVk9b6YZ/+bo033YBUWkuK2gXYaQ4VvE7TaKQ+SaDXgTknkVE4hiRz0feIVnhuK",
-	"g2psFv22O2gzrrwbdwu+U4kF23dCsMl/ZWn+SEhOzlrLOWzrK5EXjit64UDoBxduTSFzYwRd8zzGpZaB",
-	"9Qc0frHuHtKT4kzzGe2aV6x/hF1XnsFJNlixgQObp4RJH7Bo8iXrUopK/AqHLE4KnbH+WdyLfDaUutU1",
-	"SDuUgUtFWeGVZzyhEjqJmsfYwNoudRaOJnMB5Alk5Gf5MbNkorXp9ryoOH0bvf47mfzh9Hp9NF+LfPkx",
-	"DMn7orf/lGGVH+nYIy8NqKR4W3mwRo3uhKr7Vl0agr9t2tQV6RrLbcxSBYaSOG6ipyvwc4+mETUwjZUb",
-	"gMG6wpqhdF0ueB+VfPRuEVTFN95eE9+eU9aFN0jEfAltPFjmwY+N/SN13Toeynxz4hY8FEax+jKMyu6s",
-	"aUM6dgNxa8QVZPNexIwrxR3NqVslYtxQWelYxSWfGY+mATuybKqMZc+i3d3d8oXdMczoXG7nwAs3mNrF",
-	"EzMlL3qHQ1n3tw2fE8Qa3MTYqdJQ59IFi3k/CpJpvz1PiziiE9zum2/XVVvVp+96xHxh43tmYyoZq3lY",
-	"f04+VvryfuKRR1U7d3MkU6USR/OlszqrtqdGzdWBr4JS+nIoqb3eVKG78ggsEkqonsMLPQAuTUGnJ1IJ",
-	"G3rjyP5CXglDfYPOPB/KkGtwbnq1uI/q4fupiocCprNG84M/TSLA4stCUoWfMJQzfFJJJqyrgVs4t8sB",
-	"6LKZ4YCGA/qRYkvySmglpzQe8xJyW377UNI3+zVDlrc8x4xWODt76xAwApR3pvllj0xob3KuQ8DZUFLb",
-	"smtQO2DCsgsFNaTT/HnER5vMw9/vt6asPn36Zvns9ttWkG1+1aqoIF4ti1/+wr7Dv2fsDnd3fVVPNS1h",
-	"hbdRzUi8h5xPmbNttAgSk3ImYdbsJhywIzn30mrK52XjV9V+RtcOh9L1Psmy581LON9dVcYnvOToLaxW",
-	"e2bAYpqUFIeRh0Pp5h+41tjMjwS/cnK7bQ54FdDwQ0bUFN31lApePeChaW1lgWvovr4PUdSYvX7Psqhe",
-	"w9p2fLi0/4ay6M6i5f7lww9E88RptXEAt4pGOPmw4yekritMPaE+SVNjHNdj4mcxVP3eNOd58dztIMMu",
-	"AXJTO8QuXhzIGjOyyczCGE1q3A/FrmMLesZ1agbsBXfn5pHMKXulh7IrVYkT35IKvWab4zdtDOtvrTj2",
-	"nlym5gjcFm7yN/yZC1v/KK9nIVaPZFmeV4t6IQvDLh6kxInaDj+Xgl0IiePSf3xN7jE1Vg7+rSzGP7PV",
-	"pwF+BeeC1oY5PDK1kyHXF3ivIFStrue+Dm/nU87t5OZ3ke22tUhRW0pUgyk98w8nbyN05lCkuykU5XFi",
-	"Si7oAYT+0LVaubOWmMm4mYAZym688qNpCiDPxQ4NK/vPX57vxdWsjnjhijfkqKS3fvRV+dfqUt6l4t0V",
-	"O+FOb1jZeFrNWb/XsN3CfPhV1fihpeSvXI5P0bQmJZZThEy1VYEZcYN/n65Z5XO5jsPczmPXZuycE3/C",
-	"hqmfH1u2F3p/7PjsJ9aNkWLjXtkESId1IOvQqLKYYt6hwI2CYb5Rk8vQNt8YjNQtYzF77AfxLRvNQxQo",
-	"8oNtynMWKF3mzjUwfsKOKqz/lC437H0O0mOA+tfTR6Yc/OALcwOmXcBpGIzu8PF+jqM7mKSc0+LhjgK+",
-	"poqqiHl5dgk3l244VHWIyVASYg6rMXn+KJNDVkgrMuojdfTgZxQI48b8eFM0bhzkELNdNHXL6si6D1oR",
-	"1K1Op2n4pTSYyjumq73Q2ukN9+OKLp0EdM/uaO2IlhbZderOnPkSG/v3jI3R9jK+JIaXpPBKFbzzyWzo",
-	"xfynyHxNql+8ssFccXHEkky5/stqrEgocvUd1DS6o7bGYEUv5QJ7fmmnXCAyQs1D6nzc/dombkNrqzsr",
-	"H2Z36wf0rLXmvuxvo9Bhi429RzfJf/u6GEOQVjszc88+22ZgaHLb/WQUToOsdId8MKuYVDP29zKM3413",
-	"44PqFJDDhaOMFk2qpNCuhNE/31sZz2+PBUqY3W8isXHSVKu59GBRHgLli730pw74v7q2INNGTCgcaHun",
-	"kJCbE3k/wUu39h8fvTxxuQbGL7iQX4KYD2Sen034rJrJt91cinYabRw28PlVzgue20LDYr6pdqQbFdxQ",
-	"PbuarUtmMU9pZVwCTORr/nztOxqTKgfJfN+bO6JOA5XqJg6Q9KCW8ad5ThSHcc1/oaTJBzzGGsykFhX2",
-	"0dKwUhicUC+soRrhQiMZMJ5oZcxQhnnGGkIgBeGcSVcjhSuGEcS2OmgnbWCiW81AVpLxas2Zj/Ncwtz0",
-	"BuzYDwb3Q7LCvN0AnEvO0axHmtlpityNQ43XTI8KR0vcj4ZePHLivlPs5UEZLRENf+1LVOPPraVPS3Ju",
-	"Fyh3qeOpzgrZMLvnNMyVvD99Wz/UZJWb6UZf/oUzBmcNdUL4eLCUdJGH+T33kIBwdayu4JPm/NBE5fK4",
-	"lJjGMdaOU4lZd/MsHVeimgq93H/Gau1nzf6yZP14oeMPtxkv1KJfHBpv1ZR2O05qHp/zwG1pjSNsvvSl",
-	"/Yn6yf+InrY7TAsKsqdun6+epVzedZ+aqX5q2SrNFAApS4booGu0btVMmoipLAVjXRZx8BBzfRtwmBqe",
-	"1lkH4afNSYwTGJMPRnlJN0yEGgpdSV0w4MOY1tACgVKVhgpaKvIjbPQO0aIpK/QXDnvirq9QSdL+c+Mz",
-	"pf7EgTUzJOv2+//erMfDVs5tngRZYbWNjNaMgHyA7Vjn5NR59MH2Y3v0VlMZNyH4lqaXf9ZZdRvgoUE8",
-	"blk3hn+HDDYPx1JQ3bNoy3lZrHHeS22WbDm3bVCbWF/K/uWSrteVd1MJWJ87u2wsUuKopS6sfi4XU5qq",
-	"U7Y5n6u7VDtSO5WtV3t7Tmnttnq0xXKR+mlK9bMoulNVSN8UOnFtTeVYuur4LHfMVv3NMxgZWn9lPRxu",
-	"KRXvXFPeIwhWN7Durq+l5Vpe+T2dnxCxcqR7xPwhCpEr3k5VUkxDFpvKjNzxSbXD04gMS4jqb1W5QSr+",
-	"/wEAAP//",
+	"7H3rctu2tvCrYLTPTKRsSpYTp7u1J3MmzaXN2WnisZ3p6VQ5JkQuWdimABYALaupZ76H+J7we5Jv1gLA",
+	"i0RdnMZuz25+dBpTJLi4sO43fOwkapYrCdKazuHHzhR4Cpr+eQJWL55NLGj8KwWTaJFboWTnsHMKiZKp",
+	"YRx/ZvOpSKbMToElmQBp2YwvmMbHB52oY5IpzDiuMRNSzIpZ53AYdewih85hR0gLF6A7Nzc3USfnms/A",
+	"+ve/EhkccztdfTteZUIakQK91XCZjtX1EdOQcSuugOXcTg3jGqpLVtG9c6UvU6ERMIFr/VKAXnSijuQz",
+	"hAcf7EQdDb8UQkPaObS6gKVveAPyAsHaL7/CWC3kRQe/4VhpuwrxM5YrbVtgjlgKScY1pExIFuNdJmbc",
+	"skQDt1CC6eEKUOJLNkLJrx2mv3ry5PGTqML8fgvmo86pA+b1i1XIzypYmUgjFpvxdT9mXKbs0ZBlag46",
+	"4QbYmBt4/IglU655glu4BnSRbgQcrvkszwin4+s+HycpTC6m4l+PHh88+eofl9lMdpBOrAWNa/8P3vUz",
+	"7//6qP+PDx8fDW/+o9O2KadgjFBy3fcdn/3EjLuFiXQN4GYL5NsI41Ty3EyVdUDUvlPm677zE6Coo0bm",
+	"W1Fzg2uZXEkDxHPPMg08XTxXUkJi8QUoIKQFSUTN8zwTCUfU7eVajTOY/f1fBvH4sQbDf2iYdA47f9ur",
+	"RMue+9XsHbun3KuXeEQqOwUdZMhUZalxrOK3BmkutvwS1BXomM25YVJZZsCybpyoFGImDIufvTl5+ezF",
+	"T+fP3719+/L52csXcW/QuYk63/L0BH4pwNj7/KrX8opnArk7L+wRi0FrpU3MMmGsYXAFesH8SwnK50pO",
+	"MpHcK4wNHjcoiEhSaiUvmLHcApsozexUGKYdBlkXBhcDlvPCQMqUZsaqPIfUYfqV0mORpiDvlXyYVZcg",
+	"CVTuSakUsniNmUTlqAcUiq3aJ6kCBe1N1Hmr7CtVyHul+vfyUqq5LPHfVZpNRAYEM8p5h9JjvsgUT8+U",
+	"esP1Bdw3dYRtH6t0gSSSIRCIPy4Zz1ALpATmKegrkcB7ya+4yPg4u1dI312h+OA5T4RdEAKRjsc8uQSZ",
+	"ItiF1MCTKcKFUn7Z2OmX1k4bAP7uvZpddFNTLn8C4qFPLvy1ulKri8fn796evfzvs/O3787OX717/zaI",
+	"x/eSF3aqtPj1fsX+D8IYIS8iNuPZROkZpBGD6xzVG36Ohit1CSnaQylIK3hmPLi5VgkYg5v5UlphF38U",
+	"U1wJlXELXlnRs1sF/U1Q2kR933KbTF9xkRWaGCbXKgdthVPKQqZwvWq5/EhWt5rQa+NEFdLG3mw0rDvs",
+	"o0WGAnnV4os6HpDdEVC3OX72EFXLfCjfocb/gsSSIiNIvGVJ+5GmAkHn2XHt8yY8MxAtfTGJlPOca9zv",
+	"li8Xdhq+OGKXAHndpAbDZjwFNp+CZKQHDJtwkbFuChNeZJbROwkzssi8lHKGlP+KsVIZcImfQW9ZBeEH",
+	"fglOfcy4XNReTftRKcojgoxLMweN7MdZ7FFCex4jEJWxftC01NdAV9tHkFYvciUciMLCjPC3ZOatXYlr",
+	"zRdunav1W7T7etXuowozt1qyiV90/gz6bHMtLLAxTJQGT93oWhZamojcPNYfFcPhY2Dvz171v2YWru2G",
+	"na0gFGkG51bMQBX23LS4uFbl3r+lDc3QGpoj5UnF4BqSiPQ0yigUtVbzyUQkZKRKxbi1PJlCSr85ixah",
+	"QgHHbeewk6oCgYsaPvEamGUxG7vtFjPudH8T1OdKWi4kUhjewLqBV9l4wVKVXILuDVimEp4dEj2iM4GU",
+	"yqV/wpt8F9zCnC8eGHez/zEVGhKr9IJ1436ffunTLybuHTLOtFKWcGEWxsKsut/bXbEDgRl+BTFeevf8",
+	"Ncv4QhWWWa7HPMtYV+WOSrIFixG8geX6UEOuDi2/iHtHDNnMWXUEPdqpF1JpVBfcsBiureYDAivGb0Gl",
+	"uDAbKKGivBlYnnLLfwe5nhBFQoqgCHPEClJL+BcJ54yPIYsRR0hOXmSjYtiJUiko0BIFwcvIInCdK4PS",
+	"SKviYsri716esb2r/b1SKO19FOnNHsiUJIXZ+4gr3pDsKUXGbSIGW+RJ1Cmk+KWA125tvMOpnCuRgj53",
+	"O71BOLgllz7WP903OSQCGc0vc1QaPJewCCGff5Hz6rj1YDhEihHygrB+CYsBi413xs9FSlYRTxLI8ZEp",
+	"aOcidN/CD4p9t5g9MOgqzHrE2TPg0u2pVXk/gyvI2ERAlu60keRbb5I536u5kzMo+Liw3kmpvDOr2BgS",
+	"NcOP5OniM4gUDUYVOin17rtJ5/DnzVbBSfnIzYflN6BdU+G2TapybdlEq5mTquFm1lXSBcYSnmWgHxjc",
+	"Kabm0vQOmbDGCZiI/ule/8A4+bQTj1ubtSH8jZgA7gcKQONjmgQcaRoynYPRsP/1cHjEhuypk/+5QPmm",
+	"YUIeMNkaNQnKphx1/dnZG5aAyMi+jfv9Gb/uW5vFEQlmv/CjAzbtfYad9JHN9hAX/ogsUJPlTpmmTEzY",
+	"zNngvR1QedNC1y8gAwsnYIrMrpqvKf2a1qRoaV4tmZXhzjZz8oWaS/SA173FG/7mfPzVQTsKkIAeGDZe",
+	"WKQjtI6/OuiDRM8oHbSGDeuwNdZvA/ClF6+v5UStgheEbzP2N7U2P9zb23/0j8FwMBzsHx58s//kcaeF",
+	"fmuu6s4qagnEpQ8qIaoWb/2sa0heoitzRr+sOiELx7VqNkMBmYqUgnK6kCisUHpkgPceMSQsxyjC4n2I",
+	"c5BI3T93vEzsRB0v6WqwVB+EsNRCeLdwKDx4q/CfFBJ5MTZT1k9i1h1zM3VA5hoMSEs8sTG2G3WSecvK",
+	"Lzx7LyUdtkqqz26K04foKzgf8+TyQqtCpufGxWlaJCKhr5R6vUPm3Wzv3oZ9zmBi2RimQqakcy9FlgU5",
+	"KGyw0I9GEoEio3PhHDVdSCnkxWAkd3K/jE2FbOfpU8tlyrUPrbZx9HatsF4Vv6jEvifdp0FifwZZXZi2",
+	"rNp7E6xbpVkh0t3EcVNKOTpfx8lrpWdekF3Shonnx+8Z6cguQs3+zpyZ3wt2bCAJ/A//rghGWLJiIEU7",
+	"Jqrp2AF7NkbmQnrREJ4iA48lXKIAsYBeQXBeWjG+gtW00KS0z2cbbasazJrLQzTqTOEycKvpObIGyOgg",
+	"y8Uq+gOuhY3WQM+65CL1jhggK3kfIBgGhs+ZaJKQkParg9YwDcWQzq2XvLtZZ02B3WqhKTU7dwzbrikD",
+	"dubcBMZGQ3TOpcVNn8GMDIganh6YcDUTM2HRXdtlg2tqt8bzOfDLc7fc+UyMWzwf4JdMA26WtOHFTWok",
+	"1zM4WlxfgLGBMFvI8gfx7R2RpBOE5yiS2nGNlMTw5yO2/+gJU5J5oeRzFt7wn7jgYHs0z9gUdJs8OXvV",
+	"/xo/0KWgyPJhGvKMJ60mD62EavgzrGR1IRNu20jsGTNWA58xCsZDyuIZvz6Ha0jOVWHzwsb+BYEGk8K2",
+	"UcqS7POwl+hoIr/BTE1RUQe2TXC+QgePWGpVcJLzt/qJ/3X67q2LTnkaVJMJyBQtcHoiYpQ/c/n+n/c/",
+	"xD5UUlZAkBpoRewMjPFRoM26wIFWPdD+aRm0G6yzVop9bQ3LQZO/oCQbC2si52YbsIVII/z/hXDKwFiR",
+	"XC6IwVRieeaThqPO8KuDg1GHWKiWr/552P/Hh48HbXnqCMEREwHpOSfqrDiPW+gjx7Q95HLmbVyXcWMZ",
+	"ZDADJ9KI3XG7uqPO3qhT+t1aKdtr3Ya8tTKl5mfwsVFZYf26q6qlnf/Er2uwjr8gJh1ndDkzi1km5CV6",
+	"wYZ0kkUxZx8YlpGp2ttRx/h1zt3jrdxavsndQwG3uRbWgmzn/TWuArcoe4U5YjFF8lzohaWAtmjEXr1+",
+	"9Y5yyShhbd09QJQi0wrkag9OJ+rQIi2ewhIj1Cso/L0e05Ej8yZ5reOTN8LYNsfO6pCnCbG0Teq55Lib",
+	"1Sj8epoq3fZPJawN4rixvi+7mCkNzH+ay/LOQYfAe0Pir5PGHukBPdtlbAY/OpJaxfF6vBAKKmpk3RI5",
+	"q3jp3YLjviUuq9H4VkZq/3xavfV7lb78VFe2TEiRN0Iu6doUUguYa2BpdwzKGPLOBO7TWycwWSXxZY1d",
+	"Lt6Gou+BZ27fl0Cy3BamGUhRl1sDOP6xtje9AW7g03aDakp2N87pTaf0DFrm5RZ2cE1uYVOoEh9lmQ9Y",
+	"lj4p95kp72YEGcCeWTZTxi6ldWoByd/txd6sw+RpwEnzA2I1l6DjQ5cLt1OEgcX+w/FymVMzETs++yli",
+	"bssiVmYujpjEh5kLFEau/ihiGiTMUXPMBKpzfE1de9AFVBcex22hpeMqIb5clcZOXj1n3xw8+UdI37MU",
+	"LBfkvCyzZpvN9ANPpkJCXwNPEZ3B9vPGdByxWCp7PlGFpD9WCzSitqK2VmnmIGuNE7l6hFvoqdLobdFU",
+	"FQ+uGhRW2Aw2BCRXDYz3J6+ZhglokAkw8urEZBEyNgHr+DTrxnysCns4zri8jF28SSoJve0RXK/4HXjl",
+	"J5Q4i9z2tcmHY7tw1QyfKrGzrSm27an+tSFM77c+JWThA5onVPFspuSwUkhTTEJAM3JhCTPt7RQi87HN",
+	"PyBs6Qp6mt+K96LQc/LBxSqfslzkaBM7B9C7HugCMp5zbXsRA+HKAS3X6PZzy5RMoAxSKB2kaTJVBigi",
+	"bMmS18b6VD7rxv+Z28XTYXzo3ufxSKD0onJtO3UGw/bQplbzz0AWIZL4CWmbkqzTFiXrKsd8Dm+LZq3u",
+	"XcM9P3jBGCQy7m3UQTS2C2O78EV1q4CFwoq2dFLU8TmtW3mJcC3smgDNW5eyEBmUcevOLpsSnOeNtVUe",
+	"LTdRx0U9ztVkYto8sDOFzrNz/NSEubtRLKZFAikzik24duE4CdeW7qz7CW7dXf1B/6Ht+P1EsqhWXf7Y",
+	"OvpLb6zc48aGrqEtTynt3pmHYXe1VyO9rdZrWLsNsBPInFHZblZr9/MaKtYw4wLRdU53terZJWDKBVue",
+	"bodPwvzT1Flpn3526/GkUYuwCaLl6hv3nAs+myPGnTxXOkh4ioXVqjdCaPeBqSd1VnIirckQw7oTUrFK",
+	"mlD8/Dny96kwl+cXbfHuF8Jcum9jQrLvxLctEByF+i5uGe67ZV8dsB/Et70jNiwVnDBL/kCoQejG/b7/",
+	"dx/h6F+IcVzVjPF6eZcPl1WRfzWXR+Qro8WW46uFpYC1caHBl2/fnR4/Dx45queD/cdluZL1ITNXh28G",
+	"vmDtkIGcKJ24pKKPyBurNFWkaXEVki1U6+XLvwiFhChX6xyWiD/H/lw4etjhmZo0vciLMn+zQyFaPedx",
+	"mxe1cVO9zrQlcM1Fa/7H1dY2CnDjyGVWfGmxnXK3vS4OtJNYbRQ4t/kT9xNmiMJnf1iPr/Zw+KcZFrnQ",
+	"YPwzrZaFrxoKWZ4ptTT56qImydZetN0WR2bYVl+3Q0HsKsNsZZKMG3tO/oewi1th65OqMNfXSi7XQtcd",
+	"1OWwa6hMDPmC1SCh2592s6fuDe9Asafu5vKxcw3cdyW0l9Y0O7NcX0HscynCGsYvKG1Z5mqr5CvFx+fC",
+	"tCeSNujxTbVlW4y+ClM1F7uJ4Wq5hn3XYJgA3gpZtpBYjXYCAQQe2MDnawzGTxVE7TH9WwU8ayKtPXni",
+	"y9+pEFXIUGVzxEKpKsu5dnUXq9bMTjJhqQa/0OQ2T3hiTYhaVXsURywmC/NcpPVoVPVB7ldqy1v9onc5",
+	"/6UANgauQdd691xZ6IZUxgq7VmFgMldao/wNBt6pyXh1jRDW3DXAi+6SvgJ9XuisPX1RGWJwbUFLnrH3",
+	"J2+YkElWULI43rvaJ9xuqBn8evj1cO9qvw3k3dm2AjRq8nB9D1cZ2eGkztBb+e60FJYtaVkxgWSRZODb",
+	"TtWkKoGoR3Qp2OLcycqxdM2oJHaoFzWk/KkenUrEW4MNoS/78+j8HVXIhv5bJ8otR35QE9Z1wxVmfMHG",
+	"wC7WhDpdpumcYgRrhAepklBt7bJ8Y1gomZISoUrqtRVNrvKF4l3DnfPKzTLwnRretxBpbcUlKg3kWCFh",
+	"a+gg7PsaPeB/vYUeCHS0VQmUS28C69N88/aKh2euqBClaw4qz+CISQBXqDsG5ro1fCdaWef66OudgoiO",
+	"ndemD+/fMtrJ+tk9N/g+d1Xnnxb4/8w16VHHVWCch4z4tqETjfxH7dFoez17+PCwsbeIxzzL5nxhWPzx",
+	"psUuiDrX/QvVr2AtEvvxxnXEQlJoYRenSBc+CpSLf8KiNS337Pg19Yhww+JnvnWZaroO2bfOqKDGwOQS",
+	"Fq5DMB6wtwAppFSZXtlSmTD2iPHMKObK25QcSd+wC7ofqIziEw2VFBqK/GKpK2omqqaIHkFRIQA1d2kW",
+	"ORDbeJV+9gbRtm+ju8LX7fzu76nef9u7yw4oquLnVowzYK5VoFfOSHF/V/NJ/ruPT/W/W8z6nqv7ZBJV",
+	"kPgdbcLyaAswG9635TVIV8K79M0X4CaiAUZFSJJ9f3Z2XFbpoqhEJuzDNSQFNQKVtvuAvZOVfuxLKKzm",
+	"GZGjugLN+Ei67kkE0eQ8AfYvLrKIcfbCNUKCvBASXMXfP4sxaAkWDEuywljQh+zk5ekZgVDaQxFTEvqo",
+	"F0YSQSK6pZjcEfsRxqdUMWX8M1fALOiZQHOye3z2Uy/MATBsPlUGQgaBupSpcdTV6yVcjuQYXF3nAi9S",
+	"9ytnGhI3EGYwkiP5nLpZDUuUnIiLQgOLK/ORPWXeQP3+3enZ4fG7kzM0YY98A3yTl2giQwp6JOOP1RI3",
+	"S42L8YCdoU9AQUIR2hCk1Tyxrp31O0XJYVcwSktrJuRIxpQNlTzb47mIqU/hAiQVAaShsDsq69bLCm2E",
+	"hKqEufXNlCoHyXMxWPBZFhMS/vY3hnwJ0voRA3jxIXv40Eulhw/Z//s//3d3wXQSOnaboskqkk414htJ",
+	"xv4JC0Q/qnT8iLjf57noX8IiZnssPn329sV3z85enj87fn3+z5c/ncasS8njvoGc08f3BuxH38lM4ivs",
+	"ZIqr13Hh+iIRsUouZqoo+9oNUzJblP0eCCRIvMgypfIxTy5pkokupAsC48Jxvy8kyXjoS9XnhZ3GvQGr",
+	"i3KUwehL0Eo7iWBhcelKAOMevKkEh98HXevPjWsuTYyGQ9WTfwKTmHXHi/oWjBcE+/G709auWpdjwe94",
+	"J1dhNczQ6BFL9MhYvE4+uj0iKSsyYRe9CO9t3kI1wu0UFRNdfKvV3IA2DOkV3UdeCYfIT2nztewGrJfl",
+	"Jiph9DVE5TO4pinGuVZWJSpjcRCZA/rqwaoOCjNXaKparZrZ4Tym/QmC3bVIPnxIPuTDh4fMFwixblUg",
+	"FNV84UbRz54GU8zK2h8uiXRnQlISghZyrzE9wlooM2LdHcqMomoh9xiu7VZzIoaSbfi7sAayyU5lSVzW",
+	"wXJ0v7w8OVtuLTVGybz0FOHvDPHtOp0VxVAGbMcZKrRTh+zhw4Ph/sOHA1YbmYQg7D41ySdr3FKPaSlZ",
+	"9mGrgIg0rHSIq+OtBw8fIlpyRaUSJEHChIVgdSBVjAEkuwJNJbkRM4qJ1ATKHbuKIEiR4xJAdcvqnkB4",
+	"t5MeVVwJ6ZvGcBh2MDwIQpwqnAz+8ZLuJx+CckfrxsfErBsKwnouvxWj8okjFlNpEf7DUVQcjWTsqoti",
+	"1p0WMy7LIrAj9oob++z4dd/YRRYGJxpq62bCum5zP7WnO2utICP91l5ClvghYrcoJ0OCpF55pdnBo0cj",
+	"2TK3JqT+wuAbX0dTOV/GKcffmHPl2G/sB+AkiX4byd/6/T79hzfgm34r+0mog++wol72X6fv3kZ+Ahmp",
+	"9qgkL0rlkrOUeofJ/RuJKqIWCjt1OSowCc+hURfJ/Mv32W+h6Rk/OMBRGzIU7nzMftsyWKzJIP6xA/Zb",
+	"CXHVS0ZzvWgSpJ8aEgY0+ae+Yb81xq65ID8ZfErSty3NW6tGX1IdEuNufl85fqTnV97Hz6DhXQQneoL+",
+	"l0eP2G9+aJEfZFTC84Q+PszTwreGUVpFNd/riCVcU5l4XJuhFYcVcJc5GxcXRyxTFxcIMRl6fSNSiOoz",
+	"Qy/QgEW9PgHmW1ZwkZF8xqSS/V9BK9cs5eaWOMMc0rJZjVoJpNIznrG46nWMIy9Qg4lPhOo8tUwkIA1U",
+	"gZPOsxzR1n80GHaiDoVtyXMyh3t78/l8wOnngdIXe/5Zs/fm9fOXb09f0jNV9WPpXXSizhVoV8vUGQ72",
+	"3V3eoOwcdh4PhoPHrhFmSh7vXufw403U2ZtS+fOv/q8ZWC0S4/+q26P+Eu17uLtupuCavrHDqRuh5Ou0",
+	"c9hBBj+tpUbr01d/XonWo6yuphzRvBhhHJmum6Vapn92m7a1FAW6ibbA4HyZOOR+YlIdaEXGl7ETzFc8",
+	"K4DFV3HELsSVd6cvn17F6yCmOS2d9nmkFvjsKcXH6z1L//P0w9+fDh62zdb8sDRb89FwuGFC2e0mk9Vz",
+	"WJsHOtLMDFnNs1A6BU0T1A4cPG2vKeHeqw3NpEf2tz/SGCRXD+sQWYWAzs8fEEGmmM24XtAkjrqbg+jk",
+	"F2YpZ0b5XdOSTX/uSxMqt8CZadSE7nWUJeNKFyhHGy3L/BJ8gQvrIhcJCcY4G6MXjaTSvpbFtb1z9A1R",
+	"C6DqcA3wAxaTOek8zNCK4kdWOX3pcDNgjQmFI1lXpnNOcXgEjxqhfimgcDHbIkc/MHY+yTldrxKicTWh",
+	"5KvhsEciVY5kMHVQhjsjpS6d0aOuunlq9rjTZd4QJ11en7WGSJzxy1AD0jb5DOlutmohOGQ7kPhINmeg",
+	"HTLuirUCWrs89Lt6a87pcCXDaLf6cmWh7kiSaO+RUp63lLE0F3GOP+IXeDL1BS34s8uHyBSunVsRjJ8u",
+	"ah0yDyvXV+L9c+5W7BHCmnk9J3JRYaN6860XhnUnGb8wYSTMw+ZAmBS0uAoRCoR5qoztjaSSLC7H9Qyq",
+	"YiE06KrrSV40L4S6MrJQbUYkQ2EXN6BmJD1ULB6isqyG21B8iObbOLKqSlBjkChU8V+V+EV04hXHCyPZ",
+	"pfgXXSZBbBhRUbmaqy6oPeJ2xJV/PTAjGS+PjBrkIjW+vgvN1UBlLuwmFy6Sh2QBKVmYqOLwy2iHTZFM",
+	"R9JVAhJ5iGpHWDeeFYacC+4bZ966itpqK/2tvbgX+SlvjlqF231nUjRVbNKYgejC8WDstypdfDZV0Jyz",
+	"eNOM+vuG/yU9tH+rlysJO3Q2NeqxdrrVFabdfGjRX74s3UtxNGi7y4MTq+KpQAUov7yg6t2jgos6B/uP",
+	"tz+0PMAXn3v0aJeXrc45vYk6T4Y7vLNlGu/O+vi5j4AFAb9GIy9bmxQUq6Y+tY9VDFGUmbpacs/wOtDB",
+	"AllG/FmLutT8JTNgr1OY5cpSca+LSYyki5QIyWAygcQeIvQ0cMSrkXoAILgFT4bDNs51D9Q5944sucbs",
+	"rBZWcL+ng0+nzl0opZrYTU8cbH+iHHe8QlGNFNPPH1AaNDM9tWshC+YuraPFF373akOycad7a63EVn/n",
+	"Auw97GejHGyjZf4X31LEyni7gFnxS9u+obplrzrK4uZDq3DaS/0kuZpj3DbM05SV6SFBv5yfZ885xWAq",
+	"AzxU3BcGRnLdHE7vK1CujgIxdAHtmRCRCpkuF6dclU3+A165qQgb/fY7PCoF5beF8995YspdeslLMwPX",
+	"sKPf4lAQcb+mw11zMj7wzfYHylMnPtmcuXuRcQI8DY46D8y4lDZzeYnevcmS5Zm6W2UKpwJPcp/d9CPj",
+	"hgDFrcPHnJ+7CJk6xssDltBZMYDuqXdlBozCY1T+vPlMIeJ1NzM4PQoD0vHaGnFzAfZlNSvyzpi1MT9z",
+	"DasGdP/FefTuee17NUctQCTKuEtZlERVUtLnZ7No6810vtZadryGxA2M+VQ2XxdhPCkkeZcUN/Th5Q1D",
+	"QxvxR/RjXMkNKvlmMkOYkSzTFpr0FFUShCFwtZF2DyjknZUDFtmFVkWOdoKf0RcKWdwytHRcG4EWs/1H",
+	"TyKfqaOmtJjF/j2xn+JFETJXHeTaigfsdaPdj+lC4jMj6YKijffRBLs9VyYwVtdxtaar5CRx5FrzYyoP",
+	"ORge7B0Mvyl9+ZGsJXJd8owmXlfHC7GXFMpx8+OEYYkzwbhdO0QuWGcjuf8VmmdHLC5HEcVU2Wx6A/ZW",
+	"1RNTLAWeZlSjRek+moAU12KueVagNL7QPIGRzEELlR5V4pnkeyqML5ui3HUCWWOEapuoRfCf+zkPdxMt",
+	"qo/Q3SlWNPzMr95kidWmcrLufMoteehh3iYV5PW+mGf/m6NNd2AVFpKC9oF2GkOnbxO02iuPLGk14E5J",
+	"5FROIYkc9H3iNZ4bioNqrBpdGw7ajCvvxt2C71RiwfadEGzyX9mXMRaSk7PWcuLf5jL0pYOxnjsQ+sGF",
+	"21DF3hhR2Dz5c6VfZPNRoF+su/v0pDjTfE675hXrH2HXlae9kg1WbOHA5nl00gcsmnzJupSfFL/CEYuT",
+	"Qmesfxb3Ip8Kp1EFGqQdycCloizvyzOeUP2kRM3jcki4uMubhkPwXAB5Chn5WX4MMZlobbo9LypO30Wv",
+	"/04mvz+9Xh/d2CJffgxDFL/o7T9lWOVHOmDLSwNKOe8qDzao0b3QctGqS0Pwt02bugptY7mNWarAUBLH",
+	"TXx11Z3u0TSi7rWJctNPWFdYM5KuxQnvo3qf3i2CqvjG22vi23PKpvAGiZgvoY17yzz4scJ/pK7bxEOZ",
+	"70zdgYfCqF5fg1PZnTVtSMeyIG6NuIJs0YuYcXXY4wW1KkWMG6opnqi45DPj0VQNFH0SDYfD8oXdCczp",
+	"BHjnwAs3uNzFEzMlL3pHI1n3tw1fEMQa3EThmdJQ59Ili/kgCpLpoD1PiziiswLvmm83ldrVpzN7xHxh",
+	"4ztmY6oXrHlYf04+VvrybuKRz6pe/uY8rkoljhcrp8JWPW+NgrtDXwKn9OVI0mwFU4XuysPWSCiheg4v",
+	"9AC4NAWd00n1i+iNI/sLeSUMNY0683wkQ67BuenV4j6qh++nKh4KmM4bnS/+tJEAiy8LSRV+wkjO8Ukl",
+	"mbC+tqx5QpwD0GUzwwEeh3SRYkvySmglZzQb9RJyW377SNI3+zVDlresrKMVzs7eOASMAeWdaX7ZAxN6",
+	"25zrEHA2ktSz7roTD5mw7EJBDel0PgHio03m4fW7rSmrTye/8e7E76gg2/6qdVFB/LUsfvkL+w7/nrE7",
+	"3N3NVT3VqIw13kY1IPMOcj5lzrbRH0pMypmEebOVdMCeyYWXVjO+KLv+qt5D+u1oJF3jmywbHr2E8611",
+	"ZXzCS47e0mq1ZwZlRa+fdzmSbviF64vO/Mj4Kye3W+fElwENP2FGzdBdT6na2QMeOhbXFriG1vu7EEWN",
+	"2fx3LIvqNaxtB9VL+28oiz5ZtNy9fPiBaJ44rTYL4lbRCCcf9vx43E2FqSfUJGtqjOMajPwgjqrZn4Z8",
+	"L5/wHmTYJUBuaoccxsvTeGNXBW+WZqjS1IZQ7DqxoOdcp2bAnnN3riLJnLJRfiS7UpU48f3I0Gv2uH7T",
+	"xrD+1opj78hlas4/buEmf8OfubD1j/J6lmL1SJblycioF7Iw6eReSpyo5/RzKdilkDgu/cfX5B5TV+3g",
+	"38pi/DNbfRrgV3AuaG2SxwNTOzl0c4H3GkLV6nrh6/D2PubcTm9+F9nuWosUtaVENfUlOUf5/cmbCJ05",
+	"FOluBEl53JySS3oAoT9yfXbuLC5mMm6mYEayG6/9aBoByXOxR5Pq/vOXp/txNaglXvrFG3JU0ls/Gq38",
+	"a30p70rx7pqdcEd3rO06robs32nYbulwgHXV+KGl5K9cjk/RtCYlliOkTLVVgRlxg3+frlnnc7l209wu",
+	"Ytdj7pwTf7yKqZ8vXPaWen/s+Own1o2RYuNe2QFKJ7Ug69Ccuphi3qHAjYJhvkuXyzAzoTEVq1vGYvbZ",
+	"D+LbWpNm5KcalYdsULrMHWph/HglVVj/KV1u2LscpMcADS9IH5hy6ocvzA2YdgGnUTC6w8f7IZ7uVJpy",
+	"SI+HOwr4mimqIublwTXcXLrJYNUJNiNJiDmqZiT6c2yOWCGtyKiJ2NGDH1AhjJvx5E3RuHGKR8yGaOqW",
+	"1ZF1H7QiqFsdTdTwS2kqmXdM13uhtaM77sYVXTkG6o7d0dr5PC2y69QdOPQlNvbvGRuj7WV8RQyvSOG1",
+	"Knjvo9nSi/lPkfmaVL94ZYO54uKIJZly/ZfVTJlQ5Orb52luS22NwZpeyiX2/NJOuURkhJr71Pm4+7VN",
+	"3IXW1ndW3s/u1k9n2mjNfdnfRqHDDht7h26S//ZNMYYgrfbm5o59tu3A0Ni+u8konAZZ6UZsMKuYVHP2",
+	"92owRzyMD6sZHEdL51gtm1RJoV0Jo3++tzaeP2DPypfQuIy158ISDH7sIqTRSIbaDk3lU0pCz83aOhgO",
+	"meSzcExnOFa2NegoYX63GcvGeWatdtm9hZMIlC+G2Z86s/Dy2oJMG8GncLLyJ8We3DTSu4mSurX/+DDp",
+	"iUtqMH7BhfwSLb0nP+BsyufV5MfdBmC002jjSIvPr9ue89wWGpYTW7WDA6myhwrn1XxT1ox5SisDIGAi",
+	"X1zoi+xp1FQOkvkGO3cQogaqCU4cIOlhrbSApoaFeVojWdZO+cjKRIOZ1sLPPiwbVgoTGuoVPFSMXGgk",
+	"A8YTrYwZyTA1W0OI2CCcc+mKsXDFMOjaVsc5pQ1MdKtJ20oyXq059wGlS1iY3oAd+9FYfhRbmOocgHNZ",
+	"QJooSpNhTZG7obvxhjFV4QCTu9HQyweb3HUuvzyOpSV04n/7Ej75c2vp05Kc2wXKpxQMVSfSbBkSdBqm",
+	"l96dvq0fnbPOn3UDVv/CqYmzhjohfNxb7rvIw6CgO8h0uIJZV1lKA4Vobnd5KE9MQz9rh/bErLt9aI+r",
+	"hU2FXm10Y7U+t2YjW7J5jtHx+9vMMWrRLw6Nt+p+ux0nNQ9puuf+t8ZBSV8a4P5Ejet/RPPcJ4wlCrKn",
+	"bp+vn9hd3nWXmql+Nt46zRQAKWuT6Dh1tG7VXJqIqSwFY126cnAf06MbcJganjZZB+HS9mzJiZuF6xKg",
+	"bmoJdS662r1gwIdhwKHXAqUqTS+0VE1I2OgdoUVTtgIsHSnGXQOjkqT9F8anZP25FhuGVdbt9/+96ZX7",
+	"LdHbPnKywmobGW2YNXkP27HJyanz6L3tx+7orcY/bkPwLU0v/6yz6rbAQxN/3LLusIc9Mtg8HCvRe8+i",
+	"LaeyscapQrWhteWAuEHtXIRS9q/Wjr2qvJtKwPok3WVjkRJHLQVo9dPfmNJUBrPLKXDdlSKV2tl/vdrb",
+	"c8qftxW+Ldel1M/sqp940p25YeBsvGBT1z9Vzr+rDmlzh7nV3zyHsaH11xbe4ZZSldA1JViCYHWT8T71",
+	"tbRcyyu/p1M6IlYeHBAxf1RH5KrEU5UUs5Aup3omd0hX7Yg+IsMSovpbVW6Qiv9/AAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
