@@ -89,8 +89,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
+	ceilings, maxPids, err := cfg.Ceilings.resolve(cfg.StateDir, cfg.PidsMax)
+	if err != nil {
+		return err
+	}
+	log.Info("ceilings", "memory_mib", ceilings.MemoryMiB, "cpu", ceilings.CPU, "disk_gib", ceilings.DiskGiB, "pids", maxPids, "ttl", ceilings.TTL,
+		"env_bytes", ceilings.EnvBytes, "metadata_bytes", ceilings.MetadataBytes, "files_bytes", ceilings.FilesBytes, "files", ceilings.Files)
 
-	p, err := newProvider(cfg, log)
+	p, err := newProvider(cfg, maxPids, log)
 	if err != nil {
 		return err
 	}
@@ -116,6 +122,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		MaxExecOutputTotal: cfg.MaxExecOutputTotal,
 		MaxExecs:           cfg.MaxExecs,
 		MaxExecsPerSandbox: cfg.MaxExecsPerSandbox,
+		Ceilings:           ceilings,
 		Logger:             log,
 		Metrics:            met,
 	})
@@ -194,7 +201,9 @@ func authMode(cfg config, loopback bool) string {
 	}
 }
 
-func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
+// newProvider makes the provider cfg names; maxPids is the ceiling on a
+// create's process limit (docker's pids_limit).
+func newProvider(cfg config, maxPids int64, log *slog.Logger) (providers.Provider, error) {
 	switch cfg.Provider {
 	case "local":
 		images := cfg.LocalImages
@@ -251,6 +260,7 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 			DefaultMemoryMiB: noneIfZero(cfg.DefaultMemoryMiB),
 			DefaultCPU:       noneIfZero(cfg.DefaultCPU),
 			PidsLimit:        cfg.PidsMax,
+			MaxPidsLimit:     maxPids,
 		})
 	case "kubernetes":
 		// client-go logs through klog: into the gateway's log, at debug

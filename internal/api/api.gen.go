@@ -175,7 +175,7 @@ type CreateSandbox struct {
 	// SnapshotID Start from this snapshot (one the caller's key owns): its files, its source's image.
 	SnapshotID *string `json:"snapshot_id,omitempty"`
 
-	// TTLS Lifetime in seconds from creation (default 1800; 0 = no expiry).
+	// TTLS Lifetime in seconds from creation (default 1800; 0 = no expiry, refused when the gateway has a TTL ceiling, `--max-ttl`, by default 24 h).
 	TTLS *float64 `json:"ttl_s,omitempty"`
 
 	// Workdir The working directory (created if missing).
@@ -364,7 +364,7 @@ type LeaseList struct {
 type LeaseRequest struct {
 	Scope *LeaseScope `json:"scope,omitempty"`
 
-	// TTLS Lease lifetime; null = as long as the sandbox.
+	// TTLS Lease lifetime; null = as long as the sandbox. At most the gateway's TTL ceiling.
 	TTLS *float64 `json:"ttl_s,omitempty"`
 }
 
@@ -899,6 +899,13 @@ type ClientInterface interface {
 	// error), or with `allow_partial` the ones made, and for each failed one its index and
 	// problem (an error only when none was made).
 	//
+	// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+	// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+	// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+	// (names and values counted), the number of `files`, and docker's
+	// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+	// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -920,6 +927,13 @@ type ClientInterface interface {
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
 	// error), or with `allow_partial` the ones made, and for each failed one its index and
 	// problem (an error only when none was made).
+	//
+	// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+	// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+	// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+	// (names and values counted), the number of `files`, and docker's
+	// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+	// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1156,7 +1170,8 @@ type ClientInterface interface {
 	// RenewSandboxWithBody Extend a sandbox's lifetime (owner)
 	//
 	// Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-	// `ttl_s`). The body may be omitted.
+	// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+	// when there is one) is a 400 naming the ceiling.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1166,7 +1181,8 @@ type ClientInterface interface {
 	// RenewSandbox Extend a sandbox's lifetime (owner)
 	//
 	// Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-	// `ttl_s`). The body may be omitted.
+	// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+	// when there is one) is a 400 naming the ceiling.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1311,6 +1327,13 @@ func (c *Client) ListSandboxes(ctx context.Context, params *ListSandboxesParams,
 // error), or with `allow_partial` the ones made, and for each failed one its index and
 // problem (an error only when none was made).
 //
+// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+// (names and values counted), the number of `files`, and docker's
+// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -1342,6 +1365,13 @@ func (c *Client) CreateSandboxWithBody(ctx context.Context, contentType string, 
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
 // error), or with `allow_partial` the ones made, and for each failed one its index and
 // problem (an error only when none was made).
+//
+// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+// (names and values counted), the number of `files`, and docker's
+// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1818,7 +1848,8 @@ func (c *Client) GetPtySession(ctx context.Context, id SandboxID, sid SessionID,
 // RenewSandboxWithBody Extend a sandbox's lifetime (owner)
 //
 // Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-// `ttl_s`). The body may be omitted.
+// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+// when there is one) is a 400 naming the ceiling.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1838,7 +1869,8 @@ func (c *Client) RenewSandboxWithBody(ctx context.Context, id SandboxID, content
 // RenewSandbox Extend a sandbox's lifetime (owner)
 //
 // Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-// `ttl_s`). The body may be omitted.
+// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+// when there is one) is a 400 naming the ceiling.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3390,6 +3422,13 @@ type ClientWithResponsesInterface interface {
 	// error), or with `allow_partial` the ones made, and for each failed one its index and
 	// problem (an error only when none was made).
 	//
+	// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+	// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+	// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+	// (names and values counted), the number of `files`, and docker's
+	// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+	// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -3411,6 +3450,13 @@ type ClientWithResponsesInterface interface {
 	// `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
 	// error), or with `allow_partial` the ones made, and for each failed one its index and
 	// problem (an error only when none was made).
+	//
+	// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+	// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+	// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+	// (names and values counted), the number of `files`, and docker's
+	// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+	// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3675,7 +3721,8 @@ type ClientWithResponsesInterface interface {
 	// RenewSandboxWithBodyWithResponse Extend a sandbox's lifetime (owner)
 	//
 	// Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-	// `ttl_s`). The body may be omitted.
+	// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+	// when there is one) is a 400 naming the ceiling.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3685,7 +3732,8 @@ type ClientWithResponsesInterface interface {
 	// RenewSandboxWithResponse Extend a sandbox's lifetime (owner)
 	//
 	// Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-	// `ttl_s`). The body may be omitted.
+	// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+	// when there is one) is a 400 naming the ceiling.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -6067,6 +6115,13 @@ func (c *ClientWithResponses) ListSandboxesWithResponse(ctx context.Context, par
 // error), or with `allow_partial` the ones made, and for each failed one its index and
 // problem (an error only when none was made).
 //
+// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+// (names and values counted), the number of `files`, and docker's
+// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/sandboxes (the `CreateSandbox` operationId).
@@ -6094,6 +6149,13 @@ func (c *ClientWithResponses) CreateSandboxWithBodyWithResponse(ctx context.Cont
 // `SandboxBatch`: all or nothing (a failure deletes the ones made and answers the first
 // error), or with `allow_partial` the ones made, and for each failed one its index and
 // problem (an error only when none was made).
+//
+// The gateway's operator sets ceilings (flags `--max-*`, by default derived from the host)
+// on `resources.memory_mib`, `resources.cpu`, `resources.disk_gib`, `ttl_s` (under a TTL
+// ceiling `0`, no expiry, is refused), the bytes of `env`, of `metadata` and of `files`
+// (names and values counted), the number of `files`, and docker's
+// `provider_options.pids_limit`. A request over any is answered 400 listing each such
+// field with its ceiling (`must be at most N (the gateway's ceiling)`), and nothing is made.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -6502,7 +6564,8 @@ func (c *ClientWithResponses) GetPtySessionWithResponse(ctx context.Context, id 
 // RenewSandboxWithBodyWithResponse Extend a sandbox's lifetime (owner)
 //
 // Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-// `ttl_s`). The body may be omitted.
+// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+// when there is one) is a 400 naming the ceiling.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -6518,7 +6581,8 @@ func (c *ClientWithResponses) RenewSandboxWithBodyWithResponse(ctx context.Conte
 // RenewSandboxWithResponse Extend a sandbox's lifetime (owner)
 //
 // Sets the expiry to now + `ttl_s` (`0`: no expiry; null or absent: the sandbox's current
-// `ttl_s`). The body may be omitted.
+// `ttl_s`). The body may be omitted. A `ttl_s` over the gateway's TTL ceiling (`0` included,
+// when there is one) is a 400 naming the ceiling.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -13776,198 +13840,203 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H39chs3lu+rnOJulUlPk6IcOTORyrXlOHLiHX/oWnLNpkKvGuwGRYyaAAOgRTGOqvYhbtV9g/si9032",
-	"SW7hHKA/yG6SUiwlO+M/piYWu9H4OOfgfP7Op06iZnMlubSmc/ipM+Us5Rr/8z23evl8Yrl2/0q5SbSY",
-	"W6Fk57BzyhMlUwPM/QyLqUimYKcckkxwaWHGlqDd64NO1DHJlM+YG2MmpJjls87hMOrY5Zx3DjtCWn7B",
-	"defm5ibqzJlmM27991+KjJ8wO13/uvsrCGlEyvGrhsl0rK6PQPOMWXHFYc7s1ADTvPyTVfjsQunLVGg3",
-	"MeHG+jnnetmJOpLN3Hzci52oo/nPudA87RxanfOVNbzm8sJNa79YhbFayIuOW8Nrzgx/9d36pJ9D5n4C",
-	"kUYQZ6YfA5Mp7H8NmVpwnbifxszwr55AMmWaJW4boBvjS+cijUFIYBCf0lrf80n8yEDMr61mca9Yjp+/",
-	"X014eeOK+DWbzTN83PTZOEn55GL65KuDp1//+TLruFOxlms3+H9mpv8T6//ypP/nj5/2v775107TDpwo",
-	"bZuWP1faNpxaBClPMqZ56lYYu6dMDMxCojmzvGVl7rHN58Suida+fvr0q6dRSXv7DbQXdfy2Nh3cWTlX",
-	"Ojwzvvan92S46fRapr7zcbjvhPMQfw8nMpP1M3FPFYfyZNhyKKfcGKFk2/pOzn4EQ4+ASFsmbrbMfBtr",
-	"nEo2N1NlaRKVdcp52zrvMIvq1sj51q25cWOZuZKGo9R5nmnO0uULJSVPrPuAE5HScolEzebzTCTMbd3e",
-	"XKtxxmd/+rtx+/ipMod/1XzSOez8y14pXPfoV7N3Qm/Rp1d4RCo75TpI0anKUkOs4o/G0Vxs2SVXV1zH",
-	"sGAGpLJguIVunKiUxyAMxM9fvz9+/t2P5y/evX17/OLs+DsnIG6izrcsfc9/zrmxD7mqV/KKZcJx9zy3",
-	"RxBzrZU2MWTCWAP8iusl+I/iLF8oOclE8qBzrPG4cYII7wqt5AUYyyyHidJgp8KAph2ELh9cDGDOcsNT",
-	"UBqMVfM5T2mnXyo9FmnK5YOSD1h1ySVOlXlSKoSs+xuYRM3dTaic2KosSeVO0N5EnbfKvlS5fFCq/yAv",
-	"pVrIYv+7SsNEZBzn7OQ8bekJW2aKpWdKvWb6gj80dYRjH6t06Ugkc5Nw+8cksMzdAilO83/lyrLj64Tz",
-	"9GGFR3WSC5VnKThBQVoZyzKuHxl4fvIKLvkSnPgABj+7udYkB/7lnPvpx0cjGafcMpHF4MQvSSN86DCc",
-	"FzcRzPhM6WUEqTCXERgv5w2yhf8HjJeWm94ATjkfyfj74zPYu9rfw7HiwcgJ+1Xds18on01b4p/eq6ip",
-	"N3TT6SuR8A+SXTGRsXH2oKTyzu1swuYsEXaJFOx2bMySSy5Tt8W51JwlUzevwWdcM94PfwDuxSXn/m9V",
-	"raJKZS/evT07/o+z87fvzs5fvvvwNtxPHyTL7VRp8cvDss4bYYyQFxHMWDZResbTCPj13OkXbjmaX6lL",
-	"njqFNOXSCpYZP925Vgk3xh3msbTCLn8vhr8SKmPW8ye9u/WmvQlaE1Lft8wm05dMZLlGhplrNefaCtKK",
-	"hEz59brq+Dc0/NQEPxsnKpc29nq7ge6w71TiFI2TVZU76viJ7L4BVaXvJz+jcpiPxTfU+O88sahJ4Ey8",
-	"ao/nkabCTZ1lJ5XlTVhmeLSyYpTp53Om3Xk3rFzYaVhxBJecz6s2DTcwYymHxZRLwIvYwISJDLopn7A8",
-	"s4DfxJ2ReealFGmyfhVjpTLOpFsGfmV9Cm9IvAv3LbmsfBrPo9RUjnBmTJoF1479SiMSzzx2kyitpYO6",
-	"qdQyu8o5cmn1cq4ETVFYPsP9W9GzW0diWrMljXPVfkS7j1eevtMhzK2GrO/vS/c+WAULLSyHMZ8ozT11",
-	"g+Y219JE6GmA/igfDr/i8OHsZf8vYPm13XCy5QxFmvFzK2Zc5fbcNHhZrJp7FwseaObU0YWjPKmAX/Mk",
-	"QkXJySgnaq1mk4lI0EqQCpi1LJnyFH8jk8LNygk4ZjuHnVTlbnJRzS3TMmeZz8Z03GLGSPmqT/WFkpYJ",
-	"6SjMPQDdwKswXkKqkkuuewPIVMKyQ6RHp044SmXSv+F17gtm+YItHxl62P+YCs0Tq/QSunG/j7/08RcT",
-	"9w6BgVbK4l6YpbF8Vj7vFd+YpgCGXfHY/endi1eQsaXKLVimxyzLoKvmRCXZEmI3vYFl+lDzuTq07CLu",
-	"HYFjM1KrcfbIYhPU//FQDoZD94OQF7gSmp/7T83xTKZq4ciJpSkoyaFLC5ROLsM8zzKnHT0fG2f6KQ3u",
-	"JGirklwzy1O4EnwRhO1UmU00VtL0jFuWMst+AyO8R1rnKTADwhxBjhee+xeK/YyNeRa73XeE6ufnrpyd",
-	"eAD9PQ0uPvdnt1v8eq6Mk3Na5RdTKBTHQtztfRLpzR6XKcogs/fJjXiDUq0QRrdxBm2RVFEnl+LnnL+i",
-	"sd0TdJldiZTrc6KhDWKHhlxZrH+7b+Y8EY6F/TBHhSp1yZfBn/l39Es0ktwlXw4gDio3eQ0NsCThc/cK",
-	"UqKz/rpv+RsF3y9nj4yzAmc9pM8ZZ5LO1Kp5P+NXPIOJ4Fm600Gi22STNPtBLUiCOZHKhPX2Z2l4WwVj",
-	"nqiZWyRLl59BWGluVK6T4kZ/N+kc/rRZ33hfvHLzcfULTmMq97ZJXjNtYaLVjOR1Yft0Hb/XLDG0whbS",
-	"9A5BWEOiK8L/pM8/MiQ/duJxa7OmDX8tJtydhxOtxjvscXJ4h6FSHtSR/b8Mh0cwhGd0s8yFXvY+w/57",
-	"Z3uzz9H96Ai3Itvpck1BTGBGOnlvhw24aaDG73jGLX/PTZ7ZdXU2xV/Tiuwr1K0VNTM82aRefqcWMlMs",
-	"bfuKNwTM+fjrg+YtcMf+yJBpHKED+euDPpfOUkoHjX7c6txq4zdN8NgLxVdyotanF0Rm3Rk7tXZ+uLe3",
-	"/+TPg+FgONg/PPhm/+lXnQaqq5iuO18sK1NcWVAxo3LwxmVd8+TYmTZn+Mu6UbIkXlOzmRNrqUjRS6pz",
-	"6USM4/mMu2eP8I4lJV1Y95zbcy4ddf/U8ZKsE3W8fKrMpVyQm0vFp3oLA8NPb33+73PplKbYTKGfxNAd",
-	"MzOlSc41d9oB8sRGZ3vUSRYNI3/nuX0lDrZVvnx21RwXoq/4+Zgllxda5TI9N+S3aZBjuH2FrOodgje7",
-	"vbkbzjnjEwtjPhUyxZvyUmSZuyf98XqN/Wgk3aRQs1qS4aZzKYW8ICfUdnPM2FTIZp4+tUymTHtfdxNH",
-	"b5fl7Rfod6Ww9qT7DPymfAZZnZumQO8HE7RdpSEX6W7iuC6liM7bOLlVes5z1CaaduLFyQfAm63rZg1/",
-	"AlL7e0H7DCTh/uf+XRKMsKh78NRpH1HlZixU7wVpSfQWqmWQMOkEiOXOSgjGTOOOr+1q6nR3oeT5bKNG",
-	"VJmzZvLQqWImp5DoerwU73BUFVDfsAr/wa+FjVpm722N3hFwx0pec/emFhi2AFEnISHt1weNbhv0KZ1b",
-	"L3l306nqArtRr1Jqdk4M23xTht1ZMBMY26mPC+aMpYl3QEO3sk+PTPhrJmbCOvNtlwOuXLsVnp9zdnlO",
-	"w53PxLjBXuHsEjR3hyVt+HCdGtEUDeYR0xfc2ECYDWT5Rnx7TyRJgvDciaTmvXaUBO7nI9h/8hSUBC+U",
-	"fBDJq+sTchY2e/eMTblukidnL/t/cQukmCBqPqD5PGNJo8qDI7lr+DOMZHUuE2abSOw5GKs5mwE653kK",
-	"8Yxdn/Nrnpyr3M5zG/sPBBpMcttEKSuyz8+92I765teYqS4qqpNtEpwvnVmGLLUuONFkW1/iv5++e0ve",
-	"Kk+DajLhMnUaOL4RAQY0KQHjp/2PsXedFEk5eA00buyMG+O9QpvvAppa+ULz0jLerLDOGin2lTUw5xrt",
-	"BSVhLKyJyDg23OYijdz/Xwi6DIwVyeUSGUwllmU+ijvqDL8+OBh1kIUqCQQ/Dft//vjpoClxIHLTERPB",
-	"03OG1FlyHrO87zim6SVKYmjiuowZCzzjM04iDdndHVd31NkbdQprWStle43HMG9MlqrYGWxsVJZbP+76",
-	"1dLMf+KXll13v7idJM7oMjDLWSbkpbNdDd5J1ok5+8hAhqpqb8c7xo9zTq83cmvxJXomcnfaQgtruWzm",
-	"/RZTgVkne4U5ghg9e+QwgZQ7XTSCl69evsMoppOwtmoeuC11TCscV/vpdKIODtJgKawwQjWlxT/rdzoi",
-	"Mq+TVxufvBbGNhl2Voe4TfCAbbqeC467WffKt9NUYbbflbA2iOPa+D4PZqY0B780CrsvuA6O+JrEb5PG",
-	"ftPD9myXsRn/G5HU+h637wtuQUmN0C02Z31ferfguG+Ryyo0vpWRmpePozeuV+nLu5qyRYAKrRE0SVtD",
-	"Sg3TbJlLs2FQeH53JvAyZ3KdxFdv7GLwpi36njTm56m/bZopwOvV/YU7bRaeBdLAnKDMMvTn0m1Td0wJ",
-	"c3k+ztMLbs8vmvRMTFTChKRU6ErE45EXx//v/0Dc77th+uqKa6d6ChsXrj0aelfbxU3Gz2KHx53GVDub",
-	"dcHuNWi/wEZF+gdlCv2ZFrPjOtqvk016+xv6Eo1vKVzlzicTV5Vo7o4f+jnnec2rWL3TNu3MChHWd7L6",
-	"bvGN2qoqR9W0x9EaWTXR9g+cZSTTVtjNMpubupNQXW51TvrXmr5EKdJexVtJn5Gctp5ypbsUHENVQl1y",
-	"2cAx3mV8KyWMcjuMf6c+g7fkV3GTME6Mo33uDeYiQ82pkm5Sc6aDP67xy1u9PUWC9g552A36nvt6YyQC",
-	"FUrcwsUUw2eYGDhzBJdSbEJJ7p1IQbGknURlzb1ILjVmuAnvoVLNZMgi28mdhRmH2+QzEsQpPrlKRpUM",
-	"dhqquuyoevq1Y20lu2aNida5831SEvC268QP3Dqdu923xabu5n6pbu/HqLykO25MZvmmEBKSQuYDSYXX",
-	"sZkvfrMT8qZtm07Dguuzi9VCch0fUmqTnQrpDFi/KvfnIkXCRHBy9mMEJJUiKMLFRz7+TnGeiPJ5I9Bc",
-	"8kWEhA/4kQgj2mU2mGeNqkWAzzkTwO9qU7jgpEx6Wk39hvcvX8A3B0//HFK0gDIvG0Reox38hiVTIXlf",
-	"c5a6PQ72vHeQxBHEUtnzicol/mM9CS9qyhxv1FBpZo2+f8o5u4XtUTgyGqyP8u5Zv1CtsBnfEGRaNxo/",
-	"vH8Fmk+45jLhgJ46MVmG2HnYdfc2dGM2Vrk9HGdMXsYUQ5BK8t72qJw35mh6xRKKPYvo+JokwoldUsba",
-	"XbXwbGuyw/Z0rtawlPdFPqPcFmm5ZgkWVpkpOiExTCUmIUgVkavZTHs73RM+XvU7hKIoabO+VvesE3Mk",
-	"NCj+9AzmYs4NdMmp591JKdca2Jxp24uAC8q5t0y7+5JZUDLhhePZJ/XAM0jcpYxRPoveGW2sT9eCbvxv",
-	"c7t8NowP6Xt+H3EqvagY207JCNwertJq8RnIIkSH7hCKL8g6bVAuKTvY6zBbNMry2RbueeMFY5DI7myj",
-	"jtvGZmFslz5xen1iIXmuKUUguqPSKWyL0/0thaFFxotYZGeXQwkO0Y35s35bbqIOebLP1WRimrxqZ8qy",
-	"zDvz1AToaScW0zzhKRgFE6YpxCL5NSX0V30/NO6uPj6/0Ob9vSNZlKOuLra6/YWHrTjj2oG20JanlGb9",
-	"0c9h92uvQnpbPRJh7KaJYbXJ+ny8B2LbLNbcGc4iETNht84fv/uaHkXp4N3/W9/5gE+uqck0UhgoKhbQ",
-	"uubXxTQbPLpK8qLUZcbIgUiEW2aXxv0+1p70H8cwydiF6R3BkAo0cDbkUWzwztzCIVLzO+zi9676CFZz",
-	"uar+CB/g8Cl/jwyQVyCk3reE5ELqGrL4rlMKtTw7uC2qboo270Q53tqEWs/6Q6Cu9tNYSZQQ5rLu0il3",
-	"aoNjZ9eT3O5B2ulz7Zuu9HzKJE/P73Rka283kNO7SZkmauIILHoJyFdACYjVcsgLJVvCvKXHa93/QBsQ",
-	"qkEWTFinavs0b3xx8Nu4IETJvC9iF4pfm6XQIfuuJXOCIuyYPhGFRPYjYOVD1kkcH45HR7iB4a5xrvYD",
-	"Oi1q6PwKMVUJo2wTpTHE5lRwybIyy1RQNTBOoqXsZgPHbnUsbmDdRqJrp+MmTn/PM3KINDv9Nf3coo9p",
-	"PmPCXfznpSdny9KLARvebp6f5Iu7GWaFb+WzO0fe1/KbN81oNaPfMzldvI6e0TJROtgqGKmvZIQHcn9k",
-	"qilnaxlbjalaBroTNBaVNKFW9nNkF2+5AHBtTt58L75tmMFRqEZhFp05Fr4+gDfiW9QDgqkmzEpRSkiY",
-	"7sb9vv9virZciHFcVriwajGKF1NlXpJayCOM5DmBOHefFhbTaQzd68dv352evAjxQmdoHux/VZRAWB/Q",
-	"p7JtM/BS6RC4nCidUMqjF2XGKo31M1pchVQwZzp64JABbiFuFFVmhiHiz3E+F0QPO7xTkYkX87zILtuh",
-	"uKV6L9/mQ83cdKUuN0ggrAJtzuLDCrwycGGAy5R7nbN0p2POXj62mvNdpHP4YpM4qlbwNaQAMdGYSUdV",
-	"i7XSRrz8eXFN421Gr9cqaDYp9rXS0SYv3sMEbKOw7A371ZxYdC8xJPQZVqNGU0Tr8NUVdw8ZIeNuqy/a",
-	"odRwnbm3MnTGjD1Hr5+wy1vt1p2q0NprxVarTKtu4dUEllCZFTKv1kNUdD7NzoaqD3oHij2lh4vXzjVn",
-	"pilPIBQp1EFHqGI79llpTlywC0wALbJeyzRWzDRaCNOckrdB59hUpbPF1VLuVMWxXd/hcrj26FyY3hpZ",
-	"NpBYhXYCAQQe2MDnLW6auwqinWJ9m1NHKiKt2WnhC4uxEE/IUK9wBKFUD+ZMUwb7uua1k0xYqW7ONTqr",
-	"JyyxJsSKyjOKIyihxyoUVi6IfsXAcoN9OWc/5xzGnGlnIhWwNFQWtyEpbI1dK1Fxp1o15kvVGHgn/Kzf",
-	"HqeOOljBos9znW1MA3pkgF97U+3D+9cgZJLlmHYb713t495uqL76y/Avw72r/aYp78625USjOg9Xz3Cd",
-	"kUPAvWTorXx3WgjLhnwEMeHJMslCApOalMnk1TgqhjjIiVu6cwlnCcUOwiyF5Gmsx8US2UYXfzCjP8+d",
-	"v+MVsgFaikS5ZY4f1AS6hJw4Y0sYc3SztGcEtjkxUHjgVRL8AJQvOeZL5XVOrCTd4uHAKNOwd0vPxTrP",
-	"tWO5bSHSyogrVBrIsdyErQ77cO4t90DV77LbPRDoaOslUAy9aVp38yM0544/p/IsJ13nXM0zfgSScyp5",
-	"HHOganWP8VFUDD75y06hO2Ln1kTMh9eMdtJ+ds9E+zCn+t27hds/c3Vv1KFc9vOQW7wNT7GWdVB5Ndpe",
-	"GRwWHg72Fr6j59mCLQ3En24a9IKoc92/UP1yrnliP90Q1hBPci3s8tTRhfdYzcVf+bIxGSaEb5iB+LkH",
-	"hcLqmEP4lpQKhFxJLvmSsFfiAbxF0DKs8S11qUwYewQsMwqoUEjJkfRQSFz3A5WhL6V2JRWOVy9qqDwU",
-	"qRq9jziLcgPczV2oRTTFdgxYUoi2rQ2fCqvb+ds/YOX0tm8XCBBYD82sGGccqOi6BJOlf5fQm//Rd2/1",
-	"v1/O+p6r+6gSlTPxJ1qfy5Mtk9nwvS2fcXQlGhNJ3SE6BQzLOST8cHZ2UtQ7OlHpmLDPr3mSIxBCGaGB",
-	"d7K8H/uS51azDMmRQPNG0sO2sBk3c5Zw+DsTWQQMviOIGS4vhORUO/XXfMy15JYbSLLcWK4P4f3x6RlO",
-	"odCHIlCS9929MJJuSki36D88gr/x8SnWnhj/zhUHy/VMOHWye3L2Yy8grBkfvvFxewSnQUgeqnxKmBzJ",
-	"MacKuaX7I+IKMdA8IazTwUiO5AvECTKQKDkRF7nmEJfqIzwDr6D+8O707PDk3fszp8IeeWixOi9hKDXl",
-	"eiTjT+UQNyvALfEAzpxNgA5NEQq6pdUssYR+873ClCwqvcOhNQg5knEIgOyxuYix4vuCS05QOb5ENioq",
-	"gItaVzcTrLdk1oPJqDmXbC4GSzbLYtyEf/kXcHzJpfXgbe6Pj+HxYy+VHj+G//6v/727YHofsJDqoskq",
-	"SiosiW8kAf7Kl2773ZXuFhH3+2wu+pd8GcMexKfP3373/fOz4/PnJ6/O/3r842kMXUzZ6hs+Z7j43gD+",
-	"5jGiUHyFk0zd6NW9IFwYt7FKLmcqLxDDDCiZLYvKeTdJLt0fIVNqPmbJJYJ06lySw9oNHPf7QqKM532p",
-	"+iy307g3gKoodzLY2RI40k4iWFg3dCmA3Rm8LgWHPwddwSeKKyZNA2Q2dMfL6hGMlzj3k3enjahC5Mx1",
-	"63gn1+dqwCCoo0V6BIjb5COdEUpZkQm77EXu2fojWG3ZTFEx0sW3Wi0M1wYcvTrzkZXCIfIQ7D4Mabj1",
-	"stxExRx9rm7xjhvT5OO5VlYlKoM4iMwBrnqwfgcFNEuETK/UhdKex3g+QbBPmQEGjx+jDfn48SH4XF3o",
-	"lrm6UcUWruXf7mlu8lmRhutmOhMSoyU4ineyU04uboUTDfxKIZ4M/djD/Qy5wNBtzQV2oxfpwFH5IXoz",
-	"+PPpC+4fGMS2hmeTHXKHGRJGZdItecTEKbVvom1GH1BjJ8jdPVYZCbf7Nc3OWWzAwGrODyvTDF8havFx",
-	"CMeF9O0ACUk/+CT/IDlRWGgmjbDiimdLEqUsPOaLC4SdqtxCjP682INmmjI7xd/yzkT1LwqLEz9zdEWI",
-	"Vgp9RQPYEYUTKfIQHj8+GO4/fjyACuqxm/PuwMc+gEZDfYVDyQJvS4VjTcNIh2509+jB48fukOcKEzFR",
-	"UgaMvqBdOeofcy7himss4ozAKBCpCRw6pnxjnjrJknCnVkDV4gnfpgMq/WeOjxHI0cDB8CBcVpg/bdw/",
-	"jvF5tJUwntcGQBpDN6Sb9+i0YnfJxhHEmLjs/oP4I44qGMDdaT5jskgxP4KXzNjnJ6/6xi6z0P3BIHwX",
-	"CEuoYh73tTtrzE/He7w5QT3xOOC3SFZ3bISYaErDwZMnI9mAfBrCsQE61WfplkamISXgVyCTFX6FN5yh",
-	"xP11JH/t9/v4P/eA+9KvBQIBYr4cltQL/3767m3kQcRRhYkK8sLwOhqFqTcM6b8dUUVYdI8MxCxwk7A5",
-	"r9cf+Y/vw68BJsstOMyjAlMbnvwKft2CDV5nEP/aAfxazLhEH0Fobmzm4HEnA8Svf+sb+LWGnE7BDFRs",
-	"lcS1rUCml/07MMsZGEHwFwCWPT/yvlsG4m/jPJ3F63958gR+9bC3Hgq3mM9TXHxAZHZfDWDMeYkQfQQJ",
-	"01hYHFdQmOMwgjtlBuP84ggydXHhZowKbd+IlEfVxicXTlF3+suEgwc5cIOM5HOQSvZ/4VoRvAYhX5IB",
-	"wtMC3gSLz6XSM5ZBXKLjxJG/CYIpg4RKFmkmEi4NLx1Enedzt239J4NhJ+qgexotRHO4t7dYLAYMfx4o",
-	"fbHn3zV7r1+9OH57eozvlLUVhRXViTpXXFOmdGc42KenvOLcOex8NRgOviLohCla9nudw083UWdvikWF",
-	"v/h/zbjVIjH+X1W92/8Jzz08HdDBMaG1MWF5GhJYCqSVVaDz7hCelRmdAQk3qLv0OKmcXikeyXCnIeIi",
-	"Fcq5/yZhtvCAAbnh5nAlua+89Xz5KoGPmUuEmhpJyhDEnAChIS6wCeMCJnw9ycb0oiI0TwladA+XEOtj",
-	"HDmX1uuztpIdui2nD7pxkaL1OD6iW8fXw8y8Zh9/d/z6+OyYtOPw1b1PxtluMNGcRJPQhArfG0DsdzKu",
-	"9K9orogeSV8S7aS2V8qriPEo/1ag7NfQ64vr8Mk3I7mKX1/FxsSfiGVIzxJKvko7h462KI16pRPIk+Fw",
-	"A5z37WC86QMtIN5VUEjM5VWWkcaJ6dCINX4w3G/7RjHpvRp+etXnhiWCwdv208ebj1HH5LMZ08vVKax+",
-	"vBN1LLswK/HNG8+ftYCq59H65roL+LSSolFt8fTTevVvVsWxxlRRYegaaWvYVIShdzuIFW/0TbRlDsQ+",
-	"cYhBx6jaOSKML2NisyuW5RziqziCC3Hl3XqXz67ithkjXm6nueWP5Wz2TK90XfrpP599/NOzweOm9jUf",
-	"75Foq7H0zT1TELtUlriiSqdce7odbqfbSl+a+yX11zV3SwttR525Mg3XzQsvh0v3BBmFCCvodUjMBEak",
-	"SVYHoXPyi5ICoetuOSG5MWQD9KKRVNrn//mq6yuOubzOSvaQhgOI0XglT1cAF/Gg5KTP0t4MoNaDYiS7",
-	"cb8/Y9f9Yo3lhbN6UWGCWkH7/sLygUS8OkvRTWgCvZoqvWAYbaxkeKO+mc/BKohJwp/j38ucj7gEof16",
-	"OHR7gfmJQaw79Y3sk6piNoCz4gsCofU1sEQrU9z8BnMwNXe6WqYsXCjEcsfRi1x0x8fFpT3hC7eGbKXQ",
-	"wu0NZ8nUC2enCocL2R0EKoIpOoCI6MurjBLD8foi5W0iKFBLW1cx5IZlqSABBa/deyO5evFF7sZba9gC",
-	"XcM5rHRX6dF2FW6y0kODWv9Iet8Mmj3VxgaOnmfsMqQFNrUZcHs1WzemiO5pfWwk6w0HDhFhQ+mCwrss",
-	"gMl5w5e0BiVDH4XqcEXF5EiiFtxDal40ZDbWB6GjdPSIx0m5grjfRLQpR4YeyWAndp2CjpZ06Q2V7vkF",
-	"oxF7TdpEUus5QUE6buy3Kl1+NsFc72txU48FekDFlVth/1YfV5LvgCtQy9Lc6VFKV7352HCb+BJRL1Od",
-	"+dddbVRRplQGcnM07Gm194DXTdQ52P9q+0urHavce0+e7PKx9b4y+O4329+tt5+6iTpPhzvMtKFn0s53",
-	"6gvvTQ+SYUeNER3sJRZ3c/OL4HedqasVFwiKZexAmmXIwBU/bcUnYQbwKuWzubJY1EDX3kiSG1VI4JMJ",
-	"T6y7KwgG1sufqpMtmN5Ph8MmfqcXqvx+T9pYDdG8gYHo93Rwd5rehVLKxnb4xsH2N4qmVGsUVQtX//TR",
-	"yZB61LjytxBRpz+10eJ3/vQqveTcSfdaNb1Gm+WC2wc4z1pq6Ubt+p/8SN2ujLcLmDXbsmkN5SN7ZcfX",
-	"m4+Nwmkv9fj+rQ6o9173tyvJPqu5PvCCoZ+z1HRDpVFuqs3wVr7v9X2M+6OzE//gNMzg9Q1Rc4oFrMsm",
-	"v4CXhFW50fa+x57KTn5bfv4bWyvfp6W70smhhR39EYfkqodVOO6bk90LO+gXRXPWOytB9y8y3nOWBmOb",
-	"BWZcCcFT7K/3YLJktT/RVpnCMFkc7S7CpDYEzRw3QsKTgbQMUX9gRSf23FhMASDHNgg7AHRxYSnF5tbb",
-	"yOvUfyk9Cm3s3N9axM0Ft8dlB497Y9ZaV5MWVg3b/U/Oo/fPaz9QTzMkUWAUFiyIqqCkz89m0daHsQ19",
-	"Kzte84RgfO/K5m1ewve5RJsUfX/eRbyhlUvNh4iRLEzfc5d8PWAozEgWoUGN9xRmJQVo/kqjgUfots6K",
-	"thdwoVU+d3qC75wQkuJoGBw6rgDTx7D/5Gnko+FYjBtD7L8TV6BHfKYhAQMN4FWtzBl0Lt07I0mOzdr3",
-	"sK/AHqUcjdV1XI5JWeEojghcK8ZUs4Phwd7B8JvCAzCSlVAWBaixe1jZhRuOHUV6VH9hICEVjNlWaP+g",
-	"nY3k/tdOPTuCuACIjrFKwvQG8FZVg7+QcpZmmO+JIXXEpY4rzs15ljtpfKFZwkdyzrVQ6VEpnlG+p8L4",
-	"FEzMD0l4Vmts0yRq3fRfeKS2+/ExVRsb7eRhGn7mT2/SxCq9UqC7mDJbwMQWvSt6X9Sz38FH9dm8Tfeg",
-	"FeYSvb2BdmqtwG7jtNorGss2KnCnKHJKoxBFjrN94hbLzYmDEuwe/4YAMmvKlTfjbsF3KrHc9kkI1vmv",
-	"qPEaC8nQWFu1tzaZQCgwV9qXv6Ap9IMJt6EiptY4YlALha7VnlVBHdbwEm6+aHcPaUkx0GyBp+Yv1t9D",
-	"r3NccMLslHSwfAsHhkgBpo0J6R0Wdb6ELga2xC/8COIk1xn0z+KQeEMQLZpLO5KBS0WREDzPWEIJyO7m",
-	"oWRkNzhF3OijxjuQpzxDO8sHXVFFa7rb53nJ6bvc67+RyR/uXq821GiQL38LrS2+3Nt/SLfK37ANupcG",
-	"mCa+qzzYcI3uhfKtxrs0OH+bblOq9jCW2RhSxTHg7/vwUAY1vZpGWAk7UYT6BF1hzUhSuSTmwYkrLnu3",
-	"cKq6L97+Jr49p2xyb6CI+eLaeLDIg2/29HvedZt4KPNV7jvwUGig5JM3Sr2zchtis1y3twYrP3oRGKp1",
-	"GC+x7DECZjBvf6Ligs+M36YBPLcwU8bC02g4HBYf7E74guvCgBfUTo78iZmSF72jkaza24YtQ+987PM0",
-	"U5pXuXRFYz6IgmQ6aI7Tuj16iYr7PfPtpnS5as8svzFf2Pie2Rhz/ioW1h+Tj5W+vB9/5PMyn7qOQ1he",
-	"ieNlkfAVUtvK+tlaptahz51S+nIkEaelkvVeNK5HoeSu5/BBPwEKUyycGoFZgs4ad+wv5JUwWIBO6vlI",
-	"hlgDmenl4N6r576PuT/oMF3UyuJ8D9gwF58Wkiq3hJFcuDeVBGF7UX3SiJFCE6RoZmirelhA93F5JbSS",
-	"M+xucMnntlj7SOKa/Zghyltk+OMIZ2evaQPG3Mk7U19ZWbNApkPYs5EUJdTrIQifyVgW2DGDeS2XTTLP",
-	"/f1+M9GqPeNuvDnxG/LOtn+qzSvofi2SX/6JbYf/uflln1/yO5rYnAtUgvW02CglnHCjbkXllpWGZXUR",
-	"G4HKUu4YVGhjfeQEc6wTNfeFY00VsiPZjYsuV3FUtulyEhMTYssqdqVb2nP1SrlFiJO+5nYkncwll0SR",
-	"ElwFx0drCo0m7I5vp3zWG8Cxr8QtSq150R4Mx3OiCoEC0jbti2qV71P9Kjt8tehfFYTWf+qkKtSJ6pjE",
-	"VfDabVlz9xA1LbIeamgNRNIg+aIO7DCA57KoW2fLUGtfqffH345GksqzZQE/4HWEass7Z00UPFMfrfLO",
-	"oChy90jZI0lQVIcVNt7UNbDiEvR4b8o3DOiyldL/DYnlAQjnPi7zWke6e77Nq7nj67z6BiXaP9xtfufL",
-	"+f4lwhukeeS0CjLTrfx5JDz2PLD+ptTu9x5+wjZ2qWQl9E5oVump3VfjbAKtqEJW0K1GqRABdvuoZgJR",
-	"T4XQcwni1U4AcejoUE05WBGWiP2wYDo1A3jBML9i5SaGrlTFrnp4Dt6rYDmM5MHwmyae98+WTH9PF2e9",
-	"+UIDQ/oH/sjZ5b+X62ElYIagLqEWvYCjebA8Q8+EnwJ278YSi2OZVplwC3PBNt6KivKvEmNPc6RJSlCk",
-	"Cj3NyXNw5P2A1kPBIC8grAV+EcsAlUSuRHUzMCPV8FVZkIAyJKZaBwAikdKffVMUtqall0DEvs3wSNKC",
-	"o1WAjEcmKjApguqrdMCm6VWLRQhqbcrkRVnA6ZSVUHLibn4P/BN8F0G78HX2//1f/3dFksaECpGKCbau",
-	"tAG2RtiA40M7UiO4iswRKcyYpQzSMGSvWdq40R5A2FTaLDTKGtzif6zb/yFi9UhWbCdmvj8Vf7szlLon",
-	"t4swxIf5XM7QldC6G/r3r+05QQScwT+U5+mP7AfSnP/CyZVdQRd8ZEKC7FaTt4VQtbpe+nz+vU9zZqc3",
-	"v4lsd81pjppSq9ytGtxPH96/jmCiUCslWEREl2F2Ckqu2P1u9kdU6O0bJZqMmam7VLpx66IRlp7NxR6i",
-	"Z//bz8/24xI8Ml75xV82WBrki4B8ZdDWkqC1IqCWk6Amvq0IJGW7zXv1P620CW2r6gulqV88UDVKLGBt",
-	"TXlUgRndAd+P54nwDuZ2GQfgirFKl77RctH7DNPog3brvVInZz9CN3YUG/cKCALs2exYB7GzY4ydh0R5",
-	"vHs9YgeTAd+shtTbLWI6+/BGfAvjZYgmRR6PqWi3i2k31N7WeMhXhGLEpXSZgXdzLv0OINBY+sgUCH3e",
-	"eRx2mgJXo+B6CIv3jQWoP3UBHOrnHYX9mqnUO7D9gpi5JLTispf1SOLGHJW47b6j9RHk0oqMtH1bcofb",
-	"FXIn+xKKWj/fGIaDkSyrLKqeuJKgbtWkvOadQ6Rk755r98VVmvjej0NurSH8PTvlKp26G2TXKbUe/xJj",
-	"+8fMj8fjBbYmhtekcOsVTKhwmxwOfxWZr23xg5c6GBUpRZBkinAcSvzHUCzj8VsQY7EyxqAFk2GFPb/A",
-	"MqwQGW7NQ9757vQrh7gLrbUjNDzM6Vb7tG/U5r6cby1hcoeDvUczya99k48hSKu9hblnm237ZBAw/H6y",
-	"v06DrKQcALAKpFrAn4pgZjcexodlW8qjlT7AqypVkmsqhfDv91qjms0ORskX95uQVGvT3KguPZiXB6fy",
-	"RV/6Q4c9j68tR1j7amxvwq2Y8Tu5hKhxwf04L2ns3997+Z7CpcAumJBfnJgPpJ6fTdmiBE/fDd+qmUZr",
-	"3e8+/5Xzgs1trutwbSEpmPqhY+IuBeYWG+PxntIKvwQ3kY8ZVoBL1ZxL8PXz1N+d0tEgoYmkh5UcQEye",
-	"C+HFkSxSo73DY6K5mVa8wt5bGkYKAEzVBF2sNcq1IwMf4BzJkEgXIp00z4WkXGs3YsgMsGXn17S2E90S",
-	"pVxJYOWYVXjyHiVE+BwF5EfsJW/K2Xk85y4+E5UY4WUzSNzdejfInnfK+C4UETUNKZtcrMCIH64DkzZA",
-	"cbtPS1Xbt0s+twM48Z/3cdzQwyY8V8SF3aBS2XOTz6n3RrwBfzP0a7wfLWO1j+N9J0sV3ScbvDL+ty+e",
-	"mYfPfn4Ap0zBBc2i9C45zWXbzi3oh6cBWv3+NI1qf9E2A5vQ3/+JYyVntYsU9+PB8onyeUBAvIfQC1UC",
-	"UckMIiVi05+ic2mMsOGVzqYxdLejEVKRTyr0egU/VAr46xX6yWaAxpMPtwFobLiVaBtvVdZ/O06qd7J9",
-	"4ML+WjfZL5X9fyBEnt8DFeAOeItB9lQtk/Z2IsVT93kzVRuIt91MRRMeu9LFxSn7pl79M3iI1ha1eZjK",
-	"Pm3SDupNfTbnbU/Q+sSILMGxISRDrWlCAY9f5pp5UG1qSIS70TtyGk1R47jSd5nSNrFDkbFsaermyAYU",
-	"7qrW/z833vOwac/bsbTLXW0iow0g2g9wHJtMoyqPPth57L69Ja71tg2+perl3yWtbst8EMqQhqVOcXuo",
-	"sPl5rIUTPIs2tK6GWoPVChp/gXw7qDRtKmT/ejLby9K6KQWsjxpe1gYp9qghI67aIhuUxrycXVpld9ey",
-	"ZioN0nuVr8/RbGzKxFtNlKk2Nq62S+zOVC49rMaUCsMLYN+ykzV1vK5+ecHHBsdvzQR0R4ppS9cY8QmC",
-	"lSB/7/pZHK7hkz9gi78Iiq5GEfg+fxFl2acqyWchfo8JVtTJuNLH3HfR8TOqflXNjaPi/x8AAP//",
+	"7H39chs3lu+roLhbZdLTpChHzkykcm05jpx4xx+6llyzqdCrBrtBEaMmwABoUYyjqn2IW3Xf4L7IfZN9",
+	"klvnHKA/yG6SUiwlO+M/piYWu9H4OOfgfP7Op06iZ3OthHK2c/ipMxU8FQb/871wZvl84oSBf6XCJkbO",
+	"ndSqc9g5FYlWqWUcfmaLqUymzE0FSzIplGMzvmQGXh90oo5NpmLGYYyZVHKWzzqHw6jjlnPROexI5cSF",
+	"MJ2bm5uoM+eGz4Tz338pM3HC3XT96/BXJpWVqcCvWq7Ssb4+YkZk3MkrwebcTS3jRpR/chqfXWhzmUoD",
+	"E5Mw1s+5MMtO1FF8BvOBFztRx4ifc2lE2jl0Jhcra3gt1AVMa79YhXVGqosOrOG14Fa8+m590s9ZBj8x",
+	"mUYszmw/ZlylbP9rlumFMAn8NOZWfPWEJVNueALbwLoxvnQu05hJxTiLT2mt78UkfmRZLK6d4XGvWI6f",
+	"v19NeHnjisQ1n80zfNz2+ThJxeRi+uSrg6df//ky68CpOCcMDP6fme3/xPu/POn/+eOn/a9v/rXTtAMn",
+	"2rim5c+1cQ2nFrFUJBk3IoUVxvCUjRl3LDGCO9GyMnhs8znxa6K1r58+/eppVNLefgPtRR2/rU0Hd1bO",
+	"lQ7Pjq/96T0Zbjq9lqnvfBzwnXAe8u/hRGaqfibwVHEoT4Yth3IqrJVata3v5OxHZukRJtOWidstM9/G",
+	"GqeKz+1UO5pEZZ1q3rbOO8yiujVqvnVrbmAsO9fKCpQ6zzMjeLp8oZUSiYMPgIhUTigkaj6fZzLhsHV7",
+	"c6PHmZj96e8W9vFTZQ7/asSkc9j5l71SuO7Rr3bvhN6iT6/wiNJuKkyQolOdpZZYxR8N0Fzs+KXQV8LE",
+	"bMEtU9oxKxzrxolORcykZfHz1++Pn3/34/mLd2/fHr84O/4OBMRN1PmWp+/Fz7mw7iFX9Upd8UwCd89z",
+	"d8RiYYw2NmaZtM4ycSXMkvmP4ixfaDXJZPKgc6zxuAVBhHeF0eqCWcedYBNtmJtKywztIOuKwcWAzXlu",
+	"Rcq0Ydbp+VyktNMvtRnLNBXqQcmHOX0pFE6Ve1IqhCz8jdlEz+Em1CC2KkvSOQjam6jzVruXOlcPSvUf",
+	"1KXSC1Xsf1cbNpGZwDmDnKctPeHLTPP0TOvX3FyIh6aOcOxjnS6BRDKYBOwfV4xncAukOM3/lWvHj68T",
+	"IdKHFR7VSS50nqUMBAVpZTzLhHlk2fOTV+xSLBmID8bZzzDXmuTAv5wLP/34aKTiVDgus5iB+CVphA8d",
+	"hvMSNmIzMdNmGbFU2suIWS/nLbKF/wcbL52wvQE7FWKk4u+Pz9je1f4ejhUPRiDsV3XPfqF8Nm2Jf3qv",
+	"oqbe0E1nrmQiPih+xWXGx9mDkso72NmEz3ki3RIpGHZszJNLoVLY4lwZwZMpzGvwGdeM98MfgHtxybn/",
+	"W1WrqFLZi3dvz47/4+z87buz85fvPrwN99MHxXM31Ub+8rCs80ZaK9VFxGY8m2gzE2nExPUc9AtYjhFX",
+	"+lKkoJCmQjnJM+unOzc6EdbCYR4rJ93y92L4K6kz7jx/0rtbb9qboDUh9X3LXTJ9yWWWG2SYudFzYZwk",
+	"rUiqVFyvq45/Q8NPT/CzcaJz5WKvt1vWHfZBJU7ROFlVuaOOn8juG1BV+n7yMyqH+Vh8Q4//LhKHmgTO",
+	"xKv2eB5pKmHqPDupLG/CMyuilRWjTD+fcwPn3bBy6aZhxRG7FGJetWmEZTOeCraYCsXwIrZswmXGuqmY",
+	"8DxzDL+JO6PyzEsp0mT9KsZaZ4IrWAZ+ZX0Kb0i8S/iWWlY+jedRaipHODOu7EIYYL/SiMQzj2ESpbV0",
+	"UDeVWmZXOUehnFnOtaQpSidmuH8renbrSNwYvqRxrtqPaPfxytMHHcLeasj6/r6E95nTbGGkE2wsJtoI",
+	"T93MCJcbZSP0NLD+KB8OvxLsw9nL/l+YE9duw8mWM5RpJs6dnAmdu3Pb4GVxeu5dLHigGaijC6A8pZm4",
+	"FkmEihLIKBC1zvDJRCZoJSjNuHM8mYoUfyOTAmYFAo67zmEn1TlMLqq5ZVrmrPLZmI5bzjgpX/WpvtDK",
+	"camAwuAB1g28ysZLlurkUpjegGU64dkh0iOoE0CpXPk3vM59wZ1Y8OUjSw/7H1NpROK0WbJu3O/jL338",
+	"xca9Q8aZ0drhXtildWJWPu8V35imwCy/EjH86d2LVyzjS5075rgZ8yxjXT0nKsmWLIbpDRw3h0bM9aHj",
+	"F3HviAGbkVqNs0cWm6D+j4dyMBzCD1Jd4EpofvCfRuCZTPUCyImnKdNKsC4tUIFcZvM8y0A7ej62YPpp",
+	"w+AkaKuS3HAnUnYlxSII26m2m2ispOmZcDzljv8GRniPtC5Sxi2T9ojleOHBv1DsZ3wsshh2HwjVzw+u",
+	"nJ14AP09DS4++DPslrieawtyzuj8YsoKxbEQd3ufZHqzJ1SKMsjufYIRb1CqFcLoNs6gLZIq6uRK/pyL",
+	"VzQ2PEGX2ZVMhTknGtogdmjIlcX6t/t2LhIJLOyHOSpUqUuxDP7Mv6NfopHkLsVywOKgcpPX0DKeJGIO",
+	"ryAlgvXXfSveaPb9cvbIghU46yF9zgRXdKZOz/uZuBIZm0iRpTsdJLpNNkmzH/SCJBiIVC6dtz9Lw9tp",
+	"NhaJnsEiebr8DMLKCKtzkxQ3+rtJ5/CnzfrG++KVm4+rXwCNqdzbJnnNjWMTo2ckrwvbpwv8XrPE0Apb",
+	"KNs7ZNJZEl0R/id9/pEl+bETjzuXNW34azkRcB4gWq132OPk8A5DpTyoI/t/GQ6P2JA9o5tlLkFyFsIN",
+	"tJiKbGZTDlrE2dlrlgiZoeYc9/szft13LosjFPl+4CcHbNr7DCfp3fbN3kv4EVigckvQNZ0yOWEz0u57",
+	"O2zlTQNdfycy4cR7YfPMrSvGKf6aVqRoobitKKzhySZF9Tu9UJnmadtXvElhz8dfHzRvARDQI0tGdoSu",
+	"6K8P+kKBzZUOGj3C1bnVxm+a4LEXr6/URK9PLwjfult36tz8cG9v/8mfB8PBcLB/ePDN/tOvOg30WzGC",
+	"d76iVqa4sqBiRuXgjcu6FskxGEln+Mu6ebMkrtWzGQjIVKbobzW5AmEF0iMT8OwR3tbEKNLBc7DnQgF1",
+	"/9TxMrETdbykq8ylXBDMpeKdvYWp4qe3Pv/3uQJejO2U9ZOYdcfcTmmScyNAz0Ce2Oi2jzrJomHk7zx7",
+	"r0TUtkqqz67k40LMlTgf8+TywuhcpeeWPEANEhG3r5B6vUPmDXhvOIdzzsTEsbGYSpXinXspsyzIQemC",
+	"7n80UjAp1NGWZAKaXCmpLsidtd2wsy6VqpmnTx1XKTfea97E0dtvhfar+LtS7HvSfRYk9meQ1bltChl/",
+	"sEFv1oblMt1NHNelFNF5Gye3Ss95jnpJ0068OPnA8I7swqzZnxgZEL2gxwaSgP/Bv0uCkQ61GJGCHhNV",
+	"7thCiV+QvkVvoYLHEq5AgDgB9kYwixp3fG1XU7ACpFbns426VWXOhqtDUOpsTsHV9cgragOodKDm4jT+",
+	"Q1xLF7XM3lstvSMmgJW8DRAUA8sXTNZJSCr39UGjAwi9U+fOS97dtLO6wG7U0LSenRPDNt+UYXcW3AbG",
+	"BkV0wcHsmnhXNutW9umRDX/N5Ew6MAR3OeDKtVvh+bngl+c03PlMjhssH8EvmRFwWMqFD9epEY3aYGhx",
+	"cyGsC4TZQJZv5Lf3RJIkCM9BJDXvNVASg5+P2P6Tp0wr5oWSD0d5xX9CbsdmP6F1qTBN8uTsZf8vsECK",
+	"LqLmw4yYZzxpVHlwJLiGP8NIzuQq4a6JxJ4z64zgM4ZufpGyeMavz8W1SM517ua5i/0HAg0muWuilBXZ",
+	"5+debEd982vMVBcV1ck2Cc6XYOAhS60LTjT+1pf476fv3pLfy9OgnkyESkEDxzcihqFRSuX4af9j7J0w",
+	"RXoPXgONGzsT1nr/0ua7gKZWvtC8tEw0K6yzRop95SybC4P2glZsLJ2NyMy2wuUyjeD/LyRdBtbJ5HKJ",
+	"DKYTxzMfDx51hl8fHIw6yEKVVISfhv0/f/x00JSCEMF05ESK9JwjdZacx53oA8c0vUTpEE1cl3HrmMjE",
+	"TJBIQ3aH4+qOOnujTmF3G61dr/EY5o1pVxU7g4+tznLnx12/Wpr5T/7SsuvwC+wkcUaXM7ucZVJdghVs",
+	"8U5yIObcI8syVFV7O94xfpxzer2RW4sv0TMR3GkLI50Tqpn3W0wF7kD2SnvEYvQRkuuFpQJ00Yi9fPXy",
+	"HcZDQcK6qnkAWwpMK4Gr/XQ6UQcHabAUVhihmhzjn/U7HRGZ18mrjU9eS+uaDDtnQgQo+NI2Xc8Fx92s",
+	"+/fbaaow2+9KWBvEcW18n1Ez00YwvzQK4C+ECS79msRvk8Z+08P2bJexmfgbkdT6HrfvC25BSY2sW2zO",
+	"+r70bsFx3yKXVWh8KyM1Lx9Hb1yvNpd3NWWLUBdaI2iStganGqbZMpdmw6DwIe9M4GX25TqJr97YxeBN",
+	"W/Q9aczPU3/bNFOA16v7CzhtHp5lpIGBoMwy9AzTbVN3TEl7eT7O0wvhzi+a9ExMecLUplSaSuzkkRfH",
+	"/+//sLjfh2H6+koYUD2liwsnIQ29q+0Ck/Gz2OFx0JhqZ7Mu2L0G7RfYqEj/oG2hP9NidlxH+3WySW9/",
+	"Q1+i8R0FvuB8MnlViQvv+KGfc5HXvIrVO23TzqwQYX0nq+8W36itqnJUTXscrZFVE23/IHhGMm2F3Rx3",
+	"ua07CfXlVuekf63pS5Rs7VW8lUQcJWjrKeu6S2E2VCX0pVANHONdxrdSwihLxPp36jN4S34VmIQFMY72",
+	"uTeYi1w3UCVhUnNugj+u8ctbvT1FqvcOGd0N+h58vTGmgQolbuFiioE4TDGcAcGlFOXQSngnUlAsaSdR",
+	"WYMXyaXGrbDhPVSquQr5aDu5szB3cZt8RoI4xSdXyaiSC09DVZcdVU+/dqytZNesMdE6d75PSgLedp34",
+	"gVunc7f7ttjU3dwv1e39GJWXdAfG5E5sCkYhKWQ+JFV4HZv5YsCeOzYD+V1PCaiEnH6zn/KmbSdPw57U",
+	"FxDrhRImPqQ8KjeFObDYLxz+XORj2IidnP0YMRJcESti00c+2E+hoIiShyNmhBKLCHmD4UciDJ+XqWee",
+	"e6pGAz4HVoLf+KaIwkmZYbWaZ87ev3zBvjl4+ueQD8YozbNBKjaaym94MpVK9I3gKexxMPm9DyWOWKy0",
+	"O5/oXOE/1jP+oqY09UYllmbWGB6gBLdbmCeFr6PBQCmvp/U710mXiQ1xqHW78sP7V8yIiTBCJYKhM09O",
+	"liFQH3Yd3mbdmI917g7HGVeXMYUZlFaitz1w5+09ml6xhGLPIjq+JqFx4paUHndXRT3bmlmxPXesNXLl",
+	"3ZXPKJFGOWF4glVcdop+SoxkyUmIY0XkjbbT3k5XiQ9p/Q7RKsoQra8VngVJSEKDQlTP2FzOhWVd8vt5",
+	"j1MqjGF8zo3rRUxISvB33MCVyh3TKhGFb9pnELFnLIF7GwOBDh04xjqfG8a68b/N3fLZMD6k7/l9xKn0",
+	"omJsNyU7cXtEy+jFZyCLEEC6Q7S+IOu0Qf+kVGSv5mxROstnW7jnjReMQSLD2UYd2MZmYeyWPkt7fWIh",
+	"U68piyC6o14qXYtf/i1FqmUminBlZ5dDCT7Tjcm6fltuog45u8/1ZGKbHG9n2vHM+/v0hNHTIBbTPBEp",
+	"s5pNuKEojBLXVD1QdQ/RuLu6Af1Cm/f3jmRRjrq62Or2F0644oxrB9pCW55SmlVMP4fdr70K6W11WoSx",
+	"myaGpS3r8/Hq2bZZrHk8wGiRM+m2zh+/+5oeRengIwRb3/mAT65p0jRSGCgqFtC65tfFNBucvlqJoq5m",
+	"xsnHSIRb6q1xv4+FLv3HMZtk/ML2jtiQqkFwNuR0bHDg3MJnUnNN7OIar7oRVhPHqi4LHwPx+YWPLCPH",
+	"Qcjzb4nahTw5ZPFdpxQKh3bwbFQ9GW0OjHK8tQm1nvWHQF3tp7GSSyHtZd3rU+7UBt/Prie53cm00+fa",
+	"N12b+ZQrkZ7f6cjW3m4gp3eTMifVxhFz6EggdwJlO1ZrLy+0aokEl06xdRcFbUAoPVlw6UDV9jnl+OLg",
+	"t3FBCKR5d8UuFL82S2lCgl5LcgUF4THDIgpZ80eMlw85kDg+Yo++csuGu4bC2g/otCjY8yvEbCYMxE20",
+	"wSgcqOCKZ2VKq6TSY5xES43PBo7d6nvcwLqNRNdOx02c/l5k5DNpjgsY+rlFHzNixiVc/Oels2fL0osB",
+	"G95unp8Si7sZZoX75bM7R97Xkqk3zWi1fMAzOV28QM9omWgTbBUM5lfSzwO5P7LVrLS1pK7GbC7LuhM0",
+	"FrWyoTD3cyQgb7kAcG0gb76X3zbM4CiUvnCHzhzHvj5gb+S3qAcEU03aFXdXSKLuxv2+/28KyFzIcVyW",
+	"0/Bq5YsXU2Xqkl6oIwz2gUCcw6elw4wbS/f68dt3pycvQkgRDM2D/a+KegvnY/5UI24HXiodMqEm2iSU",
+	"FelFmXXaYLGOkVchWwxMR49SMsAtxI2iMtAwRPw5zueC6GGHdyoy8WKeFwloO1TSVO/l23yomZuu9OUG",
+	"CYQlp82JfljuV8Y2LBMqFV7nLD3umNaXj50RYhfpHL7YJI6q5YINWUJcNibbUYlkrY4SL39RXNN4m9Hr",
+	"tXKdTYp9rU61yYv3MDHdKCx7w3415x7dS5ipKNEIitQUoUF8Kcfdo0rIuNuKmXaoa1xn7q0MnXHrztHr",
+	"J93yVrt1p5K39sK01ZLWqlt4NccllIGF5Kz1KBadT7OzoeqD3oFiT+nh4rVzI7htSiUIdQx1hBMqD499",
+	"4hqIC36BOaJFYmyZ6YrJSAtpm7P2Nugcmwp5trhayp2qOLbrO1wO1x7AC9NbI8sGEqvQTiCAwAMb+LzF",
+	"TXNXQbRTOHBzdklFpDU7LXwVM1b9SRVKGo5YqAtkc24oyX1d89pJJqyUUucGndUTnjgbYkXlGcURK3HO",
+	"KhRWLoh+xdhzg3055z/ngo0FN2AiFRg4VIO3IW9sjV0rgXNQrRpTqmoMvBNY128PZUcdLHIx57nJNmYK",
+	"PbJMXHtT7cP710yqJMsxMzfeu9rHvd1QoPWX4V+Ge1f7TVPenW3LiUZ1Hq6e4Tojh5h8ydBb+e60EJYN",
+	"KQtyIpJlkoUcJz0p882rcVQMcZATt3TnEqgTih3EdAr51Vj8i/W4jS7+YEZ/njt/xytkA44ViXLHgR/0",
+	"hHUJpnHGl2ws0M3SnjTY5sRA4YFXSfADUErlWCy11zmxbHWLhwOjTMPeLT0X6zzXDhy3hUgrI65QaSDH",
+	"chO2OuzDubfcA1W/y273QKCjrZdAMfSmad3Nj9CcXv6cKrhAus6FnmfiiCkhqCpyLBiVxntAkaKo8Mlf",
+	"dgrdETu35mo+vGa0k/aze7LahzmV+N4t3P6ZC4CjDqW7n4f0423gjbWsg8qr0fbi4bDwcLC38B09zxZ8",
+	"aVn86aZBL4g61/0L3S/nmifu0w0BG4kkN9ItT4EuvMdqLv8qlo3JMCF8wy2Ln3sEKiygOWTfklKB+C7J",
+	"pVgS0Es8YG8RIQ3LgEtdKpPWHTGeWc2olkirkfK4S8L0A5WhL6V2JRWOVy9qqIIUqRq9jziLcgPg5i7U",
+	"IppiO+AsKUTb1oZPhdXt/O0fsLh627cLuAksmeZOjjPBqC67RK6lf5c4n//Rh7f63y9nfc/VfVSJypn4",
+	"E63P5cmWyWz43pbPAF3JxlxTOERQwLDiQ7Efzs5OipJIEJXAhH1xLZIcURfKCA17p8r7sa9E7gzPkBwJ",
+	"oW+kPEYMnwk754lgf+cyixhn3xGejVAXUgkqr/prPhZGCScsS7LcOmEO2fvj0zOcQqEPRUwr0Yd7YaRg",
+	"Ski36D88Yn8T41MsT7H+nSvBnDAzCepk9+Tsx16Ac7M+fOPj9oiEg/g/VByVcDVSY0FFdEv4I4IYcWZE",
+	"QsCqg5EaqRcISmRZotVEXuRGsLhUH9kz5hXUH96dnh2evHt/Birskccxq/MShlJTYUYq/lQOcbOCEhMP",
+	"2BnYBOjQlKHmWznDE0dQO99rTMmi6jwc2jCpRioOAZA9PpcxFoVfCCUIl8dX0UZFkXBRDgszwZJM7jxy",
+	"jZ4LxedysOSzLMZN+Jd/YcCXQjmPFAd/fMweP/ZS6fFj9t//9b93F0zvA/BSXTQ5TUmFJfGNFGN/FUvY",
+	"frjSYRFxv8/nsn8pljHbY/Hp87ffff/87Pj8+cmr878e/3gasy6mbPWtmHNcfG/A/uYBqVB8hZNMYfTq",
+	"XhAIDWysVsuZzgt4Msu0ypZFcT1MUij4I8u0no95comIoCZX5LCGgeN+XyqU8aKvdJ/nbhr3BqwqykEG",
+	"gy2BI+0kgqWDoUsBDGfwuhQc/hxMBQwprpg0DfjcrDteVo9gvMS5n7w7bYQwImcurOOdWp+rZRYRJB3S",
+	"I2Nxm3ykM0IpKzPplr0Inq0/ggWZzRQVI118a/TCCmMZ0CuYj7wUDpHHe/dhSCucl+U2Kubo03mLd2BM",
+	"m4/nRjud6IzFQWQOcNWD9TsoQGciPnuldJT2PMbzCYKd8GgeP0Yb8vHjQ+ZzdVm3zNWNKrZwLf92zwib",
+	"z4o0XJjpTCqMluAo3slOObm4FSAaxJVGyBn6sYf7GXKBWbc1FxhGL9KBo/JD9Gbw59MX4B8YxHZWZJMd",
+	"coc5EkZl0i15xMQptW+ibUYf0GMQ5HCPVUbC7X5NswOLjXHmjBCHlWmGrxC1+DgEcCF9O+BP0g++DiBI",
+	"ThQWhisrnbwS2ZJEKQ+P+foD6aY6dyxGf17sETptmZ3ib3kwUf2L0uHEz4CuCD5Lo69owHaE/ESKPGSP",
+	"Hx8M9x8/HrAKxDLMeXeUZR9Ao6G+wqFUAe6lw7GmYaRDGB0ePXj8GA55rjEREyVlAAQM2hVQ/1gIxa6E",
+	"wTrPiFnNZGoDh44p31ikIFkSAWoFq1o84dt0QKX/DPgYUSMtOxgehMsK86ct/OMYn0dbCeN5bWinMeuG",
+	"dPMenVYMl2wcsRgTl+E/iD/iqAI43J3mM66KFPMj9pJb9/zkVd+6ZRZaTVjECmPSEYSZB5ntzhrz0/Ee",
+	"b05QTzzo+C2S1YGNEIBNG3bw5MlINcCshnBswGn1WbqlkWlJCfiVkcnKfmVvBEeJ++tI/drv9/F/8AB8",
+	"6dcCpABhYQ5L6mX/fvrubeQRy1GFiQrywvA6GoWpNwzpv4GoIqzLRwbijgmb8Lmolyj5j++zXwOSFiw4",
+	"zKOCiRue/Ir9ugWIvM4g/rUD9msx4xKgBHHAsXOEB7kMeML+rW/YrzWYdgpmoGKrFa5tBZ+9bBaCWc6M",
+	"E95/gZbZ8yPvwzIQ7BvnCRav/+XJE/arx9j1uLvFfJ7i4gP8M3w1ID/nJRz1EUu4wdrjuAL5HIcR4JQ5",
+	"G+cXRyzTFxcwY1Ro+1amIqp2WbkARR30l4lgHgcBBhmp50xp1f9FGE0IHASzSQaISAsEFKxPV9rMeMbi",
+	"EkAnjvxNEEwZJFSySDOZCGVF6SDqPJ/DtvWfDIadqIPuabQQ7eHe3mKxGHD8eaDNxZ5/1+69fvXi+O3p",
+	"Mb5T1lYUVlQn6lwJQ5nSneFgn57yinPnsPPVYDj4itAVpmjZ73UOP91Enb0p1h3+4v81E87IxPp/VfVu",
+	"/yc89/B0gCLHhNbGhOVpSGApwFhWUdW7Q/aszOgMsLtB3aXHSeX0SvFIhTsN4R2plg7+m4TZwmMK5FbY",
+	"w5XkvvLW8xWuhE9mLxGNaqQoQxBzAqRhcQGEGBeY5OtJNrYXFaF5StCie7jEcx/jyLlyXp91lezQbTl9",
+	"rBsXKVqP4yO6dXw9zMxr9vF3x6+Pz45JOw5f3ftkwXZjEyNINElDEPS9AYv9TsaVZhnNRdMj5aumQWp7",
+	"pbwKT4/ybwU3fw0qv7gOn3wzUqtg+VUgTvyJWIb0LKnVq7RzCLRFadQrbUeeDIcbsMNvhxlOH2hBDK8i",
+	"UGIur3acNE5Mh0Zg84Phfts3iknv1cDaqz43rCIM3rafPt58jDo2n824Wa5OYfXjnajj+IVdiW/eeP6s",
+	"BVQ9j9Y3Fy7g00qKRrWf1E/rBcJZFTQbU0WlpWukrTtUEYbe7SBWvNE30ZY5EPvEIQYdo2oHRBhfxsRm",
+	"VzzLBYuv4ohdyCvv1rt8dhW3zRjBeTvN/YWc4LNnZqXF00//+ezjn54NHjf1yvl4j0RbjaVvbtCCQKmq",
+	"BDHVJhXG0+1wO91WmuDcL6m/rrlbWmg76sy1bbhuXng5XLonyChE5EGvQ2ImMIJR8jpOHcgvSgpkXbjl",
+	"pBLWkg3Qi0ZKG5//5wuzrwTm8oKV7FEPByxG45U8XQF/xCOgkz5LezNgtYYXI9X1QLDFGssLZ/WiwgS1",
+	"gvb9heUDiXh1lqKbAAd6NVV6wTHaWMnwRn0znzOnWUwS/hz/XuZ8xCXi7dfDIewF5icGsQ7qG9knVcVs",
+	"wM6KL0jE8TeMJ0bb4ua3mINpBOhqmXbsQiNwPI5e5KIDHxeX9kQsYA3ZSqEF7I3gydQLZ1CFw4UMB4GK",
+	"YIoOICL68iqjxHC8vkh5m0gK1NLWVQy5YVkqSKjEa/feSK1efBHceGvdYVjXCsFWWrn0aLsKN1npoUGt",
+	"f6S8bwbNnmoXBaDnGb8MaYFNPQ1gr2brxhTRPa2Pj1S9u8EhgnBoU1B4lwe8OW/4ktagVWjaUB2uqJgc",
+	"KdSCe0jNi4bMxvogdJRAj3iclCuI+01Emwpk6JEKdmIXFHS0pEtvqILnF5xG7OGG1VM96PYDLQYsAV8Y",
+	"b1kXS4wCJPPjOiBzKoy8Cq6XgCTfGymtKlrioMx1Bdu3/Hsyz+t/CGnRaMyTX6aLnngCiB4pPysWD8Gu",
+	"KMGlS/D8Hhk1RS1gLBTcb/Bf5U0I2wl/IbE0Ul1qRwR/xjvRFpUINBope5VX6EQoe/mRHal4FbJ9MJep",
+	"9enJwFiByogP1JKCO0AWIkU2Cv5APGGbJ9ORokR2JA9ZngjrxrPcoh+Ge1iDt6sVYv7RXtyLfP8GolZJ",
+	"p9+kSia17iYUoRXWfavT5We7lesdVG7qgWAPuLmiEuzf6uNaiR1wJ2opujs9SrnKNx8bVAlfH+wvVLD9",
+	"u6stUcp82kAFIMC8oOo9oK4RdQ72v9r+0mpvNHjvyZNdPrbewQjf/Wb7u/VGZzdR5+lwh5k2dOfaWaF6",
+	"4UMp4VrY0VzA6EqJ1d7cZiU43Wf6asX/hXcy9rrNMuTqipO+4pCyA/YqFbO5dljRQjrPSJEPXSomJhOR",
+	"OFAUCCbYXz5VD2vwuzwdDpv4nV6o8vs9qeI1xPsGBqLf08HdaXoXSilbKOIbB9vfKNqfrVFULVfhp48g",
+	"Q+opA5W/hXQK+lMbLX7nT6/StRBOuteq5jcarBfCPcB51vKKN5pW/+RHCrsy3i5g1hwLTWsoH9krewvf",
+	"fGwUTnup7//Q6n187w0/t5LptZroxV5wdHKXZk4oM8ttte3iyve9sYdJH+jpxj+AFhRc/iFlggJB67LJ",
+	"L+AlYZludLzcY/dukN9OnP/GJt736eZY6fTRwo7+iENm3cMqHPfNyfDCDvpF0Qb4zkrQ/YuM94KnwdPC",
+	"AzOu5F9Q4Lf3YLJktRPWVpnCsVIAjW7CLLcE3R03tgwg63gZUj4YL3r+g4ljBRi13gAaMPRvYh3N5ibv",
+	"yOvU6Ss9Cg0T4W8t4uZCuOOyw8u9MWut600Lq4bt/ifn0fvntR+oex6SKOMUEy6IqqCkz89m0daHT7Rx",
+	"7ex4LRKCeb4rm7e5iN/nCm1SdPz6+MCGVj81BzKGMTF3Ey75erRY2pEq4sIG7ylMSQutGyqNKB5hzCIr",
+	"2qKwC6PzOegJvrNGyIikYXDouNK4IGb7T55GPhUCK7FjFvvvxBXcGZ9mSqhQA/aqVuPOTK7gnZEir3bt",
+	"e9h3Yo/yzcb6Oi7HpJIAFEeErBZjnuHB8GDvYPhN4QEYqUock7ITsE9d2e+dHaMDiLo+SMsSUsG4a239",
+	"ELSzkdr/GtSzIxYXAOIxlsjY3oC91dXIP0sFTzNM9sV8CsQtjyue7XmWgzS+MDwRIzUXRur0qBTPKN9T",
+	"aX3+LSYHJSKrNT5qErUw/Rcepu9+fEzVxlc7eZiGn/nTmzSxSi8d1l1MuStghIveJr0v6tnv4KP6bN6m",
+	"e9AKc4Wu/kA7tVZxt3Fa7RUtjBsVuFMUOaVRiCIHbJ+4xXIDcVA2Q8C/IXrQmnLlzbhb8J1OnHB9EoJ1",
+	"/isK/MZScTTWVu2tTSYQCsyVRvkvaAr9YMJtKIeqNRYZ1OLga4WHVUSPNbCMmy/a3UNaUpwZvsBT8xfr",
+	"76HXAReccDclHSzfwoEhUoA5g1J5h0WdL1kXo5ryF3HE4iQ3GeufxSHrivB5jFBupAKXyiIbfJ7xhLLP",
+	"4eahyBMMTuFW+qj1DuSpyNDO8hF3VNGa7vZ5XnL6Lvf6b2Tyh7vXqw1XGuTL30Lrky/39h/SrfI3bLjv",
+	"pQEGqneVBxuu0b1Qu9d4lwbnb9NtSqU+1nEXs1QLzPbwfZoofZ5eTSMsg55ogvxiXensSFGtLCZByiuh",
+	"erdwqsIXb38T355TNrk3UMR8cW08WOTBNwP7Pe+6TTyUeYiDHXgoNNjymTul3lm5DbGZMuytxbKfXsQs",
+	"FbqMl1jzGjFusWhjouOCz6zfprJJxNNoOBwWH+xOxEKYwoCX1G6Q/ImZVhe9o5Gq2tuWL3HGRlAfsJk2",
+	"osqlKxrzQRQk00FznBb26CUq7vfMt5tyJas91fzGfGHje2ZjTPisWFh/TD7W5vJ+/JHPy2T6OghleSWO",
+	"l0W2X8hrLIuna2l6hz5xTpvLkUKQnkrJAyWfPaJCbuytFD7oJ0BhigWoEZgiCtY4sL9UV9Ii+gCp5yMV",
+	"Yg1kppeDe68efB9zf9BhuqjVRPoewWEuPi0k1bCEkVrAm1ox6XxGWvEgAuTQBCmaGdruHha4jUJdSaPV",
+	"DFtbXIq5K9Y+UrhmP2aI8hb5eDjC2dlr2oCxAHln6ysrC1bIdAh7NlKyxPk9ZNKnsZbVldxiXstlk8yD",
+	"v99vJlq1p+CNNyd+Q97Z9k+1eQXh1yL55Z/Ydvifm1/2+SU/0MTmXKASqanFRimxpBt1K6q1rTS0q4vY",
+	"iOksFcCg0lgXlSmomHQdtZZHj1Q3LrqgxVHZxg0kJmZDlxAG2rS0b+uVcovgRn3B9UiBzCWXRJEPXs17",
+	"RWsKjaZLIeZYCNYbsGNfhl3U2YuifRyOB6IKUSLSNu2LCtXvU/0qO8C16F8VeN5/6qQq1InqgNRV5OJt",
+	"WXP3EDUtsh5qUB1E0kyJRR3VY8CeqwK0gC8D0EIF7AF/Oxopqs1XBfaE1xGqLRHBmih4pj5a5Z1BkUnv",
+	"YdJHinDIDitsvKmrZMUl6MH+tO8W0eUruA+99sTygIJ0H5d5rWPhPd/m1dzxdV59gxLtH+42v/PlfP8S",
+	"4Q3SPHJaBZbrVv48Eh57vqvCptTu9x57xDV2MeUl7lJoZuqp3ZdibUIsqeKV0K1GqRABc/2oZgJRQ43Q",
+	"cIvFq20g4tDOo5pysCIsEfhjwU1qB+wFx/yKlZuYdZUudtVjs4heBchjpA6G3zTxvH+2ZPp7ujjrnTca",
+	"GNI/8EfOLv+9XA8rATNE9AlABAUW0YPlGXom/BSAmzeWWByrtMqEW5iLbeOtqKj9KwEWjUCapARFKs80",
+	"gjwHR94P6DwOEPICYpqEKjjFtEKuRHUzMCMVcFZZkFBSFKZaB/QpmdKffUccvqallyjUvg31SNGCo1V0",
+	"lEc2KgBJguqrTQAm6lWLRQhnb8rVRVm9C8pKKDmBm9+jPgXfRdAuPMjCf//X/12RpDFBgqRygn1LXcAs",
+	"ki6AONGO1AiuInNkymbcUQZpGLLXLG1gtAcQNpUeG42yBrf4H+v2f4hYPZIV34mZ70/F3+4Mpe7a7SIM",
+	"wYE+lzN0JbQOQ//+tT0nCH80+IfyPP2R/UBGiF8EubIr0JKPbEiQ3WrythCq0ddLn8+/92nO3fTmN5Ht",
+	"rjnNUVNqlcGqaHI/fXj/OmITjVopYWIitBB3U6bVit0Psz+iKn/fJdNm3E7hUunGrYvGngR8LvcQOv3f",
+	"fn62H5fIofHKL/6ywdIgXwTkK4O2lgStFQG1nAR1cG6Fnyl7rd6r/2mlR2xbVV8oTf3igapRYoFpbMuj",
+	"CswIB3w/nicCu5i7ZRxQS8Y6Xfou20XjO0yjD9qt90qdnP3IujFQbNwr8CewYTewDgKnxxg7D4nyePd6",
+	"uBauArhdDaa5W8R09tkb+W0FIiLyYFxFr2VMu6Hextbj/SIOJy6lyy17NxfK7wCizKWPbAHP6J3HYacp",
+	"cDUKroeweN9VgpqTF6ixft5R2K+ZTr0D2y+I20uCqi4bmY8UbsxRCdrv25kfsVw5mZG270rugF0hd7Iv",
+	"oag1c47ZcDBSZZVF1RNXEtStOtTXvHMIk+3dc+2+uEoH5/txyBVt0x/IKVdp094gu06p7/yXGNs/Zn48",
+	"Hi/ja2J4TQq3XsEECbjJ4fBXmfnaFj94qYNRkVLEkkwTjkMJ/hmKZTx4DwJsVsYYtGAyrLDnF1iGFSLD",
+	"rXnIOx9Ov3KIu9BaO0LDw5xutUn/Rm3uy/nWEiZ3ONh7NJP82jf5GIK02lvYe7bZtk8G0eLvJ/vrNMhK",
+	"ygFgTjOlF+xPJSxYPIwPSwSwo5Um0KsqVZIbKoXw7/dao5oD9rz4CIJ11ZG1zs5eV4C4hrHvAyDSaKRC",
+	"jqgRHny3Rx7Qg+GwiubqX2/2ZCqxuN/Mp1oz8Ea97MHcSTiVL4rZHzq+enztBDZPqAYRJ8LJmbiT74na",
+	"Y9yPl5TG/v3dpO8pLsv4BZfqi7f0geyAsylflBD9uwFpNdNorcfi57/bXvC5y00dFy5kH1PXfcwQpgjg",
+	"YmPg31Na4QARNvLByQo8rp4LxXyhPjbb8nlvLKGJpIeVZEPM0gtxzJEqcrC9Z2VihJ1W3M/eLRtGCkhP",
+	"1UxgLGrKDZCBj6SOVMjYCyFVmudCUVI3jBhSEFzZXzit7US3xMLXivFyzCoIvoe/9MkQyI/WUSZjmJ1H",
+	"De/iM1GJRF+2HMXdrfcc7Xnvj+91ElFrmrKVygpY/eE6/G0D4DsBddb27VLM3YCd+M/7gHHolBSeKwLQ",
+	"MKjS7tzmc+rwEm8A+gxdQe9Hy1jtFnrfWVlFj9MG94//7YsL6OHTrB/A+1NwQbMovUvydNkcdgvM4mkA",
+	"8L8/TaPaxbbNkqceA//EQZmz2kWK+/FgiUv5PEAt3kOMh0qOqDYHIRmxtVTRHzdGcPpK/9yYdbfDHlI1",
+	"USrNOlQAqyAF1KEAks1IkCcfboME2XAr0TbeCj/gdpxU75f8wAgCtZ7FXyAE/kDQP78H/MAdgB2D7Kla",
+	"Ju1Na4qn7vNmqrapb7uZilZPbqVXECj7tl5mNHiIBiq1edjKPm3SDuqtozYniGMPAgr9Eu4bYj/UWnMU",
+	"TRjKpDaP3k1tr3A3ekeg0RTFlCvdvSk/FPtgWceXtm6ObID7rmr9/3MDSw+bX70dtLvc1SYy2oDW/QDH",
+	"sck0qvLog53H7ttbAmhv2+Bbql7+XdLqtswHMRNpWOpHuIcKm5/HWtzCs2hDg3RWa+Nbgf0vIHYHldZg",
+	"hexfz5p7WVo3pYD14cnL2iDFHjWk3lUbsTNtMAFol4bs3bX0nEob/l7l63M0G5tS/lYzcqrts6tNObsz",
+	"asLCxks2pQr0AkG47JdOfdWrX16IscXxW1MO4UgxP+oaQ0tBsBK28F0/i8M1fPIHbCQZsaJ3VsR8N8mI",
+	"0vlTneSzkCiAmVzUL7vSLd/3avIzqn5Vzy1Q8f8PAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

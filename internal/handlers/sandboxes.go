@@ -18,12 +18,22 @@ import (
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
-// seconds converts an optional number of seconds to a duration.
+// seconds converts an optional number of seconds to a duration. One too
+// long for a Duration (past ~292 years) is the longest Duration, so that
+// the service refuses it against its TTL ceiling, rather than wrapping to
+// a negative one.
 func seconds(v *float64) *time.Duration {
 	if v == nil {
 		return nil
 	}
-	d := time.Duration(math.Round(*v * float64(time.Second)))
+	ns := math.Round(*v * float64(time.Second))
+	d := time.Duration(math.MaxInt64)
+	switch {
+	case ns <= math.MinInt64:
+		d = math.MinInt64
+	case ns < math.MaxInt64:
+		d = time.Duration(ns)
+	}
 	return &d
 }
 

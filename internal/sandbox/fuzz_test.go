@@ -1,10 +1,13 @@
 package sandbox
 
 import (
+	"math"
 	"path"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
 )
 
 // Any string given as a token: verify never panics, and what it accepts
@@ -78,15 +81,23 @@ func FuzzFilePath(f *testing.F) {
 
 // A create request's provider-neutral fields: validate never panics, and
 // what it accepts has a clean absolute workdir, valid env names, file
-// paths that pass checkPath and unique ports in range.
+// paths that pass checkPath, unique ports in range, and nothing over
+// fuzzCeilings (ttl 0, no expiry, included).
 func FuzzCreateValidation(f *testing.F) {
-	f.Add("/work", "A", "f.txt", 80, 80)
-	f.Add("rel", "A=B", "../x", 0, 65536)
-	f.Add("", "", "", 1, 2)
-	f.Add("/a/../b", "\x00", "/abs", -1, 70000)
-	f.Fuzz(func(t *testing.T, workdir, envKey, file string, p1, p2 int) {
-		r := CreateRequest{Workdir: workdir, Env: map[string]string{envKey: "v"}, Files: map[string]string{file: "x"}, Ports: []int{p1, p2}}
-		if r.validate() != nil {
+	f.Add("/work", "A", "f.txt", 80, 80, int64(512), 1.0, 10.0, 60.0, 10)
+	f.Add("rel", "A=B", "../x", 0, 65536, int64(1e8), 1000.0, 5000.0, 1e9, 40<<20)
+	f.Add("", "", "", 1, 2, int64(1024), 2.0, 10.0, 3600.0, 63)
+	f.Add("/a/../b", "\x00", "/abs", -1, 70000, int64(1025), 2.001, 10.5, 3601.0, 64)
+	f.Add("/w", "B", "g", 5, 6, int64(0), math.NaN(), math.Inf(1), 0.0, 0)
+	f.Fuzz(func(t *testing.T, workdir, envKey, file string, p1, p2 int, mem int64, cpu, disk, ttlS float64, metaBytes int) {
+		ttl := time.Duration(ttlS * float64(time.Second))
+		meta := map[string]string{}
+		if metaBytes > 0 && metaBytes <= 1<<20 {
+			meta["k"] = strings.Repeat("v", metaBytes-1)
+		}
+		r := CreateRequest{Workdir: workdir, Env: map[string]string{envKey: "v"}, Files: map[string]string{file: "x"}, Ports: []int{p1, p2},
+			TTL: &ttl, Metadata: meta, Resources: providers.Resources{MemoryMiB: &mem, CPU: &cpu, DiskGiB: &disk}}
+		if r.validate(fuzzCeilings) != nil {
 			return
 		}
 		if !path.IsAbs(r.Workdir) || path.Clean(r.Workdir) != r.Workdir {
@@ -101,5 +112,11 @@ func FuzzCreateValidation(f *testing.F) {
 		if p1 < 1 || p1 > 65535 || p2 < 1 || p2 > 65535 || p1 == p2 {
 			t.Fatalf("ports %d, %d accepted", p1, p2)
 		}
+		c := fuzzCeilings
+		if mem > c.MemoryMiB || !(cpu <= c.CPU) || !(disk <= c.DiskGiB) || ttl == 0 || ttl > c.TTL || len(meta["k"])+len(meta) > c.MetadataBytes {
+			t.Fatalf("over a ceiling, accepted: memory %d cpu %g disk %g ttl %v metadata %d bytes", mem, cpu, disk, ttl, len(meta["k"])+len(meta))
+		}
 	})
 }
+
+var fuzzCeilings = Ceilings{MemoryMiB: 1024, CPU: 2, DiskGiB: 10, TTL: time.Hour, EnvBytes: 64, MetadataBytes: 64, FilesBytes: 64, Files: 4}

@@ -158,7 +158,8 @@ func (s *Service) authorizeKey(c Caller) (string, error) {
 }
 
 // Mint returns a new lease for the sandbox. An operate caller can mint only
-// operate leases. ttl nil: the lease lives as long as the sandbox.
+// operate leases. ttl nil: the lease lives as long as the sandbox; a ttl
+// over the TTL ceiling is ErrInvalid.
 //
 // A lease never outlives the lease that mints it: when the caller's lease
 // expires, ttl nil means the caller's expiry, and a ttl that would end
@@ -174,6 +175,13 @@ func (s *Service) Mint(ctx context.Context, c Caller, id string, scope Scope, tt
 	}
 	if ttl != nil && *ttl <= 0 {
 		return Ref{}, providers.InvalidFields{{Field: "ttl_s", Message: "must be positive"}}
+	}
+	if ttl != nil {
+		var bad providers.InvalidFields
+		s.opts.Ceilings.checkTTL("ttl_s", *ttl, &bad)
+		if err := bad.Err(); err != nil {
+			return Ref{}, err
+		}
 	}
 	a, err := s.authorize(c, id, scope)
 	if err != nil {

@@ -13,7 +13,10 @@ import (
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
-func (r *CreateRequest) validate() error {
+// validate checks what the schema cannot (paths, names, duplicates) and
+// the ceilings c, and fills in the default workdir. It returns every
+// problem at once, as providers.InvalidFields.
+func (r *CreateRequest) validate(c Ceilings) error {
 	var bad providers.InvalidFields
 	if r.Workdir == "" {
 		r.Workdir = defaultWorkdir
@@ -51,6 +54,7 @@ func (r *CreateRequest) validate() error {
 			bad.Add("files", "%q: %s", p, err)
 		}
 	}
+	c.checkCreate(r, &bad)
 	return bad.Err()
 }
 
@@ -179,7 +183,7 @@ func (s *Service) createFor(ctx context.Context, creator string, req CreateReque
 	if sn != nil {
 		req.SnapshotID = sn.ID
 	}
-	if err := req.validate(); err != nil {
+	if err := req.validate(s.opts.Ceilings); err != nil {
 		return Ref{}, err
 	}
 	d := s.demandOf(creator, req.Resources)
@@ -430,10 +434,18 @@ func (s *Service) setState(b *box, state providers.State) {
 }
 
 // Renew sets the sandbox's expiry to now + ttl (nil: its current TTL;
-// 0: no expiry).
+// 0: no expiry). A ttl over the TTL ceiling (0 included, when there is
+// one) is ErrInvalid.
 func (s *Service) Renew(ctx context.Context, c Caller, id string, ttl *time.Duration) (Info, error) {
-	if ttl != nil && *ttl < 0 {
-		return Info{}, providers.InvalidFields{{Field: "ttl_s", Message: "must not be negative"}}
+	if ttl != nil {
+		var bad providers.InvalidFields
+		if *ttl < 0 {
+			bad.Add("ttl_s", "must not be negative")
+		}
+		s.opts.Ceilings.checkTTL("ttl_s", *ttl, &bad)
+		if err := bad.Err(); err != nil {
+			return Info{}, err
+		}
 	}
 	a, err := s.authorize(c, id, ScopeOwner)
 	if err != nil {

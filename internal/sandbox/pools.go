@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -89,7 +90,7 @@ func ParsePool(s string) (PoolSpec, error) {
 				p.Workdir = v
 			case "cpu", "disk_gib":
 				x, err := strconv.ParseFloat(v, 64)
-				if err != nil || x <= 0 {
+				if err != nil || !(x > 0) || math.IsInf(x, 1) {
 					return PoolSpec{}, fmt.Errorf("pool %q: %s must be a positive number", s, k)
 				}
 				if k == "cpu" {
@@ -162,6 +163,11 @@ func (s *Service) startPools(ctx context.Context, specs []PoolSpec) error {
 			if err := ic.CheckImage(ctx, sp.Image); err != nil {
 				return fmt.Errorf("pool %s: %w", sp.Key(), err)
 			}
+		}
+		var over providers.InvalidFields
+		s.opts.Ceilings.checkResources(sp.Resources, &over)
+		if len(over) > 0 {
+			return fmt.Errorf("pool %s is over the gateway's ceilings: %w", sp.Key(), over)
 		}
 		if sp.Workdir == "" {
 			sp.Workdir = defaultWorkdir

@@ -39,7 +39,7 @@ func TestParsePool(t *testing.T) {
 	if p, err := ParsePool("=2"); err != nil || p.Count != 2 || p.Key() != "image=,workdir=/workspace" {
 		t.Fatalf("=2: %+v %v", p, err)
 	}
-	for _, bad := range []string{"", "image=x", "image=x=0", "image=x=1001", "cpu=-1=2", "memory_mib=1.5=2", "color=red=2", "workdir=rel=2", "workdir=/a/../b=2", "image=x,junk=1"} {
+	for _, bad := range []string{"", "image=x", "image=x=0", "image=x=1001", "cpu=-1=2", "memory_mib=1.5=2", "color=red=2", "workdir=rel=2", "workdir=/a/../b=2", "image=x,junk=1", "cpu=NaN=1", "disk_gib=Inf=1", "cpu=+Inf=1"} {
 		if _, err := ParsePool(bad); err == nil {
 			t.Errorf("%q parsed", bad)
 		}

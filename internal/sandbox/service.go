@@ -51,6 +51,9 @@ type Options struct {
 	MaxExecs            int           // concurrent execs in all sandboxes; default 1024
 	MaxExecsPerSandbox  int           // concurrent execs in one sandbox; default 256
 	ReapInterval        time.Duration // default 1s
+	// Ceilings bound what a request may ask for (see Ceilings); zero
+	// fields are none.
+	Ceilings Ceilings
 
 	// Budget is the gateway-wide admission budget (zero: none); Quotas
 	// are each API key's (zero: none). A create commits its resources'
@@ -168,6 +171,9 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	opts.defaults()
 	if opts.Provider == nil || opts.StateDir == "" {
 		return nil, errors.New("sandbox service needs a provider and a state dir")
+	}
+	if err := opts.Ceilings.checkDefaults(opts.DefaultTTL); err != nil {
+		return nil, err
 	}
 	secret, err := loadSecret(opts.LeaseSecret, opts.StateDir)
 	if err != nil {

@@ -61,9 +61,12 @@ func (d *Docker) parseOptions(in map[string]any) (createOptions, error) {
 			}
 		case "pids_limit":
 			n, ok := wholeNumber(v)
-			if !ok || n < 16 || n > 1<<22 {
+			switch {
+			case ok && d.opts.MaxPidsLimit > 0 && n > d.opts.MaxPidsLimit:
+				bad.Add(field, "must be at most %d (the gateway's ceiling)", d.opts.MaxPidsLimit)
+			case !ok || n < 16 || n > 1<<22:
 				bad.Add(field, "must be an integer from 16 to %d", 1<<22)
-			} else {
+			default:
 				o.pidsLimit = n
 			}
 		default:

@@ -77,8 +77,14 @@ type Options struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// PidsLimit is the per-sandbox process limit unless the create asks
-	// for pids_limit. 0 = DefaultPidsLimit; <0 = unlimited.
+	// for pids_limit. 0 = DefaultPidsLimit (lowered to MaxPidsLimit when
+	// that is less); <0 = unlimited.
 	PidsLimit int64
+	// MaxPidsLimit is the operator's ceiling on a create's pids_limit:
+	// above it the create is ErrInvalid naming the option and the
+	// ceiling. 0 = none (the option's own range, 16..4194304). New fails
+	// when PidsLimit is above it or unlimited.
+	MaxPidsLimit int64
 	// DefaultMemoryMiB is a sandbox's memory limit, swap included
 	// (Memory = MemorySwap), when the create gives no
 	// resources.memory_mib. 0 = DefaultMemoryLimitMiB; <0 = unlimited;
@@ -159,6 +165,12 @@ func New(opts Options) (*Docker, error) {
 	}
 	if opts.PidsLimit == 0 {
 		opts.PidsLimit = DefaultPidsLimit
+		if opts.MaxPidsLimit > 0 {
+			opts.PidsLimit = min(opts.PidsLimit, opts.MaxPidsLimit)
+		}
+	}
+	if m := opts.MaxPidsLimit; m > 0 && (opts.PidsLimit < 0 || opts.PidsLimit > m) {
+		return nil, fmt.Errorf("docker: the default pids limit (%d; <0 = none) is over the ceiling of %d", opts.PidsLimit, m)
 	}
 	switch {
 	case opts.DefaultMemoryMiB == 0:

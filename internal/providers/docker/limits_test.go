@@ -3,6 +3,7 @@ package docker
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,3 +159,43 @@ func TestDiskQuotaDetection(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestPidsLimitCeiling: a create's pids_limit above the operator's
+// ceiling (the 4194304 among them) is ErrInvalid naming the option
+// and the ceiling, and makes no container; one at the ceiling gets it; the
+// default is lowered to the ceiling, and a default above it fails New.
+func TestPidsLimitCeiling(t *testing.T) {
+	const ceiling = 100
+	p := newProvider(t, func(o *Options) { o.MaxPidsLimit = ceiling })
+	if p.opts.PidsLimit != ceiling {
+		t.Errorf("default pids limit %d under a ceiling of %d, want the ceiling", p.opts.PidsLimit, ceiling)
+	}
+	before, err := p.List(ctxFor(t, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int64{ceiling + 1, 1 << 22} {
+		_, err := p.Create(ctxFor(t, time.Minute), providers.CreateSpec{ID: providertest.NewID(), Image: dockertest.ImageRef, Workdir: "/workspace",
+			ReadyTimeout: time.Minute, Options: map[string]any{"pids_limit": n}})
+		var bad providers.InvalidFields
+		if !errors.As(err, &bad) || len(bad) != 1 || bad[0].Field != "provider_options.pids_limit" || bad[0].Message != "must be at most 100 (the gateway's ceiling)" {
+			t.Errorf("pids_limit %d over a ceiling of %d: %v", n, ceiling, err)
+		}
+	}
+	if after, err := p.List(ctxFor(t, time.Minute)); err != nil || len(after) != len(before) {
+		t.Errorf("refused creates left containers: %d before, %d after (%v)", len(before), len(after), err)
+	}
+	id := create(t, p, providers.CreateSpec{Options: map[string]any{"pids_limit": ceiling}})
+	info, err := p.cli.ContainerInspect(ctxFor(t, time.Minute), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := info.HostConfig.PidsLimit; l == nil || *l != ceiling {
+		t.Errorf("pids_limit at the ceiling: container limit %v, want %d", l, ceiling)
+	}
+	for _, def := range []int64{ceiling + 1, -1} {
+		if _, err := New(Options{PidsLimit: def, MaxPidsLimit: ceiling}); err == nil || !strings.Contains(err.Error(), "ceiling") {
+			t.Errorf("default pids limit %d over a ceiling of %d: New gave %v", def, ceiling, err)
+		}
+	}
+}

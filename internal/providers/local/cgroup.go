@@ -60,37 +60,6 @@ func ownCgroups() map[string]string {
 	return out
 }
 
-// hostProcs is how many tasks the host can have: the smaller of the
-// kernel's pid_max and threads-max (32768 where unreadable).
-func hostProcs() int64 {
-	n := int64(32768)
-	if v, ok := readProcInt("/proc/sys/kernel/pid_max"); ok {
-		n = v
-	}
-	if v, ok := readProcInt("/proc/sys/kernel/threads-max"); ok {
-		n = min(n, v)
-	}
-	return n
-}
-
-// readProcInt reads a positive integer from a /proc file.
-func readProcInt(path string) (int64, bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	return v, err == nil && v > 0
-}
-
-// defaultPidsMax is a sandbox's process limit when none is configured: a
-// sixteenth of what the host can hold, at least 64 and at most 4096 (a
-// host with pid_max 4194304 would otherwise let one sandbox have 262144,
-// which is no limit at all: its memory limit would be hit first).
-func defaultPidsMax(host int64) int64 {
-	return min(max(host/16, 64), 4096)
-}
-
 // ensurePidsParent creates the pids cgroup all sandboxes share and caps it
 // at max. Without a writable pids hierarchy it does nothing.
 func ensurePidsParent(max int64) error {

@@ -51,6 +51,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	sgagent "github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/host"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/rootfs"
 )
@@ -278,7 +279,7 @@ func New(opts Options) (*Local, error) {
 		}
 		views[l.view.dir] = true
 		pruneViews(viewsDir, views)
-		if err := ensurePidsParent(hostProcs() / 2); err != nil {
+		if err := ensurePidsParent(host.Procs() / 2); err != nil {
 			return nil, fmt.Errorf("local: %w", err)
 		}
 	}
@@ -310,7 +311,7 @@ func (l *Local) setLimits(opts Options) error {
 	}
 	l.pidsMax = opts.PidsMax
 	if l.pidsMax <= 0 {
-		l.pidsMax = defaultPidsMax(hostProcs())
+		l.pidsMax = host.DefaultPidsMax(host.Procs())
 	}
 	l.shm = opts.ShmMiB << 20
 	if l.shm <= 0 {

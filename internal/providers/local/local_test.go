@@ -653,24 +653,6 @@ while time.process_time() - t < 0.3: pass
 	}
 }
 
-// TestDefaultPidsMax: the default process limit is a real limit on every
-// host, however large its pid_max, and never below what a shell needs.
-func TestDefaultPidsMax(t *testing.T) {
-	for host, want := range map[int64]int64{
-		32768:   2048,
-		4194304: 4096,
-		192735:  4096,
-		512:     64,
-		0:       64,
-	} {
-		if got := defaultPidsMax(host); got != want {
-			t.Errorf("defaultPidsMax(%d) = %d, want %d", host, got, want)
-		}
-	}
-	if n := hostProcs(); n <= 0 || n > 1<<22 {
-		t.Errorf("hostProcs() = %d", n)
-	}
-}
 
 // waitState polls id's status until it is want (20 s at most).
 func waitState(t *testing.T, l *Local, id string, want providers.State) {
