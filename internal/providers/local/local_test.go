@@ -653,7 +653,6 @@ while time.process_time() - t < 0.3: pass
 	}
 }
 
-
 // waitState polls id's status until it is want (20 s at most).
 func waitState(t *testing.T, l *Local, id string, want providers.State) {
 	t.Helper()
