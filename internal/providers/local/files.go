@@ -19,8 +19,9 @@ import (
 
 // Files are opened inside the sandbox by its agent, as sandbox root on the
 // forker thread (no CAP_SYS_ADMIN, the seccomp filter), and handed to the
-// gateway, which only streams bytes through the descriptor: the gateway
-// never resolves a sandbox path with host credentials. Every path is
+// gateway, which only streams bytes through the descriptor; files/info
+// and files/list are answered by the agent the same way (stat, list): the
+// gateway never resolves a sandbox path with host credentials. Every path is
 // resolved with openat2(RESOLVE_IN_ROOT): "..", absolute symlinks and
 // symlinks with too many ".." all stay inside the sandbox, and magic links
 // (/proc/<pid>/root and the like) are refused. Kernel interfaces (/proc,
