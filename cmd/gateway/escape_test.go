@@ -445,3 +445,115 @@ func TestEscapeThroughSharedSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// TestEscapeProcListing: files/list and files/info refuse /proc (its
+// links, resolved by the gateway as host root, answered with host paths
+// the sandbox itself cannot read) as reads do, and describe what the
+// sandbox sees: a symlink's target is readlink's inside.
+func TestEscapeProcListing(t *testing.T) {
+	stateDir := t.TempDir()
+	g := startGateway(t, stateDir, nil)
+	b := escCreate(t, g, `{}`)
+	b.sh("ln -s /var/lib/host-only/secret /workspace/hl")
+	hostPaths := []string{stateDir, filepath.Dir(gatewayBin)}
+	for _, route := range []string{"list", "info"} {
+		for _, p := range []string{"/proc/1/fd", "/proc/1/exe", "/proc/self/root", "/proc/1/cwd", "/proc/1/root/workspace"} {
+			s, body := call(t, "GET", b.url("/files/"+route+"?path="+p), "", "X-Sandbox-Lease", b.Tok)
+			if s != 400 {
+				t.Errorf("files/%s %s: %d %.200s, want 400", route, p, s, body)
+			}
+			for _, h := range hostPaths {
+				if bytes.Contains(body, []byte(h)) {
+					t.Errorf("files/%s %s names the host path %s: %s", route, p, h, body)
+				}
+			}
+		}
+	}
+	inside, _ := b.sh("readlink /workspace/hl")
+	s, body := call(t, "GET", b.url("/files/info?path=/workspace/hl"), "", "X-Sandbox-Lease", b.Tok)
+	var fi struct {
+		Type   string
+		Target string `json:"symlink_target"`
+	}
+	if err := json.Unmarshal(body, &fi); s != 200 || err != nil || fi.Type != "symlink" || fi.Target+"\n" != inside {
+		t.Errorf("files/info of a symlink: %d %s, readlink inside %q", s, body, inside)
+	}
+	s, body = call(t, "GET", b.url("/files/list?path=/workspace"), "", "X-Sandbox-Lease", b.Tok)
+	if s != 200 || !bytes.Contains(body, []byte(`"name":"hl"`)) {
+		t.Errorf("files/list of the workdir: %d %s", s, body)
+	}
+}
+
+// TestEscapeInitKilled: SIGSEGV sent to init from inside ends the
+// sandbox, which then reads error with the signal named, not stopped; it
+// is deleted as any other.
+func TestEscapeInitKilled(t *testing.T) {
+	g := startGateway(t, t.TempDir(), nil)
+	b := escCreate(t, g, `{}`)
+	body, _ := json.Marshal(map[string]any{"command": "kill -SEGV 1; sleep 60", "timeout_s": 60})
+	call(t, "POST", b.url("/exec"), string(body), "X-Sandbox-Lease", b.Tok) // dies with the sandbox
+	var info struct {
+		Status string `json:"status"`
+		Reason string `json:"status_reason"`
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		s, data := call(t, "GET", b.url(""), "", "X-Sandbox-Lease", b.Tok)
+		if err := json.Unmarshal(data, &info); s != 200 || err != nil {
+			t.Fatalf("get: %d %s", s, data)
+		}
+		if info.Status != "running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox still runs 30 s after kill -SEGV 1")
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+	if info.Status != "error" || !strings.Contains(info.Reason, "SIGSEGV") {
+		t.Errorf("after kill -SEGV 1: status %q, reason %q; want error naming SIGSEGV", info.Status, info.Reason)
+	}
+	if s, data := call(t, "DELETE", b.url(""), "", "X-Sandbox-Lease", b.Tok); s != 200 {
+		t.Errorf("delete: %d %s", s, data)
+	}
+	if s, _ := call(t, "GET", b.url(""), "", "X-Sandbox-Lease", b.Tok); s != 404 {
+		t.Errorf("get after delete: %d, want 404", s)
+	}
+}
+
+// TestEscapeUnknownLocalImage: an image the local provider does not have
+// (a registry name, as a new user tries) is refused with 400 naming the
+// images it has and how to add one, and nothing is made, where it used to
+// run the host's view; a warm pool of such an image stops the start.
+func TestEscapeUnknownLocalImage(t *testing.T) {
+	stateDir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(stateDir, "images", "mini", "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	g := startGateway(t, stateDir, nil)
+	s, data := call(t, "POST", g.URL+"/v1/sandboxes", `{"image": "python:3.13-slim"}`)
+	var p struct{ Detail string }
+	json.Unmarshal(data, &p)
+	if s != 400 || !strings.Contains(p.Detail, `"mini"`) || !strings.Contains(p.Detail, "docker save python:3.13-slim") || !strings.Contains(p.Detail, "--local-images") {
+		t.Errorf("create with python:3.13-slim: %d %s", s, data)
+	}
+	if strings.Contains(string(data), stateDir) {
+		t.Errorf("the refusal names the host path %s: %s", stateDir, data)
+	}
+	if s, data := call(t, "GET", g.URL+"/v1/sandboxes", ""); s != 200 || !strings.Contains(string(data), `"sandboxes":[]`) {
+		t.Errorf("sandboxes after the refusal: %d %s", s, data)
+	}
+	// The directory, not localSandboxes: a second provider on the state
+	// directory while the gateway runs would prune the gateway's host view.
+	if entries, err := os.ReadDir(filepath.Join(stateDir, "local", "sandboxes")); err != nil || len(entries) != 0 {
+		t.Errorf("the refused create left sandbox directories: %v %v", entries, err)
+	}
+	if s, data := call(t, "POST", g.URL+"/v1/sandboxes", `{"image": null}`); s != 201 {
+		t.Errorf("create with a null image (the host view): %d %s\n%s", s, data, g.stderr)
+	}
+
+	cmd := exec.Command(gatewayBin, "serve", "--listen", "127.0.0.1:0", "--state-dir", t.TempDir(), "--pool", "image=python:3.13-slim=1")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "python:3.13-slim") {
+		t.Errorf("a gateway with a pool of an unknown local image started: %v\n%s", err, out)
+	}
+}

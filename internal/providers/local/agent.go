@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	sgagent "github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/seccomp"
 )
 
@@ -163,6 +164,8 @@ func (a *agent) handle(c *net.UnixConn) {
 		sendMsg(c, reply{})
 	case opOpen:
 		a.open(c, req)
+	case opStat, opList:
+		a.describe(c, req)
 	default:
 		sendMsg(c, reply{Error: "unknown op " + strconv.Quote(req.Op), Kind: kindInvalid})
 	}
@@ -178,24 +181,47 @@ func (a *agent) open(c *net.UnixConn, req request) {
 		f   *os.File
 		err error
 	)
-	res := make(chan forkRes, 1)
-	open := func() { f, err = openInSandbox(req.Path, req.Write) }
-	if req.OpenDir {
-		open = func() { f, err = openDirInSandbox(req.Path) }
-	}
-	a.forks <- forkReq{fn: open, res: res}
-	<-res
+	a.onForker(func() { f, err = openInSandbox(req.Path, req.Write) })
 	if err != nil {
-		rep := reply{Error: err.Error(), Kind: kindInvalid}
-		var errno syscall.Errno
-		if errors.As(err, &errno) {
-			rep.Errno = int(errno)
-		}
-		sendMsg(c, rep)
+		sendMsg(c, fileErrReply(err))
 		return
 	}
 	sendMsg(c, reply{}, f)
 	f.Close()
+}
+
+// describe describes req.Path (opStat) or lists it (opList) for the
+// gateway, on the forker thread as open does: the sandbox's own view,
+// permissions and link targets, never the host's.
+func (a *agent) describe(c *net.UnixConn, req request) {
+	var (
+		rep reply
+		err error
+	)
+	a.onForker(func() {
+		if req.Op == opStat {
+			var fi providers.FileInfo
+			fi, err = statInSandbox(req.Path)
+			rep.Entries = []providers.FileInfo{fi}
+			return
+		}
+		rep.Entries, rep.Truncated, err = listInSandbox(req.Path)
+	})
+	if err != nil {
+		rep = fileErrReply(err)
+	}
+	sendMsg(c, rep)
+}
+
+// fileErrReply is the reply for a failed file operation: the system
+// error's number when there is one, for the gateway to classify.
+func fileErrReply(err error) reply {
+	rep := reply{Error: err.Error(), Kind: kindInvalid}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		rep.Errno = int(errno)
+	}
+	return rep
 }
 
 // exec starts one command, reports its pid and pidfd, and reports its

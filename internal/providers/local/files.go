@@ -19,8 +19,9 @@ import (
 
 // Files are opened inside the sandbox by its agent, as sandbox root on the
 // forker thread (no CAP_SYS_ADMIN, the seccomp filter), and handed to the
-// gateway, which only streams bytes through the descriptor: the gateway
-// never resolves a sandbox path with host credentials. Every path is
+// gateway, which only streams bytes through the descriptor; files/info
+// and files/list are answered by the agent the same way (stat, list): the
+// gateway never resolves a sandbox path with host credentials. Every path is
 // resolved with openat2(RESOLVE_IN_ROOT): "..", absolute symlinks and
 // symlinks with too many ".." all stay inside the sandbox, and magic links
 // (/proc/<pid>/root and the like) are refused. Kernel interfaces (/proc,
@@ -193,71 +194,40 @@ func openUnder(root *os.File, rel string, write bool) (*os.File, error) {
 	return os.NewFile(uintptr(fd), "sandbox-file"), nil
 }
 
-// openDirInSandbox opens the directory at the absolute path p, resolved
-// inside this process's root, for reading its entries. Runs in the agent.
-func openDirInSandbox(p string) (*os.File, error) {
-	rel, err := relPath(p)
-	if err != nil {
-		return nil, err
-	}
-	root, err := os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	return openDirUnder(root, rel)
-}
-
-func openDirUnder(root *os.File, rel string) (*os.File, error) {
-	fd, err := openIn(root, rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOCTTY, 0)
-	if err != nil {
-		return nil, err
-	}
-	return os.NewFile(uintptr(fd), "sandbox-dir"), nil
-}
-
-// openDir opens the sandbox directory rel (relative to the root; p is its
-// absolute form) as open does a file.
-func (sb *sandbox) openDir(ctx context.Context, p, rel string) (*os.File, error) {
-	if sb.st.Isolation == IsolationNamespaces {
-		return sb.openVia(ctx, request{Op: opOpen, Path: p, OpenDir: true})
-	}
-	root, err := sb.openRoot()
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	f, err := openDirUnder(root, rel)
-	if err != nil {
-		return nil, fileErr(err)
-	}
-	return f, nil
-}
-
-// StatFile describes the file at p, as lstat does: its directory is
-// opened in the sandbox (by its agent) and the file described relative
-// to that descriptor.
-func (l *Local) StatFile(ctx context.Context, id, p string) (providers.FileInfo, error) {
-	sb, err := l.running(id)
-	if err != nil {
-		return providers.FileInfo{}, err
-	}
-	rel, err := relPath(p)
-	if err != nil {
-		return providers.FileInfo{}, err
-	}
+// statUnder describes rel (relative to root; "." is the root) as lstat
+// does, resolved inside root: its directory is opened and the entry
+// described relative to it. Refused (errKernelFS) on a kernel interface
+// filesystem, as reads are: the directory's, or the entry's own (/proc
+// itself, a mount point). With namespaces it runs in the agent (see
+// statInSandbox), so that a link's target is what readlink gives inside.
+func statUnder(root *os.File, rel string) (providers.FileInfo, error) {
 	dir, name := path.Dir(rel), path.Base(rel)
 	if rel == "." {
 		name = ""
 	}
-	d, err := sb.openDir(ctx, "/"+dir, dir)
+	d, err := openIn(root, dir, unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return providers.FileInfo{}, err
 	}
-	defer d.Close()
-	fi, err := sgagent.StatAt(int(d.Fd()), name)
+	defer unix.Close(d)
+	if err := onKernelFS(d); err != nil {
+		return providers.FileInfo{}, err
+	}
+	if name != "" {
+		// O_NOFOLLOW: a final symlink is described, not followed.
+		fd, err := openIn(root, rel, unix.O_PATH|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			return providers.FileInfo{}, err
+		}
+		err = onKernelFS(fd)
+		unix.Close(fd)
+		if err != nil {
+			return providers.FileInfo{}, err
+		}
+	}
+	fi, err := sgagent.StatAt(d, name)
 	if err != nil {
-		return providers.FileInfo{}, fileErr(err)
+		return providers.FileInfo{}, err
 	}
 	if name == "" {
 		fi.Name = "/"
@@ -265,71 +235,184 @@ func (l *Local) StatFile(ctx context.Context, id, p string) (providers.FileInfo,
 	return fi, nil
 }
 
-// ListDir lists the directory at p (see StatFile).
-func (l *Local) ListDir(ctx context.Context, id, p string) ([]providers.FileInfo, bool, error) {
-	sb, err := l.running(id)
+// listUnder lists the directory rel, resolved inside root (see
+// statUnder; sgagent.ReadDir bounds the listing).
+func listUnder(root *os.File, rel string) ([]providers.FileInfo, bool, error) {
+	fd, err := openIn(root, rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOCTTY, 0)
 	if err != nil {
 		return nil, false, err
+	}
+	d := os.NewFile(uintptr(fd), "sandbox-dir")
+	defer d.Close()
+	if err := onKernelFS(fd); err != nil {
+		return nil, false, err
+	}
+	return sgagent.ReadDir(d)
+}
+
+// statInSandbox and listInSandbox describe the absolute path p resolved
+// inside this process's root. They run in the agent, as sandbox root.
+func statInSandbox(p string) (providers.FileInfo, error) {
+	var fi providers.FileInfo
+	err := inRoot(p, func(root *os.File, rel string) (err error) {
+		fi, err = statUnder(root, rel)
+		return err
+	})
+	return fi, err
+}
+
+func listInSandbox(p string) (entries []providers.FileInfo, truncated bool, err error) {
+	err = inRoot(p, func(root *os.File, rel string) (err error) {
+		entries, truncated, err = listUnder(root, rel)
+		return err
+	})
+	return entries, truncated, err
+}
+
+// inRoot calls fn with this process's root and p relative to it.
+func inRoot(p string, fn func(root *os.File, rel string) error) error {
+	rel, err := relPath(p)
+	if err != nil {
+		return err
+	}
+	root, err := os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	return fn(root, rel)
+}
+
+// describe has the sandbox's agent describe the file (opStat) or list the
+// directory (opList) at p; with isolation "none" the gateway does it
+// against the sandbox's directory.
+func (sb *sandbox) describe(ctx context.Context, op, p string) ([]providers.FileInfo, bool, error) {
+	if sb.st.Isolation == IsolationNamespaces {
+		rep, files, err := sb.fileCall(ctx, request{Op: op, Path: p})
+		closeFiles(files)
+		if err != nil {
+			return nil, false, err
+		}
+		if op == opStat && len(rep.Entries) != 1 {
+			return nil, false, fmt.Errorf("stat in %s: agent sent %d entries, want 1", sb.id, len(rep.Entries))
+		}
+		// The agent is bounded by the same cap; more is a lie.
+		if len(rep.Entries) > providers.MaxDirEntries {
+			rep.Entries, rep.Truncated = rep.Entries[:providers.MaxDirEntries], true
+		}
+		return rep.Entries, rep.Truncated, nil
 	}
 	rel, err := relPath(p)
 	if err != nil {
 		return nil, false, err
 	}
-	d, err := sb.openDir(ctx, p, rel)
+	root, err := sb.openRoot()
 	if err != nil {
-		if errors.Is(err, unix.ENOTDIR) {
-			return nil, false, providers.Errorf(providers.ErrInvalid, "%s is not a directory", p)
-		}
 		return nil, false, err
 	}
-	defer d.Close()
-	entries, truncated, err := sgagent.ReadDir(d)
+	defer root.Close()
+	if op == opStat {
+		fi, err := statUnder(root, rel)
+		if err != nil {
+			return nil, false, fileErr(err)
+		}
+		return []providers.FileInfo{fi}, false, nil
+	}
+	entries, truncated, err := listUnder(root, rel)
 	if err != nil {
 		return nil, false, fileErr(err)
 	}
 	return entries, truncated, nil
 }
 
-// openVia has the sandbox's agent open a file or directory (req: see
-// openInSandbox and openDirInSandbox) and returns it.
+// StatFile describes the file at p, as lstat does (a symlink's target as
+// readlink gives it inside the sandbox). ErrNotFound if missing,
+// ErrInvalid for a path that escapes or is on a kernel interface
+// filesystem (/proc, /sys), ErrConflict unless the sandbox is running.
+func (l *Local) StatFile(ctx context.Context, id, p string) (providers.FileInfo, error) {
+	sb, err := l.running(id)
+	if err != nil {
+		return providers.FileInfo{}, err
+	}
+	if _, err := relPath(p); err != nil {
+		return providers.FileInfo{}, err
+	}
+	fis, _, err := sb.describe(ctx, opStat, p)
+	if err != nil {
+		return providers.FileInfo{}, err
+	}
+	return fis[0], nil
+}
+
+// ListDir lists the directory at p (see StatFile); ErrInvalid if p is
+// not a directory.
+func (l *Local) ListDir(ctx context.Context, id, p string) ([]providers.FileInfo, bool, error) {
+	sb, err := l.running(id)
+	if err != nil {
+		return nil, false, err
+	}
+	if _, err := relPath(p); err != nil {
+		return nil, false, err
+	}
+	entries, truncated, err := sb.describe(ctx, opList, p)
+	if errors.Is(err, unix.ENOTDIR) {
+		return nil, false, providers.Wrap(providers.ErrInvalid, err, p+" is not a directory")
+	}
+	return entries, truncated, err
+}
+
+// openVia has the sandbox's agent open a file (req: see openInSandbox)
+// and returns it.
 func (sb *sandbox) openVia(ctx context.Context, req request) (*os.File, error) {
-	c, err := sb.dial(ctx)
-	if err != nil {
-		if s := sb.state(); s != providers.StateRunning {
-			return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", sb.id, s)
-		}
-		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
-	}
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
-	defer stop()
-	if err := sendMsg(c, req); err != nil {
-		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
-	}
-	var rep reply
-	files, err := recvMsg(c, &rep)
+	_, files, err := sb.fileCall(ctx, req)
 	if err != nil {
 		closeFiles(files)
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
-	}
-	if rep.Error != "" {
-		closeFiles(files)
-		switch {
-		case rep.Errno != 0:
-			return nil, fileErr(syscall.Errno(rep.Errno))
-		case rep.Error == errKernelFS.Error():
-			return nil, fileErr(errKernelFS)
-		}
-		return nil, providers.Errorf(providers.ErrInvalid, "%s", rep.Error)
+		return nil, err
 	}
 	if len(files) != 1 {
 		closeFiles(files)
 		return nil, fmt.Errorf("open in %s: agent sent %d descriptors, want 1", sb.id, len(files))
 	}
 	return files[0], nil
+}
+
+// fileCall sends a file operation to the sandbox's agent and returns its
+// reply and the descriptors that came with it (the caller closes them),
+// or the agent's error as a kind (see fileErr).
+func (sb *sandbox) fileCall(ctx context.Context, req request) (reply, []*os.File, error) {
+	c, err := sb.dial(ctx)
+	if err != nil {
+		if s := sb.state(); s != providers.StateRunning {
+			return reply{}, nil, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", sb.id, s)
+		}
+		return reply{}, nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	if err := sendMsg(c, req); err != nil {
+		return reply{}, nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
+	}
+	var rep reply
+	files, err := recvMsg(c, &rep)
+	if err != nil {
+		closeFiles(files)
+		if ctx.Err() != nil {
+			return reply{}, nil, ctx.Err()
+		}
+		return reply{}, nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
+	}
+	if rep.Error != "" {
+		closeFiles(files)
+		switch {
+		case rep.Errno != 0:
+			return reply{}, nil, fileErr(syscall.Errno(rep.Errno))
+		case rep.Error == errKernelFS.Error():
+			return reply{}, nil, fileErr(errKernelFS)
+		}
+		return reply{}, nil, providers.Errorf(providers.ErrInvalid, "%s", rep.Error)
+	}
+	return rep, files, nil
 }
 
 // WriteFile streams r into the file at p, creating parent directories

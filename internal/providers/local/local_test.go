@@ -727,3 +727,46 @@ func TestInitKilledBySignal(t *testing.T) {
 		t.Errorf("describeExit of an OOM kill: %q", oom)
 	}
 }
+
+// TestFileInfoInside: files/info and files/list are answered by the agent
+// inside the sandbox: kernel interface filesystems are refused as reads
+// are (so /proc's links, which the gateway as host root would resolve to
+// host paths, are never described), a symlink's target is what readlink
+// gives inside, and ordinary directories list as before.
+func TestFileInfoInside(t *testing.T) {
+	l := newLocal(t, Options{})
+	id := create(t, l, providers.CreateSpec{})
+	sh(t, l, id, "mkdir -p /workspace/d && echo x > /workspace/d/f && ln -s /var/lib/host-only/secret /workspace/d/hl && ln -s /proc/self /workspace/d/pl")
+	for _, p := range []string{"/proc/1/fd", "/proc/1/exe", "/proc/self/root", "/proc/1/root/etc", "/proc", "/sys/kernel", "/dev/pts", "/workspace/d/pl/fd", "/workspace/d/pl/exe"} {
+		if fi, err := l.StatFile(ctxT(t), id, p); !errors.Is(err, providers.ErrInvalid) {
+			t.Errorf("StatFile(%s): %+v %v, want ErrInvalid", p, fi, err)
+		}
+		if entries, _, err := l.ListDir(ctxT(t), id, p); !errors.Is(err, providers.ErrInvalid) {
+			t.Errorf("ListDir(%s): %d entries %v, want ErrInvalid", p, len(entries), err)
+		}
+	}
+	inside, _ := sh(t, l, id, "readlink /workspace/d/hl; readlink /dev/fd")
+	fi, err := l.StatFile(ctxT(t), id, "/workspace/d/hl")
+	if err != nil || fi.Type != providers.FileSymlink || fi.Target+"\n" != strings.SplitAfter(inside, "\n")[0] {
+		t.Errorf("StatFile of a symlink to a host-only path: %+v %v, readlink inside %q", fi, err, inside)
+	}
+	if fi, err := l.StatFile(ctxT(t), id, "/workspace/d/pl"); err != nil || fi.Type != providers.FileSymlink || fi.Target != "/proc/self" {
+		t.Errorf("StatFile of a symlink into /proc (the link itself is ours): %+v %v", fi, err)
+	}
+	entries, truncated, err := l.ListDir(ctxT(t), id, "/dev")
+	var fd providers.FileInfo
+	for _, e := range entries {
+		if e.Name == "fd" {
+			fd = e
+		}
+	}
+	if err != nil || truncated || fd.Type != providers.FileSymlink || fd.Target+"\n" != strings.SplitAfter(inside, "\n")[1] {
+		t.Errorf("ListDir(/dev): fd %+v, %v %v, readlink inside %q", fd, truncated, err, inside)
+	}
+	if entries, _, err := l.ListDir(ctxT(t), id, "/workspace/d"); err != nil || len(entries) != 3 {
+		t.Errorf("ListDir of an ordinary directory: %+v %v", entries, err)
+	}
+	if entries, _, err := l.ListDir(ctxT(t), id, "/"); err != nil || len(entries) == 0 {
+		t.Errorf("ListDir(/): %d entries %v", len(entries), err)
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"syscall"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
 )
 
 // The agent protocol. The gateway and a sandbox's init talk over a
@@ -24,6 +26,8 @@ import (
 //         gateway → {op:signal, signal, foreground} (optional: a signal delivered inside)
 // open:   gateway → {op:open, path, write}
 //         agent   → {} + [the opened file]   or {error, kind, errno}
+// stat, list: gateway → {op:stat|list, path}
+//         agent   → {entries, truncated}     or {error, kind, errno}
 // ping, signal, killall: one request, one reply.
 
 const (
@@ -33,6 +37,8 @@ const (
 	opSignal  = "signal"  // kill(-1, Signal) inside the sandbox: the pause fallback
 	opKillAll = "killall" // SIGKILL every descendant of init (isolation none has no pid namespace to do it)
 	opOpen    = "open"    // open a regular file inside the sandbox, as sandbox root, and send it back
+	opStat    = "stat"    // describe a file inside the sandbox, as sandbox root
+	opList    = "list"    // list a directory inside the sandbox, as sandbox root
 )
 
 const (
@@ -68,10 +74,9 @@ type request struct {
 	Signal     int  `json:"signal,omitempty"`
 	Foreground bool `json:"foreground,omitempty"`
 
-	// open
-	Path    string `json:"path,omitempty"`     // absolute, inside the sandbox
-	Write   bool   `json:"write,omitempty"`    // create (with parents) and truncate, else read
-	OpenDir bool   `json:"open_dir,omitempty"` // a directory (to describe it and its entries)
+	// open, stat, list
+	Path  string `json:"path,omitempty"`  // absolute, inside the sandbox
+	Write bool   `json:"write,omitempty"` // open: create (with parents) and truncate, else read
 }
 
 // Error kinds the agent reports, so the gateway can map them.
@@ -87,7 +92,11 @@ type reply struct {
 	Kind   string `json:"kind,omitempty"`
 	Exited bool   `json:"exited,omitempty"`
 	Code   int    `json:"code,omitempty"`
-	Errno  int    `json:"errno,omitempty"` // open: the system error, for the gateway to classify
+	Errno  int    `json:"errno,omitempty"` // open, stat, list: the system error, for the gateway to classify
+
+	// stat (one entry) and list
+	Entries   []providers.FileInfo `json:"entries,omitempty"`
+	Truncated bool                 `json:"truncated,omitempty"`
 
 	// exec's exit: what the command used, measured in the sandbox
 	Ran    time.Duration `json:"ran,omitempty"`     // from its start to its exit
