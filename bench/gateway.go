@@ -34,7 +34,7 @@ func startGateway(bin, provider string, extra ...string) (*gateway, error) {
 		return nil, err
 	}
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--state-dir", state, "--provider", provider,
-		"--max-sandboxes", "2000", "--max-pty-per-sandbox", "1024", "--log-level", "warn"}, extra...)
+		"--max-sandboxes", "2000", "--overcommit", "0", "--disk-overcommit", "0", "--max-pty-per-sandbox", "1024", "--log-level", "warn"}, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()

@@ -30,6 +30,13 @@ type config struct {
 	InsecureNoAuth     bool
 	MaxSandboxes       int
 	QueueTimeout       time.Duration
+	Overcommit         float64 // memory admission budget: host memory × this (0: none)
+	DiskOvercommit     float64 // disk admission budget: state dir filesystem × this (0: none)
+	QuotaSandboxes     int     // per API key; 0 = unlimited, as every quota
+	QuotaMemoryMiB     int64
+	QuotaDiskGiB       float64
+	QuotaSnapshots     int
+	QuotaSnapshotBytes byteSize
 	DefaultTTL         time.Duration
 	MaxExecOutput      int
 	MaxExecOutputTotal int64
@@ -93,6 +100,13 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.InsecureNoAuth, "insecure-no-auth", false, "allow anonymous creates on a non-loopback address")
 	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", 64, "live sandboxes at most; further creates wait in a FIFO queue")
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", 600*time.Second, "how long a create waits for capacity before 503")
+	fs.Float64Var(&c.Overcommit, "overcommit", 1.5, "memory admission budget: the memory live sandboxes commit (their memory_mib, else --default-memory-mib) stays within host memory × this; a create beyond it waits in the queue (0 = no budget; local and docker, whose daemon is taken to be on this host; none on kubernetes)")
+	fs.Float64Var(&c.DiskOvercommit, "disk-overcommit", 1, "disk admission budget: the disk live sandboxes commit (their disk_gib, else local's --default-disk-gib) stays within the size of the state dir's filesystem × this (0 = no budget; local and docker; none on kubernetes)")
+	fs.IntVar(&c.QuotaSandboxes, "quota-sandboxes", 0, "live sandboxes (with queued creates) per API key; beyond it 429 quota_exceeded (0 = unlimited)")
+	fs.Int64Var(&c.QuotaMemoryMiB, "quota-memory-mib", 0, "memory committed per API key, in MiB (0 = unlimited)")
+	fs.Float64Var(&c.QuotaDiskGiB, "quota-disk-gib", 0, "disk committed per API key, in GiB (0 = unlimited)")
+	fs.IntVar(&c.QuotaSnapshots, "quota-snapshots", 0, "snapshots kept per API key, also of deleted sandboxes (0 = unlimited)")
+	fs.Var(&c.QuotaSnapshotBytes, "quota-snapshot-bytes", "bytes of snapshots kept per API key, with an optional unit (50GiB), where the provider can tell their size (local, docker) (default: unlimited)")
 	fs.DurationVar(&c.DefaultTTL, "default-ttl", 1800*time.Second, "sandbox lifetime when a create gives no ttl_s (0 = none)")
 	fs.IntVar(&c.MaxExecOutput, "max-exec-output", providers.DefaultMaxOutput, "bytes of stdout and of stderr kept per exec")
 	fs.Int64Var(&c.MaxExecOutputTotal, "max-exec-output-total", 256<<20, "bytes of exec output held at once by all execs in flight; an exec that finds less than twice --max-exec-output left keeps less (at least 64 KiB per stream) and is truncated")
@@ -239,6 +253,9 @@ func parseConfig(args []string, lookup func(string) (string, bool), stderr io.Wr
 	}
 	if c.MaxSandboxes < 1 {
 		return c, fmt.Errorf("--max-sandboxes must be at least 1")
+	}
+	if c.Overcommit < 0 || c.DiskOvercommit < 0 || c.QuotaSandboxes < 0 || c.QuotaMemoryMiB < 0 || c.QuotaDiskGiB < 0 || c.QuotaSnapshots < 0 {
+		return c, fmt.Errorf("--overcommit, --disk-overcommit and the --quota-* flags must not be negative")
 	}
 	if c.MaxExecOutputTotal < 1 {
 		return c, fmt.Errorf("--max-exec-output-total must be at least 1")

@@ -107,7 +107,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if k, ok := p.(*kubernetes.Kubernetes); ok {
 		store = k.Store() // records and leases in the cluster: replicas share them
 	}
+	admission, err := admissionOptions(cfg)
+	if err != nil {
+		return err
+	}
 	svc, err := sandbox.New(ctx, sandbox.Options{
+		Budget:             admission.Budget,
+		Quotas:             admission.Quotas,
+		DefaultMemoryMiB:   admission.DefaultMemoryMiB,
+		DefaultDiskGiB:     admission.DefaultDiskGiB,
 		Pools:              cfg.Pools,
 		Store:              store,
 		Provider:           p,

@@ -192,6 +192,19 @@ func TestPerKeyQuotas(t *testing.T) {
 	if got := testutil.ToFloat64(m.QuotaRefusals.WithLabelValues("sandboxes")); got != 2 {
 		t.Fatalf("sandboxes refusals counted %v, want 2", got)
 	}
+	if got := gauge(t, reg, "sandgate_committed_memory_bytes"); got != 2048<<20 {
+		t.Fatalf("sandgate_committed_memory_bytes %v, want %d", got, 2048<<20)
+	}
+	// A fork over the key's quota is refused before anything is made.
+	a, err := e.svc.List(ctx, keyA, ListFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.svc.Fork(ctx, keyA, a[0].ID, 1)
+	wantQuota(t, err, "sandboxes")
+	if n := len(e.p.Snapshots()); n != 0 {
+		t.Fatalf("a refused fork left %d snapshots", n)
+	}
 	q, err := e.svc.Quota(ctx, keyB)
 	if err != nil || q.Sandboxes != 1 || q.MemoryMiB != 1024 || q.DiskMiB != 1024 || q.Limits.Sandboxes != 2 {
 		t.Fatalf("key B's quota: %+v %v", q, err)
@@ -316,4 +329,20 @@ func TestSnapshotQuotaAndOrphans(t *testing.T) {
 	if n := len(e.p.Snapshots()); n != 1 {
 		t.Fatalf("provider holds %d snapshots, want 1", n)
 	}
+}
+
+// gauge reads the value of an unlabelled gauge from reg.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }

@@ -58,7 +58,7 @@ type Options struct {
 	// Budget is the gateway-wide admission budget (zero: none); Quotas
 	// are each API key's (zero: none). A create commits its resources'
 	// memory_mib and disk_gib, or DefaultMemoryMiB and DefaultDiskGiB
-	// (what the provider applies when a create sets none; 0: nothing) .
+	// (what the provider applies when a create sets none; 0: nothing).
 	Budget           Budget
 	Quotas           Quotas
 	DefaultMemoryMiB int64

@@ -241,6 +241,14 @@ func (s *Service) Fork(ctx context.Context, c Caller, id string, count int) ([]R
 	if err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	key := a.box.rec.Creator
+	s.mu.Unlock()
+	// All or nothing: forks over the key's quota are refused before any
+	// is made (they have the default resources).
+	if err := s.slots.check(s.demandOf(key, providers.Resources{}), count); err != nil {
+		return nil, err
+	}
 	sn, err := s.snapshot(ctx, a.box, "fork of "+id, true)
 	if err != nil {
 		return nil, err
