@@ -4,8 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/sandgate/sandgate/internal/host"
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
@@ -31,16 +30,15 @@ func admissionOptions(cfg config) (sandbox.Options, error) {
 	if cfg.Provider != "local" && cfg.Provider != "docker" {
 		return o, nil
 	}
-	var si unix.Sysinfo_t
-	if err := unix.Sysinfo(&si); err != nil {
+	memMiB, err := host.MemoryMiB()
+	if err != nil {
 		return o, fmt.Errorf("host memory for the admission budget: %w", err)
 	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(cfg.StateDir, &fs); err != nil {
+	diskGiB, err := host.DiskGiB(cfg.StateDir)
+	if err != nil {
 		return o, fmt.Errorf("state dir filesystem size for the admission budget: %w", err)
 	}
-	memMiB := float64(si.Totalram) * float64(si.Unit) / (1 << 20)
-	diskMiB := float64(fs.Blocks) * float64(fs.Bsize) / (1 << 20)
-	o.Budget = sandbox.Budget{MemoryMiB: int64(memMiB * cfg.Overcommit), DiskMiB: int64(diskMiB * cfg.DiskOvercommit)}
+	diskMiB := diskGiB * 1024
+	o.Budget = sandbox.Budget{MemoryMiB: int64(float64(memMiB) * cfg.Overcommit), DiskMiB: int64(diskMiB * cfg.DiskOvercommit)}
 	return o, nil
 }

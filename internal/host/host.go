@@ -44,6 +44,15 @@ func MemoryMiB() (int64, error) {
 // CPUs is how many CPUs the gateway may run on (its affinity mask).
 func CPUs() int { return runtime.NumCPU() }
 
+// DiskGiB is the size of the filesystem holding dir, in GiB.
+func DiskGiB(dir string) (float64, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	return float64(fs.Blocks) * float64(fs.Bsize) / (1 << 30), nil
+}
+
 // FreeDiskGiB is the space an unprivileged writer can still use on the
 // filesystem holding dir, in GiB.
 func FreeDiskGiB(dir string) (float64, error) {
