@@ -607,14 +607,17 @@ func (a *Attachment) Next() (Event, error) {
 	if err != nil {
 		return Event{}, a.c.fail(err)
 	}
+	var p []byte
 	if n <= coalesceTTY {
 		a.buf = framePool.Get().(*[]byte)
+		p = (*a.buf)[:n]
+		_, err = io.ReadFull(a.r, p)
 	} else {
-		b := make([]byte, n)
-		a.buf = &b
+		// Larger than any frame the agent coalesces: grown as it arrives.
+		p, err = readPayload(a.r, nil, n)
+		a.buf = &p
 	}
-	p := (*a.buf)[:n]
-	if _, err := io.ReadFull(a.r, p); err != nil {
+	if err != nil {
 		return Event{}, a.c.fail(err)
 	}
 	switch typ {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -436,5 +437,23 @@ func TestLinksMarkALiarBroken(t *testing.T) {
 	defer mu.Unlock()
 	if dials["liar"] != 1 {
 		t.Fatalf("the liar was dialled %d times, want once (no reconnect)", dials["liar"])
+	}
+}
+
+// TestListingFitsTheReply: an honest agent cuts a listing that would not
+// fit a reply (the gateway takes a longer reply for a lie) and says so.
+func TestListingFitsTheReply(t *testing.T) {
+	files := make([]providers.FileInfo, providers.MaxDirEntries)
+	for i := range files {
+		files[i] = providers.FileInfo{Name: strings.Repeat("n", 200), Type: providers.FileSymlink, Target: strings.Repeat("t", 400)}
+	}
+	rep := fitReply(reply{Files: files})
+	b, err := json.Marshal(rep)
+	if err != nil || len(b) > maxReply || !rep.Truncated || len(rep.Files) == 0 {
+		t.Fatalf("%d entries in %d bytes, truncated %v, %v", len(rep.Files), len(b), rep.Truncated, err)
+	}
+	small := fitReply(reply{Files: files[:10]})
+	if small.Truncated || len(small.Files) != 10 {
+		t.Fatalf("a small listing was cut: %d, %v", len(small.Files), small.Truncated)
 	}
 }

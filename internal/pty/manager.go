@@ -201,11 +201,15 @@ func (m *Manager) host(ctx context.Context, c sandbox.Caller, id string) (*agent
 	if err != nil {
 		return nil, err
 	}
+	// The list comes from the sandbox (its root can replace the agent):
+	// it counts for no more than one sandbox's share, or a liar could
+	// use up every other sandbox's sessions.
+	n := min(len(list), m.opts.MaxPerSandbox)
 	m.mu.Lock()
 	if _, known := m.counts[id]; !known {
-		m.counts[id] = len(list)
-		m.count += len(list)
-		m.met.PTYSessions.Add(float64(len(list)))
+		m.counts[id] = n
+		m.count += n
+		m.met.PTYSessions.Add(float64(n))
 	}
 	m.mu.Unlock()
 	return h, nil
@@ -342,7 +346,7 @@ func (m *Manager) Delete(ctx context.Context, c sandbox.Caller, id, sid string) 
 		return err
 	}
 	m.mu.Lock()
-	if _, known := m.counts[id]; known {
+	if n, known := m.counts[id]; known && n > 0 {
 		m.counts[id]--
 		m.count--
 		m.met.PTYSessions.Dec()
