@@ -251,6 +251,10 @@ func newProvider(cfg config, log *slog.Logger) (providers.Provider, error) {
 			DefaultMemoryMiB: noneIfZero(cfg.DefaultMemoryMiB),
 			DefaultCPU:       noneIfZero(cfg.DefaultCPU),
 			PidsLimit:        cfg.PidsMax,
+			// Sandbox networks are isolated by the provider's own firewall
+			// rules; without them, ports are refused unless the operator
+			// says otherwise.
+			UnisolatedNetworks: cfg.DockerUnisolated,
 		})
 	case "kubernetes":
 		// client-go logs through klog: into the gateway's log, at debug
