@@ -58,6 +58,7 @@ type config struct {
 	LocalImages        string
 	AgentBinary        string
 	DockerHost         string
+	DockerUnisolated   bool
 	Kubeconfig         string
 	InstanceID         string
 	K8sNamespace       string
@@ -177,6 +178,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	})
 	fs.StringVar(&c.AgentBinary, "agent-binary", "", "docker: the static sandgate-agent binary every sandbox runs; local: the binary that starts each sandbox (the same one; without it the gateway's own, slower to start) (default: sandgate-agent beside the gateway's executable; make build puts it there)")
 	fs.StringVar(&c.DockerHost, "docker-host", "", "docker provider: daemon address (default: DOCKER_HOST, else the local socket)")
+	fs.BoolVar(&c.DockerUnisolated, "docker-unisolated-networks", false, "docker provider: where the gateway cannot install its firewall rules (not root, no iptables, a remote daemon), still create sandboxes with ports, whose networks then reach host listeners (default: such creates are refused)")
 	fs.StringVar(&c.InstanceID, "instance-id", "", "docker, kubernetes: the gateway instance owning the sandboxes (their label); replicas serving the same sandboxes share it (default: random, persisted in the state dir)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubernetes provider: kubeconfig file (default: KUBECONFIG, else the in-cluster config)")
 	fs.StringVar(&c.K8sNamespace, "k8s-namespace", "default", "kubernetes provider: namespace of the sandbox pods")

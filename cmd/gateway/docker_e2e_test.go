@@ -10,16 +10,20 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/network"
 
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 )
@@ -508,10 +512,49 @@ func dkLabelled(t *testing.T, id, instance string) {
 	}
 }
 
+// dkLabelledNetwork makes a network labelled as sandbox id's own of
+// gateway instance (as a create cut short before its container would have
+// left it) and returns its docker id; it is removed when the test ends.
+func dkLabelledNetwork(t *testing.T, id, instance string) string {
+	t.Helper()
+	cli := dockertest.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := cli.NetworkCreate(ctx, "sandgate-"+id, network.CreateOptions{
+		Driver: "bridge",
+		Labels: map[string]string{"sandgate.sandbox": id, "sandgate.instance": instance},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cli.NetworkRemove(context.Background(), n.ID); err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("remove network %s: %v", id, err)
+		}
+	})
+	return n.ID
+}
+
+// dkNetworkExists reports whether the daemon has network netID.
+func dkNetworkExists(t *testing.T, netID string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := dockertest.Client(t).NetworkInspect(ctx, netID, network.InspectOptions{})
+	if cerrdefs.IsNotFound(err) {
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return true
+}
+
 // TestDockerGatewayKilledAndRestarted: SIGKILL the gateway, restart it on
 // the same state dir: its sandbox is adopted with its processes, files and
 // tokens; a labelled container of this instance with no record (an
-// orphan) is removed at start-up; one of another instance is left alone.
+// orphan) is removed at start-up, and so is a labelled network with
+// neither container nor record; those of another instance are left alone.
 func TestDockerGatewayKilledAndRestarted(t *testing.T) {
 	state := t.TempDir()
 	g := startDockerGateway(t, state)
@@ -548,6 +591,8 @@ func TestDockerGatewayKilledAndRestarted(t *testing.T) {
 	orphan, foreign := dkSandboxID(), dkSandboxID()
 	dkLabelled(t, orphan, instance)
 	dkLabelled(t, foreign, "e2e-other-"+strings.ToLower(rand.Text()[:8]))
+	orphanNet := dkLabelledNetwork(t, dkSandboxID(), instance)
+	foreignNet := dkLabelledNetwork(t, dkSandboxID(), "e2e-other-"+strings.ToLower(rand.Text()[:8]))
 
 	g2 := startDockerGateway(t, state)
 	if dockerInstanceID(state) != instance {
@@ -574,6 +619,12 @@ func TestDockerGatewayKilledAndRestarted(t *testing.T) {
 	}
 	if !strings.Contains(g2.stderr.String(), orphan) {
 		t.Errorf("the gateway did not log removing the orphan")
+	}
+	if dkNetworkExists(t, orphanNet) {
+		t.Errorf("orphan network of this instance survived the restart\n%s", g2.stderr)
+	}
+	if !dkNetworkExists(t, foreignNet) {
+		t.Errorf("another instance's network was removed")
 	}
 	if s, b := call(t, "DELETE", sb.url, "", "X-Sandbox-Lease", sb.token); s != 200 {
 		t.Fatalf("delete after the restart: %d %s", s, b)
@@ -603,4 +654,100 @@ func dkExecInFlight(t *testing.T, ctx context.Context, sb dkBox, cmd string) <-c
 		return strings.Contains(dkRun(t, sb, "ps -o args"), "sleep 300")
 	})
 	return done
+}
+
+// TestDockerTenantNetworks: two API keys, each with a sandbox that
+// declares a port. A reaches neither B's service at B's container address
+// nor a host listener on 0.0.0.0 through its network's gateway address
+// (each attack worked when sandboxes with ports shared the default
+// bridge); B's service still answers through the gateway's proxy and at
+// its 127.0.0.1 endpoint.
+func TestDockerTenantNetworks(t *testing.T) {
+	g := startDockerGateway(t, t.TempDir(), "--api-key", "key-a,key-b")
+	create := func(key string) dkBox {
+		s, b := call(t, "POST", g.URL+"/v1/sandboxes", `{"image":"`+dockertest.ImageRef+`","ports":[8080]}`, "Authorization", "Bearer "+key)
+		var ref struct {
+			ID    string `json:"sandbox_id"`
+			Token string `json:"lease_token"`
+		}
+		if err := json.Unmarshal(b, &ref); s != 201 || err != nil {
+			t.Fatalf("create with %s: %d %s\n%s", key, s, b, g.stderr)
+		}
+		return dkBox{url: g.URL + "/v1/sandboxes/" + ref.ID, id: ref.ID, token: ref.Token}
+	}
+	a, b := create("key-a"), create("key-b")
+	dkRun(t, b, "mkdir -p /www && echo tenant-B > /www/index.html")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if s, r, err := dkExec(ctx, b, "httpd -p 8080 -h /www", true); err != nil || s != 200 || r.ReturnCode != 0 {
+		t.Fatalf("start httpd: %v %d %+v", err, s, r)
+	}
+	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	defer func() { ln.Close(); <-done }()
+
+	infoA, _ := dkContainer(t, a.id)
+	infoB, _ := dkContainer(t, b.id)
+	var gw, bIP string
+	for _, n := range infoA.NetworkSettings.Networks {
+		gw = n.Gateway
+	}
+	for _, n := range infoB.NetworkSettings.Networks {
+		bIP = n.IPAddress
+	}
+	if gw == "" || bIP == "" || len(infoA.NetworkSettings.Networks) != 1 {
+		t.Fatalf("A's networks %+v, B's address %q", infoA.NetworkSettings.Networks, bIP)
+	}
+	// busybox nc speaks the HTTP (the static busybox's wget crashes).
+	get := `printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 3 ` + bIP + ` 8080; true`
+	if out := dkRun(t, a, get); strings.Contains(out, "tenant-B") {
+		t.Errorf("tenant A read tenant B's service at %s: %q", bIP, out)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	dkRun(t, a, fmt.Sprintf("nc -w 3 %s %d </dev/null; true", gw, port))
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("tenant A reached a host listener at %s:%d (%d connections)", gw, port, n)
+	}
+	// B itself serves; the proxy and the endpoint still reach it.
+	if out := dkRun(t, b, strings.Replace(get, bIP, "127.0.0.1", 1)); !strings.Contains(out, "tenant-B") {
+		t.Fatalf("B's own service: %q", out)
+	}
+	dkEventually(t, 20*time.Second, "B's service through the proxy", func() bool {
+		s, body := call(t, "GET", b.url+"/proxy/8080/index.html", "", "X-Sandbox-Lease", b.token)
+		return s == 200 && string(body) == "tenant-B\n"
+	})
+	s, body := call(t, "GET", b.url+"/endpoints/8080", "", "X-Sandbox-Lease", b.token)
+	var ep struct {
+		Endpoint string `json:"endpoint"`
+	}
+	if json.Unmarshal(body, &ep); s != 200 {
+		t.Fatalf("endpoint: %d %s", s, body)
+	}
+	if s, body := call(t, "GET", ep.Endpoint+"/index.html", ""); s != 200 || string(body) != "tenant-B\n" {
+		t.Fatalf("at the endpoint: %d %q", s, body)
+	}
+	if s, body := call(t, "DELETE", a.url, "", "X-Sandbox-Lease", a.token); s != 200 {
+		t.Fatalf("delete A: %d %s", s, body)
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel2()
+	nets, err := dockertest.Client(t).NetworkList(ctx2, network.ListOptions{Filters: filters.NewArgs(filters.Arg("label", "sandgate.sandbox="+a.id))})
+	if err != nil || len(nets) != 0 {
+		t.Fatalf("A's network after its delete: %v %+v", err, nets)
+	}
 }

@@ -269,6 +269,10 @@ func newProvider(cfg config, maxPids int64, log *slog.Logger) (providers.Provide
 			DefaultCPU:       noneIfZero(cfg.DefaultCPU),
 			PidsLimit:        cfg.PidsMax,
 			MaxPidsLimit:     maxPids,
+			// Sandbox networks are isolated by the provider's own firewall
+			// rules; without them, ports are refused unless the operator
+			// says otherwise.
+			UnisolatedNetworks: cfg.DockerUnisolated,
 		})
 	case "kubernetes":
 		// client-go logs through klog: into the gateway's log, at debug

@@ -150,3 +150,50 @@ func BenchmarkConcurrentCreate50(b *testing.B) {
 	b.ReportMetric(float64(all[len(all)/2].Milliseconds()), "p50-ms")
 	b.ReportMetric(float64(all[len(all)*99/100].Milliseconds()), "p99-ms")
 }
+
+// BenchmarkCreateWithPorts alternates, in each iteration, a create (and a
+// first exec) of a sandbox with a port on a network of its own, as every
+// such create is now, and one on the shared default bridge, as they were
+// before; then the deletes of both, timed too.
+func BenchmarkCreateWithPorts(b *testing.B) {
+	p := newProvider(b, func(o *Options) { o.Networks = []string{"bridge"} })
+	ctx := context.Background()
+	var own, shared, ownDel, sharedDel time.Duration
+	n := 0
+	timed := func(network string) (string, time.Duration) {
+		t0 := time.Now()
+		id := providertest.NewID()
+		spec := providers.CreateSpec{ID: id, Image: dockertest.ImageRef, Workdir: "/workspace", Ports: []int{8080}, ReadyTimeout: time.Minute}
+		if network != "" {
+			spec.Options = map[string]any{"network": network}
+		}
+		if _, err := p.Create(ctx, spec); err != nil {
+			b.Fatal(err)
+		}
+		if res, err := p.Exec(ctx, id, providers.ExecRequest{Command: "true", Timeout: time.Minute, MaxOutput: 1024}); err != nil || res.ExitCode != 0 {
+			b.Fatal(err, res.ExitCode)
+		}
+		return id, time.Since(t0)
+	}
+	deleted := func(id string) time.Duration {
+		t0 := time.Now()
+		if err := p.Delete(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(t0)
+	}
+	for b.Loop() {
+		n++
+		a, d1 := timed("")
+		s, d2 := timed("bridge")
+		own, shared = own+d1, shared+d2
+		b.StopTimer()
+		ownDel, sharedDel = ownDel+deleted(a), sharedDel+deleted(s)
+		b.StartTimer()
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) / 1000 }
+	b.ReportMetric(ms(own), "own-net-create-ms")
+	b.ReportMetric(ms(shared), "bridge-create-ms")
+	b.ReportMetric(ms(ownDel), "own-net-delete-ms")
+	b.ReportMetric(ms(sharedDel), "bridge-delete-ms")
+}

@@ -52,6 +52,12 @@ func (d *Docker) createNetwork(ctx context.Context, id string) (string, error) {
 			"com.docker.network.bridge.enable_icc": "false",
 		},
 	})
+	if err != nil && strings.Contains(err.Error(), "non-overlapping IPv4 address pool") {
+		// The daemon's default pools hold about 30 networks; an operator
+		// running more sandboxes with ports gives it a larger pool
+		// (daemon.json default-address-pools).
+		return "", providers.Wrap(providers.ErrUnavailable, err, "the docker daemon has no address pool left for another sandbox network (too many sandboxes with ports; its default-address-pools set how many)")
+	}
 	if err != nil {
 		return "", d.kind(err, "create the network of sandbox %s", id)
 	}
