@@ -35,18 +35,27 @@ func runClientCommand(args []string) (code int, handled bool) {
 	return 0, false
 }
 
-// clientFlags are the flags every client subcommand has.
+// clientFlags are the flags every client subcommand has. Their
+// environment twins are read after parsing, never as flag defaults, so
+// that a usage text never prints a token.
 type clientFlags struct {
 	url, lease string
+	env        func(string) (string, bool)
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet, env func(string) (string, bool)) {
-	def := func(name string) string { v, _ := env(name); return v }
-	fs.StringVar(&c.url, "url", def("SANDGATE_URL"), "gateway URL, e.g. http://127.0.0.1:8080 (env SANDGATE_URL)")
-	fs.StringVar(&c.lease, "lease", def("SANDGATE_LEASE"), "lease token of the sandbox, or an API key that created it (env SANDGATE_LEASE)")
+	c.env = env
+	fs.StringVar(&c.url, "url", "", "gateway URL, e.g. http://127.0.0.1:8080 (default: env SANDGATE_URL)")
+	fs.StringVar(&c.lease, "lease", "", "lease token of the sandbox, or an API key that created it (default: env SANDGATE_LEASE)")
 }
 
 func (c *clientFlags) client() (*client.Client, error) {
+	if c.url == "" {
+		c.url, _ = c.env("SANDGATE_URL")
+	}
+	if c.lease == "" {
+		c.lease, _ = c.env("SANDGATE_LEASE")
+	}
 	if c.url == "" {
 		return nil, errors.New("no gateway URL: give --url or set SANDGATE_URL")
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/handlers"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
@@ -46,6 +47,11 @@ type config struct {
 	MaxPTYSessions     int
 	MaxPTYPerSandbox   int
 	MaxBody            int64
+	MaxJSONBody        int64
+	MaxBodyInflight    int64
+	BodyTimeout        time.Duration
+	ReplyTimeout       time.Duration
+	IdleTimeout        time.Duration
 	ShutdownGrace      time.Duration
 	LocalIsolation     string
 	DefaultMemoryMiB   int64
@@ -110,13 +116,18 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.Var(&c.QuotaSnapshotBytes, "quota-snapshot-bytes", "bytes of snapshots kept per API key, with an optional unit (50GiB), where the provider can tell their size (local, docker) (default: unlimited)")
 	fs.DurationVar(&c.DefaultTTL, "default-ttl", 1800*time.Second, "sandbox lifetime when a create gives no ttl_s (0 = none)")
 	fs.IntVar(&c.MaxExecOutput, "max-exec-output", providers.DefaultMaxOutput, "bytes of stdout and of stderr kept per exec")
-	fs.Int64Var(&c.MaxExecOutputTotal, "max-exec-output-total", 256<<20, "bytes of exec output held at once by all execs in flight; an exec that finds less than twice --max-exec-output left keeps less (at least 64 KiB per stream) and is truncated")
+	fs.Int64Var(&c.MaxExecOutputTotal, "max-exec-output-total", 256<<20, "bytes of exec output held at once by the execs in flight of one API key (the sandbox creator's; anonymous is one key), all keys together at most 4 times this; an exec that finds less than twice --max-exec-output left keeps less (at least 64 KiB per stream) and is truncated")
 	fs.Var(&c.MemoryLimit, "memory-limit", "soft limit on the gateway's memory, in bytes or with a unit (512MiB, 1GiB), as GOMEMLIMIT (default: GOMEMLIMIT, else none)")
 	fs.IntVar(&c.MaxExecs, "max-execs", 1024, "concurrent execs in all sandboxes; beyond it 429")
 	fs.IntVar(&c.MaxExecsPerSandbox, "max-execs-per-sandbox", 256, "concurrent execs in one sandbox; beyond it 429")
 	fs.IntVar(&c.MaxPTYSessions, "max-pty-sessions", 4096, "terminal sessions in all sandboxes; beyond it 503")
 	fs.IntVar(&c.MaxPTYPerSandbox, "max-pty-per-sandbox", 256, "terminal sessions in one sandbox; beyond it 429")
-	fs.Int64Var(&c.MaxBody, "max-body", 64<<20, "largest JSON request body in bytes (base64 file routes included)")
+	fs.Int64Var(&c.MaxBody, "max-body", handlers.DefaultMaxUploadBody, "largest body of the base64 upload, and file of the base64 download, in bytes (the streaming file routes have no cap)")
+	fs.Int64Var(&c.MaxJSONBody, "max-json-body", handlers.DefaultMaxJSONBody, "largest JSON request body in bytes but the base64 upload's (create, exec, ...); beyond it 413")
+	fs.Int64Var(&c.MaxBodyInflight, "max-body-inflight", handlers.DefaultMaxBodyInflight, "bytes of JSON request bodies buffered at once, a quarter of it for the requests of one API key; beyond it 503")
+	fs.DurationVar(&c.BodyTimeout, "body-timeout", handlers.DefaultBodyTimeout, "how long a client may take to send a JSON request body (the base64 upload's included); beyond it 408")
+	fs.DurationVar(&c.ReplyTimeout, "reply-timeout", handlers.DefaultReplyTimeout, "an exec or base64 download reply the client takes nothing of for this long is cut (its connection closed, its output released)")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 120*time.Second, "how long a keep-alive connection may wait for its next request")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long SIGTERM waits for in-flight requests (a second signal closes them at once)")
 	fs.StringVar(&c.LocalIsolation, "local-isolation", "namespaces", "local provider isolation: namespaces or none (plain host processes)")
 	fs.Int64Var(&c.DefaultMemoryMiB, "default-memory-mib", 2048, "memory limit of a sandbox whose create sets none, in MiB (0 = none)")
@@ -190,6 +201,11 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
+// secretFlags are the flags whose values are never printed (in usage
+// texts and errors); their environment twins are read as values, never
+// as flag defaults.
+var secretFlags = map[string]bool{"api-key": true, "lease-secret": true}
+
 // envOf is the environment twin of flag f.
 func envOf(f *flag.Flag) string {
 	if f.Name == "api-key" {
@@ -229,7 +245,11 @@ func parseConfig(args []string, lookup func(string) (string, bool), stderr io.Wr
 		name := envOf(f)
 		if v, ok := lookup(name); ok && v != "" {
 			if err := f.Value.Set(v); err != nil {
-				bad = append(bad, fmt.Sprintf("%s=%q: %v", name, v, err))
+				shown := strconv.Quote(v)
+				if secretFlags[f.Name] {
+					shown = "(secret, not shown)"
+				}
+				bad = append(bad, fmt.Sprintf("%s=%s: %v", name, shown, err))
 			}
 		}
 	})
@@ -261,6 +281,16 @@ func parseConfig(args []string, lookup func(string) (string, bool), stderr io.Wr
 	}
 	if c.MaxExecOutputTotal < 1 {
 		return c, fmt.Errorf("--max-exec-output-total must be at least 1")
+	}
+	for name, v := range map[string]int64{"max-body": c.MaxBody, "max-json-body": c.MaxJSONBody, "max-body-inflight": c.MaxBodyInflight} {
+		if v < 1 {
+			return c, fmt.Errorf("--%s must be at least 1", name)
+		}
+	}
+	for name, v := range map[string]time.Duration{"body-timeout": c.BodyTimeout, "reply-timeout": c.ReplyTimeout, "idle-timeout": c.IdleTimeout} {
+		if v <= 0 {
+			return c, fmt.Errorf("--%s must be positive", name)
+		}
 	}
 	return c, nil
 }

@@ -146,12 +146,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Before svc.Close: closing ends the terminal sessions and waits for
 	// their goroutines and WebSockets.
 	defer terms.Close()
-	h, err := handlers.New(handlers.Options{Service: svc, PublicURL: publicURL, MaxJSONBody: cfg.MaxBody, PTY: terms, Logger: log, Metrics: met, Gatherer: reg})
+	h, err := handlers.New(handlers.Options{
+		Service: svc, PublicURL: publicURL, PTY: terms, Logger: log, Metrics: met, Gatherer: reg,
+		MaxJSONBody: cfg.MaxJSONBody, MaxUploadBody: cfg.MaxBody, MaxBodyInflight: cfg.MaxBodyInflight,
+		BodyTimeout: cfg.BodyTimeout, ReplyTimeout: cfg.ReplyTimeout,
+	})
 	if err != nil {
 		return err
 	}
 
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// No server-wide read or write timeout: streamed files and long execs
+	// take as long as they take. The handler bounds what is not streamed
+	// (a JSON body's arrival, a reply's progress); the headers and an
+	// idle connection are bounded here.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	// Shutdown does not wait for hijacked connections: the WebSockets are
 	// told 1001 as it starts, and terms.Close below waits for them.
 	srv.RegisterOnShutdown(terms.Shutdown)

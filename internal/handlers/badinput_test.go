@@ -51,7 +51,9 @@ func TestBadInput(t *testing.T) {
 		{"file info missing", "GET", "/v1/sandboxes/" + id + "/files/info?path=nope.txt", nil, own, 404, "not_found", "nope.txt"},
 		{"list escapes", "GET", "/v1/sandboxes/" + id + "/files/list?path=a/../../x", nil, own, 400, "invalid_input", ".."},
 		{"list a file", "GET", "/v1/sandboxes/" + id + "/files/list?path=dir/inner.txt", nil, own, 400, "invalid_input", "not a directory"},
-		{"bad sandbox id", "GET", "/v1/sandboxes/sbx-NOT-VALID", nil, own, 400, "invalid_input", "id"},
+		// Credentials are verified before the request is validated: a
+		// lease names its sandbox, and this is not it.
+		{"bad sandbox id", "GET", "/v1/sandboxes/sbx-NOT-VALID", nil, own, 403, "forbidden", "another sandbox"},
 		{"bad port", "GET", "/v1/sandboxes/" + id + "/endpoints/0", nil, own, 400, "invalid_input", "port"},
 		{"non-numeric port", "GET", "/v1/sandboxes/" + id + "/endpoints/http", nil, own, 400, "invalid_input", "port"},
 		{"bad status filter", "GET", "/v1/sandboxes?status=sleeping", nil, key(), 400, "invalid_input", "status"},

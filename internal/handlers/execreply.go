@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"time"
 	"unicode/utf8"
 
 	"github.com/sandgate/sandgate/internal/api"
@@ -16,8 +17,13 @@ import (
 // output straight onto the connection: the generated response would
 // encode the whole reply into one buffer first, and a stream of NULs
 // escapes to six times its size. Visiting it releases the result's output
-// budget, whether or not the write succeeded.
-type execReply struct{ res sandbox.ExecResult }
+// budget, whether or not the write succeeded: once the reply is out, or
+// once the client has taken nothing of it for stall (its connection is
+// then closed), so a client that never reads holds the budget no longer.
+type execReply struct {
+	res   sandbox.ExecResult
+	stall time.Duration
+}
 
 var _ api.ExecCommandResponseObject = execReply{}
 
@@ -25,7 +31,11 @@ func (e execReply) VisitExecCommandResponse(w http.ResponseWriter) error {
 	defer e.res.Release()
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	return writeExecResult(w, e.res)
+	pw := newProgressWriter(w, e.stall)
+	if err := writeExecResult(pw, e.res); err != nil {
+		return err
+	}
+	return pw.flush()
 }
 
 // writeExecResult writes res as encoding/json writes api.ExecResult (the

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,11 +47,20 @@ type gw struct {
 	svc   *sandbox.Service
 	p     *fake.Provider
 	clock *fakeClock
+
+	closedConns atomic.Int32 // connections the server closed or saw closed (newGatewayOpts)
 }
 
 // newGateway serves the handler over a real loopback HTTP server, with the
 // fake provider behind the real service. Creates need testKey.
 func newGateway(t *testing.T, maxBody int64, mods ...func(*sandbox.Options)) *gw {
+	t.Helper()
+	return newGatewayOpts(t, Options{MaxJSONBody: maxBody}, mods...)
+}
+
+// newGatewayOpts is newGateway with the handler's options ho (Service,
+// PublicURL and, unless set, Logger are filled in).
+func newGatewayOpts(t *testing.T, ho Options, mods ...func(*sandbox.Options)) *gw {
 	t.Helper()
 	g := &gw{t: t, p: fake.New(), clock: &fakeClock{t: time.Unix(1_800_000_000, 0)}}
 	opts := sandbox.Options{
@@ -63,11 +74,18 @@ func newGateway(t *testing.T, maxBody int64, mods ...func(*sandbox.Options)) *gw
 		t.Fatal(err)
 	}
 	g.svc = svc
-	h, err := New(Options{Service: svc, PublicURL: "http://gw.example:9", MaxJSONBody: maxBody})
+	ho.Service, ho.PublicURL = svc, "http://gw.example:9"
+	h, err := New(ho)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.srv = httptest.NewServer(h)
+	g.srv = httptest.NewUnstartedServer(h)
+	g.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			g.closedConns.Add(1)
+		}
+	}
+	g.srv.Start()
 	t.Cleanup(func() {
 		g.srv.Close()
 		svc.Close()

@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"encoding/base64"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -87,6 +88,24 @@ func TestProxy(t *testing.T) {
 	}
 	if s := <-got; s.path != "/" || s.query != "" || s.auth != "Basic app-cred" {
 		t.Fatalf("upstream saw %+v", s)
+	}
+
+	// Every credential of the gateway is stripped, whether or not it was
+	// the one used: an API key beside a lease, another sandbox's lease,
+	// a key as Basic's password, a lease as a bare value.
+	for _, auth := range []string{
+		"Bearer " + testKey,
+		"bearer " + other.Token,
+		"Basic " + base64.StdEncoding.EncodeToString([]byte("user:"+testKey)),
+		a.Token,
+	} {
+		r := g.do("GET", base+"/cred", nil, map[string]string{"X-Sandbox-Lease": a.Token, "X-NeMo-Gym-Sandbox-Lease": a.Token, "Authorization": auth})
+		if r.status != http.StatusTeapot {
+			t.Fatalf("Authorization %.20q: %d %s", auth, r.status, r.body)
+		}
+		if s := <-got; s.auth != "" || s.lease != "" {
+			t.Fatalf("Authorization %.20q: upstream saw %+v", auth, s)
+		}
 	}
 
 	for _, c := range []struct {

@@ -14,10 +14,6 @@ import (
 	"github.com/sandgate/sandgate/internal/pty"
 )
 
-// leaseSubprotocol prefixes the WebSocket subprotocol that carries a lease
-// token for browsers, which cannot set headers on a WebSocket.
-const leaseSubprotocol = "sandgate.lease."
-
 func (s *server) CreatePtySession(ctx context.Context, req api.CreatePtySessionRequestObject) (api.CreatePtySessionResponseObject, error) {
 	spec := providers.ProcessSpec{TTY: true}
 	at := pty.StartAtAttach // no mode named: the first attach picks it
@@ -82,7 +78,8 @@ func (s *server) DeletePtySession(ctx context.Context, req api.DeletePtySessionR
 // attachPty is GET /v1/sandboxes/{id}/pty/{sid}/ws, mounted beside the
 // generated router (the validator has checked its parameters against the
 // contract). A browser's lease may come as the subprotocol
-// sandgate.lease.<token> (echoed back) or ?lease=, after the headers.
+// sandgate.lease.<token> (echoed back) or ?lease=, after the headers (see
+// credentials).
 func (s *server) attachPty(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	req := pty.AttachRequest{
@@ -109,20 +106,8 @@ func (s *server) attachPty(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.log, err)
 		return
 	}
-	c := callerFrom(r.Context())
-	for _, p := range strings.Split(r.Header.Get("Sec-WebSocket-Protocol"), ",") {
-		if p = strings.TrimSpace(p); strings.HasPrefix(p, leaseSubprotocol) {
-			req.Subprotocol = p
-			if c.Lease == "" {
-				c.Lease = strings.TrimPrefix(p, leaseSubprotocol)
-			}
-			break
-		}
-	}
-	if c.Lease == "" {
-		c.Lease = q.Get("lease")
-	}
-	if err := s.pty.Attach(w, r, c, req); err != nil {
+	req.Subprotocol = leaseProtocol(r)
+	if err := s.pty.Attach(w, r, callerFrom(r.Context()), req); err != nil {
 		writeError(w, r, s.log, err)
 	}
 }

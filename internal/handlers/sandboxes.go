@@ -206,7 +206,7 @@ func (s *server) ExecCommand(ctx context.Context, req api.ExecCommandRequestObje
 	if err != nil {
 		return nil, err
 	}
-	return execReply{res}, nil
+	return execReply{res, s.replyTimeout}, nil
 }
 
 func (s *server) UploadFile(ctx context.Context, req api.UploadFileRequestObject) (api.UploadFileResponseObject, error) {
@@ -222,31 +222,38 @@ func (s *server) UploadFile(ctx context.Context, req api.UploadFileRequestObject
 
 func (s *server) DownloadFile(ctx context.Context, req api.DownloadFileRequestObject) (api.DownloadFileResponseObject, error) {
 	// The whole file is base64'd into one JSON body, so it must fit the same cap.
-	rc, _, err := s.svc.ReadFile(ctx, callerFrom(ctx), req.ID, req.Params.RemotePath, s.maxJSON)
+	rc, _, err := s.svc.ReadFile(ctx, callerFrom(ctx), req.ID, req.Params.RemotePath, s.maxUpload)
 	if err != nil {
 		return nil, err
 	}
-	return downloadBody{rc}, nil
+	return downloadBody{rc, s.replyTimeout}, nil
 }
 
 // downloadBody streams {"contents_b64": "..."} without building the
-// base64 string in memory first. Visiting it closes the file.
-type downloadBody struct{ r io.ReadCloser }
+// base64 string in memory first. Visiting it closes the file; a client
+// that takes nothing for stall has its connection closed.
+type downloadBody struct {
+	r     io.ReadCloser
+	stall time.Duration
+}
 
 func (d downloadBody) VisitDownloadFileResponse(w http.ResponseWriter) error {
 	defer d.r.Close()
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	io.WriteString(w, `{"contents_b64":"`)
-	enc := base64.NewEncoder(base64.StdEncoding, w)
+	pw := newProgressWriter(w, d.stall)
+	io.WriteString(pw, `{"contents_b64":"`)
+	enc := base64.NewEncoder(base64.StdEncoding, pw)
 	if _, err := io.Copy(enc, d.r); err != nil {
 		return err
 	}
 	if err := enc.Close(); err != nil {
 		return err
 	}
-	_, err := io.WriteString(w, "\"}\n")
-	return err
+	if _, err := io.WriteString(pw, "\"}\n"); err != nil {
+		return err
+	}
+	return pw.flush()
 }
 
 func (s *server) PutFile(ctx context.Context, req api.PutFileRequestObject) (api.PutFileResponseObject, error) {

@@ -31,9 +31,24 @@ type Options struct {
 	// PublicURL is the gateway's external base URL (scheme://host[:port]);
 	// SandboxRef.server_url is PublicURL + "/v1".
 	PublicURL string
-	// MaxJSONBody caps JSON request bodies (the base64 file routes
-	// included). Default 64 MiB. The streaming file route has no cap.
+	// MaxJSONBody caps JSON request bodies but the base64 upload's.
+	// Default 1 MiB.
 	MaxJSONBody int64
+	// MaxUploadBody caps the base64 file routes: the upload's body and
+	// the file a download returns. Default 64 MiB. The streaming file
+	// routes have no cap.
+	MaxUploadBody int64
+	// MaxBodyInflight bounds the bytes of JSON request bodies buffered at
+	// once, 1/4 of it for the requests of one API key; beyond it 503.
+	// Default 256 MiB.
+	MaxBodyInflight int64
+	// BodyTimeout is how long a client may take to send a JSON body.
+	// Default 120 s.
+	BodyTimeout time.Duration
+	// ReplyTimeout is how long an exec or base64 download reply may make
+	// no write progress (the client takes nothing) before its connection
+	// is closed and what it holds released. Default 60 s.
+	ReplyTimeout time.Duration
 	// PTY serves the terminal sessions. The caller owns it and closes it
 	// on shutdown (closing attached WebSockets with 1001). Nil: a manager
 	// with default options that nobody closes (tests without sessions).
@@ -48,7 +63,19 @@ type Options struct {
 // New returns the gateway's HTTP handler.
 func New(opts Options) (http.Handler, error) {
 	if opts.MaxJSONBody <= 0 {
-		opts.MaxJSONBody = 64 << 20
+		opts.MaxJSONBody = DefaultMaxJSONBody
+	}
+	if opts.MaxUploadBody <= 0 {
+		opts.MaxUploadBody = DefaultMaxUploadBody
+	}
+	if opts.MaxBodyInflight <= 0 {
+		opts.MaxBodyInflight = DefaultMaxBodyInflight
+	}
+	if opts.BodyTimeout <= 0 {
+		opts.BodyTimeout = DefaultBodyTimeout
+	}
+	if opts.ReplyTimeout <= 0 {
+		opts.ReplyTimeout = DefaultReplyTimeout
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -60,14 +87,16 @@ func New(opts Options) (http.Handler, error) {
 	if opts.PTY == nil {
 		opts.PTY = pty.NewManager(opts.Service, pty.Options{Logger: opts.Logger, Metrics: opts.Metrics})
 	}
-	s := &server{svc: opts.Service, pty: opts.PTY, log: opts.Logger, met: opts.Metrics, serverURL: base + "/v1", maxJSON: opts.MaxJSONBody}
+	s := &server{svc: opts.Service, pty: opts.PTY, log: opts.Logger, met: opts.Metrics, serverURL: base + "/v1",
+		maxJSON: opts.MaxJSONBody, maxUpload: opts.MaxUploadBody, bodies: newBodyBudget(opts.MaxBodyInflight),
+		bodyTimeout: opts.BodyTimeout, replyTimeout: opts.ReplyTimeout}
 
 	validate, err := s.validator()
 	if err != nil {
 		return nil, err
 	}
 	r := chi.NewRouter()
-	r.Use(middleware.RequestID, s.accessLog, s.recoverer)
+	r.Use(middleware.RequestID, s.accessLog, s.recoverer, clearWriteDeadline)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem{Status: http.StatusNotFound, Code: "not_found", Detail: "no such route: " + r.Method + " " + r.URL.Path})
 	})
@@ -95,7 +124,7 @@ func New(opts Options) (http.Handler, error) {
 		ResponseErrorHandlerFunc: s.responseError,
 	})
 	r.Group(func(r chi.Router) {
-		r.Use(s.limitBody, s.credentials, validate)
+		r.Use(s.credentials(credentialSources{}), s.authenticate, s.admitBody, validate)
 		api.HandlerWithOptions(strict, api.ChiServerOptions{
 			BaseRouter:       r,
 			ErrorHandlerFunc: s.requestError,
@@ -107,13 +136,13 @@ func New(opts Options) (http.Handler, error) {
 		return nil, err
 	}
 	r.Group(func(r chi.Router) {
-		r.Use(s.credentials, wsValidate)
+		r.Use(s.credentials(credentialSources{query: true, subprotocol: true}), s.authenticate, wsValidate)
 		r.Get("/v1/sandboxes/{id}/pty/{sid}/ws", s.attachPty)
 	})
-	// The reverse proxy to sandbox ports: any method and body, so neither
-	// validated against the contract nor size-capped.
+	// The reverse proxy to sandbox ports: any method and body, streamed,
+	// so neither validated against the contract nor size-capped.
 	r.Group(func(r chi.Router) {
-		r.Use(s.credentials)
+		r.Use(s.credentials(credentialSources{query: true}), s.authenticate)
 		r.Handle("/v1/sandboxes/{id}/proxy/{port}/*", http.HandlerFunc(s.proxy))
 	})
 	return r, nil
@@ -126,56 +155,37 @@ type server struct {
 	log       *slog.Logger
 	met       *metrics.Metrics
 	serverURL string
-	maxJSON   int64
+	maxJSON   int64 // JSON bodies but the upload's
+	maxUpload int64 // the base64 upload's body and download's file
+	bodies    *bodyBudget
+
+	bodyTimeout  time.Duration
+	replyTimeout time.Duration
 }
+
+// Defaults of Options.
+const (
+	DefaultMaxJSONBody     = 1 << 20
+	DefaultMaxUploadBody   = 64 << 20
+	DefaultMaxBodyInflight = 256 << 20
+	DefaultBodyTimeout     = 120 * time.Second
+	DefaultReplyTimeout    = 60 * time.Second
+)
 
 var _ api.StrictServerInterface = (*server)(nil)
 
 type ctxKey int
 
-const callerKey ctxKey = iota
+const (
+	callerKey ctxKey = iota
+	apiKeyKey
+)
 
-// callerFrom returns the credentials the credentials middleware found.
+// callerFrom returns the credentials the credentials middleware found
+// (and authenticate verified).
 func callerFrom(ctx context.Context) sandbox.Caller {
 	c, _ := ctx.Value(callerKey).(sandbox.Caller)
 	return c
-}
-
-// LeaseHeaders are the request headers that carry a lease token, in the
-// order they are consulted.
-var LeaseHeaders = []string{"X-NeMo-Gym-Sandbox-Lease", "X-Sandbox-Lease"}
-
-// credentials puts the request's credentials into its context.
-func (s *server) credentials(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var c sandbox.Caller
-		for _, h := range LeaseHeaders {
-			if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
-				c.Lease = v
-				break
-			}
-		}
-		if auth := r.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
-			c.Bearer = strings.TrimSpace(auth[7:])
-		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey, c)))
-	})
-}
-
-// isStream reports whether r is the streaming upload, whose body is not
-// JSON and has no size cap.
-func isStream(r *http.Request) bool {
-	return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/files")
-}
-
-// limitBody caps every request body but the streaming upload's.
-func (s *server) limitBody(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !isStream(r) {
-			r.Body = http.MaxBytesReader(w, r.Body, s.maxJSON)
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {

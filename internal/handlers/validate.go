@@ -3,6 +3,7 @@ package handlers
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"strings"
 
@@ -54,7 +55,8 @@ func (s *server) validatorFor(spec *openapi3.T) func(http.Handler) http.Handler 
 
 // validationError renders what the validator found: malformed JSON and bad
 // parameters are 400, schema violations of a JSON body 422, an oversize
-// body 413; each problem is listed with the field it concerns.
+// body 413, a body the gateway has no room for 503, one that does not
+// arrive in time 408; each problem is listed with the field it concerns.
 func (s *server) validationError(ctx context.Context, err error, w http.ResponseWriter, r *http.Request, _ middleware.ErrorHandlerOpts) {
 	if errors.Is(err, routers.ErrPathNotFound) {
 		writeProblem(w, problem{Status: http.StatusNotFound, Code: "not_found", Detail: "no such route: " + r.Method + " " + r.URL.Path})
@@ -65,8 +67,14 @@ func (s *server) validationError(ctx context.Context, err error, w http.Response
 		return
 	}
 	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		writeError(w, r, s.log, err)
+	if errors.As(err, &mbe) || isBodyBusy(err) {
+		s.refuseUnread(w, r, err)
+		return
+	}
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+		w.Header().Set("Connection", "close")
+		writeProblem(w, problem{Status: http.StatusRequestTimeout, Code: "body_timeout",
+			Detail: "the request body did not arrive within " + s.bodyTimeout.String()})
 		return
 	}
 	p := problem{Status: http.StatusBadRequest, Code: "invalid_input"}

@@ -79,3 +79,42 @@ func TestExecOutputBudget(t *testing.T) {
 	ExecResult{}.Release()
 	inUse(0)
 }
+
+// TestOutputBudgetPerKey: one key at its whole budget leaves another
+// key's untouched; all keys together stop at outputKeys budgets, where
+// only the floor is granted; released room comes back to its key.
+func TestOutputBudgetPerKey(t *testing.T) {
+	const perStream = 1 << 20
+	b := newOutputBudget(4 << 20) // two full execs per key
+	var held []*reservation
+	take := func(key string, want int) {
+		t.Helper()
+		got, r := b.reserve(key, perStream)
+		if got != want {
+			t.Fatalf("key %s granted %d per stream, want %d", key, got, want)
+		}
+		held = append(held, r)
+	}
+	pop := func() { held[len(held)-1].release(); held = held[:len(held)-1] }
+	take("a", perStream)
+	take("a", perStream)
+	take("a", minExecOutput) // a's budget is spent
+	pop()
+	take("b", perStream) // b's is not
+	take("b", perStream)
+	for _, k := range []string{"c", "d"} {
+		take(k, perStream)
+		take(k, perStream)
+	}
+	// Four keys at their whole budgets: the gateway's bound is reached.
+	take("e", minExecOutput)
+	pop()
+	held[0].release()
+	take("e", perStream) // a's released room is the gateway's again
+	for _, r := range held {
+		r.release()
+	}
+	if b.inUse() != 0 || len(b.byKey) != 0 {
+		t.Fatalf("after releasing all: %d in use, %v", b.inUse(), b.byKey)
+	}
+}

@@ -58,8 +58,9 @@ func (r ExecResult) Release() {
 const execGrace = 30 * time.Second
 
 // Exec runs one command in the sandbox and waits for it. Each stream is
-// capped at MaxExecOutput bytes, or less when the output budget
-// (MaxExecOutputTotal) is short; either cut sets Truncated. While the
+// capped at MaxExecOutput bytes, or less when the output budget of the
+// sandbox creator's key (MaxExecOutputTotal) or the gateway's is short;
+// either cut sets Truncated. While the
 // command runs it holds room for two full streams in the budget; once it
 // returns, only what its output takes, until the caller calls Release.
 func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest) (ExecResult, error) {
@@ -114,7 +115,7 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 		s.m.ExecTotal.WithLabelValues(outcome).Inc()
 		s.m.ExecSeconds.Observe(time.Since(start).Seconds())
 	}()
-	maxOut, room := s.out.reserve(s.opts.MaxExecOutput)
+	maxOut, room := s.out.reserve(a.box.rec.Creator, s.opts.MaxExecOutput)
 	if maxOut < s.opts.MaxExecOutput {
 		s.log.Debug("exec output budget short", "sandbox", id, "max_output", maxOut)
 	}

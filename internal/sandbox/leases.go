@@ -35,7 +35,7 @@ func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
 		if !ok {
 			return access{}, providers.Errorf(providers.ErrUnauthorized, "invalid credentials")
 		}
-		if err := s.refreshShared(id); err != nil {
+		if err := s.refreshFor(c, id); err != nil {
 			return access{}, err
 		}
 		s.mu.Lock()
@@ -63,7 +63,7 @@ func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
 	if cl.SandboxID != id {
 		return access{}, providers.Errorf(providers.ErrForbidden, "lease token is for another sandbox")
 	}
-	if err := s.refreshShared(id); err != nil {
+	if err := s.refreshFor(c, id); err != nil {
 		return access{}, err
 	}
 	s.mu.Lock()

@@ -47,7 +47,7 @@ type Options struct {
 	DefaultReadyTimeout time.Duration // default 60s
 	DefaultExecTimeout  time.Duration // default 180s
 	MaxExecOutput       int           // default 16 MiB per stream
-	MaxExecOutputTotal  int64         // default 256 MiB: output held at once by all execs until released (see Exec)
+	MaxExecOutputTotal  int64         // default 256 MiB: output held at once by the execs of one API key until released (see Exec); all keys' together at most 4 times this
 	MaxExecs            int           // concurrent execs in all sandboxes; default 1024
 	MaxExecsPerSandbox  int           // concurrent execs in one sandbox; default 256
 	ReapInterval        time.Duration // default 1s
@@ -132,7 +132,7 @@ type Service struct {
 	snaps  map[string]Snapshot
 	execs  int // execs in flight in all sandboxes (MaxExecs)
 
-	out *outputBudget // MaxExecOutputTotal
+	out *outputBudget // MaxExecOutputTotal per key
 
 	pools      map[string]*pool // by PoolSpec.Key; nil without pools
 	poolCancel context.CancelFunc
@@ -162,6 +162,9 @@ type box struct {
 type Caller struct {
 	Lease  string // from X-NeMo-Gym-Sandbox-Lease, X-Sandbox-Lease, ?lease= or the WS subprotocol
 	Bearer string // from Authorization: Bearer: an API key or a lease token
+
+	fresh   string    // the sandbox Authenticate read the store for ("" = none)
+	freshAt time.Time // when
 }
 
 // New opens the store in opts.StateDir, reconciles it with the provider
@@ -199,7 +202,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		boxes:  map[string]*box{},
 		leases: map[string]Lease{},
 		snaps:  map[string]Snapshot{},
-		out:    &outputBudget{total: opts.MaxExecOutputTotal},
+		out:    newOutputBudget(opts.MaxExecOutputTotal),
 		stop:   make(chan struct{}),
 	}
 	s.slots.budget, s.slots.quota = opts.Budget, opts.Quotas
