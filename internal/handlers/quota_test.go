@@ -7,7 +7,6 @@ import (
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
-const testKey2 = "test-key-2"
 
 type quotaBody struct {
 	Limits struct {
