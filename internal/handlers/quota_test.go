@@ -7,7 +7,6 @@ import (
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
-
 type quotaBody struct {
 	Limits struct {
 		Sandboxes int `json:"sandboxes"`
