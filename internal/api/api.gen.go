@@ -972,8 +972,10 @@ type ClientInterface interface {
 	// CreateLeaseWithBody Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-	// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-	// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+	// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+	// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+	// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+	// lease). The body may be omitted (an operate lease).
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -983,8 +985,10 @@ type ClientInterface interface {
 	// CreateLease Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-	// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-	// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+	// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+	// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+	// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+	// lease). The body may be omitted (an operate lease).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1495,8 +1499,10 @@ func (c *Client) ListLeases(ctx context.Context, id SandboxID, reqEditors ...Req
 // CreateLeaseWithBody Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+// lease). The body may be omitted (an operate lease).
 //
 // Takes any type of body and a specified content type.
 //
@@ -1516,8 +1522,10 @@ func (c *Client) CreateLeaseWithBody(ctx context.Context, id SandboxID, contentT
 // CreateLease Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+// lease). The body may be omitted (an operate lease).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3382,8 +3390,10 @@ type ClientWithResponsesInterface interface {
 	// CreateLeaseWithBodyWithResponse Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-	// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-	// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+	// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+	// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+	// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+	// lease). The body may be omitted (an operate lease).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3393,8 +3403,10 @@ type ClientWithResponsesInterface interface {
 	// CreateLeaseWithResponse Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-	// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-	// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+	// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+	// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+	// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+	// lease). The body may be omitted (an operate lease).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -6022,8 +6034,10 @@ func (c *ClientWithResponses) ListLeasesWithResponse(ctx context.Context, id San
 // CreateLeaseWithBodyWithResponse Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+// lease). The body may be omitted (an operate lease).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -6039,8 +6053,10 @@ func (c *ClientWithResponses) CreateLeaseWithBodyWithResponse(ctx context.Contex
 // CreateLeaseWithResponse Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+// lease). The body may be omitted (an operate lease).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -13359,37 +13375,37 @@ var swaggerSpec = []string{
 	"7sTvqCDb/KlVUUH4tSx++Rf2Hf45Y3dwuuureipUiBXeRoVb2WolUV9P7T6BprCMmM5SAawmjXU+B4Jo",
 	"c4nOfYdCWyvWUHXjEoQ+jioUfZB9WKRatUtqswI9v1dJIII2881dQwXSk4ILZZVut96ACn4Ruj/h/vRp",
 	"b8COfMtX2dMnSvR+HA+EDnakpqvsKGqKu09DqgLgX2FJ1aAA/6XLo9C6aYJf1lESN9W/3UP+s6xfaLQF",
-	"E0kzJWbNDuIBe67KBkk+D02dtcZS/O1wqKgPUJV9rl7b12+kAL+g5JnmaLV3BmU3pYdkHSrCPDmosfG6",
-	"Sz1qwT0PLKSn0gHjdvlCj+maYu+AuHAfarlxYcQ96+V6Pfcyr75FifZPp5fvrGbvXyK8RZpHTqtBgNwq",
-	"MkfCY8cjOK8r0j7xfc6u9RIZXmE8hLtkPLWTJby2O7reG01ajYoaAr7rYcOZAQVnS0h0Fi9CTscMPRzb",
-	"KB5YEJbYZDzjJrUD9oLTrblNTcy6Spe76vvARa/WNDxU+7vftvG8f7Zi+ntSnE2U7xaG9A/8mevE/6gg",
-	"wkLqC9EDwm31Je7Bg1UMeib8FEAi1zZLHKm0zoQbmItt4q2obMmqwJyMQJqkUsPEaAvMTDGAQx/Rcx5z",
-	"AHkB+6fxi4iHrRVyJZqbgRmpta3OgtSRrbBoOiBdyJT+LMmU5UtWeoV46W8BGypacLTYif3IRmXzczB9",
-	"tQkgCL162wdh+ky4uqg6+cBYCc0joPk9wkSIQgTr4uXRm6OzI/Y///3/FyRpuFVRjvFmGRfwEfBabhSk",
-	"tCMNgqvJHJmyKXdUCxqG7LVLGxjtAYRNDc+7VdbgFv9zaf+HyLojWfGtmPn+TPzNYU263Gy1CEMggs8V",
-	"1lxIksPQf3yXzjFCLQz+qWJIf+Y4kBHiV0FB6RqM1SNbu9p+PT+sIFSjr+e+Mn/nU87d5OZ3ke221clR",
-	"W5EUaNUQfvpw8iZiY41WKeFvlfcha7Xg98PsD6n5mi6LZTbjdgJKpRuvXDTiH/Nc7iBM67//8mwvrlDK",
-	"4oVfvLLBJp/63b3lv1Y39yy186w4CbpjayUURXUbzr3GnxZu8VnVnxeaTL9EoBqUWOIn2uqoAjPCAd9P",
-	"5IkwCHI3jwl4hEI0/h608pIdLIgP1q2PSh2f/cS6MVBs3CthAfBKNWAdBGmNMQseSt5R93roBq4CkE4D",
-	"ErJbZmf22Fv5HRvNQ14o8pB+5W1YWEBDt09Zjy2ImF+4lC637H0ulN8BRLRJH9kSCsoHj8NOUwpqGEIP",
-	"YfEewZqujysR6vy8o7BfU536ALZfELeXBItZXTU3VLgxhxVAsL9w7pAVysmMrH1XcQfsCoWTfTNE47qt",
-	"mO0Ohqrql6hH4iqCutUdgo3oHEJy+vDc6lhc7Y6t+wnILd3XeM9BudpFei2y65RuBvySLfvnzJbh8TK+",
-	"JIaXpPBKFbzzyW4IOPxdZr5LxQ9e2WDUbhSxJNOEyFABjYW2F4+pgmBetTEGK9AVFtjzC8DCApHh1jyk",
-	"zofTrx3iNrS2GmvhYU63fo3iWmvuy/k2Sh+3ONh7dJP82tfFGIK02qG7a//QySAy7f3UcZ0GWUk1AMxp",
-	"pvSM/bVMZnbj3figuv/scOHCyUWTKikMNTX493srs5rtAUYlZvdbWtS4D7TVXHqwKA9O5Yu99KdOex5d",
-	"O4H4yfXc3lg4ORV3CgkRQvb9BC9p7D8+enlC6VLGL7hUX4KYD2Sen034rELp3Q6pqp1GG9csfX6V84Ln",
-	"rjBN4LVQ3ksX72IJLiXmZmvz8Z7SyriEsJHPGfpuODAmdS4U853wdJEwlaOxhCaSHtRqALF4LqQXh6os",
-	"cvYBj7ERdlKLCvtoaRgpQCnVS22xa6gwQAY+wTlUoZAuZDppnjNFVdMwYqgMcNUVg2ljJ7rV7Q9aMV6N",
-	"GbDdL8Xc9gbs2F+J4pOg4aaBMLkyqfotoXjbIieA9HgNnmS4VOt+NPTiZVv3XWhUXhHWEtHwv32Javy5",
-	"tfRpSc7tAuUulb3VLWkb0PxOA9L0/enb+nVuq9xMAsP+F84YnDXUCe7Hg1XVFHlA9LuHBAR1tlALCCL/",
-	"4R0L5UVxMQI01y6Si1l3M7oeNa2k0ix3pLNaQ3qz4zxZDzh4/OE2gIMt+oW28VZt6rfjpObFgQ/cqN64",
-	"vO9Lp/qfCGHmj+hyvwN+YJA9dft89e0K5VP3qZnq97Wu0kxhImXVozCP6LIEPVO22QMzeAik/8Y8bG2f",
-	"1lkH4U+bkxgnYow+GOYlCV4MIQaowjAY8AG4vaq48iDRDkudcTd6h2DRlD17C9dcUvHihVao/efWZ0r9",
-	"HURrUKXr9vv/3azHwxb/bsaGrna1jYzWgEI/wHGsc3LqPPpg57H99lY4zZs2+Jaml3+XrLoN80FoPhqW",
-	"LubZQYPNz2MpqO5ZtOWmUNa4z66GLl8iuQ5qd9iUsn+5pOtV5d1UAtbnzi4bg5R71FIXVr+RlGmD1Snb",
-	"3EzaXaodqd1H26t9Pce0dls92mK5SP0eyfrtVN2pLpSHiZhQo3MJVFtdHEoXjNa/PBMji+OvrIeDI8Xi",
-	"nWvMewTBShC2d/0sDtfyyR/wRqWIlZe8RMxfqxRRrXmqk2IasthYZkQXR9aujUUyLGdU/6rOLVDx/wYA",
-	"AP//",
+	"E0kzJWbNDuIBe67KBkk+D02dtcZS/O1wqKgPUJV9rl7b12+kAL+g5JnmaLV3SMHCTGgIyqwmE5ml5VV1",
+	"PMvKTldWZ2G8qJgqT70r49FNBQECEOZtrZ0yGipCyaCOAPR1QqJQOtYNnZ1NeNiDVfeJhNStn+FQ4Qd7",
+	"tXijxzrSU+lAlnT5QtvrmvrzAAJxH5ZC4w6LezYV6iXmy+LjLQrZfzpT4c6a//6F1FtkwxrLBUC07YOF",
+	"JM92PIOtqxs/8a3XrvVeG17BToTrbTy1k3G+tmG73q5NipbqLALk7GGDVUHn2hKlncWLKNgxQ6fLNuoZ",
+	"FuQ39j3PuEntgL3gdJFv0zhgXRAqfleDAOrV+piHan/32zae989WTH9PurwJPN7CkP6BP3Pp+h8V11jI",
+	"xiGgwZKCerAiRs+EnwJu5dr+jSPQkU145jXMxTbxVlR2iVX4UkYgTVL1Y2K0BWamsMShDzI6D4OAvIAt",
+	"3fhFhOjWCrkS1XRgRuq2q7MgNYkrrOMO4BsypT9Lsq75kuNQgXD6i8mGihYcLTaHP7JR2Y8drHFtAi5D",
+	"r96JQjBDE64uquZCsJ9CPwtofg96EQIj3uCJXx69OTo7Yv/z3/9/QZKGix7lGC+7cQGyAW8KR0FKO7Jg",
+	"EZUyR6Zsyh2Vp4Yhe+3SBkZ7AGFTgxhvlTW4xf9c2v8hCgGQrPhWzHx/XsfmSCvdt7ZahCE2wueKtC7k",
+	"7WHoP75x6BjRHwb/VGGtP3Noygjxq6A4eQ1Z65Gt3ba/nh9WEKrR13PfLLDzKeducvO7yHbbgumorW4L",
+	"tGrwjT+cvInYWKNVSpBg5RXNWi2EImD2h9QPTvfXMptxOwGl0o1XLhohmXkudxA59t9/ebYXV8Bp8cIv",
+	"Xtlg31H9OuHyX6v7jZY6jFacBF37tRIdo7qg515DYgsXC61qGQx9r1+CYg1KLCEdbXVUgRnhgO8nGEaw",
+	"CLmbx4SFQiEafzVbee8P1ugH69YHyo7PfmLdGCg27pVIBXjLG7AO4sbGmJgPVfioez2aBFcB26eBUtkt",
+	"E0Z77K38jo3mIVUVeZTB8oIurOmhC7GshztEGDJcSpdb9j4Xyu8Aguykj2yJTuXj2WGnKSs2DKGHsHgP",
+	"qk032pWgeX7eUdivqU59TN0viNtLQuqsbr8bKtyYwwqz2N+Bd8gK5WRG1r6ruAN2hSLcvj+jcQNYzHYH",
+	"Q1W1cISIXJOgbnWtYSM6hyihPjy3OhZXu/brfgJyS1dI3nNQrna3X4vsOqXLCr8k8P45E3h4vIwvieEl",
+	"KbxSBe98shsCDn+XmW+c8YNXNhh1QEUsyTSBRFTYZ6ETx8O8IL5YbYzBCsCHBfb8gvmwQGS4NQ+p8+H0",
+	"a4e4Da2thn94mNOt3+y41pr7cr6NaswtDvYe3SS/9nUxhiCtdug63T90MgiWez+lZadBVlJZAnOaKT1j",
+	"fy3RarvxbnxQXcl2uJTkbJpUSWGoz8K/vzqr2R5gVGJ2v9VOjStKW82lB4vy4FS+2Et/6rTn0bUTCOlc",
+	"z+2NhZNTcaeQEIF230/wksb+46OXJ5QuZfyCS/UliPlA5vnZhM8q4ODtwLPaabRx89PnVzkveO4K08SC",
+	"CxXHdBcwVgVTYm62Nh/vKa2MSwgb+Zyhb9ADY1LnQjHfnE93G1OFHEtoIulBrSwR6/lCenGoyrprH/AY",
+	"G2Entaiwj5aGkQK6U736FxuZCgNk4BOcQxVq+0Kmk+Y5U1TIDSOGygBX3XqYNnaiW11IoRXj1ZgBbv5S",
+	"zG1vwI79LS0+CRouPwiTK5Oq3xKwuC1ywmyP10Bchnu+7kdDL97/dd+FRuWtZS0RDf/bl6jGn1tLn5bk",
+	"3C5Q7lJsXF3ctgFg8DSAX9+fvq3fMLfKzSR87n/hjMFZQ53gfjxYVU2RB5DBe0hAULMNdaUgGCFe+1De",
+	"XRcjZnTtbruYdTcD/lEfTSrNcpM8q/XIN5vgk/UYiMcfboOB2KJfaBtv1Tl/O05q3mX4wL3zjfsEvzTP",
+	"/4lAb/6Ixvs7QBoG2VO3z1df+FA+dZ+aqX6F7CrNFCZSVj0K84jub9AzZZttOYOHuHygMQ9b26d11kH4",
+	"0+YkxokYow+GeUlCPEPUA6owDAZ8wJKvKq48brXDUmfcjd4hWDRlG+HCzZtUvHihFWr/ufWZUn8t0hqg",
+	"67r9/n836/Gwxb+b4aqrXW0jozU41Q9wHOucnDqPPth5bL+9FXT0pg2+penl3yWrbsN8EC2QhqW7gnbQ",
+	"YPPzWAqqexZtubyUNa7YqwHel+Cyg9q1OqXsXy7pelV5N5WA9bmzy8Yg5R611IXVL0ll2mB1yjaXpXaX",
+	"akdqV+T2al/PMa3dVo+2WC5Sv9qyfmFWd6oL5ZErJtR7XWLnVneZ0p2n9S/PxMji+Cvr4eBIsXjnGvMe",
+	"QbASqu5dP4vDtXzyB7zkKWLlvTMR8zc9RVRrnuqkmIYsNpYZ0V2WtZtskQzLGdW/qnMLVPy/AQAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
