@@ -336,13 +336,15 @@ func TestRestart(t *testing.T) {
 			json.Unmarshal(body, &ref)
 			id, owner := ref["sandbox_id"].(string), ref["lease_token"].(string)
 			sb := base + "/sandboxes/" + id
-			mint := func() string {
-				_, b := call(t, "POST", sb+"/leases", `{"scope":"operate"}`, "X-Sandbox-Lease", owner)
+			mint := func(from string) string {
+				_, b := call(t, "POST", sb+"/leases", `{"scope":"operate"}`, "X-Sandbox-Lease", from)
 				var m map[string]any
 				json.Unmarshal(b, &m)
 				return m["lease_token"].(string)
 			}
-			kept, released := mint(), mint()
+			kept, released := mint(owner), mint(owner)
+			child := mint(released)
+			grandchild := mint(child) // released with its parent's parent
 			if s, b := call(t, "DELETE", sb+"/leases/release", "", "X-Sandbox-Lease", released); s != 200 {
 				t.Fatalf("release: %d %s", s, b)
 			}
@@ -361,8 +363,10 @@ func TestRestart(t *testing.T) {
 			if s != 200 || !strings.Contains(string(b), `alive\nsleeping\n`) {
 				t.Fatalf("exec after restart: %d %s\n%s", s, b, g2.stderr)
 			}
-			if s, _ := call(t, "GET", sb+"/status", "", "X-Sandbox-Lease", released); s != 401 {
-				t.Fatalf("released token after restart: %d", s)
+			for _, tok := range []string{released, child, grandchild} {
+				if s, _ := call(t, "GET", sb+"/status", "", "X-Sandbox-Lease", tok); s != 401 {
+					t.Fatalf("released token (or one minted from it) after restart: %d", s)
+				}
 			}
 			if s, _ := call(t, "DELETE", sb, "", "X-Sandbox-Lease", owner); s != 200 {
 				t.Fatalf("delete after restart: %d", s)

@@ -116,28 +116,38 @@ func TestKubernetesReplicas(t *testing.T) {
 		}
 	}
 
-	// An operate lease minted on A works on B until B releases it; then A
-	// refuses it at once.
-	s, body := call(t, "POST", sb.url+"/leases", `{"scope":"operate"}`, "X-Sandbox-Lease", sb.token)
-	if s != 201 {
-		t.Fatalf("mint on A: %d %s", s, body)
+	// An operate lease OP minted on A works on B until B releases it; then A
+	// refuses it at once, and CH (minted from OP on B) and CH2 (minted
+	// from CH on A) with it.
+	mint := func(g *proc, from string) string {
+		t.Helper()
+		s, body := call(t, "POST", sb.on(g).url+"/leases", `{"scope":"operate"}`, "X-Sandbox-Lease", from)
+		if s != 201 {
+			t.Fatalf("mint on %s: %d %s", g.URL, s, body)
+		}
+		var l struct {
+			Token string `json:"lease_token"`
+		}
+		json.Unmarshal(body, &l)
+		return l.Token
 	}
-	var op struct {
-		Token string `json:"lease_token"`
-	}
-	json.Unmarshal(body, &op)
+	op := mint(a, sb.token)
+	ch := mint(b, op)
+	ch2 := mint(a, ch)
 	opBox := sb
-	opBox.token = op.Token
+	opBox.token = ch2
 	dkRun(t, opBox.on(b), "true")
-	if s, body := call(t, "DELETE", sb.on(b).url+"/leases/release", "", "X-Sandbox-Lease", op.Token); s != 200 {
+	if s, body := call(t, "DELETE", sb.on(b).url+"/leases/release", "", "X-Sandbox-Lease", op); s != 200 {
 		t.Fatalf("release on B: %d %s", s, body)
 	}
-	if s, body := call(t, "POST", sb.url+"/exec", `{"command":"true"}`, "X-Sandbox-Lease", op.Token); s != 401 {
-		t.Fatalf("the released lease on A: %d %s, want 401", s, body)
+	for _, tok := range []string{op, ch, ch2} {
+		if s, body := call(t, "POST", sb.url+"/exec", `{"command":"true"}`, "X-Sandbox-Lease", tok); s != 401 {
+			t.Fatalf("the released lease (or one minted from it) on A: %d %s, want 401", s, body)
+		}
 	}
 
 	// A terminal session started on A is listed by B.
-	s, body = call(t, "POST", sb.url+"/pty", `{"command":"cat"}`, "X-Sandbox-Lease", sb.token)
+	s, body := call(t, "POST", sb.url+"/pty", `{"command":"cat"}`, "X-Sandbox-Lease", sb.token)
 	if s != 201 {
 		t.Fatalf("pty on A: %d %s", s, body)
 	}

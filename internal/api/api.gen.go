@@ -1074,8 +1074,10 @@ type ClientInterface interface {
 	// CreateLeaseWithBody Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-	// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-	// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+	// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+	// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+	// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+	// lease). The body may be omitted (an operate lease).
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1085,8 +1087,10 @@ type ClientInterface interface {
 	// CreateLease Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-	// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-	// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+	// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+	// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+	// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+	// lease). The body may be omitted (an operate lease).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1652,8 +1656,10 @@ func (c *Client) ListLeases(ctx context.Context, id SandboxID, reqEditors ...Req
 // CreateLeaseWithBody Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+// lease). The body may be omitted (an operate lease).
 //
 // Takes any type of body and a specified content type.
 //
@@ -1673,8 +1679,10 @@ func (c *Client) CreateLeaseWithBody(ctx context.Context, id SandboxID, contentT
 // CreateLease Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+// lease). The body may be omitted (an operate lease).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3613,8 +3621,10 @@ type ClientWithResponsesInterface interface {
 	// CreateLeaseWithBodyWithResponse Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-	// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-	// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+	// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+	// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+	// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+	// lease). The body may be omitted (an operate lease).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3624,8 +3634,10 @@ type ClientWithResponsesInterface interface {
 	// CreateLeaseWithResponse Mint a new lease token
 	//
 	// Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-	// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-	// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+	// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+	// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+	// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+	// lease). The body may be omitted (an operate lease).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -6396,8 +6408,10 @@ func (c *ClientWithResponses) ListLeasesWithResponse(ctx context.Context, id San
 // CreateLeaseWithBodyWithResponse Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+// lease). The body may be omitted (an operate lease).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -6413,8 +6427,10 @@ func (c *ClientWithResponses) CreateLeaseWithBodyWithResponse(ctx context.Contex
 // CreateLeaseWithResponse Mint a new lease token
 //
 // Returns a `SandboxRef` with a new `lease_token`. Any lease may mint an `operate` lease;
-// only an `owner` lease (or the creating API key) may mint an `owner` lease. `ttl_s` null or
-// absent: the lease lives as long as the sandbox. The body may be omitted (an operate lease).
+// only an `owner` lease (or the creating API key) may mint an `owner` lease. The new lease is
+// a child of the calling lease (`parent_id`): it ends when that lease is released or revoked,
+// and lives no longer than it (`ttl_s` null or absent: as long as the sandbox and the calling
+// lease). The body may be omitted (an operate lease).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -14006,38 +14022,38 @@ var swaggerSpec = []string{
 	"c/PLPr/kB5rYnAtUAke12CgltHWjbkWlv5X+enURGzGdpQIYVBrrojIFFZOuo9Zq7ZHqxkVTtjgqu8qB",
 	"xMRs6BJRQZuWbnK9Um4R+qmv/x4pkLnkkijywat5r2hNodF0KcQcC8F6A3bsq8KLsn9RdLPD8UBUIWhF",
 	"2qZ9Ud38fapfZUO6Fv2rghb8T51UhTpRHR+7CqS8LWvuHqKmRdZDDTmESJopsaiDjAzYc1VgKPBlwH2o",
-	"YE/gb0cjRVABqoDC8DpCtUMjWBMFz9RHq7wzKDLpPWr7SBEs2mGFjTc1uay4BD32oPbNK7p8BYai155Y",
-	"HkCZ7uMyrzVQvOfbvJo7vs6rb1Ci/cPd5ne+nO9fIrxBmkdOq6CE3cqfR8Jjzzd52JTa/d5DobjGpqq8",
-	"hIEKvVU9tftSrE0AKlX4FLrVKBUiQMAf1Uwg6u8R+n+xeLUrRRy6i1RTDlaEJeKQLLhJ7YC94JhfsXIT",
-	"s67Sxa56qBjRq+CKjNTB8JsmnvfPlkx/TxdnvRFIA0P6B/7I2eW/l+thJWCGAEMBiKCARnqwPEPPhJ8C",
-	"jvTGEotjlVaZcAtzsW28FRW1fyXeoxFIk5SgSOWZRpDn4Mj7AZ2HJUJeQIiVUAWnmFbIlahuBmakAs4q",
-	"CxJoi8JU6wCGJVP6s2/Qw9e09BIU23fFHilacLQK1vLIRgU+SlB9tQk4Sb1qsQjB/k25uiird0FZCSUn",
-	"cPN7EKrguwjahQdZ+O//+r8rkjQmSJBUTrCNqgsQStIFTCnakRrBVWSOTNmMO8ogDUP2mqUNjPYAwqbS",
-	"8qNR1uAW/2Pd/g8Rq0ey4jsx8/2p+NudodTsu12EIVbR53KGroTWYejfv7bnBNGYBv9Qnqc/sh/ICPGL",
-	"IFd2BenykQ0JsltN3hZCNfp66fP59z7NuZve/Cay3TWnOWpKrTJYFU3upw/vX0dsolErJYhOhBbibsq0",
-	"WrH7YfZHVOXvm3bajNspXCrduHXR2CKBz+UeIrn/28/P9uMSyDRe+cVfNlga5IuAfGXQ1pKgtSKglpOg",
-	"htKt8DNl69d79T+ttKxtq+oLpalfPFA1Siwglm15VIEZ4YDvx/NEYBdzt4wDaslYp0vf9Lvow4dp9EG7",
-	"9V6pk7MfWTcGio17Bf4E9g8H1kEc9xhj5yFRHu9eD9fCVcDaq6FGd4uYzj57I7+tQEREHoyraP2MaTfU",
-	"atl6+GGEBcWldLll7+ZC+R1AlLn0kS3QIr3zOOw0Ba5GwfUQFu+bXFCv9ALE1s87Cvs106l3YPsFcXtJ",
-	"yNllX/WRwo05KnsI+O7qRyxXTmak7buSO2BXyJ3sSyhqvaVjNhyMVFllUfXElQR1q4b5Ne8conZ791y7",
-	"L67SUPp+HHJFF/cHcspVusY3yK5TaoP/Jcb2j5kfj8fL+JoYXpPCrVcwQQJucjj8VWa+tsUPXupgVKQU",
-	"sSTThONQYpGGYhkP3oMAm5UxBi2YDCvs+QWWYYXIcGse8s6H068c4i601o7Q8DCnW/nKZm3uy/nWEiZ3",
-	"ONh7NJP82jf5GIK02lvYe7bZtk8GwevvJ/vrNMhKygFgTjOlF+xPJSxYPIwPSwSwo5We1KsqFcE5u5Hy",
-	"7/dao5oD9rz4CIJ11ZG1zs5eV4C4hrFvSyDSaKRCjqgRHny3Rx7Qg+GwiubqX2/2ZCqxuN/Mp1pv8ka9",
-	"7MHcSTiVL4rZHzq+enztBPZyqAYRJ8LJmbiT74m6ddyPl5TG/v3dpO8pLsv4BZfqi7f0geyAsylflB0D",
-	"dgPSaqbRWsvHz3+3veBzl5s6LlzIPl5aJ2YMM4QpArjYGPj3lFY4QISNfHCyAo+r50IxX6iPvb983htL",
-	"aCLpYSXZELP0QhxzpIocbO9ZmRhhpxX3s3fLhpEC0lM1ExiLmnIDZOAjqSMVMvZCSJXmuVCU1A0jhhQE",
-	"V7Y7Tms70S2x8LVivByzCoLv4S99MgTyo3WUyRhm51HDu/hMVCLRlx1QcXfrLVB73vvjW69E1Cmn7Oyy",
-	"AlZ/uA5/2wD4TkCdtX27FHM3YCf+8z5gHBo3heeKADQMqrQ7t/mcGs7EG4A+Q5PS+9EyVpuX3ndWVtFy",
-	"tcH943/74gJ6+DTrB/D+FFzQLErvkjxd9qrdArN4GgD870/TqDbVbbPkqcfAP3FQ5qx2keJ+PFjiUj4P",
-	"UIv3EOOhkiOqzUFIRux0VbTrjRGcvtLON2bd7bCHVE2USrMOFcAqSAF1KIBkMxLkyYfbIEE23Eq0jbfC",
-	"D7gdJ9XbNz8wgkCthfIXCIE/EPTP7wE/cAdgxyB7qpZJe9Oa4qn7vJmqXfPbbqai1ZNb6RUEyr6tlxkN",
-	"HqKBSm0etrJPm7SDeuuozQni2IOAQr+E+4bYD7XWHEUThjKpzaN3U9sr3I3eEWg0RTHlSrNxyg/FPljW",
-	"8aWtmyMb4L6rWv//3MDSw+ZXbwftLne1iYw2oHU/wHFsMo2qPPpg57H79pYA2ts2+Jaql3+XtLot80HM",
-	"RBqW+hHuocLm57EWt/As2tCvndW6Cldg/wuI3UGlNVgh+9ez5l6W1k0pYH148rI2SLFHDal31b7wTBtM",
-	"ANqlP3x3LT2HhXssE73K1+doNjal/K1m5FS7eVd7hHZn1ISFjZdsShXoBYJw2b6d2rxXv7wQY4vjt6Yc",
-	"wpFiftQ1hpaCYCVs4bt+Fodr+OQP2EgyYkXvrIj5bpIRpfOnOslnIVEAM7mofXeleb/v1eRnVP2qnlug",
-	"4v8fAAD//w==",
+	"YE/gb0cjRVABqoDC8DpCtUMjWBMFz9RHq7xD1zLMhIageGwylVlaLT0twDBYlYV7eHNjvqo3gDwAuqCM",
+	"e4LFryAuRCNFQFpUBYQWUggvSse6Iau/jiB/2NZfMwR8/QxHCj/Yq3gpPRyi9v00unwFGaPXnusecKLu",
+	"Q7+o9XS8ZwWjms6+Lj7eoJD9h1Mw7qwv3L+QeoNsWGG5gJm6u4uR5NmeZ7BN2ebvPTqLa+zzyktkqtDu",
+	"1VO7rw7bhOlSRXShi5ayMwIq/VGNVanlSGhJxuLVRhlxaHhSzYJYkd8IjbLgJrUD9oJjyseKcsC6IFT8",
+	"rgYB1KtAnYzUwfCbJp73z5ZMf093eb03SQND+gf+yAnvv5c3ZCWGh5hHaxfUg6U+eib8FKCtN1Z9HKu0",
+	"yoRbmItt462oKEcsISiNQJqknEmqGDWCnBlH3jXpPFIS8gKivoTCPMW0Qq7EazowI9WUVlmQcGQUZn8H",
+	"fC6Z0p99zyC+ZjiUON2+UfdI0YKjVfyYRzYqIFuCNq5NgG7qVetXCIlwytVFWVAM+lOogoGb3+NiBXeK",
+	"V3gC7sN//9f/XZGkMaGUpHKCnV1dQHWSLsBc0Y6saESFzJEpm3FHSa1hyF6ztIHRHkDYVLqQNMoa3OJ/",
+	"rNv/IdIHkKz4Tsx8f1bHdv8s9R9vF2EIn/S5/LMr0X4Y+vcvNzpBgKjBP5Qz7I/smjJC/CLIu14B33xk",
+	"Q87uViu8hVCNvl76EoO9T3Pupje/iWx3TbOOmrK9DBZqk2384f3riE00aqWEGopoR9xNmVYrrgiY/REB",
+	"D/g+ojbjdgqXSjduXTR2beBzuYfg8v/287P9uMRWjVd+8ZcNViv5uiRfrLS1SmmtLqnlJKjHdSsiTtmN",
+	"9l5dYitddNsKDUO17BenWI0SC9RnWx5VYEY44PtxhhH+xtwt4wCkMtbp0vchL1oDYmZ/0G69o+zk7EfW",
+	"jYFi414BiYEtzYF1EFo+xnB+yN3Hu9cjyHAV4P9qQNbdIsy0z97IbyuoFZHHByu6UWMmEHV/th4RGZFK",
+	"cSldbtm7uVB+BxD4Ln1kCwBL788OO02xtFFwPYTF+74b1L69wNX1847Cfs106n3qfkHcXhKYd9nqfaRw",
+	"Y47Ktga+4fsRy5WTGWn7ruQO2BXycPuqjlq765gNByNVFn4Ej1ydoG7Vw7/mnUMgce+ea/fFVXpc349D",
+	"rmgs/0BOuUoj+wbZdUqd+b+E/f4xU/bxeBlfE8NrUrj1CiaUwk0Oh7/KzJfb+MFLHYzqpiKWZJqgJUp4",
+	"1FC/4/GEEPOzMsagBSZihT2/IEWsEBluzUPe+XD6lUPchdbaQSMe5nQrX9mszX0531oO5w4He49mkl/7",
+	"Jh9DkFZ7C3vPNtv2ySCe/v0kpJ0GWUlpCcxppvSC/alEKouH8WEJSna0FuSsq1SEMO1Gyr/fHtUcsOfF",
+	"RxA/rA72dXb2uoINNox9pwQMxoa0VSM8HnCPPKAHw2EVYNa/3uzJVGJxv8lYtXbpjXrZg7mTcCpfFLM/",
+	"dHz1+NoJbC9RDSJOhJMzcSffEzUQuR8vKY39+7tJ31NclvELLtUXb+kD2QFnU74omxjshu3VTKO1LpSf",
+	"/257wecuN3WoupAQvbROzBgmLVMEcLEx8O8prXCACBv54GQFsVfPhWIeOwDbkflUPJbQRNLDSv4jJg6G",
+	"OOZIFWnh3rMyMcJOK+5n75YNIwXwqWpyMtZZ5QbIwEdSRyokEYaQKs1zoSjPHEYMKQiu7MCc1naiW8Lz",
+	"a8V4OWYVl98jcvpkCORH6yi5MszOA5l38ZmoBMcvm7Li7ta7sva898d3g4moeU/ZbGYFP/9wHZG3AYOe",
+	"sENr+3Yp5m7ATvznfcA49JIKzxUBaBhUaXdu8zn1wIk3YI+Gvqn3o2Ws9lO976ysogtsg/vH//bFBfTw",
+	"md8P4P0puKBZlN4ln7tsn7sF+fE09BS4P02j2ue3zZKntgf/xEGZs9pFivvxYIlL+TygP95DjIeqoKhc",
+	"CFEisflW0UE4Rrz8SofhmHW3IzFSgVMqzTp6AauAF9TRCZLN4JQnH24DTtlwK9E23grS4HacVO8o/cCg",
+	"BrWuzl9QDf5AaES/ByLCHbAmg+ypWibtfXSKp+7zZqo28m+7mYruU26lfREo+7Ze+TR4iJ4utXnYyj5t",
+	"0g7q3aw2J4hjWwQK/RIUHcJR1LqFFH0hyqQ2DyhOnbhwN3pHoNEU9Z0r/c8pPxRbc1nHl7ZujmxAIK9q",
+	"/f9zA0sPm1+9HUe83NUmMtoAIP4Ax7HJNKry6IOdx+7bW2J6b9vgW6pe/l3S6rbMB2EcaVhqkbiHCpuf",
+	"x1rcwrNoQwt5Vmt0XOlEUKD+DirdygrZv54197K0bkoB68OTl7VBij1qSL2rtqpn2mAC0C4t67tr6Tks",
+	"3GOZ6FW+PkezsSnlbzUjp9pgvNq2tDujvjBsvGRTKoovQI3LjvLUeb765YUYWxy/NeUQjhTzo64xtBQE",
+	"K8Ed3/WzOFzDJ3/A3pYRK9p5Rcw3uIwonT/VST4LiQKYyUUdxctoZNe3j/Izqn5Vzy1Q8f8PAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
