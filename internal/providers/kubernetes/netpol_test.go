@@ -240,19 +240,35 @@ func asRole(t *testing.T, rules []rbacv1.PolicyRule) *rest.Config {
 	return cfg
 }
 
-// The gateway's Role is enough for a sandbox's whole life (create with
-// its policy, exec, a port's endpoint, delete).
+// The gateway's Role is enough for a sandbox's whole life through the
+// service with its records in the cluster (create with its policy, exec,
+// a port's endpoint, delete).
 func TestGatewayRole(t *testing.T) {
 	p := newProvider(t, func(o *Options) { o.RestConfig = asRole(t, gatewayRole) })
-	id := create(t, p, providers.CreateSpec{Ports: []int{8080}})
-	ctx := ctxT(t, time.Minute)
-	if res, err := p.Exec(ctx, id, providers.ExecRequest{Command: "echo ok"}); err != nil || string(res.Stdout) != "ok\n" {
+	svc, err := sandbox.New(ctxT(t, time.Minute), sandbox.Options{
+		Provider: p, Store: p.Store(), StateDir: t.TempDir(), AllowAnonymous: true, ReapInterval: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	ctx := ctxT(t, 2*time.Minute)
+	ref, err := svc.Create(ctx, sandbox.Caller{}, sandbox.CreateRequest{Image: k8stest.ImageRef, Ports: []int{8080}})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	id, owner := ref.SandboxID, sandbox.Caller{Lease: ref.Token}
+	if !policyExists(t, id) {
+		t.Errorf("no policy for %s", id)
+	}
+	if res, err := svc.Exec(ctx, owner, id, sandbox.ExecRequest{Command: "echo ok"}); err != nil || string(res.Stdout) != "ok\n" {
 		t.Fatalf("exec: %q, %v", res.Stdout, err)
 	}
-	if _, err := p.Endpoint(ctx, id, 8080); err != nil {
+	if _, err := svc.Endpoint(ctx, owner, id, 8080); err != nil {
 		t.Fatalf("endpoint: %v", err)
 	}
-	if err := p.Delete(ctx, id); err != nil {
+	if err := svc.Delete(ctx, owner, id); err != nil {
 		t.Fatal(err)
 	}
 	if policyExists(t, id) {
