@@ -19,9 +19,9 @@ import (
 // derived from the host; three creates with 40 MiB of metadata each are
 // 400s naming the metadata ceiling; nothing is created.
 func TestCeilingsGateway(t *testing.T) {
-	// --max-body as it was when this was written: the body cap is not
-	// what refuses the metadata here.
-	g := startGateway(t, t.TempDir(), nil, "--max-memory-mib", "512", "--max-ttl", "1h", "--max-body", strconv.Itoa(64<<20))
+	// A JSON body cap of 64 MiB: the body cap is not what refuses the
+	// metadata here.
+	g := startGateway(t, t.TempDir(), nil, "--max-memory-mib", "512", "--max-ttl", "1h", "--max-json-body", strconv.Itoa(64<<20))
 	status, body := call(t, "POST", g.URL+"/v1/sandboxes", `{"ttl_s": 1e9, "resources": {"memory_mib": 100000000, "disk_gib": 1e7, "cpu": 1000}}`)
 	if status != 400 {
 		t.Fatalf("the issue's create: %d %s", status, body)
