@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -235,6 +236,26 @@ func asRole(t *testing.T, rules []rbacv1.PolicyRule) *rest.Config {
 			t.Errorf("remove role binding %s: %v", name, err)
 		}
 	})
+	// The authorizer learns of the binding from a watch: wait until it
+	// grants the Role's first verb.
+	r := rules[0]
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User:               name,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: k8stest.Namespace, Verb: r.Verbs[0], Group: r.APIGroups[0], Resource: r.Resources[0]},
+	}}
+	for {
+		res, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status.Allowed {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("role %s not in force within a minute", name)
+		}
+		poll(ctx, 50*time.Millisecond)
+	}
 	cfg := k8stest.RestConfig(t)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: name}
 	return cfg
