@@ -80,7 +80,7 @@ func leaseProtocol(r *http.Request) string {
 // its context.
 func (s *server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, key, err := s.svc.Authenticate(callerFrom(r.Context()), chi.URLParam(r, "id"))
+		c, key, err := s.svc.Authenticate(r.Context(), callerFrom(r.Context()), chi.URLParam(r, "id"))
 		if err != nil {
 			s.refuseUnread(w, r, err)
 			return

@@ -33,9 +33,9 @@ type Service interface {
 	SessionHost(ctx context.Context, c sandbox.Caller, id string) (*agent.Client, error)
 	// ProcessSpec authorises c and validates spec for sandbox id,
 	// resolving its cwd against the sandbox's workdir.
-	ProcessSpec(c sandbox.Caller, id string, spec providers.ProcessSpec) (providers.ProcessSpec, error)
+	ProcessSpec(ctx context.Context, c sandbox.Caller, id string, spec providers.ProcessSpec) (providers.ProcessSpec, error)
 	// Access authorises c to operate sandbox id (401/403/404).
-	Access(c sandbox.Caller, id string) error
+	Access(ctx context.Context, c sandbox.Caller, id string) error
 	// Hold marks a client attached (the sandbox is not idle) until release.
 	Hold(id string) (release func())
 	// Touch records activity on the sandbox.
@@ -221,7 +221,7 @@ func (m *Manager) host(ctx context.Context, c sandbox.Caller, id string) (*agent
 // support, 400), ErrTooMany at MaxPerSandbox, and ErrUnavailable at
 // MaxSessions or when shutting down.
 func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec providers.ProcessSpec, at Start) (Info, error) {
-	spec, err := m.svc.ProcessSpec(c, id, spec)
+	spec, err := m.svc.ProcessSpec(ctx, c, id, spec)
 	if err != nil {
 		return Info{}, err
 	}
@@ -429,7 +429,7 @@ type AttachRequest struct {
 // long. With takeover the previous holder is closed with 4001 while this
 // client is attached at once.
 func (m *Manager) Attach(w http.ResponseWriter, r *http.Request, c sandbox.Caller, req AttachRequest) error {
-	if err := m.svc.Access(c, req.SandboxID); err != nil {
+	if err := m.svc.Access(r.Context(), c, req.SandboxID); err != nil {
 		return err
 	}
 	if err := m.checkOrigin(r); err != nil {

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"strings"
 	"time"
 )
@@ -19,12 +20,12 @@ import (
 // (one store read per call, as before). It also returns the fingerprint
 // of the API key the request counts against: the caller's own key, or on
 // a sandbox's routes the key that created the sandbox ("" = anonymous).
-func (s *Service) Authenticate(c Caller, id string) (Caller, string, error) {
+func (s *Service) Authenticate(ctx context.Context, c Caller, id string) (Caller, string, error) {
 	if id == "" {
 		key, err := s.authorizeKey(c)
 		return c, key, err
 	}
-	a, err := s.authorize(c, id, ScopeOperate)
+	a, err := s.authorize(ctx, c, id, ScopeOperate)
 	if err != nil {
 		return c, "", err
 	}
@@ -41,11 +42,11 @@ const freshFor = time.Second
 
 // refreshFor is refreshShared(id), skipped when c was authenticated for
 // id within freshFor.
-func (s *Service) refreshFor(c Caller, id string) error {
+func (s *Service) refreshFor(ctx context.Context, c Caller, id string) error {
 	if c.fresh == id && s.opts.Clock.Now().Sub(c.freshAt) < freshFor {
 		return nil
 	}
-	return s.refreshShared(id)
+	return s.refreshShared(ctx, id)
 }
 
 // IsCredential reports whether tok is a credential of this gateway: a

@@ -90,7 +90,7 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 	if err := bad.Err(); err != nil {
 		return ExecResult{}, err
 	}
-	a, err := s.authorize(c, id, ScopeOperate)
+	a, err := s.authorize(ctx, c, id, ScopeOperate)
 	if err != nil {
 		return ExecResult{}, err
 	}
@@ -212,7 +212,7 @@ func (s *Service) execFailed(ctx context.Context, b *box, err error) (ExecResult
 // WriteFile streams r into path in the sandbox and returns the absolute
 // path and the size written.
 func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Reader) (string, int64, error) {
-	a, end, abs, err := s.fileOp(c, id, p)
+	a, end, abs, err := s.fileOp(ctx, c, id, p)
 	if err != nil {
 		return "", 0, err
 	}
@@ -230,7 +230,7 @@ func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Re
 // size returned, however much the sandbox sends (a file growing, an
 // agent lying).
 func (s *Service) ReadFile(ctx context.Context, c Caller, id, p string, limit int64) (io.ReadCloser, int64, error) {
-	_, end, abs, err := s.fileOp(c, id, p)
+	_, end, abs, err := s.fileOp(ctx, c, id, p)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -254,7 +254,7 @@ func (s *Service) StatFile(ctx context.Context, c Caller, id, p string) (string,
 	if err != nil {
 		return "", providers.FileInfo{}, err
 	}
-	a, end, abs, err := s.fileOp(c, id, p)
+	a, end, abs, err := s.fileOp(ctx, c, id, p)
 	if err != nil {
 		return "", providers.FileInfo{}, err
 	}
@@ -274,7 +274,7 @@ func (s *Service) ListDir(ctx context.Context, c Caller, id, p string) (string, 
 	if err != nil {
 		return "", nil, false, err
 	}
-	a, end, abs, err := s.fileOp(c, id, p)
+	a, end, abs, err := s.fileOp(ctx, c, id, p)
 	if err != nil {
 		return "", nil, false, err
 	}
@@ -311,11 +311,11 @@ func (e *endCloser) Close() error {
 }
 
 // fileOp validates p, authorizes, and marks a file request in flight.
-func (s *Service) fileOp(c Caller, id, p string) (access, func(), string, error) {
+func (s *Service) fileOp(ctx context.Context, c Caller, id, p string) (access, func(), string, error) {
 	if err := checkPath(p); err != nil {
 		return access{}, nil, "", providers.InvalidFields{{Field: "path", Message: err.Error()}}
 	}
-	a, err := s.authorize(c, id, ScopeOperate)
+	a, err := s.authorize(ctx, c, id, ScopeOperate)
 	if err != nil {
 		return access{}, nil, "", err
 	}

@@ -24,7 +24,7 @@ func FuzzLeaseToken(f *testing.F) {
 		if c, err := s.verify(tok); err == nil && s.mint(c) != tok {
 			t.Fatalf("verify accepted %q, which mint spells %q", tok, s.mint(c))
 		}
-		if strings.Contains(sid+lid, "|") || !Scope(scope).valid() {
+		if strings.Contains(sid+lid, "|") || !Scope(scope).Valid() {
 			return
 		}
 		if exp < 0 || exp > 1<<40 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/store"
 )
 
 // TestForgedClaimsRefused: someone who read the signing key can make a
@@ -334,7 +336,7 @@ func TestSubtreeRevokedOnReplica(t *testing.T) {
 	// B mints under X while A revokes X: the child lands after the subtree
 	// went. Its parent is gone, so it is revoked too, on both replicas.
 	orphan := Lease{ID: newLeaseID(), SandboxID: id, Scope: ScopeOperate, CreatedAt: time.Unix(1_800_000_000, 0), Parent: x[1].LeaseID}
-	if err := st.PutLease(orphan); err != nil {
+	if err := st.PutLease(context.Background(), orphan); err != nil {
 		t.Fatal(err)
 	}
 	orphanRef := b.ref(Record{ID: id}, orphan)
@@ -355,16 +357,17 @@ func TestLeaseWithoutParentLoads(t *testing.T) {
 	id := a.SandboxID
 	e.svc.Close()
 	old := Lease{ID: newLeaseID(), SandboxID: id, Scope: ScopeOperate, CreatedAt: e.clock.Now()}
-	st, err := openStore(e.dir)
+	// Written as the store of that time did, straight into the file.
+	db, err := bolt.Open(filepath.Join(e.dir, store.FileName), 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	raw := fmt.Sprintf(`{"id":%q,"sandbox_id":%q,"scope":"operate","created_at":%q,"expires_at":"0001-01-01T00:00:00Z"}`,
 		old.ID, id, old.CreatedAt.UTC().Format(time.RFC3339Nano))
-	err = st.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLeases).Bucket([]byte(id)).Put([]byte(old.ID), []byte(raw))
+	err = db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("leases")).Bucket([]byte(id)).Put([]byte(old.ID), []byte(raw))
 	})
-	st.Close()
+	db.Close()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ import (
 // lease, or a later expiry) was never minted by this gateway and is
 // refused with 401, as is one naming another sandbox's lease.
 // Caller must not hold s.mu.
-func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
+func (s *Service) authorize(ctx context.Context, c Caller, id string, need Scope) (access, error) {
 	tok := c.Lease
 	if tok == "" {
 		tok = c.Bearer
@@ -35,7 +35,7 @@ func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
 		if !ok {
 			return access{}, providers.Errorf(providers.ErrUnauthorized, "invalid credentials")
 		}
-		if err := s.refreshFor(c, id); err != nil {
+		if err := s.refreshFor(ctx, c, id); err != nil {
 			return access{}, err
 		}
 		s.mu.Lock()
@@ -63,7 +63,7 @@ func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
 	if cl.SandboxID != id {
 		return access{}, providers.Errorf(providers.ErrForbidden, "lease token is for another sandbox")
 	}
-	if err := s.refreshFor(c, id); err != nil {
+	if err := s.refreshFor(ctx, c, id); err != nil {
 		return access{}, err
 	}
 	s.mu.Lock()
@@ -85,7 +85,7 @@ func (s *Service) authorize(c Caller, id string, need Scope) (access, error) {
 	if !s.liveLocked(l, now) {
 		return access{}, providers.Errorf(providers.ErrUnauthorized, "lease token was revoked")
 	}
-	if !l.Scope.covers(need) {
+	if !l.Scope.Covers(need) {
 		return access{}, providers.Errorf(providers.ErrForbidden, "this needs a lease of scope %s", need)
 	}
 	return access{box: b, scope: l.Scope, leaseID: l.ID, expires: l.ExpiresAt}, nil
@@ -170,7 +170,7 @@ func (s *Service) Mint(ctx context.Context, c Caller, id string, scope Scope, tt
 	if scope == "" {
 		scope = ScopeOperate
 	}
-	if !scope.valid() {
+	if !scope.Valid() {
 		return Ref{}, providers.InvalidFields{{Field: "scope", Message: "must be owner or operate"}}
 	}
 	if ttl != nil && *ttl <= 0 {
@@ -183,7 +183,7 @@ func (s *Service) Mint(ctx context.Context, c Caller, id string, scope Scope, tt
 			return Ref{}, err
 		}
 	}
-	a, err := s.authorize(c, id, scope)
+	a, err := s.authorize(ctx, c, id, scope)
 	if err != nil {
 		return Ref{}, err
 	}
@@ -201,7 +201,7 @@ func (s *Service) Mint(ctx context.Context, c Caller, id string, scope Scope, tt
 				"must not outlive the calling lease, which has %d s left", int64(parent.Sub(now)/time.Second))}}
 		}
 	}
-	if err := s.st.PutLease(l); err != nil {
+	if err := s.st.PutLease(ctx, l); err != nil {
 		return Ref{}, err
 	}
 	s.mu.Lock()
@@ -215,14 +215,14 @@ func (s *Service) Mint(ctx context.Context, c Caller, id string, scope Scope, tt
 // transitively (see Revoke), and returns how many live leases the sandbox
 // has left. An API key holds no lease: ErrConflict.
 func (s *Service) Release(ctx context.Context, c Caller, id string) (int, error) {
-	a, err := s.authorize(c, id, ScopeOperate)
+	a, err := s.authorize(ctx, c, id, ScopeOperate)
 	if err != nil {
 		return 0, err
 	}
 	if a.leaseID == "" {
 		return 0, providers.Errorf(providers.ErrConflict, "release revokes the calling lease token; an API key has none")
 	}
-	_, left, err := s.revoke(id, a.leaseID)
+	_, left, err := s.revoke(ctx, id, a.leaseID)
 	return left, err
 }
 
@@ -233,7 +233,7 @@ func (s *Service) Release(ctx context.Context, c Caller, id string) (int, error)
 // minted, another sandbox's, revoked or expired) is ErrNotFound, and
 // nothing changes. The caller may revoke its own lease.
 func (s *Service) Revoke(ctx context.Context, c Caller, id, leaseID string) (int, error) {
-	if _, err := s.authorize(c, id, ScopeOwner); err != nil {
+	if _, err := s.authorize(ctx, c, id, ScopeOwner); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
@@ -243,14 +243,14 @@ func (s *Service) Revoke(ctx context.Context, c Caller, id, leaseID string) (int
 	if !ok {
 		return 0, providers.Errorf(providers.ErrNotFound, "sandbox %s has no live lease %s", id, leaseID)
 	}
-	n, _, err := s.revoke(id, leaseID)
+	n, _, err := s.revoke(ctx, id, leaseID)
 	return n, err
 }
 
 // revoke removes lease root of sandbox id and its subtree from the store,
 // then from memory. It returns how many of them were live, and how many
 // live leases the sandbox has left.
-func (s *Service) revoke(id, root string) (revoked, left int, err error) {
+func (s *Service) revoke(ctx context.Context, id, root string) (revoked, left int, err error) {
 	now := s.opts.Clock.Now()
 	s.mu.Lock()
 	ids := s.subtreeLocked(id, root)
@@ -260,7 +260,7 @@ func (s *Service) revoke(id, root string) (revoked, left int, err error) {
 		}
 	}
 	s.mu.Unlock()
-	if err := s.st.DeleteLeases(id, ids); err != nil {
+	if err := s.st.DeleteLeases(ctx, id, ids); err != nil {
 		return 0, 0, err
 	}
 	s.mu.Lock()
@@ -301,7 +301,7 @@ func (s *Service) subtreeLocked(id, root string) []string {
 // Leases returns the live leases of sandbox id (owner scope), oldest
 // first. Tokens are not kept, so none is returned.
 func (s *Service) Leases(ctx context.Context, c Caller, id string) ([]Lease, error) {
-	if _, err := s.authorize(c, id, ScopeOwner); err != nil {
+	if _, err := s.authorize(ctx, c, id, ScopeOwner); err != nil {
 		return nil, err
 	}
 	now := s.opts.Clock.Now()

@@ -245,7 +245,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 		// Other replicas reconcile too: the record comes first, so that a
 		// sandbox of theirs without one is an orphan, never this create.
 		prov := Record{ID: id, Provider: s.p.Name(), State: providers.StateStarting, Workdir: req.Workdir, Image: req.Image, CreatedAt: start, Creator: creator}
-		if err := s.st.PutRecord(prov, nil); err != nil {
+		if err := s.st.PutRecord(ctx, prov, nil); err != nil {
 			return Ref{}, providers.Wrap(providers.ErrUnavailable, err, "the shared state store")
 		}
 	}
@@ -266,7 +266,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 	}
 	if err != nil {
 		if s.shared != nil {
-			if derr := s.st.DeleteSandbox(id); derr != nil {
+			if derr := s.forgetCreate(ctx, id); derr != nil {
 				s.log.Error("forget a failed create", "sandbox", id, "err", derr)
 			}
 		}
@@ -305,7 +305,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 	}
 	lease := Lease{ID: newLeaseID(), SandboxID: id, Scope: ScopeOwner, CreatedAt: now}
 	if err == nil {
-		err = s.st.PutRecord(rec, &lease)
+		err = s.st.PutRecord(ctx, rec, &lease)
 	}
 	if err != nil {
 		// Detached: the client's context may be what failed.
@@ -313,7 +313,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 			s.log.Error("delete half-made sandbox", "sandbox", id, "err", derr)
 		}
 		if s.shared != nil {
-			if derr := s.st.DeleteSandbox(id); derr != nil {
+			if derr := s.forgetCreate(ctx, id); derr != nil {
 				s.log.Error("forget a failed create", "sandbox", id, "err", derr)
 			}
 		}
@@ -325,6 +325,14 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 	s.mu.Unlock()
 	s.log.Info("sandbox created", "sandbox", id, "provider", s.p.Name(), "duration", now.Sub(start))
 	return s.ref(rec, lease), nil
+}
+
+// forgetCreate removes the record a create wrote before its sandbox
+// existed (see create), detached: the client's context may be what failed.
+func (s *Service) forgetCreate(ctx context.Context, id string) error {
+	ctx, cancel := detached(ctx)
+	defer cancel()
+	return s.st.DeleteSandbox(ctx, id)
 }
 
 func (s *Service) ref(rec Record, l Lease) Ref {
@@ -354,7 +362,7 @@ func (s *Service) List(ctx context.Context, c Caller, f ListFilter) ([]Info, err
 			return nil, providers.InvalidFields{{Field: "label", Message: "must be key=value"}}
 		}
 	}
-	if err := s.syncShared(); err != nil {
+	if err := s.syncShared(ctx); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -377,7 +385,7 @@ func (s *Service) List(ctx context.Context, c Caller, f ListFilter) ([]Info, err
 
 // Get returns a sandbox's info, with its state refreshed from the provider.
 func (s *Service) Get(ctx context.Context, c Caller, id string) (Info, error) {
-	a, err := s.authorize(c, id, ScopeOperate)
+	a, err := s.authorize(ctx, c, id, ScopeOperate)
 	if err != nil {
 		return Info{}, err
 	}
@@ -412,14 +420,16 @@ func (s *Service) refresh(ctx context.Context, b *box) {
 		b.rec.StateReason = r.StateReason(id)
 		s.mu.Unlock()
 	}
-	s.setState(b, got)
+	s.setState(ctx, b, got)
 }
 
 // setState records a new state for b and frees its slot when it stops.
-func (s *Service) setState(b *box, state providers.State) {
+// The store write is detached from ctx's cancellation: the state is what
+// the provider did, whether or not the client still waits.
+func (s *Service) setState(ctx context.Context, b *box, state providers.State) {
 	s.mu.Lock()
 	b.rec.State = state
-	rec := b.rec
+	id := b.rec.ID
 	var slot *demand
 	if !state.Live() {
 		slot, b.slot = b.slot, nil
@@ -428,8 +438,10 @@ func (s *Service) setState(b *box, state providers.State) {
 	if slot != nil {
 		s.slots.release(*slot)
 	}
-	if err := s.st.PutRecord(rec, nil); err != nil {
-		s.log.Error("persist sandbox state", "sandbox", rec.ID, "err", err)
+	ctx, cancel := detached(ctx)
+	defer cancel()
+	if err := s.persist(ctx, b); err != nil {
+		s.log.Error("persist sandbox state", "sandbox", id, "err", err)
 	}
 }
 
@@ -447,7 +459,7 @@ func (s *Service) Renew(ctx context.Context, c Caller, id string, ttl *time.Dura
 			return Info{}, err
 		}
 	}
-	a, err := s.authorize(c, id, ScopeOwner)
+	a, err := s.authorize(ctx, c, id, ScopeOwner)
 	if err != nil {
 		return Info{}, err
 	}
@@ -464,10 +476,9 @@ func (s *Service) Renew(ctx context.Context, c Caller, id string, ttl *time.Dura
 	if b.rec.TTL > 0 {
 		b.rec.ExpiresAt = s.opts.Clock.Now().Add(b.rec.TTL)
 	}
-	rec := b.rec
 	info := b.info()
 	s.mu.Unlock()
-	return info, s.st.PutRecord(rec, nil)
+	return info, s.persist(ctx, b)
 }
 
 // Pause freezes a running sandbox.
@@ -481,7 +492,7 @@ func (s *Service) Resume(ctx context.Context, c Caller, id string) (Info, error)
 }
 
 func (s *Service) pauseResume(ctx context.Context, c Caller, id string, pause bool) (Info, error) {
-	a, err := s.authorize(c, id, ScopeOwner)
+	a, err := s.authorize(ctx, c, id, ScopeOwner)
 	if err != nil {
 		return Info{}, err
 	}
@@ -502,7 +513,7 @@ func (s *Service) pauseResume(ctx context.Context, c Caller, id string, pause bo
 	if err := do(ctx, id); err != nil {
 		return Info{}, fmt.Errorf("%s %s: %w", map[bool]string{true: "pause", false: "resume"}[pause], id, err)
 	}
-	s.setState(a.box, to)
+	s.setState(ctx, a.box, to)
 	s.touch(a.box)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -511,7 +522,7 @@ func (s *Service) pauseResume(ctx context.Context, c Caller, id string, pause bo
 
 // Endpoint returns how to reach a port declared at create.
 func (s *Service) Endpoint(ctx context.Context, c Caller, id string, port int) (providers.Endpoint, error) {
-	a, err := s.authorize(c, id, ScopeOperate)
+	a, err := s.authorize(ctx, c, id, ScopeOperate)
 	if err != nil {
 		return providers.Endpoint{}, err
 	}
@@ -534,7 +545,7 @@ func (s *Service) Endpoint(ctx context.Context, c Caller, id string, port int) (
 // Delete stops the sandbox and forgets it and every lease for it. Only an
 // owner may delete; a second delete answers ErrNotFound.
 func (s *Service) Delete(ctx context.Context, c Caller, id string) error {
-	a, err := s.authorize(c, id, ScopeOwner)
+	a, err := s.authorize(ctx, c, id, ScopeOwner)
 	if err != nil {
 		return err
 	}
@@ -550,12 +561,21 @@ func (s *Service) remove(ctx context.Context, b *box, why string) error {
 	if err := s.p.Delete(ctx, id); err != nil && !errors.Is(err, providers.ErrNotFound) {
 		return fmt.Errorf("delete %s: %w", id, err)
 	}
+	// Under wmu, so that no write of the record in flight lands after
+	// its removal and brings it back (persist writes nothing once b is
+	// unregistered).
+	b.wmu.Lock()
 	if !s.unregister(b) {
+		b.wmu.Unlock()
 		return errSandboxNotFound(id) // a concurrent delete won
 	}
+	dctx, cancel := detached(ctx) // the sandbox is gone: its record must go too
+	err := s.st.DeleteSandbox(dctx, id)
+	cancel()
+	b.wmu.Unlock()
 	defer s.releaseSnapshot(context.WithoutCancel(ctx), snap)
 	s.m.DeletesTotal.WithLabelValues(why).Inc()
-	if err := s.st.DeleteSandbox(id); err != nil {
+	if err != nil {
 		s.log.Error("forget sandbox", "sandbox", id, "err", err)
 	}
 	s.log.Info("sandbox removed", "sandbox", id, "why", why)

@@ -12,20 +12,20 @@ import (
 // Access checks that c may operate sandbox id: nil, or the 401/403/404
 // error of the check. For routes (WebSocket attach) that act on state the
 // service does not hold.
-func (s *Service) Access(c Caller, id string) error {
-	_, err := s.authorize(c, id, ScopeOperate)
+func (s *Service) Access(ctx context.Context, c Caller, id string) error {
+	_, err := s.authorize(ctx, c, id, ScopeOperate)
 	return err
 }
 
 // ProcessSpec authorises c to operate sandbox id and returns spec for a
 // process there: cwd checked and resolved against the workdir.
-func (s *Service) ProcessSpec(c Caller, id string, spec providers.ProcessSpec) (providers.ProcessSpec, error) {
+func (s *Service) ProcessSpec(ctx context.Context, c Caller, id string, spec providers.ProcessSpec) (providers.ProcessSpec, error) {
 	if spec.Cwd != "" {
 		if err := checkPath(spec.Cwd); err != nil {
 			return spec, providers.InvalidFields{{Field: "cwd", Message: err.Error()}}
 		}
 	}
-	a, err := s.authorize(c, id, ScopeOperate)
+	a, err := s.authorize(ctx, c, id, ScopeOperate)
 	if err != nil {
 		return spec, err
 	}
@@ -44,7 +44,7 @@ func (s *Service) ProcessSpec(c Caller, id string, spec providers.ProcessSpec) (
 // host this service runs for the sandbox in its own process over the
 // provider's processes (they end with the service).
 func (s *Service) SessionHost(ctx context.Context, c Caller, id string) (*agent.Client, error) {
-	a, err := s.authorize(c, id, ScopeOperate)
+	a, err := s.authorize(ctx, c, id, ScopeOperate)
 	if err != nil {
 		return nil, err
 	}

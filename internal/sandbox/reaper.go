@@ -17,9 +17,11 @@ func (s *Service) reaper() {
 			return
 		case <-t.C:
 			if now := time.Now(); s.shared != nil && now.Sub(synced) >= syncEvery {
-				if err := s.syncShared(); err != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+				if err := s.syncShared(ctx); err != nil {
 					s.log.Warn("read the shared state store", "err", err)
 				}
+				cancel()
 				synced = now
 			}
 			s.reap(s.opts.Clock.Now())

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/store"
 )
 
 // Clock tells the time; tests inject a fake one.
@@ -156,6 +157,10 @@ type box struct {
 	execs        int     // execs in flight (MaxExecsPerSandbox)
 	holds        int     // attached clients (PTY): never idle while > 0
 	slot         *demand // what it holds of MaxSandboxes, the budget and its key's quotas; nil: nothing
+
+	// wmu orders the writes of rec to the store (see persist); it is
+	// taken before mu, never while holding it.
+	wmu sync.Mutex
 }
 
 // Caller is a request's credentials, as the transport found them.
@@ -184,7 +189,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	}
 	st := opts.Store
 	if st == nil {
-		if st, err = openStore(opts.StateDir); err != nil {
+		if st, err = store.Open(opts.StateDir); err != nil {
 			return nil, err
 		}
 	}
@@ -216,7 +221,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		st.Close()
 		return nil, err
 	}
-	if err := s.loadSnapshots(); err != nil {
+	if err := s.loadSnapshots(ctx); err != nil {
 		st.Close()
 		return nil, err
 	}
@@ -250,7 +255,7 @@ func (s *Service) ProviderName() string { return s.p.Name() }
 
 // Ready reports whether the store is open and the provider answers.
 func (s *Service) Ready(ctx context.Context) error {
-	if err := s.st.Ping(); err != nil {
+	if err := s.st.Ping(ctx); err != nil {
 		return providers.Wrap(providers.ErrUnavailable, err, "the state store is not open")
 	}
 	if err := s.p.Ping(ctx); err != nil {
@@ -260,7 +265,7 @@ func (s *Service) Ready(ctx context.Context) error {
 }
 
 func (s *Service) reconcile(ctx context.Context) error {
-	recs, leases, err := s.st.Load()
+	recs, leases, err := s.st.Load(ctx)
 	if err != nil {
 		return err
 	}
@@ -298,7 +303,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 			b.rec.State = providers.StateStopped
 		}
 		if b.rec.State != r.State {
-			if err := s.st.PutRecord(b.rec, nil); err != nil {
+			if err := s.st.PutRecord(ctx, b.rec, nil); err != nil {
 				return err
 			}
 		}

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -29,11 +30,11 @@ const syncEvery = 10 * time.Second
 // refreshShared reads sandbox id from the shared store into memory: its
 // record and exactly the leases the store holds; a sandbox the store no
 // longer has is forgotten here too. A no-op without a shared store.
-func (s *Service) refreshShared(id string) error {
+func (s *Service) refreshShared(ctx context.Context, id string) error {
 	if s.shared == nil {
 		return nil
 	}
-	rec, leases, err := s.shared.Sandbox(id)
+	rec, leases, err := s.shared.Sandbox(ctx, id)
 	if errors.Is(err, providers.ErrNotFound) {
 		s.forget(id)
 		return nil
@@ -114,11 +115,11 @@ func (s *Service) unregister(b *box) bool {
 // syncShared reads every record and lease of the shared store into
 // memory and forgets the sandboxes it no longer has. A no-op without a
 // shared store.
-func (s *Service) syncShared() error {
+func (s *Service) syncShared(ctx context.Context) error {
 	if s.shared == nil {
 		return nil
 	}
-	recs, leases, err := s.shared.Load()
+	recs, leases, err := s.shared.Load(ctx)
 	if err != nil {
 		return providers.Wrap(providers.ErrUnavailable, err, "the shared state store")
 	}
@@ -150,6 +151,8 @@ func (s *Service) syncShared() error {
 
 // shareActivity writes b's activity at now to the shared store when the
 // last write is older than activityEvery. A no-op without a shared store.
+// The write has its own deadline: it records activity that happened, for
+// every replica, whether or not the request that made it is still there.
 func (s *Service) shareActivity(b *box, now time.Time) {
 	if s.shared == nil {
 		return
@@ -162,7 +165,9 @@ func (s *Service) shareActivity(b *box, now time.Time) {
 	b.rec.ActiveAt = now
 	id := b.rec.ID
 	s.mu.Unlock()
-	if err := s.shared.Touch(id, now); err != nil && !errors.Is(err, providers.ErrNotFound) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if err := s.shared.Touch(ctx, id, now); err != nil && !errors.Is(err, providers.ErrNotFound) {
 		s.log.Warn("record activity in the shared store", "sandbox", id, "err", err)
 	}
 }

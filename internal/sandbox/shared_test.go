@@ -27,7 +27,7 @@ func newMemShared() *memShared {
 	return &memShared{recs: map[string]Record{}, leases: map[string]map[string]Lease{}, active: map[string]time.Time{}}
 }
 
-func (m *memShared) Load() ([]Record, []Lease, error) {
+func (m *memShared) Load(context.Context) ([]Record, []Lease, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var rs []Record
@@ -42,7 +42,7 @@ func (m *memShared) Load() ([]Record, []Lease, error) {
 	return rs, ls, nil
 }
 
-func (m *memShared) PutRecord(r Record, l *Lease) error {
+func (m *memShared) PutRecord(_ context.Context, r Record, l *Lease) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.recs[r.ID] = r
@@ -56,7 +56,7 @@ func (m *memShared) PutRecord(r Record, l *Lease) error {
 	return nil
 }
 
-func (m *memShared) PutLease(l Lease) error {
+func (m *memShared) PutLease(_ context.Context, l Lease) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.recs[l.SandboxID]; !ok {
@@ -69,7 +69,7 @@ func (m *memShared) PutLease(l Lease) error {
 	return nil
 }
 
-func (m *memShared) DeleteLeases(sid string, lids []string) error {
+func (m *memShared) DeleteLeases(_ context.Context, sid string, lids []string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, lid := range lids {
@@ -78,7 +78,7 @@ func (m *memShared) DeleteLeases(sid string, lids []string) error {
 	return nil
 }
 
-func (m *memShared) DeleteSandbox(id string) error {
+func (m *memShared) DeleteSandbox(_ context.Context, id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.recs, id)
@@ -87,7 +87,7 @@ func (m *memShared) DeleteSandbox(id string) error {
 	return nil
 }
 
-func (m *memShared) Sandbox(id string) (Record, []Lease, error) {
+func (m *memShared) Sandbox(_ context.Context, id string) (Record, []Lease, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, ok := m.recs[id]
@@ -100,7 +100,7 @@ func (m *memShared) Sandbox(id string) (Record, []Lease, error) {
 
 func slicesOf(m map[string]Lease) []Lease { return slices.Collect(maps.Values(m)) }
 
-func (m *memShared) Touch(id string, at time.Time) error {
+func (m *memShared) Touch(_ context.Context, id string, at time.Time) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.touches++
@@ -108,8 +108,8 @@ func (m *memShared) Touch(id string, at time.Time) error {
 	return nil
 }
 
-func (m *memShared) Ping() error  { return nil }
-func (m *memShared) Close() error { return nil }
+func (m *memShared) Ping(context.Context) error { return nil }
+func (m *memShared) Close() error               { return nil }
 
 // replicas are two services over one provider and one shared store, with
 // the same lease secret.
@@ -206,7 +206,7 @@ func TestSharedStoreIdleCountsEveryReplica(t *testing.T) {
 		if _, err := a.Exec(ctx, lease(ref.Token), ref.SandboxID, ExecRequest{Command: "true"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.syncShared(); err != nil {
+		if err := b.syncShared(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if n := b.reap(clock.Now()); n != 0 {
@@ -221,7 +221,7 @@ func TestSharedStoreIdleCountsEveryReplica(t *testing.T) {
 		t.Errorf("%d activity writes within %v", st.touches-touches, activityEvery)
 	}
 	clock.Advance(31 * time.Second)
-	b.syncShared()
+	b.syncShared(ctx)
 	if n := b.reap(clock.Now()); n != 1 {
 		t.Fatal("B did not reap the sandbox idle everywhere")
 	}

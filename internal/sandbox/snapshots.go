@@ -8,35 +8,20 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/store"
 )
-
-// Snapshot is a captured sandbox filesystem, owned by the key that created
-// its sandbox; it is persisted so that it survives a restart.
-type Snapshot struct {
-	ID        string    `json:"id"`
-	SandboxID string    `json:"sandbox_id"` // the source (which may be gone)
-	Name      string    `json:"name"`
-	SizeBytes int64     `json:"size_bytes"`
-	CreatedAt time.Time `json:"created_at"`
-	Creator   string    `json:"creator,omitempty"` // fingerprint of the owning API key
-	Provider  string    `json:"provider"`
-	Image     string    `json:"image,omitempty"` // the source's: a sandbox made from it uses it
-	Workdir   string    `json:"workdir"`
-	// Internal: made by a fork, removed with the last sandbox made from it.
-	Internal bool `json:"internal,omitempty"`
-}
 
 // MaxFork is the most sandboxes one fork, or one batch create, makes.
 const MaxFork = 64
 
 // snapshotter returns the provider's Snapshotter and the store's
 // SnapshotStore, or ErrUnsupported.
-func (s *Service) snapshotter() (providers.Snapshotter, SnapshotStore, error) {
+func (s *Service) snapshotter() (providers.Snapshotter, store.SnapshotStore, error) {
 	p, ok := s.p.(providers.Snapshotter)
 	if !ok {
 		return nil, nil, providers.Errorf(providers.ErrUnsupported, "provider %s cannot snapshot sandboxes", s.p.Name())
 	}
-	st, ok := s.st.(SnapshotStore)
+	st, ok := s.st.(store.SnapshotStore)
 	if !ok {
 		return nil, nil, providers.Errorf(providers.ErrUnsupported, "snapshots are not kept by this gateway's state store")
 	}
@@ -44,12 +29,12 @@ func (s *Service) snapshotter() (providers.Snapshotter, SnapshotStore, error) {
 }
 
 // loadSnapshots reads the snapshots at start-up.
-func (s *Service) loadSnapshots() error {
-	st, ok := s.st.(SnapshotStore)
+func (s *Service) loadSnapshots(ctx context.Context) error {
+	st, ok := s.st.(store.SnapshotStore)
 	if !ok {
 		return nil
 	}
-	sns, err := st.LoadSnapshots()
+	sns, err := st.LoadSnapshots(ctx)
 	if err != nil {
 		return err
 	}
@@ -65,7 +50,7 @@ func (s *Service) Snapshot(ctx context.Context, c Caller, id, name string) (Snap
 	if len(name) > 128 {
 		return Snapshot{}, providers.InvalidFields{{Field: "name", Message: "at most 128 bytes"}}
 	}
-	a, err := s.authorize(c, id, ScopeOwner)
+	a, err := s.authorize(ctx, c, id, ScopeOwner)
 	if err != nil {
 		return Snapshot{}, err
 	}
@@ -114,7 +99,7 @@ func (s *Service) snapshot(ctx context.Context, b *box, name string, internal bo
 		return Snapshot{}, fmt.Errorf("snapshot %s: %w", rec.ID, err)
 	}
 	sn.SizeBytes, sn.CreatedAt = size, s.opts.Clock.Now()
-	if err := st.PutSnapshot(sn); err != nil {
+	if err := st.PutSnapshot(ctx, sn); err != nil {
 		if derr := p.DeleteSnapshot(context.WithoutCancel(ctx), sn.ID); derr != nil {
 			s.log.Error("delete an unrecorded snapshot", "snapshot", sn.ID, "err", derr)
 		}
@@ -204,7 +189,7 @@ func (s *Service) dropSnapshot(ctx context.Context, sid string) error {
 	if err := p.DeleteSnapshot(ctx, sid); err != nil && !errors.Is(err, providers.ErrNotFound) {
 		return fmt.Errorf("delete snapshot %s: %w", sid, err)
 	}
-	if err := st.DeleteSnapshot(sid); err != nil {
+	if err := st.DeleteSnapshot(ctx, sid); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -237,7 +222,7 @@ func (s *Service) Fork(ctx context.Context, c Caller, id string, count int) ([]R
 	if count < 1 || count > MaxFork {
 		return nil, providers.InvalidFields{{Field: "count", Message: fmt.Sprintf("must be 1 to %d", MaxFork)}}
 	}
-	a, err := s.authorize(c, id, ScopeOwner)
+	a, err := s.authorize(ctx, c, id, ScopeOwner)
 	if err != nil {
 		return nil, err
 	}

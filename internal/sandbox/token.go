@@ -16,22 +16,6 @@ import (
 	"time"
 )
 
-// Scope is what a lease allows.
-type Scope string
-
-const (
-	// ScopeOwner allows everything, including delete and minting owner leases.
-	ScopeOwner Scope = "owner"
-	// ScopeOperate allows exec, files, PTY, status, endpoints, minting
-	// operate leases and releasing itself.
-	ScopeOperate Scope = "operate"
-)
-
-func (s Scope) valid() bool { return s == ScopeOwner || s == ScopeOperate }
-
-// covers reports whether a lease of scope s may do what needs.
-func (s Scope) covers(need Scope) bool { return s == ScopeOwner || need == ScopeOperate }
-
 const tokenPrefix = "sgl1."
 
 // claims is what a token says; the MAC makes it unforgeable, the store makes
@@ -107,7 +91,7 @@ func (s signer) verify(tok string) (claims, error) {
 		return claims{}, errBadToken
 	}
 	exp, err := strconv.ParseInt(f[3], 10, 64)
-	if err != nil || !Scope(f[2]).valid() {
+	if err != nil || !Scope(f[2]).Valid() {
 		return claims{}, errBadToken
 	}
 	c := claims{SandboxID: f[0], LeaseID: f[1], Scope: Scope(f[2])}

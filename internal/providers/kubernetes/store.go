@@ -13,10 +13,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandgate/sandgate/internal/providers"
-	"github.com/sandgate/sandgate/internal/sandbox"
+	"github.com/sandgate/sandgate/internal/store"
 )
 
-// Store returns the provider's sandbox.SharedStore: every sandbox's
+// Store returns the provider's store.SharedStore: every sandbox's
 // record and live leases in the cluster, so that gateway replicas with
 // the same instance id and lease secret serve every sandbox.
 //
@@ -32,12 +32,13 @@ import (
 // gateway's back. Writes are read-modify-write with the object's
 // resourceVersion (a conflict is read again and retried), reads are
 // quorum reads of the API server: a lease deleted by one replica is
-// absent for the next read of any.
-func (k *Kubernetes) Store() sandbox.SharedStore { return (*recordStore)(k) }
+// absent for the next read of any. Every call is bounded by its ctx and
+// by storeTimeout.
+func (k *Kubernetes) Store() store.SharedStore { return (*recordStore)(k) }
 
 type recordStore Kubernetes
 
-var _ sandbox.SharedStore = (*recordStore)(nil)
+var _ store.SharedStore = (*recordStore)(nil)
 
 // LabelKind marks the record ConfigMaps.
 const LabelKind = "sandgate.kind"
@@ -48,27 +49,24 @@ const (
 	leasePrefix = "lease."
 )
 
-// storeTimeout bounds one store call (the interface has no context).
+// storeTimeout bounds one store call, retries on conflicts included,
+// within its caller's context.
 const storeTimeout = 30 * time.Second
-
-func (s *recordStore) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), storeTimeout)
-}
 
 func (s *recordStore) selector() string {
 	return LabelInstance + "=" + s.opts.InstanceID + "," + LabelKind + "=record"
 }
 
 // Load returns every record and lease of this instance.
-func (s *recordStore) Load() ([]sandbox.Record, []sandbox.Lease, error) {
-	ctx, cancel := s.ctx()
+func (s *recordStore) Load(ctx context.Context) ([]store.Record, []store.Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
 	list, err := s.cs.CoreV1().ConfigMaps(s.ns).List(ctx, metav1.ListOptions{LabelSelector: s.selector()})
 	if err != nil {
 		return nil, nil, (*Kubernetes)(s).kind(err, "list sandbox records")
 	}
-	var recs []sandbox.Record
-	var leases []sandbox.Lease
+	var recs []store.Record
+	var leases []store.Lease
 	for i := range list.Items {
 		r, ls, err := decode(&list.Items[i])
 		if err != nil {
@@ -81,28 +79,28 @@ func (s *recordStore) Load() ([]sandbox.Record, []sandbox.Lease, error) {
 }
 
 // Sandbox reads sandbox id's record and leases.
-func (s *recordStore) Sandbox(id string) (sandbox.Record, []sandbox.Lease, error) {
-	ctx, cancel := s.ctx()
+func (s *recordStore) Sandbox(ctx context.Context, id string) (store.Record, []store.Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
 	cm, err := s.cs.CoreV1().ConfigMaps(s.ns).Get(ctx, id, metav1.GetOptions{})
 	if err != nil {
-		return sandbox.Record{}, nil, (*Kubernetes)(s).kind(err, "sandbox %s's record", id)
+		return store.Record{}, nil, (*Kubernetes)(s).kind(err, "sandbox %s's record", id)
 	}
 	if cm.Labels[LabelInstance] != s.opts.InstanceID || cm.Labels[LabelKind] != "record" {
-		return sandbox.Record{}, nil, providers.Errorf(providers.ErrNotFound, "sandbox %s has no record", id)
+		return store.Record{}, nil, providers.Errorf(providers.ErrNotFound, "sandbox %s has no record", id)
 	}
 	return decode(cm)
 }
 
-func decode(cm *corev1.ConfigMap) (sandbox.Record, []sandbox.Lease, error) {
-	var r sandbox.Record
+func decode(cm *corev1.ConfigMap) (store.Record, []store.Lease, error) {
+	var r store.Record
 	if err := json.Unmarshal([]byte(cm.Data[keyRecord]), &r); err != nil {
-		return sandbox.Record{}, nil, fmt.Errorf("record %s: %w", cm.Name, err)
+		return store.Record{}, nil, fmt.Errorf("record %s: %w", cm.Name, err)
 	}
 	if at, err := time.Parse(time.RFC3339Nano, cm.Data[keyActiveAt]); err == nil && at.After(r.ActiveAt) {
 		r.ActiveAt = at
 	}
-	var leases []sandbox.Lease
+	var leases []store.Lease
 	keys := make([]string, 0, len(cm.Data))
 	for k := range cm.Data {
 		if strings.HasPrefix(k, leasePrefix) {
@@ -111,9 +109,9 @@ func decode(cm *corev1.ConfigMap) (sandbox.Record, []sandbox.Lease, error) {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		var l sandbox.Lease
+		var l store.Lease
 		if err := json.Unmarshal([]byte(cm.Data[k]), &l); err != nil {
-			return sandbox.Record{}, nil, fmt.Errorf("record %s: %s: %w", cm.Name, k, err)
+			return store.Record{}, nil, fmt.Errorf("record %s: %s: %w", cm.Name, k, err)
 		}
 		leases = append(leases, l)
 	}
@@ -123,8 +121,8 @@ func decode(cm *corev1.ConfigMap) (sandbox.Record, []sandbox.Lease, error) {
 // update applies change to sandbox id's ConfigMap data, creating the
 // ConfigMap when create and it does not exist, retrying on conflicts. It
 // makes the ConfigMap owned by the sandbox's pod once there is one.
-func (s *recordStore) update(id string, create bool, change func(data map[string]string) error) error {
-	ctx, cancel := s.ctx()
+func (s *recordStore) update(ctx context.Context, id string, create bool, change func(data map[string]string) error) error {
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
 	cms := s.cs.CoreV1().ConfigMaps(s.ns)
 	for {
@@ -176,9 +174,9 @@ func putJSON(data map[string]string, key string, v any) error {
 
 // PutRecord writes r and, when l is not nil, one of its leases, in one
 // update.
-func (s *recordStore) PutRecord(r sandbox.Record, l *sandbox.Lease) error {
+func (s *recordStore) PutRecord(ctx context.Context, r store.Record, l *store.Lease) error {
 	r.ActiveAt = time.Time{} // kept under its own key
-	return s.update(r.ID, true, func(data map[string]string) error {
+	return s.update(ctx, r.ID, true, func(data map[string]string) error {
 		if err := putJSON(data, keyRecord, r); err != nil {
 			return err
 		}
@@ -191,8 +189,8 @@ func (s *recordStore) PutRecord(r sandbox.Record, l *sandbox.Lease) error {
 
 // PutLease adds l to its sandbox's record (ErrNotFound when the record is
 // gone).
-func (s *recordStore) PutLease(l sandbox.Lease) error {
-	return s.update(l.SandboxID, false, func(data map[string]string) error {
+func (s *recordStore) PutLease(ctx context.Context, l store.Lease) error {
+	return s.update(ctx, l.SandboxID, false, func(data map[string]string) error {
 		return putJSON(data, leasePrefix+l.ID, l)
 	})
 }
@@ -200,8 +198,8 @@ func (s *recordStore) PutLease(l sandbox.Lease) error {
 // DeleteLeases removes the named leases in one update of the record (so
 // another replica reads all of them or none); a missing record or lease
 // is no error.
-func (s *recordStore) DeleteLeases(sandboxID string, leaseIDs []string) error {
-	err := s.update(sandboxID, false, func(data map[string]string) error {
+func (s *recordStore) DeleteLeases(ctx context.Context, sandboxID string, leaseIDs []string) error {
+	err := s.update(ctx, sandboxID, false, func(data map[string]string) error {
 		for _, id := range leaseIDs {
 			delete(data, leasePrefix+id)
 		}
@@ -214,8 +212,8 @@ func (s *recordStore) DeleteLeases(sandboxID string, leaseIDs []string) error {
 }
 
 // DeleteSandbox removes the record and its leases.
-func (s *recordStore) DeleteSandbox(id string) error {
-	ctx, cancel := s.ctx()
+func (s *recordStore) DeleteSandbox(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
 	err := s.cs.CoreV1().ConfigMaps(s.ns).Delete(ctx, id, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -224,17 +222,21 @@ func (s *recordStore) DeleteSandbox(id string) error {
 	return nil
 }
 
-// Touch records activity on sandbox id.
-func (s *recordStore) Touch(id string, at time.Time) error {
-	return s.update(id, false, func(data map[string]string) error {
+// Touch records activity on sandbox id at at, unless the record holds a
+// later one (replicas' writes may land in any order).
+func (s *recordStore) Touch(ctx context.Context, id string, at time.Time) error {
+	return s.update(ctx, id, false, func(data map[string]string) error {
+		if was, err := time.Parse(time.RFC3339Nano, data[keyActiveAt]); err == nil && !at.After(was) {
+			return nil
+		}
 		data[keyActiveAt] = at.UTC().Format(time.RFC3339Nano)
 		return nil
 	})
 }
 
 // Ping asks the API server (the provider's Ping, bounded).
-func (s *recordStore) Ping() error {
-	ctx, cancel := s.ctx()
+func (s *recordStore) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
 	return (*Kubernetes)(s).Ping(ctx)
 }
