@@ -11,7 +11,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
-	"github.com/sandgate/sandgate/internal/wire"
+	"github.com/sandgate/sandgate/internal/ring"
 )
 
 // session is a terminal session the agent holds: the process, its
@@ -28,7 +28,7 @@ type session struct {
 	mu     sync.Mutex
 	cond   *sync.Cond // broadcast on output, exit and removal
 	tty    bool
-	ring   *wire.Ring
+	ring   *ring.Ring
 	marks  []chanMark // pipe mode: the offsets where the channel changes
 	exited bool
 	lost   bool // ended without an exit status
@@ -75,7 +75,7 @@ func (s *Server) startSession(ctx context.Context, req agentwire.StartRequest) (
 	}
 	ss := &session{
 		id: req.ID, spec: req.Spec, created: time.Now().UTC(), ringMax: ringMax,
-		tty: req.Spec.TTY, ring: wire.NewRing(ringMax),
+		tty: req.Spec.TTY, ring: ring.New(ringMax),
 	}
 	ss.cond = sync.NewCond(&ss.mu)
 	ss.subs = map[*sub]struct{}{}
@@ -118,9 +118,9 @@ func (s *Server) launch(ctx context.Context, ss *session, tty bool) error {
 	drained := make(chan struct{})
 	var readers sync.WaitGroup
 	for i, r := range outs {
-		ch := wire.ChanOutput
+		ch := agentwire.FrameStdout
 		if i == 1 {
-			ch = wire.ChanStderr
+			ch = agentwire.FrameStderr
 		}
 		readers.Add(1)
 		go func() {
@@ -285,7 +285,7 @@ func (ss *session) since(cursor int64) ([]segment, int64) {
 	}
 	data, from := ss.ring.AppendSince(nil, cursor)
 	if ss.tty || len(ss.marks) == 0 {
-		return []segment{{wire.ChanOutput, data}}, total
+		return []segment{{agentwire.FrameStdout, data}}, total
 	}
 	var out []segment
 	for i, m := range ss.marks {
@@ -469,7 +469,7 @@ func (ss *session) frames(cursor int64, scratch []byte) ([][]byte, int64) {
 	typ, oneRun := agentwire.FrameStdout, ss.tty || len(ss.marks) == 0
 	if last := len(ss.marks) - 1; !oneRun && ss.marks[last].off <= max(cursor, ss.ring.Start()) {
 		oneRun = true // everything from cursor on is of the last channel
-		if ss.marks[last].ch == wire.ChanStderr {
+		if ss.marks[last].ch == agentwire.FrameStderr {
 			typ = agentwire.FrameStderr
 		}
 	}
@@ -493,7 +493,7 @@ func (ss *session) frames(cursor int64, scratch []byte) ([][]byte, int64) {
 	segs, next := ss.since(cursor)
 	for _, sg := range segs {
 		typ := agentwire.FrameStdout
-		if sg.ch == wire.ChanStderr {
+		if sg.ch == agentwire.FrameStderr {
 			typ = agentwire.FrameStderr
 		}
 		for p := sg.data; len(p) > 0; {
