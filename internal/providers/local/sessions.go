@@ -7,7 +7,7 @@ import (
 	"net"
 	"os"
 
-	sgagent "github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
@@ -24,13 +24,13 @@ var _ agentclient.Provider = (*Local)(nil)
 // sessions, package agent) until the listener closes. Its commands fork
 // on the forker thread and init's reaper reaps them; they start from the
 // sandbox's environment in its workdir.
-func (a *agent) serveSessions(l net.Listener) {
+func (a *initServer) serveSessions(l net.Listener) {
 	root, _ := lookupUser("")
-	o := sgagent.Options{ForkOn: a.onForker, Env: commandEnv(envList(a.cfg.Env, nil), root), Workdir: a.cfg.Workdir}
+	o := agent.Options{ForkOn: a.onForker, Env: commandEnv(envList(a.cfg.Env, nil), root), Workdir: a.cfg.Workdir}
 	if a.cfg.Isolation == IsolationNone {
 		o.Root = a.cfg.Dir + "/fs"
 	}
-	srv := sgagent.NewServerWith(a.reaper, o)
+	srv := agent.NewServerWith(a.reaper, o)
 	for {
 		c, err := l.Accept()
 		if err != nil {
