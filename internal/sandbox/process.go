@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -43,7 +44,7 @@ func (s *Service) ProcessSpec(ctx context.Context, c Caller, id string, spec pro
 // the provider runs one (the sessions then outlive the gateway), else a
 // host this service runs for the sandbox in its own process over the
 // provider's processes (they end with the service).
-func (s *Service) SessionHost(ctx context.Context, c Caller, id string) (*agent.Client, error) {
+func (s *Service) SessionHost(ctx context.Context, c Caller, id string) (*agentclient.Client, error) {
 	a, err := s.authorize(ctx, c, id, ScopeOperate)
 	if err != nil {
 		return nil, err
@@ -53,7 +54,7 @@ func (s *Service) SessionHost(ctx context.Context, c Caller, id string) (*agent.
 		return nil, err
 	}
 	defer end()
-	if ap, ok := s.p.(agent.Provider); ok {
+	if ap, ok := s.p.(agentclient.Provider); ok {
 		return ap.Agent(ctx, id)
 	}
 	ps, ok := s.p.(providers.ProcessStarter)
@@ -75,12 +76,12 @@ type hosts struct {
 // host is an agent.Server in the gateway's process, reached like a
 // sandbox's agent: over a connection (an in-memory pipe).
 type host struct {
-	c      *agent.Client
+	c      *agentclient.Client
 	srv    *agent.Server
 	served chan struct{}
 }
 
-func (h *hosts) get(id string, start agent.Starter) (*agent.Client, error) {
+func (h *hosts) get(id string, start agent.Starter) (*agentclient.Client, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -96,7 +97,7 @@ func (h *hosts) get(id string, start agent.Starter) (*agent.Client, error) {
 		defer close(x.served)
 		srv.Serve(a, nil)
 	}()
-	c, err := agent.Dial(context.Background(), b)
+	c, err := agentclient.Dial(context.Background(), b)
 	if err != nil {
 		a.Close()
 		<-x.served

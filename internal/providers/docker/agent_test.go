@@ -64,7 +64,7 @@ func TestExecKillsSetsidLeftovers(t *testing.T) {
 func TestAgentProtocolMismatch(t *testing.T) {
 	dockertest.Require(t)
 	bin := filepath.Join(t.TempDir(), "sandgate-agent")
-	build := exec.Command("go", "build", "-o", bin, "-ldflags", "-X github.com/sandgate/sandgate/internal/agent.Version=99", "github.com/sandgate/sandgate/cmd/sandgate-agent")
+	build := exec.Command("go", "build", "-o", bin, "-ldflags", "-X github.com/sandgate/sandgate/internal/agentwire.Version=99", "github.com/sandgate/sandgate/cmd/sandgate-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	sgagent "github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -225,7 +225,7 @@ func statUnder(root *os.File, rel string) (providers.FileInfo, error) {
 			return providers.FileInfo{}, err
 		}
 	}
-	fi, err := sgagent.StatAt(d, name)
+	fi, err := agent.StatAt(d, name)
 	if err != nil {
 		return providers.FileInfo{}, err
 	}
@@ -247,7 +247,7 @@ func listUnder(root *os.File, rel string) ([]providers.FileInfo, bool, error) {
 	if err := onKernelFS(fd); err != nil {
 		return nil, false, err
 	}
-	return sgagent.ReadDir(d)
+	return agent.ReadDir(d)
 }
 
 // statInSandbox and listInSandbox describe the absolute path p resolved

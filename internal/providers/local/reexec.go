@@ -345,7 +345,7 @@ func runInit() int {
 	if err != nil {
 		return fail(fmt.Errorf("session socket: %w", err))
 	}
-	a := newAgent(cfg)
+	a := newInitServer(cfg)
 	if err := a.start(); err != nil {
 		return fail(err)
 	}

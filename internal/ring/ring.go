@@ -1,4 +1,6 @@
-package wire
+// Package ring is the retained output of a terminal session: the last
+// bytes of a stream, numbered by their absolute offsets.
+package ring
 
 import "slices"
 
@@ -11,7 +13,7 @@ const minRingAlloc = 1 << 10
 // Its memory grows on demand, doubling, up to Max: a session with little
 // output costs little.
 //
-// A Ring is not safe for concurrent use; a Session guards its ring with
+// A Ring is not safe for concurrent use; an agent session guards its ring with
 // its own lock.
 type Ring struct {
 	buf   []byte // circular; len(buf) is the current allocation (<= max)
@@ -21,8 +23,8 @@ type Ring struct {
 	total int64 // bytes ever written: the offset of the next byte
 }
 
-// NewRing returns an empty ring that retains at most max bytes (max >= 1).
-func NewRing(max int) *Ring {
+// New returns an empty ring that retains at most max bytes (max >= 1).
+func New(max int) *Ring {
 	if max < 1 {
 		max = 1
 	}

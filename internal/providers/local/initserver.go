@@ -14,20 +14,21 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	sgagent "github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/seccomp"
 )
 
-// agent is the server side of the protocol, running in a sandbox's init.
+// initServer is a sandbox's init serving the gateway: the control
+// protocol (proto.go) and, through package agent, commands and sessions.
 // Every command is a child of init, so it inherits init's namespaces and
 // cgroups.
-type agent struct {
+type initServer struct {
 	cfg initConfig
 
 	// reaper reaps every child of init (commands, and the orphans
 	// re-parented to it) and hands a command's status to its waiter.
-	reaper *sgagent.Reaper
+	reaper *agent.Reaper
 
 	forks chan forkReq
 	// forkerTid is the forker thread's id in the sandbox's pid namespace:
@@ -46,24 +47,24 @@ type forkReq struct {
 type forkRes struct {
 	pid, pidfd int
 	start      time.Time
-	wait       <-chan sgagent.ExitStatus
+	wait       <-chan agent.ExitStatus
 	err        error
 }
 
-func newAgent(cfg initConfig) *agent {
-	return &agent{cfg: cfg, forks: make(chan forkReq)}
+func newInitServer(cfg initConfig) *initServer {
+	return &initServer{cfg: cfg, forks: make(chan forkReq)}
 }
 
 // start starts the reaper and the forker. They live as long as init.
-func (a *agent) start() error {
-	a.reaper = sgagent.NewReaper(false) // init is PID 1: it reaps every orphan anyway
+func (a *initServer) start() error {
+	a.reaper = agent.NewReaper(false) // init is PID 1: it reaps every orphan anyway
 	started := make(chan error, 1)
 	go a.forker(started)
 	return <-started
 }
 
 // onForker runs fn on the forker thread (see forker).
-func (a *agent) onForker(fn func()) {
+func (a *initServer) onForker(fn func()) {
 	res := make(chan forkRes, 1)
 	a.forks <- forkReq{fn: fn, res: res}
 	<-res
@@ -77,7 +78,7 @@ func (a *agent) onForker(fn func()) {
 // hides), nor ptrace init, nor make namespaces, nor reach the kernel
 // interfaces the profile closes. This works with cgo linked too, where
 // AllThreadsSyscall (the whole-process drop) is not supported.
-func (a *agent) forker(started chan<- error) {
+func (a *initServer) forker(started chan<- error) {
 	runtime.LockOSThread() // never unlocked: the thread is tainted on purpose
 	if a.cfg.Isolation == IsolationNamespaces {
 		for _, c := range []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_SYS_PTRACE} {
@@ -103,7 +104,7 @@ func (a *agent) forker(started chan<- error) {
 	}
 }
 
-func (a *agent) fork(r forkReq) forkRes {
+func (a *initServer) fork(r forkReq) forkRes {
 	pidfd := -1
 	r.attr.Sys.PidFD = &pidfd
 	var pid int
@@ -118,7 +119,7 @@ func (a *agent) fork(r forkReq) forkRes {
 	return forkRes{pid: pid, pidfd: pidfd, start: time.Now(), wait: wait}
 }
 
-func (a *agent) serve(l *net.UnixListener) {
+func (a *initServer) serve(l *net.UnixListener) {
 	for {
 		c, err := l.AcceptUnix()
 		if err != nil {
@@ -132,7 +133,7 @@ func (a *agent) serve(l *net.UnixListener) {
 	}
 }
 
-func (a *agent) handle(c *net.UnixConn) {
+func (a *initServer) handle(c *net.UnixConn) {
 	defer c.Close()
 	var req request
 	files, err := recvMsg(c, &req)
@@ -176,7 +177,7 @@ func (a *agent) handle(c *net.UnixConn) {
 // the forker thread, with exactly a command's privileges (sandbox root, no
 // CAP_SYS_ADMIN, the seccomp filter), so the gateway never touches a
 // sandbox's path with host credentials.
-func (a *agent) open(c *net.UnixConn, req request) {
+func (a *initServer) open(c *net.UnixConn, req request) {
 	var (
 		f   *os.File
 		err error
@@ -193,7 +194,7 @@ func (a *agent) open(c *net.UnixConn, req request) {
 // describe describes req.Path (opStat) or lists it (opList) for the
 // gateway, on the forker thread as open does: the sandbox's own view,
 // permissions and link targets, never the host's.
-func (a *agent) describe(c *net.UnixConn, req request) {
+func (a *initServer) describe(c *net.UnixConn, req request) {
 	var (
 		rep reply
 		err error
@@ -226,7 +227,7 @@ func fileErrReply(err error) reply {
 
 // exec starts one command, reports its pid and pidfd, and reports its
 // exit. Kill requests may arrive on the connection meanwhile.
-func (a *agent) exec(c *net.UnixConn, req request, files []*os.File) {
+func (a *initServer) exec(c *net.UnixConn, req request, files []*os.File) {
 	fail := func(kind string, err error) {
 		closeFiles(files)
 		sendMsg(c, reply{Error: err.Error(), Kind: kind})

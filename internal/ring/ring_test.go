@@ -1,4 +1,4 @@
-package wire
+package ring
 
 import (
 	"bytes"
@@ -57,7 +57,7 @@ func TestRingSizes(t *testing.T) {
 				if chunked && n > 4*minRingAlloc {
 					continue
 				}
-				r, m := NewRing(n), &model{}
+				r, m := New(n), &model{}
 				data := pattern(0, size)
 				if chunked {
 					for i := range data {
@@ -82,7 +82,7 @@ func TestRingSizes(t *testing.T) {
 
 // TestRingGrowsOnDemand: a ring that saw little output holds little memory.
 func TestRingGrowsOnDemand(t *testing.T) {
-	r := NewRing(1 << 20)
+	r := New(1 << 20)
 	r.Write([]byte("$ "))
 	if len(r.buf) != minRingAlloc {
 		t.Fatalf("allocated %d bytes for 2 bytes of output", len(r.buf))
@@ -102,7 +102,7 @@ func TestRingRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for iter := 0; iter < 200; iter++ {
 		n := 1 + rng.IntN(5000)
-		r, m := NewRing(n), &model{}
+		r, m := New(n), &model{}
 		for w := 0; w < 100; w++ {
 			var k int
 			switch rng.IntN(4) {
