@@ -18,7 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentwire"
 )
 
 // TestEscapeDockerAgentLiar: root inside a docker sandbox replaces the
@@ -54,7 +54,7 @@ func TestEscapeDockerAgentLiar(t *testing.T) {
 		// connection: kill it (that exec dies with it), and the gateway's
 		// next connection reaches the liar.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		s, res, err := dkExec(ctx, sb, "chmod +x /tmp/agentliar && /tmp/agentliar takeover "+agent.Version, true)
+		s, res, err := dkExec(ctx, sb, "chmod +x /tmp/agentliar && /tmp/agentliar takeover "+agentwire.Version, true)
 		if err != nil || s != 200 || res.Stdout != "listening\n" {
 			t.Fatalf("takeover: %d %v %v", s, res, err)
 		}

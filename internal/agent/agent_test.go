@@ -3,13 +3,12 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,8 +18,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/hashicorp/yamux"
-
+	"github.com/sandgate/sandgate/internal/agentclient"
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -29,11 +28,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // pair serves a fresh server on one end of a pipe and dials the other.
 // The server is the test process's subreaper, as the agent is the
 // sandbox's.
-func pair(t testing.TB) (*Server, *Client) {
+func pair(t testing.TB) (*Server, *agentclient.Client) {
 	t.Helper()
 	srv := NewServer(true)
 	_, b, served := servePipe(srv)
-	c, err := Dial(context.Background(), b)
+	c, err := agentclient.Dial(context.Background(), b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +56,7 @@ func servePipe(srv *Server) (a, b net.Conn, served <-chan struct{}) {
 	return a, b, done
 }
 
-func run(t *testing.T, c *Client, req providers.ExecRequest) providers.ExecResult {
+func run(t *testing.T, c *agentclient.Client, req providers.ExecRequest) providers.ExecResult {
 	t.Helper()
 	if req.Timeout == 0 {
 		req.Timeout = 30 * time.Second
@@ -196,7 +195,7 @@ func TestFiles(t *testing.T) {
 
 // collect reads an attachment's events until want is seen in the output
 // or the exit, and returns the output.
-func collect(t *testing.T, a *Attachment, want string) (string, *Event) {
+func collect(t *testing.T, a *agentclient.Attachment, want string) (string, *agentclient.Event) {
 	t.Helper()
 	var out bytes.Buffer
 	for !strings.Contains(out.String(), want) {
@@ -214,7 +213,7 @@ func collect(t *testing.T, a *Attachment, want string) (string, *Event) {
 
 // pairDirect is pair over a unix socket, with attachments on connections
 // of their own (WithDirect).
-func pairDirect(t testing.TB) (*Server, *Client) {
+func pairDirect(t testing.TB) (*Server, *agentclient.Client) {
 	t.Helper()
 	srv := NewServer(true)
 	sock := filepath.Join(t.TempDir(), "s.sock")
@@ -247,7 +246,7 @@ func pairDirect(t testing.TB) (*Server, *Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := Dial(context.Background(), conn, WithDirect(dial))
+	c, err := agentclient.Dial(context.Background(), conn, agentclient.WithDirect(dial))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,13 +270,13 @@ func TestSessionReplay(t *testing.T) {
 	})
 }
 
-func sessionReplay(t *testing.T, c *Client) {
+func sessionReplay(t *testing.T, c *agentclient.Client) {
 	ctx := context.Background()
 	info, err := c.StartSession(ctx, "s1", providers.ProcessSpec{Command: "cat", TTY: true, Rows: 30, Cols: 100}, false, 0)
 	if err != nil || !info.Running || !info.TTY {
 		t.Fatalf("start: %+v %v", info, err)
 	}
-	a, err := c.Attach(ctx, "s1", 0, nil, defaultRing)
+	a, err := c.Attach(ctx, "s1", 0, nil, agentwire.DefaultRing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +284,7 @@ func sessionReplay(t *testing.T, c *Client) {
 	collect(t, a, "hello\r\nhello\r\n")
 	a.Close()
 	// Output while nobody is attached is retained.
-	b, err := c.Attach(ctx, "s1", 0, nil, defaultRing)
+	b, err := c.Attach(ctx, "s1", 0, nil, agentwire.DefaultRing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +296,7 @@ func sessionReplay(t *testing.T, c *Client) {
 		t.Fatalf("list: %+v", list)
 	}
 	// since replays exactly the missed bytes.
-	d, err := c.Attach(ctx, "s1", 14, nil, defaultRing)
+	d, err := c.Attach(ctx, "s1", 14, nil, agentwire.DefaultRing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +312,7 @@ func sessionReplay(t *testing.T, c *Client) {
 	if err := c.DeleteSession(ctx, "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Attach(ctx, "s1", 0, nil, defaultRing); !errors.Is(err, providers.ErrNotFound) {
+	if _, err := c.Attach(ctx, "s1", 0, nil, agentwire.DefaultRing); !errors.Is(err, providers.ErrNotFound) {
 		t.Fatalf("attach deleted: %v", err)
 	}
 }
@@ -326,7 +325,7 @@ func TestSessionPipeDeferred(t *testing.T) {
 		t.Fatalf("deferred: %+v %v", info, err)
 	}
 	pipe := false
-	a, err := c.Attach(ctx, "p1", 0, &pipe, defaultRing)
+	a, err := c.Attach(ctx, "p1", 0, &pipe, agentwire.DefaultRing)
 	if err != nil || a.Info.TTY {
 		t.Fatalf("attach: %+v %v", a, err)
 	}
@@ -355,97 +354,6 @@ func TestSessionPipeDeferred(t *testing.T) {
 	}
 }
 
-func TestVersionMismatch(t *testing.T) {
-	srv := NewServer(false)
-	defer srv.Close()
-	_, b, served := servePipe(srv)
-	_, err := dial(context.Background(), b, "99") // a gateway of another protocol version
-	<-served
-	if err == nil || !strings.Contains(err.Error(), "99") || !strings.Contains(err.Error(), "speaks "+Version) {
-		t.Fatalf("mismatch: %v", err)
-	}
-}
-
-func TestConnectionGone(t *testing.T) {
-	srv := NewServer(false)
-	defer srv.Close()
-	a, b, served := servePipe(srv)
-	c, err := Dial(context.Background(), b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.Close()
-	<-served
-	<-c.Done()
-	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "true", Timeout: time.Second}); !errors.Is(err, ErrGone) {
-		t.Fatalf("exec on a dead connection: %v", err)
-	}
-}
-
-// TestHostileAgent: the gateway reads its agent as code it does not
-// trust (the sandbox can replace it): an agent that never answers is
-// given up on, and an oversize reply is a violation, not an allocation
-// (liar_test.go has the other lies).
-func TestHostileAgent(t *testing.T) {
-	a, b := net.Pipe()
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		ys, err := yamux.Server(a, muxConfig())
-		if err != nil {
-			return
-		}
-		defer ys.Close()
-		for {
-			st, err := ys.AcceptStream()
-			if err != nil {
-				return
-			}
-			var req request
-			readMsg(st, &req, maxRequest)
-			switch req.Op {
-			case opHello:
-				writeMsg(st, reply{Version: Version})
-			case opExec:
-				writeMsg(st, reply{})
-				if req.Exec.Command == "mute" {
-					// Never answers: the gateway gives up, closing the
-					// stream (which cancels the command).
-					io.Copy(io.Discard, st)
-					break
-				}
-				chunk := bytes.Repeat([]byte("x"), 64<<10)
-				for range 80 { // 5 MiB, far over the cap
-					writeFrame(st, frameStdout, chunk)
-				}
-				writeFrame(st, frameResult, []byte(`{"exit_code":0}`))
-			case opList:
-				// A 2 MiB reply.
-				writeMsg(st, reply{Error: strings.Repeat("e", 2<<20)})
-			}
-			st.Close()
-		}
-	}()
-	c, err := Dial(context.Background(), b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func(g time.Duration) { answerGrace = g }(answerGrace)
-	answerGrace = 100 * time.Millisecond
-	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "mute", Timeout: 100 * time.Millisecond}); !errors.Is(err, providers.ErrUnavailable) || !strings.Contains(err.Error(), "no result") {
-		t.Fatalf("an agent that never answers: %v", err)
-	}
-	// The connection is still good.
-	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "x", Timeout: time.Second, MaxOutput: 5 << 20}); err != nil {
-		t.Fatalf("exec after a mute one: %v", err)
-	}
-	if _, err := c.Sessions(context.Background()); !errors.Is(err, ErrViolation) || !strings.Contains(err.Error(), "over 1048576") {
-		t.Fatalf("oversize reply: %v", err)
-	}
-	c.Close()
-	<-served
-}
-
 // A subscriber counts from its attach: while its replay is still being
 // sent, the process is held back rather than overwriting what the
 // subscriber has yet to send (it used to register only after the replay
@@ -454,7 +362,7 @@ func TestAttachHoldsDuringReplay(t *testing.T) {
 	srv := NewServer(true)
 	defer srv.Close()
 	const ring = 256 << 10
-	if _, err := srv.startSession(context.Background(), startRequest{ID: "y", Spec: providers.ProcessSpec{Command: "yes"}, RingBytes: ring}); err != nil {
+	if _, err := srv.startSession(context.Background(), agentwire.StartRequest{ID: "y", Spec: providers.ProcessSpec{Command: "yes"}, RingBytes: ring}); err != nil {
 		t.Fatal(err)
 	}
 	defer srv.deleteSession("y")
@@ -472,25 +380,25 @@ func TestAttachHoldsDuringReplay(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		srv.attach(a, request{Op: opAttach, Session: "y"})
+		srv.attach(a, agentwire.Request{Op: agentwire.OpAttach, Session: "y"})
 	}()
 	defer func() { b.Close(); <-done }()
-	var rep reply
-	if err := readMsg(b, &rep, maxReply); err != nil || rep.Error != "" {
+	var rep agentwire.Reply
+	if err := agentwire.ReadMsg(b, &rep, agentwire.MaxReply); err != nil || rep.Error != "" {
 		t.Fatalf("attach: %+v %v", rep, err)
 	}
 	// The replay waits in the pipe; the process runs on to half a ring.
 	waitUntil(t, "half a ring more output", func() bool { return total() >= rep.Replay+ring+ring/2 })
 	got := 0
 	for got < 4*ring {
-		typ, p, err := readFrameMax(b, nil, ring)
+		typ, p, err := agentwire.ReadFrameMax(b, nil, ring)
 		if err != nil {
 			t.Fatal(err)
 		}
 		switch typ {
-		case frameSlow:
+		case agentwire.FrameSlow:
 			t.Fatalf("slow frame after %d bytes", got)
-		case frameReplay, frameStdout:
+		case agentwire.FrameReplay, agentwire.FrameStdout:
 			got += len(p)
 		}
 	}
@@ -526,85 +434,20 @@ func TestLastWords(t *testing.T) {
 	}
 }
 
-// An attachment that waits for output holds little, even after a burst:
-// a gateway keeps one per attached terminal, and 1,000 idle ones must fit
-// in well under 100 MiB (SPEC §11). A 64 KiB read buffer each once made
-// them 70 MiB; each kept its largest frame (up to 128 KiB) and its yamux
-// stream the buffer of its largest burst (up to its 1 MiB window).
-func TestIdleAttachmentsAreSmall(t *testing.T) {
-	defer func(d time.Duration) { shrinkAfter = d }(shrinkAfter)
-	shrinkAfter = time.Millisecond
-	_, c := pair(t)
-	ctx := context.Background()
-	const burst = 300_000
-	cmd := fmt.Sprintf("read go; head -c %d /dev/zero | tr '\\0' x; exec sleep 3600", burst)
-	if _, err := c.StartSession(ctx, "idle", providers.ProcessSpec{Command: cmd}, false, 0); err != nil {
-		t.Fatal(err)
+// TestListingFitsTheReply: an honest agent cuts a listing that would not
+// fit a reply (the gateway takes a longer reply for a lie) and says so.
+func TestListingFitsTheReply(t *testing.T) {
+	files := make([]providers.FileInfo, providers.MaxDirEntries)
+	for i := range files {
+		files[i] = providers.FileInfo{Name: strings.Repeat("n", 200), Type: providers.FileSymlink, Target: strings.Repeat("t", 400)}
 	}
-	heap := func() int64 {
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return int64(ms.HeapAlloc)
+	rep := fitReply(agentwire.Reply{Files: files})
+	b, err := json.Marshal(rep)
+	if err != nil || len(b) > agentwire.MaxReply || !rep.Truncated || len(rep.Files) == 0 {
+		t.Fatalf("%d entries in %d bytes, truncated %v, %v", len(rep.Files), len(b), rep.Truncated, err)
 	}
-	var wg sync.WaitGroup
-	var atts []*Attachment
-	defer func() {
-		for _, a := range atts {
-			a.Close()
-		}
-		wg.Wait()
-	}()
-	// attach adds an attachment that reads the burst (live for the first,
-	// as its replay for the others) and then waits, as the gateway's
-	// feeder does, until closed.
-	attach := func() *Attachment {
-		a, err := c.Attach(ctx, "idle", 0, nil, defaultRing)
-		if err != nil {
-			t.Fatal(err)
-		}
-		atts = append(atts, a)
-		got := len(a.Replay)
-		a.Replay = nil // as its users do
-		if len(atts) == 1 {
-			a.Input([]byte("go\n"))
-		}
-		for got < burst {
-			ev, err := a.Next()
-			if err != nil || ev.Exited {
-				t.Fatalf("attachment %d after %d bytes: %+v %v", len(atts), got, ev, err)
-			}
-			got += len(ev.Data)
-		}
-		wg.Go(func() { a.Next() })
-		return a
-	}
-	// The first pays for what is paid once (the session's ring, the
-	// connection's buffers).
-	live := attach()
-	h0 := heap()
-	const n = 50
-	for range n {
-		attach()
-	}
-	var perAttachment int64
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if perAttachment = (heap() - h0) / n; perAttachment <= 32<<10 || time.Now().After(deadline) {
-			break // the streams let their buffers go shrinkAfter after their last read
-		}
-	}
-	t.Logf("%d bytes of heap per idle attachment (both ends)", perAttachment)
-	if perAttachment > 32<<10 {
-		t.Fatalf("an idle attachment holds %d bytes of heap (both ends of the agent protocol), want ≤ 32 KiB", perAttachment)
-	}
-	for _, a := range atts {
-		a.Close()
-	}
-	wg.Wait()
-	if live.buf != nil {
-		t.Fatalf("an attachment that waited holds its last payload's buffer (%d bytes)", cap(*live.buf))
-	}
-	if err := c.DeleteSession(ctx, "idle"); err != nil {
-		t.Fatal(err)
+	small := fitReply(agentwire.Reply{Files: files[:10]})
+	if small.Truncated || len(small.Files) != 10 {
+		t.Fatalf("a small listing was cut: %d, %v", len(small.Files), small.Truncated)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -20,7 +21,7 @@ func BenchmarkSessionEcho(b *testing.B) {
 	if _, err := c.StartSession(ctx, "e", providers.ProcessSpec{Command: "stty raw -echo; echo READY; exec cat", TTY: true}, false, 0); err != nil {
 		b.Fatal(err)
 	}
-	a, err := c.Attach(ctx, "e", 0, nil, defaultRing)
+	a, err := c.Attach(ctx, "e", 0, nil, agentwire.DefaultRing)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -27,7 +28,7 @@ const drainGrace = 250 * time.Millisecond
 // and stderr frames, each stream capped at MaxOutput), then returns the
 // result. cancelled ends it early: the tree is killed and the result is
 // not wanted. A start failure is the result's Error.
-func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, cancelled <-chan struct{}) execResult {
+func (s *Server) runExec(req agentwire.ExecRequest, emit func(typ byte, p []byte) error, cancelled <-chan struct{}) agentwire.ExecResult {
 	if req.MaxOutput <= 0 {
 		req.MaxOutput = providers.DefaultMaxOutput
 	}
@@ -37,7 +38,7 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	}
 	cmd, err := s.command(req.Command, req.User, req.Cwd, req.Env)
 	if err != nil {
-		return execResult{Error: providers.Message(err), Kind: kindOf(err)}
+		return agentwire.ExecResult{Error: providers.Message(err), Kind: agentwire.KindOf(err)}
 	}
 	marker := "SANDGATE_EXEC=" + strconv.Itoa(os.Getpid()) + "." + strconv.FormatInt(execSeq.Add(1), 10)
 	cmd.Env = append(cmd.Env, marker)
@@ -46,19 +47,19 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	if req.HasStdin {
 		inR, inW, err := os.Pipe()
 		if err != nil {
-			return execResult{Error: err.Error()}
+			return agentwire.ExecResult{Error: err.Error()}
 		}
 		cmd.Stdin, stdin = inR, inW
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		return execResult{Error: err.Error()}
+		return agentwire.ExecResult{Error: err.Error()}
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		outR.Close()
 		outW.Close()
-		return execResult{Error: err.Error()}
+		return agentwire.ExecResult{Error: err.Error()}
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
 	ooms := oomKills()
@@ -75,7 +76,7 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 		if stdin != nil {
 			stdin.Close()
 		}
-		return execResult{Error: fmt.Sprintf("start %s: %v", cmd.Path, err)}
+		return agentwire.ExecResult{Error: fmt.Sprintf("start %s: %v", cmd.Path, err)}
 	}
 	defer cmd.Process.Release()
 	pid := cmd.Process.Pid
@@ -129,7 +130,7 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
-	var res execResult
+	var res agentwire.ExecResult
 	var st ExitStatus
 	select {
 	case st = <-waited:
@@ -156,9 +157,9 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 	t.Stop()
 
 	outMu.Lock()
-	for i, typ := range []byte{frameStdout, frameStderr} {
+	for i, typ := range []byte{agentwire.FrameStdout, agentwire.FrameStderr} {
 		for p := kept[i]; len(p) > 0; {
-			n := min(len(p), maxFrame)
+			n := min(len(p), agentwire.MaxFrame)
 			emit(typ, p[:n])
 			p = p[n:]
 		}
@@ -174,7 +175,7 @@ func (s *Server) runExec(req execRequest, emit func(typ byte, p []byte) error, c
 		res.ExitCode = 125
 	}
 	if res.OOMKilled {
-		emit(frameStderr, []byte("\nsandgate: killed: out of memory (the sandbox's memory limit)\n"))
+		emit(agentwire.FrameStderr, []byte("\nsandgate: killed: out of memory (the sandbox's memory limit)\n"))
 	}
 	return res
 }
@@ -198,13 +199,13 @@ func oomKills() int64 {
 // execOverStream serves an exec stream: it runs the command, forwards its
 // output as frames and ends with the result frame. The gateway closing
 // its side of the stream cancels the command.
-func (s *Server) execOverStream(st io.ReadWriteCloser, req execRequest) {
+func (s *Server) execOverStream(st io.ReadWriteCloser, req agentwire.ExecRequest) {
 	cancelled := make(chan struct{})
 	go func() {
 		io.Copy(io.Discard, st)
 		close(cancelled)
 	}()
-	res := s.runExec(req, func(typ byte, p []byte) error { return writeFrame(st, typ, p) }, cancelled)
+	res := s.runExec(req, func(typ byte, p []byte) error { return agentwire.WriteFrame(st, typ, p) }, cancelled)
 	b, _ := json.Marshal(res)
-	writeFrame(st, frameResult, b)
+	agentwire.WriteFrame(st, agentwire.FrameResult, b)
 }

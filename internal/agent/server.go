@@ -1,3 +1,12 @@
+// Package agent is sandgate's in-sandbox agent: the server end of the
+// one data plane of every provider (the wire is package agentwire, the
+// gateway's end package agentclient). The agent is the only thing that
+// runs inside a sandbox on the gateway's behalf. It runs one-shot
+// commands (their whole tree killed at a timeout, a cancel, or when they
+// return unless background processes are preserved), reads and writes
+// files with the sandbox's own credentials, and holds terminal sessions:
+// their processes and retained output, so that a session outlives the
+// gateway that started it.
 package agent
 
 import (
@@ -12,10 +21,10 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -70,7 +79,7 @@ func NewServerWith(r *Reaper, o Options) *Server {
 			}
 		}
 	}
-	s := &Server{version: Version, reaper: r, opts: o, sessions: map[string]*session{}}
+	s := &Server{version: agentwire.Version, reaper: r, opts: o, sessions: map[string]*session{}}
 	s.start = s.startProcess
 	return s
 }
@@ -79,7 +88,7 @@ func NewServerWith(r *Reaper, o Options) *Server {
 // gateway hosting sessions in its own process for a provider without an
 // agent.
 func NewHost(start Starter) *Server {
-	return &Server{version: Version, start: start, sessions: map[string]*session{}}
+	return &Server{version: agentwire.Version, start: start, sessions: map[string]*session{}}
 }
 
 // spawn starts cmd with start (cmd.Start, or what wraps it) on the fork
@@ -126,36 +135,22 @@ func (s *Server) Close() {
 	}
 }
 
-func muxConfig() *yamux.Config {
-	c := yamux.DefaultConfig()
-	c.LogOutput = io.Discard
-	c.MaxStreamWindowSize = 1 << 20
-	c.KeepAliveInterval = 10 * time.Second
-	// How long a frame may wait to be sent (and a ping for its answer)
-	// before the connection is declared dead: yamux's 10 s is too short on
-	// an overloaded host, where a sandbox's agent can go that long without
-	// a CPU (1,000 concurrent local rollouts on 2 cores lost executions
-	// to it); a dead peer is found by the socket closing anyway.
-	c.ConnectionWriteTimeout = time.Minute
-	return c
-}
-
 // build describes this agent.
 func build() string {
-	return fmt.Sprintf("sandgate-agent protocol %s (%s)", Version, runtime.Version())
+	return fmt.Sprintf("sandgate-agent protocol %s (%s)", agentwire.Version, runtime.Version())
 }
 
 // Serve serves one connection until it ends. shutdown, if not nil, is
 // called on the shutdown op (tests kill an agent that way).
 func (s *Server) Serve(conn io.ReadWriteCloser, shutdown func()) error {
 	br := bufio.NewReaderSize(conn, 4<<10)
-	if b, err := br.Peek(len(directMagic)); err == nil && string(b) == directMagic {
+	if b, err := br.Peek(len(agentwire.DirectMagic)); err == nil && string(b) == agentwire.DirectMagic {
 		// A direct connection: one call, no multiplexing (see WithDirect).
-		br.Discard(len(directMagic))
+		br.Discard(len(agentwire.DirectMagic))
 		s.handle(joined{br, conn}, shutdown)
 		return nil
 	}
-	ys, err := yamux.Server(&frameConn{ReadWriteCloser: joined{br, conn}}, muxConfig())
+	ys, err := yamux.Server(&agentwire.FrameConn{ReadWriteCloser: joined{br, conn}}, agentwire.MuxConfig())
 	if err != nil {
 		return err
 	}
@@ -187,103 +182,103 @@ func (j joined) Close() error                { return j.c.Close() }
 
 func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 	defer st.Close()
-	var req request
-	if err := readMsg(st, &req, maxRequest); err != nil {
+	var req agentwire.Request
+	if err := agentwire.ReadMsg(st, &req, agentwire.MaxRequest); err != nil {
 		return
 	}
 	switch req.Op {
-	case opHello:
+	case agentwire.OpHello:
 		if req.Version != s.version {
-			writeMsg(st, reply{Version: s.version, Agent: build(),
+			agentwire.WriteMsg(st, agentwire.Reply{Version: s.version, Agent: build(),
 				Error: fmt.Sprintf("the gateway speaks agent protocol %s; this agent speaks %s (%s): run a gateway and agent of one release", req.Version, s.version, build())})
 			return
 		}
-		writeMsg(st, reply{Version: s.version, Agent: build()})
-	case opExec, opRead, opWrite, opStat, opReadDir:
+		agentwire.WriteMsg(st, agentwire.Reply{Version: s.version, Agent: build()})
+	case agentwire.OpExec, agentwire.OpRead, agentwire.OpWrite, agentwire.OpStat, agentwire.OpReadDir:
 		if s.reaper == nil {
-			writeMsg(st, errorReply(providers.Errorf(providers.ErrUnsupported, "this host runs terminal sessions only")))
+			agentwire.WriteMsg(st, agentwire.ErrorReply(providers.Errorf(providers.ErrUnsupported, "this host runs terminal sessions only")))
 			return
 		}
 	}
 	switch req.Op {
-	case opExec:
+	case agentwire.OpExec:
 		if req.Exec == nil {
-			writeMsg(st, errorReply(providers.Errorf(providers.ErrInvalid, "exec without a command")))
+			agentwire.WriteMsg(st, agentwire.ErrorReply(providers.Errorf(providers.ErrInvalid, "exec without a command")))
 			return
 		}
-		if writeMsg(st, reply{}) == nil {
+		if agentwire.WriteMsg(st, agentwire.Reply{}) == nil {
 			s.execOverStream(st, *req.Exec)
 		}
-	case opRead:
+	case agentwire.OpRead:
 		f, size, err := openRead(req.Path)
 		if err != nil {
-			writeMsg(st, errorReply(err))
+			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
 		}
 		defer f.Close()
-		if writeMsg(st, reply{Size: size}) == nil {
+		if agentwire.WriteMsg(st, agentwire.Reply{Size: size}) == nil {
 			// Exactly what was announced, though the file grew meanwhile:
 			// the gateway takes more for a lie.
 			io.CopyN(st, f, size)
 		}
-	case opWrite:
+	case agentwire.OpWrite:
 		n, err := writeTo(req.Path, st)
 		if err != nil {
-			writeMsg(st, errorReply(err))
+			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
 		}
-		writeMsg(st, reply{Size: n})
-	case opStat:
+		agentwire.WriteMsg(st, agentwire.Reply{Size: n})
+	case agentwire.OpStat:
 		fi, err := statPath(req.Path)
 		if err != nil {
-			writeMsg(st, errorReply(err))
+			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
 		}
-		writeMsg(st, reply{File: &fi})
-	case opReadDir:
+		agentwire.WriteMsg(st, agentwire.Reply{File: &fi})
+	case agentwire.OpReadDir:
 		files, truncated, err := listPath(req.Path)
 		if err != nil {
-			writeMsg(st, errorReply(err))
+			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
 		}
-		writeMsg(st, fitReply(reply{Files: files, Truncated: truncated}))
-	case opStart:
+		agentwire.WriteMsg(st, fitReply(agentwire.Reply{Files: files, Truncated: truncated}))
+	case agentwire.OpStart:
 		if req.Start == nil {
-			writeMsg(st, errorReply(providers.Errorf(providers.ErrInvalid, "session.start without a spec")))
+			agentwire.WriteMsg(st, agentwire.ErrorReply(providers.Errorf(providers.ErrInvalid, "session.start without a spec")))
 			return
 		}
 		info, err := s.startSession(context.Background(), *req.Start)
 		if err != nil {
-			writeMsg(st, errorReply(err))
+			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
 		}
-		writeMsg(st, reply{Session: &info})
-	case opList:
-		writeMsg(st, reply{Sessions: s.listSessions()})
-	case opAttach:
+		agentwire.WriteMsg(st, agentwire.Reply{Session: &info})
+	case agentwire.OpList:
+		agentwire.WriteMsg(st, agentwire.Reply{Sessions: s.listSessions()})
+	case agentwire.OpAttach:
 		s.attach(st, req)
-	case opDelete:
+	case agentwire.OpDelete:
 		if err := s.deleteSession(req.Session); err != nil {
-			writeMsg(st, errorReply(err))
+			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
 		}
-		writeMsg(st, reply{})
-	case opShutdown:
-		writeMsg(st, reply{})
+		agentwire.WriteMsg(st, agentwire.Reply{})
+	case agentwire.OpShutdown:
+		agentwire.WriteMsg(st, agentwire.Reply{})
 		if shutdown != nil {
 			shutdown()
 		}
 	default:
-		writeMsg(st, errorReply(providers.Errorf(providers.ErrUnsupported, "unknown op %q", req.Op)))
+		agentwire.WriteMsg(st, agentwire.ErrorReply(providers.Errorf(providers.ErrUnsupported, "unknown op %q", req.Op)))
 	}
 }
 
 // fitReply cuts a listing's entries until the reply fits maxReply (the
 // gateway takes a longer one for a lie), marking it truncated.
-func fitReply(rep reply) reply {
+func fitReply(rep agentwire.Reply) agentwire.Reply {
 	for len(rep.Files) > 0 {
 		b, err := json.Marshal(rep)
-		if err != nil || len(b) <= maxReply {
+		if err != nil || len(b) <= agentwire.MaxReply {
 			break
 		}
 		rep.Files, rep.Truncated = rep.Files[:len(rep.Files)*3/4], true

@@ -9,13 +9,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/wire"
 )
-
-// defaultRing is the output a session retains when the gateway does not
-// say (SPEC §7: the last 1 MiB).
-const defaultRing = 1 << 20
 
 // session is a terminal session the agent holds: the process, its
 // retained output with absolute offsets, and its exit status. Its output
@@ -49,14 +46,14 @@ type chanMark struct {
 	ch  byte
 }
 
-func (ss *session) info() SessionInfo {
+func (ss *session) info() agentwire.SessionInfo {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return ss.infoLocked()
 }
 
-func (ss *session) infoLocked() SessionInfo {
-	i := SessionInfo{
+func (ss *session) infoLocked() agentwire.SessionInfo {
+	i := agentwire.SessionInfo{
 		ID: ss.id, TTY: ss.tty, Started: ss.proc != nil, Running: !ss.exited,
 		Lost: ss.lost, OutputOffset: ss.ring.Total(), CreatedAt: ss.created,
 	}
@@ -68,13 +65,13 @@ func (ss *session) infoLocked() SessionInfo {
 }
 
 // startSession records a session and starts its process unless deferred.
-func (s *Server) startSession(ctx context.Context, req startRequest) (SessionInfo, error) {
+func (s *Server) startSession(ctx context.Context, req agentwire.StartRequest) (agentwire.SessionInfo, error) {
 	if req.ID == "" {
-		return SessionInfo{}, providers.Errorf(providers.ErrInvalid, "a session needs an id")
+		return agentwire.SessionInfo{}, providers.Errorf(providers.ErrInvalid, "a session needs an id")
 	}
 	ringMax := req.RingBytes
 	if ringMax <= 0 {
-		ringMax = defaultRing
+		ringMax = agentwire.DefaultRing
 	}
 	ss := &session{
 		id: req.ID, spec: req.Spec, created: time.Now().UTC(), ringMax: ringMax,
@@ -85,7 +82,7 @@ func (s *Server) startSession(ctx context.Context, req startRequest) (SessionInf
 	s.mu.Lock()
 	if s.sessions[req.ID] != nil {
 		s.mu.Unlock()
-		return SessionInfo{}, providers.Errorf(providers.ErrConflict, "session %s exists", req.ID)
+		return agentwire.SessionInfo{}, providers.Errorf(providers.ErrConflict, "session %s exists", req.ID)
 	}
 	s.sessions[req.ID] = ss
 	s.mu.Unlock()
@@ -94,7 +91,7 @@ func (s *Server) startSession(ctx context.Context, req startRequest) (SessionInf
 			s.mu.Lock()
 			delete(s.sessions, req.ID)
 			s.mu.Unlock()
-			return SessionInfo{}, err
+			return agentwire.SessionInfo{}, err
 		}
 	}
 	return ss.info(), nil
@@ -311,23 +308,23 @@ func (ss *session) since(cursor int64) ([]segment, int64) {
 // behind gets the slow frame and is ended. Frames the gateway sends on st
 // (stdin, EOF, resize, signal) are applied as they come; st closing ends
 // the subscription.
-func (s *Server) attach(st io.ReadWriteCloser, req request) {
+func (s *Server) attach(st io.ReadWriteCloser, req agentwire.Request) {
 	s.mu.Lock()
 	ss := s.sessions[req.Session]
 	s.mu.Unlock()
 	if ss == nil {
-		writeMsg(st, errorReply(providers.Errorf(providers.ErrNotFound, "no session %s", req.Session)))
+		agentwire.WriteMsg(st, agentwire.ErrorReply(providers.Errorf(providers.ErrNotFound, "no session %s", req.Session)))
 		return
 	}
 	if ss.started() == nil {
 		tty := req.TTY == nil || *req.TTY
 		if err := s.launch(context.Background(), ss, tty); err != nil {
-			writeMsg(st, errorReply(err))
+			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
 		}
 	}
 	if req.Since < 0 {
-		writeMsg(st, errorReply(providers.Errorf(providers.ErrInvalid, "since must be >= 0")))
+		agentwire.WriteMsg(st, agentwire.ErrorReply(providers.Errorf(providers.ErrInvalid, "since must be >= 0")))
 		return
 	}
 	ss.mu.Lock()
@@ -353,7 +350,7 @@ func (s *Server) attach(st io.ReadWriteCloser, req request) {
 		ss.cond.Broadcast()
 		ss.mu.Unlock()
 	}()
-	if writeMsg(st, reply{Replay: from, Session: &info}) != nil || writeFrame(st, frameReplay, replay) != nil {
+	if agentwire.WriteMsg(st, agentwire.Reply{Replay: from, Session: &info}) != nil || agentwire.WriteFrame(st, agentwire.FrameReplay, replay) != nil {
 		return
 	}
 	ss.mu.Lock()
@@ -397,7 +394,7 @@ func (s *Server) attach(st io.ReadWriteCloser, req request) {
 			// it cannot go on without a gap. Its client re-attaches with
 			// since and gets what is left.
 			ss.mu.Unlock()
-			writeFrame(st, frameSlow, nil)
+			agentwire.WriteFrame(st, agentwire.FrameSlow, nil)
 			return
 		}
 		frames, next := ss.frames(cursor, scratch[:0])
@@ -423,8 +420,8 @@ func (s *Server) attach(st io.ReadWriteCloser, req request) {
 			ss.mu.Unlock()
 		}
 		if exited && len(frames) == 0 {
-			b, _ := json.Marshal(exitInfo{Code: code, Lost: lost})
-			writeFrame(st, frameExit, b)
+			b, _ := json.Marshal(agentwire.ExitInfo{Code: code, Lost: lost})
+			agentwire.WriteFrame(st, agentwire.FrameExit, b)
 			return
 		}
 	}
@@ -441,7 +438,6 @@ func (s *Server) attach(st io.ReadWriteCloser, req request) {
 const (
 	bulk         = 1 << 10
 	streaming    = 4 * time.Millisecond
-	coalesceTTY  = 128 << 10
 	gatherTTY    = 2 * time.Millisecond
 	coalescePipe = 16 << 10
 	gatherPipe   = 500 * time.Microsecond
@@ -449,7 +445,7 @@ const (
 
 func (ss *session) coalesce() int64 {
 	if ss.tty {
-		return coalesceTTY
+		return agentwire.CoalesceTTY
 	}
 	return coalescePipe
 }
@@ -470,16 +466,16 @@ func (ss *session) frames(cursor int64, scratch []byte) ([][]byte, int64) {
 		return nil, total
 	}
 	var out [][]byte
-	typ, oneRun := frameStdout, ss.tty || len(ss.marks) == 0
+	typ, oneRun := agentwire.FrameStdout, ss.tty || len(ss.marks) == 0
 	if last := len(ss.marks) - 1; !oneRun && ss.marks[last].off <= max(cursor, ss.ring.Start()) {
 		oneRun = true // everything from cursor on is of the last channel
 		if ss.marks[last].ch == wire.ChanStderr {
-			typ = frameStderr
+			typ = agentwire.FrameStderr
 		}
 	}
 	if oneRun {
 		for cursor < total {
-			n := min(total-cursor, maxFrame)
+			n := min(total-cursor, agentwire.MaxFrame)
 			f := scratch[:0]
 			scratch = nil // only the first frame reuses it
 			if int64(cap(f)) < 5+n {
@@ -496,12 +492,12 @@ func (ss *session) frames(cursor int64, scratch []byte) ([][]byte, int64) {
 	}
 	segs, next := ss.since(cursor)
 	for _, sg := range segs {
-		typ := frameStdout
+		typ := agentwire.FrameStdout
 		if sg.ch == wire.ChanStderr {
-			typ = frameStderr
+			typ = agentwire.FrameStderr
 		}
 		for p := sg.data; len(p) > 0; {
-			n := min(len(p), maxFrame)
+			n := min(len(p), agentwire.MaxFrame)
 			f := make([]byte, 5, 5+n)
 			f[0] = typ
 			binary.BigEndian.PutUint32(f[1:5], uint32(n))
@@ -510,12 +506,6 @@ func (ss *session) frames(cursor int64, scratch []byte) ([][]byte, int64) {
 		}
 	}
 	return out, next
-}
-
-// exitInfo is the payload of an exit frame.
-type exitInfo struct {
-	Code int  `json:"code"`
-	Lost bool `json:"lost,omitempty"`
 }
 
 func closed(ch chan struct{}) bool {
@@ -531,22 +521,22 @@ func closed(ch chan struct{}) bool {
 func (ss *session) input(st io.Reader) {
 	var buf []byte
 	for {
-		typ, p, err := readFrame(st, buf)
+		typ, p, err := agentwire.ReadFrame(st, buf)
 		if err != nil {
 			return
 		}
 		buf = p[:0]
 		proc := ss.started()
 		switch typ {
-		case frameStdin:
+		case agentwire.FrameStdin:
 			proc.Stdin().Write(p)
-		case frameEOF:
+		case agentwire.FrameEOF:
 			proc.Stdin().Close()
-		case frameResize:
+		case agentwire.FrameResize:
 			if len(p) == 4 {
 				proc.Resize(binary.BigEndian.Uint16(p), binary.BigEndian.Uint16(p[2:]))
 			}
-		case frameSignal:
+		case agentwire.FrameSignal:
 			if len(p) == 1 {
 				proc.Signal(syscall.Signal(p[0]))
 			}
@@ -584,14 +574,14 @@ func (s *Server) deleteSession(id string) error {
 	return nil
 }
 
-func (s *Server) listSessions() []SessionInfo {
+func (s *Server) listSessions() []agentwire.SessionInfo {
 	s.mu.Lock()
 	ss := make([]*session, 0, len(s.sessions))
 	for _, x := range s.sessions {
 		ss = append(ss, x)
 	}
 	s.mu.Unlock()
-	out := make([]SessionInfo, 0, len(ss))
+	out := make([]agentwire.SessionInfo, 0, len(ss))
 	for _, x := range ss {
 		out = append(out, x.info())
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/wire"
 )
 
@@ -66,10 +66,10 @@ type client struct {
 	sandboxID string
 	sid       string
 	mode      wire.Mode
-	att       *agent.Attachment // the subscription to the session's output
-	holding   bool              // the session runs and this client holds it (set before serve)
-	conn      *websocket.Conn   // set before the writer starts
-	lastTouch time.Time         // feeder only: the last activity recorded for the sandbox
+	att       *agentclient.Attachment // the subscription to the session's output
+	holding   bool                    // the session runs and this client holds it (set before serve)
+	conn      *websocket.Conn         // set before the writer starts
+	lastTouch time.Time               // feeder only: the last activity recorded for the sandbox
 	maxQueue  int
 	lastSeen  atomic.Int64 // unix nanos of the last frame or pong from the client
 
@@ -86,7 +86,7 @@ type client struct {
 	room   chan struct{} // the writer took the queue (see push)
 }
 
-func newClient(m *Manager, sandboxID, sid string, att *agent.Attachment) *client {
+func newClient(m *Manager, sandboxID, sid string, att *agentclient.Attachment) *client {
 	c := &client{m: m, sandboxID: sandboxID, sid: sid, mode: wire.ModePipe, att: att, maxQueue: m.opts.QueueBytes, wake: make(chan struct{}, 1), room: make(chan struct{}, 1)}
 	if att.Info.TTY {
 		c.mode = wire.ModePTY

@@ -17,7 +17,8 @@ import (
 	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/sandbox"
@@ -30,7 +31,7 @@ type Service interface {
 	// SessionHost authorises c (operate) and returns where sandbox id's
 	// terminal sessions live: its agent, or one the service runs in
 	// process for a provider without.
-	SessionHost(ctx context.Context, c sandbox.Caller, id string) (*agent.Client, error)
+	SessionHost(ctx context.Context, c sandbox.Caller, id string) (*agentclient.Client, error)
 	// ProcessSpec authorises c and validates spec for sandbox id,
 	// resolving its cwd against the sandbox's workdir.
 	ProcessSpec(c sandbox.Caller, id string, spec providers.ProcessSpec) (providers.ProcessSpec, error)
@@ -186,7 +187,7 @@ const (
 
 // host authorises c and returns sandbox id's session host, and the
 // number of sessions it holds once known.
-func (m *Manager) host(ctx context.Context, c sandbox.Caller, id string) (*agent.Client, error) {
+func (m *Manager) host(ctx context.Context, c sandbox.Caller, id string) (*agentclient.Client, error) {
 	h, err := m.svc.SessionHost(ctx, c, id)
 	if err != nil {
 		return nil, err
@@ -272,7 +273,7 @@ func (m *Manager) Create(ctx context.Context, c sandbox.Caller, id string, spec 
 }
 
 // info describes session si of sandbox id.
-func (m *Manager) info(id string, si agent.SessionInfo) Info {
+func (m *Manager) info(id string, si agentwire.SessionInfo) Info {
 	i := Info{
 		ID: si.ID, Running: si.Running, OutputOffset: si.OutputOffset,
 		ExitCode: si.ExitCode, Mode: wire.ModePipe, CreatedAt: si.CreatedAt,

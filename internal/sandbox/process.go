@@ -3,7 +3,7 @@ package sandbox
 import (
 	"context"
 
-	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -40,7 +40,7 @@ func (s *Service) ProcessSpec(c Caller, id string, spec providers.ProcessSpec) (
 // and returns the connection to the sandbox's agent, where its terminal
 // sessions live (they outlive the gateway). ErrUnsupported when the
 // provider runs no agent.
-func (s *Service) SessionHost(ctx context.Context, c Caller, id string) (*agent.Client, error) {
+func (s *Service) SessionHost(ctx context.Context, c Caller, id string) (*agentclient.Client, error) {
 	a, err := s.authorize(c, id, ScopeOperate)
 	if err != nil {
 		return nil, err
@@ -50,7 +50,7 @@ func (s *Service) SessionHost(ctx context.Context, c Caller, id string) (*agent.
 		return nil, err
 	}
 	defer end()
-	ap, ok := s.p.(agent.Provider)
+	ap, ok := s.p.(agentclient.Provider)
 	if !ok {
 		return nil, providers.Errorf(providers.ErrUnsupported, "terminal sessions are not supported by provider %s", s.p.Name())
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/docker/docker/api/types/volume"
 	"github.com/docker/docker/pkg/stdcopy"
 
-	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -111,7 +111,7 @@ func (d *Docker) agentMount() mount.Mount {
 // there is none (after a gateway restart) or it broke. A sandbox whose
 // agent is gone is ErrConflict with the reason; so is a paused one (its
 // agent is frozen).
-func (d *Docker) Agent(ctx context.Context, id string) (*agent.Client, error) {
+func (d *Docker) Agent(ctx context.Context, id string) (*agentclient.Client, error) {
 	d.pausedMu.Lock()
 	paused := d.paused[id]
 	d.pausedMu.Unlock()
@@ -121,7 +121,7 @@ func (d *Docker) Agent(ctx context.Context, id string) (*agent.Client, error) {
 	return d.links.Get(ctx, id)
 }
 
-// openAgent opens a connection to sandbox id's agent (agent.Links.Open):
+// openAgent opens a connection to sandbox id's agent (agentclient.Links.Open):
 // one exec of the agent's bridge. With start (a new sandbox) the bridge
 // starts the agent daemon; without, a missing daemon means the agent
 // died.
@@ -135,7 +135,7 @@ func (d *Docker) openAgent(ctx context.Context, id string, start bool) (io.ReadW
 		return nil, nil, err
 	}
 	pr, pw := io.Pipe()
-	stderr := &agent.Stderr{Max: 4 << 10}
+	stderr := &agentclient.Stderr{Max: 4 << 10}
 	go func() {
 		_, err := stdcopy.StdCopy(pw, stderr, ex.hj.Reader)
 		if err == nil {

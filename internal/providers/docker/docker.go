@@ -39,7 +39,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
 
-	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker/hostfw"
 )
@@ -122,11 +122,11 @@ type Options struct {
 // no goroutines of its own outside a call; Processes it starts own theirs.
 // Close releases the client's connections; containers keep running.
 type Docker struct {
-	agent.Via // exec, files and processes, through the sandbox's agent
-	cli       *client.Client
-	links     agent.Links
-	pausedMu  sync.Mutex
-	paused    map[string]bool // a paused sandbox's agent is frozen
+	agentclient.Via // exec, files and processes, through the sandbox's agent
+	cli             *client.Client
+	links           agentclient.Links
+	pausedMu        sync.Mutex
+	paused          map[string]bool // a paused sandbox's agent is frozen
 
 	volMu     sync.Mutex // guards volReady
 	volReady  bool
@@ -197,7 +197,7 @@ func New(opts Options) (*Docker, error) {
 	}
 	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}, fwConfig: opts.Firewall}
 	d.links.Open, d.links.Running = d.openAgent, d.requireRunning
-	d.Via = agent.Via{Connect: d.Agent, Links: &d.links}
+	d.Via = agentclient.Via{Connect: d.Agent, Links: &d.links}
 	if d.volName, d.agentSize, err = agentVolume(opts.AgentBinary); err != nil {
 		cli.Close()
 		return nil, err

@@ -8,10 +8,11 @@ import (
 	"sync"
 
 	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
-var _ agent.Provider = (*Provider)(nil)
+var _ agentclient.Provider = (*Provider)(nil)
 
 // Agent returns the connection to sandbox id's agent, as the real
 // providers do: here an agent server in the test's own process, started
@@ -24,7 +25,7 @@ var _ agent.Provider = (*Provider)(nil)
 // The agent's reaper waits for every child of the process: a test that
 // uses terminal sessions of the fake must not wait for children of its
 // own (os/exec) at the same time.
-func (p *Provider) Agent(ctx context.Context, id string) (*agent.Client, error) {
+func (p *Provider) Agent(ctx context.Context, id string) (*agentclient.Client, error) {
 	p.mu.Lock()
 	b, err := p.get(id)
 	if err != nil {
@@ -62,7 +63,7 @@ func (p *Provider) Agent(ctx context.Context, id string) (*agent.Client, error) 
 // the client on the other.
 type host struct {
 	ready  chan struct{} // closed when start returned: c or err is set
-	c      *agent.Client
+	c      *agentclient.Client
 	err    error
 	srv    *agent.Server
 	root   string
@@ -97,7 +98,7 @@ func (h *host) start(workdir string) {
 		defer close(h.served)
 		h.srv.Serve(a, nil)
 	}()
-	h.c, h.err = agent.Dial(context.Background(), c)
+	h.c, h.err = agentclient.Dial(context.Background(), c)
 	if h.err != nil {
 		c.Close()
 		h.end()

@@ -12,10 +12,10 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 
-	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 )
 
-// openAgent opens a connection to sandbox id's agent (agent.Links.Open):
+// openAgent opens a connection to sandbox id's agent (agentclient.Links.Open):
 // one exec of the agent's bridge through the pod's exec subresource,
 // WebSocket first, SPDY when the API server cannot upgrade to it. With
 // start (a new sandbox) the bridge starts the agent daemon; without, a
@@ -46,7 +46,7 @@ func (k *Kubernetes) openAgent(ctx context.Context, id string, start bool) (io.R
 	}
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
-	stderr := &agent.Stderr{Max: 4 << 10}
+	stderr := &agentclient.Stderr{Max: 4 << 10}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c := &streamConn{r: outR, w: inW, cancel: cancel, done: make(chan struct{})}
 	go func() {

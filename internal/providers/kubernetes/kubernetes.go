@@ -39,7 +39,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -104,14 +104,14 @@ type Options struct {
 
 // Kubernetes is the Kubernetes provider. It is safe for concurrent use.
 type Kubernetes struct {
-	agent.Via // exec, files and processes, through the sandbox's agent
-	cs        kubernetes.Interface
-	hc        *http.Client // cs's
-	cfg       *rest.Config
-	links     agent.Links
-	opts      Options
-	ns        string
-	log       *slog.Logger
+	agentclient.Via // exec, files and processes, through the sandbox's agent
+	cs              kubernetes.Interface
+	hc              *http.Client // cs's
+	cfg             *rest.Config
+	links           agentclient.Links
+	opts            Options
+	ns              string
+	log             *slog.Logger
 
 	mu      sync.Mutex
 	reasons map[string]string // why a sandbox is in error, as its pod said
@@ -125,7 +125,7 @@ var (
 	_ providers.ProcessStarter = (*Kubernetes)(nil)
 	_ providers.FileLister     = (*Kubernetes)(nil)
 	_ providers.Sweeper        = (*Kubernetes)(nil)
-	_ agent.Provider           = (*Kubernetes)(nil)
+	_ agentclient.Provider     = (*Kubernetes)(nil)
 )
 
 // New connects to the cluster (it does not call it yet: Ping does).
@@ -172,7 +172,7 @@ func New(opts Options) (*Kubernetes, error) {
 	}
 	k := &Kubernetes{cs: cs, hc: hc, cfg: cfg, opts: opts, ns: opts.Namespace, log: opts.Logger, reasons: map[string]string{}}
 	k.links.Open, k.links.Running = k.openAgent, k.running
-	k.Via = agent.Via{Connect: k.Agent, Links: &k.links}
+	k.Via = agentclient.Via{Connect: k.Agent, Links: &k.links}
 	return k, nil
 }
 
@@ -214,8 +214,8 @@ func (k *Kubernetes) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Agent returns the connection to sandbox id's agent (see agent.Links).
-func (k *Kubernetes) Agent(ctx context.Context, id string) (*agent.Client, error) {
+// Agent returns the connection to sandbox id's agent (see agentclient.Links).
+func (k *Kubernetes) Agent(ctx context.Context, id string) (*agentclient.Client, error) {
 	return k.links.Get(ctx, id)
 }
 
@@ -327,7 +327,7 @@ func terminatedReason(t *corev1.ContainerStateTerminated) string {
 	return why
 }
 
-// running is agent.Links.Running: nil when the pod runs, else its state
+// running is agentclient.Links.Running: nil when the pod runs, else its state
 // as an error.
 func (k *Kubernetes) running(ctx context.Context, id string) error {
 	pod, err := k.pod(ctx, id)

@@ -12,7 +12,7 @@ import (
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 
-	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -82,7 +82,7 @@ func (k *Kubernetes) startForward(ctx context.Context, id string, port int) (*fo
 		func(err error) bool { return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err) })
 	fctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
-	errOut := &agent.Stderr{Max: 4 << 10}
+	errOut := &agentclient.Stderr{Max: 4 << 10}
 	pf, err := portforward.NewOnAddressesWithContext(fctx, dialer, []string{"127.0.0.1"}, []string{"0:" + strconv.Itoa(port)}, ready, io.Discard, errOut)
 	if err != nil {
 		cancel()

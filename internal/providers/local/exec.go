@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	sgagent "github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -63,7 +63,7 @@ func (l *Local) Exec(ctx context.Context, id string, req providers.ExecRequest) 
 		if s := sb.state(); s != providers.StateRunning {
 			return providers.ExecResult{}, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", id, s)
 		}
-		if errors.Is(err, sgagent.ErrGone) {
+		if errors.Is(err, agentclient.ErrGone) {
 			sb.dropHost()
 		}
 		return providers.ExecResult{}, err

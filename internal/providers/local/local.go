@@ -50,7 +50,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	sgagent "github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/host"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/rootfs"
@@ -166,8 +166,8 @@ type sandbox struct {
 	id  string
 	dir string
 
-	hostMu sync.Mutex      // guards host
-	host   *sgagent.Client // the connection to init's session host, once made
+	hostMu sync.Mutex          // guards host
+	host   *agentclient.Client // the connection to init's session host, once made
 	st     persisted
 
 	// mu serialises the state changes: Pause, Resume, Delete.

@@ -8,6 +8,7 @@ import (
 	"os"
 
 	sgagent "github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -17,7 +18,7 @@ import (
 // session's process, terminal or pipes, retained output and exit status,
 // so the sessions outlive the gateway as the sandbox does.
 
-var _ sgagent.Provider = (*Local)(nil)
+var _ agentclient.Provider = (*Local)(nil)
 
 // serveSessions runs init's agent server (commands and terminal
 // sessions, package agent) until the listener closes. Its commands fork
@@ -47,7 +48,7 @@ func (a *agent) serveSessions(l net.Listener) {
 // its init, connecting when there is none or it broke. A host that broke
 // the protocol (sandbox root can replace it) is not reconnected: the
 // sandbox is in error (ErrConflict) until deleted.
-func (l *Local) Agent(ctx context.Context, id string) (*sgagent.Client, error) {
+func (l *Local) Agent(ctx context.Context, id string) (*agentclient.Client, error) {
 	sb, err := l.running(id)
 	if err != nil {
 		return nil, err
@@ -73,7 +74,7 @@ func (l *Local) Agent(ctx context.Context, id string) (*sgagent.Client, error) {
 	}
 	// Each attachment gets a connection of its own: output and keystrokes
 	// skip the multiplexer.
-	c, err := sgagent.Dial(ctx, conn, sgagent.WithDirect(func(ctx context.Context) (net.Conn, error) { return sb.dialSessions(ctx) }))
+	c, err := agentclient.Dial(ctx, conn, agentclient.WithDirect(func(ctx context.Context) (net.Conn, error) { return sb.dialSessions(ctx) }))
 	if err != nil {
 		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": its session host")
 	}

@@ -1,10 +1,9 @@
-package agent
+package agentclient
 
 import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -24,7 +25,7 @@ import (
 // says. Its streams run on goroutines the test joins.
 
 // lie answers one stream: req is its request, st the stream.
-type lie func(req request, st net.Conn)
+type lie func(req agentwire.Request, st net.Conn)
 
 // serveLiar serves lie on conn (yamux, as an agent does) until conn
 // closes; done closes once every stream's goroutine has returned.
@@ -34,7 +35,7 @@ func serveLiar(conn net.Conn, l lie) (done <-chan struct{}) {
 		defer close(ch)
 		var wg sync.WaitGroup
 		defer wg.Wait()
-		ys, err := yamux.Server(conn, muxConfig())
+		ys, err := yamux.Server(conn, agentwire.MuxConfig())
 		if err != nil {
 			return
 		}
@@ -46,12 +47,12 @@ func serveLiar(conn net.Conn, l lie) (done <-chan struct{}) {
 			}
 			wg.Go(func() {
 				defer st.Close()
-				var req request
-				if readMsg(st, &req, maxRequest) != nil {
+				var req agentwire.Request
+				if agentwire.ReadMsg(st, &req, agentwire.MaxRequest) != nil {
 					return
 				}
-				if req.Op == opHello {
-					writeMsg(st, reply{Version: Version, Agent: "liar"})
+				if req.Op == agentwire.OpHello {
+					agentwire.WriteMsg(st, agentwire.Reply{Version: agentwire.Version, Agent: "liar"})
 					return
 				}
 				l(req, st)
@@ -96,13 +97,13 @@ const hugeReplay = 256 << 20
 // replayLiar answers an attach with a replay frame announcing hugeReplay
 // bytes, sends 64 KiB of it and then holds the stream until the gateway
 // closes it.
-func replayLiar(req request, st net.Conn) {
-	if req.Op != opAttach {
-		writeMsg(st, reply{Error: "no", Kind: "invalid"})
+func replayLiar(req agentwire.Request, st net.Conn) {
+	if req.Op != agentwire.OpAttach {
+		agentwire.WriteMsg(st, agentwire.Reply{Error: "no", Kind: "invalid"})
 		return
 	}
-	writeMsg(st, reply{Session: &SessionInfo{ID: req.Session, TTY: true, Running: true}})
-	rawFrame(st, frameReplay, hugeReplay, make([]byte, 64<<10))
+	agentwire.WriteMsg(st, agentwire.Reply{Session: &agentwire.SessionInfo{ID: req.Session, TTY: true, Running: true}})
+	rawFrame(st, agentwire.FrameReplay, hugeReplay, make([]byte, 64<<10))
 	io.Copy(io.Discard, st)
 }
 
@@ -128,7 +129,7 @@ func TestLyingReplayIsBounded(t *testing.T) {
 	errs := make([]error, 4)
 	for i := range errs {
 		wg.Go(func() {
-			a, err := c.Attach(ctx, "s", 0, nil, defaultRing)
+			a, err := c.Attach(ctx, "s", 0, nil, agentwire.DefaultRing)
 			if err == nil {
 				a.Close()
 			}
@@ -181,7 +182,7 @@ func TestLiesCloseTheConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	attach := func(c *Client) error {
-		a, err := c.Attach(ctx, "s", 0, nil, defaultRing)
+		a, err := c.Attach(ctx, "s", 0, nil, agentwire.DefaultRing)
 		if err != nil {
 			return err
 		}
@@ -193,7 +194,7 @@ func TestLiesCloseTheConnection(t *testing.T) {
 			}
 		}
 	}
-	session := &SessionInfo{ID: "s", Running: true}
+	session := &agentwire.SessionInfo{ID: "s", Running: true}
 	for _, tc := range []struct {
 		name string
 		lie  lie
@@ -201,7 +202,7 @@ func TestLiesCloseTheConnection(t *testing.T) {
 		want string
 	}{{
 		name: "reply over its bound",
-		lie: func(req request, st net.Conn) {
+		lie: func(req agentwire.Request, st net.Conn) {
 			binary.Write(st, binary.BigEndian, uint32(1<<31))
 			io.Copy(io.Discard, st)
 		},
@@ -209,7 +210,7 @@ func TestLiesCloseTheConnection(t *testing.T) {
 		want: "message length 2147483648 over 1048576",
 	}, {
 		name: "reply not JSON",
-		lie: func(req request, st net.Conn) {
+		lie: func(req agentwire.Request, st net.Conn) {
 			binary.Write(st, binary.BigEndian, uint32(3))
 			st.Write([]byte("}{x"))
 		},
@@ -217,64 +218,64 @@ func TestLiesCloseTheConnection(t *testing.T) {
 		want: "a message that is not JSON",
 	}, {
 		name: "start without its session",
-		lie:  func(req request, st net.Conn) { writeMsg(st, reply{}) },
+		lie:  func(req agentwire.Request, st net.Conn) { agentwire.WriteMsg(st, agentwire.Reply{}) },
 		call: func(c *Client) error {
-			_, err := c.StartSession(ctx, "s", providers.ProcessSpec{}, false, defaultRing)
+			_, err := c.StartSession(ctx, "s", providers.ProcessSpec{}, false, agentwire.DefaultRing)
 			return err
 		},
 		want: "session.start reply without the session",
 	}, {
 		name: "attach without its session",
-		lie:  func(req request, st net.Conn) { writeMsg(st, reply{}) },
+		lie:  func(req agentwire.Request, st net.Conn) { agentwire.WriteMsg(st, agentwire.Reply{}) },
 		call: attach,
 		want: "attach reply without the session",
 	}, {
 		name: "output before the replay",
-		lie: func(req request, st net.Conn) {
-			writeMsg(st, reply{Session: session})
-			writeFrame(st, frameStdout, []byte("x"))
+		lie: func(req agentwire.Request, st net.Conn) {
+			agentwire.WriteMsg(st, agentwire.Reply{Session: session})
+			agentwire.WriteFrame(st, agentwire.FrameStdout, []byte("x"))
 		},
 		call: attach,
 		want: `frame 'o' before the replay`,
 	}, {
 		name: "frame over its bound",
-		lie: func(req request, st net.Conn) {
-			writeMsg(st, reply{Session: session})
-			writeFrame(st, frameReplay, nil)
-			rawFrame(st, frameStdout, 1<<30, nil)
+		lie: func(req agentwire.Request, st net.Conn) {
+			agentwire.WriteMsg(st, agentwire.Reply{Session: session})
+			agentwire.WriteFrame(st, agentwire.FrameReplay, nil)
+			rawFrame(st, agentwire.FrameStdout, 1<<30, nil)
 			io.Copy(io.Discard, st)
 		},
 		call: attach,
 		want: "frame length 1073741824 over 1048576",
 	}, {
 		name: "unknown frame on an attachment",
-		lie: func(req request, st net.Conn) {
-			writeMsg(st, reply{Session: session})
-			writeFrame(st, frameReplay, nil)
-			writeFrame(st, 'Q', []byte("?"))
+		lie: func(req agentwire.Request, st net.Conn) {
+			agentwire.WriteMsg(st, agentwire.Reply{Session: session})
+			agentwire.WriteFrame(st, agentwire.FrameReplay, nil)
+			agentwire.WriteFrame(st, 'Q', []byte("?"))
 		},
 		call: attach,
 		want: `frame 'Q' on an attachment`,
 	}, {
 		name: "exit not JSON",
-		lie: func(req request, st net.Conn) {
-			writeMsg(st, reply{Session: session})
-			writeFrame(st, frameReplay, nil)
-			writeFrame(st, frameExit, []byte("{"))
+		lie: func(req agentwire.Request, st net.Conn) {
+			agentwire.WriteMsg(st, agentwire.Reply{Session: session})
+			agentwire.WriteFrame(st, agentwire.FrameReplay, nil)
+			agentwire.WriteFrame(st, agentwire.FrameExit, []byte("{"))
 		},
 		call: attach,
 		want: "an exit frame that is not JSON",
 	}, {
 		name: "exec output over its cap",
-		lie: func(req request, st net.Conn) {
-			writeMsg(st, reply{})
+		lie: func(req agentwire.Request, st net.Conn) {
+			agentwire.WriteMsg(st, agentwire.Reply{})
 			chunk := bytes.Repeat([]byte("x"), 64<<10)
 			for range 80 { // 5 MiB, far over the cap
-				if writeFrame(st, frameStdout, chunk) != nil {
+				if agentwire.WriteFrame(st, agentwire.FrameStdout, chunk) != nil {
 					return
 				}
 			}
-			writeFrame(st, frameResult, []byte(`{"exit_code":0}`))
+			agentwire.WriteFrame(st, agentwire.FrameResult, []byte(`{"exit_code":0}`))
 		},
 		call: func(c *Client) error {
 			_, err := c.Exec(ctx, providers.ExecRequest{Command: "x", Timeout: time.Second, MaxOutput: 1000})
@@ -283,9 +284,9 @@ func TestLiesCloseTheConnection(t *testing.T) {
 		want: "exec stdout over its cap of 1000 bytes",
 	}, {
 		name: "exec result not JSON",
-		lie: func(req request, st net.Conn) {
-			writeMsg(st, reply{})
-			writeFrame(st, frameResult, []byte("nope"))
+		lie: func(req agentwire.Request, st net.Conn) {
+			agentwire.WriteMsg(st, agentwire.Reply{})
+			agentwire.WriteFrame(st, agentwire.FrameResult, []byte("nope"))
 		},
 		call: func(c *Client) error {
 			_, err := c.Exec(ctx, providers.ExecRequest{Command: "x", Timeout: time.Second})
@@ -294,9 +295,9 @@ func TestLiesCloseTheConnection(t *testing.T) {
 		want: "an exec result that is not JSON",
 	}, {
 		name: "unknown frame on an exec",
-		lie: func(req request, st net.Conn) {
-			writeMsg(st, reply{})
-			writeFrame(st, frameReplay, []byte("x"))
+		lie: func(req agentwire.Request, st net.Conn) {
+			agentwire.WriteMsg(st, agentwire.Reply{})
+			agentwire.WriteFrame(st, agentwire.FrameReplay, []byte("x"))
 		},
 		call: func(c *Client) error {
 			_, err := c.Exec(ctx, providers.ExecRequest{Command: "x", Timeout: time.Second})
@@ -305,7 +306,7 @@ func TestLiesCloseTheConnection(t *testing.T) {
 		want: `frame 'R' on an exec stream`,
 	}, {
 		name: "file size negative",
-		lie:  func(req request, st net.Conn) { writeMsg(st, reply{Size: -1}) },
+		lie:  func(req agentwire.Request, st net.Conn) { agentwire.WriteMsg(st, agentwire.Reply{Size: -1}) },
 		call: func(c *Client) error { _, _, err := c.ReadFile(ctx, "/x"); return err },
 		want: "file size -1",
 	}} {
@@ -332,8 +333,8 @@ func TestLiesCloseTheConnection(t *testing.T) {
 // read (the attack streamed 1.96 GB through a download capped at 64 MiB).
 func TestLyingFileStream(t *testing.T) {
 	const announced = 1000
-	c := dialLiar(t, func(req request, st net.Conn) {
-		writeMsg(st, reply{Size: announced})
+	c := dialLiar(t, func(req agentwire.Request, st net.Conn) {
+		agentwire.WriteMsg(st, agentwire.Reply{Size: announced})
 		chunk := make([]byte, 64<<10)
 		for range 1600 { // 100 MiB
 			if _, err := st.Write(chunk); err != nil {
@@ -360,8 +361,8 @@ func TestLyingFileStream(t *testing.T) {
 // TestHonestFileStreamEnds: the check at the end of a file costs an
 // honest agent nothing (its stream ends with the file).
 func TestHonestFileStreamEnds(t *testing.T) {
-	c := dialLiar(t, func(req request, st net.Conn) {
-		writeMsg(st, reply{Size: 5})
+	c := dialLiar(t, func(req agentwire.Request, st net.Conn) {
+		agentwire.WriteMsg(st, agentwire.Reply{Size: 5})
 		st.Write([]byte("hello"))
 	})
 	r, _, err := c.ReadFile(context.Background(), "/f")
@@ -380,7 +381,7 @@ func TestHonestFileStreamEnds(t *testing.T) {
 // sandbox whose agent lied is broken with the violation as its reason
 // and is not reconnected; another sandbox's agent is served as before.
 func TestLinksMarkALiarBroken(t *testing.T) {
-	srv := NewServer(false)
+	srv := agent.NewServer(false)
 	defer srv.Close()
 	var mu sync.Mutex
 	var cleanups []func()
@@ -415,7 +416,7 @@ func TestLinksMarkALiarBroken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := liar.Attach(ctx, "s", 0, nil, defaultRing); !errors.Is(err, ErrViolation) {
+	if _, err := liar.Attach(ctx, "s", 0, nil, agentwire.DefaultRing); !errors.Is(err, ErrViolation) {
 		t.Fatalf("attach to a liar: %v", err)
 	}
 	const why = "agent protocol violation: replay length 268435456 over 1048576"
@@ -437,23 +438,5 @@ func TestLinksMarkALiarBroken(t *testing.T) {
 	defer mu.Unlock()
 	if dials["liar"] != 1 {
 		t.Fatalf("the liar was dialled %d times, want once (no reconnect)", dials["liar"])
-	}
-}
-
-// TestListingFitsTheReply: an honest agent cuts a listing that would not
-// fit a reply (the gateway takes a longer reply for a lie) and says so.
-func TestListingFitsTheReply(t *testing.T) {
-	files := make([]providers.FileInfo, providers.MaxDirEntries)
-	for i := range files {
-		files[i] = providers.FileInfo{Name: strings.Repeat("n", 200), Type: providers.FileSymlink, Target: strings.Repeat("t", 400)}
-	}
-	rep := fitReply(reply{Files: files})
-	b, err := json.Marshal(rep)
-	if err != nil || len(b) > maxReply || !rep.Truncated || len(rep.Files) == 0 {
-		t.Fatalf("%d entries in %d bytes, truncated %v, %v", len(rep.Files), len(b), rep.Truncated, err)
-	}
-	small := fitReply(reply{Files: files[:10]})
-	if small.Truncated || len(small.Files) != 10 {
-		t.Fatalf("a small listing was cut: %d, %v", len(small.Files), small.Truncated)
 	}
 }

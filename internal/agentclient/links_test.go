@@ -1,4 +1,4 @@
-package agent
+package agentclient
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -26,7 +27,7 @@ type hangingLinks struct {
 }
 
 func newHangingLinks(t *testing.T) *hangingLinks {
-	srv := NewServer(false)
+	srv := agent.NewServer(false)
 	h := &hangingLinks{opens: map[string]int{}, release: make(chan struct{})}
 	h.Links = &Links{
 		Open: func(ctx context.Context, id string, start bool) (io.ReadWriteCloser, func() string, error) {

@@ -1,11 +1,7 @@
-// Package agent is sandgate's in-sandbox agent and the gateway's client of
-// it: the one data plane of every provider that runs one. The agent is the
-// only thing that runs inside a sandbox on the gateway's behalf. It runs
-// one-shot commands (their whole tree killed at a timeout, a cancel, or
-// when they return unless background processes are preserved), reads and
-// writes files with the sandbox's own credentials, and holds terminal
-// sessions: their processes and retained output, so that a session
-// outlives the gateway that started it.
+// Package agentwire is the protocol between sandgate's in-sandbox agent
+// (package agent) and the gateway's client of it (package agentclient):
+// the messages, frames, limits, error kinds and multiplexer settings both
+// sides share.
 //
 // The protocol is yamux over whatever byte stream the backend offers (a
 // Docker exec attach, a unix socket): one stream per request. A stream
@@ -13,8 +9,10 @@
 // naming the op; what follows is op-specific: messages, frames (a type
 // byte, a 4-byte length, the payload) or raw bytes. The first stream of a
 // connection is the hello, which carries the protocol version; an agent
-// speaking another version is refused with an error naming both.
-package agent
+// speaking another version is refused with an error naming both. A
+// connection that starts with DirectMagic instead carries one call, no
+// multiplexing.
+package agentwire
 
 import (
 	"encoding/binary"
@@ -34,33 +32,33 @@ var Version = "1"
 // directMagic starts a direct connection: one call on the connection
 // itself instead of a yamux stream (a yamux connection starts with its
 // version byte, 0).
-const directMagic = "SGD1"
+const DirectMagic = "SGD1"
 
 // The ops.
 const (
-	opHello    = "hello"
-	opExec     = "exec"
-	opRead     = "read"
-	opWrite    = "write"
-	opStat     = "stat"
-	opReadDir  = "readdir"
-	opStart    = "session.start"
-	opList     = "session.list"
-	opAttach   = "session.attach"
-	opDelete   = "session.delete"
-	opShutdown = "shutdown" // tests: the agent exits
+	OpHello    = "hello"
+	OpExec     = "exec"
+	OpRead     = "read"
+	OpWrite    = "write"
+	OpStat     = "stat"
+	OpReadDir  = "readdir"
+	OpStart    = "session.start"
+	OpList     = "session.list"
+	OpAttach   = "session.attach"
+	OpDelete   = "session.delete"
+	OpShutdown = "shutdown" // tests: the agent exits
 )
 
 // request is the first message of every stream.
-type request struct {
+type Request struct {
 	Op      string          `json:"op"`
 	Version string          `json:"version,omitempty"` // hello
-	Exec    *execRequest    `json:"exec,omitempty"`
+	Exec    *ExecRequest    `json:"exec,omitempty"`
 	Path    string          `json:"path,omitempty"`    // read, write
 	Session string          `json:"session,omitempty"` // attach, delete
 	Since   int64           `json:"since,omitempty"`   // attach
 	TTY     *bool           `json:"tty,omitempty"`     // attach: the mode of a deferred session's start
-	Start   *startRequest   `json:"start,omitempty"`
+	Start   *StartRequest   `json:"start,omitempty"`
 	Extra   json.RawMessage `json:"extra,omitempty"`
 	// MaxReplay (attach) bounds the replay to the last MaxReplay bytes
 	// from Since: the gateway takes a longer one for a lie.
@@ -69,7 +67,7 @@ type request struct {
 
 // reply is the agent's first message on a stream; Error set means the op
 // failed and nothing follows.
-type reply struct {
+type Reply struct {
 	Error    string        `json:"error,omitempty"`
 	Kind     string        `json:"kind,omitempty"` // the providers error kind of Error
 	Version  string        `json:"version,omitempty"`
@@ -85,7 +83,7 @@ type reply struct {
 }
 
 // execRequest is providers.ExecRequest on the wire.
-type execRequest struct {
+type ExecRequest struct {
 	Command            string            `json:"command"`
 	Cwd                string            `json:"cwd,omitempty"`
 	Env                map[string]string `json:"env,omitempty"`
@@ -98,7 +96,7 @@ type execRequest struct {
 }
 
 // execResult ends an exec stream (frameResult).
-type execResult struct {
+type ExecResult struct {
 	ExitCode   int    `json:"exit_code"`
 	TimedOut   bool   `json:"timed_out,omitempty"`
 	Truncated  bool   `json:"truncated,omitempty"`
@@ -111,7 +109,7 @@ type execResult struct {
 }
 
 // startRequest starts a terminal session.
-type startRequest struct {
+type StartRequest struct {
 	ID        string                `json:"id"` // chosen by the gateway
 	Spec      providers.ProcessSpec `json:"spec"`
 	Deferred  bool                  `json:"deferred,omitempty"` // start at the first attach, in its mode
@@ -134,29 +132,29 @@ type SessionInfo struct {
 // session's exit. Gateway to agent (on an attach): stdin, stdin EOF,
 // resize, signal.
 const (
-	frameStdout byte = 'o'
-	frameStderr byte = 'e'
-	frameResult byte = 'r'
-	frameExit   byte = 'x'
-	frameReplay byte = 'R'
-	frameSlow   byte = 'S' // the subscriber fell a whole ring behind: output was lost to it
-	frameStdin  byte = 'i'
-	frameEOF    byte = 'E'
-	frameResize byte = 'z'
-	frameSignal byte = 's'
+	FrameStdout byte = 'o'
+	FrameStderr byte = 'e'
+	FrameResult byte = 'r'
+	FrameExit   byte = 'x'
+	FrameReplay byte = 'R'
+	FrameSlow   byte = 'S' // the subscriber fell a whole ring behind: output was lost to it
+	FrameStdin  byte = 'i'
+	FrameEOF    byte = 'E'
+	FrameResize byte = 'z'
+	FrameSignal byte = 's'
 )
 
 // maxRequest bounds a request (stdin of an exec rides in one); maxReply
 // bounds a reply, which the gateway reads from code it does not trust.
 const (
-	maxRequest = 64 << 20
-	maxReply   = 1 << 20
+	MaxRequest = 64 << 20
+	MaxReply   = 1 << 20
 )
 
 // maxFrame bounds a frame's payload.
-const maxFrame = 1 << 20
+const MaxFrame = 1 << 20
 
-func writeMsg(w io.Writer, v any) error {
+func WriteMsg(w io.Writer, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -174,27 +172,27 @@ type ProtocolError struct{ What string }
 
 func (e *ProtocolError) Error() string { return "agent protocol violation: " + e.What }
 
-func protocolErrorf(format string, args ...any) error {
+func ProtocolErrorf(format string, args ...any) error {
 	return &ProtocolError{What: fmt.Sprintf(format, args...)}
 }
 
 // readMsg reads one message of at most limit bytes into v. An announced
 // length over limit, or a body that is not v's JSON, is a *ProtocolError.
-func readMsg(r io.Reader, v any, limit uint32) error {
+func ReadMsg(r io.Reader, v any, limit uint32) error {
 	var h [4]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return err
 	}
 	n := binary.BigEndian.Uint32(h[:])
 	if n > limit {
-		return protocolErrorf("message length %d over %d", n, limit)
+		return ProtocolErrorf("message length %d over %d", n, limit)
 	}
-	b, err := readPayload(r, nil, int(n))
+	b, err := ReadPayload(r, nil, int(n))
 	if err != nil {
 		return err
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return protocolErrorf("a message that is not JSON of its kind (%v)", err)
+		return ProtocolErrorf("a message that is not JSON of its kind (%v)", err)
 	}
 	return nil
 }
@@ -202,7 +200,7 @@ func readMsg(r io.Reader, v any, limit uint32) error {
 // readPayload reads an n-byte payload into buf, growing it as the bytes
 // arrive rather than to n at once: a peer that announces n but sends
 // less costs only what it sent.
-func readPayload(r io.Reader, buf []byte, n int) ([]byte, error) {
+func ReadPayload(r io.Reader, buf []byte, n int) ([]byte, error) {
 	if cap(buf) >= n {
 		buf = buf[:n]
 		_, err := io.ReadFull(r, buf)
@@ -228,7 +226,7 @@ func readPayload(r io.Reader, buf []byte, n int) ([]byte, error) {
 // the buffer it was given.
 const payloadStep = 64 << 10
 
-func writeFrame(w io.Writer, typ byte, p []byte) error {
+func WriteFrame(w io.Writer, typ byte, p []byte) error {
 	buf := make([]byte, 5, 5+len(p))
 	buf[0] = typ
 	binary.BigEndian.PutUint32(buf[1:], uint32(len(p)))
@@ -238,16 +236,16 @@ func writeFrame(w io.Writer, typ byte, p []byte) error {
 
 // readFrame reads one frame of at most maxFrame bytes into buf (grown as
 // needed) and returns its type and payload, which aliases buf.
-func readFrame(r io.Reader, buf []byte) (byte, []byte, error) {
-	return readFrameMax(r, buf, maxFrame)
+func ReadFrame(r io.Reader, buf []byte) (byte, []byte, error) {
+	return ReadFrameMax(r, buf, MaxFrame)
 }
 
-func readFrameMax(r io.Reader, buf []byte, limit uint32) (byte, []byte, error) {
-	typ, n, err := readFrameHeader(r, limit)
+func ReadFrameMax(r io.Reader, buf []byte, limit uint32) (byte, []byte, error) {
+	typ, n, err := ReadFrameHeader(r, limit)
 	if err != nil {
 		return 0, nil, err
 	}
-	buf, err = readPayload(r, buf, n)
+	buf, err = ReadPayload(r, buf, n)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -256,14 +254,14 @@ func readFrameMax(r io.Reader, buf []byte, limit uint32) (byte, []byte, error) {
 
 // readFrameHeader reads a frame's type and the length of its payload; a
 // length over limit is a *ProtocolError.
-func readFrameHeader(r io.Reader, limit uint32) (byte, int, error) {
+func ReadFrameHeader(r io.Reader, limit uint32) (byte, int, error) {
 	var h [5]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return 0, 0, err
 	}
 	n := binary.BigEndian.Uint32(h[1:])
 	if n > limit {
-		return 0, 0, protocolErrorf("frame length %d over %d", n, limit)
+		return 0, 0, ProtocolErrorf("frame length %d over %d", n, limit)
 	}
 	return h[0], int(n), nil
 }
@@ -279,7 +277,7 @@ var kinds = map[string]error{
 	"too_large":   providers.ErrTooLarge,
 }
 
-func kindOf(err error) string {
+func KindOf(err error) string {
 	k := providers.Kind(err)
 	for name, e := range kinds {
 		if k == e {
@@ -289,18 +287,33 @@ func kindOf(err error) string {
 	return ""
 }
 
-func errorReply(err error) reply {
-	k := kindOf(err)
+func ErrorReply(err error) Reply {
+	k := KindOf(err)
 	if k == "" {
-		return reply{Error: err.Error()}
+		return Reply{Error: err.Error()}
 	}
-	return reply{Error: providers.Message(err), Kind: k}
+	return Reply{Error: providers.Message(err), Kind: k}
 }
 
 // remoteError is an error the agent reported, with its kind.
-func remoteError(msg, kind string) error {
+func RemoteError(msg, kind string) error {
 	if k, ok := kinds[kind]; ok {
 		return providers.Errorf(k, "%s", msg)
 	}
 	return errors.New(msg)
 }
+
+// DefaultRing is the output a session retains when the gateway does not
+// say (SPEC §7: the last 1 MiB).
+const DefaultRing = 1 << 20
+
+// ExitInfo is the payload of an exit frame.
+type ExitInfo struct {
+	Code int  `json:"code"`
+	Lost bool `json:"lost,omitempty"`
+}
+
+// CoalesceTTY is the most output a terminal session's frame gathers
+// before it is sent (the agent's coalescing; the gateway sizes its frame
+// buffers by it).
+const CoalesceTTY = 128 << 10

@@ -1,4 +1,4 @@
-package agent
+package agentclient
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -17,10 +18,10 @@ import (
 // on the attachment, Kill deleting the session.
 func StartProcess(ctx context.Context, c *Client, spec providers.ProcessSpec) (providers.Process, error) {
 	id := "proc-" + rand.Text()[:16]
-	if _, err := c.StartSession(ctx, id, spec, false, defaultRing); err != nil {
+	if _, err := c.StartSession(ctx, id, spec, false, agentwire.DefaultRing); err != nil {
 		return nil, err
 	}
-	a, err := c.Attach(ctx, id, 0, nil, defaultRing)
+	a, err := c.Attach(ctx, id, 0, nil, agentwire.DefaultRing)
 	if err != nil {
 		c.DeleteSession(context.WithoutCancel(ctx), id)
 		return nil, err

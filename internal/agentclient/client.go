@@ -1,4 +1,8 @@
-package agent
+// Package agentclient is the gateway's end of the agent protocol
+// (package agentwire): a Client per connection to a sandbox's agent
+// (package agent), Links to keep one per sandbox, and Via to run a
+// provider's exec and file calls through it.
+package agentclient
 
 import (
 	"bufio"
@@ -17,6 +21,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -66,7 +71,7 @@ func WithDirect(dial func(context.Context) (net.Conn, error)) Option {
 // names both protocol versions when the agent speaks another. conn is
 // closed on error and by Close.
 func Dial(ctx context.Context, conn io.ReadWriteCloser, opts ...Option) (*Client, error) {
-	c, err := dial(ctx, conn, Version)
+	c, err := dial(ctx, conn, agentwire.Version)
 	if err != nil {
 		return nil, err
 	}
@@ -79,13 +84,13 @@ func Dial(ctx context.Context, conn io.ReadWriteCloser, opts ...Option) (*Client
 // dial is Dial for a gateway that speaks protocol version (tests pass
 // another).
 func dial(ctx context.Context, conn io.ReadWriteCloser, version string) (*Client, error) {
-	ys, err := yamux.Client(&frameConn{ReadWriteCloser: conn}, muxConfig())
+	ys, err := yamux.Client(&agentwire.FrameConn{ReadWriteCloser: conn}, agentwire.MuxConfig())
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
 	c := &Client{ys: ys}
-	rep, st, err := c.call(ctx, request{Op: opHello, Version: version})
+	rep, st, err := c.call(ctx, agentwire.Request{Op: agentwire.OpHello, Version: version})
 	if err != nil {
 		ys.Close()
 		return nil, fmt.Errorf("sandbox agent hello: %w", err)
@@ -118,7 +123,7 @@ func (c *Client) Violation() string {
 
 // violate records the agent's violation, closes the connection and
 // returns the error for the call that met it (see ErrViolation).
-func (c *Client) violate(pe *ProtocolError) error {
+func (c *Client) violate(pe *agentwire.ProtocolError) error {
 	c.mu.Lock()
 	if c.violation == "" {
 		c.violation = pe.Error()
@@ -131,7 +136,7 @@ func (c *Client) violate(pe *ProtocolError) error {
 // fail is err, a violation when err is a *ProtocolError, or ErrGone when
 // the connection has ended.
 func (c *Client) fail(err error) error {
-	if pe, ok := errors.AsType[*ProtocolError](err); ok {
+	if pe, ok := errors.AsType[*agentwire.ProtocolError](err); ok {
 		return c.violate(pe)
 	}
 	if c.ys.IsClosed() {
@@ -156,31 +161,31 @@ func (c *Client) open(ctx context.Context) (*yamux.Stream, func() bool, error) {
 
 // call opens a stream, sends req and reads the reply. A reply carrying an
 // error is returned as that error (with its kind), the stream closed.
-func (c *Client) call(ctx context.Context, req request) (reply, *yamux.Stream, error) {
+func (c *Client) call(ctx context.Context, req agentwire.Request) (agentwire.Reply, *yamux.Stream, error) {
 	st, stop, err := c.open(ctx)
 	if err != nil {
-		return reply{}, nil, err
+		return agentwire.Reply{}, nil, err
 	}
-	var rep reply
-	err = writeMsg(st, req)
+	var rep agentwire.Reply
+	err = agentwire.WriteMsg(st, req)
 	if err == nil {
-		err = readMsg(st, &rep, maxReply)
+		err = agentwire.ReadMsg(st, &rep, agentwire.MaxReply)
 	}
 	stop()
 	if err != nil {
 		st.Close()
 		if ctx.Err() != nil {
-			return reply{}, nil, ctx.Err()
+			return agentwire.Reply{}, nil, ctx.Err()
 		}
-		return reply{}, nil, c.fail(err)
+		return agentwire.Reply{}, nil, c.fail(err)
 	}
-	if rep.Error != "" && req.Op != opHello {
+	if rep.Error != "" && req.Op != agentwire.OpHello {
 		st.Close()
-		return reply{}, nil, remoteError(rep.Error, rep.Kind)
+		return agentwire.Reply{}, nil, agentwire.RemoteError(rep.Error, rep.Kind)
 	}
 	if rep.Error != "" {
 		st.Close()
-		return reply{}, nil, errors.New(rep.Error)
+		return agentwire.Reply{}, nil, errors.New(rep.Error)
 	}
 	return rep, st, nil
 }
@@ -192,37 +197,37 @@ type stream interface {
 }
 
 // callDirect is call on a connection of its own (see WithDirect).
-func (c *Client) callDirect(ctx context.Context, req request) (reply, stream, error) {
+func (c *Client) callDirect(ctx context.Context, req agentwire.Request) (agentwire.Reply, stream, error) {
 	conn, err := c.direct(ctx)
 	if err != nil {
-		return reply{}, nil, c.fail(err)
+		return agentwire.Reply{}, nil, c.fail(err)
 	}
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
-	var rep reply
-	_, err = conn.Write([]byte(directMagic))
+	var rep agentwire.Reply
+	_, err = conn.Write([]byte(agentwire.DirectMagic))
 	if err == nil {
-		err = writeMsg(conn, req)
+		err = agentwire.WriteMsg(conn, req)
 	}
 	if err == nil {
-		err = readMsg(conn, &rep, maxReply)
+		err = agentwire.ReadMsg(conn, &rep, agentwire.MaxReply)
 	}
 	stop()
 	switch {
 	case err != nil && ctx.Err() != nil:
 		conn.Close()
-		return reply{}, nil, ctx.Err()
+		return agentwire.Reply{}, nil, ctx.Err()
 	case err != nil:
 		conn.Close()
-		return reply{}, nil, c.fail(err)
+		return agentwire.Reply{}, nil, c.fail(err)
 	case rep.Error != "":
 		conn.Close()
-		return reply{}, nil, remoteError(rep.Error, rep.Kind)
+		return agentwire.Reply{}, nil, agentwire.RemoteError(rep.Error, rep.Kind)
 	}
 	return rep, conn, nil
 }
 
 // simple is call for an op whose reply is all there is.
-func (c *Client) simple(ctx context.Context, req request) (reply, error) {
+func (c *Client) simple(ctx context.Context, req agentwire.Request) (agentwire.Reply, error) {
 	rep, st, err := c.call(ctx, req)
 	if err == nil {
 		st.Close()
@@ -242,13 +247,13 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 	if req.MaxOutput <= 0 {
 		req.MaxOutput = providers.DefaultMaxOutput
 	}
-	er := &execRequest{
+	er := &agentwire.ExecRequest{
 		Command: req.Command, Cwd: req.Cwd, Env: req.Env, TimeoutMS: req.Timeout.Milliseconds(),
 		User: req.User, Stdin: req.Stdin, HasStdin: req.Stdin != nil,
 		PreserveBackground: req.PreserveBackground, MaxOutput: req.MaxOutput,
 	}
 	start := time.Now()
-	_, st, err := c.call(ctx, request{Op: opExec, Exec: er})
+	_, st, err := c.call(ctx, agentwire.Request{Op: agentwire.OpExec, Exec: er})
 	if err != nil {
 		return providers.ExecResult{}, err
 	}
@@ -271,7 +276,7 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 	var res providers.ExecResult
 	var buf []byte
 	for {
-		typ, p, err := readFrame(st, buf)
+		typ, p, err := agentwire.ReadFrame(st, buf)
 		if err != nil {
 			if ctx.Err() != nil {
 				return providers.ExecResult{}, ctx.Err()
@@ -284,24 +289,24 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 		}
 		buf = p[:0]
 		switch typ {
-		case frameStdout:
+		case agentwire.FrameStdout:
 			if len(res.Stdout)+len(p) > req.MaxOutput {
-				return providers.ExecResult{}, c.violate(&ProtocolError{fmt.Sprintf("exec stdout over its cap of %d bytes", req.MaxOutput)})
+				return providers.ExecResult{}, c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("exec stdout over its cap of %d bytes", req.MaxOutput)})
 			}
 			res.Stdout = append(res.Stdout, p...)
-		case frameStderr:
+		case agentwire.FrameStderr:
 			// The agent's out-of-memory note may follow a full stderr.
 			if len(res.Stderr)+len(p) > req.MaxOutput+noteSlack {
-				return providers.ExecResult{}, c.violate(&ProtocolError{fmt.Sprintf("exec stderr over its cap of %d bytes", req.MaxOutput)})
+				return providers.ExecResult{}, c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("exec stderr over its cap of %d bytes", req.MaxOutput)})
 			}
 			res.Stderr = append(res.Stderr, p...)
-		case frameResult:
-			var r execResult
+		case agentwire.FrameResult:
+			var r agentwire.ExecResult
 			if err := json.Unmarshal(p, &r); err != nil {
-				return providers.ExecResult{}, c.violate(&ProtocolError{fmt.Sprintf("an exec result that is not JSON (%v)", err)})
+				return providers.ExecResult{}, c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("an exec result that is not JSON (%v)", err)})
 			}
 			if r.Error != "" {
-				return providers.ExecResult{}, remoteError(r.Error, r.Kind)
+				return providers.ExecResult{}, agentwire.RemoteError(r.Error, r.Kind)
 			}
 			res.ExitCode, res.TimedOut, res.Truncated = r.ExitCode, r.TimedOut, r.Truncated || res.Truncated
 			res.Duration = time.Duration(r.DurationUS) * time.Microsecond
@@ -321,7 +326,7 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 			}
 			return res, nil
 		default:
-			return providers.ExecResult{}, c.violate(&ProtocolError{fmt.Sprintf("frame %q on an exec stream", typ)})
+			return providers.ExecResult{}, c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("frame %q on an exec stream", typ)})
 		}
 	}
 }
@@ -332,7 +337,7 @@ const noteSlack = 4 << 10
 
 // StatFile describes the file at path (a symlink is not followed).
 func (c *Client) StatFile(ctx context.Context, path string) (providers.FileInfo, error) {
-	rep, err := c.simple(ctx, request{Op: opStat, Path: path})
+	rep, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpStat, Path: path})
 	if err != nil {
 		return providers.FileInfo{}, err
 	}
@@ -344,7 +349,7 @@ func (c *Client) StatFile(ctx context.Context, path string) (providers.FileInfo,
 
 // ListDir describes the entries of the directory at path.
 func (c *Client) ListDir(ctx context.Context, path string) ([]providers.FileInfo, bool, error) {
-	rep, err := c.simple(ctx, request{Op: opReadDir, Path: path})
+	rep, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpReadDir, Path: path})
 	if err != nil {
 		return nil, false, err
 	}
@@ -357,13 +362,13 @@ func (c *Client) ListDir(ctx context.Context, path string) ([]providers.FileInfo
 // ReadFile opens the regular file at path for streaming and returns its
 // size. Closing the reader (or ctx ending) ends the stream.
 func (c *Client) ReadFile(ctx context.Context, path string) (io.ReadCloser, int64, error) {
-	rep, st, err := c.call(ctx, request{Op: opRead, Path: path})
+	rep, st, err := c.call(ctx, agentwire.Request{Op: agentwire.OpRead, Path: path})
 	if err != nil {
 		return nil, 0, err
 	}
 	if rep.Size < 0 {
 		st.Close()
-		return nil, 0, c.violate(&ProtocolError{fmt.Sprintf("file size %d", rep.Size)})
+		return nil, 0, c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("file size %d", rep.Size)})
 	}
 	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
 	return &fileReader{st: st, stop: stop, size: rep.Size, left: rep.Size, c: c}, rep.Size, nil
@@ -416,7 +421,7 @@ func (f *fileReader) end() error {
 	f.st.SetReadDeadline(time.Now().Add(endGrace))
 	var b [1]byte
 	if n, _ := f.st.Read(b[:]); n > 0 {
-		return f.c.violate(&ProtocolError{fmt.Sprintf("a file stream longer than the %d bytes announced", f.size)})
+		return f.c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("a file stream longer than the %d bytes announced", f.size)})
 	}
 	return io.EOF
 }
@@ -435,7 +440,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader) (int64
 	}
 	defer stop()
 	defer st.Close()
-	if err := writeMsg(st, request{Op: opWrite, Path: path}); err != nil {
+	if err := agentwire.WriteMsg(st, agentwire.Request{Op: agentwire.OpWrite, Path: path}); err != nil {
 		return 0, c.fail(err)
 	}
 	// The agent may refuse before it has read everything: send on a
@@ -448,8 +453,8 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader) (int64
 		}
 		sent <- err
 	}()
-	var rep reply
-	rerr := readMsg(st, &rep, maxReply)
+	var rep agentwire.Reply
+	rerr := agentwire.ReadMsg(st, &rep, agentwire.MaxReply)
 	st.SetWriteDeadline(time.Now())
 	serr := <-sent
 	switch {
@@ -460,39 +465,39 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader) (int64
 	case rerr != nil:
 		return 0, c.fail(fmt.Errorf("write %s: %w", path, rerr))
 	case rep.Error != "":
-		return 0, remoteError(rep.Error, rep.Kind)
+		return 0, agentwire.RemoteError(rep.Error, rep.Kind)
 	}
 	return rep.Size, nil
 }
 
 // StartSession starts terminal session id (deferred: at its first
 // attach, in that attach's mode), retaining ringBytes of output.
-func (c *Client) StartSession(ctx context.Context, id string, spec providers.ProcessSpec, deferred bool, ringBytes int) (SessionInfo, error) {
-	rep, err := c.simple(ctx, request{Op: opStart, Start: &startRequest{ID: id, Spec: spec, Deferred: deferred, RingBytes: ringBytes}})
+func (c *Client) StartSession(ctx context.Context, id string, spec providers.ProcessSpec, deferred bool, ringBytes int) (agentwire.SessionInfo, error) {
+	rep, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpStart, Start: &agentwire.StartRequest{ID: id, Spec: spec, Deferred: deferred, RingBytes: ringBytes}})
 	if err != nil {
-		return SessionInfo{}, err
+		return agentwire.SessionInfo{}, err
 	}
 	if rep.Session == nil {
-		return SessionInfo{}, c.violate(&ProtocolError{"a session.start reply without the session"})
+		return agentwire.SessionInfo{}, c.violate(&agentwire.ProtocolError{What: "a session.start reply without the session"})
 	}
 	return *rep.Session, nil
 }
 
 // Sessions lists the sessions the agent holds.
-func (c *Client) Sessions(ctx context.Context) ([]SessionInfo, error) {
-	rep, err := c.simple(ctx, request{Op: opList})
+func (c *Client) Sessions(ctx context.Context) ([]agentwire.SessionInfo, error) {
+	rep, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpList})
 	return rep.Sessions, err
 }
 
 // DeleteSession kills a session's process and forgets it.
 func (c *Client) DeleteSession(ctx context.Context, id string) error {
-	_, err := c.simple(ctx, request{Op: opDelete, Session: id})
+	_, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpDelete, Session: id})
 	return err
 }
 
 // Shutdown asks the agent to exit (tests).
 func (c *Client) Shutdown(ctx context.Context) error {
-	_, err := c.simple(ctx, request{Op: opShutdown})
+	_, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpShutdown})
 	return err
 }
 
@@ -502,8 +507,8 @@ func (c *Client) Shutdown(ctx context.Context) error {
 // ring is larger replays only its last maxReplay bytes); an agent that
 // announces a longer one breaks the protocol (ErrViolation).
 func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool, maxReplay int) (*Attachment, error) {
-	req := request{Op: opAttach, Session: id, Since: since, TTY: tty, MaxReplay: int64(maxReplay)}
-	var rep reply
+	req := agentwire.Request{Op: agentwire.OpAttach, Session: id, Since: since, TTY: tty, MaxReplay: int64(maxReplay)}
+	var rep agentwire.Reply
 	var st stream
 	var err error
 	if c.direct != nil {
@@ -516,7 +521,7 @@ func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool, 
 	}
 	if rep.Session == nil {
 		st.Close()
-		return nil, c.violate(&ProtocolError{"an attach reply without the session"})
+		return nil, c.violate(&agentwire.ProtocolError{What: "an attach reply without the session"})
 	}
 	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
 	p, err := readReplay(st, maxReplay)
@@ -543,17 +548,17 @@ func (c *Client) Attach(ctx context.Context, id string, since int64, tty *bool, 
 
 // readReplay reads an attach's replay frame, of at most limit bytes.
 func readReplay(r io.Reader, limit int) ([]byte, error) {
-	typ, n, err := readFrameHeader(r, math.MaxUint32)
+	typ, n, err := agentwire.ReadFrameHeader(r, math.MaxUint32)
 	if err != nil {
 		return nil, err
 	}
-	if typ != frameReplay {
-		return nil, protocolErrorf("frame %q before the replay", typ)
+	if typ != agentwire.FrameReplay {
+		return nil, agentwire.ProtocolErrorf("frame %q before the replay", typ)
 	}
 	if n > limit {
-		return nil, protocolErrorf("replay length %d over %d", n, limit)
+		return nil, agentwire.ProtocolErrorf("replay length %d over %d", n, limit)
 	}
-	return readPayload(r, nil, n)
+	return agentwire.ReadPayload(r, nil, n)
 }
 
 // shrinkAfter is how long an attachment waits for output before its
@@ -562,9 +567,9 @@ var shrinkAfter = time.Second
 
 // Attachment is one subscription to a session: the replay, then Next.
 type Attachment struct {
-	Info   SessionInfo // at the attach
-	From   int64       // the offset of Replay's first byte
-	Replay []byte      // up to a whole ring: drop it once used
+	Info   agentwire.SessionInfo // at the attach
+	From   int64                 // the offset of Replay's first byte
+	Replay []byte                // up to a whole ring: drop it once used
 
 	st   stream
 	r    *bufio.Reader // st
@@ -576,7 +581,7 @@ type Attachment struct {
 
 // framePool recycles attachments' payload buffers, so that one waiting
 // for output holds none. Its buffers hold a whole coalesced terminal frame.
-var framePool = sync.Pool{New: func() any { b := make([]byte, coalesceTTY); return &b }}
+var framePool = sync.Pool{New: func() any { b := make([]byte, agentwire.CoalesceTTY); return &b }}
 
 // Event is what Next returns: output on a channel (wire.ChanOutput or
 // wire.ChanStderr), or the exit.
@@ -595,7 +600,7 @@ type Event struct {
 // error) the attachment is over.
 func (a *Attachment) Next() (Event, error) {
 	if a.buf != nil {
-		if cap(*a.buf) == coalesceTTY {
+		if cap(*a.buf) == agentwire.CoalesceTTY {
 			framePool.Put(a.buf)
 		}
 		a.buf = nil
@@ -603,44 +608,44 @@ func (a *Attachment) Next() (Event, error) {
 	if a.idle != nil {
 		a.idle.Reset(shrinkAfter)
 	}
-	typ, n, err := readFrameHeader(a.r, maxFrame)
+	typ, n, err := agentwire.ReadFrameHeader(a.r, agentwire.MaxFrame)
 	if err != nil {
 		return Event{}, a.c.fail(err)
 	}
 	var p []byte
-	if n <= coalesceTTY {
+	if n <= agentwire.CoalesceTTY {
 		a.buf = framePool.Get().(*[]byte)
 		p = (*a.buf)[:n]
 		_, err = io.ReadFull(a.r, p)
 	} else {
 		// Larger than any frame the agent coalesces: grown as it arrives.
-		p, err = readPayload(a.r, nil, n)
+		p, err = agentwire.ReadPayload(a.r, nil, n)
 		a.buf = &p
 	}
 	if err != nil {
 		return Event{}, a.c.fail(err)
 	}
 	switch typ {
-	case frameStdout:
+	case agentwire.FrameStdout:
 		return Event{Chan: 0x01, Data: p}, nil
-	case frameStderr:
+	case agentwire.FrameStderr:
 		return Event{Chan: 0x02, Data: p}, nil
-	case frameSlow:
+	case agentwire.FrameSlow:
 		return Event{Slow: true}, nil
-	case frameExit:
-		var x exitInfo
+	case agentwire.FrameExit:
+		var x agentwire.ExitInfo
 		if err := json.Unmarshal(p, &x); err != nil {
-			return Event{}, a.c.violate(&ProtocolError{fmt.Sprintf("an exit frame that is not JSON (%v)", err)})
+			return Event{}, a.c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("an exit frame that is not JSON (%v)", err)})
 		}
 		return Event{Exited: true, Code: x.Code, Lost: x.Lost}, nil
 	}
-	return Event{}, a.c.violate(&ProtocolError{fmt.Sprintf("frame %q on an attachment", typ)})
+	return Event{}, a.c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("frame %q on an attachment", typ)})
 }
 
 func (a *Attachment) send(typ byte, p []byte) error {
 	a.wmu.Lock()
 	defer a.wmu.Unlock()
-	if err := writeFrame(a.st, typ, p); err != nil {
+	if err := agentwire.WriteFrame(a.st, typ, p); err != nil {
 		return a.c.fail(err)
 	}
 	return nil
@@ -649,8 +654,8 @@ func (a *Attachment) send(typ byte, p []byte) error {
 // Input writes to the process's terminal or stdin.
 func (a *Attachment) Input(p []byte) error {
 	for len(p) > 0 {
-		n := min(len(p), maxFrame)
-		if err := a.send(frameStdin, p[:n]); err != nil {
+		n := min(len(p), agentwire.MaxFrame)
+		if err := a.send(agentwire.FrameStdin, p[:n]); err != nil {
 			return err
 		}
 		p = p[n:]
@@ -659,19 +664,19 @@ func (a *Attachment) Input(p []byte) error {
 }
 
 // CloseStdin sends EOF (pipe mode).
-func (a *Attachment) CloseStdin() error { return a.send(frameEOF, nil) }
+func (a *Attachment) CloseStdin() error { return a.send(agentwire.FrameEOF, nil) }
 
 // Resize sets the terminal's size.
 func (a *Attachment) Resize(rows, cols uint16) error {
 	var b [4]byte
 	binary.BigEndian.PutUint16(b[:], rows)
 	binary.BigEndian.PutUint16(b[2:], cols)
-	return a.send(frameResize, b[:])
+	return a.send(agentwire.FrameResize, b[:])
 }
 
 // Signal delivers sig to the foreground group (TTY) or the process group.
 func (a *Attachment) Signal(sig syscall.Signal) error {
-	return a.send(frameSignal, []byte{byte(sig)})
+	return a.send(agentwire.FrameSignal, []byte{byte(sig)})
 }
 
 // Close ends the subscription; the session goes on.

@@ -1,0 +1,229 @@
+package agentclient
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"go.uber.org/goleak"
+
+	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentwire"
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// pair serves a fresh agent server on one end of a pipe and dials the
+// other. The server is the test process's subreaper, as the agent is the
+// sandbox's.
+func pair(t testing.TB) (*agent.Server, *Client) {
+	t.Helper()
+	srv := agent.NewServer(true)
+	_, b, served := servePipe(srv)
+	c, err := Dial(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		<-served
+		srv.Close()
+	})
+	return srv, c
+}
+
+// servePipe serves srv on one end of a pipe (a) and returns the other
+// (b); served closes when Serve returns.
+func servePipe(srv *agent.Server) (a, b net.Conn, served <-chan struct{}) {
+	a, b = net.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(a, nil)
+	}()
+	return a, b, done
+}
+
+func TestVersionMismatch(t *testing.T) {
+	srv := agent.NewServer(false)
+	defer srv.Close()
+	_, b, served := servePipe(srv)
+	_, err := dial(context.Background(), b, "99") // a gateway of another protocol version
+	<-served
+	if err == nil || !strings.Contains(err.Error(), "99") || !strings.Contains(err.Error(), "speaks "+agentwire.Version) {
+		t.Fatalf("mismatch: %v", err)
+	}
+}
+
+func TestConnectionGone(t *testing.T) {
+	srv := agent.NewServer(false)
+	defer srv.Close()
+	a, b, served := servePipe(srv)
+	c, err := Dial(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	<-served
+	<-c.Done()
+	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "true", Timeout: time.Second}); !errors.Is(err, ErrGone) {
+		t.Fatalf("exec on a dead connection: %v", err)
+	}
+}
+
+// TestHostileAgent: the gateway reads its agent as code it does not
+// trust (the sandbox can replace it): an agent that never answers is
+// given up on, and an oversize reply is a violation, not an allocation
+// (liar_test.go has the other lies).
+func TestHostileAgent(t *testing.T) {
+	a, b := net.Pipe()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		ys, err := yamux.Server(a, agentwire.MuxConfig())
+		if err != nil {
+			return
+		}
+		defer ys.Close()
+		for {
+			st, err := ys.AcceptStream()
+			if err != nil {
+				return
+			}
+			var req agentwire.Request
+			agentwire.ReadMsg(st, &req, agentwire.MaxRequest)
+			switch req.Op {
+			case agentwire.OpHello:
+				agentwire.WriteMsg(st, agentwire.Reply{Version: agentwire.Version})
+			case agentwire.OpExec:
+				agentwire.WriteMsg(st, agentwire.Reply{})
+				if req.Exec.Command == "mute" {
+					// Never answers: the gateway gives up, closing the
+					// stream (which cancels the command).
+					io.Copy(io.Discard, st)
+					break
+				}
+				chunk := bytes.Repeat([]byte("x"), 64<<10)
+				for range 80 {
+					agentwire.WriteFrame(st, agentwire.FrameStdout, chunk) // 5 MiB, far over the cap
+				}
+				agentwire.WriteFrame(st, agentwire.FrameResult, []byte(`{"exit_code":0}`))
+			case agentwire.OpList:
+				// A 2 MiB reply.
+				agentwire.WriteMsg(st, agentwire.Reply{Error: strings.Repeat("e", 2<<20)})
+			}
+			st.Close()
+		}
+	}()
+	c, err := Dial(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(g time.Duration) { answerGrace = g }(answerGrace)
+	answerGrace = 100 * time.Millisecond
+	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "mute", Timeout: 100 * time.Millisecond}); !errors.Is(err, providers.ErrUnavailable) || !strings.Contains(err.Error(), "no result") {
+		t.Fatalf("an agent that never answers: %v", err)
+	}
+	// The connection is still good.
+	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "x", Timeout: time.Second, MaxOutput: 5 << 20}); err != nil {
+		t.Fatalf("exec after a mute one: %v", err)
+	}
+	if _, err := c.Sessions(context.Background()); !errors.Is(err, ErrViolation) || !strings.Contains(err.Error(), "over 1048576") {
+		t.Fatalf("oversize reply: %v", err)
+	}
+	c.Close()
+	<-served
+}
+
+// An attachment that waits for output holds little, even after a burst:
+// a gateway keeps one per attached terminal, and 1,000 idle ones must fit
+// in well under 100 MiB (SPEC §11). A 64 KiB read buffer each once made
+// them 70 MiB; each kept its largest frame (up to 128 KiB) and its yamux
+// stream the buffer of its largest burst (up to its 1 MiB window).
+func TestIdleAttachmentsAreSmall(t *testing.T) {
+	defer func(d time.Duration) { shrinkAfter = d }(shrinkAfter)
+	shrinkAfter = time.Millisecond
+	_, c := pair(t)
+	ctx := context.Background()
+	const burst = 300_000
+	cmd := fmt.Sprintf("read go; head -c %d /dev/zero | tr '\\0' x; exec sleep 3600", burst)
+	if _, err := c.StartSession(ctx, "idle", providers.ProcessSpec{Command: cmd}, false, 0); err != nil {
+		t.Fatal(err)
+	}
+	heap := func() int64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return int64(ms.HeapAlloc)
+	}
+	var wg sync.WaitGroup
+	var atts []*Attachment
+	defer func() {
+		for _, a := range atts {
+			a.Close()
+		}
+		wg.Wait()
+	}()
+	// attach adds an attachment that reads the burst (live for the first,
+	// as its replay for the others) and then waits, as the gateway's
+	// feeder does, until closed.
+	attach := func() *Attachment {
+		a, err := c.Attach(ctx, "idle", 0, nil, agentwire.DefaultRing)
+		if err != nil {
+			t.Fatal(err)
+		}
+		atts = append(atts, a)
+		got := len(a.Replay)
+		a.Replay = nil // as its users do
+		if len(atts) == 1 {
+			a.Input([]byte("go\n"))
+		}
+		for got < burst {
+			ev, err := a.Next()
+			if err != nil || ev.Exited {
+				t.Fatalf("attachment %d after %d bytes: %+v %v", len(atts), got, ev, err)
+			}
+			got += len(ev.Data)
+		}
+		wg.Go(func() { a.Next() })
+		return a
+	}
+	// The first pays for what is paid once (the session's ring, the
+	// connection's buffers).
+	live := attach()
+	h0 := heap()
+	const n = 50
+	for range n {
+		attach()
+	}
+	var perAttachment int64
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if perAttachment = (heap() - h0) / n; perAttachment <= 32<<10 || time.Now().After(deadline) {
+			break // the streams let their buffers go shrinkAfter after their last read
+		}
+	}
+	t.Logf("%d bytes of heap per idle attachment (both ends)", perAttachment)
+	if perAttachment > 32<<10 {
+		t.Fatalf("an idle attachment holds %d bytes of heap (both ends of the agent protocol), want ≤ 32 KiB", perAttachment)
+	}
+	for _, a := range atts {
+		a.Close()
+	}
+	wg.Wait()
+	if live.buf != nil {
+		t.Fatalf("an attachment that waited holds its last payload's buffer (%d bytes)", cap(*live.buf))
+	}
+	if err := c.DeleteSession(ctx, "idle"); err != nil {
+		t.Fatal(err)
+	}
+}
