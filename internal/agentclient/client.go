@@ -687,3 +687,9 @@ func (a *Attachment) Close() error {
 	a.st.SetDeadline(time.Now())
 	return a.st.Close()
 }
+
+// Provider is implemented by providers whose sandboxes run the agent:
+// Agent returns the connection to sandbox id's.
+type Provider interface {
+	Agent(ctx context.Context, id string) (*Client, error)
+}

@@ -19,6 +19,12 @@ import (
 // when it broke; a sandbox whose agent is gone (or mismatched, or broke
 // the protocol: Client.Violation) is marked broken, with why, and its
 // calls answer ErrConflict.
+//
+// Connecting is per sandbox: concurrent calls for one sandbox share one
+// connect, and no lock is held across the backend's open or the dial, so
+// a sandbox whose exec hangs (at its pids limit) delays no other. A
+// connect runs until its deadline (ConnectTimeout) or until every caller
+// waiting for it has given up.
 type Links struct {
 	// Open opens a stream to sandbox id's agent bridge ("connect", with
 	// --start when start). stderr returns what the bridge said on its
@@ -28,11 +34,34 @@ type Links struct {
 	// an error (ErrNotFound, ErrConflict).
 	Running func(ctx context.Context, id string) error
 
-	mu     sync.Mutex
-	byID   map[string]*Client
-	broken map[string]string
-	dialMu sync.Mutex // serialises connecting: a connect is one backend exec, and rare
+	mu     sync.Mutex // guards byID, closed and every link's fields
+	byID   map[string]*link
+	closed bool
+	dials  sync.WaitGroup // the connects in flight; Close waits for them
 }
+
+// link is one sandbox's connection state.
+type link struct {
+	c      *Client  // the connection; nil before the first and after it ended
+	broken string   // why the sandbox's agent is gone; "" while it is not
+	dial   *dialing // the connect in flight, or nil
+}
+
+// dialing is one connect, shared by the callers waiting for it.
+type dialing struct {
+	done    chan struct{} // closed when c or err is set
+	c       *Client
+	err     error
+	cancel  context.CancelFunc
+	waiters int // callers still waiting; guarded by Links.mu
+}
+
+// ConnectTimeout bounds one connect: the backend's open of the bridge
+// and the protocol's hello.
+const ConnectTimeout = 50 * time.Second
+
+// dialTimeout bounds the hello on a stream the backend opened.
+const dialTimeout = 20 * time.Second
 
 // Get returns the connection to sandbox id's agent, connecting when there
 // is none or it broke. A sandbox whose agent is gone is ErrConflict with
@@ -47,109 +76,156 @@ func (l *Links) Start(ctx context.Context, id string) (*Client, error) {
 }
 
 func (l *Links) get(ctx context.Context, id string, start bool) (*Client, error) {
-	if c, err := l.cached(id); c != nil || err != nil {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, providers.Errorf(providers.ErrUnavailable, "the provider is closed")
+	}
+	if l.byID == nil {
+		l.byID = map[string]*link{}
+	}
+	e := l.byID[id]
+	if e == nil {
+		e = &link{}
+		l.byID[id] = e
+	}
+	if c, err := e.cached(id); c != nil || err != nil {
+		l.mu.Unlock()
 		return c, err
 	}
-	l.dialMu.Lock()
-	defer l.dialMu.Unlock()
-	if c, err := l.cached(id); c != nil || err != nil {
-		return c, err
+	d := e.dial
+	if d == nil {
+		// The connect outlives a caller that gives up while others wait:
+		// it runs on its own context, cancelled when the last leaves.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ConnectTimeout)
+		d = &dialing{done: make(chan struct{}), cancel: cancel}
+		e.dial = d
+		l.dials.Add(1)
+		go l.connect(dctx, e, d, id, start)
 	}
-	return l.connect(ctx, id, start)
+	d.waiters++
+	l.mu.Unlock()
+	select {
+	case <-d.done:
+		return d.c, d.err
+	case <-ctx.Done():
+		l.mu.Lock()
+		if d.waiters--; d.waiters == 0 {
+			d.cancel()
+		}
+		l.mu.Unlock()
+		return nil, ctx.Err()
+	}
 }
 
-func (l *Links) cached(id string) (*Client, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.noteViolation(id)
-	if why := l.broken[id]; why != "" {
-		return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is in error: %s", id, why)
+// cached is the live connection or the broken mark. Caller holds mu.
+func (e *link) cached(id string) (*Client, error) {
+	e.noteViolation()
+	if e.broken != "" {
+		return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is in error: %s", id, e.broken)
 	}
-	if c := l.byID[id]; c != nil {
+	if e.c != nil {
 		select {
-		case <-c.Done():
-			delete(l.byID, id)
+		case <-e.c.Done():
+			e.c = nil
 		default:
-			return c, nil
+			return e.c, nil
 		}
 	}
 	return nil, nil
 }
 
-// connect opens a connection to sandbox id's agent. Caller holds dialMu.
-func (l *Links) connect(ctx context.Context, id string, start bool) (*Client, error) {
+// connect makes d's connection to sandbox id's agent and installs it in
+// e, unless e was dropped meanwhile.
+func (l *Links) connect(ctx context.Context, e *link, d *dialing, id string, start bool) {
+	defer l.dials.Done()
+	defer d.cancel()
+	c, broken, err := l.dial(ctx, id, start)
+	l.mu.Lock()
+	e.dial = nil
+	current := l.byID[id] == e && !l.closed
+	if current {
+		if broken != "" {
+			e.broken = broken
+		} else if err == nil {
+			e.c = c
+		}
+	}
+	l.mu.Unlock()
+	if c != nil && !current {
+		c.Close()
+		c, err = nil, providers.Errorf(providers.ErrConflict, "sandbox %s is being deleted", id)
+	}
+	d.c, d.err = c, err
+	close(d.done)
+}
+
+// dial opens a connection to sandbox id's agent. A non-empty broken is
+// why the sandbox is broken (err says so too).
+func (l *Links) dial(ctx context.Context, id string, start bool) (c *Client, broken string, err error) {
 	conn, stderr, err := l.Open(ctx, id, start)
 	if err != nil {
 		if serr := l.settled(context.WithoutCancel(ctx), id); serr != nil {
-			return nil, serr // stopped or gone: that is the answer
+			return nil, "", serr // stopped or gone: that is the answer
 		}
-		return nil, err
+		return nil, "", err
 	}
-	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	c, err := Dial(dctx, conn)
+	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	c, err = Dial(dctx, conn)
 	cancel()
-	if err != nil {
-		conn.Close()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if serr := l.settled(context.WithoutCancel(ctx), id); serr != nil {
-			return nil, serr
-		}
-		why := strings.TrimSpace(stderr())
-		if why == "" {
-			why = err.Error()
-		}
-		// Only a mismatched agent, or a bridge that found no agent where one
-		// was started, means the sandbox is broken; anything else (a bridge
-		// that could not start under load) may pass.
-		if strings.Contains(why, "protocol") || (!start && strings.Contains(why, "no agent answers")) {
-			if !start {
-				why = "its agent is not running (killed or exited): " + why
-			}
-			l.mu.Lock()
-			if l.broken == nil {
-				l.broken = map[string]string{}
-			}
-			l.broken[id] = why
-			l.mu.Unlock()
-			return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is in error: %s", id, why)
-		}
-		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": cannot reach its agent: "+why)
+	if err == nil {
+		return c, "", nil
 	}
-	l.mu.Lock()
-	if l.byID == nil {
-		l.byID = map[string]*Client{}
+	conn.Close()
+	if ctx.Err() != nil {
+		return nil, "", ctx.Err()
 	}
-	l.byID[id] = c
-	l.mu.Unlock()
-	return c, nil
+	if serr := l.settled(context.WithoutCancel(ctx), id); serr != nil {
+		return nil, "", serr
+	}
+	why := strings.TrimSpace(stderr())
+	if why == "" {
+		why = err.Error()
+	}
+	// Only a mismatched agent, or a bridge that found no agent where one
+	// was started, means the sandbox is broken; anything else (a bridge
+	// that could not start under load) may pass.
+	if strings.Contains(why, "protocol") || (!start && strings.Contains(why, "no agent answers")) {
+		if !start {
+			why = "its agent is not running (killed or exited): " + why
+		}
+		return nil, why, providers.Errorf(providers.ErrConflict, "sandbox %s is in error: %s", id, why)
+	}
+	return nil, "", providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": cannot reach its agent: "+why)
 }
 
-// noteViolation marks sandbox id broken when its agent broke the protocol
-// (the connection is closed then: no reconnect can be trusted). Caller
-// holds mu.
-func (l *Links) noteViolation(id string) {
-	c := l.byID[id]
-	if c == nil {
+// noteViolation marks the sandbox broken when its agent broke the
+// protocol (the connection is closed then: no reconnect can be trusted).
+// Caller holds Links.mu.
+func (e *link) noteViolation() {
+	if e.c == nil {
 		return
 	}
-	if why := c.Violation(); why != "" {
-		delete(l.byID, id)
-		if l.broken == nil {
-			l.broken = map[string]string{}
-		}
-		l.broken[id] = why
+	if why := e.c.Violation(); why != "" {
+		e.c = nil
+		e.broken = why
 	}
 }
 
 // Drop closes and forgets sandbox id's connection and broken mark (its
-// sandbox is being deleted).
+// sandbox is being deleted); a connect in flight is cancelled and its
+// connection, if made, closed.
 func (l *Links) Drop(id string) {
 	l.mu.Lock()
-	c := l.byID[id]
+	e := l.byID[id]
 	delete(l.byID, id)
-	delete(l.broken, id)
+	var c *Client
+	if e != nil {
+		c = e.c
+		if e.dial != nil {
+			e.dial.cancel()
+		}
+	}
 	l.mu.Unlock()
 	if c != nil {
 		c.Close()
@@ -160,19 +236,33 @@ func (l *Links) Drop(id string) {
 func (l *Links) Broken(id string) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.noteViolation(id)
-	return l.broken[id]
+	e := l.byID[id]
+	if e == nil {
+		return ""
+	}
+	e.noteViolation()
+	return e.broken
 }
 
-// Close closes every connection.
+// Close closes every connection, cancels the connects in flight and
+// waits for them. Get answers ErrUnavailable afterwards.
 func (l *Links) Close() {
 	l.mu.Lock()
-	cs := l.byID
+	l.closed = true
+	all := l.byID
 	l.byID = nil
-	l.mu.Unlock()
-	for _, c := range cs {
-		c.Close()
+	for _, e := range all {
+		if e.dial != nil {
+			e.dial.cancel()
+		}
 	}
+	l.mu.Unlock()
+	for _, e := range all {
+		if e.c != nil {
+			e.c.Close()
+		}
+	}
+	l.dials.Wait()
 }
 
 // Gone maps an error of a call on sandbox id's connection: a connection
@@ -189,15 +279,7 @@ func (l *Links) Gone(ctx context.Context, id string, err error) error {
 	if serr := l.Running(ctx, id); serr != nil {
 		return serr
 	}
-	l.dialMu.Lock()
-	defer l.dialMu.Unlock()
-	if c, cerr := l.cached(id); c != nil || cerr != nil {
-		if cerr != nil {
-			return cerr
-		}
-		return providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": the connection to its agent broke; try again")
-	}
-	if _, cerr := l.connect(ctx, id, false); cerr != nil {
+	if _, cerr := l.get(ctx, id, false); cerr != nil {
 		return cerr
 	}
 	return providers.Wrap(providers.ErrUnavailable, err, "sandbox "+id+": the connection to its agent broke; try again")

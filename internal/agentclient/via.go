@@ -9,7 +9,7 @@ import (
 )
 
 // Via is the data plane of a provider whose sandboxes are reached through
-// Links: commands, files and processes go to the sandbox's agent, and a
+// Links: commands and files go to the sandbox's agent, and a
 // connection that broke is mapped by Links.Gone. A provider embeds it.
 type Via struct {
 	// Connect returns the connection to sandbox id's agent (the
@@ -104,18 +104,4 @@ func (v Via) ListDir(ctx context.Context, id, p string) ([]providers.FileInfo, b
 		return nil, false, v.Links.Gone(ctx, id, err)
 	}
 	return entries, truncated, nil
-}
-
-// StartProcess starts a terminal session's process through the sandbox's
-// agent (its output is retained there).
-func (v Via) StartProcess(ctx context.Context, id string, spec providers.ProcessSpec) (providers.Process, error) {
-	c, err := v.Connect(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	p, err := StartProcess(ctx, c, spec)
-	if err != nil {
-		return nil, v.Links.Gone(ctx, id, err)
-	}
-	return p, nil
 }

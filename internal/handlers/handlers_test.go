@@ -89,6 +89,7 @@ func newGatewayOpts(t *testing.T, ho Options, mods ...func(*sandbox.Options)) *g
 	t.Cleanup(func() {
 		g.srv.Close()
 		svc.Close()
+		g.p.Close() // its sandboxes' agents (terminal tests)
 	})
 	return g
 }

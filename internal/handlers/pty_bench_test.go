@@ -3,6 +3,7 @@ package handlers
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -19,6 +20,8 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandgate/sandgate/internal/agentclient"
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/local"
 	"github.com/sandgate/sandgate/internal/pty"
@@ -115,8 +118,8 @@ func (e *benchEnv) dial(ctx context.Context, sid string) *websocket.Conn {
 }
 
 // BenchmarkPTYOutput moves `head -c N MiB /dev/zero | base64` (N = b.N)
-// through a session's WebSocket on loopback, and through the same
-// provider process read directly from its PTY or pipes (the ceiling).
+// through a session's WebSocket on loopback, and through a session of the
+// sandbox's agent attached straight to it (the ceiling).
 // Metrics: ws-MB/s, direct-MB/s and their ratio.
 func BenchmarkPTYOutput(b *testing.B) {
 	for _, mode := range []string{"pty", "pipe"} {
@@ -188,43 +191,58 @@ func (e *benchEnv) viaWebSocket(cmd string, tty bool) (int64, time.Duration) {
 	}
 }
 
-// direct starts the same command on the provider and reads its PTY or
-// pipes to EOF.
+// direct starts the same command as a session of the sandbox's agent,
+// attached straight to it (no gateway, no WebSocket), and reads it to its
+// exit.
 func (e *benchEnv) direct(cmd string, tty bool) (int64, time.Duration) {
-	proc, err := e.p.StartProcess(context.Background(), e.id, providers.ProcessSpec{Command: cmd, TTY: tty})
+	a, end := e.directSession(context.Background(), cmd, tty)
+	defer end()
+	start := time.Now()
+	if err := a.Input([]byte("\n")); err != nil {
+		e.b.Fatal(err)
+	}
+	n := int64(len(a.Replay))
+	for {
+		ev, err := a.Next()
+		if err != nil {
+			e.b.Fatalf("direct: %v", err)
+		}
+		if ev.Exited {
+			if ev.Code != 0 || ev.Lost {
+				e.b.Fatalf("direct: exit %d (lost %v)", ev.Code, ev.Lost)
+			}
+			return n, time.Since(start)
+		}
+		n += int64(len(ev.Data))
+	}
+}
+
+// directSession starts cmd as a session of the sandbox's agent and
+// attaches to it; end deletes the session.
+func (e *benchEnv) directSession(ctx context.Context, cmd string, tty bool) (*agentclient.Attachment, func()) {
+	c, err := e.p.Agent(ctx, e.id)
 	if err != nil {
 		e.b.Fatal(err)
 	}
-	defer proc.Kill()
-	start := time.Now()
-	proc.Stdin().Write([]byte("\n"))
-	var n int64
-	var wg sync.WaitGroup
-	count := func(r io.Reader) {
-		defer wg.Done()
-		buf := make([]byte, 32<<10)
-		for {
-			k, err := r.Read(buf)
-			n += int64(k)
-			if err != nil {
-				return
-			}
-		}
+	sid := "direct-" + rand.Text()[:12]
+	if _, err := c.StartSession(ctx, sid, providers.ProcessSpec{Command: cmd, TTY: tty}, false, agentwire.DefaultRing); err != nil {
+		e.b.Fatal(err)
 	}
-	wg.Add(1)
-	go count(proc.Stdout()) // stderr is empty
-	code, err := proc.Wait()
-	if err != nil || code != 0 {
-		e.b.Fatalf("direct: exit %d, %v", code, err)
+	a, err := c.Attach(ctx, sid, 0, nil, agentwire.DefaultRing)
+	if err != nil {
+		c.DeleteSession(ctx, sid)
+		e.b.Fatal(err)
 	}
-	wg.Wait()
-	return n, time.Since(start)
+	return a, func() {
+		c.DeleteSession(context.WithoutCancel(ctx), sid)
+		a.Close()
+	}
 }
 
 // BenchmarkPTYKeystrokeEcho times one byte typed into a raw-mode cat and
 // echoed back, through the WebSocket (the session held by the sandbox's
-// init), alternating with the same echo through a PTY the gateway holds
-// itself (the provider's process, read directly: the floor). p50 and p99.
+// init), alternating with the same echo through a session attached
+// straight to the sandbox's agent (no gateway: the floor). p50 and p99.
 func BenchmarkPTYKeystrokeEcho(b *testing.B) {
 	e := newBenchEnv(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -246,18 +264,14 @@ func BenchmarkPTYKeystrokeEcho(b *testing.B) {
 			}
 		}
 	}
-	proc, err := e.p.StartProcess(ctx, e.id, providers.ProcessSpec{Command: cat, TTY: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer proc.Kill()
-	buf := make([]byte, 4096)
-	for seen := ""; !strings.Contains(seen, "READY"); {
-		n, err := proc.Stdout().Read(buf)
-		if err != nil {
-			b.Fatal(err)
+	direct, end := e.directSession(ctx, cat, true)
+	defer end()
+	for seen := string(direct.Replay); !strings.Contains(seen, "READY"); {
+		ev, err := direct.Next()
+		if err != nil || ev.Exited {
+			b.Fatalf("direct: %v (exited %v)", err, ev.Exited)
 		}
-		seen += string(buf[:n])
+		seen += string(ev.Data)
 	}
 	lat := make([]time.Duration, 0, b.N)
 	floor := make([]time.Duration, 0, b.N)
@@ -277,9 +291,11 @@ func BenchmarkPTYKeystrokeEcho(b *testing.B) {
 		}
 		lat = append(lat, time.Since(start))
 		start = time.Now()
-		proc.Stdin().Write(key[1:])
-		if _, err := proc.Stdout().Read(buf); err != nil {
+		if err := direct.Input(key[1:]); err != nil {
 			b.Fatal(err)
+		}
+		if ev, err := direct.Next(); err != nil || ev.Exited {
+			b.Fatalf("direct: %v (exited %v)", err, ev.Exited)
 		}
 		floor = append(floor, time.Since(start))
 	}

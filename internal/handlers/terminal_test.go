@@ -15,10 +15,10 @@ import (
 	"github.com/sandgate/sandgate/internal/wire"
 )
 
-// The terminal routes over the fake provider, whose processes echo their
-// input: what the handlers and the manager decide (limits, frames, close
-// codes) without a real process. Every provider runs the full terminal
-// suite on real processes (providertest/terminaltest).
+// The terminal routes over the fake provider, whose sessions run in an
+// agent in this process: what the handlers and the manager decide
+// (limits, frames, close codes) without a sandbox. Every provider runs the
+// full terminal suite (providertest/terminaltest).
 
 // newTerminalGateway is newGateway with a terminal manager of options o.
 func newTerminalGateway(t *testing.T, o pty.Options) *gw {

@@ -2,10 +2,7 @@ package sandbox
 
 import (
 	"context"
-	"net"
-	"sync"
 
-	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
@@ -40,10 +37,9 @@ func (s *Service) ProcessSpec(ctx context.Context, c Caller, id string, spec pro
 }
 
 // SessionHost authorises c to operate sandbox id, which must be running,
-// and returns where its terminal sessions live: the sandbox's agent when
-// the provider runs one (the sessions then outlive the gateway), else a
-// host this service runs for the sandbox in its own process over the
-// provider's processes (they end with the service).
+// and returns the connection to the sandbox's agent, where its terminal
+// sessions live (they outlive the gateway). ErrUnsupported when the
+// provider runs no agent.
 func (s *Service) SessionHost(ctx context.Context, c Caller, id string) (*agentclient.Client, error) {
 	a, err := s.authorize(ctx, c, id, ScopeOperate)
 	if err != nil {
@@ -54,90 +50,11 @@ func (s *Service) SessionHost(ctx context.Context, c Caller, id string) (*agentc
 		return nil, err
 	}
 	defer end()
-	if ap, ok := s.p.(agentclient.Provider); ok {
-		return ap.Agent(ctx, id)
-	}
-	ps, ok := s.p.(providers.ProcessStarter)
+	ap, ok := s.p.(agentclient.Provider)
 	if !ok {
 		return nil, providers.Errorf(providers.ErrUnsupported, "terminal sessions are not supported by provider %s", s.p.Name())
 	}
-	return s.hosts.get(id, func(ctx context.Context, spec providers.ProcessSpec) (providers.Process, error) {
-		return ps.StartProcess(ctx, id, spec)
-	})
-}
-
-// hosts are the in-process session hosts, by sandbox.
-type hosts struct {
-	mu     sync.Mutex
-	byID   map[string]*host
-	closed bool
-}
-
-// host is an agent.Server in the gateway's process, reached like a
-// sandbox's agent: over a connection (an in-memory pipe).
-type host struct {
-	c      *agentclient.Client
-	srv    *agent.Server
-	served chan struct{}
-}
-
-func (h *hosts) get(id string, start agent.Starter) (*agentclient.Client, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return nil, providers.Errorf(providers.ErrUnavailable, "the gateway is shutting down")
-	}
-	if x := h.byID[id]; x != nil {
-		return x.c, nil
-	}
-	srv := agent.NewHost(start)
-	a, b := net.Pipe()
-	x := &host{srv: srv, served: make(chan struct{})}
-	go func() {
-		defer close(x.served)
-		srv.Serve(a, nil)
-	}()
-	c, err := agentclient.Dial(context.Background(), b)
-	if err != nil {
-		a.Close()
-		<-x.served
-		return nil, err
-	}
-	x.c = c
-	if h.byID == nil {
-		h.byID = map[string]*host{}
-	}
-	h.byID[id] = x
-	return c, nil
-}
-
-// drop ends sandbox id's host and its sessions' processes.
-func (h *hosts) drop(id string) {
-	h.mu.Lock()
-	x := h.byID[id]
-	delete(h.byID, id)
-	h.mu.Unlock()
-	if x != nil {
-		x.end()
-	}
-}
-
-func (x *host) end() {
-	x.c.Close()
-	<-x.served
-	x.srv.Close()
-}
-
-// close ends every host.
-func (h *hosts) close() {
-	h.mu.Lock()
-	h.closed = true
-	all := h.byID
-	h.byID = nil
-	h.mu.Unlock()
-	for _, x := range all {
-		x.end()
-	}
+	return ap.Agent(ctx, id)
 }
 
 // OnRemove registers f to be called with the id of every sandbox the

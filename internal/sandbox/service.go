@@ -140,7 +140,6 @@ type Service struct {
 	poolWG     sync.WaitGroup
 
 	onRemove []func(id string) // see OnRemove
-	hosts    hosts             // in-process terminal session hosts (see SessionHost)
 
 	stop      chan struct{}
 	reaperWG  sync.WaitGroup
@@ -244,7 +243,6 @@ func (s *Service) Close() error {
 		s.stopPools()
 		close(s.stop)
 		s.reaperWG.Wait()
-		s.hosts.close()
 		s.closeErr = s.st.Close()
 	})
 	return s.closeErr

@@ -105,7 +105,6 @@ func (s *Service) unregister(b *box) bool {
 	if slot != nil {
 		s.slots.release(*slot)
 	}
-	s.hosts.drop(id)
 	for _, f := range hooks {
 		f(id)
 	}

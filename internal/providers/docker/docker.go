@@ -145,11 +145,10 @@ type Docker struct {
 }
 
 var (
-	_ providers.Provider       = (*Docker)(nil)
-	_ providers.Pauser         = (*Docker)(nil)
-	_ providers.Endpointer     = (*Docker)(nil)
-	_ providers.ProcessStarter = (*Docker)(nil)
-	_ providers.FileLister     = (*Docker)(nil)
+	_ providers.Provider   = (*Docker)(nil)
+	_ providers.Pauser     = (*Docker)(nil)
+	_ providers.Endpointer = (*Docker)(nil)
+	_ providers.FileLister = (*Docker)(nil)
 )
 
 // New returns a provider for the daemon at opts.Host. It does not contact

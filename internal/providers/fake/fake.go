@@ -1,8 +1,8 @@
 // Package fake is an in-memory provider for tests of the layers above the
 // providers: it keeps files in maps and answers exec with a function the
-// test chooses; its terminal processes echo their input (process.go). It
-// runs no real process; the point of it is to be fast and fully
-// controllable (failures, states, timing).
+// test chooses; the point of it is to be fast and fully controllable
+// (failures, states, timing). Its terminal sessions alone are real: each
+// sandbox gets an agent in the test's process (agent.go).
 package fake
 
 import (
@@ -40,9 +40,11 @@ type Provider struct {
 }
 
 type sandbox struct {
-	state providers.State
-	files map[string][]byte
-	dirs  map[string]bool
+	state   providers.State
+	workdir string
+	files   map[string][]byte
+	dirs    map[string]bool
+	agent   *host // see Agent; nil until first used
 }
 
 var (
@@ -70,7 +72,7 @@ func (p *Provider) Create(ctx context.Context, spec providers.CreateSpec) (provi
 	for k := range spec.Options {
 		return providers.Sandbox{}, providers.Errorf(providers.ErrInvalid, "provider_options: unknown key %q", k)
 	}
-	sb := &sandbox{state: providers.StateRunning, files: map[string][]byte{}, dirs: map[string]bool{spec.Workdir: true}}
+	sb := &sandbox{state: providers.StateRunning, workdir: spec.Workdir, files: map[string][]byte{}, dirs: map[string]bool{spec.Workdir: true}}
 	if spec.Snapshot != "" {
 		sn := p.snaps[spec.Snapshot]
 		if sn == nil {
@@ -203,20 +205,35 @@ func (p *Provider) Status(ctx context.Context, id string) (providers.State, erro
 	return b.state, nil
 }
 
-// Stop makes sandbox id stop as if its process died.
+// Stop makes sandbox id stop as if its process died (its agent too).
 func (p *Provider) Stop(id string) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	var h *host
 	if b := p.boxes[id]; b != nil {
 		b.state = providers.StateStopped
+		h = b.dropAgent()
 	}
+	p.mu.Unlock()
+	endAgents(h)
 }
 
 // Vanish forgets sandbox id as if the backend lost it.
 func (p *Provider) Vanish(id string) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	h := p.drop(id)
+	p.mu.Unlock()
+	endAgents(h)
+}
+
+// drop forgets sandbox id and returns its agent for endAgents. Caller
+// holds p.mu.
+func (p *Provider) drop(id string) *host {
+	b := p.boxes[id]
+	if b == nil {
+		return nil
+	}
 	delete(p.boxes, id)
+	return b.dropAgent()
 }
 
 // Adopt makes the fake hold a sandbox it did not create (an orphan).
@@ -235,11 +252,13 @@ func (p *Provider) Has(id string) bool {
 
 func (p *Provider) Delete(ctx context.Context, id string) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.boxes[id] == nil {
+		p.mu.Unlock()
 		return providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
 	}
-	delete(p.boxes, id)
+	h := p.drop(id)
+	p.mu.Unlock()
+	endAgents(h)
 	return nil
 }
 
@@ -259,7 +278,19 @@ func (p *Provider) Ping(ctx context.Context) error {
 	return p.PingErr
 }
 
-func (p *Provider) Close() error { return nil }
+// Close ends every sandbox's agent (their sessions' processes are
+// killed); the sandboxes stay. A test that used terminal sessions must
+// call it.
+func (p *Provider) Close() error {
+	p.mu.Lock()
+	var hs []*host
+	for _, b := range p.boxes {
+		hs = append(hs, b.dropAgent())
+	}
+	p.mu.Unlock()
+	endAgents(hs...)
+	return nil
+}
 
 func (p *Provider) Pause(ctx context.Context, id string) error {
 	return p.setState(id, providers.StateRunning, providers.StatePaused)

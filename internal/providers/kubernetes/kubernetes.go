@@ -120,12 +120,11 @@ type Kubernetes struct {
 }
 
 var (
-	_ providers.Provider       = (*Kubernetes)(nil)
-	_ providers.StateReasoner  = (*Kubernetes)(nil)
-	_ providers.ProcessStarter = (*Kubernetes)(nil)
-	_ providers.FileLister     = (*Kubernetes)(nil)
-	_ providers.Sweeper        = (*Kubernetes)(nil)
-	_ agentclient.Provider     = (*Kubernetes)(nil)
+	_ providers.Provider      = (*Kubernetes)(nil)
+	_ providers.StateReasoner = (*Kubernetes)(nil)
+	_ providers.FileLister    = (*Kubernetes)(nil)
+	_ providers.Sweeper       = (*Kubernetes)(nil)
+	_ agentclient.Provider    = (*Kubernetes)(nil)
 )
 
 // New connects to the cluster (it does not call it yet: Ping does).

@@ -77,10 +77,6 @@ func Run(t *testing.T, p providers.Provider, base providers.CreateSpec) {
 	t.Run("Status", func(t *testing.T) { s.testStatus(t, a) })
 	t.Run("List", func(t *testing.T) { s.testList(t, a, b) })
 	t.Run("CreateErrors", func(t *testing.T) { s.testCreateErrors(t, a) })
-	if ps, ok := p.(providers.ProcessStarter); ok {
-		t.Run("Processes", func(t *testing.T) { s.testProcesses(t, ps, a) })
-		t.Run("ProcessSandboxRemoved", func(t *testing.T) { s.testProcessSandboxRemoved(t, ps) })
-	}
 	if _, ok := p.(providers.Pauser); ok {
 		t.Run("PauseResume", func(t *testing.T) { s.testPause(t, b) })
 	}
