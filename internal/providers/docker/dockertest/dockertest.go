@@ -28,8 +28,8 @@ import (
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
 
-	"github.com/sandgate/sandgate/internal/agent/agenttest"
 	"github.com/sandgate/sandgate/internal/providers/docker/hostfw"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // ImageRef is the test image: FROM scratch with Debian's static busybox
@@ -60,12 +60,7 @@ var (
 func Require(t testing.TB) {
 	t.Helper()
 	setupOnce.Do(func() { setupErr = setup() })
-	if setupErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("docker daemon required in CI (run scripts/ci-docker.sh): %v", setupErr)
-		}
-		t.Skipf("no docker daemon (scripts/ci-docker.sh starts one): %v", setupErr)
-	}
+	testkit.Need(t, "a docker daemon (scripts/ci-docker.sh starts one)", setupErr)
 }
 
 // Image is Require, then ImageRef.
@@ -199,6 +194,6 @@ func EnsureImage(ctx context.Context, cli *client.Client) error {
 	return nil
 }
 
-// AgentBinary is agenttest.Binary: the static sandgate-agent, built once
+// AgentBinary is testkit.Agent: the static sandgate-agent, built once
 // per test process.
-func AgentBinary(t testing.TB) string { return agenttest.Binary(t) }
+func AgentBinary(t testing.TB) string { return testkit.Agent(t) }
