@@ -18,7 +18,7 @@ type Proxy struct {
 	network, addr, target string
 
 	mu    sync.Mutex
-	ln    net.Listener // nil while cut
+	ln    net.Listener      // nil while cut
 	conns map[net.Conn]bool // open connections; true for the dialling side's
 	wg    sync.WaitGroup    // accept loops and pumps
 }
