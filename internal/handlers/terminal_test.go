@@ -18,7 +18,7 @@ import (
 // The terminal routes over the fake provider, whose processes echo their
 // input: what the handlers and the manager decide (limits, frames, close
 // codes) without a real process. Every provider runs the full terminal
-// suite on real processes (providertest/terminaltest).
+// suite on real processes (testkit/terminals).
 
 // newTerminalGateway is newGateway with a terminal manager of options o.
 func newTerminalGateway(t *testing.T, o pty.Options) *gw {
