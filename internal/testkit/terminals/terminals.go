@@ -589,9 +589,14 @@ func testPTYSlowClientDropped(t *testing.T, ts *suite) {
 	// About 4 MB/s in bursts of 100 KB: a reading client keeps up, even
 	// under the race detector; one that does not read fills its TCP
 	// buffers and then its queue within seconds.
-	e := ts.env(t, pty.Options{QueueBytes: 1 << 20})
+	// The writer stays blocked on the slow client's full socket until it
+	// reads at the end: a write timeout that ran out first would cut the
+	// connection without its 1008 on a loaded machine.
+	e := ts.env(t, pty.Options{QueueBytes: 1 << 20, WriteTimeout: 2 * time.Minute})
 	sid := e.session(map[string]any{"command": "while :; do seq 1 20000; sleep 0.02; done", "pty": false})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// One bound for the slow client's whole life (dial, drop, final
+	// read), wide enough to only catch a hang.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	slow, _, err := websocket.Dial(ctx, e.wsURL(sid, ""), &websocket.DialOptions{HTTPHeader: http.Header{"X-Sandbox-Lease": {e.token}}})
 	if err != nil {
