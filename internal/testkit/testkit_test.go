@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os/exec"
 	"runtime"
 	"strings"
 	"testing"
@@ -174,5 +175,26 @@ func TestProxy(t *testing.T) {
 				t.Fatalf("after Restore: %q %v", got, err)
 			}
 		})
+	}
+}
+
+// Build builds once per key and applies ldflags; binaries of one name
+// and flags share a directory.
+func TestBuild(t *testing.T) {
+	const pkg = "internal/testkit/testdata/hello"
+	bin := Binary(t, pkg, "hello", "-X main.greeting=hi")
+	out, err := exec.Command(bin).Output()
+	if err != nil || string(out) != "hi\n" {
+		t.Fatalf("%s: %q %v", bin, out, err)
+	}
+	if again := Binary(t, Module+"/"+pkg, "hello", "-X main.greeting=hi"); again != bin {
+		t.Fatalf("built again at %s (first %s)", again, bin)
+	}
+	plain := Binary(t, pkg, "hello", "")
+	if plain == bin {
+		t.Fatal("other ldflags, same binary")
+	}
+	if out, err := exec.Command(plain).Output(); err != nil || string(out) != "hello\n" {
+		t.Fatalf("%s: %q %v", plain, out, err)
 	}
 }
