@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // gatewayBin is the gateway (and sandgate-agent beside it) built once for
@@ -17,47 +19,24 @@ import (
 var gatewayBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sandgate-bench-bin-")
-	if err != nil {
-		panic(err)
+	var err error
+	if gatewayBin, err = testkit.BuildGateway(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	gatewayBin = filepath.Join(dir, "gateway")
-	for out, pkg := range map[string]string{gatewayBin: "../cmd/gateway", filepath.Join(dir, "sandgate-agent"): "../cmd/sandgate-agent"} {
-		build := exec.Command("go", "build", "-o", out, pkg)
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if b, err := build.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, b)
-			os.Exit(1)
-		}
-	}
-	// goleak exits through Cleanup, which removes the binaries first.
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		os.RemoveAll(dir)
-		os.Exit(code)
-	}))
-}
-
-// requireRoot: the local provider needs root; in CI its absence fails.
-func requireRoot(t *testing.T) {
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("the harness runs the local provider, which needs root")
-	}
-	t.Skip("the local provider needs root")
+	goleak.VerifyTestMain(m)
 }
 
 // TestHarnessQuick runs every scenario once with small sizes on the local
 // provider (and docker where a daemon is, always in CI): the harness
 // works end to end and writes its table, JSON and chart.
 func TestHarnessQuick(t *testing.T) {
-	requireRoot(t)
+	testkit.RequireRoot(t)
 	providers := "local"
-	if exec.Command("docker", "info").Run() == nil {
+	if err := exec.Command("docker", "info").Run(); err == nil {
 		providers += ",docker"
-	} else if os.Getenv("CI") == "true" {
-		t.Fatal("no docker daemon (CI starts one)")
+	} else if testkit.CI() {
+		t.Fatalf("no docker daemon (CI starts one): %v", err)
 	}
 	out := t.TempDir()
 	o, err := parseFlags([]string{"-quick", "-gateway", gatewayBin, "-providers", providers, "-out", out})
@@ -104,7 +83,7 @@ func TestHarnessQuick(t *testing.T) {
 // mixed traffic with connections cut under attached sessions and
 // takeovers, no unexpected error, no byte lost, flat memory.
 func TestSoakShort(t *testing.T) {
-	requireRoot(t)
+	testkit.RequireRoot(t)
 	d := time.Minute
 	if s := os.Getenv("SANDGATE_SOAK_TIME"); s != "" {
 		var err error

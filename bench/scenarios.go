@@ -19,7 +19,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/api"
 	"github.com/sandgate/sandgate/internal/client"
-	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest/testimage"
 )
 
 // bench holds what the scenarios share: the gateway under test, the
@@ -700,5 +700,5 @@ func benchImage(ctx context.Context) (string, error) {
 		return "", err
 	}
 	defer cli.Close()
-	return dockertest.ImageRef, dockertest.EnsureImage(ctx, cli)
+	return testimage.Ref, testimage.Ensure(ctx, cli)
 }

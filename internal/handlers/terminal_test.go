@@ -18,7 +18,7 @@ import (
 // The terminal routes over the fake provider, whose sessions run in an
 // agent in this process: what the handlers and the manager decide
 // (limits, frames, close codes) without a sandbox. Every provider runs the
-// full terminal suite (providertest/terminaltest).
+// full terminal suite (testkit/terminals).
 
 // newTerminalGateway is newGateway with a terminal manager of options o.
 func newTerminalGateway(t *testing.T, o pty.Options) *gw {

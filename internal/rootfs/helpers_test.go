@@ -23,21 +23,17 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// requireRoot skips when not root (unpacking sets ownership), except on
-// CI, where it fails.
+// requireRoot: unpacking sets ownership, so it needs root (a skip
+// outside CI, a failure in CI).
 func requireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("unpacking images needs root on CI")
-	}
-	t.Skip("unpacking images needs root")
+	testkit.RequireRoot(t)
 }
 
 func ctxT(t testing.TB) context.Context {

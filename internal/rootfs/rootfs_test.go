@@ -27,6 +27,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 var testConfig = v1.Config{
@@ -254,7 +256,7 @@ func TestEnsureWaiters(t *testing.T) {
 			return os.WriteFile(filepath.Join(dst, "x"), nil, 0o644)
 		})
 	}()
-	waitFor(t, func() bool {
+	testkit.Eventually(t, "the second caller to wait on the flight", 10*time.Second, func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return s.flights["abc"].waiters == 1
@@ -273,17 +275,6 @@ func TestEnsureWaiters(t *testing.T) {
 		t.Error(err)
 	}
 	tmpEmpty(t, s)
-}
-
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 10s")
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 func TestResolveCancelled(t *testing.T) {

@@ -10,20 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
-
-// pollUntil polls cond every 5 ms for up to 10 s.
-func pollUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		tick := time.NewTimer(5 * time.Millisecond)
-		<-tick.C
-	}
-}
 
 func TestParsePool(t *testing.T) {
 	p, err := ParsePool("image=py:3,workdir=/w,cpu=0.5,memory_mib=512,disk_gib=1=4")
@@ -65,7 +53,7 @@ func TestPoolClaimMissRefill(t *testing.T) {
 	}
 	key := PoolSpec{Workdir: "/work"}.Key()
 	ready := func() int { return e.svc.PoolReady()[key] }
-	pollUntil(t, "the pool to fill", func() bool { return ready() == 2 })
+	testkit.Eventually(t, "the pool to fill", 10*time.Second, func() bool { return ready() == 2 })
 	ctx := context.Background()
 	if l, _ := e.svc.List(ctx, Caller{}, ListFilter{}); len(l) != 0 {
 		t.Fatalf("pool sandboxes listed: %v", l)
@@ -99,7 +87,7 @@ func TestPoolClaimMissRefill(t *testing.T) {
 	if n := testutil.ToFloat64(e.svc.m.PoolClaims.WithLabelValues(key)); n != 1 {
 		t.Fatalf("claims %v", n)
 	}
-	pollUntil(t, "the refill", func() bool { return ready() == 2 })
+	testkit.Eventually(t, "the refill", 10*time.Second, func() bool { return ready() == 2 })
 
 	// Not matching: a normal create, no claim, no miss.
 	other, err := e.svc.Create(ctx, Caller{}, CreateRequest{Workdir: "/elsewhere"})
@@ -119,7 +107,7 @@ func TestPoolClaimMissRefill(t *testing.T) {
 		t.Fatalf("misses %v", n)
 	}
 	e.p.CreateErr = nil
-	pollUntil(t, "the refill after the backend came back", func() bool { return ready() == 2 })
+	testkit.Eventually(t, "the refill after the backend came back", 10*time.Second, func() bool { return ready() == 2 })
 	e.svc.mu.Lock()
 	left := []string{e.svc.pools[key].ready[0].ID, e.svc.pools[key].ready[1].ID}
 	e.svc.mu.Unlock()

@@ -12,38 +12,22 @@ import (
 
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/fake"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 type env struct {
 	svc   *Service
 	p     *fake.Provider
-	clock *fakeClock
+	clock *testkit.Clock
 	dir   string
 	opts  Options
 }
 
 func newEnv(t *testing.T, mod func(*Options)) *env {
 	t.Helper()
-	e := &env{p: fake.New(), clock: &fakeClock{t: time.Unix(1_800_000_000, 0)}, dir: t.TempDir()}
+	e := &env{p: fake.New(), clock: testkit.NewClock(time.Unix(1_800_000_000, 0)), dir: t.TempDir()}
 	e.opts = Options{Provider: e.p, StateDir: e.dir, AllowAnonymous: true, Clock: e.clock, ReapInterval: time.Hour}
 	if mod != nil {
 		mod(&e.opts)
@@ -426,7 +410,7 @@ func TestCapacityQueue(t *testing.T) {
 		_, err := e.svc.Create(ctx, Caller{}, CreateRequest{})
 		third <- err
 	}()
-	waitFor(t, func() bool { return e.svc.slots.waiting() == 1 })
+	testkit.Eventually(t, "one create queued", 10*time.Second, func() bool { return e.svc.slots.waiting() == 1 })
 	select {
 	case err := <-third:
 		t.Fatalf("third create did not wait: %v", err)
@@ -450,10 +434,11 @@ func TestCapacityQueue(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	e.svc.opts.QueueTimeout = time.Minute
 	go func() {
-		// Not waitFor: t.Fatal must not be called off the test goroutine.
-		for e.svc.slots.waiting() != 1 {
-			time.Sleep(time.Millisecond)
-		}
+		// Off the test goroutine, so Until rather than Eventually; the
+		// test's own create returns when cctx ends either way.
+		wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+		defer wcancel()
+		testkit.Until(wctx, func() bool { return e.svc.slots.waiting() == 1 })
 		cancel()
 	}()
 	_, err = e.svc.Create(cctx, Caller{}, CreateRequest{})
@@ -480,7 +465,7 @@ func TestQueueIsFIFO(t *testing.T) {
 			order <- i
 			s.release(demand{})
 		}()
-		waitFor(t, func() bool { return s.waiting() == i+1 })
+		testkit.Eventually(t, "waiter i queued", 10*time.Second, func() bool { return s.waiting() == i+1 })
 	}
 	s.release(demand{})
 	wg.Wait()
@@ -491,17 +476,5 @@ func TestQueueIsFIFO(t *testing.T) {
 	}
 	if s.used != 0 {
 		t.Fatalf("used %d after all released", s.used)
-	}
-}
-
-// waitFor polls cond until it holds or 5 s pass.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

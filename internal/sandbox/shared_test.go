@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/fake"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // memShared is a SharedStore in memory: what two replicas share (the
@@ -113,9 +114,9 @@ func (m *memShared) Close() error               { return nil }
 
 // replicas are two services over one provider and one shared store, with
 // the same lease secret.
-func replicas(t *testing.T) (a, b *Service, p *fake.Provider, st *memShared, clock *fakeClock) {
+func replicas(t *testing.T) (a, b *Service, p *fake.Provider, st *memShared, clock *testkit.Clock) {
 	t.Helper()
-	p, st, clock = fake.New(), newMemShared(), &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	p, st, clock = fake.New(), newMemShared(), testkit.NewClock(time.Unix(1_800_000_000, 0))
 	open := func() *Service {
 		svc, err := New(context.Background(), Options{Provider: p, StateDir: t.TempDir(), Store: st, LeaseSecret: "shared-secret-for-both-replicas", AllowAnonymous: true, Clock: clock, ReapInterval: time.Hour})
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/store"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // gatedStore is the default store with its next record write held at a
@@ -89,7 +90,7 @@ func TestRecordWritesInOrder(t *testing.T) {
 		errs <- err
 	}()
 	// The second renewal has changed memory: only its write is left.
-	pollUntil(t, "the second renewal in memory", func() bool {
+	testkit.Eventually(t, "the second renewal in memory", time.Minute, func() bool {
 		info, err := e.svc.Get(ctx, lease(ref.Token), ref.SandboxID)
 		return err == nil && info.TTL == second
 	})
@@ -128,7 +129,7 @@ func TestRemovedRecordStaysRemoved(t *testing.T) {
 	<-g.entered
 	deleted := make(chan error, 1)
 	go func() { deleted <- e.svc.Delete(ctx, lease(ref.Token), ref.SandboxID) }()
-	pollUntil(t, "the provider's delete", func() bool { return !e.p.Has(ref.SandboxID) })
+	testkit.Eventually(t, "the provider's delete", time.Minute, func() bool { return !e.p.Has(ref.SandboxID) })
 	close(g.release)
 	if err := <-paused; err != nil {
 		t.Fatal(err)

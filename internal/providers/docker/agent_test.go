@@ -2,9 +2,6 @@ package docker
 
 import (
 	"errors"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +9,7 @@ import (
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // TestExecKillsSetsidLeftovers: a command's tree dies at its timeout, at
@@ -41,11 +39,11 @@ func TestExecKillsSetsidLeftovers(t *testing.T) {
 		t.Fatalf("timeout: %+v %v", res, err)
 	}
 	pid := pidOf(res)
-	eventually(t, "the timed-out command's setsid leftover to die", func() bool { return !alive(pid) })
+	testkit.Eventually(t, "the timed-out command's setsid leftover to die", 20*time.Second, func() bool { return !alive(pid) })
 
 	// Returned.
 	pid = pidOf(run(t, p, id, "setsid sleep 300 >/dev/null 2>&1 & echo $!"))
-	eventually(t, "a returned command's setsid leftover to die", func() bool { return !alive(pid) })
+	testkit.Eventually(t, "a returned command's setsid leftover to die", 20*time.Second, func() bool { return !alive(pid) })
 
 	// Preserved.
 	res, err = p.Exec(ctx, id, providers.ExecRequest{Command: "setsid sleep 300 >/dev/null 2>&1 & echo $!", Timeout: 10 * time.Second, PreserveBackground: true})
@@ -63,12 +61,7 @@ func TestExecKillsSetsidLeftovers(t *testing.T) {
 // nothing is left behind.
 func TestAgentProtocolMismatch(t *testing.T) {
 	dockertest.Require(t)
-	bin := filepath.Join(t.TempDir(), "sandgate-agent")
-	build := exec.Command("go", "build", "-o", bin, "-ldflags", "-X github.com/sandgate/sandgate/internal/agentwire.Version=99", "github.com/sandgate/sandgate/cmd/sandgate-agent")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := testkit.Binary(t, "cmd/sandgate-agent", "sandgate-agent", "-X github.com/sandgate/sandgate/internal/agentwire.Version=99")
 	p := newProvider(t, func(o *Options) { o.AgentBinary = bin })
 	ctx := ctxFor(t, time.Minute)
 	_, err := p.Create(ctx, providers.CreateSpec{ID: providertest.NewID(), Image: dockertest.ImageRef, ReadyTimeout: 30 * time.Second})

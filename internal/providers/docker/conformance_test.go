@@ -6,7 +6,7 @@ import (
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
-	"github.com/sandgate/sandgate/internal/providers/providertest/terminaltest"
+	"github.com/sandgate/sandgate/internal/testkit/terminals"
 )
 
 func TestConformance(t *testing.T) {
@@ -17,5 +17,5 @@ func TestConformance(t *testing.T) {
 // TestTerminals: the terminal-session suite through the gateway's stack,
 // sessions held by the containers' agents.
 func TestTerminals(t *testing.T) {
-	terminaltest.Run(t, newProvider(t), map[string]any{"image": dockertest.Image(t)})
+	terminals.Run(t, newProvider(t), map[string]any{"image": dockertest.Image(t)})
 }

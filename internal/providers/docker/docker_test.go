@@ -18,6 +18,7 @@ import (
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 func ctxFor(t testing.TB, d time.Duration) context.Context {
@@ -58,19 +59,6 @@ func run(t testing.TB, p *Docker, id, cmd string) providers.ExecResult {
 		t.Fatalf("Exec %q: %v", cmd, err)
 	}
 	return res
-}
-
-// eventually polls cond every 50 ms for up to 20 s.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		tick := time.NewTimer(50 * time.Millisecond)
-		<-tick.C
-	}
 }
 
 func TestCreateErrors(t *testing.T) {
@@ -121,7 +109,7 @@ func TestEndpoint(t *testing.T) {
 	}
 	hc := &http.Client{Timeout: 5 * time.Second}
 	var body string
-	eventually(t, "httpd through the published port", func() bool {
+	testkit.Eventually(t, "httpd through the published port", 20*time.Second, func() bool {
 		resp, err := hc.Get(ep.URL + "/index.html")
 		if err != nil {
 			return false
@@ -211,7 +199,7 @@ func TestKillMidExec(t *testing.T) {
 		_, err := p.Exec(context.Background(), id, providers.ExecRequest{Command: "echo started; sleep 300", Timeout: 5 * time.Minute, MaxOutput: 1024})
 		done <- err
 	}()
-	eventually(t, "the sleep to start", func() bool {
+	testkit.Eventually(t, "the sleep to start", 20*time.Second, func() bool {
 		return strings.Contains(string(run(t, p, id, "ps -o comm").Stdout), "sleep")
 	})
 	if err := p.cli.ContainerKill(ctxFor(t, time.Minute), id, "KILL"); err != nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // TestEscapePrivileges: no-new-privileges and the daemon's default seccomp
@@ -175,11 +176,11 @@ func TestEscapeForkBomb(t *testing.T) {
 
 	// The agent's sweep at the command's end took the bomb down: the
 	// sandbox answers and holds only what it held before.
-	eventually(t, "the sandbox to answer after the bomb", func() bool {
+	testkit.Eventually(t, "the sandbox to answer after the bomb", 20*time.Second, func() bool {
 		res, err := p.Exec(ctx, id, providers.ExecRequest{Command: "echo alive", Timeout: 30 * time.Second, MaxOutput: 1024})
 		return err == nil && string(res.Stdout) == "alive\n"
 	})
-	eventually(t, "the bomb's processes to be gone", func() bool {
+	testkit.Eventually(t, "the bomb's processes to be gone", 20*time.Second, func() bool {
 		return cgroupInt(t, cg, "pids.current", "") <= base+2
 	})
 }

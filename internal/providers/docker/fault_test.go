@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // TestDaemonDown: with the daemon unreachable, an exec in flight ends
@@ -29,7 +30,7 @@ func TestDaemonDown(t *testing.T) {
 		done <- err
 	}()
 	m := "sleep 300"
-	eventually(t, "the sleep to start", func() bool {
+	testkit.Eventually(t, "the sleep to start", 20*time.Second, func() bool {
 		return contains(run(t, p, id, "ps -o args").Stdout, m)
 	})
 
@@ -58,13 +59,15 @@ func TestDaemonDown(t *testing.T) {
 			return err
 		},
 	}
+	// Failing fast is the subject, but the bound only catches a call that
+	// waits for its context (a minute) or retries: 10x the ping timeout.
 	for name, call := range calls {
 		start := time.Now()
 		err := call()
 		if !errors.Is(err, providers.ErrUnavailable) {
 			t.Errorf("%s with the daemon down: %v, want ErrUnavailable", name, err)
 		}
-		if el := time.Since(start); el > 2*time.Second {
+		if el := time.Since(start); el > 10*time.Second {
 			t.Errorf("%s took %v to fail", name, el)
 		}
 	}
@@ -106,7 +109,7 @@ func TestRealDaemonRestart(t *testing.T) {
 		_, err := p.Exec(context.Background(), id, providers.ExecRequest{Command: "sleep 300", Timeout: 5 * time.Minute, MaxOutput: 1024})
 		done <- err
 	}()
-	eventually(t, "the sleep to start", func() bool { return contains(run(t, p, id, "ps -o args").Stdout, "sleep 300") })
+	testkit.Eventually(t, "the sleep to start", 20*time.Second, func() bool { return contains(run(t, p, id, "ps -o args").Stdout, "sleep 300") })
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -120,9 +123,9 @@ func TestRealDaemonRestart(t *testing.T) {
 		t.Fatal("Exec hangs with the daemon stopping")
 	}
 	ctx := ctxFor(t, 3*time.Minute)
-	eventually(t, "the daemon to stop answering", func() bool { return p.Ping(ctx) != nil })
+	testkit.Eventually(t, "the daemon to stop answering", 20*time.Second, func() bool { return p.Ping(ctx) != nil })
 	// The pid file goes when the daemon has exited.
-	eventually(t, "dockerd to exit", func() bool { return syscall.Kill(pid, 0) != nil })
+	testkit.Eventually(t, "dockerd to exit", 20*time.Second, func() bool { return syscall.Kill(pid, 0) != nil })
 	start := time.Now()
 	if err := p.Ping(ctx); !errors.Is(err, providers.ErrUnavailable) {
 		t.Errorf("Ping with the daemon down: %v", err)
@@ -130,7 +133,7 @@ func TestRealDaemonRestart(t *testing.T) {
 	if _, err := p.Exec(ctx, id, providers.ExecRequest{Command: "true", Timeout: time.Minute, MaxOutput: 10}); !errors.Is(err, providers.ErrUnavailable) {
 		t.Errorf("Exec with the daemon down: %v", err)
 	}
-	if el := time.Since(start); el > 3*time.Second {
+	if el := time.Since(start); el > 10*time.Second { // 10x the ping timeout: catches a wait for ctx, not load
 		t.Errorf("failing took %v", el)
 	}
 
@@ -147,14 +150,7 @@ func TestRealDaemonRestart(t *testing.T) {
 	}
 	// The daemon outlives the test; release it.
 	d.Process.Release()
-	deadline := time.Now().Add(60 * time.Second)
-	for p.Ping(ctx) != nil {
-		if time.Now().After(deadline) {
-			t.Fatal("daemon did not come back")
-		}
-		tick := time.NewTimer(100 * time.Millisecond)
-		<-tick.C
-	}
+	testkit.Eventually(t, "the daemon to come back", 60*time.Second, func() bool { return p.Ping(ctx) == nil })
 	// Without live-restore the container died with the daemon.
 	if st, err := p.Status(ctx, id); err != nil || st != providers.StateStopped {
 		t.Errorf("Status after the restart: %q %v", st, err)

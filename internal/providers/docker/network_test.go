@@ -23,6 +23,7 @@ import (
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/docker/hostfw"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // testFirewall names host rules of the test's own (chains, bridge prefix,
@@ -192,7 +193,7 @@ func TestSandboxNetworkIsolation(t *testing.T) {
 			t.Fatal(err)
 		}
 		var got string
-		eventually(t, "the published port of "+id, func() bool {
+		testkit.Eventually(t, "the published port of "+id, 20*time.Second, func() bool {
 			resp, err := http.Get(ep.URL + "/")
 			if err != nil {
 				return false

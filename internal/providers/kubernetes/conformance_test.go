@@ -6,7 +6,7 @@ import (
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/kubernetes/k8stest"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
-	"github.com/sandgate/sandgate/internal/providers/providertest/terminaltest"
+	"github.com/sandgate/sandgate/internal/testkit/terminals"
 )
 
 func TestConformance(t *testing.T) {
@@ -18,5 +18,5 @@ func TestConformance(t *testing.T) {
 // sessions held by the pods' agents.
 func TestTerminals(t *testing.T) {
 	k8stest.Require(t)
-	terminaltest.Run(t, newProvider(t), map[string]any{"image": k8stest.ImageRef})
+	terminals.Run(t, newProvider(t), map[string]any{"image": k8stest.ImageRef})
 }

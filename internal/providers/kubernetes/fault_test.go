@@ -18,6 +18,7 @@ import (
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/kubernetes/k8stest"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 func ctxT(t testing.TB, d time.Duration) context.Context {
@@ -199,12 +200,7 @@ func stopAPIServer(t *testing.T) (restart func()) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(time.Minute); alive(pid); {
-		if time.Now().After(deadline) {
-			t.Fatal("the API server did not die within a minute")
-		}
-		poll(context.Background(), 50*time.Millisecond)
-	}
+	testkit.Eventually(t, "the API server to die", time.Minute, func() bool { return !alive(pid) })
 	done := false
 	restart = func() {
 		if done {

@@ -22,7 +22,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
-	"github.com/sandgate/sandgate/internal/providers/providertest/terminaltest"
+	"github.com/sandgate/sandgate/internal/testkit/terminals"
 )
 
 func TestMain(m *testing.M) {
@@ -141,7 +141,7 @@ func TestConformance(t *testing.T) {
 // TestTerminals: the terminal-session suite through the gateway's stack,
 // sessions held by the sandboxes' init.
 func TestTerminals(t *testing.T) {
-	terminaltest.Run(t, newLocal(t, Options{}), nil)
+	terminals.Run(t, newLocal(t, Options{}), nil)
 }
 
 func TestNamespaceIsolation(t *testing.T) {

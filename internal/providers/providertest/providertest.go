@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/base32"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // Deadlines: generous enough for a loaded CI machine and a slow backend,
@@ -31,7 +31,6 @@ import (
 const (
 	opTimeout   = 60 * time.Second // one provider call
 	pollTimeout = 20 * time.Second // a condition that should become true soon
-	pollEvery   = 50 * time.Millisecond
 	readyWait   = 60 * time.Second
 )
 
@@ -88,21 +87,12 @@ type suite struct {
 	base providers.CreateSpec
 }
 
-// NewID returns a fresh sandbox id in the service's format.
-func NewID() string {
-	return IDPrefix + randomBase32(12)
-}
+// NewID is testkit.NewID: a fresh sandbox id in the service's format.
+func NewID() string { return testkit.NewID() }
 
-// IDPrefix starts every id NewID makes in this process, so a test binary
-// can tell its own sandboxes from those of other binaries running at the
-// same time (go test runs packages in parallel).
-var IDPrefix = "sbx-" + randomBase32(8)
-
-func randomBase32(n int) string {
-	b := make([]byte, 10)
-	rand.Read(b)
-	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))[:n]
-}
+// IDPrefix is testkit.IDPrefix: it starts every id NewID makes in this
+// process.
+var IDPrefix = testkit.IDPrefix
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -161,22 +151,16 @@ func (s *suite) sh(t *testing.T, id, cmd string) string {
 	return string(res.Stdout)
 }
 
-// eventually polls cond until it holds or pollTimeout passes.
+// eventually polls cond until it holds or pollTimeout passes; cond's
+// string says what it saw last.
 func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(pollTimeout)
-	tick := time.NewTicker(pollEvery)
-	defer tick.Stop()
-	for {
-		ok, last := cond()
-		if ok {
-			return
+	testkit.EventuallyNil(t, what, pollTimeout, func() error {
+		if ok, last := cond(); !ok {
+			return errors.New(last)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last: %s", what, last)
-		}
-		<-tick.C
-	}
+		return nil
+	})
 }
 
 // marker is a sleep argument unique to one test, so its processes can be

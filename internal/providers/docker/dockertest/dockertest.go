@@ -9,44 +9,30 @@
 package dockertest
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
-	"errors"
-	"fmt"
-	"io"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
-	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
 
-	"github.com/sandgate/sandgate/internal/agent/agenttest"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest/testimage"
 	"github.com/sandgate/sandgate/internal/providers/docker/hostfw"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
-// ImageRef is the test image: FROM scratch with Debian's static busybox
-// (from busybox-static), its applets, a /tmp, and the users root and
-// nobody.
-const ImageRef = "sandgate-test/busybox:1"
+// ImageRef is the test image (testimage.Ref).
+const ImageRef = testimage.Ref
 
 // LabelInstance is the label the docker provider puts the owning gateway
 // instance in (docker.LabelInstance; repeated here because the docker
 // package's own tests import this one).
 const LabelInstance = "sandgate.instance"
-
-const dockerfile = `FROM scratch
-COPY busybox /bin/busybox
-RUN ["/bin/busybox", "--install", "-s", "/bin"]
-RUN ["/bin/sh", "-c", "mkdir -p /tmp /root /etc /var/www && chmod 1777 /tmp && printf 'root:x:0:0:root:/root:/bin/sh\\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\\n' > /etc/passwd && printf 'root:x:0:\\nnogroup:x:65534:\\n' > /etc/group"]
-`
 
 var (
 	setupOnce sync.Once
@@ -60,12 +46,7 @@ var (
 func Require(t testing.TB) {
 	t.Helper()
 	setupOnce.Do(func() { setupErr = setup() })
-	if setupErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("docker daemon required in CI (run scripts/ci-docker.sh): %v", setupErr)
-		}
-		t.Skipf("no docker daemon (scripts/ci-docker.sh starts one): %v", setupErr)
-	}
+	testkit.Need(t, "a docker daemon (scripts/ci-docker.sh starts one)", setupErr)
 }
 
 // Image is Require, then ImageRef.
@@ -157,48 +138,9 @@ func setup() error {
 	if _, err := cli.Ping(pctx); err != nil {
 		return err
 	}
-	return EnsureImage(ctx, cli)
+	return testimage.Ensure(ctx, cli)
 }
 
-// EnsureImage builds ImageRef on cli's daemon unless it is there (no
-// registry: FROM scratch and the host's static busybox).
-func EnsureImage(ctx context.Context, cli *client.Client) error {
-	if _, err := cli.ImageInspect(ctx, ImageRef); err == nil {
-		return nil
-	}
-	bb, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		return errors.New("building the test image needs /bin/busybox from busybox-static")
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, f := range []struct {
-		name string
-		mode int64
-		data []byte
-	}{{"Dockerfile", 0o644, []byte(dockerfile)}, {"busybox", 0o755, bb}} {
-		if err := tw.WriteHeader(&tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.data))}); err != nil {
-			return err
-		}
-		if _, err := tw.Write(f.data); err != nil {
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	resp, err := cli.ImageBuild(ctx, &buf, build.ImageBuildOptions{Tags: []string{ImageRef}, Remove: true, ForceRemove: true})
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	if _, err := cli.ImageInspect(ctx, ImageRef); err != nil {
-		return fmt.Errorf("building %s failed: %s", ImageRef, out)
-	}
-	return nil
-}
-
-// AgentBinary is agenttest.Binary: the static sandgate-agent, built once
+// AgentBinary is testkit.Agent: the static sandgate-agent, built once
 // per test process.
-func AgentBinary(t testing.TB) string { return agenttest.Binary(t) }
+func AgentBinary(t testing.TB) string { return testkit.Agent(t) }

@@ -29,7 +29,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/sandgate/sandgate/internal/agent/agenttest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // ImageRef is the test image: Debian's static busybox with its applets,
@@ -74,13 +74,8 @@ var (
 // agent's image; later calls reuse the outcome.
 func Require(t testing.TB) {
 	t.Helper()
-	setupOnce.Do(func() { setupErr = setup(t) })
-	if setupErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the test cluster is required in CI (scripts/k8s/up.sh starts it): %v", setupErr)
-		}
-		t.Skipf("no test cluster (scripts/k8s/up.sh starts one): %v", setupErr)
-	}
+	setupOnce.Do(func() { setupErr = setup() })
+	testkit.Need(t, "the test cluster (scripts/k8s/up.sh starts it)", setupErr)
 }
 
 // AgentImage is Require, then the agent image's reference.
@@ -143,7 +138,7 @@ func client() (kubernetes.Interface, func(), error) {
 	return cs, func() { utilnet.CloseIdleConnectionsFor(hc.Transport) }, nil
 }
 
-func setup(t testing.TB) error {
+func setup() error {
 	cs, done, err := client()
 	if err != nil {
 		return err
@@ -181,7 +176,11 @@ func setup(t testing.TB) error {
 	if err := importImage(ctx, ImageRef, files, []string{"sh"}); err != nil {
 		return err
 	}
-	bin, err := os.ReadFile(agenttest.Binary(t))
+	agentBin, err := testkit.Build("cmd/sandgate-agent", "sandgate-agent", "")
+	if err != nil {
+		return err
+	}
+	bin, err := os.ReadFile(agentBin)
 	if err != nil {
 		return err
 	}

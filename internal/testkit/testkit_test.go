@@ -1,0 +1,200 @@
+package testkit
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fatalTB records a Fatalf and ends the goroutine, as testing.T does.
+type fatalTB struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalTB) Helper() {}
+func (f *fatalTB) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// fatalOf runs fn with a fatalTB on a goroutine of its own and returns
+// its Fatalf message ("" if fn returned).
+func fatalOf(t *testing.T, fn func(tb testing.TB)) string {
+	f := &fatalTB{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn(f)
+	}()
+	<-done
+	return f.msg
+}
+
+func TestEventually(t *testing.T) {
+	n := 0
+	Eventually(t, "the third poll", time.Minute, func() bool { n++; return n == 3 })
+	if n != 3 {
+		t.Fatalf("polled %d times, want 3", n)
+	}
+	msg := fatalOf(t, func(tb testing.TB) {
+		Eventually(tb, "the impossible", 30*time.Millisecond, func() bool { return false })
+	})
+	if msg != "timed out after 30ms waiting for the impossible" {
+		t.Fatalf("message %q", msg)
+	}
+	msg = fatalOf(t, func(tb testing.TB) {
+		EventuallyNil(tb, "a pony", 30*time.Millisecond, func() error { return errors.New("still no pony") })
+	})
+	if msg != "timed out after 30ms waiting for a pony; last: still no pony" {
+		t.Fatalf("message %q", msg)
+	}
+}
+
+func TestUntil(t *testing.T) {
+	if err := Until(t.Context(), func() bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	if err := Until(ctx, func() bool { return false }); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Until past its deadline: %v", err)
+	}
+}
+
+func TestNeed(t *testing.T) {
+	t.Setenv("CI", "true")
+	if msg := fatalOf(t, func(tb testing.TB) { Need(tb, "a unicorn", errors.New("none in the stable")) }); msg != "a unicorn is required in CI: none in the stable" {
+		t.Fatalf("in CI: %q", msg)
+	}
+	if msg := fatalOf(t, func(tb testing.TB) { Need(tb, "a unicorn", nil) }); msg != "" {
+		t.Fatalf("met: %q", msg)
+	}
+}
+
+func TestClock(t *testing.T) {
+	start := time.Unix(1_800_000_000, 0)
+	c := NewClock(start)
+	c.Advance(time.Hour)
+	if got := c.Now(); !got.Equal(start.Add(time.Hour)) {
+		t.Fatalf("Now %v after an hour from %v", got, start)
+	}
+}
+
+// echo serves ln, echoing each line back, until ln closes.
+func echo(t *testing.T, network string) string {
+	var ln net.Listener
+	var err error
+	if network == "unix" {
+		ln, err = net.Listen("unix", t.TempDir()+"/echo.sock")
+	} else {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func roundTrip(c net.Conn, r *bufio.Reader, line string) (string, error) {
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if _, err := io.WriteString(c, line+"\n"); err != nil {
+		return "", err
+	}
+	got, err := r.ReadString('\n')
+	return strings.TrimSuffix(got, "\n"), err
+}
+
+func TestProxy(t *testing.T) {
+	for _, network := range []string{"tcp", "unix"} {
+		t.Run(network, func(t *testing.T) {
+			p := NewProxy(t, network, echo(t, network))
+			c, err := net.Dial(network, p.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			r := bufio.NewReader(c)
+			if got, err := roundTrip(c, r, "hello"); err != nil || got != "hello" {
+				t.Fatalf("through the proxy: %q %v", got, err)
+			}
+			if n := p.Sever(); n != 1 {
+				t.Fatalf("Sever closed %d client connections, want 1", n)
+			}
+			if _, err := roundTrip(c, r, "again"); err == nil {
+				t.Fatal("a severed connection still carries data")
+			}
+			// Severed, not cut: a new connection goes through.
+			c2, err := net.Dial(network, p.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c2.Close()
+			if got, err := roundTrip(c2, bufio.NewReader(c2), "second"); err != nil || got != "second" {
+				t.Fatalf("after Sever: %q %v", got, err)
+			}
+			p.Cut()
+			if _, err := roundTrip(c2, bufio.NewReader(c2), "cut"); err == nil {
+				t.Fatal("a cut connection still carries data")
+			}
+			if c3, err := net.Dial(network, p.Addr()); err == nil {
+				c3.Close()
+				t.Fatal("a cut proxy accepted a connection")
+			}
+			p.Restore(t)
+			c4, err := net.Dial(network, p.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c4.Close()
+			if got, err := roundTrip(c4, bufio.NewReader(c4), "restored"); err != nil || got != "restored" {
+				t.Fatalf("after Restore: %q %v", got, err)
+			}
+		})
+	}
+}
+
+// Build builds once per key and applies ldflags; binaries of one name
+// and flags share a directory.
+func TestBuild(t *testing.T) {
+	const pkg = "internal/testkit/testdata/hello"
+	bin := Binary(t, pkg, "hello", "-X main.greeting=hi")
+	out, err := exec.Command(bin).Output()
+	if err != nil || string(out) != "hi\n" {
+		t.Fatalf("%s: %q %v", bin, out, err)
+	}
+	if again := Binary(t, Module+"/"+pkg, "hello", "-X main.greeting=hi"); again != bin {
+		t.Fatalf("built again at %s (first %s)", again, bin)
+	}
+	plain := Binary(t, pkg, "hello", "")
+	if plain == bin {
+		t.Fatal("other ldflags, same binary")
+	}
+	if out, err := exec.Command(plain).Output(); err != nil || string(out) != "hello\n" {
+		t.Fatalf("%s: %q %v", plain, out, err)
+	}
+}
