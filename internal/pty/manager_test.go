@@ -260,9 +260,13 @@ func TestReplaySince(t *testing.T) {
 	if got := b.output(); strings.Contains(got, "one") || b.from != mark {
 		t.Fatalf("replay since %d: from %d, %q", mark, b.from, got)
 	}
-	// More than a ring of output (lines short of the tty's line limit).
-	for range 4 {
-		b.stdin(strings.Repeat("x", 1000) + "\n")
+	// More than a ring of output (lines short of the tty's line limit),
+	// a line at a time: the tty's input queue (4 KiB) drops what a slow cat
+	// has not read yet.
+	line := strings.Repeat("x", 1000) + "\r\n"
+	for i := range 4 {
+		b.stdin(line[:1000] + "\n")
+		testkit.Eventually(t, "the line's echo and copy", 30*time.Second, func() bool { return strings.Count(b.output(), line) == 2*(i+1) })
 	}
 	b.stdin("en" + "d\n")
 	// The echo of the input and cat's copies interleave: wait for both
