@@ -19,6 +19,7 @@ import (
 	"github.com/sandgate/sandgate/internal/api"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/sandbox"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 const testKey2 = "test-key-2"
@@ -192,19 +193,16 @@ func TestBodyBudget(t *testing.T) {
 	held := upload("held.txt", 600<<10) // 800 KiB of the key's 1 MiB
 	open := g.startPending("POST", path(a.SandboxID), lease(a.Token), int64(len(held)), held[:100])
 	second := upload("second.txt", 200<<10) // 266 KiB more: over the share
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		r := g.do("POST", path(a.SandboxID), second, lease(a.Token))
-		if r.status == http.StatusServiceUnavailable {
-			if r.header.Get("Retry-After") == "" || r.problem(t).Code != "unavailable" {
-				t.Fatalf("503 without Retry-After or problem: %v %s", r.header, r.body)
-			}
-			break
-		}
-		if r.status != 200 || time.Now().After(deadline) {
+	// Until the held body is admitted, the second upload goes through.
+	testkit.Eventually(t, "the second upload to be refused while one is held", 20*time.Second, func() bool {
+		r = g.do("POST", path(a.SandboxID), second, lease(a.Token))
+		if r.status != 200 && r.status != http.StatusServiceUnavailable {
 			t.Fatalf("second upload of the key while one is held: %d %s", r.status, r.body)
 		}
-		time.Sleep(10 * time.Millisecond) // polling until the held body is admitted, with a deadline
+		return r.status == http.StatusServiceUnavailable
+	})
+	if r.header.Get("Retry-After") == "" || r.problem(t).Code != "unavailable" {
+		t.Fatalf("503 without Retry-After or problem: %v %s", r.header, r.body)
 	}
 	// Not known in advance: refused as it is read.
 	req, _ := http.NewRequest("POST", g.srv.URL+path(a.SandboxID), io.MultiReader(strings.NewReader(second)))
@@ -304,18 +302,6 @@ func rawExec(t *testing.T, g *gw, id, tok, command string) net.Conn {
 	return c
 }
 
-// waitFor polls cond until it holds, failing after 20 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling a condition, with a deadline
-	}
-}
-
 // nulsOrBig answers "nuls" with both streams full of NULs (each escapes to
 // six bytes: a reply far larger than the sockets buffer) and "big" with
 // 4,000,000 printable bytes.
@@ -348,7 +334,7 @@ func TestSlowReadersOfOneKeyNeverTruncateAnother(t *testing.T) {
 	for range 10 {
 		rawExec(t, g, a.SandboxID, a.Token, "nuls")
 	}
-	waitFor(t, "A's ten execs holding A's whole budget", func() bool {
+	testkit.Eventually(t, "A's ten execs holding A's whole budget", 20*time.Second, func() bool {
 		return started.Load() == 10 && g.svc.OutputInUse() >= 16<<20
 	})
 	r = g.do("POST", "/v1/sandboxes/"+b.SandboxID+"/exec", map[string]any{"command": "big"}, lease(b.Token))
@@ -368,10 +354,10 @@ func TestStalledReplyReleasesItsOutput(t *testing.T) {
 	var started atomic.Int32
 	g.p.ExecFunc = nulsOrBig(&started)
 	c := rawExec(t, g, a.SandboxID, a.Token, "nuls")
-	waitFor(t, "the exec to hold its output", func() bool { return g.svc.OutputInUse() > 0 })
-	waitFor(t, "the stalled reply's output to be released", func() bool { return g.svc.OutputInUse() == 0 })
+	testkit.Eventually(t, "the exec to hold its output", 20*time.Second, func() bool { return g.svc.OutputInUse() > 0 })
+	testkit.Eventually(t, "the stalled reply's output to be released", 20*time.Second, func() bool { return g.svc.OutputInUse() == 0 })
 	// The gateway closed the connection (the client never did).
-	waitFor(t, "the stalled reply's connection to be closed", func() bool { return g.closedConns.Load() > 0 })
+	testkit.Eventually(t, "the stalled reply's connection to be closed", 20*time.Second, func() bool { return g.closedConns.Load() > 0 })
 	c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	if _, err := io.Copy(io.Discard, io.LimitReader(c, 64<<10)); err != nil {
 		t.Fatalf("reading what the reply sent before it was cut: %v", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/sandgate/sandgate/internal/api"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/sandbox"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // encodingJSON renders res the way the generated response did before the
@@ -222,13 +223,7 @@ func TestExecReplyReleasesBudget(t *testing.T) {
 				t.Fatal("the reply being written holds no room")
 			}
 			res.Body.Close() // unread: the transport closes the connection
-			deadline := time.Now().Add(20 * time.Second)
-			for grant() != tc.perStream {
-				if time.Now().After(deadline) {
-					t.Fatal("the room of an abandoned reply never came back")
-				}
-				time.Sleep(10 * time.Millisecond) // polling a condition, with a deadline
-			}
+			testkit.Eventually(t, "the room of an abandoned reply to come back", 20*time.Second, func() bool { return grant() == tc.perStream })
 		})
 	}
 }

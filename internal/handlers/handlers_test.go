@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,35 +17,19 @@ import (
 
 	"github.com/sandgate/sandgate/internal/providers/fake"
 	"github.com/sandgate/sandgate/internal/sandbox"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const testKey = "test-key-1"
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 type gw struct {
 	t     *testing.T
 	srv   *httptest.Server
 	svc   *sandbox.Service
 	p     *fake.Provider
-	clock *fakeClock
+	clock *testkit.Clock
 
 	closedConns atomic.Int32 // connections the server closed or saw closed (newGatewayOpts)
 }
@@ -62,7 +45,7 @@ func newGateway(t *testing.T, maxBody int64, mods ...func(*sandbox.Options)) *gw
 // PublicURL and, unless set, Logger are filled in).
 func newGatewayOpts(t *testing.T, ho Options, mods ...func(*sandbox.Options)) *gw {
 	t.Helper()
-	g := &gw{t: t, p: fake.New(), clock: &fakeClock{t: time.Unix(1_800_000_000, 0)}}
+	g := &gw{t: t, p: fake.New(), clock: testkit.NewClock(time.Unix(1_800_000_000, 0))}
 	opts := sandbox.Options{
 		Provider: g.p, StateDir: t.TempDir(), APIKeys: []string{testKey}, Clock: g.clock, ReapInterval: time.Hour,
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/fake"
 	"github.com/sandgate/sandgate/internal/sandbox"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // portsFake is the fake provider plus published ports: every declared
@@ -55,7 +56,7 @@ func TestProxy(t *testing.T) {
 	}))
 	defer upstream.Close()
 
-	g := &gw{t: t, p: fake.New(), clock: &fakeClock{t: time.Now()}}
+	g := &gw{t: t, p: fake.New(), clock: testkit.NewClock(time.Now())}
 	svc, err := sandbox.New(context.Background(), sandbox.Options{
 		Provider: portsFake{g.p, upstream.URL}, StateDir: t.TempDir(), APIKeys: []string{testKey}, ReapInterval: time.Hour,
 	})
