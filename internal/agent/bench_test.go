@@ -33,7 +33,7 @@ func BenchmarkSessionEcho(b *testing.B) {
 		}
 		seen += string(ev.Data)
 	}
-	floor, err := srv.start(ctx, providers.ProcessSpec{Command: "stty raw -echo; echo READY; exec cat", TTY: true})
+	floor, err := srv.startProcess(ctx, providers.ProcessSpec{Command: "stty raw -echo; echo READY; exec cat", TTY: true})
 	if err != nil {
 		b.Fatal(err)
 	}

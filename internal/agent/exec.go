@@ -36,7 +36,11 @@ func (s *Server) runExec(req agentwire.ExecRequest, emit func(typ byte, p []byte
 	if timeout <= 0 {
 		timeout = providers.DefaultExecTimeout
 	}
-	cmd, err := s.command(req.Command, req.User, req.Cwd, req.Env)
+	argv, err := shellArgs(req.Command)
+	if err != nil {
+		return agentwire.ExecResult{Error: providers.Message(err), Kind: agentwire.KindOf(err)}
+	}
+	cmd, err := s.command(argv, req.User, req.Cwd, req.Env)
 	if err != nil {
 		return agentwire.ExecResult{Error: providers.Message(err), Kind: agentwire.KindOf(err)}
 	}

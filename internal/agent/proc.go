@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,20 +23,25 @@ func shell() (string, error) {
 	return "", providers.Errorf(providers.ErrInvalid, "the sandbox has neither /bin/bash nor /bin/sh")
 }
 
-// newCommand prepares command line cmdline (run by bash -c, else sh -c;
-// "" = an interactive login shell) as user in cwd (under root, a path
-// prefix: see Options.Root), with the environment base (the sandbox's)
-// plus env. It does not start it.
-func newCommand(cmdline, uname, cwd, root string, env map[string]string, base []string) (*exec.Cmd, error) {
+// shellArgs is the argv that runs command line cmdline: bash -c, else
+// sh -c; "" is an interactive login shell.
+func shellArgs(cmdline string) ([]string, error) {
 	sh, err := shell()
 	if err != nil {
 		return nil, err
 	}
-	args := []string{sh, "-c", cmdline}
 	if cmdline == "" {
-		args = []string{sh, "-l"}
+		return []string{sh, "-l"}, nil
 	}
-	cmd := &exec.Cmd{Path: sh, Args: args, SysProcAttr: &syscall.SysProcAttr{}}
+	return []string{sh, "-c", cmdline}, nil
+}
+
+// newCommand prepares argv (its first word found in the command's PATH
+// unless it names a path) as user in cwd (under root, a path prefix: see
+// Options.Root), with the environment base (the sandbox's) plus env. It
+// does not start it.
+func newCommand(argv []string, uname, cwd, root string, env map[string]string, base []string) (*exec.Cmd, error) {
+	cmd := &exec.Cmd{Args: argv, SysProcAttr: &syscall.SysProcAttr{}}
 	if cwd != "" {
 		cmd.Dir = root + cwd
 		st, err := os.Stat(cmd.Dir)
@@ -67,7 +73,56 @@ func newCommand(cmdline, uname, cwd, root string, env map[string]string, base []
 	for k, v := range vars {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
+	path, err := lookPath(argv[0], vars["PATH"])
+	if err != nil {
+		return nil, err
+	}
+	cmd.Path = path
 	return cmd, nil
+}
+
+// DefaultPath is a command's PATH when its environment sets none.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// lookPath finds file in path (DefaultPath if "") as the shell would, in
+// the agent's view of the filesystem.
+func lookPath(file, path string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	if path == "" {
+		path = DefaultPath
+	}
+	for _, dir := range strings.Split(path, ":") {
+		if dir == "" {
+			dir = "."
+		}
+		p := dir + "/" + file
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", providers.Errorf(providers.ErrInvalid, "%s: command not found", file)
+}
+
+// SandboxEnv is env (a sandbox's environment) as a sorted KEY=VALUE list,
+// with PATH, and root's HOME, USER and LOGNAME from the sandbox's
+// /etc/passwd, filled in where env does not set them: what a command
+// starts from.
+func SandboxEnv(env map[string]string) []string {
+	vars := map[string]string{"PATH": DefaultPath}
+	if _, home, name, err := lookupUser("0"); err == nil {
+		vars["HOME"], vars["USER"], vars["LOGNAME"] = home, name, name
+	}
+	for k, v := range env {
+		vars[k] = v
+	}
+	out := make([]string, 0, len(vars))
+	for k, v := range vars {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // lookupUser resolves a user name or numeric uid in the sandbox's

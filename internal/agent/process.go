@@ -16,14 +16,15 @@ import (
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
-// Starter starts a terminal session's process. The agent's own starts a
-// process beside it (startProcess); a gateway that hosts sessions in
-// process passes its provider's StartProcess.
-type Starter func(ctx context.Context, spec providers.ProcessSpec) (providers.Process, error)
-
 var procSeq atomic.Int64
 
-// process is a providers.Process the agent started with os/exec.
+// process is a terminal session's process, started with os/exec in its
+// own session and process group, with default signal dispositions. Its
+// methods are safe for concurrent use. Stdout is the PTY master (TTY
+// mode) or the stdout pipe and reaches EOF (or EIO, read as EOF) once the
+// process and every holder of the terminal or pipe are gone; Stderr is
+// nil in TTY mode. Signal reaches the terminal's foreground group (as a
+// keystroke would) in TTY mode, the process's group in pipe mode.
 type process struct {
 	s      *Server
 	cmd    *exec.Cmd
@@ -44,7 +45,7 @@ type process struct {
 // startProcess starts spec's command in its own session (with the PTY as
 // its controlling terminal in TTY mode). Everything it starts carries a
 // marker in its environment, so Kill reaches what left its session.
-func (s *Server) startProcess(_ context.Context, spec providers.ProcessSpec) (providers.Process, error) {
+func (s *Server) startProcess(_ context.Context, spec providers.ProcessSpec) (*process, error) {
 	env := map[string]string{}
 	if spec.TTY {
 		env["TERM"] = providers.DefaultTERM
@@ -52,7 +53,11 @@ func (s *Server) startProcess(_ context.Context, spec providers.ProcessSpec) (pr
 	for k, v := range spec.Env {
 		env[k] = v
 	}
-	cmd, err := s.command(spec.Command, spec.User, spec.Cwd, env)
+	argv, err := shellArgs(spec.Command)
+	if err != nil {
+		return nil, err
+	}
+	cmd, err := s.command(argv, spec.User, spec.Cwd, env)
 	if err != nil {
 		return nil, err
 	}

@@ -262,3 +262,26 @@ func zombie(pid int) bool {
 	}
 	return false
 }
+
+// killDescendants SIGKILLs every descendant of pid, repeating until a
+// pass finds none alive, so a process that forks during a pass is caught
+// by the next.
+func killDescendants(pid int) {
+	for pass := 0; pass < 50; pass++ {
+		tree := procTree()
+		found := false
+		var walk func(p int)
+		walk = func(p int) {
+			for _, c := range tree[p] {
+				if unix.Kill(c, unix.SIGKILL) == nil && !zombie(c) {
+					found = true
+				}
+				walk(c)
+			}
+		}
+		walk(pid)
+		if !found {
+			return
+		}
+	}
+}

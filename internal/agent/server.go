@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,7 +36,6 @@ type Server struct {
 	reaper  *Reaper
 	own     bool // the reaper is the server's: Close stops it
 	opts    Options
-	start   Starter
 
 	mu       sync.Mutex // guards sessions
 	sessions map[string]*session
@@ -55,6 +55,31 @@ type Options struct {
 	// Root prefixes every path a command's cwd names (a local sandbox
 	// without namespaces lives in a directory of the host); "": none.
 	Root string
+	// Files, if set, opens, describes and lists files in place of the
+	// agent's own lookups, on the ForkOn thread; with it the agent also
+	// serves the open op, which hands the opened file itself to a
+	// gateway on a unix socket (a local sandbox's init).
+	Files Files
+	// Forker is the ForkOn thread's id, told to the gateway in the hello
+	// (0: none).
+	Forker int
+	// PIDNamespace says the agent is its sandbox's PID 1, so that
+	// kill(-1) reaches the sandbox's processes and nothing else: the
+	// signal_all op needs it.
+	PIDNamespace bool
+}
+
+// Files is a sandbox's filesystem as a local sandbox's init serves it
+// (see Options.Files). Errors carry their kind and a message for the
+// gateway's client.
+type Files interface {
+	// Open opens the regular file at the absolute path p for reading, or
+	// for writing: created (with missing parents) and truncated.
+	Open(p string, write bool) (*os.File, error)
+	// Stat describes p as lstat does.
+	Stat(p string) (providers.FileInfo, error)
+	// List describes the entries of the directory p (see ReadDir).
+	List(p string) ([]providers.FileInfo, bool, error)
 }
 
 // NewServer returns a server with a reaper of its own. With subreaper it
@@ -79,16 +104,7 @@ func NewServerWith(r *Reaper, o Options) *Server {
 			}
 		}
 	}
-	s := &Server{version: agentwire.Version, reaper: r, opts: o, sessions: map[string]*session{}}
-	s.start = s.startProcess
-	return s
-}
-
-// NewHost returns a server whose sessions' processes start runs: a
-// gateway hosting sessions in its own process for a provider without an
-// agent.
-func NewHost(start Starter) *Server {
-	return &Server{version: agentwire.Version, start: start, sessions: map[string]*session{}}
+	return &Server{version: agentwire.Version, reaper: r, opts: o, sessions: map[string]*session{}}
 }
 
 // spawn starts cmd with start (cmd.Start, or what wraps it) on the fork
@@ -108,15 +124,15 @@ func (s *Server) spawn(cmd *exec.Cmd, start func() error, group bool) (<-chan Ex
 	return ch, err
 }
 
-// command prepares cmdline (see newCommand) with the server's options.
-func (s *Server) command(cmdline, user, cwd string, env map[string]string) (*exec.Cmd, error) {
+// command prepares argv (see newCommand) with the server's options.
+func (s *Server) command(argv []string, user, cwd string, env map[string]string) (*exec.Cmd, error) {
 	if cwd == "" {
 		cwd = s.opts.Workdir
 	}
 	if cwd != "" && s.opts.Root != "" {
 		cwd = filepath.Clean("/" + cwd)
 	}
-	return newCommand(cmdline, user, cwd, s.opts.Root, env, s.opts.Env)
+	return newCommand(argv, user, cwd, s.opts.Root, env, s.opts.Env)
 }
 
 // Close kills every session's process and stops reaping.
@@ -147,7 +163,8 @@ func (s *Server) Serve(conn io.ReadWriteCloser, shutdown func()) error {
 	if b, err := br.Peek(len(agentwire.DirectMagic)); err == nil && string(b) == agentwire.DirectMagic {
 		// A direct connection: one call, no multiplexing (see WithDirect).
 		br.Discard(len(agentwire.DirectMagic))
-		s.handle(joined{br, conn}, shutdown)
+		uc, _ := conn.(*net.UnixConn)
+		s.handle(joined{br, conn}, uc, shutdown)
 		return nil
 	}
 	ys, err := yamux.Server(&agentwire.FrameConn{ReadWriteCloser: joined{br, conn}}, agentwire.MuxConfig())
@@ -165,7 +182,7 @@ func (s *Server) Serve(conn io.ReadWriteCloser, shutdown func()) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.handle(st, shutdown)
+			s.handle(st, nil, shutdown)
 		}()
 	}
 }
@@ -180,7 +197,9 @@ func (j joined) Read(p []byte) (int, error)  { return j.r.Read(p) }
 func (j joined) Write(p []byte) (int, error) { return j.c.Write(p) }
 func (j joined) Close() error                { return j.c.Close() }
 
-func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
+// handle serves one call on st; uc is the unix socket under a direct
+// connection (nil on a stream), which can carry a descriptor.
+func (s *Server) handle(st io.ReadWriteCloser, uc *net.UnixConn, shutdown func()) {
 	defer st.Close()
 	var req agentwire.Request
 	if err := agentwire.ReadMsg(st, &req, agentwire.MaxRequest); err != nil {
@@ -193,12 +212,8 @@ func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 				Error: fmt.Sprintf("the gateway speaks agent protocol %s; this agent speaks %s (%s): run a gateway and agent of one release", req.Version, s.version, build())})
 			return
 		}
-		agentwire.WriteMsg(st, agentwire.Reply{Version: s.version, Agent: build()})
-	case agentwire.OpExec, agentwire.OpRead, agentwire.OpWrite, agentwire.OpStat, agentwire.OpReadDir:
-		if s.reaper == nil {
-			agentwire.WriteMsg(st, agentwire.ErrorReply(providers.Errorf(providers.ErrUnsupported, "this host runs terminal sessions only")))
-			return
-		}
+		agentwire.WriteMsg(st, agentwire.Reply{Version: s.version, Agent: build(), Forker: s.opts.Forker})
+		return
 	}
 	switch req.Op {
 	case agentwire.OpExec:
@@ -210,7 +225,7 @@ func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 			s.execOverStream(st, *req.Exec)
 		}
 	case agentwire.OpRead:
-		f, size, err := openRead(req.Path)
+		f, size, err := s.openRead(req.Path)
 		if err != nil {
 			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
@@ -222,21 +237,21 @@ func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 			io.CopyN(st, f, size)
 		}
 	case agentwire.OpWrite:
-		n, err := writeTo(req.Path, st)
+		n, err := s.writeTo(req.Path, st)
 		if err != nil {
 			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
 		}
 		agentwire.WriteMsg(st, agentwire.Reply{Size: n})
 	case agentwire.OpStat:
-		fi, err := statPath(req.Path)
+		fi, err := s.stat(req.Path)
 		if err != nil {
 			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
 		}
 		agentwire.WriteMsg(st, agentwire.Reply{File: &fi})
 	case agentwire.OpReadDir:
-		files, truncated, err := listPath(req.Path)
+		files, truncated, err := s.list(req.Path)
 		if err != nil {
 			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
@@ -262,6 +277,27 @@ func (s *Server) handle(st io.ReadWriteCloser, shutdown func()) {
 			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
 			return
 		}
+		agentwire.WriteMsg(st, agentwire.Reply{})
+	case agentwire.OpOpen:
+		s.open(st, uc, req)
+	case agentwire.OpSpawn:
+		if req.Exec == nil || len(req.Exec.Argv) == 0 {
+			agentwire.WriteMsg(st, agentwire.ErrorReply(providers.Errorf(providers.ErrInvalid, "spawn without argv")))
+			return
+		}
+		if err := s.spawnArgv(*req.Exec); err != nil {
+			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
+			return
+		}
+		agentwire.WriteMsg(st, agentwire.Reply{})
+	case agentwire.OpSignalAll:
+		if err := s.signalAll(req.Signal); err != nil {
+			agentwire.WriteMsg(st, agentwire.ErrorReply(err))
+			return
+		}
+		agentwire.WriteMsg(st, agentwire.Reply{})
+	case agentwire.OpKillAll:
+		killDescendants(os.Getpid())
 		agentwire.WriteMsg(st, agentwire.Reply{})
 	case agentwire.OpShutdown:
 		agentwire.WriteMsg(st, agentwire.Reply{})

@@ -36,7 +36,7 @@ type session struct {
 	gone   bool              // deleted: subscribers end
 	subs   map[*sub]struct{} // the attached subscribers
 
-	proc providers.Process // nil until started
+	proc *process // nil until started
 }
 
 // chanMark says the output from off on is on channel ch, until the next
@@ -106,7 +106,7 @@ func (s *Server) launch(ctx context.Context, ss *session, tty bool) error {
 	}
 	spec := ss.spec
 	spec.TTY = tty
-	proc, err := s.start(ctx, spec)
+	proc, err := s.startProcess(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -255,7 +255,7 @@ func (ss *session) own(drained chan struct{}) {
 }
 
 // started is the process, nil before a deferred session's first attach.
-func (ss *session) started() providers.Process {
+func (ss *session) started() *process {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return ss.proc

@@ -14,6 +14,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -50,6 +51,7 @@ var ErrViolation = errors.New("the gateway closed its connection to the sandbox'
 type Client struct {
 	ys     *yamux.Session
 	agent  string
+	forker int
 	direct func(context.Context) (net.Conn, error) // see WithDirect
 
 	mu        sync.Mutex // guards violation
@@ -100,12 +102,16 @@ func dial(ctx context.Context, conn io.ReadWriteCloser, version string) (*Client
 		ys.Close()
 		return nil, fmt.Errorf("the sandbox agent speaks protocol %q (%s); this gateway speaks %s", rep.Version, rep.Agent, version)
 	}
-	c.agent = rep.Agent
+	c.agent, c.forker = rep.Agent, rep.Forker
 	return c, nil
 }
 
 // Agent describes the agent (its build and protocol).
 func (c *Client) Agent() string { return c.agent }
+
+// Forker is the id of the thread the agent forks every command on, in
+// the sandbox's pid namespace (a local sandbox's init), or 0.
+func (c *Client) Forker() int { return c.forker }
 
 // Done is closed when the connection ends.
 func (c *Client) Done() <-chan struct{} { return c.ys.CloseChan() }
@@ -334,6 +340,83 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 // noteSlack is room past an exec's stderr cap for the agent's own notes
 // (the out-of-memory kill).
 const noteSlack = 4 << 10
+
+// Open opens the regular file at path inside the sandbox, for reading or
+// (created with its parents, truncated) for writing, and returns the file
+// itself: the agent passes its descriptor over a direct connection, which
+// must be a unix socket (WithDirect; a local sandbox's init). The gateway
+// then streams through it; anything but a regular file is a lie.
+func (c *Client) Open(ctx context.Context, path string, write bool) (*os.File, error) {
+	if c.direct == nil {
+		return nil, providers.Errorf(providers.ErrUnsupported, "open needs a direct connection")
+	}
+	conn, err := c.direct(ctx)
+	if err != nil {
+		return nil, c.fail(err)
+	}
+	defer conn.Close()
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return nil, providers.Errorf(providers.ErrUnsupported, "open needs a unix socket")
+	}
+	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(time.Now()) })
+	defer stop()
+	_, err = uc.Write([]byte(agentwire.DirectMagic))
+	if err == nil {
+		err = agentwire.WriteMsg(uc, agentwire.Request{Op: agentwire.OpOpen, Path: path, Write: write})
+	}
+	var rep agentwire.Reply
+	var files []*os.File
+	if err == nil {
+		files, err = agentwire.ReadMsgFile(uc, &rep, agentwire.MaxReply)
+	}
+	closeAll := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		closeAll()
+		return nil, ctx.Err()
+	case err != nil:
+		closeAll()
+		return nil, c.fail(err)
+	case rep.Error != "":
+		closeAll()
+		return nil, agentwire.RemoteError(rep.Error, rep.Kind)
+	case len(files) != 1:
+		closeAll()
+		return nil, c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("open answered with %d descriptors, want 1", len(files))})
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(files[0].Fd()), &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		closeAll()
+		return nil, c.violate(&agentwire.ProtocolError{What: "open answered with a descriptor that is not a regular file"})
+	}
+	return files[0], nil
+}
+
+// Spawn starts argv in the sandbox in the background, in the sandbox's
+// workdir and environment, its output discarded, and returns once it
+// started (the entrypoint).
+func (c *Client) Spawn(ctx context.Context, argv []string) error {
+	_, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpSpawn, Exec: &agentwire.ExecRequest{Argv: argv}})
+	return err
+}
+
+// SignalAll sends sig to every process of the sandbox but its agent, the
+// sandbox's PID 1.
+func (c *Client) SignalAll(ctx context.Context, sig syscall.Signal) error {
+	_, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpSignalAll, Signal: int(sig)})
+	return err
+}
+
+// KillAll SIGKILLs every descendant of the agent.
+func (c *Client) KillAll(ctx context.Context) error {
+	_, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpKillAll})
+	return err
+}
 
 // StatFile describes the file at path (a symlink is not followed).
 func (c *Client) StatFile(ctx context.Context, path string) (providers.FileInfo, error) {

@@ -47,6 +47,12 @@ const (
 	OpAttach   = "session.attach"
 	OpDelete   = "session.delete"
 	OpShutdown = "shutdown" // tests: the agent exits
+
+	// A local sandbox's init (package providers/local) serves these too.
+	OpOpen      = "open"       // open a file and pass its descriptor (a unix socket's direct connection only)
+	OpSpawn     = "spawn"      // start Exec.Argv in the background, output discarded (the entrypoint)
+	OpSignalAll = "signal_all" // kill(-1, Signal): every process of the sandbox but the agent (its PID 1)
+	OpKillAll   = "kill_all"   // SIGKILL every descendant of the agent
 )
 
 // request is the first message of every stream.
@@ -54,7 +60,9 @@ type Request struct {
 	Op      string          `json:"op"`
 	Version string          `json:"version,omitempty"` // hello
 	Exec    *ExecRequest    `json:"exec,omitempty"`
-	Path    string          `json:"path,omitempty"`    // read, write
+	Path    string          `json:"path,omitempty"`    // read, write, stat, readdir, open
+	Write   bool            `json:"write,omitempty"`   // open: create (with parents) and truncate, else read
+	Signal  int             `json:"signal,omitempty"`  // signal_all
 	Session string          `json:"session,omitempty"` // attach, delete
 	Since   int64           `json:"since,omitempty"`   // attach
 	TTY     *bool           `json:"tty,omitempty"`     // attach: the mode of a deferred session's start
@@ -68,11 +76,16 @@ type Request struct {
 // reply is the agent's first message on a stream; Error set means the op
 // failed and nothing follows.
 type Reply struct {
-	Error    string        `json:"error,omitempty"`
-	Kind     string        `json:"kind,omitempty"` // the providers error kind of Error
-	Version  string        `json:"version,omitempty"`
-	Agent    string        `json:"agent,omitempty"` // hello: the agent's build
-	Size     int64         `json:"size,omitempty"`  // read: the file's size; write: bytes written
+	Error   string `json:"error,omitempty"`
+	Kind    string `json:"kind,omitempty"` // the providers error kind of Error
+	Version string `json:"version,omitempty"`
+	Agent   string `json:"agent,omitempty"` // hello: the agent's build
+	// Forker (hello) is the id of the thread every command forks on, in
+	// the sandbox's pid namespace, when the agent has one (a local
+	// sandbox's init): the gateway moves that thread alone into the
+	// sandbox's pids cgroup.
+	Forker   int           `json:"forker,omitempty"`
+	Size     int64         `json:"size,omitempty"` // read: the file's size; write: bytes written
 	Session  *SessionInfo  `json:"session,omitempty"`
 	Sessions []SessionInfo `json:"sessions,omitempty"`
 	Replay   int64         `json:"replay,omitempty"` // attach: the offset of the first replayed byte
@@ -84,7 +97,9 @@ type Reply struct {
 
 // execRequest is providers.ExecRequest on the wire.
 type ExecRequest struct {
-	Command            string            `json:"command"`
+	Command string   `json:"command"`
+	Argv    []string `json:"argv,omitempty"` // spawn: run as is, found in the PATH
+
 	Cwd                string            `json:"cwd,omitempty"`
 	Env                map[string]string `json:"env,omitempty"`
 	TimeoutMS          int64             `json:"timeout_ms"`

@@ -9,7 +9,6 @@ import (
 	"context"
 	"io"
 	"io/fs"
-	"syscall"
 	"time"
 )
 
@@ -198,32 +197,6 @@ type ProcessSpec struct {
 	Cols    uint16            // 0 = 80
 }
 
-// Process is a running process started by a ProcessStarter. Its methods
-// are safe for concurrent use. The process runs in its own session and
-// process group, with default signal dispositions.
-type Process interface {
-	// Stdout is the PTY master's output (TTY mode) or the stdout pipe.
-	// It reaches EOF (or EIO, which callers treat as EOF) after the
-	// process and every holder of the terminal or pipe is gone.
-	Stdout() io.Reader
-	// Stderr is the stderr pipe; nil in TTY mode.
-	Stderr() io.Reader
-	// Stdin writes to the PTY or the stdin pipe. Close sends EOF
-	// (pipe mode); in TTY mode it is a no-op until Kill.
-	Stdin() io.WriteCloser
-	// Resize sets the terminal size; ErrUnsupported in pipe mode.
-	Resize(rows, cols uint16) error
-	// Signal delivers sig: in TTY mode to the terminal's foreground
-	// process group (as a keyboard Ctrl-C would), in pipe mode to the
-	// process's group.
-	Signal(sig syscall.Signal) error
-	// Wait blocks until the process exits and returns its exit code
-	// (128+N when killed by signal N). It may be called more than once.
-	Wait() (int, error)
-	// Kill kills the process group and releases the terminal/pipes.
-	Kill() error
-}
-
 // FileInfo describes one file in a sandbox, as lstat sees it (a symlink
 // is not followed).
 type FileInfo struct {
@@ -280,10 +253,4 @@ type Snapshotter interface {
 // replicas create.
 type Sweeper interface {
 	Sweep(ctx context.Context) error
-}
-
-// ProcessStarter is implemented by providers that can run terminal
-// sessions. ctx bounds only the start; the process outlives it.
-type ProcessStarter interface {
-	StartProcess(ctx context.Context, id string, spec ProcessSpec) (Process, error)
 }

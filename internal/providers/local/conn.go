@@ -6,23 +6,28 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"slices"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
+
+// A sandbox's init is its agent: it serves package agent's protocol (the
+// one every provider speaks) on a unix socket in the sandbox's directory,
+// bound by the gateway and handed to init. Init holds each terminal
+// session's process, terminal or pipes, retained output and exit status,
+// so the sessions outlive the gateway as the sandbox does. Each call that
+// streams (a terminal attachment, a file) gets a direct connection of its
+// own; a file is passed as its descriptor.
+
+var _ agentclient.Provider = (*Local)(nil)
 
 // sockAddr is the agent socket's path, shortened through /proc/self/fd
 // when it would not fit a sockaddr_un; the returned file (if any) must stay
 // open while the path is used.
 func sockAddr(dir string) (string, *os.File, error) {
-	return sockAddrOf(dir, socketName)
-}
-
-func sockAddrOf(dir, socketName string) (string, *os.File, error) {
 	p := dir + "/" + socketName
 	if len(p) < 100 {
 		return p, nil, nil
@@ -44,7 +49,7 @@ func listenAgent(dir string) (*os.File, error) {
 	if d != nil {
 		defer d.Close()
 	}
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: addr, Net: "unixpacket"})
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
 	if err != nil {
 		return nil, err
 	}
@@ -54,28 +59,8 @@ func listenAgent(dir string) (*os.File, error) {
 	return f, err
 }
 
-// listenSessions binds the stream socket of init's terminal session host
-// in dir and returns it as a file to hand to init.
-func listenSessions(dir string) (*os.File, error) {
-	addr, d, err := sockAddrOf(dir, sessionsSocket)
-	if err != nil {
-		return nil, err
-	}
-	if d != nil {
-		defer d.Close()
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
-	if err != nil {
-		return nil, err
-	}
-	ln.SetUnlinkOnClose(false)
-	f, err := ln.File()
-	ln.Close()
-	return f, err
-}
-
 // dial connects to the sandbox's agent.
-func (sb *sandbox) dial(ctx context.Context) (*net.UnixConn, error) {
+func (sb *sandbox) dial(ctx context.Context) (net.Conn, error) {
 	addr, d, err := sockAddr(sb.dir)
 	if err != nil {
 		return nil, err
@@ -83,85 +68,102 @@ func (sb *sandbox) dial(ctx context.Context) (*net.UnixConn, error) {
 	if d != nil {
 		defer d.Close()
 	}
-	var dl net.Dialer
-	c, err := dl.DialContext(ctx, "unixpacket", addr)
+	var dialer net.Dialer
+	return dialer.DialContext(ctx, "unix", addr)
+}
+
+// Agent returns the gateway's connection to sandbox id's agent, its
+// init (see sandbox.agent).
+func (l *Local) Agent(ctx context.Context, id string) (*agentclient.Client, error) {
+	sb, err := l.running(id)
 	if err != nil {
 		return nil, err
 	}
-	return c.(*net.UnixConn), nil
+	return sb.agent(ctx)
 }
 
-// call sends one request and reads its reply.
-func (sb *sandbox) call(ctx context.Context, req request) (reply, error) {
-	c, err := sb.dial(ctx)
+// agent returns the gateway's connection to sb's init, connecting when
+// there is none or it broke. An init that broke the protocol (sandbox root
+// can replace it) is not reconnected: the sandbox is in error
+// (ErrConflict) until deleted.
+func (sb *sandbox) agent(ctx context.Context) (*agentclient.Client, error) {
+	sb.hostMu.Lock()
+	defer sb.hostMu.Unlock()
+	if c := sb.host; c != nil {
+		if why := c.Violation(); why != "" {
+			return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is in error: %s", sb.id, why)
+		}
+		select {
+		case <-c.Done():
+		default:
+			return c, nil
+		}
+	}
+	conn, err := sb.dial(ctx)
 	if err != nil {
-		return reply{}, err
+		return nil, sb.unreachable(err)
 	}
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
-	defer stop()
-	if err := sendMsg(c, req); err != nil {
-		return reply{}, err
-	}
-	var rep reply
-	files, err := recvMsg(c, &rep)
-	closeFiles(files)
+	c, err := agentclient.Dial(ctx, conn, agentclient.WithDirect(sb.dial))
 	if err != nil {
-		return reply{}, err
+		return nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox "+sb.id+": its agent")
 	}
-	if rep.Error != "" {
-		return rep, errors.New(rep.Error)
-	}
-	return rep, nil
+	sb.host = c
+	return c, nil
 }
 
-// forkerTid asks the agent for its forker thread's id (in the sandbox's
-// pid namespace).
-func (sb *sandbox) forkerTid(ctx context.Context) (int, error) {
-	rep, err := sb.call(ctx, request{Op: opPing})
-	if err == nil && rep.Pid <= 0 {
-		err = errors.New("agent did not name its forker thread")
+// unreachable is the error for an agent that does not answer: the
+// sandbox's state when it is no longer running, else ErrUnavailable.
+func (sb *sandbox) unreachable(err error) error {
+	if s := sb.state(); s != providers.StateRunning {
+		return providers.Errorf(providers.ErrConflict, "sandbox %s is %s", sb.id, s)
 	}
-	return rep.Pid, err
+	return providers.Wrap(providers.ErrUnavailable, err, "sandbox "+sb.id+": its agent does not answer")
 }
 
-// spawn starts argv in the background (the entrypoint), output discarded.
-func (sb *sandbox) spawn(ctx context.Context, argv []string) error {
-	null, err := os.Open(os.DevNull)
+// call runs fn on sb's agent connection, mapping a connection that is
+// gone to the sandbox's state (and dropping it, to reconnect next time).
+func (sb *sandbox) call(ctx context.Context, fn func(c *agentclient.Client) error) error {
+	c, err := sb.agent(ctx)
 	if err != nil {
 		return err
 	}
-	defer null.Close()
-	c, err := sb.dial(ctx)
-	if err != nil {
-		return providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
+	err = fn(c)
+	if err == nil || ctx.Err() != nil {
+		return err
 	}
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
-	defer stop()
-	req := request{Op: opExec, Argv: argv, Env: envList(sb.st.Env, nil), Dir: sb.hostPath(sb.st.Workdir), Preserve: true}
-	if err := sendMsg(c, req, null, null, null); err != nil {
-		return providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
+	if errors.Is(err, agentclient.ErrGone) {
+		sb.dropHost()
+		return sb.unreachable(err)
 	}
-	var rep reply
-	files, err := recvMsg(c, &rep)
-	closeFiles(files)
-	if err != nil {
-		return providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
-	}
-	if rep.Error != "" {
-		return providers.Errorf(providers.ErrInvalid, "entrypoint: %s", sb.clientMsg(rep.Error))
-	}
-	return nil
+	return err
 }
 
-// hostPath is where a sandbox path is for the agent: itself with
-// namespaces, under <dir>/fs without.
-func (sb *sandbox) hostPath(p string) string {
-	if sb.st.Isolation == IsolationNone {
-		return sb.dir + "/fs" + p
+// hostViolation is why the gateway cut its connection to sb's agent for
+// breaking the protocol, or "".
+func (sb *sandbox) hostViolation() string {
+	sb.hostMu.Lock()
+	defer sb.hostMu.Unlock()
+	if sb.host == nil {
+		return ""
 	}
-	return p
+	return sb.host.Violation()
+}
+
+// dropHost closes the gateway's connection to sb's agent. One that broke
+// the protocol is kept (its connection is closed already): it is why the
+// sandbox is in error.
+func (sb *sandbox) dropHost() {
+	sb.hostMu.Lock()
+	c := sb.host
+	if c != nil && c.Violation() != "" {
+		sb.hostMu.Unlock()
+		return
+	}
+	sb.host = nil
+	sb.hostMu.Unlock()
+	if c != nil {
+		c.Close()
+	}
 }
 
 // clientMsg removes the host part of paths from an agent's message.
@@ -170,21 +172,4 @@ func (sb *sandbox) clientMsg(msg string) string {
 		msg = strings.ReplaceAll(msg, sb.dir+"/fs", "")
 	}
 	return msg
-}
-
-// envList merges base and extra (extra wins) into a sorted KEY=VALUE list.
-func envList(base, extra map[string]string) []string {
-	m := make(map[string]string, len(base)+len(extra))
-	for k, v := range base {
-		m[k] = v
-	}
-	for k, v := range extra {
-		m[k] = v
-	}
-	out := make([]string, 0, len(m))
-	for k, v := range m {
-		out = append(out, k+"="+v)
-	}
-	slices.Sort(out)
-	return out
 }

@@ -223,16 +223,27 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 			sb.unwatch()
 		}
 	}()
-	tid, err := sb.forkerTid(readyCtx)
+	c, err := sb.agent(readyCtx)
 	if err != nil {
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
 	}
-	if err := joinPids(st.Cgroups["pids"], pid, tid); err != nil {
+	defer func() {
+		if !ok {
+			sb.dropHost()
+		}
+	}()
+	if c.Forker() <= 0 {
+		return providers.Sandbox{}, providers.Errorf(providers.ErrUnavailable, "sandbox agent did not name its forker thread")
+	}
+	if err := joinPids(st.Cgroups["pids"], pid, c.Forker()); err != nil {
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply the process limit")
 	}
 	if spec.Entrypoint != nil {
-		if err := sb.spawn(readyCtx, spec.Entrypoint); err != nil {
-			return providers.Sandbox{}, err
+		if err := c.Spawn(readyCtx, spec.Entrypoint); err != nil {
+			if k := providers.Kind(err); k != nil {
+				return providers.Sandbox{}, providers.Errorf(k, "entrypoint: %s", sb.clientMsg(providers.Message(err)))
+			}
+			return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
 		}
 	}
 	l.mu.Lock()
@@ -384,11 +395,6 @@ func (l *Local) startInit(ctx context.Context, dir string, cfg initConfig, st *p
 		return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot create agent socket")
 	}
 	defer lf.Close()
-	sf, err := listenSessions(dir)
-	if err != nil {
-		return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot create session socket")
-	}
-	defer sf.Close()
 	logf, err := os.OpenFile(dir+"/"+logName, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return 0, providers.Wrap(providers.ErrUnavailable, err, "cannot create init log")
@@ -411,7 +417,7 @@ func (l *Local) startInit(ctx context.Context, dir string, cfg initConfig, st *p
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{lf, rw, cfgR, sf}
+	cmd.ExtraFiles = []*os.File{lf, rw, cfgR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if cfg.Isolation == IsolationNamespaces {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNS

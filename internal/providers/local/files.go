@@ -3,17 +3,15 @@ package local
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path"
 	"strings"
-	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -138,24 +136,6 @@ func onKernelFS(fd int) error {
 	return nil
 }
 
-// openInSandbox opens the regular file at the absolute path p, resolved
-// inside this process's root (see openUnder). Runs in the agent.
-func openInSandbox(p string, write bool) (*os.File, error) {
-	rel, err := relPath(p)
-	if err != nil {
-		return nil, err
-	}
-	if rel == "." {
-		return nil, unix.EISDIR
-	}
-	root, err := os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	return openUnder(root, rel, write)
-}
-
 // openUnder opens rel, resolved inside root, for reading or writing
 // (created 0644 with missing parents 0755, truncated): a regular file,
 // not on a kernel interface filesystem. The parent directory is checked
@@ -250,81 +230,6 @@ func listUnder(root *os.File, rel string) ([]providers.FileInfo, bool, error) {
 	return agent.ReadDir(d)
 }
 
-// statInSandbox and listInSandbox describe the absolute path p resolved
-// inside this process's root. They run in the agent, as sandbox root.
-func statInSandbox(p string) (providers.FileInfo, error) {
-	var fi providers.FileInfo
-	err := inRoot(p, func(root *os.File, rel string) (err error) {
-		fi, err = statUnder(root, rel)
-		return err
-	})
-	return fi, err
-}
-
-func listInSandbox(p string) (entries []providers.FileInfo, truncated bool, err error) {
-	err = inRoot(p, func(root *os.File, rel string) (err error) {
-		entries, truncated, err = listUnder(root, rel)
-		return err
-	})
-	return entries, truncated, err
-}
-
-// inRoot calls fn with this process's root and p relative to it.
-func inRoot(p string, fn func(root *os.File, rel string) error) error {
-	rel, err := relPath(p)
-	if err != nil {
-		return err
-	}
-	root, err := os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	return fn(root, rel)
-}
-
-// describe has the sandbox's agent describe the file (opStat) or list the
-// directory (opList) at p; with isolation "none" the gateway does it
-// against the sandbox's directory.
-func (sb *sandbox) describe(ctx context.Context, op, p string) ([]providers.FileInfo, bool, error) {
-	if sb.st.Isolation == IsolationNamespaces {
-		rep, files, err := sb.fileCall(ctx, request{Op: op, Path: p})
-		closeFiles(files)
-		if err != nil {
-			return nil, false, err
-		}
-		if op == opStat && len(rep.Entries) != 1 {
-			return nil, false, fmt.Errorf("stat in %s: agent sent %d entries, want 1", sb.id, len(rep.Entries))
-		}
-		// The agent is bounded by the same cap; more is a lie.
-		if len(rep.Entries) > providers.MaxDirEntries {
-			rep.Entries, rep.Truncated = rep.Entries[:providers.MaxDirEntries], true
-		}
-		return rep.Entries, rep.Truncated, nil
-	}
-	rel, err := relPath(p)
-	if err != nil {
-		return nil, false, err
-	}
-	root, err := sb.openRoot()
-	if err != nil {
-		return nil, false, err
-	}
-	defer root.Close()
-	if op == opStat {
-		fi, err := statUnder(root, rel)
-		if err != nil {
-			return nil, false, fileErr(err)
-		}
-		return []providers.FileInfo{fi}, false, nil
-	}
-	entries, truncated, err := listUnder(root, rel)
-	if err != nil {
-		return nil, false, fileErr(err)
-	}
-	return entries, truncated, nil
-}
-
 // StatFile describes the file at p, as lstat does (a symlink's target as
 // readlink gives it inside the sandbox). ErrNotFound if missing,
 // ErrInvalid for a path that escapes or is on a kernel interface
@@ -337,11 +242,12 @@ func (l *Local) StatFile(ctx context.Context, id, p string) (providers.FileInfo,
 	if _, err := relPath(p); err != nil {
 		return providers.FileInfo{}, err
 	}
-	fis, _, err := sb.describe(ctx, opStat, p)
-	if err != nil {
-		return providers.FileInfo{}, err
-	}
-	return fis[0], nil
+	var fi providers.FileInfo
+	err = sb.call(ctx, func(c *agentclient.Client) (err error) {
+		fi, err = c.StatFile(ctx, p)
+		return err
+	})
+	return fi, err
 }
 
 // ListDir lists the directory at p (see StatFile); ErrInvalid if p is
@@ -354,65 +260,13 @@ func (l *Local) ListDir(ctx context.Context, id, p string) ([]providers.FileInfo
 	if _, err := relPath(p); err != nil {
 		return nil, false, err
 	}
-	entries, truncated, err := sb.describe(ctx, opList, p)
-	if errors.Is(err, unix.ENOTDIR) {
-		return nil, false, providers.Wrap(providers.ErrInvalid, err, p+" is not a directory")
-	}
+	var entries []providers.FileInfo
+	var truncated bool
+	err = sb.call(ctx, func(c *agentclient.Client) (err error) {
+		entries, truncated, err = c.ListDir(ctx, p)
+		return err
+	})
 	return entries, truncated, err
-}
-
-// openVia has the sandbox's agent open a file (req: see openInSandbox)
-// and returns it.
-func (sb *sandbox) openVia(ctx context.Context, req request) (*os.File, error) {
-	_, files, err := sb.fileCall(ctx, req)
-	if err != nil {
-		closeFiles(files)
-		return nil, err
-	}
-	if len(files) != 1 {
-		closeFiles(files)
-		return nil, fmt.Errorf("open in %s: agent sent %d descriptors, want 1", sb.id, len(files))
-	}
-	return files[0], nil
-}
-
-// fileCall sends a file operation to the sandbox's agent and returns its
-// reply and the descriptors that came with it (the caller closes them),
-// or the agent's error as a kind (see fileErr).
-func (sb *sandbox) fileCall(ctx context.Context, req request) (reply, []*os.File, error) {
-	c, err := sb.dial(ctx)
-	if err != nil {
-		if s := sb.state(); s != providers.StateRunning {
-			return reply{}, nil, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", sb.id, s)
-		}
-		return reply{}, nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
-	}
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
-	defer stop()
-	if err := sendMsg(c, req); err != nil {
-		return reply{}, nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
-	}
-	var rep reply
-	files, err := recvMsg(c, &rep)
-	if err != nil {
-		closeFiles(files)
-		if ctx.Err() != nil {
-			return reply{}, nil, ctx.Err()
-		}
-		return reply{}, nil, providers.Wrap(providers.ErrUnavailable, err, "sandbox agent does not answer")
-	}
-	if rep.Error != "" {
-		closeFiles(files)
-		switch {
-		case rep.Errno != 0:
-			return reply{}, nil, fileErr(syscall.Errno(rep.Errno))
-		case rep.Error == errKernelFS.Error():
-			return reply{}, nil, fileErr(errKernelFS)
-		}
-		return reply{}, nil, providers.Errorf(providers.ErrInvalid, "%s", rep.Error)
-	}
-	return rep, files, nil
 }
 
 // WriteFile streams r into the file at p, creating parent directories
@@ -431,7 +285,7 @@ func (l *Local) WriteFile(ctx context.Context, id, p string, r io.Reader) (int64
 	if rel == "." {
 		return 0, providers.Errorf(providers.ErrInvalid, "is a directory")
 	}
-	f, err := sb.open(ctx, p, rel, true)
+	f, err := sb.open(ctx, p, true)
 	if err != nil {
 		return 0, err
 	}
@@ -453,23 +307,14 @@ func (l *Local) WriteFile(ctx context.Context, id, p string, r io.Reader) (int64
 	return n, nil
 }
 
-// open opens the sandbox file at p (rel: p relative to the root) for
-// reading or writing: through the agent with namespaces, else resolved
-// here against the sandbox's directory.
-func (sb *sandbox) open(ctx context.Context, p, rel string, write bool) (*os.File, error) {
-	if sb.st.Isolation == IsolationNamespaces {
-		return sb.openVia(ctx, request{Op: opOpen, Path: p, Write: write})
-	}
-	root, err := sb.openRoot()
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	f, err := openUnder(root, rel, write)
-	if err != nil {
-		return nil, fileErr(err)
-	}
-	return f, nil
+// open has the sandbox's agent open the file at p, for reading or
+// writing, and pass it here.
+func (sb *sandbox) open(ctx context.Context, p string, write bool) (f *os.File, err error) {
+	err = sb.call(ctx, func(c *agentclient.Client) (err error) {
+		f, err = c.Open(ctx, p, write)
+		return err
+	})
+	return f, err
 }
 
 // mkdirParents creates the missing parent directories of rel, each one
@@ -534,11 +379,10 @@ func (l *Local) ReadFile(ctx context.Context, id, p string) (io.ReadCloser, int6
 	if err != nil {
 		return nil, 0, err
 	}
-	rel, err := relPath(p)
-	if err != nil {
+	if _, err := relPath(p); err != nil {
 		return nil, 0, err
 	}
-	f, err := sb.open(ctx, p, rel, false)
+	f, err := sb.open(ctx, p, false)
 	if err != nil {
 		return nil, 0, err
 	}

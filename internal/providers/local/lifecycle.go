@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"os"
 	"path/filepath"
 	"strings"
@@ -74,7 +75,7 @@ func (l *Local) setPaused(ctx context.Context, id string, pause bool) error {
 			return fmt.Errorf("%s sandbox %s: %w", verb, id, err)
 		}
 	}
-	if _, err := sb.call(ctx, request{Op: opSignal, Signal: int(sig)}); err != nil {
+	if err := sb.call(ctx, func(c *agentclient.Client) error { return c.SignalAll(ctx, sig) }); err != nil {
 		return fmt.Errorf("%s sandbox %s: %w", verb, id, err)
 	}
 	if !pause {
@@ -145,7 +146,8 @@ func destroy(ctx context.Context, dir string, st persisted) error {
 			// No pid namespace takes the commands down with init.
 			sb := &sandbox{dir: dir, st: st}
 			kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			sb.call(kctx, request{Op: opKillAll})
+			sb.call(kctx, func(c *agentclient.Client) error { return c.KillAll(kctx) })
+			sb.dropHost()
 			cancel()
 		}
 		if err := killInit(ctx, st); err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
 	"github.com/sandgate/sandgate/internal/testkit/terminals"
@@ -55,11 +56,12 @@ func (l leakCheckedM) Run() int {
 func leftovers() []string {
 	var out []string
 	mine := cgroupPrefix + providertest.IDPrefix
-	for _, p := range scanProcs() {
-		b, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/cmdline")
-		cg, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/cgroup")
+	pids, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range pids {
+		b, _ := os.ReadFile(p + "/cmdline")
+		cg, _ := os.ReadFile(p + "/cgroup")
 		if strings.Contains(string(b), initArg) && strings.Contains(string(cg), mine) {
-			out = append(out, "init pid "+strconv.Itoa(p.pid))
+			out = append(out, "init pid "+strings.TrimPrefix(p, "/proc/"))
 		}
 	}
 	own := ownCgroups()
@@ -559,19 +561,18 @@ time.sleep(120)  # stale-marker
 	if _, err := l.WriteFile(ctxT(t), id, "/workspace/stale.py", strings.NewReader(script)); err != nil {
 		t.Fatal(err)
 	}
-	p, err := l.StartProcess(ctxT(t), id, providers.ProcessSpec{Command: "exec python3 /workspace/stale.py", TTY: true})
+	c, err := l.Agent(ctxT(t), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Kill()
+	p := startSession(t, c, "stale", "exec python3 /workspace/stale.py")
 	var out bytes.Buffer
-	buf := make([]byte, 4096)
 	for !strings.Contains(out.String(), "stale-ready") {
-		n, err := p.Stdout().Read(buf)
-		out.Write(buf[:n])
-		if err != nil {
-			t.Fatalf("reading the terminal: %v (%q)", err, out.String())
+		ev, err := p.Next()
+		if err != nil || ev.Exited {
+			t.Fatalf("reading the terminal: %v %+v (%q)", err, ev, out.String())
 		}
+		out.Write(ev.Data)
 	}
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT, syscall.SIGHUP, syscall.SIGKILL} {
 		if err := p.Signal(sig); err != nil {
@@ -591,11 +592,7 @@ time.sleep(120)  # stale-marker
 	}
 
 	// A shell's foreground command gets the keyboard's signal.
-	sh2, err := l.StartProcess(ctxT(t), id, providers.ProcessSpec{Command: "sleep 100; echo interrupted-$?", TTY: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sh2.Kill()
+	sh2 := startSession(t, c, "sh2", "sleep 100; echo interrupted-$?")
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if got, _ := sh(t, l, id, "ps -eo args | grep -c '^[s]leep 100'"); got == "1\n" {
@@ -608,9 +605,34 @@ time.sleep(120)  # stale-marker
 	if err := sh2.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	if code, err := sh2.Wait(); err != nil || code == 0 {
-		t.Errorf("after SIGINT to the foreground: %d %v", code, err)
+	for {
+		ev, err := sh2.Next()
+		if err != nil {
+			t.Fatalf("after SIGINT to the foreground: %v", err)
+		}
+		if ev.Exited {
+			if ev.Code == 0 {
+				t.Errorf("after SIGINT to the foreground: exit %d", ev.Code)
+			}
+			break
+		}
 	}
+}
+
+// startSession starts a terminal session running command on c and
+// attaches to it; the session is deleted at the test's end.
+func startSession(t *testing.T, c *agentclient.Client, id, command string) *agentclient.Attachment {
+	t.Helper()
+	if _, err := c.StartSession(ctxT(t), id, providers.ProcessSpec{Command: command, TTY: true}, false, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.DeleteSession(context.Background(), id) })
+	a, err := c.Attach(ctxT(t), id, 0, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
 }
 
 // TestExecUsage: an exec reports what its command used, measured inside

@@ -31,7 +31,6 @@ const (
 	fdListener = 3 // the agent's listening socket, bound by the gateway
 	fdReady    = 4 // write end of the readiness pipe
 	fdConfig   = 5 // read end of a pipe holding the initConfig JSON
-	fdSessions = 6 // the terminal session host's listening socket, bound by the gateway
 )
 
 // nsFlags are the namespaces of a sandbox. The cgroup namespace is rooted
@@ -156,7 +155,7 @@ func runSetup() int {
 	cmd := exec.Command("/proc/self/exe", initArg)
 	cmd.Env = []string{}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	cmd.ExtraFiles = []*os.File{os.NewFile(fdListener, "listener"), ready, cfgR, os.NewFile(fdSessions, "sessions")}
+	cmd.ExtraFiles = []*os.File{os.NewFile(fdListener, "listener"), ready, cfgR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	disk := -1 // the sandbox's filesystem, a detached mount
 	if cfg.Isolation == IsolationNamespaces {
@@ -339,23 +338,16 @@ func runInit() int {
 	if err != nil {
 		return fail(fmt.Errorf("agent socket: %w", err))
 	}
-	sf := os.NewFile(fdSessions, "sessions")
-	sl, err := net.FileListener(sf)
-	sf.Close()
-	if err != nil {
-		return fail(fmt.Errorf("session socket: %w", err))
-	}
 	a := newInitServer(cfg)
 	if err := a.start(); err != nil {
 		return fail(err)
 	}
-	go a.serveSessions(sl)
 	// If the gateway gave up waiting, nobody will ever use this sandbox.
 	if !writeReady(ready, readyMsg{Ready: true}) {
 		return 1
 	}
 	ready.Close()
-	a.serve(l.(*net.UnixListener))
+	a.serve(l)
 	return 1
 }
 
