@@ -16,13 +16,10 @@ import (
 
 // WriteMsgFile writes v as one message with f's descriptor attached.
 func WriteMsgFile(c *net.UnixConn, v any, f *os.File) error {
-	b, err := json.Marshal(v)
+	buf, err := MarshalMsg(v)
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, 4, 4+len(b))
-	binary.BigEndian.PutUint32(buf, uint32(len(b)))
-	buf = append(buf, b...)
 	n, _, err := c.WriteMsgUnix(buf, syscall.UnixRights(int(f.Fd())), nil)
 	if err == nil && n < len(buf) {
 		_, err = c.Write(buf[n:])

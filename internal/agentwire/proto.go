@@ -170,14 +170,23 @@ const (
 const MaxFrame = 1 << 20
 
 func WriteMsg(w io.Writer, v any) error {
-	b, err := json.Marshal(v)
+	b, err := MarshalMsg(v)
 	if err != nil {
 		return err
 	}
+	_, err = w.Write(b)
+	return err
+}
+
+// MarshalMsg is v as a message: its length and its JSON.
+func MarshalMsg(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
 	buf := make([]byte, 4, 4+len(b))
 	binary.BigEndian.PutUint32(buf, uint32(len(b)))
-	_, err = w.Write(append(buf, b...))
-	return err
+	return append(buf, b...), nil
 }
 
 // ProtocolError is a message or frame that breaks the protocol: a length
