@@ -5,13 +5,14 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/procfs"
 )
 
 // Reaper is the only waiter for a process's children: one loop reaps
@@ -188,22 +189,8 @@ func procTree() map[int][]int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold anything but ')'
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 2 {
-			continue
-		}
-		if ppid, err := strconv.Atoi(f[1]); err == nil {
-			kids[ppid] = append(kids[ppid], pid)
+		if st, err := procfs.ReadStat("/proc", pid); err == nil {
+			kids[st.PPid] = append(kids[st.PPid], pid)
 		}
 	}
 	return kids
@@ -252,15 +239,8 @@ func (r *Reaper) sweep(pgid int, marker string) {
 
 // zombie reports whether pid has exited and awaits its reaping.
 func zombie(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] == 'Z' || s[i+2] == 'X'
-	}
-	return false
+	st, err := procfs.ReadStat("/proc", pid)
+	return err != nil || st.Dead()
 }
 
 // killDescendants SIGKILLs every descendant of pid, repeating until a

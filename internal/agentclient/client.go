@@ -250,8 +250,9 @@ var answerGrace = 30 * time.Second
 // providers.DefaultMaxOutput); an agent that sends more breaks the
 // protocol (ErrViolation).
 func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers.ExecResult, error) {
-	if req.MaxOutput <= 0 {
-		req.MaxOutput = providers.DefaultMaxOutput
+	req, err := req.Check()
+	if err != nil {
+		return providers.ExecResult{}, err
 	}
 	er := &agentwire.ExecRequest{
 		Command: req.Command, Cwd: req.Cwd, Env: req.Env, TimeoutMS: req.Timeout.Milliseconds(),
@@ -268,12 +269,8 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 	// The agent answers by the command's timeout; one that does not (a
 	// sandbox starving it) is given up on a while later, which cancels
 	// the command, rather than holding the caller for ever.
-	timeout := req.Timeout
-	if timeout <= 0 {
-		timeout = providers.DefaultExecTimeout
-	}
 	var late atomic.Bool
-	giveUp := time.AfterFunc(timeout+answerGrace, func() {
+	giveUp := time.AfterFunc(req.Timeout+answerGrace, func() {
 		late.Store(true)
 		st.SetDeadline(time.Now())
 	})

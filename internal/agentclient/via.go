@@ -18,11 +18,6 @@ type Via struct {
 	Links   *Links
 }
 
-// MaxCommand is Linux's limit on one argument string (MAX_ARG_STRLEN),
-// less room for the shell's other arguments: a command runs as bash -c
-// <command>.
-const MaxCommand = 128<<10 - 1024
-
 // Exec runs req.Command through the sandbox's agent, which kills the
 // command's whole tree at the timeout, on cancel, and (unless background
 // processes are preserved) when it returns. Errors: ErrNotFound (no such
@@ -30,14 +25,9 @@ const MaxCommand = 128<<10 - 1024
 // (unknown user, missing cwd, no shell), ErrUnavailable (backend or agent
 // unreachable); ctx's error when ctx ends (the tree is killed first).
 func (v Via) Exec(ctx context.Context, id string, req providers.ExecRequest) (providers.ExecResult, error) {
-	if len(req.Command) > MaxCommand {
-		return providers.ExecResult{}, providers.Errorf(providers.ErrInvalid, "command is %d bytes; at most %d fit in one argument", len(req.Command), MaxCommand)
-	}
-	if req.MaxOutput <= 0 {
-		req.MaxOutput = providers.DefaultMaxOutput
-	}
-	if req.Timeout <= 0 {
-		req.Timeout = providers.DefaultExecTimeout
+	req, err := req.Check()
+	if err != nil {
+		return providers.ExecResult{}, err
 	}
 	c, err := v.Connect(ctx, id)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/rootfs"
 )
@@ -39,7 +40,7 @@ func validateSpec(spec providers.CreateSpec) error {
 	if spec.Workdir != "" && (!filepath.IsAbs(spec.Workdir) || filepath.Clean(spec.Workdir) != spec.Workdir) {
 		problems = append(problems, "workdir must be an absolute, clean path")
 	}
-	if err := validateEnv(spec.Env); err != nil {
+	if err := providers.CheckEnv(spec.Env); err != nil {
 		problems = append(problems, err.Error())
 	}
 	r := spec.Resources
@@ -57,15 +58,6 @@ func validateSpec(spec providers.CreateSpec) error {
 	}
 	if len(problems) > 0 {
 		return providers.Errorf(providers.ErrInvalid, "%s", strings.Join(problems, "; "))
-	}
-	return nil
-}
-
-func validateEnv(env map[string]string) error {
-	for k, v := range env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return fmt.Errorf("invalid environment variable %q", k)
-		}
 	}
 	return nil
 }
@@ -205,11 +197,11 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	if err != nil {
 		return providers.Sandbox{}, err
 	}
-	ps, err := readProcStat("/proc", pid)
+	ps, err := procfs.ReadStat("/proc", pid)
 	if err != nil {
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "sandbox init exited during start")
 	}
-	st.StartTime = ps.startTime
+	st.StartTime = ps.StartTime
 	if err := limitWithoutCgroup(pid, st.Cgroups, res); err != nil {
 		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply resource limits")
 	}

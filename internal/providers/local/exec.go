@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -29,26 +28,8 @@ func (l *Local) Exec(ctx context.Context, id string, req providers.ExecRequest) 
 	if err != nil {
 		return providers.ExecResult{}, err
 	}
-	if req.Timeout < 0 {
-		return providers.ExecResult{}, providers.Errorf(providers.ErrInvalid, "timeout must be positive")
-	}
-	if req.Timeout == 0 {
-		req.Timeout = providers.DefaultExecTimeout
-	}
-	if req.MaxOutput <= 0 {
-		req.MaxOutput = providers.DefaultMaxOutput
-	}
-	if req.Cwd != "" {
-		if !filepath.IsAbs(req.Cwd) {
-			return providers.ExecResult{}, providers.Errorf(providers.ErrInvalid, "cwd must be absolute")
-		}
-		req.Cwd = filepath.Clean(req.Cwd)
-	}
-	if err := validateEnv(req.Env); err != nil {
-		return providers.ExecResult{}, providers.Errorf(providers.ErrInvalid, "%v", err)
-	}
-	if strings.ContainsRune(req.Command, 0) {
-		return providers.ExecResult{}, providers.Errorf(providers.ErrInvalid, "command contains a NUL byte")
+	if req, err = req.Check(); err != nil {
+		return providers.ExecResult{}, err
 	}
 	c, err := l.Agent(ctx, id)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -90,12 +91,12 @@ func (sb *sandbox) initStatus() (syscall.WaitStatus, bool) {
 	if sb.st.Pid <= 0 {
 		return 0, false
 	}
-	if ps, err := readProcStat("/proc", sb.st.Pid); err == nil && ps.startTime == sb.st.StartTime {
-		if ps.state != 'Z' && ps.state != 'X' {
+	if ps, err := procfs.ReadStat("/proc", sb.st.Pid); err == nil && ps.StartTime == sb.st.StartTime {
+		if !ps.Dead() {
 			return 0, false // alive
 		}
-		if ps.exitCode >= 0 {
-			return syscall.WaitStatus(ps.exitCode), true
+		if ps.ExitCode >= 0 {
+			return syscall.WaitStatus(ps.ExitCode), true
 		}
 	}
 	if sb.pidfd == nil {

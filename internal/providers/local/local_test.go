@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sandgate/sandgate/internal/agentclient"
+	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
 	"github.com/sandgate/sandgate/internal/testkit/terminals"
@@ -375,8 +376,8 @@ func TestIsolationNone(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		st, err := readProcStat("/proc", pid)
-		if err != nil || st.state == 'Z' {
+		st, err := procfs.ReadStat("/proc", pid)
+		if err != nil || st.State == 'Z' {
 			break
 		}
 		if time.Now().After(deadline) {

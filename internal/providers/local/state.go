@@ -1,13 +1,12 @@
 package local
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/procfs"
 )
 
 // persisted is what a sandbox's directory records in state.json, so that a
@@ -79,42 +78,6 @@ func readState(dir string) (persisted, error) {
 	return st, nil
 }
 
-// procStat is the part of /proc/<pid>/stat this package uses.
-type procStat struct {
-	state           byte
-	ppid, pgid, sid int
-	tpgid           int // foreground process group of the controlling terminal, or -1
-	startTime       uint64
-	// exitCode is a zombie's wait status (field 52, Linux 3.5+; shown to
-	// a reader allowed to ptrace the process), -1 if absent.
-	exitCode int
-}
-
-// readProcStat parses /proc/<pid>/stat under proc. The command name (field
-// 2) may hold spaces and parentheses, so fields are counted from the last ')'.
-func readProcStat(proc string, pid int) (procStat, error) {
-	b, err := os.ReadFile(proc + "/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return procStat{}, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return procStat{}, errors.New("malformed stat")
-	}
-	f := bytes.Fields(b[i+1:])
-	// f[0] is field 3 (state); field N is f[N-3].
-	if len(f) < 20 {
-		return procStat{}, errors.New("malformed stat")
-	}
-	atoi := func(b []byte) int { n, _ := strconv.Atoi(string(b)); return n }
-	start, _ := strconv.ParseUint(string(f[19]), 10, 64)
-	exit := -1
-	if len(f) > 49 {
-		exit = atoi(f[49])
-	}
-	return procStat{state: f[0][0], ppid: atoi(f[1]), pgid: atoi(f[2]), sid: atoi(f[3]), tpgid: atoi(f[5]), startTime: start, exitCode: exit}, nil
-}
-
 // alive reports whether pid is still the process that started at
 // startTime and has not exited. A dead init stays a zombie with the same
 // start time until host PID 1 gets round to reaping it.
@@ -122,6 +85,6 @@ func alive(pid int, startTime uint64) bool {
 	if pid <= 0 {
 		return false
 	}
-	st, err := readProcStat("/proc", pid)
-	return err == nil && st.startTime == startTime && st.state != 'Z' && st.state != 'X'
+	st, err := procfs.ReadStat("/proc", pid)
+	return err == nil && st.StartTime == startTime && !st.Dead()
 }

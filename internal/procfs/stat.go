@@ -1,0 +1,57 @@
+// Package procfs reads what sandgate needs of /proc: one parser of
+// /proc/<pid>/stat for the gateway (a local sandbox's init, seen from the
+// host) and the agent (the processes of its sandbox).
+package procfs
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"strconv"
+)
+
+// Stat is the part of /proc/<pid>/stat sandgate uses.
+type Stat struct {
+	State           byte // R, S, D, Z (zombie), X (dead), ...
+	PPid, PGid, Sid int
+	TPGid           int // foreground process group of the controlling terminal, or -1
+	StartTime       uint64
+	// ExitCode is a zombie's wait status (field 52, Linux 3.5+; shown to
+	// a reader allowed to ptrace the process), -1 if absent.
+	ExitCode int
+}
+
+// Dead reports a process that has exited (a zombie awaiting its reaping,
+// or on its way out).
+func (s Stat) Dead() bool { return s.State == 'Z' || s.State == 'X' }
+
+// ReadStat parses /proc/<pid>/stat under proc. The command name (field 2)
+// may hold spaces and parentheses, so fields are counted from the last
+// ')'.
+func ReadStat(proc string, pid int) (Stat, error) {
+	b, err := os.ReadFile(proc + "/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return Stat{}, err
+	}
+	return ParseStat(b)
+}
+
+// ParseStat parses the contents of a /proc/<pid>/stat file.
+func ParseStat(b []byte) (Stat, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return Stat{}, errors.New("malformed stat")
+	}
+	f := bytes.Fields(b[i+1:])
+	// f[0] is field 3 (state); field N is f[N-3].
+	if len(f) < 20 {
+		return Stat{}, errors.New("malformed stat")
+	}
+	atoi := func(b []byte) int { n, _ := strconv.Atoi(string(b)); return n }
+	start, _ := strconv.ParseUint(string(f[19]), 10, 64)
+	exit := -1
+	if len(f) > 49 {
+		exit = atoi(f[49])
+	}
+	return Stat{State: f[0][0], PPid: atoi(f[1]), PGid: atoi(f[2]), Sid: atoi(f[3]), TPGid: atoi(f[5]), StartTime: start, ExitCode: exit}, nil
+}

@@ -1,0 +1,43 @@
+package procfs
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestParseStat(t *testing.T) {
+	// A command name with spaces and a ')' of its own, 52 fields.
+	f := make([]string, 50) // fields 3 to 52
+	for i := range f {
+		f[i] = "0"
+	}
+	f[0], f[1], f[2], f[3], f[5], f[19], f[49] = "S", "7", "42", "40", "-1", "12345", "9"
+	line := "42 (a) b (c)) " + strings.Join(f, " ") + "\n"
+	st, err := ParseStat([]byte(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Stat{State: 'S', PPid: 7, PGid: 42, Sid: 40, TPGid: -1, StartTime: 12345, ExitCode: 9}
+	if st != want {
+		t.Errorf("got %+v, want %+v", st, want)
+	}
+	if st.Dead() {
+		t.Error("a sleeping process is not dead")
+	}
+	for _, bad := range []string{"", "42 (no end", "42 (short) S 1 2"} {
+		if _, err := ParseStat([]byte(bad)); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+func TestReadStatSelf(t *testing.T) {
+	st, err := ReadStat("/proc", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PPid != os.Getppid() || st.StartTime == 0 || st.Dead() {
+		t.Errorf("own stat: %+v (ppid %d)", st, os.Getppid())
+	}
+}
