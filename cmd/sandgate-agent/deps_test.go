@@ -12,10 +12,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestLinksNothingItDoesNotRun: the agent binary is copied into every
 // Docker and Kubernetes sandbox, so it links neither the gateway's HTTP
-// stack nor its service; the agent proper (package agent) links none of
-// the image or seccomp-profile libraries nor the gateway's client either.
-// (Package providers/local, whose setup and init this binary also holds,
-// still links those through its gateway side.)
+// stack nor its service, nor the image or seccomp-profile libraries, nor
+// the gateway's client of the agent: a local sandbox's setup and init
+// (package jail), which it also holds, take their seccomp program
+// compiled from the gateway.
 func TestLinksNothingItDoesNotRun(t *testing.T) {
 	gateway := []string{
 		"net/http",
@@ -28,9 +28,10 @@ func TestLinksNothingItDoesNotRun(t *testing.T) {
 		"github.com/moby/profiles/",
 	}
 	for pkg, forbidden := range map[string][]string{
-		"github.com/sandgate/sandgate/cmd/sandgate-agent": gateway,
-		"github.com/sandgate/sandgate/internal/agent": append(gateway, append(images,
-			"github.com/sandgate/sandgate/internal/agentclient")...),
+		"github.com/sandgate/sandgate/cmd/sandgate-agent": append(gateway, append(images,
+			"github.com/sandgate/sandgate/internal/agentclient",
+			"github.com/sandgate/sandgate/internal/providers/local",
+			"github.com/sandgate/sandgate/internal/seccomp")...),
 	} {
 		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
 		if err != nil {

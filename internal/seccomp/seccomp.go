@@ -39,12 +39,11 @@
 package seccomp
 
 import (
-	"errors"
+	"encoding/binary"
 	"fmt"
-	"unsafe"
 
+	"github.com/sandgate/sandgate/internal/seccomp/load"
 	"golang.org/x/net/bpf"
-	"golang.org/x/sys/unix"
 )
 
 // Install installs the filter on the calling OS thread only (seccomp
@@ -76,31 +75,31 @@ import (
 // if the profile has changed in a way this package cannot compile; the
 // tests catch the latter when the profile's module is bumped.
 func Install() error {
+	prog, err := Compile()
+	if err != nil {
+		return err
+	}
+	return load.Install(prog)
+}
+
+// Compile compiles the default profile for this host and architecture to
+// the program load.Install takes.
+func Compile() ([]byte, error) {
 	prog, err := build()
 	if err != nil {
-		return fmt.Errorf("seccomp: %w", err)
+		return nil, fmt.Errorf("seccomp: %w", err)
 	}
 	raw, err := bpf.Assemble(prog)
 	if err != nil {
-		return fmt.Errorf("seccomp: assemble: %w", err)
+		return nil, fmt.Errorf("seccomp: assemble: %w", err)
 	}
-	filter := make([]unix.SockFilter, len(raw))
-	for i, r := range raw {
-		filter[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
+	out := make([]byte, 0, len(raw)*load.InstructionSize)
+	for _, r := range raw {
+		out = binary.LittleEndian.AppendUint16(out, r.Op)
+		out = append(out, r.Jt, r.Jf)
+		out = binary.LittleEndian.AppendUint32(out, r.K)
 	}
-	fprog := &unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
-
-	err = setFilter(fprog)
-	if errors.Is(err, unix.EACCES) {
-		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-			return fmt.Errorf("seccomp: set no_new_privs: %w", err)
-		}
-		err = setFilter(fprog)
-	}
-	if err != nil {
-		return fmt.Errorf("seccomp: install filter: %w", err)
-	}
-	return nil
+	return out, nil
 }
 
 // build compiles the default profile for this host and architecture.
@@ -114,13 +113,4 @@ func build() ([]bpf.Instruction, error) {
 		return nil, err
 	}
 	return program(p, info)
-}
-
-// setFilter installs fprog on the calling thread.
-func setFilter(fprog *unix.SockFprog) error {
-	_, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(fprog)))
-	if errno != 0 {
-		return errno
-	}
-	return nil
 }

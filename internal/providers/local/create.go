@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/local/jail"
 	"github.com/sandgate/sandgate/internal/rootfs"
 )
 
@@ -50,8 +51,8 @@ func validateSpec(spec providers.CreateSpec) error {
 	if r.MemoryMiB != nil && *r.MemoryMiB <= 0 {
 		problems = append(problems, "resources.memory_mib must be positive")
 	}
-	if r.DiskGiB != nil && *r.DiskGiB != 0 && *r.DiskGiB*(1<<30) < minDiskBytes {
-		problems = append(problems, fmt.Sprintf("resources.disk_gib must be 0 (the default) or at least %g (%d MiB)", float64(minDiskBytes)/(1<<30), minDiskBytes>>20))
+	if r.DiskGiB != nil && *r.DiskGiB != 0 && *r.DiskGiB*(1<<30) < jail.MinDiskBytes {
+		problems = append(problems, fmt.Sprintf("resources.disk_gib must be 0 (the default) or at least %g (%d MiB)", float64(jail.MinDiskBytes)/(1<<30), jail.MinDiskBytes>>20))
 	}
 	if (r.GPU != nil && *r.GPU > 0) || (r.GPUType != nil && *r.GPUType != "") {
 		problems = append(problems, "the local provider has no GPUs")
@@ -148,9 +149,9 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 
 	readyCtx, cancel := context.WithTimeout(ctx, spec.ReadyTimeout)
 	defer cancel()
-	cfg := initConfig{
+	cfg := jail.Config{
 		ID: spec.ID, Dir: dir, Private: l.private, Workdir: spec.Workdir, Isolation: l.isolation,
-		IDBase: idBase, ShmBytes: l.shm,
+		IDBase: idBase, ShmBytes: l.shm, Seccomp: l.seccomp,
 	}
 	cgroups, skipped, err := createCgroups(spec.ID, res, l.pidsMax)
 	if err != nil {
@@ -372,7 +373,7 @@ func (l *Local) withDefaults(r providers.Resources) providers.Resources {
 // startInit starts the sandbox's init through the setup process and waits
 // until init reports ready. It records init's pid in st as soon as it is
 // known, so a failed start can be cleaned up.
-func (l *Local) startInit(ctx context.Context, dir string, cfg initConfig, st *persisted) (int, error) {
+func (l *Local) startInit(ctx context.Context, dir string, cfg jail.Config, st *persisted) (int, error) {
 	subdirs := []string{"lower", "root", "rw"}
 	if cfg.Isolation == IsolationNone {
 		subdirs = []string{"fs", "fs" + cfg.Workdir}
@@ -405,7 +406,7 @@ func (l *Local) startInit(ctx context.Context, dir string, cfg initConfig, st *p
 	}
 	defer cfgR.Close()
 
-	cmd := exec.Command(l.initBin, setupArg)
+	cmd := exec.Command(l.initBin, jail.SetupArg)
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -478,7 +479,7 @@ func readReady(br *bufio.Reader, st *persisted) (int, error) {
 		if err != nil {
 			return 0, fmt.Errorf("init exited before ready: %w", err)
 		}
-		var m readyMsg
+		var m jail.ReadyMsg
 		if err := json.Unmarshal(line, &m); err != nil {
 			return 0, fmt.Errorf("readiness pipe: %w", err)
 		}
@@ -502,4 +503,19 @@ func tail(path string) string {
 		b = b[len(b)-2048:]
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// configPipe returns the read end of a pipe that holds raw (small enough
+// for the pipe buffer) and is closed for writing.
+func configPipe(raw []byte) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	if _, err := w.Write(raw); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/local/jail"
 )
 
 // How a sandbox that ended without a Delete reads: init is gone, and the
@@ -24,21 +25,6 @@ import (
 // (PIDFD_INFO_EXIT, Linux 6.15+). A sandbox whose init ended while no
 // gateway held it and has been reaped since cannot say why: it reads
 // stopped, as before.
-
-// initFatalSignals are the signals that crash a Go program when another
-// process sends them. Init, as a pid namespace's init, cannot die of a
-// signal sent from inside the namespace; on one of these it exits with
-// initSignalExit plus the signal's number instead, which exitReason
-// reads as death by that signal. (SIGHUP, SIGINT, SIGTERM and the like are
-// ignored: see runInit.)
-var initFatalSignals = []os.Signal{
-	unix.SIGILL, unix.SIGTRAP, unix.SIGABRT, unix.SIGBUS, unix.SIGFPE,
-	unix.SIGSEGV, unix.SIGSTKFLT, unix.SIGSYS,
-}
-
-// initSignalExit + n is init's exit status after a fatal signal n (the
-// shell's convention).
-const initSignalExit = 128
 
 // watch opens the pidfd that keeps init's exit status readable after it
 // is reaped (see exitReason). It does nothing if init is gone already or
@@ -121,9 +107,9 @@ func describeExit(ws syscall.WaitStatus, oomKills func() int64, memLimit func() 
 		return why
 	case ws.Exited():
 		code := ws.ExitStatus()
-		if code > initSignalExit {
-			sig := syscall.Signal(code - initSignalExit)
-			for _, s := range initFatalSignals {
+		if code > jail.InitSignalExit {
+			sig := syscall.Signal(code - jail.InitSignalExit)
+			for _, s := range jail.InitFatalSignals {
 				if s == sig {
 					return "init killed by signal " + unix.SignalName(sig)
 				}

@@ -6,12 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/sandgate/sandgate/internal/agentclient"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/agentclient"
+	"github.com/sandgate/sandgate/internal/providers/local/jail"
 
 	"golang.org/x/sys/unix"
 
@@ -114,7 +116,7 @@ func (l *Local) Delete(ctx context.Context, id string) error {
 		return fmt.Errorf("delete %s: %w", id, err)
 	}
 	l.freeRange(sb.st.IDBase)
-	if sb.st.DiskFS == fsBtrfs || len(sb.st.Layers) > 0 {
+	if sb.st.DiskFS == jail.FSBtrfs || len(sb.st.Layers) > 0 {
 		l.collectSandbox(id, sb.st.Layers)
 	}
 	return nil

@@ -53,13 +53,15 @@ import (
 	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/host"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/local/jail"
 	"github.com/sandgate/sandgate/internal/rootfs"
+	"github.com/sandgate/sandgate/internal/seccomp"
 )
 
 // Isolation modes.
 const (
-	IsolationNamespaces = "namespaces"
-	IsolationNone       = "none"
+	IsolationNamespaces = jail.IsolationNamespaces // namespaces, cgroups, seccomp: a sandbox of its own
+	IsolationNone       = jail.IsolationNone       // commands run on the host, in the sandbox's directory
 )
 
 const (
@@ -135,6 +137,7 @@ type Local struct {
 	boxesDir  string // <stateDir>/sandboxes
 	isolation string
 	log       *slog.Logger
+	seccomp   []byte // the filter of every command with namespaces, compiled once
 
 	idBase  uint32
 	private []string // host directories covered in every sandbox: StateDir and Options.Private
@@ -142,7 +145,7 @@ type Local struct {
 	store   *rootfs.Store
 	view    hostView   // the root image of sandboxes without one (namespaces only)
 	initBin string     // Options.InitBinary, or /proc/self/exe
-	diskFS  string     // fsBtrfs or fsExt4
+	diskFS  string     // jail.FSBtrfs or jail.FSExt4
 	snapMu  sync.Mutex // snapshot records and layers (snapshot.go)
 	mkfs    string     // its mkfs, "" if disk limits cannot be made
 	limits  providers.Resources
@@ -212,8 +215,8 @@ func New(opts Options) (*Local, error) {
 	if opts.IDBase == 0 {
 		opts.IDBase = DefaultIDBase
 	}
-	if uint64(opts.IDBase)+maxRanges*idMapSize > 1<<32-2 {
-		return nil, fmt.Errorf("local: id base %d leaves no room for %d ranges of %d ids", opts.IDBase, maxRanges, idMapSize)
+	if uint64(opts.IDBase)+maxRanges*jail.IDMapSize > 1<<32-2 {
+		return nil, fmt.Errorf("local: id base %d leaves no room for %d ranges of %d ids", opts.IDBase, maxRanges, jail.IDMapSize)
 	}
 	bin := "/proc/self/exe"
 	if opts.InitBinary != "" {
@@ -270,6 +273,9 @@ func New(opts Options) (*Local, error) {
 		}
 	}
 	if l.isolation == IsolationNamespaces {
+		if l.seccomp, err = seccomp.Compile(); err != nil {
+			return nil, fmt.Errorf("local: %w", err)
+		}
 		viewsDir := dir + "/views"
 		if err := os.MkdirAll(viewsDir, 0o700); err != nil {
 			return nil, fmt.Errorf("local: %w", err)
@@ -290,8 +296,8 @@ func New(opts Options) (*Local, error) {
 // setLimits fills in the default limits from opts.
 func (l *Local) setLimits(opts Options) error {
 	mem, disk := opts.DefaultMemoryMiB, opts.DefaultDiskGiB
-	if disk > 0 && disk*(1<<30) < minDiskBytes {
-		return fmt.Errorf("local: a default disk limit of %g GiB is below the least, %d MiB", disk, minDiskBytes>>20)
+	if disk > 0 && disk*(1<<30) < jail.MinDiskBytes {
+		return fmt.Errorf("local: a default disk limit of %g GiB is below the least, %d MiB", disk, jail.MinDiskBytes>>20)
 	}
 	if mem == 0 {
 		mem = DefaultMemoryMiB
@@ -318,10 +324,10 @@ func (l *Local) setLimits(opts Options) error {
 		l.shm = DefaultShmMiB << 20
 	}
 	if l.isolation == IsolationNamespaces {
-		if opts.DiskFS != "" && opts.DiskFS != fsBtrfs && opts.DiskFS != fsExt4 {
-			return fmt.Errorf("local: disk filesystem %q: want %s or %s", opts.DiskFS, fsBtrfs, fsExt4)
+		if opts.DiskFS != "" && opts.DiskFS != jail.FSBtrfs && opts.DiskFS != jail.FSExt4 {
+			return fmt.Errorf("local: disk filesystem %q: want %s or %s", opts.DiskFS, jail.FSBtrfs, jail.FSExt4)
 		}
-		fs, mkfs, err := findMkfs(opts.DiskFS)
+		fs, mkfs, err := jail.FindMkfs(opts.DiskFS)
 		if err != nil && (disk > 0 || opts.DiskFS != "") {
 			return fmt.Errorf("local: disk limits cannot be enforced (%v); set the default disk limit to none to run without", err)
 		}
@@ -369,10 +375,10 @@ func probeNamespaces(bin string, idBase uint32) error {
 		return err
 	}
 	defer f.Close()
-	cmd := exec.Command("/proc/self/fd/3", probeArg)
+	cmd := exec.Command("/proc/self/fd/3", jail.ProbeArg)
 	cmd.ExtraFiles = []*os.File{f}
 	cmd.Env = []string{}
-	cmd.SysProcAttr = sandboxAttr(idBase)
+	cmd.SysProcAttr = jail.SandboxAttr(idBase)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		var ee *exec.ExitError

@@ -23,6 +23,7 @@ import (
 	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/local/jail"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
 	"github.com/sandgate/sandgate/internal/testkit/terminals"
 )
@@ -61,7 +62,7 @@ func leftovers() []string {
 	for _, p := range pids {
 		b, _ := os.ReadFile(p + "/cmdline")
 		cg, _ := os.ReadFile(p + "/cgroup")
-		if strings.Contains(string(b), initArg) && strings.Contains(string(cg), mine) {
+		if strings.Contains(string(b), jail.InitArg) && strings.Contains(string(cg), mine) {
 			out = append(out, "init pid "+strings.TrimPrefix(p, "/proc/"))
 		}
 	}
@@ -737,8 +738,8 @@ func TestInitKilledBySignal(t *testing.T) {
 	none := func() int64 { return 0 }
 	for ws, want := range map[syscall.WaitStatus]string{
 		2 << 8:                              "init exited with status 2",
-		(initSignalExit + 11) << 8:          "init killed by signal SIGSEGV",
-		(initSignalExit + 15) << 8:          "init exited with status 143", // SIGTERM is ignored, never fatal
+		(jail.InitSignalExit + 11) << 8:     "init killed by signal SIGSEGV",
+		(jail.InitSignalExit + 15) << 8:     "init exited with status 143", // SIGTERM is ignored, never fatal
 		syscall.WaitStatus(syscall.SIGKILL): "init killed by signal SIGKILL",
 	} {
 		if got := describeExit(ws, none, none); got != want {

@@ -9,14 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/local/jail"
 )
 
 // Snapshots. A sandbox's own filesystem is btrfs (disk.go) with its upper
@@ -42,15 +41,9 @@ import (
 type snapshotRecord struct {
 	ID      string            `json:"id"`
 	Sandbox string            `json:"sandbox"`
-	Layers  []layer           `json:"layers"`        // the newest first
+	Layers  []jail.Layer      `json:"layers"`        // the newest first
 	Env     map[string]string `json:"env,omitempty"` // the source's, for sandboxes made from it
 	Created time.Time         `json:"created"`
-}
-
-// layer is a read-only btrfs subvolume in an image under <state>/layers.
-type layer struct {
-	Image  string `json:"image"`  // absolute path
-	Subvol string `json:"subvol"` // snaps/<sid>
 }
 
 const snapsDir = "snaps"
@@ -103,8 +96,8 @@ func (l *Local) Snapshot(ctx context.Context, id, sid string) (int64, error) {
 		return 0, providers.Errorf(providers.ErrUnsupported, "snapshots need isolation %q", IsolationNamespaces)
 	case sb.st.DiskBytes == 0:
 		return 0, providers.Errorf(providers.ErrUnsupported, "snapshots need the sandbox's own filesystem: sandbox %s has no disk limit", id)
-	case sb.st.DiskFS != fsBtrfs:
-		return 0, providers.Errorf(providers.ErrUnsupported, "snapshots need a btrfs disk (install btrfs-progs): sandbox %s's is %s", id, cmp.Or(sb.st.DiskFS, fsExt4))
+	case sb.st.DiskFS != jail.FSBtrfs:
+		return 0, providers.Errorf(providers.ErrUnsupported, "snapshots need a btrfs disk (install btrfs-progs): sandbox %s's is %s", id, cmp.Or(sb.st.DiskFS, jail.FSExt4))
 	}
 	if s := sb.state(); s != providers.StateRunning && s != providers.StatePaused {
 		return 0, providers.Errorf(providers.ErrConflict, "cannot snapshot sandbox %s: it is %s", id, s)
@@ -117,11 +110,11 @@ func (l *Local) Snapshot(ctx context.Context, id, sid string) (int64, error) {
 		}
 	}
 	img := l.layersDir() + "/" + id + ".img"
-	if err := os.Link(sb.dir+"/"+diskImage, img); err != nil && !errors.Is(err, os.ErrExist) {
+	if err := os.Link(sb.dir+"/"+jail.DiskImage, img); err != nil && !errors.Is(err, os.ErrExist) {
 		return 0, fmt.Errorf("keep sandbox %s's disk: %w", id, err)
 	}
-	top := layer{Image: img}
-	mfd, err := top.mountWith(0)
+	top := jail.Layer{Image: img}
+	mfd, err := top.MountWith(0)
 	if err != nil {
 		return 0, err
 	}
@@ -141,18 +134,18 @@ func (l *Local) Snapshot(ctx context.Context, id, sid string) (int64, error) {
 		return 0, err
 	}
 	defer unix.Close(snaps)
-	src, err := unix.Openat(root, layerDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	src, err := unix.Openat(root, jail.LayerDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, err
 	}
 	defer unix.Close(src)
-	if err := btrfsSnapshot(snaps, src, sid); err != nil {
+	if err := jail.BtrfsSnapshot(snaps, src, sid); err != nil {
 		return 0, fmt.Errorf("snapshot sandbox %s: %w", id, err)
 	}
 	rec := snapshotRecord{ID: sid, Sandbox: id, Created: time.Now().UTC(), Env: sb.st.Env,
-		Layers: append([]layer{{Image: img, Subvol: snapsDir + "/" + sid}}, sb.st.Layers...)}
+		Layers: append([]jail.Layer{{Image: img, Subvol: snapsDir + "/" + sid}}, sb.st.Layers...)}
 	if err := writeJSON(l.snapshotsDir()+"/"+sid+".json", rec); err != nil {
-		btrfsSubvolDelete(snaps, sid)
+		jail.BtrfsSubvolDelete(snaps, sid)
 		return 0, err
 	}
 	var fs unix.Statfs_t
@@ -184,14 +177,14 @@ func (l *Local) DeleteSnapshot(ctx context.Context, sid string) error {
 
 // collectSandbox drops what deleted sandbox id kept for snapshots that
 // are gone.
-func (l *Local) collectSandbox(id string, layers []layer) {
+func (l *Local) collectSandbox(id string, layers []jail.Layer) {
 	img := l.layersDir() + "/" + id + ".img"
 	if _, err := os.Stat(img); err != nil && len(layers) == 0 {
 		return // never snapshotted, made from no snapshot
 	}
 	l.snapMu.Lock()
 	defer l.snapMu.Unlock()
-	if err := l.collect(append(layers, layer{Image: img})); err != nil {
+	if err := l.collect(append(layers, jail.Layer{Image: img})); err != nil {
 		l.log.Error("local: remove unused snapshot layers", "sandbox", id, "err", err)
 	}
 }
@@ -200,10 +193,10 @@ func (l *Local) collectSandbox(id string, layers []layer) {
 // image as a whole) that no snapshot record and no sandbox uses: the
 // subvolume, or the image once none of its layers is used and its sandbox
 // is gone (its disk.img link too). l.snapMu is held.
-func (l *Local) collect(dropped []layer) error {
-	used := map[layer]bool{}
+func (l *Local) collect(dropped []jail.Layer) error {
+	used := map[jail.Layer]bool{}
 	usedImage := map[string]bool{}
-	mark := func(ls []layer) {
+	mark := func(ls []jail.Layer) {
 		for _, ly := range ls {
 			used[ly], usedImage[ly.Image] = true, true
 		}
@@ -218,7 +211,7 @@ func (l *Local) collect(dropped []layer) error {
 	}
 	// Only when a record does not keep one of them is it worth reading
 	// every sandbox's state (a sandbox's snapshot normally outlives it).
-	if !slices.ContainsFunc(dropped, func(ly layer) bool {
+	if !slices.ContainsFunc(dropped, func(ly jail.Layer) bool {
 		return (ly.Subvol == "" && !usedImage[ly.Image]) || (ly.Subvol != "" && !used[ly])
 	}) {
 		return nil
@@ -243,7 +236,7 @@ func (l *Local) collect(dropped []layer) error {
 			continue
 		}
 		if ly.Subvol != "" {
-			errs = append(errs, ly.destroy())
+			errs = append(errs, destroyLayer(ly))
 		}
 	}
 	return errors.Join(errs...)
@@ -264,9 +257,9 @@ func (l *Local) allStates() []persisted {
 	return out
 }
 
-// destroy deletes the layer's subvolume.
-func (ly layer) destroy() error {
-	mfd, err := layer{Image: ly.Image}.mountWith(0)
+// destroyLayer deletes the layer's subvolume.
+func destroyLayer(ly jail.Layer) error {
+	mfd, err := jail.Layer{Image: ly.Image}.MountWith(0)
 	if err != nil {
 		return err
 	}
@@ -277,150 +270,8 @@ func (ly layer) destroy() error {
 		return fmt.Errorf("open %s in %s: %w", dir, ly.Image, err)
 	}
 	defer unix.Close(d)
-	if err := btrfsSubvolDelete(d, name); err != nil && !errors.Is(err, unix.ENOENT) {
+	if err := jail.BtrfsSubvolDelete(d, name); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("delete %s in %s: %w", ly.Subvol, ly.Image, err)
 	}
 	return nil
 }
-
-// mount mounts the layer read-only (nosuid, nodev) and returns it
-// detached.
-func (ly layer) mount() (int, error) {
-	return ly.mountWith(unix.MOUNT_ATTR_RDONLY)
-}
-
-// mountWith mounts the layer's subvolume (the whole filesystem for "")
-// with attrs and nosuid, nodev, and returns it detached. The image's loop
-// device is the one already bound to it, if any: a second one would be a
-// second instance of the same filesystem.
-func (ly layer) mountWith(attrs int) (int, error) {
-	f, err := os.OpenFile(ly.Image, os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, fmt.Errorf("open layer image: %w", err)
-	}
-	defer f.Close()
-	// One finder or binder at a time per image, across processes.
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		return -1, err
-	}
-	attrs |= unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
-	var last error
-	for range 3 {
-		loop, err := boundLoop(f)
-		if err != nil {
-			return -1, err
-		}
-		if loop == nil {
-			if loop, err = attachLoop(f); err != nil {
-				return -1, err
-			}
-		}
-		mfd, err := mountDevice(fsBtrfs, loop.Name(), ly.Subvol, attrs)
-		loop.Close()
-		if err == nil {
-			return mfd, nil
-		}
-		// The device found may have been clearing itself as its last
-		// mount went: look again.
-		last = err
-	}
-	return -1, fmt.Errorf("mount layer %s of %s: %w", ly.Subvol, filepath.Base(ly.Image), last)
-}
-
-// boundLoop returns the loop device bound to f (open, which keeps it from
-// clearing itself), or nil if there is none.
-func boundLoop(f *os.File) (*os.File, error) {
-	var fi unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &fi); err != nil {
-		return nil, err
-	}
-	ents, err := os.ReadDir("/sys/block")
-	if err != nil {
-		return nil, err
-	}
-	for _, e := range ents {
-		n, ok := strings.CutPrefix(e.Name(), "loop")
-		if !ok {
-			continue
-		}
-		if _, err := strconv.Atoi(n); err != nil {
-			continue
-		}
-		if _, err := os.Stat("/sys/block/" + e.Name() + "/loop/backing_file"); err != nil {
-			continue // not bound
-		}
-		lf, err := os.OpenFile("/dev/"+e.Name(), os.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			continue
-		}
-		info, err := unix.IoctlLoopGetStatus64(int(lf.Fd()))
-		if err == nil && info.Inode == fi.Ino && info.Device == uint64(fi.Dev) {
-			return lf, nil
-		}
-		lf.Close()
-	}
-	return nil, nil
-}
-
-// btrfs ioctls (linux/btrfs.h); x/sys/unix has none.
-const (
-	btrfsIocSubvolCreate  = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
-	btrfsIocSnapDestroy   = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
-	btrfsIocSnapCreateV2  = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
-	btrfsSubvolRdonly     = 1 << 1
-	btrfsPathNameMax      = 4087
-	btrfsSubvolNameMax    = 4039
-	btrfsVolArgsSize      = 4096
-	btrfsVolArgsV2HdrSize = 56
-)
-
-type btrfsVolArgs struct {
-	Fd   int64
-	Name [btrfsPathNameMax + 1]byte
-}
-
-type btrfsVolArgsV2 struct {
-	Fd      int64
-	Transid uint64
-	Flags   uint64
-	Unused  [4]uint64
-	Name    [btrfsSubvolNameMax + 1]byte
-}
-
-func btrfsIoctl(fd int, req uintptr, arg unsafe.Pointer) error {
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(arg))
-	if errno != 0 {
-		return errno
-	}
-	return nil
-}
-
-// btrfsSubvolCreate makes an empty subvolume name in directory dir.
-func btrfsSubvolCreate(dir int, name string) error {
-	var a btrfsVolArgs
-	copy(a.Name[:], name)
-	return btrfsIoctl(dir, btrfsIocSubvolCreate, unsafe.Pointer(&a))
-}
-
-// btrfsSubvolDelete deletes subvolume name in directory dir.
-func btrfsSubvolDelete(dir int, name string) error {
-	var a btrfsVolArgs
-	copy(a.Name[:], name)
-	return btrfsIoctl(dir, btrfsIocSnapDestroy, unsafe.Pointer(&a))
-}
-
-// btrfsSnapshot makes name in directory dir a read-only snapshot of the
-// subvolume src.
-func btrfsSnapshot(dir, src int, name string) error {
-	a := btrfsVolArgsV2{Fd: int64(src), Flags: btrfsSubvolRdonly}
-	copy(a.Name[:], name)
-	return btrfsIoctl(dir, btrfsIocSnapCreateV2, unsafe.Pointer(&a))
-}
-
-var (
-	_ [btrfsVolArgsSize - unsafe.Sizeof(btrfsVolArgs{})]byte
-	_ [unsafe.Sizeof(btrfsVolArgs{}) - btrfsVolArgsSize]byte
-	_ [btrfsVolArgsSize - unsafe.Sizeof(btrfsVolArgsV2{})]byte
-	_ [unsafe.Sizeof(btrfsVolArgsV2{}) - btrfsVolArgsSize]byte
-	_ [btrfsVolArgsV2HdrSize - unsafe.Offsetof(btrfsVolArgsV2{}.Name)]byte
-)

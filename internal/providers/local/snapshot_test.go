@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/local/jail"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestSnapshotLayers(t *testing.T) {
 	stateDir := t.TempDir()
 	l := newLocal(t, Options{StateDir: stateDir})
-	if l.diskFS != fsBtrfs {
+	if l.diskFS != jail.FSBtrfs {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("disk filesystem %q: the snapshot tests need btrfs-progs", l.diskFS)
 		}
@@ -136,7 +137,7 @@ func TestSnapshotUnsupported(t *testing.T) {
 		opts Options
 		want string
 	}{
-		{"ext4", Options{DiskFS: fsExt4}, "btrfs"},
+		{"ext4", Options{DiskFS: jail.FSExt4}, "btrfs"},
 		{"no disk", Options{DefaultDiskGiB: -1}, "no disk limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

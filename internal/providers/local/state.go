@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/procfs"
+	"github.com/sandgate/sandgate/internal/providers/local/jail"
 )
 
 // persisted is what a sandbox's directory records in state.json, so that a
@@ -27,12 +28,12 @@ type persisted struct {
 	// DiskBytes is the size of the sandbox's own filesystem (0: none; its
 	// writes land on the state directory's filesystem).
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
-	// DiskFS is its kind (fsBtrfs, fsExt4; "" for ext4 before btrfs).
+	// DiskFS is its kind (jail.FSBtrfs, jail.FSExt4; "" for ext4 before btrfs).
 	DiskFS string `json:"disk_fs,omitempty"`
 	// Snapshot is the snapshot the sandbox was made from, and Layers its
 	// layers (the newest first), stacked above the root image.
-	Snapshot string  `json:"snapshot,omitempty"`
-	Layers   []layer `json:"layers,omitempty"`
+	Snapshot string       `json:"snapshot,omitempty"`
+	Layers   []jail.Layer `json:"layers,omitempty"`
 	// View is the host-view directory the sandbox's root is built from
 	// (under <state>/views), or "" for an image root.
 	View string `json:"view,omitempty"`

@@ -1,4 +1,4 @@
-package local
+package jail
 
 import (
 	"encoding/json"
@@ -21,16 +21,16 @@ import (
 // before main (or TestMain) runs, so the same mechanism works from any
 // binary that links this package: the agent, the gateway, test binaries.
 const (
-	setupArg = "__sandgate-local-setup" // privileged mount ns: clone / for the overlay, start init
-	initArg  = "__sandgate-local-init"  // the sandbox's init and agent
-	probeArg = "__sandgate-local-probe" // New: can we create the namespaces at all?
+	SetupArg = "__sandgate-local-setup" // privileged mount ns: clone / for the overlay, start init
+	InitArg  = "__sandgate-local-init"  // the sandbox's init and agent
+	ProbeArg = "__sandgate-local-probe" // New: can we create the namespaces at all?
 )
 
 // Descriptors handed to setup and init (after stdin, stdout, stderr).
 const (
 	fdListener = 3 // the agent's listening socket, bound by the gateway
 	fdReady    = 4 // write end of the readiness pipe
-	fdConfig   = 5 // read end of a pipe holding the initConfig JSON
+	fdConfig   = 5 // read end of a pipe holding the Config JSON
 )
 
 // nsFlags are the namespaces of a sandbox. The cgroup namespace is rooted
@@ -38,7 +38,7 @@ const (
 const nsFlags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID | syscall.CLONE_NEWNS |
 	syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWCGROUP
 
-// initConfig is what setup and init are told. It travels through a pipe,
+// Config is what setup and init are told. It travels through a pipe,
 // not argv, because a sandbox's ps shows init's command line and the
 // config names host paths.
 //
@@ -52,7 +52,7 @@ const nsFlags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID | syscall.CLONE_NEW
 // owned by the sandbox's root and is init's working directory, so init
 // reaches all of it by relative paths without the right to traverse the
 // provider's state directory.
-type initConfig struct {
+type Config struct {
 	ID        string   `json:"id"`
 	Dir       string   `json:"dir"`     // the sandbox's state directory (host path)
 	Private   []string `json:"private"` // host directories covered inside the sandbox
@@ -64,18 +64,22 @@ type initConfig struct {
 	Image         bool              `json:"image,omitempty"`      // Lower is an image: keep its setuid bits
 	Binds         []string          `json:"binds,omitempty"`      // host top-level directories bound read-only
 	DiskBytes     int64             `json:"disk_bytes,omitempty"` // 0: no filesystem of its own
-	DiskFS        string            `json:"disk_fs,omitempty"`    // its kind (fsBtrfs, fsExt4)
+	DiskFS        string            `json:"disk_fs,omitempty"`    // its kind (FSBtrfs, FSExt4)
 	Mkfs          string            `json:"mkfs,omitempty"`
-	Layers        []layer           `json:"layers,omitempty"`         // snapshot layers, the newest first, above Lower
+	Layers        []Layer           `json:"layers,omitempty"`         // snapshot layers, the newest first, above Lower
 	DiskTemplates string            `json:"disk_templates,omitempty"` // formatted empty filesystems, one per size
 	Cgroups       map[string]string `json:"cgroups,omitempty"`        // joined by setup, so init starts inside
 	ShmBytes      int64             `json:"shm_bytes"`
 	Env           map[string]string `json:"env,omitempty"` // the sandbox's environment, for terminal sessions
+	// Seccomp is the filter every command runs under (package
+	// seccomp's Compile): the gateway compiles it, so that init links
+	// no profile library.
+	Seccomp []byte `json:"seccomp,omitempty"`
 }
 
-// readyMsg is one line on the readiness pipe: setup reports init's pid,
+// ReadyMsg is one line on the readiness pipe: setup reports init's pid,
 // init reports ready or an error.
-type readyMsg struct {
+type ReadyMsg struct {
 	Pid   int    `json:"pid,omitempty"`
 	Ready bool   `json:"ready,omitempty"`
 	Error string `json:"error,omitempty"`
@@ -86,20 +90,20 @@ func init() {
 		return
 	}
 	switch os.Args[1] {
-	case setupArg:
+	case SetupArg:
 		os.Exit(runSetup())
-	case initArg:
+	case InitArg:
 		os.Exit(runInit())
-	case probeArg:
+	case ProbeArg:
 		os.Exit(runProbe())
 	}
 }
 
-// sandboxAttr is how init is started in a fresh set of namespaces, as the
+// SandboxAttr is how init is started in a fresh set of namespaces, as the
 // root of the id range that starts at base. The range does not hold the
 // caller's uid, so init's credentials are set explicitly: without that
 // it would run as the overflow uid with no capabilities.
-func sandboxAttr(base uint32) *syscall.SysProcAttr {
+func SandboxAttr(base uint32) *syscall.SysProcAttr {
 	idmap := idMapping(base)
 	return &syscall.SysProcAttr{
 		Cloneflags:                 nsFlags,
@@ -113,7 +117,7 @@ func sandboxAttr(base uint32) *syscall.SysProcAttr {
 
 // writeReady writes one line (under PIPE_BUF: atomic) and reports whether
 // it went through.
-func writeReady(f *os.File, m readyMsg) bool {
+func writeReady(f *os.File, m ReadyMsg) bool {
 	b, _ := json.Marshal(m)
 	_, err := f.Write(append(b, '\n'))
 	return err == nil
@@ -124,11 +128,11 @@ func writeReady(f *os.File, m readyMsg) bool {
 // mount namespace of its own (no user namespace: an overlay refuses a
 // lower layer with locked submounts, which is what a clone made inside the
 // user namespace would have) and prepares what init mounts (see
-// initConfig); none of it is visible on the host.
+// Config); none of it is visible on the host.
 func runSetup() int {
 	ready := os.NewFile(fdReady, "ready")
 	fail := func(err error) int {
-		writeReady(ready, readyMsg{Error: err.Error()})
+		writeReady(ready, ReadyMsg{Error: err.Error()})
 		return 1
 	}
 	cfg, raw, err := readConfig()
@@ -152,7 +156,7 @@ func runSetup() int {
 		return fail(err)
 	}
 	defer cfgW.Close()
-	cmd := exec.Command("/proc/self/exe", initArg)
+	cmd := exec.Command("/proc/self/exe", InitArg)
 	cmd.Env = []string{}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.ExtraFiles = []*os.File{os.NewFile(fdListener, "listener"), ready, cfgR}
@@ -162,7 +166,7 @@ func runSetup() int {
 		if disk, err = stageRoot(cfg); err != nil {
 			return fail(err)
 		}
-		cmd.SysProcAttr = sandboxAttr(cfg.IDBase)
+		cmd.SysProcAttr = SandboxAttr(cfg.IDBase)
 	}
 	if err := cmd.Start(); err != nil {
 		return fail(fmt.Errorf("start init: %w", err))
@@ -170,7 +174,7 @@ func runSetup() int {
 	cfgR.Close()
 	// Reported at once, so that whatever happens next the gateway can
 	// clean up after init.
-	writeReady(ready, readyMsg{Pid: cmd.Process.Pid})
+	writeReady(ready, ReadyMsg{Pid: cmd.Process.Pid})
 	if cfg.Isolation == IsolationNamespaces {
 		if err := mountLayers(cfg, cmd.Process.Pid, disk); err != nil {
 			// Init reads no config and exits.
@@ -192,7 +196,7 @@ func runSetup() int {
 // filesystem (returned as a detached mount, or -1 without a disk limit);
 // hands dir to sandbox root; and makes dir the working directory init
 // starts in.
-func stageRoot(cfg initConfig) (int, error) {
+func stageRoot(cfg Config) (int, error) {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return -1, fmt.Errorf("make / private: %w", err)
 	}
@@ -214,7 +218,7 @@ func stageRoot(cfg initConfig) (int, error) {
 	} else {
 		// Upper and work on the state directory's filesystem, as the
 		// sandbox's root (not id-mapped).
-		dirs = append(dirs, rw+"/"+layerDir, rw+"/"+upperDir, rw+"/"+workDir)
+		dirs = append(dirs, rw+"/"+LayerDir, rw+"/"+upperDir, rw+"/"+workDir)
 	}
 	for i := range cfg.Layers {
 		dirs = append(dirs, fmt.Sprintf("%s/layer%d", cfg.Dir, i))
@@ -241,7 +245,7 @@ func stageRoot(cfg initConfig) (int, error) {
 // at ro/<name>, the snapshot layers at layer<i>/ (read-only), and the
 // sandbox's own filesystem (disk, unless -1) at rw/. They reach init's
 // mount namespace through the shared bind stageRoot made.
-func mountLayers(cfg initConfig, initPid, disk int) error {
+func mountLayers(cfg Config, initPid, disk int) error {
 	userns, err := os.Open("/proc/" + strconv.Itoa(initPid) + "/ns/user")
 	if err != nil {
 		return fmt.Errorf("open init's user namespace: %w", err)
@@ -260,7 +264,7 @@ func mountLayers(cfg initConfig, initPid, disk int) error {
 		}
 	}
 	for i, ly := range cfg.Layers {
-		fd, err := ly.mount()
+		fd, err := ly.Mount()
 		if err != nil {
 			return err
 		}
@@ -284,7 +288,7 @@ func mountLayers(cfg initConfig, initPid, disk int) error {
 func runInit() int {
 	ready := os.NewFile(fdReady, "ready")
 	fail := func(err error) int {
-		writeReady(ready, readyMsg{Error: err.Error()})
+		writeReady(ready, ReadyMsg{Error: err.Error()})
 		return 1
 	}
 	// A Go program's default handlers exit on these; a namespace init is
@@ -300,14 +304,14 @@ func runInit() int {
 	}()
 	// A signal that crashes a Go program (SIGSEGV and the like), sent
 	// from inside, ends the sandbox as it always did, but in a way the
-	// gateway can name: see initFatalSignals. A real fault in init still
+	// gateway can name: see InitFatalSignals. A real fault in init still
 	// crashes it through the runtime.
 	fatal := make(chan os.Signal, 1)
-	signal.Notify(fatal, initFatalSignals...)
+	signal.Notify(fatal, InitFatalSignals...)
 	go func() {
 		sig := (<-fatal).(syscall.Signal)
 		fmt.Fprintf(os.Stderr, "sandgate init: %s sent from inside the sandbox: exiting\n", unix.SignalName(sig))
-		os.Exit(initSignalExit + int(sig))
+		os.Exit(InitSignalExit + int(sig))
 	}()
 
 	cfg, _, err := readConfig()
@@ -343,7 +347,7 @@ func runInit() int {
 		return fail(err)
 	}
 	// If the gateway gave up waiting, nobody will ever use this sandbox.
-	if !writeReady(ready, readyMsg{Ready: true}) {
+	if !writeReady(ready, ReadyMsg{Ready: true}) {
 		return 1
 	}
 	ready.Close()
@@ -352,10 +356,10 @@ func runInit() int {
 }
 
 // readConfig reads the config from fdConfig and closes it.
-func readConfig() (initConfig, []byte, error) {
+func readConfig() (Config, []byte, error) {
 	f := os.NewFile(fdConfig, "config")
 	defer f.Close()
-	var cfg initConfig
+	var cfg Config
 	raw, err := io.ReadAll(f)
 	if err == nil {
 		err = json.Unmarshal(raw, &cfg)
@@ -364,21 +368,6 @@ func readConfig() (initConfig, []byte, error) {
 		return cfg, nil, fmt.Errorf("read config: %w", err)
 	}
 	return cfg, raw, nil
-}
-
-// configPipe returns the read end of a pipe that holds raw (small enough
-// for the pipe buffer) and is closed for writing.
-func configPipe(raw []byte) (*os.File, error) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	defer w.Close()
-	if _, err := w.Write(raw); err != nil {
-		r.Close()
-		return nil, err
-	}
-	return r, nil
 }
 
 // runProbe runs inside a fresh set of sandbox namespaces and checks that
@@ -394,3 +383,9 @@ func runProbe() int {
 	}
 	return 0
 }
+
+// Isolation modes.
+const (
+	IsolationNamespaces = "namespaces"
+	IsolationNone       = "none"
+)

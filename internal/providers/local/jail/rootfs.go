@@ -1,4 +1,4 @@
-package local
+package jail
 
 import (
 	"errors"
@@ -22,7 +22,7 @@ var (
 
 // setupRoot builds the sandbox's root filesystem and pivots into it. It
 // runs in init, inside the new user and mount namespaces, in the working
-// directory setup left it (the sandbox's directory; see initConfig):
+// directory setup left it (the sandbox's directory; see Config):
 //   - / is an overlay: the read-only, id-mapped root image at lower/, under
 //     the snapshot layers at layer<i>/ (a sandbox made from a snapshot),
 //     with rw/upper taking every write (copy-on-write);
@@ -34,7 +34,7 @@ var (
 //   - the provider's and the gateway's state directories, should the root
 //     show them, are covered by an empty read-only tmpfs;
 //   - the workdir exists.
-func setupRoot(cfg initConfig) error {
+func setupRoot(cfg Config) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
 	}
@@ -42,7 +42,7 @@ func setupRoot(cfg initConfig) error {
 	// without it, renaming or removing a lower directory fails with EIO.
 	lower := "lower"
 	for i := len(cfg.Layers) - 1; i >= 0; i-- {
-		lower = fmt.Sprintf("layer%d/%s:%s", i, strings.TrimPrefix(upperDir, layerDir+"/"), lower)
+		lower = fmt.Sprintf("layer%d/%s:%s", i, strings.TrimPrefix(upperDir, LayerDir+"/"), lower)
 	}
 	if err := unix.Mount("overlay", "root", "overlay", unix.MS_NODEV,
 		"lowerdir="+lower+",upperdir=rw/"+upperDir+",workdir=rw/"+workDir+",userxattr"); err != nil {

@@ -1,4 +1,4 @@
-package local
+package jail
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/providers"
-	"github.com/sandgate/sandgate/internal/seccomp"
+	"github.com/sandgate/sandgate/internal/seccomp/load"
 )
 
 // initServer is a sandbox's init serving the gateway: package agent's
@@ -19,7 +19,7 @@ import (
 // Every command is a child of init, so it inherits init's namespaces and
 // cgroups.
 type initServer struct {
-	cfg initConfig
+	cfg Config
 
 	// reaper reaps every child of init (commands, and the orphans
 	// re-parented to it) and hands a command's status to its waiter.
@@ -31,7 +31,7 @@ type initServer struct {
 	forkerTid int
 }
 
-func newInitServer(cfg initConfig) *initServer {
+func newInitServer(cfg Config) *initServer {
 	return &initServer{cfg: cfg, forks: make(chan func())}
 }
 
@@ -71,7 +71,7 @@ func (a *initServer) forker(started chan<- error) {
 				return
 			}
 		}
-		if err := seccomp.Install(); err != nil {
+		if err := load.Install(a.cfg.Seccomp); err != nil {
 			started <- fmt.Errorf("seccomp filter: %w", err)
 			return
 		}
@@ -116,11 +116,11 @@ func (a *initServer) serve(l net.Listener) {
 
 // sandboxFiles is init's agent.Files: every path resolved inside root
 // ("/" with namespaces, the sandbox's directory without) as files.go
-// describes, errors mapped by fileErr.
+// describes, errors mapped by FileErr.
 type sandboxFiles struct{ root string }
 
 func (f sandboxFiles) in(p string, fn func(root *os.File, rel string) error) error {
-	rel, err := relPath(p)
+	rel, err := RelPath(p)
 	if err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func (f sandboxFiles) in(p string, fn func(root *os.File, rel string) error) err
 		return err
 	}
 	defer root.Close()
-	return fileErr(fn(root, rel))
+	return FileErr(fn(root, rel))
 }
 
 func (f sandboxFiles) Open(p string, write bool) (file *os.File, err error) {

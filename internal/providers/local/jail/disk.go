@@ -1,4 +1,4 @@
-package local
+package jail
 
 import (
 	"errors"
@@ -26,40 +26,40 @@ import (
 // root's files by uid 0), like an image's: a snapshot of it (snapshot.go)
 // serves any sandbox, whatever its id range.
 
-const diskImage = "disk.img"
+const DiskImage = "disk.img"
 
-// minDiskBytes is the smallest disk limit: room for the filesystem's own
+// MinDiskBytes is the smallest disk limit: room for the filesystem's own
 // metadata and the overlay's work directory, with space to spare.
-const minDiskBytes = 64 << 20
+const MinDiskBytes = 64 << 20
 
 // Disk filesystems. Only btrfs can snapshot (a read-only subvolume
 // snapshot: O(1) in what the sandbox wrote).
 const (
-	fsBtrfs = "btrfs"
-	fsExt4  = "ext4"
+	FSBtrfs = "btrfs"
+	FSExt4  = "ext4"
 )
 
 // The overlay's directories on a sandbox's filesystem: upper and work in
-// layerDir, which on btrfs is a subvolume (a snapshot takes it whole;
+// LayerDir, which on btrfs is a subvolume (a snapshot takes it whole;
 // btrfs renames nothing across subvolumes, so work must be in it too).
 const (
-	layerDir = "layer"
-	upperDir = layerDir + "/upper"
-	workDir  = layerDir + "/work"
+	LayerDir = "layer"
+	upperDir = LayerDir + "/upper"
+	workDir  = LayerDir + "/work"
 )
 
 // sbinDirs are where Debian and others keep mkfs.* (setup runs with an
 // empty environment, so no PATH lookup).
 var sbinDirs = []string{"/usr/sbin", "/sbin", "/usr/bin"}
 
-// findMkfs returns the disk filesystem to use (want, or btrfs if its mkfs
+// FindMkfs returns the disk filesystem to use (want, or btrfs if its mkfs
 // is there, else ext4) and the path of its mkfs, after checking loop
 // devices exist; or says why disk limits cannot be enforced.
-func findMkfs(want string) (fs, mkfs string, err error) {
+func FindMkfs(want string) (fs, mkfs string, err error) {
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
 		return "", "", fmt.Errorf("no loop devices (/dev/loop-control: %w)", err)
 	}
-	kinds := []string{fsBtrfs, fsExt4}
+	kinds := []string{FSBtrfs, FSExt4}
 	if want != "" {
 		kinds = []string{want}
 	}
@@ -71,7 +71,7 @@ func findMkfs(want string) (fs, mkfs string, err error) {
 			}
 		}
 	}
-	if want == fsBtrfs {
+	if want == FSBtrfs {
 		return "", "", errors.New("mkfs.btrfs not found (install btrfs-progs)")
 	}
 	return "", "", errors.New("mkfs.ext4 not found (install e2fsprogs)")
@@ -90,7 +90,7 @@ func makeDisk(fs, mkfs, templates, dir string, size int64) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	f, err := os.OpenFile(dir+"/"+diskImage, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(dir+"/"+DiskImage, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return -1, fmt.Errorf("create disk image: %w", err)
 	}
@@ -116,7 +116,7 @@ func makeDisk(fs, mkfs, templates, dir string, size int64) (int, error) {
 	return mfd, nil
 }
 
-// makeOverlayDirs makes layerDir (a subvolume on btrfs) with upper and
+// makeOverlayDirs makes LayerDir (a subvolume on btrfs) with upper and
 // work in it, at the root of the detached mount mfd, owned by the
 // sandbox's root once id-mapped.
 func makeOverlayDirs(mfd int, fs string) error {
@@ -125,10 +125,10 @@ func makeOverlayDirs(mfd int, fs string) error {
 		return fmt.Errorf("open the disk's root: %w", err)
 	}
 	defer unix.Close(root)
-	if fs == fsBtrfs {
-		err = btrfsSubvolCreate(root, layerDir)
+	if fs == FSBtrfs {
+		err = btrfsSubvolCreate(root, LayerDir)
 	} else {
-		err = unix.Mkdirat(root, layerDir, 0o755)
+		err = unix.Mkdirat(root, LayerDir, 0o755)
 	}
 	if err != nil {
 		return fmt.Errorf("make the upper layer: %w", err)
@@ -191,7 +191,7 @@ func diskTemplate(fs, mkfs, templates string, size int64) (string, error) {
 	}
 	var args []string
 	switch fs {
-	case fsBtrfs:
+	case FSBtrfs:
 		// Single copies of metadata (scratch space: a crash loses the
 		// sandbox anyway); mixed block groups below 1 GiB, where separate
 		// data and metadata groups waste most of the space.
