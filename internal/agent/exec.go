@@ -6,13 +6,13 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/agentwire"
+	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -186,19 +186,7 @@ func (s *Server) runExec(req agentwire.ExecRequest, emit func(typ byte, p []byte
 
 // oomKills is how many processes the kernel has killed for want of memory
 // in the sandbox's cgroup (0 when the agent cannot tell).
-func oomKills() int64 {
-	b, err := os.ReadFile("/sys/fs/cgroup/memory.events")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return 0
-}
+func oomKills() int64 { return procfs.OOMKills("/sys/fs/cgroup/memory.events") }
 
 // execOverStream serves an exec stream: it runs the command, forwards its
 // output as frames and ends with the result frame. The gateway closing

@@ -1,6 +1,7 @@
-// Package procfs reads what sandgate needs of /proc: one parser of
-// /proc/<pid>/stat for the gateway (a local sandbox's init, seen from the
-// host) and the agent (the processes of its sandbox).
+// Package procfs reads what sandgate needs of /proc and of a memory
+// cgroup: one parser of /proc/<pid>/stat for the gateway (a local
+// sandbox's init, seen from the host) and the agent (the processes of its
+// sandbox), and one count of OOM kills for both.
 package procfs
 
 import (
@@ -54,4 +55,22 @@ func ParseStat(b []byte) (Stat, error) {
 		exit = atoi(f[49])
 	}
 	return Stat{State: f[0][0], PPid: atoi(f[1]), PGid: atoi(f[2]), Sid: atoi(f[3]), TPGid: atoi(f[5]), StartTime: start, ExitCode: exit}, nil
+}
+
+// OOMKills is the oom_kill count of a memory cgroup's flat keyed file
+// (memory.events in cgroup v2, memory.oom_control in v1): how many of its
+// processes the kernel killed for want of memory. 0 when the file cannot
+// be read or has no count.
+func OOMKills(path string) int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	for line := range bytes.SplitSeq(b, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("oom_kill ")); ok {
+			n, _ := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
+			return n
+		}
+	}
+	return 0
 }

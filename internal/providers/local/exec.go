@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/internal/agentclient"
+	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -67,14 +68,7 @@ func (sb *sandbox) oomKills() int64 {
 	if dir == "" {
 		return 0
 	}
-	b, _ := os.ReadFile(dir + "/memory.oom_control")
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
+	return procfs.OOMKills(dir + "/memory.oom_control")
 }
 
 // memoryLimit is the sandbox's memory limit in bytes.
