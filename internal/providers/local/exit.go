@@ -121,7 +121,7 @@ func describeExit(ws syscall.WaitStatus, oomKills func() int64, memLimit func() 
 }
 
 // StateReason says why sandbox id is in state error: how its init ended,
-// or how its session host broke the protocol ("" if it is not in error).
+// or how its agent broke the protocol ("" if it is not in error).
 func (l *Local) StateReason(id string) string {
 	sb, err := l.lookup(id)
 	if err != nil {

@@ -170,7 +170,7 @@ type sandbox struct {
 	dir string
 
 	hostMu sync.Mutex          // guards host
-	host   *agentclient.Client // the connection to init's session host, once made
+	host   *agentclient.Client // the connection to init's agent, once made
 	st     persisted
 
 	// mu serialises the state changes: Pause, Resume, Delete.
@@ -459,7 +459,7 @@ func (l *Local) running(id string) (*sandbox, error) {
 }
 
 // Status reports running, paused, error (init ended on its own, or its
-// session host broke the protocol; see StateReason) or stopped (init is
+// agent broke the protocol; see StateReason) or stopped (init is
 // gone, and how is not known).
 func (l *Local) Status(ctx context.Context, id string) (providers.State, error) {
 	sb, err := l.lookup(id)

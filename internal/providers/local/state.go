@@ -42,11 +42,10 @@ type persisted struct {
 }
 
 const (
-	stateFile      = "state.json"
-	pausedFile     = "paused" // exists while paused by signals (no freezer)
-	socketName     = "agent.sock"
-	sessionsSocket = "sessions.sock" // init's terminal session host (package agent's protocol)
-	logName        = "init.log"
+	stateFile  = "state.json"
+	pausedFile = "paused" // exists while paused by signals (no freezer)
+	socketName = "agent.sock"
+	logName    = "init.log"
 )
 
 // writeJSON writes v to path atomically (aside, then renamed), for root
