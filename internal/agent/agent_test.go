@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -216,47 +215,7 @@ func collect(t *testing.T, a *agentclient.Attachment, want string) (string, *age
 func pairDirect(t testing.TB) (*Server, *agentclient.Client) {
 	t.Helper()
 	srv := NewServer(true)
-	sock := filepath.Join(t.TempDir(), "s.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		var wg sync.WaitGroup
-		defer wg.Wait()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				srv.Serve(c, nil)
-			}()
-		}
-	}()
-	dial := func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}
-	conn, err := dial(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := agentclient.Dial(context.Background(), conn, agentclient.WithDirect(dial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		srv.Close()
-		l.Close()
-		<-served
-	})
-	return srv, c
+	return srv, serveSocket(t, srv)
 }
 
 func TestSessionReplay(t *testing.T) {

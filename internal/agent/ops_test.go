@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -47,20 +48,31 @@ func (d dirFiles) List(p string) ([]providers.FileInfo, bool, error) {
 func serveUnix(t *testing.T, o Options) *agentclient.Client {
 	t.Helper()
 	srv := NewServerWith(NewReaper(true), o)
-	sock := filepath.Join(t.TempDir(), "agent.sock")
+	srv.own = true
+	return serveSocket(t, srv)
+}
+
+// serveSocket serves srv on a unix socket and returns a client that makes
+// a connection of its own for each attachment and file (WithDirect). The
+// cleanup closes both.
+func serveSocket(t testing.TB, srv *Server) *agentclient.Client {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "s.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
+	served := make(chan struct{})
 	go func() {
-		defer close(done)
+		defer close(served)
+		var wg sync.WaitGroup
+		defer wg.Wait()
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			go srv.Serve(c, nil)
+			wg.Go(func() { srv.Serve(c, nil) })
 		}
 	}()
 	dial := func(ctx context.Context) (net.Conn, error) {
@@ -77,10 +89,9 @@ func serveUnix(t *testing.T, o Options) *agentclient.Client {
 	}
 	t.Cleanup(func() {
 		c.Close()
-		l.Close()
-		<-done
 		srv.Close()
-		srv.reaper.Close()
+		l.Close()
+		<-served
 	})
 	return c
 }
