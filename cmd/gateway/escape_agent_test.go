@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -19,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandgate/sandgate/internal/agentwire"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // TestEscapeDockerAgentLiar: root inside a docker sandbox replaces the
@@ -31,13 +31,7 @@ import (
 // as before.
 func TestEscapeDockerAgentLiar(t *testing.T) {
 	g := startDockerGateway(t, t.TempDir())
-	liar := filepath.Join(t.TempDir(), "agentliar")
-	build := exec.Command("go", "build", "-o", liar, "./testdata/agentliar")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the liar: %v\n%s", err, out)
-	}
-	liarBin, err := os.ReadFile(liar)
+	liarBin, err := os.ReadFile(testkit.Binary(t, "cmd/gateway/testdata/agentliar", "agentliar", ""))
 	if err != nil {
 		t.Fatal(err)
 	}
