@@ -69,7 +69,7 @@ func TestEscapeDockerAgentLiar(t *testing.T) {
 				t.Logf("the last session create answered %s", last)
 			}
 		})
-		dkEventually(t, time.Minute, "a session started through the liar", func() bool {
+		testkit.Eventually(t, "a session started through the liar", time.Minute, func() bool {
 			s, b := call(t, "POST", replayLiar.url+"/pty", "{}", "X-Sandbox-Lease", replayLiar.token)
 			last = fmt.Sprintf("%d %s", s, b)
 			return s == 201 && json.Unmarshal(b, &sess) == nil && sess.ID != ""
@@ -113,7 +113,7 @@ func TestEscapeDockerAgentLiar(t *testing.T) {
 	req, _ := http.NewRequestWithContext(ctx, "GET", fileLiar.url+"/download?remote_path=/tmp/x", nil)
 	req.Header.Set("X-Sandbox-Lease", fileLiar.token)
 	var got int64
-	dkEventually(t, time.Minute, "the download reaching the liar", func() bool {
+	testkit.Eventually(t, "the download reaching the liar", time.Minute, func() bool {
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -139,20 +139,13 @@ func sandboxInError(t *testing.T, sb dkBox, reason string) {
 		Status string `json:"status"`
 		Reason string `json:"status_reason"`
 	}
-	var last string
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testkit.EventuallyNil(t, "sandbox "+sb.id+" to read error", time.Minute, func() error {
 		s, b := call(t, "GET", sb.url, "", "X-Sandbox-Lease", sb.token)
-		last = fmt.Sprintf("%d %s", s, b)
 		if s == 200 && json.Unmarshal(b, &info) == nil && info.Status == "error" {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sandbox %s never read error: %s", sb.id, last)
-		}
-		tick := time.NewTimer(100 * time.Millisecond) // polling interval
-		<-tick.C
-	}
+		return fmt.Errorf("%d %s", s, b)
+	})
 	if info.Reason != reason {
 		t.Fatalf("sandbox %s in error because %q, want %q", sb.id, info.Reason, reason)
 	}
