@@ -198,3 +198,46 @@ func TestBuild(t *testing.T) {
 		t.Fatalf("%s: %q %v", plain, out, err)
 	}
 }
+
+// TestDialPipe: the client talks to serve through the pipe; at the
+// test's end the client is closed before serve is waited for, and a dial
+// that fails fails the test with serve already returned.
+func TestDialPipe(t *testing.T) {
+	var order []string
+	echo := func(a net.Conn) {
+		io.Copy(a, a)
+		order = append(order, "served")
+	}
+	t.Run("echo", func(t *testing.T) {
+		c := DialPipe(t, echo, func(b net.Conn) (net.Conn, error) { return closeLogger{b, &order}, nil })
+		if _, err := c.Write([]byte("hi")); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 2)
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != "hi" {
+			t.Fatalf("read %q, %v", got, err)
+		}
+	})
+	if strings.Join(order, ",") != "client closed,served" {
+		t.Fatalf("clean-up order %v, want the client closed, then serve returned", order)
+	}
+
+	order = nil
+	msg := fatalOf(t, func(tb testing.TB) {
+		DialPipe(tb, echo, func(b net.Conn) (net.Conn, error) { return nil, errors.New("no hello") })
+	})
+	if msg != "dial over the pipe: no hello" || strings.Join(order, ",") != "served" {
+		t.Fatalf("failed dial: fatal %q, %v", msg, order)
+	}
+}
+
+// closeLogger notes its Close in order.
+type closeLogger struct {
+	net.Conn
+	order *[]string
+}
+
+func (c closeLogger) Close() error {
+	*c.order = append(*c.order, "client closed")
+	return c.Conn.Close()
+}
