@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sandgate/sandgate/internal/providers"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -240,4 +242,34 @@ type closeLogger struct {
 func (c closeLogger) Close() error {
 	*c.order = append(*c.order, "client closed")
 	return c.Conn.Close()
+}
+
+// errorsTB records Errorf calls.
+type errorsTB struct {
+	testing.TB
+	msgs []string
+}
+
+func (e *errorsTB) Helper() {}
+func (e *errorsTB) Errorf(format string, args ...any) {
+	e.msgs = append(e.msgs, fmt.Sprintf(format, args...))
+}
+
+func TestWantFields(t *testing.T) {
+	errs := []providers.FieldError{{Field: "cpu", Message: "over the ceiling of 4"}, {Field: "ttl_s", Message: "too long"}}
+	for _, c := range []struct {
+		want map[string]string
+		msgs []string
+	}{
+		{map[string]string{"cpu": "ceiling of 4", "ttl_s": "long"}, nil},
+		{map[string]string{"cpu": "ceiling of 8", "ttl_s": "long"}, []string{`cpu: "over the ceiling of 4", want it to say "ceiling of 8"`}},
+		{map[string]string{"cpu": "ceiling"}, []string{"other problems listed: map[ttl_s:too long]"}},
+		{map[string]string{"cpu": "ceiling", "ttl_s": "long", "env": "big"}, []string{`env: "", want it to say "big"`}},
+	} {
+		e := &errorsTB{TB: t}
+		WantFields(e, errs, c.want)
+		if strings.Join(e.msgs, "\n") != strings.Join(c.msgs, "\n") {
+			t.Errorf("want %v: reported %q, want %q", c.want, e.msgs, c.msgs)
+		}
+	}
 }
