@@ -442,20 +442,25 @@ func (p *patternReader) Read(b []byte) (int, error) {
 }
 
 // peakRSS reads VmHWM of pid in bytes.
-func peakRSS(t *testing.T, pid int) int {
+func peakRSS(t *testing.T, pid int) int { return procStatusKiB(t, pid, "VmHWM") << 10 }
+
+// procRSS reads VmRSS of pid in bytes.
+func procRSS(t *testing.T, pid int) int { return procStatusKiB(t, pid, "VmRSS") << 10 }
+
+// procStatusKiB reads the field (in kB) of /proc/pid/status.
+func procStatusKiB(t *testing.T, pid int, field string) int {
+	t.Helper()
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`VmHWM:\s+(\d+) kB`).FindSubmatch(b)
+	m := regexp.MustCompile(field + `:\s+(\d+) kB`).FindSubmatch(b)
 	if m == nil {
-		t.Fatal("no VmHWM")
+		t.Fatalf("no %s in /proc/%d/status", field, pid)
 	}
 	kb, _ := strconv.Atoi(string(m[1]))
-	return kb << 10
+	return kb
 }
-
-var _ = time.Second
 
 // TestSIGTERMDrains: an exec in flight when SIGTERM arrives completes and
 // its client gets the whole result; the gateway then exits cleanly, and

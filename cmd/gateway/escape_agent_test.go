@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -149,18 +148,4 @@ func sandboxInError(t *testing.T, sb dkBox, reason string) {
 	if info.Reason != reason {
 		t.Fatalf("sandbox %s in error because %q, want %q", sb.id, info.Reason, reason)
 	}
-}
-
-// procRSS reads VmRSS of pid in bytes.
-func procRSS(t *testing.T, pid int) int {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`VmRSS:\s+(\d+) kB`).FindSubmatch(b)
-	if m == nil {
-		t.Fatal("no VmRSS")
-	}
-	kb, _ := strconv.Atoi(string(m[1]))
-	return kb << 10
 }
