@@ -127,8 +127,11 @@ func buildGatewayImage(ctx context.Context) (string, error) {
 
 // TestContainerImage runs the Dockerfile's image (gatewayImage) against
 // the local daemon with --provider docker and checks readiness, the
-// HEALTHCHECK, and one exec in a sandbox it creates.
+// HEALTHCHECK, and one exec in a sandbox it creates. It is the package's
+// only parallel test: it waits for the build after the other tests have
+// run beside it, and runs alone.
 func TestContainerImage(t *testing.T) {
+	t.Parallel()
 	requireDockerCLI(t)
 	sandboxImage := dockertest.Image(t)
 	image, err := waitGatewayImage()
