@@ -8,7 +8,7 @@ STATE   ?= $(CURDIR)/.state
 # all threads, which the Go runtime only allows in a cgo-free binary.
 export CGO_ENABLED ?= 0
 
-.PHONY: build run test check-generated generate vet bench soak bench-go clean web agent-image k8s-up k8s-down fuzz
+.PHONY: build run test check check-generated generate vet bench soak bench-go clean web agent-image k8s-up k8s-down fuzz
 
 build: web
 	$(GO) build -o $(BIN) ./cmd/gateway
@@ -55,7 +55,8 @@ generate:
 check-generated:
 	scripts/check-generated.sh
 
-vet:
+# vet compiles package web, which embeds the vendored xterm files.
+vet: web
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -67,6 +68,15 @@ test: web check-generated vet k8s-up
 	@# Stops and restarts the shared docker daemon: alone, after the rest.
 	SANDGATE_DOCKER_RESTART_TEST=1 CGO_ENABLED=1 $(GO) test -race -count=1 -run '^TestRealDaemonRestart$$' ./internal/providers/docker/
 	$(MAKE) fuzz
+
+# Quick feedback (under 2 minutes): gofmt, vet, the generated code, and
+# the tests of every package that needs no root, docker daemon, cluster
+# or browser. Left to `make test`: the providers that run sandboxes, rootfs
+# (loop mounts), the gateway binary's end-to-end tests and the benchmark
+# harness.
+NEEDS_HOST = /(cmd/gateway|bench|internal/providers/(docker|kubernetes|local)(/.*)?|internal/rootfs)$$
+check: check-generated vet
+	CGO_ENABLED=1 $(GO) test -race -count=1 $$($(GO) list ./... | grep -vE '$(NEEDS_HOST)')
 
 # Each fuzz target for FUZZTIME from its seeds (the seeds also run as plain
 # tests in `go test`). A crash is saved under the package's testdata/fuzz:

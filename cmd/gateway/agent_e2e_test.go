@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandgate/sandgate/internal/testkit"
 	"github.com/sandgate/sandgate/internal/wire"
 )
 
@@ -178,7 +179,7 @@ func terminalsSurviveGatewayKill(t *testing.T, start func(state string) *proc, c
 	seen := int64(len(b.out))
 
 	done := ptyCreate(t, sb, `{"pty":false,"command":"echo bye; exit 7"}`)
-	dkEventually(t, 20*time.Second, "the short session to exit", func() bool {
+	testkit.Eventually(t, "the short session to exit", 20*time.Second, func() bool {
 		v := ptyList(t, sb)[done]
 		return v.ExitCode != nil
 	})

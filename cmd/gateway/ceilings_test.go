@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // TestCeilingsGateway: a real gateway refuses the issue's create
@@ -65,30 +68,18 @@ func TestCeilingsGateway(t *testing.T) {
 	}
 }
 
-// wantProblem checks that body is a problem listing each field with a
-// message containing its text, and nothing else.
+// wantProblem checks that body is an invalid_input problem whose field
+// errors are want (testkit.WantFields).
 func wantProblem(t *testing.T, body []byte, want map[string]string) {
 	t.Helper()
 	var p struct {
-		Code   string `json:"code"`
-		Errors []struct{ Field, Message string }
+		Code   string                 `json:"code"`
+		Errors []providers.FieldError `json:"errors"`
 	}
 	if err := json.Unmarshal(body, &p); err != nil || p.Code != "invalid_input" {
 		t.Fatalf("problem %.300s: %v", body, err)
 	}
-	got := map[string]string{}
-	for _, f := range p.Errors {
-		got[f.Field] += f.Message
-	}
-	for field, text := range want {
-		if !strings.Contains(got[field], text) {
-			t.Errorf("%s: %q, want it to say %q", field, got[field], text)
-		}
-		delete(got, field)
-	}
-	if len(got) > 0 {
-		t.Errorf("other problems listed: %v", got)
-	}
+	testkit.WantFields(t, p.Errors, want)
 }
 
 // xs is an endless stream of 'x'.

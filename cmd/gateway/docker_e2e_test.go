@@ -26,6 +26,7 @@ import (
 	"github.com/docker/docker/api/types/network"
 
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // The gateway on --provider docker, end to end: a real gateway process, a
@@ -151,19 +152,6 @@ func dkRun(t *testing.T, sb dkBox, command string) string {
 		t.Fatalf("exec %q: %v %d %+v", command, err, s, r)
 	}
 	return r.Stdout
-}
-
-// dkEventually polls cond every 50 ms until it holds or d passes.
-func dkEventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		tick := time.NewTimer(50 * time.Millisecond) // polling interval
-		<-tick.C
-	}
 }
 
 // dkContainer inspects the container named name; ok is false when the
@@ -319,7 +307,7 @@ func TestDockerProxyAndEndpoint(t *testing.T) {
 
 	proxied := sb.url + "/proxy/8080/index.html"
 	var body string
-	dkEventually(t, 20*time.Second, "httpd through the proxy", func() bool {
+	testkit.Eventually(t, "httpd through the proxy", 20*time.Second, func() bool {
 		s, b := call(t, "GET", proxied, "", "X-Sandbox-Lease", sb.token)
 		body = string(b)
 		return s == 200
@@ -462,7 +450,7 @@ func TestDockerDaemonUnreachable(t *testing.T) {
 	})
 
 	px.Restore(t)
-	dkEventually(t, 30*time.Second, "readyz after the daemon came back", func() bool {
+	testkit.Eventually(t, "readyz after the daemon came back", 30*time.Second, func() bool {
 		s, _ := call(t, "GET", g.URL+"/readyz", "")
 		return s == 200
 	})
@@ -650,7 +638,7 @@ func dkExecInFlight(t *testing.T, ctx context.Context, sb dkBox, cmd string) <-c
 		s, r, err := dkExec(ctx, sb, cmd, false)
 		done <- dkAnswer{s, r, err}
 	}()
-	dkEventually(t, 20*time.Second, "the sleep to run", func() bool {
+	testkit.Eventually(t, "the sleep to run", 20*time.Second, func() bool {
 		return strings.Contains(dkRun(t, sb, "ps -o args"), "sleep 300")
 	})
 	return done
@@ -727,7 +715,7 @@ func TestDockerTenantNetworks(t *testing.T) {
 	if out := dkRun(t, b, strings.Replace(get, bIP, "127.0.0.1", 1)); !strings.Contains(out, "tenant-B") {
 		t.Fatalf("B's own service: %q", out)
 	}
-	dkEventually(t, 20*time.Second, "B's service through the proxy", func() bool {
+	testkit.Eventually(t, "B's service through the proxy", 20*time.Second, func() bool {
 		s, body := call(t, "GET", b.url+"/proxy/8080/index.html", "", "X-Sandbox-Lease", b.token)
 		return s == 200 && string(body) == "tenant-B\n"
 	})

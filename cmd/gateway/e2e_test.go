@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/api"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 func readme(t *testing.T) string {
@@ -440,20 +442,25 @@ func (p *patternReader) Read(b []byte) (int, error) {
 }
 
 // peakRSS reads VmHWM of pid in bytes.
-func peakRSS(t *testing.T, pid int) int {
+func peakRSS(t *testing.T, pid int) int { return procStatusKiB(t, pid, "VmHWM") << 10 }
+
+// procRSS reads VmRSS of pid in bytes.
+func procRSS(t *testing.T, pid int) int { return procStatusKiB(t, pid, "VmRSS") << 10 }
+
+// procStatusKiB reads the field (in kB) of /proc/pid/status.
+func procStatusKiB(t *testing.T, pid int, field string) int {
+	t.Helper()
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`VmHWM:\s+(\d+) kB`).FindSubmatch(b)
+	m := regexp.MustCompile(field + `:\s+(\d+) kB`).FindSubmatch(b)
 	if m == nil {
-		t.Fatal("no VmHWM")
+		t.Fatalf("no %s in /proc/%d/status", field, pid)
 	}
 	kb, _ := strconv.Atoi(string(m[1]))
-	return kb << 10
+	return kb
 }
-
-var _ = time.Second
 
 // TestSIGTERMDrains: an exec in flight when SIGTERM arrives completes and
 // its client gets the whole result; the gateway then exits cleanly, and
@@ -490,16 +497,10 @@ func TestSIGTERMDrains(t *testing.T) {
 // /tmp/started.
 func waitStarted(t *testing.T, sb, tok string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.Eventually(t, "the exec to start", 10*time.Second, func() bool {
 		s, b := call(t, "POST", sb+"/exec", `{"command": "test -f /tmp/started && echo yes"}`, "X-Sandbox-Lease", tok)
-		if s == 200 && strings.Contains(string(b), "yes") {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("exec never started")
-		}
-	}
+		return s == 200 && strings.Contains(string(b), "yes")
+	})
 }
 
 // TestSecondSignalCutsDrain: a second SIGTERM while an exec still drains
@@ -528,12 +529,12 @@ func TestSecondSignalCutsDrain(t *testing.T) {
 	waitStarted(t, sb, tok)
 	start := time.Now()
 	g.cmd.Process.Signal(syscall.SIGTERM)
-	for !strings.Contains(g.stderr.String(), "shutting down") {
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("no shutdown after SIGTERM\n%s", g.stderr)
+	testkit.EventuallyNil(t, "the shutdown after SIGTERM", 10*time.Second, func() error {
+		if log := g.stderr.String(); !strings.Contains(log, "shutting down") {
+			return errors.New(log)
 		}
-		time.Sleep(10 * time.Millisecond) // polling the log, which has no notification
-	}
+		return nil
+	})
 	if err := g.stop(syscall.SIGTERM); err != nil {
 		t.Fatalf("exit after a second SIGTERM: %v\n%s", err, g.stderr)
 	}

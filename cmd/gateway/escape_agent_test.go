@@ -7,9 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +17,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandgate/sandgate/internal/agentwire"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // TestEscapeDockerAgentLiar: root inside a docker sandbox replaces the
@@ -31,13 +30,7 @@ import (
 // as before.
 func TestEscapeDockerAgentLiar(t *testing.T) {
 	g := startDockerGateway(t, t.TempDir())
-	liar := filepath.Join(t.TempDir(), "agentliar")
-	build := exec.Command("go", "build", "-o", liar, "./testdata/agentliar")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the liar: %v\n%s", err, out)
-	}
-	liarBin, err := os.ReadFile(liar)
+	liarBin, err := os.ReadFile(testkit.Binary(t, "cmd/gateway/testdata/agentliar", "agentliar", ""))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +68,7 @@ func TestEscapeDockerAgentLiar(t *testing.T) {
 				t.Logf("the last session create answered %s", last)
 			}
 		})
-		dkEventually(t, time.Minute, "a session started through the liar", func() bool {
+		testkit.Eventually(t, "a session started through the liar", time.Minute, func() bool {
 			s, b := call(t, "POST", replayLiar.url+"/pty", "{}", "X-Sandbox-Lease", replayLiar.token)
 			last = fmt.Sprintf("%d %s", s, b)
 			return s == 201 && json.Unmarshal(b, &sess) == nil && sess.ID != ""
@@ -119,7 +112,7 @@ func TestEscapeDockerAgentLiar(t *testing.T) {
 	req, _ := http.NewRequestWithContext(ctx, "GET", fileLiar.url+"/download?remote_path=/tmp/x", nil)
 	req.Header.Set("X-Sandbox-Lease", fileLiar.token)
 	var got int64
-	dkEventually(t, time.Minute, "the download reaching the liar", func() bool {
+	testkit.Eventually(t, "the download reaching the liar", time.Minute, func() bool {
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -145,35 +138,14 @@ func sandboxInError(t *testing.T, sb dkBox, reason string) {
 		Status string `json:"status"`
 		Reason string `json:"status_reason"`
 	}
-	var last string
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testkit.EventuallyNil(t, "sandbox "+sb.id+" to read error", time.Minute, func() error {
 		s, b := call(t, "GET", sb.url, "", "X-Sandbox-Lease", sb.token)
-		last = fmt.Sprintf("%d %s", s, b)
 		if s == 200 && json.Unmarshal(b, &info) == nil && info.Status == "error" {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sandbox %s never read error: %s", sb.id, last)
-		}
-		tick := time.NewTimer(100 * time.Millisecond) // polling interval
-		<-tick.C
-	}
+		return fmt.Errorf("%d %s", s, b)
+	})
 	if info.Reason != reason {
 		t.Fatalf("sandbox %s in error because %q, want %q", sb.id, info.Reason, reason)
 	}
-}
-
-// procRSS reads VmRSS of pid in bytes.
-func procRSS(t *testing.T, pid int) int {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`VmRSS:\s+(\d+) kB`).FindSubmatch(b)
-	if m == nil {
-		t.Fatal("no VmRSS")
-	}
-	kb, _ := strconv.Atoi(string(m[1]))
-	return kb << 10
 }

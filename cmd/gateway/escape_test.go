@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers/local"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // escBox is a sandbox and its owner token.
@@ -336,22 +337,17 @@ func TestEscapeDiskAndProcesses(t *testing.T) {
 		s, data := call(t, "POST", b.url("/exec"), body, "X-Sandbox-Lease", b.Tok)
 		bomb <- fmt.Sprintf("%d %.200s", s, data)
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ev, _ := os.ReadFile(cgroups["pids"] + "/pids.events")
-		if strings.TrimSpace(string(ev)) != "max 0" {
-			t.Logf("the fork bomb met the pids limit after %v", time.Since(bombStart).Round(time.Millisecond))
-			break
+	// A counter that has no notification.
+	testkit.EventuallyNil(t, "the fork bomb to reach the pids limit", 30*time.Second, func() error {
+		if ev, _ := os.ReadFile(cgroups["pids"] + "/pids.events"); strings.TrimSpace(string(ev)) != "max 0" {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			cur, _ := os.ReadFile(cgroups["pids"] + "/pids.current")
-			lim, _ := os.ReadFile(cgroups["pids"] + "/pids.max")
-			mem, _ := os.ReadFile(cgroups["memory"] + "/memory.failcnt")
-			t.Fatalf("the fork bomb never reached the pids limit: pids %s of %s, memory failcnt %s",
-				bytes.TrimSpace(cur), bytes.TrimSpace(lim), bytes.TrimSpace(mem))
-		}
-		time.Sleep(50 * time.Millisecond) // polling a counter that has no notification
-	}
+		cur, _ := os.ReadFile(cgroups["pids"] + "/pids.current")
+		lim, _ := os.ReadFile(cgroups["pids"] + "/pids.max")
+		mem, _ := os.ReadFile(cgroups["memory"] + "/memory.failcnt")
+		return fmt.Errorf("pids %s of %s, memory failcnt %s", bytes.TrimSpace(cur), bytes.TrimSpace(lim), bytes.TrimSpace(mem))
+	})
+	t.Logf("the fork bomb met the pids limit after %v", time.Since(bombStart).Round(time.Millisecond))
 	if err := exec.Command("true").Run(); err != nil {
 		t.Errorf("the host cannot fork during the bomb: %v", err)
 	}
@@ -496,19 +492,13 @@ func TestEscapeInitKilled(t *testing.T) {
 		Status string `json:"status"`
 		Reason string `json:"status_reason"`
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	testkit.Eventually(t, "the sandbox to stop running after kill -SEGV 1", 30*time.Second, func() bool {
 		s, data := call(t, "GET", b.url(""), "", "X-Sandbox-Lease", b.Tok)
 		if err := json.Unmarshal(data, &info); s != 200 || err != nil {
 			t.Fatalf("get: %d %s", s, data)
 		}
-		if info.Status != "running" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the sandbox still runs 30 s after kill -SEGV 1")
-		}
-		<-time.After(50 * time.Millisecond)
-	}
+		return info.Status != "running"
+	})
 	if info.Status != "error" || !strings.Contains(info.Reason, "SIGSEGV") {
 		t.Errorf("after kill -SEGV 1: status %q, reason %q; want error naming SIGSEGV", info.Status, info.Reason)
 	}

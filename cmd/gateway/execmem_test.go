@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // nulFlood writes 16 MiB of NULs to stdout and 16 MiB to stderr: each NUL
@@ -97,12 +99,13 @@ func TestExecOutputBoundedMemory(t *testing.T) {
 func TestExecOutputBudget(t *testing.T) {
 	const total, floor, n = 8 << 20, 64 << 10, 8
 	g := startGateway(t, t.TempDir(), []string{"SANDGATE_MEMORY_LIMIT=1GiB"}, "--max-exec-output-total", "8388608")
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(g.stderr.String(), "memory_limit=1073741824"); {
-		if time.Now().After(deadline) {
-			t.Fatalf("SANDGATE_MEMORY_LIMIT=1GiB not in effect:\n%s", g.stderr)
+	// The log is copied from the process's pipe.
+	testkit.EventuallyNil(t, "SANDGATE_MEMORY_LIMIT=1GiB in effect", 10*time.Second, func() error {
+		if log := g.stderr.String(); !strings.Contains(log, "memory_limit=1073741824") {
+			return errors.New(log)
 		}
-		time.Sleep(10 * time.Millisecond) // the log is copied from the process's pipe
-	}
+		return nil
+	})
 	id, tok := newLocalSandbox(t, g)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

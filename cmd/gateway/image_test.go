@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
@@ -15,11 +16,13 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // dockerCLI runs the docker CLI (the image test drives the CLI on purpose:
@@ -28,41 +31,113 @@ func dockerCLI(t *testing.T, stdin io.Reader, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	out, err := dockerRun(ctx, stdin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// dockerRun runs the docker CLI and returns its trimmed output; the error
+// has the output in it.
+func dockerRun(ctx context.Context, stdin io.Reader, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "docker", args...)
 	cmd.Stdin = stdin
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("docker %s: %v\n%s", strings.Join(args, " "), err, out)
+		return "", fmt.Errorf("docker %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	return strings.TrimSpace(string(out))
+	return strings.TrimSpace(string(out)), nil
 }
 
 func requireDockerCLI(t *testing.T) {
 	t.Helper()
-	if err := exec.Command("docker", "info").Run(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the image test needs a docker daemon in CI (scripts/ci-docker.sh starts one): %v", err)
-		}
-		t.Skipf("no docker daemon: %v", err)
-	}
+	testkit.Need(t, "a docker daemon for the image test (scripts/ci-docker.sh starts one)", exec.Command("docker", "info").Run())
 }
 
-// TestContainerImage builds the Dockerfile from locally made base images
-// (no registry is reachable): a builder made of this machine's Go
-// toolchain and the static busybox, and scratch as the runtime. It runs
-// the image against the local daemon with --provider docker and checks
-// readiness, the HEALTHCHECK, and one exec in a sandbox it creates.
-func TestContainerImage(t *testing.T) {
-	requireDockerCLI(t)
-	builder := "sandgate-test/gobuilder:" + strings.TrimPrefix(runtime.Version(), "go")
-	if exec.Command("docker", "image", "inspect", builder).Run() != nil {
-		importBuilder(t, builder)
-	}
-	sandboxImage := dockertest.Image(t)
+// gatewayImage is the image TestContainerImage runs: the Dockerfile built
+// by docker in the background from TestMain on, when the test is to run.
+// The build compiles the gateway and its dependencies from scratch in the
+// builder (minutes of CPU on two cores) while the other tests, which mostly
+// wait on gateways and sandboxes, leave the CPU idle; run in turn, it was
+// half of the package's time.
+var gatewayImage struct {
+	once   sync.Once
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the build has ended
+	tag    string
+	err    error
+}
 
-	ctxDir := buildContext(t)
+// startGatewayImage starts the build once; later calls do nothing.
+func startGatewayImage() {
+	gatewayImage.once.Do(func() {
+		// A bound that only catches a hung build: cold, under the other
+		// tests' load, it takes some minutes.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+		gatewayImage.cancel, gatewayImage.done = cancel, make(chan struct{})
+		go func() {
+			defer close(gatewayImage.done)
+			gatewayImage.tag, gatewayImage.err = buildGatewayImage(ctx)
+		}()
+	})
+}
+
+// waitGatewayImage starts the build unless TestMain did, and returns its
+// result.
+func waitGatewayImage() (string, error) {
+	startGatewayImage()
+	<-gatewayImage.done
+	return gatewayImage.tag, gatewayImage.err
+}
+
+// stopGatewayImage cancels a build still running and waits for it to end
+// (TestMain, after the tests: a -skip or a failed test may leave it
+// unclaimed). A no-op if it never started.
+func stopGatewayImage() {
+	if gatewayImage.done == nil {
+		return
+	}
+	gatewayImage.cancel()
+	<-gatewayImage.done
+}
+
+// buildGatewayImage builds the Dockerfile from locally made base images
+// (no registry is reachable): a builder made of this machine's Go
+// toolchain and the static busybox, and scratch as the runtime.
+func buildGatewayImage(ctx context.Context) (string, error) {
+	builder := "sandgate-test/gobuilder:" + strings.TrimPrefix(runtime.Version(), "go")
+	if exec.CommandContext(ctx, "docker", "image", "inspect", builder).Run() != nil {
+		if err := importBuilder(ctx, builder); err != nil {
+			return "", err
+		}
+	}
+	ctxDir, err := os.MkdirTemp("", "sandgate-image-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(ctxDir)
+	if err := buildContext(ctx, ctxDir); err != nil {
+		return "", err
+	}
 	image := "sandgate-test/gateway:test"
-	dockerCLI(t, nil, "build", "-q", "--build-arg", "BUILDER="+builder, "--build-arg", "RUNTIME=scratch", "-t", image, ctxDir)
+	_, err = dockerRun(ctx, nil, "build", "-q", "--build-arg", "BUILDER="+builder, "--build-arg", "RUNTIME=scratch", "-t", image, ctxDir)
+	return image, err
+}
+
+// TestContainerImage runs the Dockerfile's image (gatewayImage) against
+// the local daemon with --provider docker and checks readiness, the
+// HEALTHCHECK, and one exec in a sandbox it creates. It is the package's
+// only parallel test: it waits for the build after the other tests have
+// run beside it, and runs alone.
+func TestContainerImage(t *testing.T) {
+	t.Parallel()
+	requireDockerCLI(t)
+	sandboxImage := dockertest.Image(t)
+	image, err := waitGatewayImage()
+	if err != nil {
+		t.Fatalf("build the image: %v", err)
+	}
 
 	var st syscall.Stat_t
 	if err := syscall.Stat("/var/run/docker.sock", &st); err != nil {
@@ -78,20 +153,17 @@ func TestContainerImage(t *testing.T) {
 	addr := dockerCLI(t, nil, "port", name, "8080/tcp")
 	base := "http://" + strings.Split(addr, "\n")[0]
 
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testkit.EventuallyNil(t, "the gateway in its container ready", time.Minute, func() error {
 		res, err := http.Get(base + "/readyz")
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == 200 {
-				break
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gateway in its container never ready (%v)\n%s", err, dockerCLI(t, nil, "logs", name))
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			return fmt.Errorf("/readyz: %d\n%s", res.StatusCode, dockerCLI(t, nil, "logs", name))
 		}
-		time.Sleep(100 * time.Millisecond) // polling an external process with a deadline
-	}
+		return nil
+	})
 	if user := dockerCLI(t, nil, "inspect", "-f", "{{.Config.User}}", name); user != "65532:65532" {
 		t.Fatalf("image runs as %q, want the non-root 65532", user)
 	}
@@ -113,17 +185,14 @@ func TestContainerImage(t *testing.T) {
 		t.Fatalf("delete: %d %s", s, b)
 	}
 
-	deadline = time.Now().Add(60 * time.Second)
-	for {
+	// The daemon runs the check on its own interval (10 s).
+	testkit.Eventually(t, "the HEALTHCHECK healthy", time.Minute, func() bool {
 		h := dockerCLI(t, nil, "inspect", "-f", "{{.State.Health.Status}}", name)
-		if h == "healthy" {
-			break
-		}
-		if h == "unhealthy" || time.Now().After(deadline) {
+		if h == "unhealthy" {
 			t.Fatalf("HEALTHCHECK status %q", h)
 		}
-		time.Sleep(200 * time.Millisecond) // the daemon runs the check on its own interval
-	}
+		return h == "healthy"
+	})
 }
 
 func randomSuffix() string {
@@ -134,15 +203,16 @@ func randomSuffix() string {
 
 // importBuilder makes a builder image from this machine's Go toolchain
 // and the static busybox (for RUN's /bin/sh), with docker import.
-func importBuilder(t *testing.T, tag string) {
-	t.Helper()
+func importBuilder(ctx context.Context, tag string) error {
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {
-		t.Fatalf("the builder image needs /bin/busybox (busybox-static): %v", err)
+		return fmt.Errorf("the builder image needs /bin/busybox (busybox-static): %v", err)
 	}
 	goroot := runtime.GOROOT()
 	pr, pw := io.Pipe()
+	wrote := make(chan struct{})
 	go func() {
+		defer close(wrote)
 		tw := tar.NewWriter(pw)
 		err := func() error {
 			for _, d := range []string{"bin/", "tmp/", "root/", "usr/", "usr/local/"} {
@@ -207,20 +277,21 @@ func importBuilder(t *testing.T, tag string) {
 		}
 		pw.CloseWithError(err)
 	}()
-	dockerCLI(t, pr, "import",
+	_, err = dockerRun(ctx, pr, "import",
 		"--change", "ENV PATH=/usr/local/go/bin:/bin", "--change", "ENV HOME=/root",
 		"--change", "ENV GOTOOLCHAIN=local", "--change", "ENV GOFLAGS=-buildvcs=false", "-", tag)
+	pr.CloseWithError(err) // ends the writer if docker stopped reading early
+	<-wrote
+	return err
 }
 
 // buildContext copies the repository's tracked files (plus the web
-// vendor files, if built) into a temp dir with a vendor/ tree, so the
-// image builds offline.
-func buildContext(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	files, err := exec.Command("git", "-C", "../..", "ls-files", "-co", "--exclude-standard").Output()
+// vendor files, if built) into dir with a vendor/ tree, so the image
+// builds offline.
+func buildContext(ctx context.Context, dir string) error {
+	files, err := exec.CommandContext(ctx, "git", "-C", "../..", "ls-files", "-co", "--exclude-standard").Output()
 	if err != nil {
-		t.Fatalf("git ls-files: %v", err)
+		return fmt.Errorf("git ls-files: %v", err)
 	}
 	list := strings.Fields(string(files))
 	if vendored, _ := filepath.Glob("../../web/static/vendor/*"); len(vendored) > 0 {
@@ -236,18 +307,18 @@ func buildContext(t *testing.T) string {
 		}
 		data, err := os.ReadFile(src)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		dst := filepath.Join(dir, f)
 		os.MkdirAll(filepath.Dir(dst), 0o755)
 		if err := os.WriteFile(dst, data, info.Mode().Perm()); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
-	vendor := exec.Command("go", "mod", "vendor")
+	vendor := exec.CommandContext(ctx, "go", "mod", "vendor")
 	vendor.Dir = dir
 	if out, err := vendor.CombinedOutput(); err != nil {
-		t.Fatalf("go mod vendor: %v\n%s", err, out)
+		return fmt.Errorf("go mod vendor: %v\n%s", err, out)
 	}
-	return dir
+	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers/kubernetes/k8stest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // The gateway on --provider kubernetes, end to end: real gateway
@@ -76,7 +77,7 @@ func TestKubernetesReplicas(t *testing.T) {
 		t.Fatalf("httpd: %v %d %v", err, s, r)
 	}
 	var proxied string
-	dkEventually(t, 20*time.Second, "httpd through B's proxy", func() bool {
+	testkit.Eventually(t, "httpd through B's proxy", 20*time.Second, func() bool {
 		s, body := call(t, "GET", sb.on(b).url+"/proxy/8080/index.html", "", "X-Sandbox-Lease", sb.token)
 		proxied = string(body)
 		return s == 200
@@ -185,10 +186,10 @@ func TestKubernetesReplicas(t *testing.T) {
 			dkExec(ctx, sb, "echo a", false) // may fail: A dies under it
 		}
 	}()
-	dkEventually(t, time.Minute, "traffic on B", func() bool { return okB.Load() >= 5 })
+	testkit.Eventually(t, "traffic on B", time.Minute, func() bool { return okB.Load() >= 5 })
 	a.stop(syscall.SIGKILL)
 	n := okB.Load()
-	dkEventually(t, time.Minute, "traffic on B after A died", func() bool { return okB.Load() >= n+10 })
+	testkit.Eventually(t, "traffic on B after A died", time.Minute, func() bool { return okB.Load() >= n+10 })
 	cancel()
 	wg.Wait()
 	if f := failB.Load(); f > 0 {

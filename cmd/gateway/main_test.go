@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sandgate/sandgate/internal/providers/local"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // gatewayBin is the gateway built once for the tests that run it as a real
@@ -31,30 +33,46 @@ var gatewayBin string
 func agentBin() string { return filepath.Join(filepath.Dir(gatewayBin), "sandgate-agent") }
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sandgate-bin-")
-	if err != nil {
-		panic(err)
-	}
-	gatewayBin = filepath.Join(dir, "gateway")
-	build := exec.Command("go", "build", "-o", gatewayBin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build gateway: %v\n%s", err, out)
+	flag.Parse()
+	var err error
+	if gatewayBin, err = testkit.BuildGateway(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	// The docker provider finds the agent beside the gateway, as make
-	// build places it.
-	build = exec.Command("go", "build", "-o", agentBin(), "../sandgate-agent")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
-		os.Exit(1)
+	if selected("TestContainerImage") {
+		startGatewayImage()
 	}
-	// goleak exits through Cleanup, which removes the binaries first.
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		os.RemoveAll(dir)
-		os.Exit(code)
-	}))
+	code := m.Run()
+	// The build goroutine is joined before goleak looks (VerifyTestMain
+	// would look first).
+	stopGatewayImage()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// selected reports whether the -run and -skip flags let the top-level
+// test name run: -run's first element matches it, and -skip has one
+// element only (more name subtests) that does not. A bad pattern selects
+// it (go test reports the pattern); -list runs nothing.
+func selected(name string) bool {
+	flagOf := func(f string) string { return flag.Lookup(f).Value.String() }
+	if flagOf("test.list") != "" {
+		return false
+	}
+	matches := func(pattern string) bool {
+		ok, err := regexp.MatchString(pattern, name)
+		return ok || err != nil
+	}
+	run, skip := flagOf("test.run"), flagOf("test.skip")
+	if run != "" && !matches(strings.Split(run, "/")[0]) {
+		return false
+	}
+	return skip == "" || strings.Contains(skip, "/") || !matches(skip)
 }
 
 // proc is a gateway running as a real process.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers/local"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // localSandboxes lists the local provider's sandboxes in a gateway's
@@ -50,7 +51,7 @@ func TestWarmPool(t *testing.T) {
 		}
 		return ""
 	}
-	dkEventually(t, time.Minute, "the pool to fill", func() bool { return metric(g) == "2" })
+	testkit.Eventually(t, "the pool to fill", time.Minute, func() bool { return metric(g) == "2" })
 	s, b := call(t, "POST", g.URL+"/v1/sandboxes", `{"workdir":"/srv/app","env":{"GREETING":"hello"}}`)
 	var ref struct {
 		ID    string         `json:"sandbox_id"`
@@ -67,7 +68,7 @@ func TestWarmPool(t *testing.T) {
 	if _, b := call(t, "GET", g.URL+"/metrics", ""); !strings.Contains(string(b), `sandgate_pool_claims_total{spec="image=,workdir=/srv/app"} 1`) {
 		t.Fatal("no claim in the metrics")
 	}
-	dkEventually(t, time.Minute, "the refill", func() bool { return metric(g) == "2" })
+	testkit.Eventually(t, "the refill", time.Minute, func() bool { return metric(g) == "2" })
 	if _, b := call(t, "GET", g.URL+"/v1/sandboxes", ""); strings.Count(string(b), `"sandbox_id"`) != 1 {
 		t.Fatalf("list shows pool sandboxes: %s", b)
 	}
@@ -79,7 +80,7 @@ func TestWarmPool(t *testing.T) {
 		t.Fatal("the gateway exited cleanly on SIGKILL?")
 	}
 	g = startGateway(t, state, nil, "--pool", "workdir=/srv/app=2")
-	dkEventually(t, time.Minute, "the new pool", func() bool { return metric(g) == "2" })
+	testkit.Eventually(t, "the new pool", time.Minute, func() bool { return metric(g) == "2" })
 	after := localSandboxes(t, state)
 	for _, id := range before {
 		if id != ref.ID && strings.Contains(strings.Join(after, " "), id) {

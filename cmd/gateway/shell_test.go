@@ -19,6 +19,8 @@ import (
 
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // newSandbox creates a sandbox through the REST API and returns its id
@@ -168,10 +170,10 @@ func (p *shellProc) exitStatus(t *testing.T) int {
 // mode as it was when the shell ends.
 func TestShellCommand(t *testing.T) {
 	gw := startGateway(t, t.TempDir(), nil)
-	proxy := newCutProxy(t, strings.TrimPrefix(gw.URL, "http://"))
+	proxy := testkit.NewProxy(t, "tcp", strings.TrimPrefix(gw.URL, "http://"))
 	id, lease := newSandbox(t, gw.URL)
 
-	sh := startShell(t, []string{"SANDGATE_URL=" + proxy.URL(), "SANDGATE_LEASE=" + lease}, id) // the environment twins
+	sh := startShell(t, []string{"SANDGATE_URL=http://" + proxy.Addr(), "SANDGATE_LEASE=" + lease}, id) // the environment twins
 	out, ptmx := sh.out, sh.ptmx
 	send := func(s string) { t.Helper(); sh.send(t, s) }
 	// TCGETS on a PTY master reads the terminal's (the slave's) modes.
@@ -214,7 +216,7 @@ func TestShellCommand(t *testing.T) {
 	const n = 300
 	send(fmt.Sprintf("for i in $(seq 1 %d); do echo N$i; sleep 0.005; done; echo LOOP-DONE\r", n))
 	out.waitFor(t, `[\r\n]N50\r\n`, 20*time.Second)
-	if proxy.cut() == 0 {
+	if proxy.Sever() == 0 {
 		t.Fatal("no connection to cut")
 	}
 	out.waitFor(t, `\[sandgate: reconnected\]`, 30*time.Second)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,11 +19,13 @@ import (
 	cdppage "github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // The browser terminal page, driven in a real headless Chromium (Debian's
-// chromium) against a real gateway. The page is loaded through cutProxy,
-// a TCP proxy the test can sever, so a WebSocket drop is a real one.
+// chromium) against a real gateway. The page is loaded through a
+// testkit.Proxy the test can sever, so a WebSocket drop is a real one.
 
 // findChromium returns the browser to drive. Without one the test skips,
 // except in CI (CI=true), where a missing browser is a failure.
@@ -53,102 +53,6 @@ func artifactDir(t *testing.T) string {
 		return d
 	}
 	return t.TempDir()
-}
-
-// cutProxy forwards TCP connections to a target; cut severs every open one.
-type cutProxy struct {
-	ln     net.Listener
-	target string
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-}
-
-func newCutProxy(t *testing.T, target string) *cutProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.serve()
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *cutProxy) URL() string { return "http://" + p.ln.Addr().String() }
-
-func (p *cutProxy) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.wg.Add(1)
-		go p.pipe(c)
-	}
-}
-
-func (p *cutProxy) track(cs ...net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return false
-	}
-	for _, c := range cs {
-		p.conns[c] = struct{}{}
-	}
-	return true
-}
-
-func (p *cutProxy) pipe(c net.Conn) {
-	defer p.wg.Done()
-	u, err := net.Dial("tcp", p.target)
-	if err != nil {
-		c.Close()
-		return
-	}
-	if !p.track(c, u) {
-		c.Close()
-		u.Close()
-		return
-	}
-	done := make(chan struct{})
-	go func() {
-		io.Copy(u, c)
-		u.Close()
-		close(done)
-	}()
-	io.Copy(c, u)
-	c.Close()
-	u.Close()
-	<-done
-	p.mu.Lock()
-	delete(p.conns, c)
-	delete(p.conns, u)
-	p.mu.Unlock()
-}
-
-// cut closes every forwarded connection, both sides, and returns how many
-// client connections it cut.
-func (p *cutProxy) cut() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		c.Close()
-	}
-	return len(p.conns) / 2
-}
-
-func (p *cutProxy) close() {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
-	p.ln.Close()
-	p.cut()
-	p.wg.Wait()
 }
 
 // tab is one browser tab with the page open; it records console errors.
@@ -284,7 +188,7 @@ func (tb *tab) screenshot(t *testing.T, dir, name string) string {
 func TestBrowserTerminal(t *testing.T) {
 	chromium := findChromium(t)
 	gw := startGateway(t, t.TempDir(), nil)
-	proxy := newCutProxy(t, strings.TrimPrefix(gw.URL, "http://"))
+	proxy := testkit.NewProxy(t, "tcp", strings.TrimPrefix(gw.URL, "http://"))
 	artifacts := artifactDir(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -311,7 +215,7 @@ func TestBrowserTerminal(t *testing.T) {
 	}
 
 	page := newTab(t, bctx, "page 1")
-	page.run(t, "open the page", cdppage.BringToFront(), chromedp.Navigate(proxy.URL()+"/"), chromedp.WaitVisible("#list-view", chromedp.ByQuery))
+	page.run(t, "open the page", cdppage.BringToFront(), chromedp.Navigate("http://"+proxy.Addr()+"/"), chromedp.WaitVisible("#list-view", chromedp.ByQuery))
 
 	// Create a sandbox with the page and open a terminal on it.
 	page.run(t, "create a sandbox", chromedp.Click("#btn-create", chromedp.ByQuery))
@@ -374,7 +278,7 @@ func TestBrowserTerminal(t *testing.T) {
 		const n = 3000
 		page.typeKeys(t, fmt.Sprintf("for i in $(seq 1 %d); do echo L$i; case $i in *00) sleep 0.05;; esac; done; echo SEQ-DONE\r", n))
 		page.waitFor(t, "seq to be printing", `(`+jsBufferLines+`).some(s => /^L[3-9]\d\d$/.test(s.trim()))`, nil, 30*time.Second)
-		cut := proxy.cut()
+		cut := proxy.Sever()
 		t.Logf("cut %d connections while seq printed", cut)
 		if cut == 0 {
 			t.Fatal("no connection to cut")
@@ -406,7 +310,7 @@ func TestBrowserTerminal(t *testing.T) {
 	t.Run("takeover", func(t *testing.T) {
 		hash := evalString(t, page, `location.hash`)
 		second := newTab(t, bctx, "page 2")
-		second.run(t, "open the same session", cdppage.BringToFront(), chromedp.Navigate(proxy.URL()+"/"+hash))
+		second.run(t, "open the same session", cdppage.BringToFront(), chromedp.Navigate("http://"+proxy.Addr()+"/"+hash))
 		second.waitFor(t, "the session to be busy", `document.querySelector('#conn-state').dataset.state === 'busy' && !document.querySelector('#btn-takeover').hidden`, nil, 30*time.Second)
 		second.run(t, "take over", chromedp.Click("#btn-takeover", chromedp.ByQuery))
 		second.waitFor(t, "connected", `document.querySelector('#conn-state').dataset.state === 'connected'`, nil, 30*time.Second)

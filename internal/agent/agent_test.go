@@ -20,6 +20,7 @@ import (
 	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -30,29 +31,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func pair(t testing.TB) (*Server, *agentclient.Client) {
 	t.Helper()
 	srv := NewServer(true)
-	_, b, served := servePipe(srv)
-	c, err := agentclient.Dial(context.Background(), b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		<-served
-		srv.Close()
+	t.Cleanup(srv.Close) // after the client's close and Serve's return
+	return srv, testkit.DialPipe(t, func(a net.Conn) { srv.Serve(a, nil) }, func(b net.Conn) (*agentclient.Client, error) {
+		return agentclient.Dial(context.Background(), b)
 	})
-	return srv, c
-}
-
-// servePipe serves srv on one end of a pipe (a) and returns the other
-// (b); served closes when Serve returns.
-func servePipe(srv *Server) (a, b net.Conn, served <-chan struct{}) {
-	a, b = net.Pipe()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Serve(a, nil)
-	}()
-	return a, b, done
 }
 
 func run(t *testing.T, c *agentclient.Client, req providers.ExecRequest) providers.ExecResult {

@@ -1,24 +1,21 @@
 package agentclient
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"go.uber.org/goleak"
 
 	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -29,35 +26,22 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func pair(t testing.TB) (*agent.Server, *Client) {
 	t.Helper()
 	srv := agent.NewServer(true)
-	_, b, served := servePipe(srv)
-	c, err := Dial(context.Background(), b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		<-served
-		srv.Close()
+	t.Cleanup(srv.Close) // after the client's close and Serve's return
+	return srv, testkit.DialPipe(t, serveOn(srv), func(b net.Conn) (*Client, error) {
+		return Dial(context.Background(), b)
 	})
-	return srv, c
 }
 
-// servePipe serves srv on one end of a pipe (a) and returns the other
-// (b); served closes when Serve returns.
-func servePipe(srv *agent.Server) (a, b net.Conn, served <-chan struct{}) {
-	a, b = net.Pipe()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Serve(a, nil)
-	}()
-	return a, b, done
+// serveOn returns a serve function for testkit.ServePipe: srv serves the
+// connection it is given.
+func serveOn(srv *agent.Server) func(net.Conn) {
+	return func(a net.Conn) { srv.Serve(a, nil) }
 }
 
 func TestVersionMismatch(t *testing.T) {
 	srv := agent.NewServer(false)
 	defer srv.Close()
-	_, b, served := servePipe(srv)
+	_, b, served := testkit.ServePipe(serveOn(srv))
 	_, err := dial(context.Background(), b, "99") // a gateway of another protocol version
 	<-served
 	if err == nil || !strings.Contains(err.Error(), "99") || !strings.Contains(err.Error(), "speaks "+agentwire.Version) {
@@ -68,7 +52,7 @@ func TestVersionMismatch(t *testing.T) {
 func TestConnectionGone(t *testing.T) {
 	srv := agent.NewServer(false)
 	defer srv.Close()
-	a, b, served := servePipe(srv)
+	a, b, served := testkit.ServePipe(serveOn(srv))
 	c, err := Dial(context.Background(), b)
 	if err != nil {
 		t.Fatal(err)
@@ -79,75 +63,6 @@ func TestConnectionGone(t *testing.T) {
 	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "true", Timeout: time.Second}); !errors.Is(err, ErrGone) {
 		t.Fatalf("exec on a dead connection: %v", err)
 	}
-}
-
-// TestHostileAgent: the gateway reads its agent as code it does not
-// trust (the sandbox can replace it): an agent that never answers is
-// given up on, and an oversize reply is a violation, not an allocation
-// (liar_test.go has the other lies).
-func TestHostileAgent(t *testing.T) {
-	a, b := net.Pipe()
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		ys, err := yamux.Server(a, agentwire.MuxConfig())
-		if err != nil {
-			return
-		}
-		defer ys.Close()
-		for {
-			st, err := ys.AcceptStream()
-			if err != nil {
-				return
-			}
-			var req agentwire.Request
-			agentwire.ReadMsg(st, &req, agentwire.MaxRequest)
-			switch req.Op {
-			case agentwire.OpHello:
-				agentwire.WriteMsg(st, agentwire.Reply{Version: agentwire.Version})
-			case agentwire.OpExec:
-				agentwire.WriteMsg(st, agentwire.Reply{})
-				if req.Exec.Command == "mute" {
-					// Never answers: the gateway gives up, closing the
-					// stream (which cancels the command).
-					io.Copy(io.Discard, st)
-					break
-				}
-				chunk := bytes.Repeat([]byte("x"), 64<<10)
-				for range 80 {
-					agentwire.WriteFrame(st, agentwire.FrameStdout, chunk) // 5 MiB, far over the cap
-				}
-				agentwire.WriteFrame(st, agentwire.FrameResult, []byte(`{"exit_code":0}`))
-			case agentwire.OpList:
-				// A 2 MiB reply.
-				agentwire.WriteMsg(st, agentwire.Reply{Error: strings.Repeat("e", 2<<20)})
-			}
-			st.Close()
-		}
-	}()
-	c, err := Dial(context.Background(), b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A short grace for the mute command only: the next exec moves 5 MiB
-	// through a pipe, which on a loaded machine can outlast its timeout
-	// plus a short grace, and its outcome must not depend on that.
-	grace := answerGrace
-	answerGrace = 100 * time.Millisecond
-	_, err = c.Exec(context.Background(), providers.ExecRequest{Command: "mute", Timeout: 100 * time.Millisecond})
-	answerGrace = grace
-	if !errors.Is(err, providers.ErrUnavailable) || !strings.Contains(err.Error(), "no result") {
-		t.Fatalf("an agent that never answers: %v", err)
-	}
-	// The connection is still good.
-	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "x", Timeout: time.Second, MaxOutput: 5 << 20}); err != nil {
-		t.Fatalf("exec after a mute one: %v", err)
-	}
-	if _, err := c.Sessions(context.Background()); !errors.Is(err, ErrViolation) || !strings.Contains(err.Error(), "over 1048576") {
-		t.Fatalf("oversize reply: %v", err)
-	}
-	c.Close()
-	<-served
 }
 
 // An attachment that waits for output holds little, even after a burst:
@@ -165,12 +80,7 @@ func TestIdleAttachmentsAreSmall(t *testing.T) {
 	if _, err := c.StartSession(ctx, "idle", providers.ProcessSpec{Command: cmd}, false, 0); err != nil {
 		t.Fatal(err)
 	}
-	heap := func() int64 {
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return int64(ms.HeapAlloc)
-	}
+	heap := func() int64 { return int64(heapAlloc()) }
 	var wg sync.WaitGroup
 	var atts []*Attachment
 	defer func() {

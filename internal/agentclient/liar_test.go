@@ -18,6 +18,7 @@ import (
 	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // A liar is an agent the sandbox replaced: it speaks the hello honestly
@@ -66,18 +67,53 @@ func serveLiar(conn net.Conn, l lie) (done <-chan struct{}) {
 // and waits for the liar.
 func dialLiar(t *testing.T, l lie) *Client {
 	t.Helper()
-	a, b := net.Pipe()
-	done := serveLiar(a, l)
-	c, err := Dial(context.Background(), b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		a.Close()
-		<-done
+	return testkit.DialPipe(t, func(a net.Conn) { <-serveLiar(a, l) }, func(b net.Conn) (*Client, error) {
+		return Dial(context.Background(), b)
 	})
-	return c
+}
+
+// TestHostileAgent: the gateway reads its agent as code it does not
+// trust (the sandbox can replace it): an agent that never answers is
+// given up on, and an oversize reply is a violation, not an allocation
+// (the other lies are below).
+func TestHostileAgent(t *testing.T) {
+	c := dialLiar(t, func(req agentwire.Request, st net.Conn) {
+		switch req.Op {
+		case agentwire.OpExec:
+			agentwire.WriteMsg(st, agentwire.Reply{})
+			if req.Exec.Command == "mute" {
+				// Never answers: the gateway gives up, closing the
+				// stream (which cancels the command).
+				io.Copy(io.Discard, st)
+				return
+			}
+			chunk := bytes.Repeat([]byte("x"), 64<<10)
+			for range 80 {
+				agentwire.WriteFrame(st, agentwire.FrameStdout, chunk) // 5 MiB, far over the cap
+			}
+			agentwire.WriteFrame(st, agentwire.FrameResult, []byte(`{"exit_code":0}`))
+		case agentwire.OpList:
+			// A 2 MiB reply.
+			agentwire.WriteMsg(st, agentwire.Reply{Error: strings.Repeat("e", 2<<20)})
+		}
+	})
+	// A short grace for the mute command only: the next exec moves 5 MiB
+	// through a pipe, which on a loaded machine can outlast its timeout
+	// plus a short grace, and its outcome must not depend on that.
+	grace := answerGrace
+	answerGrace = 100 * time.Millisecond
+	_, err := c.Exec(context.Background(), providers.ExecRequest{Command: "mute", Timeout: 100 * time.Millisecond})
+	answerGrace = grace
+	if !errors.Is(err, providers.ErrUnavailable) || !strings.Contains(err.Error(), "no result") {
+		t.Fatalf("an agent that never answers: %v", err)
+	}
+	// The connection is still good.
+	if _, err := c.Exec(context.Background(), providers.ExecRequest{Command: "x", Timeout: time.Second, MaxOutput: 5 << 20}); err != nil {
+		t.Fatalf("exec after a mute one: %v", err)
+	}
+	if _, err := c.Sessions(context.Background()); !errors.Is(err, ErrViolation) || !strings.Contains(err.Error(), "over 1048576") {
+		t.Fatalf("oversize reply: %v", err)
+	}
 }
 
 // rawFrame writes a frame header announcing n bytes and then p (which may

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // hangingLinks are Links whose Open for sandbox "hang" blocks until its
@@ -43,7 +44,7 @@ func newHangingLinks(t *testing.T) *hangingLinks {
 			case <-ctx.Done():
 				return nil, nil, ctx.Err()
 			}
-			a, b, served := servePipe(srv)
+			a, b, served := testkit.ServePipe(serveOn(srv))
 			h.mu.Lock()
 			h.served, h.ends = append(h.served, served), append(h.ends, a)
 			h.mu.Unlock()

@@ -1,7 +1,6 @@
 package handlers
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -165,5 +164,4 @@ func TestUnknownSandboxAfterVerify(t *testing.T) {
 			t.Fatalf("404 detail %q", p.Detail)
 		}
 	}
-	_ = fmt.Sprint
 }

@@ -10,28 +10,10 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/sandbox"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 var testCeilings = sandbox.Ceilings{MemoryMiB: 24042, CPU: 4, DiskGiB: 70, TTL: 24 * time.Hour, EnvBytes: 64 << 10, MetadataBytes: 64 << 10, FilesBytes: 16 << 20, Files: 1024}
-
-// wantFields checks that p lists each field with a message containing
-// its text, and nothing else.
-func wantFields(t *testing.T, p problemBody, want map[string]string) {
-	t.Helper()
-	got := map[string]string{}
-	for _, f := range p.Errors {
-		got[f.Field] += f.Message
-	}
-	for field, text := range want {
-		if !strings.Contains(got[field], text) {
-			t.Errorf("%s: %q, want it to say %q", field, got[field], text)
-		}
-		delete(got, field)
-	}
-	if len(got) > 0 {
-		t.Errorf("other problems listed: %v", got)
-	}
-}
 
 // TestCreateOverCeilingsHTTP: the create (memory_mib 1e8, disk_gib
 // 5000, cpu 1000, ttl_s 1e9) is one 400 problem naming every field and
@@ -49,7 +31,7 @@ func TestCreateOverCeilingsHTTP(t *testing.T) {
 			t.Errorf("code %q", p.Code)
 		}
 		note := " (the gateway's ceiling)"
-		wantFields(t, p, map[string]string{
+		testkit.WantFields(t, p.Errors, map[string]string{
 			"ttl_s":                "must be at most 86400" + note,
 			"resources.memory_mib": "must be at most 24042" + note,
 			"resources.disk_gib":   "must be at most 70" + note,
@@ -69,7 +51,7 @@ func TestCreateOverCeilingsHTTP(t *testing.T) {
 		if r.status != 400 {
 			t.Fatalf("%s over the TTL ceiling: %d %s", path, r.status, r.body)
 		}
-		wantFields(t, r.problem(t), map[string]string{"ttl_s": "must be at most 86400 (the gateway's ceiling)"})
+		testkit.WantFields(t, r.problem(t).Errors, map[string]string{"ttl_s": "must be at most 86400 (the gateway's ceiling)"})
 	}
 }
 
@@ -111,7 +93,7 @@ func TestMetadataCeilingHoldsNothing(t *testing.T) {
 		if r.status != 400 {
 			t.Fatalf("4 MiB of metadata: %d %.300s", r.status, b)
 		}
-		wantFields(t, r.problem(t), map[string]string{"metadata": "must be at most 65536 bytes (the gateway's ceiling)"})
+		testkit.WantFields(t, r.problem(t).Errors, map[string]string{"metadata": "must be at most 65536 bytes (the gateway's ceiling)"})
 	}
 	if r := g.do("GET", "/v1/sandboxes", nil, key()); r.status != 200 || strings.Contains(string(r.body), "sbx-") {
 		t.Fatalf("list after refused creates: %d %.300s", r.status, r.body)

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/fake"
 	"github.com/sandgate/sandgate/internal/sandbox"
 	"github.com/sandgate/sandgate/internal/testkit"
@@ -166,15 +167,12 @@ func (g *gw) mint(id, tok, scope string, ttl any) ref {
 }
 
 type problemBody struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail"`
-	Code   string `json:"code"`
-	Errors []struct {
-		Field   string `json:"field"`
-		Message string `json:"message"`
-	} `json:"errors"`
+	Type   string                 `json:"type"`
+	Title  string                 `json:"title"`
+	Status int                    `json:"status"`
+	Detail string                 `json:"detail"`
+	Code   string                 `json:"code"`
+	Errors []providers.FieldError `json:"errors"`
 }
 
 func (r resp) problem(t *testing.T) problemBody {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -21,7 +22,7 @@ import (
 // handler sees it: parameters, and JSON bodies (types, required and
 // unknown fields). All problems are reported at once.
 func (s *server) validator() (func(http.Handler) http.Handler, error) {
-	spec, err := api.GetSwagger()
+	spec, err := generatedSpec()
 	if err != nil {
 		return nil, err
 	}
@@ -32,15 +33,31 @@ func (s *server) validator() (func(http.Handler) http.Handler, error) {
 // which the generated code's embedded spec leaves out, against the whole
 // contract.
 func (s *server) wsValidator() (func(http.Handler) http.Handler, error) {
-	spec, err := openapi3.NewLoader().LoadFromData(apispec.YAML)
+	spec, err := wholeSpec()
 	if err != nil {
 		return nil, err
 	}
 	return s.validatorFor(spec), nil
 }
 
+// generatedSpec and wholeSpec parse the contract once per process: the
+// parse dominates New's cost (tens of milliseconds, ten times that under
+// -race), and the documents are only read once parsed.
+var (
+	generatedSpec = sync.OnceValues(api.GetSwagger)
+	wholeSpec     = sync.OnceValues(func() (*openapi3.T, error) {
+		return openapi3.NewLoader().LoadFromData(apispec.YAML)
+	})
+)
+
+// validatorFor returns the contract's request validator over spec, which
+// it does not modify.
 func (s *server) validatorFor(spec *openapi3.T) func(http.Handler) http.Handler {
-	return middleware.OapiRequestValidatorWithOptions(spec, &middleware.Options{
+	// The middleware clears the document's Servers (DoNotValidateServers):
+	// it gets a shallow copy of its own, so servers built at the same time
+	// share no write. Everything below the top level is only read.
+	doc := *spec
+	return middleware.OapiRequestValidatorWithOptions(&doc, &middleware.Options{
 		Options: openapi3filter.Options{
 			MultiError: true,
 			// Credentials are checked by the service, in its 401/403/404 order.

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sandgate/sandgate/internal/providers"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -196,5 +198,78 @@ func TestBuild(t *testing.T) {
 	}
 	if out, err := exec.Command(plain).Output(); err != nil || string(out) != "hello\n" {
 		t.Fatalf("%s: %q %v", plain, out, err)
+	}
+}
+
+// TestDialPipe: the client talks to serve through the pipe; at the
+// test's end the client is closed before serve is waited for, and a dial
+// that fails fails the test with serve already returned.
+func TestDialPipe(t *testing.T) {
+	var order []string
+	echo := func(a net.Conn) {
+		io.Copy(a, a)
+		order = append(order, "served")
+	}
+	t.Run("echo", func(t *testing.T) {
+		c := DialPipe(t, echo, func(b net.Conn) (net.Conn, error) { return closeLogger{b, &order}, nil })
+		if _, err := c.Write([]byte("hi")); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 2)
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != "hi" {
+			t.Fatalf("read %q, %v", got, err)
+		}
+	})
+	if strings.Join(order, ",") != "client closed,served" {
+		t.Fatalf("clean-up order %v, want the client closed, then serve returned", order)
+	}
+
+	order = nil
+	msg := fatalOf(t, func(tb testing.TB) {
+		DialPipe(tb, echo, func(b net.Conn) (net.Conn, error) { return nil, errors.New("no hello") })
+	})
+	if msg != "dial over the pipe: no hello" || strings.Join(order, ",") != "served" {
+		t.Fatalf("failed dial: fatal %q, %v", msg, order)
+	}
+}
+
+// closeLogger notes its Close in order.
+type closeLogger struct {
+	net.Conn
+	order *[]string
+}
+
+func (c closeLogger) Close() error {
+	*c.order = append(*c.order, "client closed")
+	return c.Conn.Close()
+}
+
+// errorsTB records Errorf calls.
+type errorsTB struct {
+	testing.TB
+	msgs []string
+}
+
+func (e *errorsTB) Helper() {}
+func (e *errorsTB) Errorf(format string, args ...any) {
+	e.msgs = append(e.msgs, fmt.Sprintf(format, args...))
+}
+
+func TestWantFields(t *testing.T) {
+	errs := []providers.FieldError{{Field: "cpu", Message: "over the ceiling of 4"}, {Field: "ttl_s", Message: "too long"}}
+	for _, c := range []struct {
+		want map[string]string
+		msgs []string
+	}{
+		{map[string]string{"cpu": "ceiling of 4", "ttl_s": "long"}, nil},
+		{map[string]string{"cpu": "ceiling of 8", "ttl_s": "long"}, []string{`cpu: "over the ceiling of 4", want it to say "ceiling of 8"`}},
+		{map[string]string{"cpu": "ceiling"}, []string{"other problems listed: map[ttl_s:too long]"}},
+		{map[string]string{"cpu": "ceiling", "ttl_s": "long", "env": "big"}, []string{`env: "", want it to say "big"`}},
+	} {
+		e := &errorsTB{TB: t}
+		WantFields(e, errs, c.want)
+		if strings.Join(e.msgs, "\n") != strings.Join(c.msgs, "\n") {
+			t.Errorf("want %v: reported %q, want %q", c.want, e.msgs, c.msgs)
+		}
 	}
 }
