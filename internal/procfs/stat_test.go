@@ -46,7 +46,7 @@ func TestOOMKills(t *testing.T) {
 	dir := t.TempDir()
 	for body, want := range map[string]int64{
 		"low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n": 2, // v2 memory.events
-		"oom_kill_disable 0\nunder_oom 0\noom_kill 5\n":                  5, // v1 memory.oom_control
+		"oom_kill_disable 0\nunder_oom 0\noom_kill 5\n":               5, // v1 memory.oom_control
 		"oom 1\n": 0,
 	} {
 		p := dir + "/f"
