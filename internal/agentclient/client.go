@@ -254,15 +254,15 @@ func (c *Client) Exec(ctx context.Context, req providers.ExecRequest) (providers
 	if err != nil {
 		return providers.ExecResult{}, err
 	}
-	er := &agentwire.ExecRequest{
-		Command: req.Command, Cwd: req.Cwd, Env: req.Env, TimeoutMS: req.Timeout.Milliseconds(),
-		User: req.User, Stdin: req.Stdin, HasStdin: req.Stdin != nil,
-		PreserveBackground: req.PreserveBackground, MaxOutput: req.MaxOutput,
-	}
+	er := wireExec(req)
+	er.ID, er.RetainMS, er.KillOnDisconnect = req.ID, req.Retain.Milliseconds(), req.KillOnDisconnect
 	start := time.Now()
 	_, st, err := c.call(ctx, agentwire.Request{Op: agentwire.OpExec, Exec: er})
 	if err != nil {
 		return providers.ExecResult{}, err
+	}
+	if req.Started != nil {
+		req.Started()
 	}
 	stop := context.AfterFunc(ctx, func() { st.SetDeadline(time.Now()) })
 	defer stop()

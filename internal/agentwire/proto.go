@@ -27,7 +27,7 @@ import (
 
 // Version is the protocol this build speaks. It is a variable only so a
 // test can build an agent that speaks another (-ldflags -X).
-var Version = "1"
+var Version = "2"
 
 // directMagic starts a direct connection: one call on the connection
 // itself instead of a yamux stream (a yamux connection starts with its
@@ -47,6 +47,16 @@ const (
 	OpAttach   = "session.attach"
 	OpDelete   = "session.delete"
 	OpShutdown = "shutdown" // tests: the agent exits
+
+	// Durable commands (see CommandInfo): started, then watched, waited
+	// for and read by offset from any connection, until forgotten.
+	OpCmdStart  = "command.start"  // Exec (with ID) → Command
+	OpCmdList   = "command.list"   // → Commands
+	OpCmdGet    = "command.get"    // ID → Command
+	OpCmdWait   = "command.wait"   // ID, TimeoutMS → Command, once it finished or TimeoutMS passed
+	OpCmdRead   = "command.read"   // ID, Since, SinceErr, Follow → Command, then output frames (see OpCmdRead's doc in the agent)
+	OpCmdSignal = "command.signal" // ID, Signal: to the command's process group
+	OpCmdDelete = "command.delete" // ID: kill its tree, then forget it
 
 	// A local sandbox's init (package providers/local) serves these too.
 	OpOpen      = "open"       // open a file and pass its descriptor (a unix socket's direct connection only)
@@ -68,6 +78,15 @@ type Request struct {
 	TTY     *bool           `json:"tty,omitempty"`     // attach: the mode of a deferred session's start
 	Start   *StartRequest   `json:"start,omitempty"`
 	Extra   json.RawMessage `json:"extra,omitempty"`
+	// ID names a durable command (command.*).
+	ID string `json:"id,omitempty"`
+	// SinceErr is command.read's stderr offset (Since is stdout's).
+	SinceErr int64 `json:"since_err,omitempty"`
+	// Follow (command.read) keeps the stream open: output frames as the
+	// command writes them, then an exit frame (the final CommandInfo).
+	Follow bool `json:"follow,omitempty"`
+	// TimeoutMS bounds command.wait.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 	// MaxReplay (attach) bounds the replay to the last MaxReplay bytes
 	// from Since: the gateway takes a longer one for a lie.
 	MaxReplay int64 `json:"max_replay,omitempty"`
@@ -93,6 +112,9 @@ type Reply struct {
 	File      *providers.FileInfo  `json:"file,omitempty"`  // stat
 	Files     []providers.FileInfo `json:"files,omitempty"` // readdir, sorted by name
 	Truncated bool                 `json:"truncated,omitempty"`
+
+	Command  *CommandInfo  `json:"command,omitempty"`  // command.*, and exec: the command it started
+	Commands []CommandInfo `json:"commands,omitempty"` // command.list, oldest first
 }
 
 // execRequest is providers.ExecRequest on the wire.
@@ -108,6 +130,35 @@ type ExecRequest struct {
 	HasStdin           bool              `json:"has_stdin,omitempty"`
 	PreserveBackground bool              `json:"preserve_background,omitempty"`
 	MaxOutput          int               `json:"max_output"`
+
+	// ID makes the command durable (exec, command.start): the agent
+	// holds it, its output (up to MaxOutput per stream, spilled to the
+	// sandbox's disk) and its result under this id, chosen by the
+	// gateway, until RetainMS after it ends or it is deleted. An exec
+	// stream that closes early then leaves it running, unless
+	// KillOnDisconnect.
+	ID               string `json:"id,omitempty"`
+	RetainMS         int64  `json:"retain_ms,omitempty"`
+	KillOnDisconnect bool   `json:"kill_on_disconnect,omitempty"`
+}
+
+// CommandInfo describes a durable command the agent holds.
+type CommandInfo struct {
+	ID         string     `json:"id"`
+	Command    string     `json:"command"`
+	Running    bool       `json:"running"`
+	ExitCode   *int       `json:"exit_code,omitempty"` // set once it ended; 125 when it timed out
+	TimedOut   bool       `json:"timed_out,omitempty"`
+	StartedAt  time.Time  `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	DurationUS int64      `json:"duration_us"`
+	CPUTimeUS  int64      `json:"cpu_time_us"`
+	PeakRSS    int64      `json:"peak_rss"` // bytes
+	OOMKilled  bool       `json:"oom_killed,omitempty"`
+	StdoutSize int64      `json:"stdout_size"` // bytes kept: the end offset of stdout
+	StderrSize int64      `json:"stderr_size"`
+	Truncated  bool       `json:"truncated,omitempty"` // a stream reached MaxOutput; the rest was discarded
+	MaxOutput  int64      `json:"max_output"`
 }
 
 // execResult ends an exec stream (frameResult).

@@ -91,6 +91,15 @@ type ExecRequest struct {
 	Stdin              []byte            // nil: stdin is /dev/null
 	PreserveBackground bool              // false: processes the command leaves behind are killed when it returns
 	MaxOutput          int               // cap per stream in bytes (>0); the rest is discarded
+
+	// ID, when set, makes the command durable: the sandbox's agent holds
+	// it under this id (its output and result, for Retain after it ends),
+	// and a cancelled call leaves it running to its own timeout unless
+	// KillOnDisconnect. Started, if set, is called once it runs.
+	ID               string
+	Retain           time.Duration
+	KillOnDisconnect bool
+	Started          func()
 }
 
 // ExecResult is the outcome of a command that ran (or timed out).
