@@ -39,6 +39,8 @@ func (d dirFiles) Stat(p string) (providers.FileInfo, error) {
 	return statPath(filepath.Join(d.dir, p))
 }
 
+func (d dirFiles) Spill() (*os.File, error) { return SpillFile(d.dir) }
+
 func (d dirFiles) List(p string) ([]providers.FileInfo, bool, error) {
 	return listPath(filepath.Join(d.dir, p))
 }

@@ -149,11 +149,14 @@ func siginfoPid(info *unix.Siginfo) int {
 // KillGroup SIGKILLs the process group of pid while pid is a child not
 // yet reaped (its group's number is still its own); otherwise it does
 // nothing.
-func (r *Reaper) KillGroup(pid int) {
+func (r *Reaper) KillGroup(pid int) { r.SignalGroup(pid, unix.SIGKILL) }
+
+// SignalGroup sends sig to the process group of pid as KillGroup does.
+func (r *Reaper) SignalGroup(pid int, sig syscall.Signal) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.waiters[pid]; ok {
-		unix.Kill(-pid, unix.SIGKILL)
+		unix.Kill(-pid, sig)
 	}
 }
 

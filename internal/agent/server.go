@@ -37,8 +37,10 @@ type Server struct {
 	own     bool // the reaper is the server's: Close stops it
 	opts    Options
 
-	mu       sync.Mutex // guards sessions
+	mu       sync.Mutex // guards sessions, commands and cmdSeq
 	sessions map[string]*session
+	commands map[string]*command // the durable ones, by id
+	cmdSeq   int64
 }
 
 // Options adapt a server to the process it runs in.
@@ -80,6 +82,9 @@ type Files interface {
 	Stat(p string) (providers.FileInfo, error)
 	// List describes the entries of the directory p (see ReadDir).
 	List(p string) ([]providers.FileInfo, bool, error)
+	// Spill opens an unlinked file on the sandbox's disk for reading and
+	// writing (see SpillFile): where a command's output overflows.
+	Spill() (*os.File, error)
 }
 
 // NewServer returns a server with a reaper of its own. With subreaper it
@@ -104,7 +109,7 @@ func NewServerWith(r *Reaper, o Options) *Server {
 			}
 		}
 	}
-	return &Server{version: agentwire.Version, reaper: r, opts: o, sessions: map[string]*session{}}
+	return &Server{version: agentwire.Version, reaper: r, opts: o, sessions: map[string]*session{}, commands: map[string]*command{}}
 }
 
 // spawn starts cmd with start (cmd.Start, or what wraps it) on the fork
@@ -135,16 +140,25 @@ func (s *Server) command(argv []string, user, cwd string, env map[string]string)
 	return newCommand(argv, user, cwd, s.opts.Root, env, s.opts.Env)
 }
 
-// Close kills every session's process and stops reaping.
+// Close kills every session's process and every command, and stops
+// reaping.
 func (s *Server) Close() {
 	s.mu.Lock()
 	ids := make([]string, 0, len(s.sessions))
 	for id := range s.sessions {
 		ids = append(ids, id)
 	}
+	cmds := make([]*command, 0, len(s.commands))
+	for _, c := range s.commands {
+		cmds = append(cmds, c)
+	}
 	s.mu.Unlock()
 	for _, id := range ids {
 		s.deleteSession(id)
+	}
+	for _, c := range cmds {
+		c.stop()
+		s.drop(c)
 	}
 	if s.own {
 		s.reaper.Close()
@@ -221,9 +235,7 @@ func (s *Server) handle(st io.ReadWriteCloser, uc *net.UnixConn, shutdown func()
 			agentwire.WriteMsg(st, agentwire.ErrorReply(providers.Errorf(providers.ErrInvalid, "exec without a command")))
 			return
 		}
-		if agentwire.WriteMsg(st, agentwire.Reply{}) == nil {
-			s.execOverStream(st, *req.Exec)
-		}
+		s.execCommand(st, *req.Exec)
 	case agentwire.OpRead:
 		f, size, err := s.openRead(req.Path)
 		if err != nil {
@@ -278,6 +290,9 @@ func (s *Server) handle(st io.ReadWriteCloser, uc *net.UnixConn, shutdown func()
 			return
 		}
 		agentwire.WriteMsg(st, agentwire.Reply{})
+	case agentwire.OpCmdStart, agentwire.OpCmdList, agentwire.OpCmdGet, agentwire.OpCmdWait,
+		agentwire.OpCmdRead, agentwire.OpCmdSignal, agentwire.OpCmdDelete:
+		s.commandOp(st, req)
 	case agentwire.OpOpen:
 		s.open(st, uc, req)
 	case agentwire.OpSpawn:

@@ -143,6 +143,27 @@ func (f sandboxFiles) Open(p string, write bool) (file *os.File, err error) {
 	return file, err
 }
 
+// Spill opens an unlinked file in the sandbox's /tmp (its root when it
+// has none), on its disk and counted against its limit, resolved inside
+// its root as every path is.
+func (f sandboxFiles) Spill() (file *os.File, err error) {
+	err = f.in("/", func(root *os.File, _ string) error {
+		for _, dir := range []string{"tmp", "."} {
+			fd, err := openIn(root, dir, unix.O_TMPFILE|unix.O_RDWR, 0o600)
+			if err == nil {
+				if err := onKernelFS(fd); err != nil {
+					unix.Close(fd)
+					return err
+				}
+				file = os.NewFile(uintptr(fd), "sandbox-spool")
+				return nil
+			}
+		}
+		return errors.New("no directory of the sandbox takes an unlinked file")
+	})
+	return file, err
+}
+
 func (f sandboxFiles) Stat(p string) (fi providers.FileInfo, err error) {
 	err = f.in(p, func(root *os.File, rel string) (err error) {
 		fi, err = statUnder(root, rel)
