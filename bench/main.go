@@ -32,6 +32,8 @@ type options struct {
 	rounds, n    int
 	concurrency  int
 	idleSessions int
+	heldCommands int
+	heldFor      time.Duration
 	streams      int
 	streamBytes  int
 	fileBytes    int64
@@ -43,7 +45,7 @@ type options struct {
 	table        bool
 }
 
-var allScenarios = []string{"exec", "lifecycle", "pty", "pipe", "echo", "concurrency", "sessions", "streams", "files", "rollout"}
+var allScenarios = []string{"exec", "lifecycle", "pty", "pipe", "echo", "concurrency", "sessions", "streams", "files", "rollout", "commands"}
 
 func main() {
 	o, err := parseFlags(os.Args[1:])
@@ -104,6 +106,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", 200, "execs at once in the concurrency scenario")
 	fs.IntVar(&o.idleSessions, "idle-sessions", 1000, "attached idle terminal sessions")
 	fs.IntVar(&o.streams, "streams", 100, "sessions streaming at once")
+	fs.IntVar(&o.heldCommands, "held-commands", 1000, "quiet durable commands held at once")
+	fs.DurationVar(&o.heldFor, "held-for", 2*time.Minute, "how long the held commands run")
 	fs.IntVar(&streamMiB, "stream-mib", 32, "output per throughput run, in MiB")
 	fs.IntVar(&fileMiB, "file-mib", 1024, "file size for the transfer scenario, in MiB")
 	fs.StringVar(&localRollouts, "rollouts-local", "100,500,1000", "concurrent rollouts on the local provider")
@@ -119,6 +123,7 @@ func parseFlags(args []string) (options, error) {
 	}
 	if quick {
 		o.rounds, o.n, o.concurrency, o.idleSessions, o.streams = 2, 3, 20, 20, 5
+		o.heldCommands, o.heldFor = 20, 8*time.Second
 		streamMiB, fileMiB, localRollouts, dockerRollouts = 1, 8, "5", "3"
 	}
 	o.streamBytes, o.fileBytes = streamMiB<<20, int64(fileMiB)<<20
@@ -215,6 +220,17 @@ func runProvider(ctx context.Context, o options, provider string, rep *Report, l
 		{"sessions", one(b.idleSessions)},
 		{"streams", one(b.streaming)},
 		{"files", func() ([]Result, error) { return b.files(ctx) }},
+		{"commands", func() ([]Result, error) {
+			var rs []Result
+			for _, f := range []func(context.Context) (Result, error){b.commandStart, b.commandStream, b.commandsHeld} {
+				r, err := f(ctx)
+				if err != nil {
+					return rs, err
+				}
+				rs = append(rs, r)
+			}
+			return rs, nil
+		}},
 		{"rollout", func() ([]Result, error) {
 			var rs []Result
 			for _, n := range o.rollouts[provider] {

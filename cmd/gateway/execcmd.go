@@ -6,17 +6,23 @@ import (
 	"io"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/sandgate/sandgate/internal/api"
+	"github.com/sandgate/sandgate/internal/client"
 )
 
 const execUsage = "--url URL --lease TOKEN [--cwd DIR] [--timeout SECONDS] SANDBOX -- CMD [ARG...]"
 
-// runExec is `gateway exec`: one command in a sandbox (POST .../exec), its
-// stdout and stderr copied to the local ones. It returns the command's
-// return_code (125 on a timeout, as the gateway reports it), or exitUsage
-// / exitFailed when the command could not be run. One argument after
-// "--" is a shell command line; several are quoted into one.
+// runExec is `gateway exec`: one command in a sandbox, its stdout and
+// stderr copied to the local ones as it writes them. It runs as a durable
+// command (POST .../commands) whose output is followed over the event
+// stream, re-opened after a cut from the last offsets received, so a
+// proxy that drops the connection, or a gateway restart, loses nothing.
+// It returns the command's exit code (125 on a timeout, as the gateway
+// reports it), or exitUsage / exitFailed when the command could not be
+// run. An interrupt kills the command. One argument after "--" is a
+// shell command line; several are quoted into one.
 func runExec(ctx context.Context, args []string, env func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := clientFlagSet("exec", execUsage, stderr)
 	var cf clientFlags
@@ -36,7 +42,7 @@ func runExec(ctx context.Context, args []string, env func(string) (string, bool)
 		fmt.Fprintln(stderr, "gateway exec:", err)
 		return exitUsage
 	}
-	req := api.ExecRequest{Command: argv[0]}
+	req := api.CommandRequest{Command: argv[0]}
 	if len(argv) > 1 {
 		req.Command = shellQuote(argv)
 	}
@@ -46,21 +52,34 @@ func runExec(ctx context.Context, args []string, env func(string) (string, bool)
 	if *timeout > 0 {
 		req.TimeoutS = timeout
 	}
-	// An interrupt cancels the request, which cancels the command.
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	defer stop()
-	res, err := cl.Exec(ctx, pos[0], req)
+	cmd, err := cl.StartCommand(ctx, pos[0], req)
 	if err != nil {
 		fmt.Fprintln(stderr, "gateway exec:", err)
 		return exitFailed
 	}
-	io.WriteString(stdout, res.Stdout)
-	io.WriteString(stderr, res.Stderr)
-	if res.ErrorType != nil {
-		fmt.Fprintf(stderr, "gateway exec: %s error (return code %d)\n", *res.ErrorType, res.ReturnCode)
+	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer stop()
+	end, err := cl.FollowCommand(sig, pos[0], cmd.CommandID, client.FollowOptions{Stdout: stdout, Stderr: stderr,
+		Reconnecting: func(n int, err error) { fmt.Fprintf(stderr, "gateway exec: reconnecting (%d): %v\n", n, err) }})
+	if err != nil {
+		if sig.Err() != nil && ctx.Err() == nil {
+			// Interrupted: the command dies with this process.
+			kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			cl.DeleteCommand(kctx, pos[0], cmd.CommandID)
+		}
+		fmt.Fprintf(stderr, "gateway exec: %v (command %s)\n", err, cmd.CommandID)
+		return exitFailed
 	}
-	if res.Truncated {
-		fmt.Fprintln(stderr, "gateway exec: output was truncated by the gateway")
+	code := exitFailed
+	if end.ExitCode != nil {
+		code = *end.ExitCode
 	}
-	return res.ReturnCode
+	if end.ErrorType != nil {
+		fmt.Fprintf(stderr, "gateway exec: %s error (exit code %d)\n", *end.ErrorType, code)
+	}
+	if end.Truncated {
+		fmt.Fprintln(stderr, "gateway exec: output was truncated at the command's output cap")
+	}
+	return code
 }

@@ -160,6 +160,15 @@ func TestKubernetesReplicas(t *testing.T) {
 		t.Fatalf("pty list on B: %d %s (session %q)", s, body, sess.ID)
 	}
 
+	// A durable command started on A is waited for, and read, on B.
+	cid := startCmd(t, sb, `{"command":"sleep 2; echo made-on-a; exit 4"}`)
+	if got := waitCmd(t, sb.on(b), cid); got.ExitCode == nil || *got.ExitCode != 4 {
+		t.Fatalf("command started on A, waited on B: %+v", got)
+	}
+	if out := cmdOutput(t, sb.on(b), cid, "stdout"); out != "made-on-a\n" {
+		t.Fatalf("its output on B: %q", out)
+	}
+
 	// A is SIGKILLed while both take traffic: B's calls all succeed, and a
 	// new A on the same state dir serves everything.
 	ctx, cancel := context.WithCancel(context.Background())

@@ -149,7 +149,7 @@ func (s *Server) startCommand(req agentwire.ExecRequest) (*command, error) {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
-	ooms := oomKills()
+	ooms := s.opts.OOMKills()
 	c.started = time.Now()
 	waited, err := s.spawn(cmd, cmd.Start, !req.PreserveBackground)
 	outW.Close()
@@ -285,7 +285,7 @@ func (c *command) supervise(wg *sync.WaitGroup, waited <-chan ExitStatus, timeou
 	res.DurationUS = ran.Microseconds()
 	res.CPUTimeUS = (time.Duration(st.Usage.Utime.Nano()) + time.Duration(st.Usage.Stime.Nano())).Microseconds()
 	res.PeakRSS = st.Usage.Maxrss << 10
-	res.OOMKilled = res.ExitCode == 128+int(syscall.SIGKILL) && oomKills() > ooms
+	res.OOMKilled = res.ExitCode == 128+int(syscall.SIGKILL) && c.s.opts.OOMKills() > ooms
 	if res.TimedOut {
 		res.ExitCode = 125
 	}
@@ -506,7 +506,7 @@ func (s *Server) execCommand(st io.ReadWriteCloser, req agentwire.ExecRequest) {
 		}
 	}
 	if res.OOMKilled {
-		agentwire.WriteFrame(st, agentwire.FrameStderr, []byte("\nsandgate: killed: out of memory (the sandbox's memory limit)\n"))
+		agentwire.WriteFrame(st, agentwire.FrameStderr, []byte(s.oomNote()))
 	}
 	b, _ := json.Marshal(res)
 	if agentwire.WriteFrame(st, agentwire.FrameResult, b) == nil && c.id != "" {

@@ -1,10 +1,9 @@
 package agent
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
-
-	"github.com/sandgate/sandgate/internal/procfs"
 )
 
 // execSeq numbers the commands of this agent: with the pid it makes each
@@ -15,6 +14,11 @@ var execSeq atomic.Int64
 // is gone (or, with background processes preserved, after it returned).
 const drainGrace = 250 * time.Millisecond
 
-// oomKills is how many processes the kernel has killed for want of memory
-// in the sandbox's cgroup (0 when the agent cannot tell).
-func oomKills() int64 { return procfs.OOMKills("/sys/fs/cgroup/memory.events") }
+// oomNote is what a command killed for want of memory gets at the end of
+// its stderr.
+func (s *Server) oomNote() string {
+	if s.opts.MemoryLimit > 0 {
+		return fmt.Sprintf("\nsandgate: killed: out of memory (the sandbox's memory limit is %d MiB)\n", s.opts.MemoryLimit>>20)
+	}
+	return "\nsandgate: killed: out of memory (the sandbox's memory limit)\n"
+}

@@ -26,6 +26,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/sandgate/sandgate/internal/agentwire"
+	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -65,6 +66,12 @@ type Options struct {
 	// Forker is the ForkOn thread's id, told to the gateway in the hello
 	// (0: none).
 	Forker int
+	// OOMKills counts the processes the kernel killed for want of memory
+	// in the sandbox (nil: the agent reads cgroup v2's memory.events);
+	// MemoryLimit is the sandbox's limit in bytes, for the note a killed
+	// command's stderr gets (0: unknown).
+	OOMKills    func() int64
+	MemoryLimit int64
 	// PIDNamespace says the agent is its sandbox's PID 1, so that
 	// kill(-1) reaches the sandbox's processes and nothing else: the
 	// signal_all op needs it.
@@ -101,6 +108,9 @@ func NewServer(subreaper bool) *Server {
 func NewServerWith(r *Reaper, o Options) *Server {
 	if o.ForkOn == nil {
 		o.ForkOn = func(fn func()) { fn() }
+	}
+	if o.OOMKills == nil {
+		o.OOMKills = func() int64 { return procfs.OOMKills("/sys/fs/cgroup/memory.events") }
 	}
 	if o.Env == nil {
 		for _, kv := range os.Environ() {

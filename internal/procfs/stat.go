@@ -66,6 +66,11 @@ func OOMKills(path string) int64 {
 	if err != nil {
 		return 0
 	}
+	return ParseOOMKills(b)
+}
+
+// ParseOOMKills is the oom_kill count of the contents of such a file.
+func ParseOOMKills(b []byte) int64 {
 	for line := range bytes.SplitSeq(b, []byte("\n")) {
 		if v, ok := bytes.CutPrefix(line, []byte("oom_kill ")); ok {
 			n, _ := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
@@ -69,7 +70,7 @@ func TestAgentProtocolMismatch(t *testing.T) {
 		t.Fatal("a sandbox with a mismatched agent was created")
 	}
 	msg := err.Error()
-	if !strings.Contains(msg, "protocol 1") || !strings.Contains(msg, "speaks 99") {
+	if !strings.Contains(msg, "protocol "+agentwire.Version) || !strings.Contains(msg, "speaks 99") {
 		t.Fatalf("mismatch error does not name both versions: %v", err)
 	}
 	owned, err := p.List(ctx)

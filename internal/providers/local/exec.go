@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
@@ -36,7 +34,6 @@ func (l *Local) Exec(ctx context.Context, id string, req providers.ExecRequest) 
 	if err != nil {
 		return providers.ExecResult{}, err
 	}
-	ooms := sb.oomKills()
 	res, err := c.Exec(ctx, req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -49,14 +46,6 @@ func (l *Local) Exec(ctx context.Context, id string, req providers.ExecRequest) 
 			sb.dropHost()
 		}
 		return providers.ExecResult{}, err
-	}
-	// The agent reads OOM kills from a cgroup v2 file it may not see; the
-	// gateway counts them in the sandbox's memory cgroup.
-	if res.ExitCode == 128+int(unix.SIGKILL) && sb.oomKills() > ooms {
-		if res.Usage != nil {
-			res.Usage.OOMKilled = true
-		}
-		res.Stderr = append(res.Stderr, fmt.Sprintf("\nsandgate: killed: out of memory (the sandbox's memory limit is %d MiB)\n", sb.memoryLimit()>>20)...)
 	}
 	return res, nil
 }

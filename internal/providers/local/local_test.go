@@ -306,6 +306,18 @@ func TestResourceLimits(t *testing.T) {
 	if code != 137 || !strings.Contains(out, "out of memory (the sandbox's memory limit is 64 MiB)") {
 		t.Errorf("512 MiB under a 64 MiB limit: exit %d %q, want 137 and the reason", code, out)
 	}
+	// A durable command's record says so too.
+	c, err := l.Agent(ctxT(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.StartCommand(ctxT(t), agentclient.CommandRequest{ID: "oom", Retain: time.Minute, ExecRequest: providers.ExecRequest{
+		Command: `perl -e '$x = "a" x (512 * 1024 * 1024)'`, Timeout: time.Minute, MaxOutput: 1 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if end, err := c.WaitCommand(ctxT(t), "oom", time.Minute); err != nil || end.Running || *end.ExitCode != 137 || !end.OOMKilled {
+		t.Errorf("a durable command past the limit: %+v %v, want 137 and oom_killed", end, err)
+	}
 	if got, _ := sh(t, l, id, "echo alive"); got != "alive\n" {
 		t.Errorf("after OOM: %q", got)
 	}

@@ -6,10 +6,13 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/internal/agent"
+	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/seccomp/load"
 )
@@ -29,6 +32,41 @@ type initServer struct {
 	// forkerTid is the forker thread's id in the sandbox's pid namespace:
 	// the gateway moves that thread alone into the sandbox's pids cgroup.
 	forkerTid int
+
+	mem memoryCgroup // the sandbox's memory cgroup, for OOM accounting
+}
+
+// memoryCgroup is a sandbox's cgroup v1 memory controller as init keeps
+// it: the files it reads after its root is no longer the host's.
+type memoryCgroup struct {
+	oomControl *os.File // memory.oom_control; nil without one
+	limit      int64    // memory.limit_in_bytes at the start
+}
+
+// openMemoryCgroup opens the memory cgroup at dir ("": none).
+func openMemoryCgroup(dir string) memoryCgroup {
+	var m memoryCgroup
+	if dir == "" {
+		return m
+	}
+	m.oomControl, _ = os.Open(dir + "/memory.oom_control")
+	if b, err := os.ReadFile(dir + "/memory.limit_in_bytes"); err == nil {
+		m.limit, _ = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if m.limit >= 1<<50 { // "unlimited"
+			m.limit = 0
+		}
+	}
+	return m
+}
+
+// oomKills is the cgroup's count of processes killed for want of memory.
+func (m memoryCgroup) oomKills() int64 {
+	if m.oomControl == nil {
+		return 0
+	}
+	buf := make([]byte, 512)
+	n, _ := m.oomControl.ReadAt(buf, 0)
+	return procfs.ParseOOMKills(buf[:n])
 }
 
 func newInitServer(cfg Config) *initServer {
@@ -95,6 +133,8 @@ func (a *initServer) serve(l net.Listener) {
 		Files:        sandboxFiles{root: "/"},
 		Forker:       a.forkerTid,
 		PIDNamespace: a.cfg.Isolation == IsolationNamespaces,
+		OOMKills:     a.mem.oomKills,
+		MemoryLimit:  a.mem.limit,
 	}
 	if a.cfg.Isolation == IsolationNone {
 		o.Root = a.cfg.Dir + "/fs"

@@ -318,6 +318,9 @@ func runInit() int {
 	if err != nil {
 		return fail(err)
 	}
+	// The memory cgroup's files are the host's: opened before the pivot
+	// hides them, kept (close-on-exec) for the agent's OOM accounting.
+	mem := openMemoryCgroup(cfg.Cgroups["memory"])
 	if cfg.Isolation == IsolationNamespaces {
 		if err := setupRoot(cfg); err != nil {
 			return fail(err)
@@ -343,6 +346,7 @@ func runInit() int {
 		return fail(fmt.Errorf("agent socket: %w", err))
 	}
 	a := newInitServer(cfg)
+	a.mem = mem
 	if err := a.start(); err != nil {
 		return fail(err)
 	}
