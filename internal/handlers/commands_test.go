@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/api"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/sandbox"
 	"github.com/sandgate/sandgate/internal/testkit"
 )
 
@@ -415,5 +416,32 @@ func TestExecClientGone(t *testing.T) {
 				t.Fatalf("output fetched by id: %d %q", r.status, r.body)
 			}
 		})
+	}
+}
+
+// TestCommandAccess: a command is reached only through its sandbox: a
+// lease of another sandbox and an API key that did not create the sandbox
+// are 403 (as on every sandbox route), a command id of another sandbox 404.
+func TestCommandAccess(t *testing.T) {
+	const otherKey = "test-key-2"
+	g := newGateway(t, 0, func(o *sandbox.Options) { o.APIKeys = append(o.APIKeys, otherKey) })
+	a := g.create(map[string]any{})
+	b := g.create(map[string]any{})
+	c := g.startCommand(a.SandboxID, a.Token, map[string]any{"command": "echo hi"})
+	other := map[string]string{"Authorization": "Bearer " + otherKey}
+	for _, p := range []string{"", "/wait", "/output"} {
+		path := "/v1/sandboxes/" + a.SandboxID + "/commands/" + c.CommandID + p
+		if r := g.do("GET", path, nil, lease(b.Token)); r.status != 403 {
+			t.Errorf("%s with another sandbox's lease: %d %s", p, r.status, r.body)
+		}
+		if r := g.do("GET", path, nil, other); r.status != 403 {
+			t.Errorf("%s with another API key: %d %s", p, r.status, r.body)
+		}
+		if r := g.do("GET", "/v1/sandboxes/"+b.SandboxID+"/commands/"+c.CommandID+p, nil, lease(b.Token)); r.status != 404 {
+			t.Errorf("%s of another sandbox's command: %d %s", p, r.status, r.body)
+		}
+		if r := g.do("GET", path, nil, key()); r.status != 200 {
+			t.Errorf("%s with the creating key: %d %s", p, r.status, r.body)
+		}
 	}
 }
