@@ -14,10 +14,11 @@ import (
 type heartbeat struct {
 	w     *progressWriter
 	beat  []byte
+	every time.Duration
 	first func() // run under mu before the first beat (committing the status); nil: none
 
-	mu     sync.Mutex // guards wrote, beats, failed and every write to w
-	wrote  bool       // something was written since the last tick
+	mu     sync.Mutex // guards last, beats, failed and every write to w
+	last   time.Time  // of the last write, a beat's included
 	beats  int
 	failed bool
 
@@ -25,17 +26,18 @@ type heartbeat struct {
 	done chan struct{} // closed when the goroutine returned
 }
 
-// startHeartbeat starts beating beat onto w every period of quiet.
+// startHeartbeat starts beating beat onto w after every period of quiet.
 // first, if set, runs before the first beat. The caller must call end.
 func startHeartbeat(w *progressWriter, every time.Duration, beat []byte, first func()) *heartbeat {
-	h := &heartbeat{w: w, beat: beat, first: first, stop: make(chan struct{}), done: make(chan struct{})}
-	go h.run(every)
+	h := &heartbeat{w: w, beat: beat, every: every, first: first, last: time.Now(),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go h.run()
 	return h
 }
 
-func (h *heartbeat) run(every time.Duration) {
+func (h *heartbeat) run() {
 	defer close(h.done)
-	t := time.NewTicker(every)
+	t := time.NewTimer(h.every)
 	defer t.Stop()
 	for {
 		select {
@@ -44,7 +46,12 @@ func (h *heartbeat) run(every time.Duration) {
 		case <-t.C:
 		}
 		h.mu.Lock()
-		if !h.wrote && !h.failed {
+		if h.failed {
+			h.mu.Unlock()
+			return
+		}
+		now := time.Now()
+		if now.Sub(h.last) >= h.every {
 			if h.beats == 0 && h.first != nil {
 				h.first()
 			}
@@ -54,8 +61,10 @@ func (h *heartbeat) run(every time.Duration) {
 				err = h.w.flush()
 			}
 			h.failed = err != nil
+			h.last = now
 		}
-		h.wrote = false
+		// The next beat is due a period after the last write.
+		t.Reset(h.last.Add(h.every).Sub(now))
 		h.mu.Unlock()
 	}
 }
@@ -64,7 +73,7 @@ func (h *heartbeat) run(every time.Duration) {
 func (h *heartbeat) write(p []byte) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.wrote = true
+	h.last = time.Now()
 	if _, err := h.w.Write(p); err != nil {
 		return err
 	}
