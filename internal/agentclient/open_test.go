@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // TestOpenLies: an agent that answers open with anything but one
@@ -72,9 +73,9 @@ func TestOpenLies(t *testing.T) {
 			if providers.Kind(err) != providers.ErrConflict || !strings.Contains(c.Violation(), "open answered with") {
 				t.Errorf("open: %v; violation %q", err, c.Violation())
 			}
-			if after := fdCount(t); after > before {
-				t.Errorf("%d descriptors open after the lie, %d before", after, before)
-			}
+			// Other tests' connections may still be closing: what counts
+			// is that the lie's descriptors are closed soon, not at once.
+			testkit.Eventually(t, "the lie's descriptors closed", 10*time.Second, func() bool { return fdCount(t) <= before })
 		})
 	}
 }
