@@ -17,15 +17,33 @@ import (
 // for the default 2 s).
 const e2eBeat = 200 * time.Millisecond
 
-// TestDurableExecLocal: through a proxy that cuts connections idle for
-// 3 heartbeats, an exec quiet for 5 gets its whole result; a client that
+// TestDurableExecLocal: durableExec on the local provider.
+func TestDurableExecLocal(t *testing.T) {
+	durableExec(t, func(state string) *proc {
+		return startGateway(t, state, nil, "--heartbeat", e2eBeat.String())
+	}, newLocalSandbox)
+}
+
+// TestDurableExecDocker: durableExec on the docker provider.
+func TestDurableExecDocker(t *testing.T) {
+	durableExec(t, func(state string) *proc {
+		return startDockerGateway(t, state, "--heartbeat", e2eBeat.String())
+	}, func(t *testing.T, g *proc) (string, string) {
+		b := dkCreate(t, g, "")
+		return b.id, b.token
+	})
+}
+
+// durableExec: through a proxy that cuts connections idle for 3
+// heartbeats, an exec quiet for 5 gets its whole result; a client that
 // gives up mid-exec leaves the command running, and its result and
 // output are fetched by the X-Command-Id it got; a gateway SIGKILLed while
-// a command runs is restarted and serves that command's exact result.
-func TestDurableExecLocal(t *testing.T) {
+// a command runs is restarted (by start, on the same state dir) and
+// serves that command's exact result.
+func durableExec(t *testing.T, start func(state string) *proc, create func(*testing.T, *proc) (id, tok string)) {
 	state := t.TempDir()
-	g := startGateway(t, state, nil, "--heartbeat", e2eBeat.String())
-	id, tok := newLocalSandbox(t, g)
+	g := start(state)
+	id, tok := create(t, g)
 	lease := []string{"X-Sandbox-Lease", tok}
 
 	px := testkit.NewIdleProxy(t, "tcp", strings.TrimPrefix(g.URL, "http://"), 3*e2eBeat)
@@ -73,7 +91,7 @@ func TestDurableExecLocal(t *testing.T) {
 		t.Fatalf("start: %d %s", code, body)
 	}
 	g.stop(syscall.SIGKILL)
-	g2 := startGateway(t, state, nil, "--heartbeat", e2eBeat.String())
+	g2 := start(state)
 	code, body = call(t, "GET", g2.URL+"/v1/sandboxes/"+id+"/commands/"+c.ID+"/wait?timeout_s=60", "", lease...)
 	if err := json.Unmarshal(body, &fin); err != nil || code != 200 || fin.Stdout != "survived\n" || fin.ReturnCode != 6 {
 		t.Fatalf("result after a gateway SIGKILL: %d %s\n%s", code, body, g2.stderr)
