@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/providers/kubernetes/k8stest"
 	"github.com/sandgate/sandgate/internal/testkit"
 )
 
@@ -30,6 +32,20 @@ func TestDurableExecDocker(t *testing.T) {
 		return startDockerGateway(t, state, "--heartbeat", e2eBeat.String())
 	}, func(t *testing.T, g *proc) (string, string) {
 		b := dkCreate(t, g, "")
+		return b.id, b.token
+	})
+}
+
+// TestDurableExecKubernetes: durableExec on the kubernetes provider; the
+// gateway started after the SIGKILL is another replica (the same
+// instance and lease secret, a state dir of its own).
+func TestDurableExecKubernetes(t *testing.T) {
+	k8stest.Require(t)
+	instance, secret := "k8scmd-"+strings.ToLower(rand.Text()[:8]), rand.Text()
+	durableExec(t, func(string) *proc {
+		return startK8sGateway(t, t.TempDir(), instance, secret, "--heartbeat", e2eBeat.String())
+	}, func(t *testing.T, g *proc) (string, string) {
+		b := k8sCreate(t, g)
 		return b.id, b.token
 	})
 }
