@@ -142,7 +142,8 @@ func (wr waitRun) VisitWaitCommandResponse(w http.ResponseWriter) error {
 	}
 	switch {
 	case err != nil && wr.ctx.Err() != nil:
-		return err
+		wr.s.log.Debug("client gone during a command's wait", "sandbox", wr.id, "err", err)
+		return nil
 	case err != nil:
 		err = json.NewEncoder(pw).Encode(problemOf(wr.ctx, wr.s.log, err, "GET "+wr.id+" wait"))
 	case res != nil:
@@ -191,7 +192,10 @@ func (s *server) readCommandOutput(w http.ResponseWriter, r *http.Request) {
 	} else {
 		err = s.commandBytes(w, r, id, cid, stream != "stderr", since[0])
 	}
-	if err != nil {
+	switch {
+	case err != nil && r.Context().Err() != nil && started(w):
+		s.log.Debug("client gone during a command's output", "sandbox", id, "err", err)
+	case err != nil:
 		s.responseError(w, r, err)
 	}
 }

@@ -53,7 +53,9 @@ func (e execRun) VisitExecCommandResponse(w http.ResponseWriter) error {
 	hb.end()
 	if err != nil {
 		if e.ctx.Err() != nil {
-			return err // nobody reads the answer
+			// The client went; the command runs on unless it asked otherwise.
+			e.s.log.Debug("client gone during exec", "sandbox", e.id, "err", err)
+			return nil
 		}
 		e.s.log.Warn("exec failed after it started", "sandbox", e.id, "err", err)
 		res = sandbox.FailedResult(err)

@@ -222,11 +222,17 @@ func (s *server) requestError(w http.ResponseWriter, r *http.Request, err error)
 // responseError renders an error a handler returned. If the response had
 // already started (a stream broke), it can only be logged.
 func (s *server) responseError(w http.ResponseWriter, r *http.Request, err error) {
-	if ww, ok := w.(middleware.WrapResponseWriter); ok && ww.Status() != 0 {
+	if started(w) {
 		s.log.Warn("response failed after it started", "request_id", requestID(r), "err", err)
 		return
 	}
 	writeError(w, r, s.log, err)
+}
+
+// started reports whether the response on w has sent its status.
+func started(w http.ResponseWriter) bool {
+	ww, ok := w.(middleware.WrapResponseWriter)
+	return ok && ww.Status() != 0
 }
 
 func requestID(r *http.Request) string { return middleware.GetReqID(r.Context()) }
