@@ -51,6 +51,8 @@ type config struct {
 	MaxBodyInflight    int64
 	BodyTimeout        time.Duration
 	ReplyTimeout       time.Duration
+	Heartbeat          time.Duration
+	CommandRetention   time.Duration
 	IdleTimeout        time.Duration
 	ShutdownGrace      time.Duration
 	LocalIsolation     string
@@ -127,6 +129,8 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.Int64Var(&c.MaxBodyInflight, "max-body-inflight", handlers.DefaultMaxBodyInflight, "bytes of JSON request bodies buffered at once, a quarter of it for the requests of one API key; beyond it 503")
 	fs.DurationVar(&c.BodyTimeout, "body-timeout", handlers.DefaultBodyTimeout, "how long a client may take to send a JSON request body (the base64 upload's included); beyond it 408")
 	fs.DurationVar(&c.ReplyTimeout, "reply-timeout", handlers.DefaultReplyTimeout, "an exec or base64 download reply the client takes nothing of for this long is cut (its connection closed, its output released)")
+	fs.DurationVar(&c.Heartbeat, "heartbeat", handlers.DefaultHeartbeat, "how often a reply waiting for a command (exec, a command's wait or SSE output) writes whitespace or a keepalive while quiet, so proxies that cut idle connections leave it")
+	fs.DurationVar(&c.CommandRetention, "command-retention", sandbox.DefaultCommandRetention, "how long a sandbox keeps a durable command's output and result after it ended")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 120*time.Second, "how long a keep-alive connection may wait for its next request")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long SIGTERM waits for in-flight requests (a second signal closes them at once)")
 	fs.StringVar(&c.LocalIsolation, "local-isolation", "namespaces", "local provider isolation: namespaces or none (plain host processes)")
@@ -287,7 +291,7 @@ func parseConfig(args []string, lookup func(string) (string, bool), stderr io.Wr
 			return c, fmt.Errorf("--%s must be at least 1", name)
 		}
 	}
-	for name, v := range map[string]time.Duration{"body-timeout": c.BodyTimeout, "reply-timeout": c.ReplyTimeout, "idle-timeout": c.IdleTimeout} {
+	for name, v := range map[string]time.Duration{"body-timeout": c.BodyTimeout, "reply-timeout": c.ReplyTimeout, "idle-timeout": c.IdleTimeout, "heartbeat": c.Heartbeat, "command-retention": c.CommandRetention} {
 		if v <= 0 {
 			return c, fmt.Errorf("--%s must be positive", name)
 		}

@@ -21,14 +21,15 @@ import (
 
 // startK8sGateway runs a gateway replica on the kubernetes provider: the
 // given instance id and lease secret are what replicas share. When the
-// test ends the instance's pods and records are removed.
-func startK8sGateway(t *testing.T, stateDir, instance, secret string) *proc {
+// test ends the instance's pods and records are removed. args are more
+// flags.
+func startK8sGateway(t *testing.T, stateDir, instance, secret string, args ...string) *proc {
 	t.Helper()
 	image := k8stest.AgentImage(t)
 	t.Cleanup(func() { k8stest.RemoveInstance(t, instance) })
 	return startGateway(t, stateDir, []string{"KUBECONFIG=" + k8stest.Kubeconfig()},
-		"--provider", "kubernetes", "--k8s-agent-image", image, "--k8s-namespace", k8stest.Namespace,
-		"--instance-id", instance, "--lease-secret", secret)
+		append([]string{"--provider", "kubernetes", "--k8s-agent-image", image, "--k8s-namespace", k8stest.Namespace,
+			"--instance-id", instance, "--lease-secret", secret}, args...)...)
 }
 
 // k8sCreate creates a sandbox of the test image through g, with the

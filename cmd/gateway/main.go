@@ -130,6 +130,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		MaxExecOutputTotal: cfg.MaxExecOutputTotal,
 		MaxExecs:           cfg.MaxExecs,
 		MaxExecsPerSandbox: cfg.MaxExecsPerSandbox,
+		CommandRetention:   cfg.CommandRetention,
 		Ceilings:           ceilings,
 		Logger:             log,
 		Metrics:            met,
@@ -149,7 +150,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	h, err := handlers.New(handlers.Options{
 		Service: svc, PublicURL: publicURL, PTY: terms, Logger: log, Metrics: met, Gatherer: reg,
 		MaxJSONBody: cfg.MaxJSONBody, MaxUploadBody: cfg.MaxBody, MaxBodyInflight: cfg.MaxBodyInflight,
-		BodyTimeout: cfg.BodyTimeout, ReplyTimeout: cfg.ReplyTimeout,
+		BodyTimeout: cfg.BodyTimeout, ReplyTimeout: cfg.ReplyTimeout, Heartbeat: cfg.Heartbeat,
 	})
 	if err != nil {
 		return err

@@ -140,6 +140,72 @@ type BatchFailure struct {
 	Problem Problem `json:"problem"`
 }
 
+// Command defines model for Command.
+type Command struct {
+	Command string `json:"command"`
+
+	// CommandID Example: cmd-0123456789abcdef
+	CommandID string `json:"command_id"`
+
+	// CPUTimeS CPU time (user + system) of the command and the processes it waited for; 0 while running.
+	CPUTimeS float64 `json:"cpu_time_s"`
+
+	// DurationMs How long it ran (so far, while running), measured inside the sandbox.
+	DurationMs int64 `json:"duration_ms"`
+
+	// ErrorType `timeout` when it ran out of time (its process group was killed); else null.
+	ErrorType *ExecErrorType `json:"error_type"`
+
+	// ExitCode Null while running; 128+N when killed by signal N; 125 when it timed out.
+	ExitCode *int `json:"exit_code"`
+
+	// FinishedAt Null while running.
+	FinishedAt *time.Time `json:"finished_at"`
+	OomKilled  bool       `json:"oom_killed"`
+
+	// PeakMemoryMib Peak resident memory of the command or the largest process it waited for; 0 while running.
+	PeakMemoryMib float64   `json:"peak_memory_mib"`
+	Running       bool      `json:"running"`
+	StartedAt     time.Time `json:"started_at"`
+	StderrSize    int64     `json:"stderr_size"`
+
+	// StdoutSize Bytes of stdout kept so far (the end offset of stdout).
+	StdoutSize int64 `json:"stdout_size"`
+
+	// Truncated A stream reached `max_output_bytes`; the rest was discarded.
+	Truncated bool `json:"truncated"`
+}
+
+// CommandList defines model for CommandList.
+type CommandList struct {
+	Commands []Command `json:"commands"`
+}
+
+// CommandRequest The `ExecRequest` fields (but `kill_on_disconnect`) and the output cap.
+type CommandRequest struct {
+	// Command Run by `sh -c` (bash when present).
+	Command string `json:"command"`
+
+	// Cwd Default the workdir.
+	Cwd *string           `json:"cwd,omitempty"`
+	Env map[string]string `json:"env,omitempty"`
+
+	// MaxOutputBytes Bytes kept of stdout and of stderr each (the rest is discarded, `truncated` set); default 64 MiB, at most 1 GiB.
+	MaxOutputBytes *int64 `json:"max_output_bytes,omitempty"`
+
+	// PreserveBackgroundServices As in `ExecRequest`.
+	PreserveBackgroundServices *bool `json:"preserve_background_services,omitempty"`
+
+	// StdinB64 Standard input, base64-encoded.
+	StdinB64 *string `json:"stdin_b64,omitempty"`
+
+	// TimeoutS Default 180; null = default.
+	TimeoutS *float64 `json:"timeout_s,omitempty"`
+
+	// User User name or uid.
+	User *string `json:"user,omitempty"`
+}
+
 // CreateSandbox defines model for CreateSandbox.
 type CreateSandbox struct {
 	// AllowPartial With `count`, keep the sandboxes made when others fail (default false).
@@ -211,6 +277,10 @@ type ExecRequest struct {
 	// Cwd Default the workdir.
 	Cwd *string           `json:"cwd,omitempty"`
 	Env map[string]string `json:"env,omitempty"`
+
+	// KillOnDisconnect false (default): the command outlives a lost client connection (fetch its result by
+	// the response's `X-Command-Id`); true: a lost connection kills its process group.
+	KillOnDisconnect *bool `json:"kill_on_disconnect,omitempty"`
 
 	// PreserveBackgroundServices false (default): processes the command left behind are killed when it returns;
 	// true: they keep running.
@@ -564,6 +634,17 @@ type SandboxRef struct {
 // SandboxStatus The lifecycle state of a sandbox.
 type SandboxStatus string
 
+// SignalRequest defines model for SignalRequest.
+type SignalRequest struct {
+	// Signal One of SIGINT, SIGTERM, SIGKILL, SIGQUIT, SIGHUP (anything else is 400).
+	//
+	// Example: SIGTERM
+	Signal string `json:"signal"`
+}
+
+// SignalResult Always `{}`.
+type SignalResult = struct{}
+
 // Snapshot defines model for Snapshot.
 type Snapshot struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -609,6 +690,9 @@ type UploadRequest struct {
 // UploadResult Always `{}`.
 type UploadResult = struct{}
 
+// CommandID Example: cmd-0123456789abcdef
+type CommandID = string
+
 // FilePath defines model for FilePath.
 type FilePath = string
 
@@ -632,6 +716,9 @@ type AlreadyConnected = Problem
 
 // BadRequest An RFC 9457 problem detail.
 type BadRequest = Problem
+
+// CommandNotFound An RFC 9457 problem detail.
+type CommandNotFound = Problem
 
 // Conflict An RFC 9457 problem detail.
 type Conflict = Problem
@@ -674,6 +761,17 @@ type CreateSandbox201JSONResponseBody struct {
 	union json.RawMessage
 }
 
+// WaitCommandParams defines parameters for WaitCommand.
+type WaitCommandParams struct {
+	// TimeoutS Seconds to wait, default 30, at most 300.
+	TimeoutS *float64 `form:"timeout_s,omitempty" json:"timeout_s,omitempty"`
+}
+
+// WaitCommand200JSONResponseBody defines parameters for WaitCommand.
+type WaitCommand200JSONResponseBody struct {
+	union json.RawMessage
+}
+
 // DownloadFileParams defines parameters for DownloadFile.
 type DownloadFileParams struct {
 	// RemotePath Path inside the sandbox; relative paths are relative to the workdir.
@@ -706,6 +804,12 @@ type ListFilesParams struct {
 
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = CreateSandbox
+
+// StartCommandJSONRequestBody defines body for StartCommand for application/json ContentType.
+type StartCommandJSONRequestBody = CommandRequest
+
+// SignalCommandJSONRequestBody defines body for SignalCommand for application/json ContentType.
+type SignalCommandJSONRequestBody = SignalRequest
 
 // ExecCommandJSONRequestBody defines body for ExecCommand for application/json ContentType.
 type ExecCommandJSONRequestBody = ExecRequest
@@ -786,6 +890,68 @@ func (t CreateSandbox201JSONResponseBody) MarshalJSON() ([]byte, error) {
 }
 
 func (t *CreateSandbox201JSONResponseBody) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
+
+// AsExecResult returns the union data inside the WaitCommand200JSONResponseBody as a ExecResult
+func (t WaitCommand200JSONResponseBody) AsExecResult() (ExecResult, error) {
+	var body ExecResult
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromExecResult overwrites any union data inside the WaitCommand200JSONResponseBody as the provided ExecResult
+func (t *WaitCommand200JSONResponseBody) FromExecResult(v ExecResult) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeExecResult performs a merge with any union data inside the WaitCommand200JSONResponseBody, using the provided ExecResult
+func (t *WaitCommand200JSONResponseBody) MergeExecResult(v ExecResult) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsCommand returns the union data inside the WaitCommand200JSONResponseBody as a Command
+func (t WaitCommand200JSONResponseBody) AsCommand() (Command, error) {
+	var body Command
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromCommand overwrites any union data inside the WaitCommand200JSONResponseBody as the provided Command
+func (t *WaitCommand200JSONResponseBody) FromCommand(v Command) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeCommand performs a merge with any union data inside the WaitCommand200JSONResponseBody, using the provided Command
+func (t *WaitCommand200JSONResponseBody) MergeCommand(v Command) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t WaitCommand200JSONResponseBody) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *WaitCommand200JSONResponseBody) UnmarshalJSON(b []byte) error {
 	err := t.union.UnmarshalJSON(b)
 	return err
 }
@@ -953,6 +1119,91 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 	GetSandbox(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListCommands List the sandbox's durable commands
+	//
+	// Every command the sandbox's agent holds (one-shot execs too), oldest first.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/commands (the `ListCommands` operationId).
+	ListCommands(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// StartCommandWithBody Start a durable command
+	//
+	// Starts `command` as `/exec` would and answers at once, the process running. The command
+	// is held by the sandbox's agent, not by the gateway or the client's connection: its
+	// output (complete up to `max_output_bytes` per stream, kept in memory and then on the
+	// sandbox's own disk, counted against its disk limit) and its result are kept until
+	// `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
+	// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
+	// `.../wait`, `.../output`, `.../signal`, `DELETE`.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
+	StartCommandWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// StartCommand Start a durable command
+	//
+	// Starts `command` as `/exec` would and answers at once, the process running. The command
+	// is held by the sandbox's agent, not by the gateway or the client's connection: its
+	// output (complete up to `max_output_bytes` per stream, kept in memory and then on the
+	// sandbox's own disk, counted against its disk limit) and its result are kept until
+	// `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
+	// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
+	// `.../wait`, `.../output`, `.../signal`, `DELETE`.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
+	StartCommand(ctx context.Context, id SandboxID, body StartCommandJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteCommand Kill and forget a durable command
+	//
+	// Kills the command's process tree if it still runs, then forgets it and its output.
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/commands/{cid} (the `DeleteCommand` operationId).
+	DeleteCommand(ctx context.Context, id SandboxID, cid CommandID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetCommand Describe a durable command
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/commands/{cid} (the `GetCommand` operationId).
+	GetCommand(ctx context.Context, id SandboxID, cid CommandID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SignalCommandWithBody Signal a durable command
+	//
+	// Sends the signal to the command's process group. A command that already ended is not an error.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/commands/{cid}/signal (the `SignalCommand` operationId).
+	SignalCommandWithBody(ctx context.Context, id SandboxID, cid CommandID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SignalCommand Signal a durable command
+	//
+	// Sends the signal to the command's process group. A command that already ended is not an error.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/commands/{cid}/signal (the `SignalCommand` operationId).
+	SignalCommand(ctx context.Context, id SandboxID, cid CommandID, body SignalCommandJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// WaitCommand Wait for a durable command (long poll)
+	//
+	// Waits up to `timeout_s` for the command to end. Ended: **200** with its `ExecResult` (the
+	// `/exec` shape; `stdout` and `stderr` are its retained output up to the gateway's exec
+	// output cap, `truncated` set when more was produced or kept). `timeout_s` passed first:
+	// **202** with the `Command` (`running: true`).
+	//
+	// **Heartbeat**: when the answer is not ready within a few seconds (the gateway's
+	// `--heartbeat`, default 2 s), the status line is sent as **200** at once and one space
+	// follows every few seconds (JSON-legal leading whitespace) until the answer, so a proxy
+	// that cuts idle connections never cuts the wait. A wait that then times out answers the
+	// `Command` (`running: true`) in that 200. Clients tell the two bodies apart by `running`
+	// (present, and true, only in a `Command`), not by the status. Waiting does not keep a
+	// command alive: a wait that ends early (a lost connection) leaves it running.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/commands/{cid}/wait (the `WaitCommand` operationId).
+	WaitCommand(ctx context.Context, id SandboxID, cid CommandID, params *WaitCommandParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// DownloadFile Read a file as base64 (compatibility route)
 	//
 	// Returns the file's bytes base64-encoded. Capped (default 64 MiB); use
@@ -977,7 +1228,17 @@ type ClientInterface interface {
 	// fails the result is 125 / `sandbox` with the reason in `stderr` (or 404/409 when the
 	// sandbox is known to be stopped). Each stream is capped at `max_exec_output` bytes (default
 	// 16 MiB; `truncated` tells). No server-side deadline other than `timeout_s` plus a grace
-	// period; a client that disconnects cancels the command.
+	// period.
+	//
+	// The command is a durable command (see `startCommand`): once it started the response's
+	// status (200) and its `X-Command-Id` header are sent at once, then, while it runs, one
+	// space every few seconds (JSON-legal leading whitespace, so a proxy that cuts idle
+	// connections never cuts a live exec), then the result. A command that ends quickly gets
+	// the result alone. If the client's connection is lost the command keeps running to its own
+	// timeout and its result and output are fetched by id (`GET .../commands/{cid}/wait`,
+	// `.../output`; kept a minute after a result was delivered, else `--command-retention`),
+	// unless `kill_on_disconnect` is true (the old behaviour: the disconnect kills its process
+	// group). Errors found before the start keep their status (400, 404, 409, 429, 503).
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -992,7 +1253,17 @@ type ClientInterface interface {
 	// fails the result is 125 / `sandbox` with the reason in `stderr` (or 404/409 when the
 	// sandbox is known to be stopped). Each stream is capped at `max_exec_output` bytes (default
 	// 16 MiB; `truncated` tells). No server-side deadline other than `timeout_s` plus a grace
-	// period; a client that disconnects cancels the command.
+	// period.
+	//
+	// The command is a durable command (see `startCommand`): once it started the response's
+	// status (200) and its `X-Command-Id` header are sent at once, then, while it runs, one
+	// space every few seconds (JSON-legal leading whitespace, so a proxy that cuts idle
+	// connections never cuts a live exec), then the result. A command that ends quickly gets
+	// the result alone. If the client's connection is lost the command keeps running to its own
+	// timeout and its result and output are fetched by id (`GET .../commands/{cid}/wait`,
+	// `.../output`; kept a minute after a result was delivered, else `--command-retention`),
+	// unless `kill_on_disconnect` is true (the old behaviour: the disconnect kills its process
+	// group). Errors found before the start keep their status (400, 404, 409, 429, 503).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1425,6 +1696,171 @@ func (c *Client) GetSandbox(ctx context.Context, id SandboxID, reqEditors ...Req
 	return c.Client.Do(req)
 }
 
+// ListCommands List the sandbox's durable commands
+//
+// Every command the sandbox's agent holds (one-shot execs too), oldest first.
+//
+// Corresponds with GET /v1/sandboxes/{id}/commands (the `ListCommands` operationId).
+func (c *Client) ListCommands(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListCommandsRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// StartCommandWithBody Start a durable command
+//
+// Starts `command` as `/exec` would and answers at once, the process running. The command
+// is held by the sandbox's agent, not by the gateway or the client's connection: its
+// output (complete up to `max_output_bytes` per stream, kept in memory and then on the
+// sandbox's own disk, counted against its disk limit) and its result are kept until
+// `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
+// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
+// `.../wait`, `.../output`, `.../signal`, `DELETE`.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
+func (c *Client) StartCommandWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewStartCommandRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// StartCommand Start a durable command
+//
+// Starts `command` as `/exec` would and answers at once, the process running. The command
+// is held by the sandbox's agent, not by the gateway or the client's connection: its
+// output (complete up to `max_output_bytes` per stream, kept in memory and then on the
+// sandbox's own disk, counted against its disk limit) and its result are kept until
+// `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
+// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
+// `.../wait`, `.../output`, `.../signal`, `DELETE`.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
+func (c *Client) StartCommand(ctx context.Context, id SandboxID, body StartCommandJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewStartCommandRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteCommand Kill and forget a durable command
+//
+// Kills the command's process tree if it still runs, then forgets it and its output.
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/commands/{cid} (the `DeleteCommand` operationId).
+func (c *Client) DeleteCommand(ctx context.Context, id SandboxID, cid CommandID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteCommandRequest(c.Server, id, cid)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetCommand Describe a durable command
+//
+// Corresponds with GET /v1/sandboxes/{id}/commands/{cid} (the `GetCommand` operationId).
+func (c *Client) GetCommand(ctx context.Context, id SandboxID, cid CommandID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetCommandRequest(c.Server, id, cid)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SignalCommandWithBody Signal a durable command
+//
+// Sends the signal to the command's process group. A command that already ended is not an error.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/commands/{cid}/signal (the `SignalCommand` operationId).
+func (c *Client) SignalCommandWithBody(ctx context.Context, id SandboxID, cid CommandID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSignalCommandRequestWithBody(c.Server, id, cid, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SignalCommand Signal a durable command
+//
+// Sends the signal to the command's process group. A command that already ended is not an error.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sandboxes/{id}/commands/{cid}/signal (the `SignalCommand` operationId).
+func (c *Client) SignalCommand(ctx context.Context, id SandboxID, cid CommandID, body SignalCommandJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSignalCommandRequest(c.Server, id, cid, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// WaitCommand Wait for a durable command (long poll)
+//
+// Waits up to `timeout_s` for the command to end. Ended: **200** with its `ExecResult` (the
+// `/exec` shape; `stdout` and `stderr` are its retained output up to the gateway's exec
+// output cap, `truncated` set when more was produced or kept). `timeout_s` passed first:
+// **202** with the `Command` (`running: true`).
+//
+// **Heartbeat**: when the answer is not ready within a few seconds (the gateway's
+// `--heartbeat`, default 2 s), the status line is sent as **200** at once and one space
+// follows every few seconds (JSON-legal leading whitespace) until the answer, so a proxy
+// that cuts idle connections never cuts the wait. A wait that then times out answers the
+// `Command` (`running: true`) in that 200. Clients tell the two bodies apart by `running`
+// (present, and true, only in a `Command`), not by the status. Waiting does not keep a
+// command alive: a wait that ends early (a lost connection) leaves it running.
+//
+// Corresponds with GET /v1/sandboxes/{id}/commands/{cid}/wait (the `WaitCommand` operationId).
+func (c *Client) WaitCommand(ctx context.Context, id SandboxID, cid CommandID, params *WaitCommandParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewWaitCommandRequest(c.Server, id, cid, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // DownloadFile Read a file as base64 (compatibility route)
 //
 // Returns the file's bytes base64-encoded. Capped (default 64 MiB); use
@@ -1469,7 +1905,17 @@ func (c *Client) GetEndpoint(ctx context.Context, id SandboxID, port Port, reqEd
 // fails the result is 125 / `sandbox` with the reason in `stderr` (or 404/409 when the
 // sandbox is known to be stopped). Each stream is capped at `max_exec_output` bytes (default
 // 16 MiB; `truncated` tells). No server-side deadline other than `timeout_s` plus a grace
-// period; a client that disconnects cancels the command.
+// period.
+//
+// The command is a durable command (see `startCommand`): once it started the response's
+// status (200) and its `X-Command-Id` header are sent at once, then, while it runs, one
+// space every few seconds (JSON-legal leading whitespace, so a proxy that cuts idle
+// connections never cuts a live exec), then the result. A command that ends quickly gets
+// the result alone. If the client's connection is lost the command keeps running to its own
+// timeout and its result and output are fetched by id (`GET .../commands/{cid}/wait`,
+// `.../output`; kept a minute after a result was delivered, else `--command-retention`),
+// unless `kill_on_disconnect` is true (the old behaviour: the disconnect kills its process
+// group). Errors found before the start keep their status (400, 404, 409, 429, 503).
 //
 // Takes any type of body and a specified content type.
 //
@@ -1494,7 +1940,17 @@ func (c *Client) ExecCommandWithBody(ctx context.Context, id SandboxID, contentT
 // fails the result is 125 / `sandbox` with the reason in `stderr` (or 404/409 when the
 // sandbox is known to be stopped). Each stream is capped at `max_exec_output` bytes (default
 // 16 MiB; `truncated` tells). No server-side deadline other than `timeout_s` plus a grace
-// period; a client that disconnects cancels the command.
+// period.
+//
+// The command is a durable command (see `startCommand`): once it started the response's
+// status (200) and its `X-Command-Id` header are sent at once, then, while it runs, one
+// space every few seconds (JSON-legal leading whitespace, so a proxy that cuts idle
+// connections never cuts a live exec), then the result. A command that ends quickly gets
+// the result alone. If the client's connection is lost the command keeps running to its own
+// timeout and its result and output are fetched by id (`GET .../commands/{cid}/wait`,
+// `.../output`; kept a minute after a result was delivered, else `--command-retention`),
+// unless `kill_on_disconnect` is true (the old behaviour: the disconnect kills its process
+// group). Errors found before the start keep their status (400, 404, 409, 429, 503).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2258,6 +2714,291 @@ func NewGetSandboxRequest(server string, id SandboxID) (*http.Request, error) {
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewListCommandsRequest constructs an http.Request for the ListCommands method
+func NewListCommandsRequest(server string, id SandboxID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/commands", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewStartCommandRequest calls the generic StartCommand builder with application/json body
+func NewStartCommandRequest(server string, id SandboxID, body StartCommandJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewStartCommandRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewStartCommandRequestWithBody constructs an http.Request for the StartCommand method, with any body, and a specified content type
+func NewStartCommandRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/commands", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteCommandRequest constructs an http.Request for the DeleteCommand method
+func NewDeleteCommandRequest(server string, id SandboxID, cid CommandID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "cid", cid, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/commands/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetCommandRequest constructs an http.Request for the GetCommand method
+func NewGetCommandRequest(server string, id SandboxID, cid CommandID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "cid", cid, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/commands/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewSignalCommandRequest calls the generic SignalCommand builder with application/json body
+func NewSignalCommandRequest(server string, id SandboxID, cid CommandID, body SignalCommandJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSignalCommandRequestWithBody(server, id, cid, "application/json", bodyReader)
+}
+
+// NewSignalCommandRequestWithBody constructs an http.Request for the SignalCommand method, with any body, and a specified content type
+func NewSignalCommandRequestWithBody(server string, id SandboxID, cid CommandID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "cid", cid, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/commands/%s/signal", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewWaitCommandRequest constructs an http.Request for the WaitCommand method
+func NewWaitCommandRequest(server string, id SandboxID, cid CommandID, params *WaitCommandParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "cid", cid, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/commands/%s/wait", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.TimeoutS != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "timeout_s", *params.TimeoutS, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "number", Format: "double"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -3488,6 +4229,99 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/sandboxes/{id} (the `GetSandbox` operationId).
 	GetSandboxWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*GetSandboxResponse, error)
 
+	// ListCommandsWithResponse List the sandbox's durable commands
+	//
+	// Every command the sandbox's agent holds (one-shot execs too), oldest first.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/commands (the `ListCommands` operationId).
+	ListCommandsWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ListCommandsResponse, error)
+
+	// StartCommandWithBodyWithResponse Start a durable command
+	//
+	// Starts `command` as `/exec` would and answers at once, the process running. The command
+	// is held by the sandbox's agent, not by the gateway or the client's connection: its
+	// output (complete up to `max_output_bytes` per stream, kept in memory and then on the
+	// sandbox's own disk, counted against its disk limit) and its result are kept until
+	// `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
+	// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
+	// `.../wait`, `.../output`, `.../signal`, `DELETE`.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
+	StartCommandWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*StartCommandResponse, error)
+
+	// StartCommandWithResponse Start a durable command
+	//
+	// Starts `command` as `/exec` would and answers at once, the process running. The command
+	// is held by the sandbox's agent, not by the gateway or the client's connection: its
+	// output (complete up to `max_output_bytes` per stream, kept in memory and then on the
+	// sandbox's own disk, counted against its disk limit) and its result are kept until
+	// `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
+	// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
+	// `.../wait`, `.../output`, `.../signal`, `DELETE`.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
+	StartCommandWithResponse(ctx context.Context, id SandboxID, body StartCommandJSONRequestBody, reqEditors ...RequestEditorFn) (*StartCommandResponse, error)
+
+	// DeleteCommandWithResponse Kill and forget a durable command
+	//
+	// Kills the command's process tree if it still runs, then forgets it and its output.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/sandboxes/{id}/commands/{cid} (the `DeleteCommand` operationId).
+	DeleteCommandWithResponse(ctx context.Context, id SandboxID, cid CommandID, reqEditors ...RequestEditorFn) (*DeleteCommandResponse, error)
+
+	// GetCommandWithResponse Describe a durable command
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/commands/{cid} (the `GetCommand` operationId).
+	GetCommandWithResponse(ctx context.Context, id SandboxID, cid CommandID, reqEditors ...RequestEditorFn) (*GetCommandResponse, error)
+
+	// SignalCommandWithBodyWithResponse Signal a durable command
+	//
+	// Sends the signal to the command's process group. A command that already ended is not an error.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/commands/{cid}/signal (the `SignalCommand` operationId).
+	SignalCommandWithBodyWithResponse(ctx context.Context, id SandboxID, cid CommandID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SignalCommandResponse, error)
+
+	// SignalCommandWithResponse Signal a durable command
+	//
+	// Sends the signal to the command's process group. A command that already ended is not an error.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sandboxes/{id}/commands/{cid}/signal (the `SignalCommand` operationId).
+	SignalCommandWithResponse(ctx context.Context, id SandboxID, cid CommandID, body SignalCommandJSONRequestBody, reqEditors ...RequestEditorFn) (*SignalCommandResponse, error)
+
+	// WaitCommandWithResponse Wait for a durable command (long poll)
+	//
+	// Waits up to `timeout_s` for the command to end. Ended: **200** with its `ExecResult` (the
+	// `/exec` shape; `stdout` and `stderr` are its retained output up to the gateway's exec
+	// output cap, `truncated` set when more was produced or kept). `timeout_s` passed first:
+	// **202** with the `Command` (`running: true`).
+	//
+	// **Heartbeat**: when the answer is not ready within a few seconds (the gateway's
+	// `--heartbeat`, default 2 s), the status line is sent as **200** at once and one space
+	// follows every few seconds (JSON-legal leading whitespace) until the answer, so a proxy
+	// that cuts idle connections never cuts the wait. A wait that then times out answers the
+	// `Command` (`running: true`) in that 200. Clients tell the two bodies apart by `running`
+	// (present, and true, only in a `Command`), not by the status. Waiting does not keep a
+	// command alive: a wait that ends early (a lost connection) leaves it running.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/commands/{cid}/wait (the `WaitCommand` operationId).
+	WaitCommandWithResponse(ctx context.Context, id SandboxID, cid CommandID, params *WaitCommandParams, reqEditors ...RequestEditorFn) (*WaitCommandResponse, error)
+
 	// DownloadFileWithResponse Read a file as base64 (compatibility route)
 	//
 	// Returns the file's bytes base64-encoded. Capped (default 64 MiB); use
@@ -3516,7 +4350,17 @@ type ClientWithResponsesInterface interface {
 	// fails the result is 125 / `sandbox` with the reason in `stderr` (or 404/409 when the
 	// sandbox is known to be stopped). Each stream is capped at `max_exec_output` bytes (default
 	// 16 MiB; `truncated` tells). No server-side deadline other than `timeout_s` plus a grace
-	// period; a client that disconnects cancels the command.
+	// period.
+	//
+	// The command is a durable command (see `startCommand`): once it started the response's
+	// status (200) and its `X-Command-Id` header are sent at once, then, while it runs, one
+	// space every few seconds (JSON-legal leading whitespace, so a proxy that cuts idle
+	// connections never cuts a live exec), then the result. A command that ends quickly gets
+	// the result alone. If the client's connection is lost the command keeps running to its own
+	// timeout and its result and output are fetched by id (`GET .../commands/{cid}/wait`,
+	// `.../output`; kept a minute after a result was delivered, else `--command-retention`),
+	// unless `kill_on_disconnect` is true (the old behaviour: the disconnect kills its process
+	// group). Errors found before the start keep their status (400, 404, 409, 429, 503).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3531,7 +4375,17 @@ type ClientWithResponsesInterface interface {
 	// fails the result is 125 / `sandbox` with the reason in `stderr` (or 404/409 when the
 	// sandbox is known to be stopped). Each stream is capped at `max_exec_output` bytes (default
 	// 16 MiB; `truncated` tells). No server-side deadline other than `timeout_s` plus a grace
-	// period; a client that disconnects cancels the command.
+	// period.
+	//
+	// The command is a durable command (see `startCommand`): once it started the response's
+	// status (200) and its `X-Command-Id` header are sent at once, then, while it runs, one
+	// space every few seconds (JSON-legal leading whitespace, so a proxy that cuts idle
+	// connections never cuts a live exec), then the result. A command that ends quickly gets
+	// the result alone. If the client's connection is lost the command keeps running to its own
+	// timeout and its result and output are fetched by id (`GET .../commands/{cid}/wait`,
+	// `.../output`; kept a minute after a result was delivered, else `--command-retention`),
+	// unless `kill_on_disconnect` is true (the old behaviour: the disconnect kills its process
+	// group). Errors found before the start keep their status (400, 404, 409, 429, 503).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4169,6 +5023,553 @@ func (r GetSandboxResponse) ContentType() string {
 	return ""
 }
 
+// ListCommandsResponse503Headers the declared response headers of an HTTP 503 response for ListCommands
+type ListCommandsResponse503Headers struct {
+	RetryAfter *int
+}
+
+type ListCommandsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *CommandList
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListCommandsResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListCommandsResponse) GetJSON200() *CommandList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListCommandsResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListCommandsResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListCommandsResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ListCommandsResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListCommandsResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListCommandsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListCommandsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListCommandsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListCommandsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// StartCommandResponse503Headers the declared response headers of an HTTP 503 response for StartCommand
+type StartCommandResponse503Headers struct {
+	RetryAfter *int
+}
+
+type StartCommandResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Command
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *StartCommandResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r StartCommandResponse) GetJSON201() *Command {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r StartCommandResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r StartCommandResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r StartCommandResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r StartCommandResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r StartCommandResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r StartCommandResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r StartCommandResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r StartCommandResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r StartCommandResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r StartCommandResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r StartCommandResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r StartCommandResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteCommandResponse503Headers the declared response headers of an HTTP 503 response for DeleteCommand
+type DeleteCommandResponse503Headers struct {
+	RetryAfter *int
+}
+
+type DeleteCommandResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *DeleteResult
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *CommandNotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteCommandResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeleteCommandResponse) GetJSON200() *DeleteResult {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DeleteCommandResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r DeleteCommandResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r DeleteCommandResponse) GetApplicationProblemJSON404() *CommandNotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r DeleteCommandResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r DeleteCommandResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteCommandResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteCommandResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteCommandResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteCommandResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetCommandResponse503Headers the declared response headers of an HTTP 503 response for GetCommand
+type GetCommandResponse503Headers struct {
+	RetryAfter *int
+}
+
+type GetCommandResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Command
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *CommandNotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetCommandResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetCommandResponse) GetJSON200() *Command {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetCommandResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetCommandResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetCommandResponse) GetApplicationProblemJSON404() *CommandNotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r GetCommandResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetCommandResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetCommandResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetCommandResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetCommandResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetCommandResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// SignalCommandResponse503Headers the declared response headers of an HTTP 503 response for SignalCommand
+type SignalCommandResponse503Headers struct {
+	RetryAfter *int
+}
+
+type SignalCommandResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SignalResult
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *CommandNotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *UnprocessableEntity
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *SignalCommandResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r SignalCommandResponse) GetJSON200() *SignalResult {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r SignalCommandResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r SignalCommandResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r SignalCommandResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r SignalCommandResponse) GetApplicationProblemJSON404() *CommandNotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r SignalCommandResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r SignalCommandResponse) GetApplicationProblemJSON422() *UnprocessableEntity {
+	return r.ApplicationProblemJSON422
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r SignalCommandResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r SignalCommandResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SignalCommandResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SignalCommandResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SignalCommandResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// WaitCommandResponse503Headers the declared response headers of an HTTP 503 response for WaitCommand
+type WaitCommandResponse503Headers struct {
+	RetryAfter *int
+}
+
+type WaitCommandResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *WaitCommand200JSONResponseBody
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *Command
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *CommandNotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *WaitCommandResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r WaitCommandResponse) GetJSON200() *WaitCommand200JSONResponseBody {
+	return r.JSON200
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r WaitCommandResponse) GetJSON202() *Command {
+	return r.JSON202
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r WaitCommandResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r WaitCommandResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r WaitCommandResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r WaitCommandResponse) GetApplicationProblemJSON404() *CommandNotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r WaitCommandResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r WaitCommandResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r WaitCommandResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r WaitCommandResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r WaitCommandResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r WaitCommandResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type DownloadFileResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4328,6 +5729,11 @@ func (r GetEndpointResponse) ContentType() string {
 	return ""
 }
 
+// ExecCommandResponse200Headers the declared response headers of an HTTP 200 response for ExecCommand
+type ExecCommandResponse200Headers struct {
+	XCommandID *string
+}
+
 // ExecCommandResponse503Headers the declared response headers of an HTTP 503 response for ExecCommand
 type ExecCommandResponse503Headers struct {
 	RetryAfter *int
@@ -4354,6 +5760,8 @@ type ExecCommandResponse struct {
 	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ExecCommandResponse200Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *ExecCommandResponse503Headers
 }
@@ -6209,6 +7617,147 @@ func (c *ClientWithResponses) GetSandboxWithResponse(ctx context.Context, id San
 	return ParseGetSandboxResponse(rsp)
 }
 
+// ListCommandsWithResponse List the sandbox's durable commands
+//
+// Every command the sandbox's agent holds (one-shot execs too), oldest first.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/commands (the `ListCommands` operationId).
+func (c *ClientWithResponses) ListCommandsWithResponse(ctx context.Context, id SandboxID, reqEditors ...RequestEditorFn) (*ListCommandsResponse, error) {
+	rsp, err := c.ListCommands(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListCommandsResponse(rsp)
+}
+
+// StartCommandWithBodyWithResponse Start a durable command
+//
+// Starts `command` as `/exec` would and answers at once, the process running. The command
+// is held by the sandbox's agent, not by the gateway or the client's connection: its
+// output (complete up to `max_output_bytes` per stream, kept in memory and then on the
+// sandbox's own disk, counted against its disk limit) and its result are kept until
+// `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
+// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
+// `.../wait`, `.../output`, `.../signal`, `DELETE`.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
+func (c *ClientWithResponses) StartCommandWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*StartCommandResponse, error) {
+	rsp, err := c.StartCommandWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseStartCommandResponse(rsp)
+}
+
+// StartCommandWithResponse Start a durable command
+//
+// Starts `command` as `/exec` would and answers at once, the process running. The command
+// is held by the sandbox's agent, not by the gateway or the client's connection: its
+// output (complete up to `max_output_bytes` per stream, kept in memory and then on the
+// sandbox's own disk, counted against its disk limit) and its result are kept until
+// `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
+// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
+// `.../wait`, `.../output`, `.../signal`, `DELETE`.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
+func (c *ClientWithResponses) StartCommandWithResponse(ctx context.Context, id SandboxID, body StartCommandJSONRequestBody, reqEditors ...RequestEditorFn) (*StartCommandResponse, error) {
+	rsp, err := c.StartCommand(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseStartCommandResponse(rsp)
+}
+
+// DeleteCommandWithResponse Kill and forget a durable command
+//
+// Kills the command's process tree if it still runs, then forgets it and its output.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/sandboxes/{id}/commands/{cid} (the `DeleteCommand` operationId).
+func (c *ClientWithResponses) DeleteCommandWithResponse(ctx context.Context, id SandboxID, cid CommandID, reqEditors ...RequestEditorFn) (*DeleteCommandResponse, error) {
+	rsp, err := c.DeleteCommand(ctx, id, cid, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteCommandResponse(rsp)
+}
+
+// GetCommandWithResponse Describe a durable command
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/commands/{cid} (the `GetCommand` operationId).
+func (c *ClientWithResponses) GetCommandWithResponse(ctx context.Context, id SandboxID, cid CommandID, reqEditors ...RequestEditorFn) (*GetCommandResponse, error) {
+	rsp, err := c.GetCommand(ctx, id, cid, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetCommandResponse(rsp)
+}
+
+// SignalCommandWithBodyWithResponse Signal a durable command
+//
+// Sends the signal to the command's process group. A command that already ended is not an error.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/commands/{cid}/signal (the `SignalCommand` operationId).
+func (c *ClientWithResponses) SignalCommandWithBodyWithResponse(ctx context.Context, id SandboxID, cid CommandID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SignalCommandResponse, error) {
+	rsp, err := c.SignalCommandWithBody(ctx, id, cid, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSignalCommandResponse(rsp)
+}
+
+// SignalCommandWithResponse Signal a durable command
+//
+// Sends the signal to the command's process group. A command that already ended is not an error.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sandboxes/{id}/commands/{cid}/signal (the `SignalCommand` operationId).
+func (c *ClientWithResponses) SignalCommandWithResponse(ctx context.Context, id SandboxID, cid CommandID, body SignalCommandJSONRequestBody, reqEditors ...RequestEditorFn) (*SignalCommandResponse, error) {
+	rsp, err := c.SignalCommand(ctx, id, cid, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSignalCommandResponse(rsp)
+}
+
+// WaitCommandWithResponse Wait for a durable command (long poll)
+//
+// Waits up to `timeout_s` for the command to end. Ended: **200** with its `ExecResult` (the
+// `/exec` shape; `stdout` and `stderr` are its retained output up to the gateway's exec
+// output cap, `truncated` set when more was produced or kept). `timeout_s` passed first:
+// **202** with the `Command` (`running: true`).
+//
+// **Heartbeat**: when the answer is not ready within a few seconds (the gateway's
+// `--heartbeat`, default 2 s), the status line is sent as **200** at once and one space
+// follows every few seconds (JSON-legal leading whitespace) until the answer, so a proxy
+// that cuts idle connections never cuts the wait. A wait that then times out answers the
+// `Command` (`running: true`) in that 200. Clients tell the two bodies apart by `running`
+// (present, and true, only in a `Command`), not by the status. Waiting does not keep a
+// command alive: a wait that ends early (a lost connection) leaves it running.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/commands/{cid}/wait (the `WaitCommand` operationId).
+func (c *ClientWithResponses) WaitCommandWithResponse(ctx context.Context, id SandboxID, cid CommandID, params *WaitCommandParams, reqEditors ...RequestEditorFn) (*WaitCommandResponse, error) {
+	rsp, err := c.WaitCommand(ctx, id, cid, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseWaitCommandResponse(rsp)
+}
+
 // DownloadFileWithResponse Read a file as base64 (compatibility route)
 //
 // Returns the file's bytes base64-encoded. Capped (default 64 MiB); use
@@ -6249,7 +7798,17 @@ func (c *ClientWithResponses) GetEndpointWithResponse(ctx context.Context, id Sa
 // fails the result is 125 / `sandbox` with the reason in `stderr` (or 404/409 when the
 // sandbox is known to be stopped). Each stream is capped at `max_exec_output` bytes (default
 // 16 MiB; `truncated` tells). No server-side deadline other than `timeout_s` plus a grace
-// period; a client that disconnects cancels the command.
+// period.
+//
+// The command is a durable command (see `startCommand`): once it started the response's
+// status (200) and its `X-Command-Id` header are sent at once, then, while it runs, one
+// space every few seconds (JSON-legal leading whitespace, so a proxy that cuts idle
+// connections never cuts a live exec), then the result. A command that ends quickly gets
+// the result alone. If the client's connection is lost the command keeps running to its own
+// timeout and its result and output are fetched by id (`GET .../commands/{cid}/wait`,
+// `.../output`; kept a minute after a result was delivered, else `--command-retention`),
+// unless `kill_on_disconnect` is true (the old behaviour: the disconnect kills its process
+// group). Errors found before the start keep their status (400, 404, 409, 429, 503).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -6270,7 +7829,17 @@ func (c *ClientWithResponses) ExecCommandWithBodyWithResponse(ctx context.Contex
 // fails the result is 125 / `sandbox` with the reason in `stderr` (or 404/409 when the
 // sandbox is known to be stopped). Each stream is capped at `max_exec_output` bytes (default
 // 16 MiB; `truncated` tells). No server-side deadline other than `timeout_s` plus a grace
-// period; a client that disconnects cancels the command.
+// period.
+//
+// The command is a durable command (see `startCommand`): once it started the response's
+// status (200) and its `X-Command-Id` header are sent at once, then, while it runs, one
+// space every few seconds (JSON-legal leading whitespace, so a proxy that cuts idle
+// connections never cuts a live exec), then the result. A command that ends quickly gets
+// the result alone. If the client's connection is lost the command keeps running to its own
+// timeout and its result and output are fetched by id (`GET .../commands/{cid}/wait`,
+// `.../output`; kept a minute after a result was delivered, else `--command-retention`),
+// unless `kill_on_disconnect` is true (the old behaviour: the disconnect kills its process
+// group). Errors found before the start keep their status (400, 404, 409, 429, 503).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -7015,6 +8584,499 @@ func ParseGetSandboxResponse(rsp *http.Response) (*GetSandboxResponse, error) {
 	return response, nil
 }
 
+// ParseListCommandsResponse parses an HTTP response from a ListCommandsWithResponse call
+func ParseListCommandsResponse(rsp *http.Response) (*ListCommandsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListCommandsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest CommandList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers ListCommandsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseStartCommandResponse parses an HTTP response from a StartCommandWithResponse call
+func ParseStartCommandResponse(rsp *http.Response) (*StartCommandResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &StartCommandResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Command
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers StartCommandResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteCommandResponse parses an HTTP response from a DeleteCommandWithResponse call
+func ParseDeleteCommandResponse(rsp *http.Response) (*DeleteCommandResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteCommandResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest DeleteResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest CommandNotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers DeleteCommandResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetCommandResponse parses an HTTP response from a GetCommandWithResponse call
+func ParseGetCommandResponse(rsp *http.Response) (*GetCommandResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetCommandResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Command
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest CommandNotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers GetCommandResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseSignalCommandResponse parses an HTTP response from a SignalCommandWithResponse call
+func ParseSignalCommandResponse(rsp *http.Response) (*SignalCommandResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SignalCommandResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SignalResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest CommandNotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest UnprocessableEntity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers SignalCommandResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseWaitCommandResponse parses an HTTP response from a WaitCommandWithResponse call
+func ParseWaitCommandResponse(rsp *http.Response) (*WaitCommandResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &WaitCommandResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest WaitCommand200JSONResponseBody
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest Command
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest CommandNotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers WaitCommandResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseDownloadFileResponse parses an HTTP response from a DownloadFileWithResponse call
 func ParseDownloadFileResponse(rsp *http.Response) (*DownloadFileResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -7224,6 +9286,16 @@ func ParseExecCommandResponse(rsp *http.Response) (*ExecCommandResponse, error) 
 	}
 
 	switch {
+	case rsp.StatusCode == 200:
+		var headers ExecCommandResponse200Headers
+		if values := rsp.Header.Values("X-Command-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Command-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCommandID = &value
+		}
+		response.Headers200 = &headers
 	case rsp.StatusCode == 503:
 		var headers ExecCommandResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -8609,6 +10681,24 @@ type ServerInterface interface {
 	// GetSandbox Describe a sandbox
 	// (GET /v1/sandboxes/{id})
 	GetSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// ListCommands List the sandbox's durable commands
+	// (GET /v1/sandboxes/{id}/commands)
+	ListCommands(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// StartCommand Start a durable command
+	// (POST /v1/sandboxes/{id}/commands)
+	StartCommand(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// DeleteCommand Kill and forget a durable command
+	// (DELETE /v1/sandboxes/{id}/commands/{cid})
+	DeleteCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID)
+	// GetCommand Describe a durable command
+	// (GET /v1/sandboxes/{id}/commands/{cid})
+	GetCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID)
+	// SignalCommand Signal a durable command
+	// (POST /v1/sandboxes/{id}/commands/{cid}/signal)
+	SignalCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID)
+	// WaitCommand Wait for a durable command (long poll)
+	// (GET /v1/sandboxes/{id}/commands/{cid}/wait)
+	WaitCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID, params WaitCommandParams)
 	// DownloadFile Read a file as base64 (compatibility route)
 	// (GET /v1/sandboxes/{id}/download)
 	DownloadFile(w http.ResponseWriter, r *http.Request, id SandboxID, params DownloadFileParams)
@@ -8717,6 +10807,42 @@ func (_ Unimplemented) DeleteSandbox(w http.ResponseWriter, r *http.Request, id 
 // GetSandbox Describe a sandbox
 // (GET /v1/sandboxes/{id})
 func (_ Unimplemented) GetSandbox(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListCommands List the sandbox's durable commands
+// (GET /v1/sandboxes/{id}/commands)
+func (_ Unimplemented) ListCommands(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// StartCommand Start a durable command
+// (POST /v1/sandboxes/{id}/commands)
+func (_ Unimplemented) StartCommand(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteCommand Kill and forget a durable command
+// (DELETE /v1/sandboxes/{id}/commands/{cid})
+func (_ Unimplemented) DeleteCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetCommand Describe a durable command
+// (GET /v1/sandboxes/{id}/commands/{cid})
+func (_ Unimplemented) GetCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// SignalCommand Signal a durable command
+// (POST /v1/sandboxes/{id}/commands/{cid}/signal)
+func (_ Unimplemented) SignalCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// WaitCommand Wait for a durable command (long poll)
+// (GET /v1/sandboxes/{id}/commands/{cid}/wait)
+func (_ Unimplemented) WaitCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID, params WaitCommandParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -8996,6 +11122,214 @@ func (siw *ServerInterfaceWrapper) GetSandbox(w http.ResponseWriter, r *http.Req
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetSandbox(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListCommands operation middleware
+func (siw *ServerInterfaceWrapper) ListCommands(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListCommands(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// StartCommand operation middleware
+func (siw *ServerInterfaceWrapper) StartCommand(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.StartCommand(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteCommand operation middleware
+func (siw *ServerInterfaceWrapper) DeleteCommand(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "cid" -------------
+	var cid CommandID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "cid", chi.URLParam(r, "cid"), &cid, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cid", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteCommand(w, r, id, cid)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetCommand operation middleware
+func (siw *ServerInterfaceWrapper) GetCommand(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "cid" -------------
+	var cid CommandID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "cid", chi.URLParam(r, "cid"), &cid, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cid", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetCommand(w, r, id, cid)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// SignalCommand operation middleware
+func (siw *ServerInterfaceWrapper) SignalCommand(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "cid" -------------
+	var cid CommandID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "cid", chi.URLParam(r, "cid"), &cid, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cid", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SignalCommand(w, r, id, cid)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// WaitCommand operation middleware
+func (siw *ServerInterfaceWrapper) WaitCommand(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "cid" -------------
+	var cid CommandID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "cid", chi.URLParam(r, "cid"), &cid, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cid", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params WaitCommandParams
+
+	// ------------- Optional query parameter "timeout_s" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "timeout_s", r.URL.Query(), &params.TimeoutS, runtime.BindQueryParameterOptions{Type: "number", Format: "double"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "timeout_s"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "timeout_s", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.WaitCommand(w, r, id, cid, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -9891,6 +12225,24 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/exec", wrapper.ExecCommand)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/commands", wrapper.ListCommands)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/commands", wrapper.StartCommand)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/v1/sandboxes/{id}/commands/{cid}", wrapper.DeleteCommand)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/commands/{cid}", wrapper.GetCommand)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/commands/{cid}/wait", wrapper.WaitCommand)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/sandboxes/{id}/commands/{cid}/signal", wrapper.SignalCommand)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/upload", wrapper.UploadFile)
 	})
 	r.Group(func(r chi.Router) {
@@ -9969,6 +12321,8 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 type AlreadyConnectedApplicationProblemPlusJSONResponse Problem
 
 type BadRequestApplicationProblemPlusJSONResponse Problem
+
+type CommandNotFoundApplicationProblemPlusJSONResponse Problem
 
 type ConflictApplicationProblemPlusJSONResponse Problem
 
@@ -10357,6 +12711,753 @@ func (response GetSandbox404ApplicationProblemPlusJSONResponse) VisitGetSandboxR
 	return err
 }
 
+type ListCommandsRequestObject struct {
+	ID SandboxID `json:"id"`
+}
+
+type ListCommandsResponseObject interface {
+	VisitListCommandsResponse(w http.ResponseWriter) error
+}
+
+type ListCommands200JSONResponse CommandList
+
+func (response ListCommands200JSONResponse) VisitListCommandsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCommands401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListCommands401ApplicationProblemPlusJSONResponse) VisitListCommandsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCommands403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListCommands403ApplicationProblemPlusJSONResponse) VisitListCommandsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCommands404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ListCommands404ApplicationProblemPlusJSONResponse) VisitListCommandsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCommands409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response ListCommands409ApplicationProblemPlusJSONResponse) VisitListCommandsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCommands503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ListCommands503ApplicationProblemPlusJSONResponse) VisitListCommandsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartCommandRequestObject struct {
+	ID   SandboxID `json:"id"`
+	Body *StartCommandJSONRequestBody
+}
+
+type StartCommandResponseObject interface {
+	VisitStartCommandResponse(w http.ResponseWriter) error
+}
+
+type StartCommand201JSONResponse Command
+
+func (response StartCommand201JSONResponse) VisitStartCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartCommand400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response StartCommand400ApplicationProblemPlusJSONResponse) VisitStartCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartCommand401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response StartCommand401ApplicationProblemPlusJSONResponse) VisitStartCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartCommand403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response StartCommand403ApplicationProblemPlusJSONResponse) VisitStartCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartCommand404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response StartCommand404ApplicationProblemPlusJSONResponse) VisitStartCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartCommand409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response StartCommand409ApplicationProblemPlusJSONResponse) VisitStartCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartCommand413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response StartCommand413ApplicationProblemPlusJSONResponse) VisitStartCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartCommand422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response StartCommand422ApplicationProblemPlusJSONResponse) VisitStartCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartCommand503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response StartCommand503ApplicationProblemPlusJSONResponse) VisitStartCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCommandRequestObject struct {
+	ID  SandboxID `json:"id"`
+	Cid CommandID `json:"cid"`
+}
+
+type DeleteCommandResponseObject interface {
+	VisitDeleteCommandResponse(w http.ResponseWriter) error
+}
+
+type DeleteCommand200JSONResponse DeleteResult
+
+func (response DeleteCommand200JSONResponse) VisitDeleteCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCommand401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCommand401ApplicationProblemPlusJSONResponse) VisitDeleteCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCommand403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCommand403ApplicationProblemPlusJSONResponse) VisitDeleteCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCommand404ApplicationProblemPlusJSONResponse struct {
+	CommandNotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCommand404ApplicationProblemPlusJSONResponse) VisitDeleteCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCommand409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCommand409ApplicationProblemPlusJSONResponse) VisitDeleteCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteCommand503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteCommand503ApplicationProblemPlusJSONResponse) VisitDeleteCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCommandRequestObject struct {
+	ID  SandboxID `json:"id"`
+	Cid CommandID `json:"cid"`
+}
+
+type GetCommandResponseObject interface {
+	VisitGetCommandResponse(w http.ResponseWriter) error
+}
+
+type GetCommand200JSONResponse Command
+
+func (response GetCommand200JSONResponse) VisitGetCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCommand401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetCommand401ApplicationProblemPlusJSONResponse) VisitGetCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCommand403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetCommand403ApplicationProblemPlusJSONResponse) VisitGetCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCommand404ApplicationProblemPlusJSONResponse struct {
+	CommandNotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetCommand404ApplicationProblemPlusJSONResponse) VisitGetCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCommand409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response GetCommand409ApplicationProblemPlusJSONResponse) VisitGetCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCommand503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response GetCommand503ApplicationProblemPlusJSONResponse) VisitGetCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SignalCommandRequestObject struct {
+	ID   SandboxID `json:"id"`
+	Cid  CommandID `json:"cid"`
+	Body *SignalCommandJSONRequestBody
+}
+
+type SignalCommandResponseObject interface {
+	VisitSignalCommandResponse(w http.ResponseWriter) error
+}
+
+type SignalCommand200JSONResponse SignalResult
+
+func (response SignalCommand200JSONResponse) VisitSignalCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SignalCommand400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response SignalCommand400ApplicationProblemPlusJSONResponse) VisitSignalCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SignalCommand401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response SignalCommand401ApplicationProblemPlusJSONResponse) VisitSignalCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SignalCommand403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response SignalCommand403ApplicationProblemPlusJSONResponse) VisitSignalCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SignalCommand404ApplicationProblemPlusJSONResponse struct {
+	CommandNotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response SignalCommand404ApplicationProblemPlusJSONResponse) VisitSignalCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SignalCommand409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response SignalCommand409ApplicationProblemPlusJSONResponse) VisitSignalCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SignalCommand422ApplicationProblemPlusJSONResponse struct {
+	UnprocessableEntityApplicationProblemPlusJSONResponse
+}
+
+func (response SignalCommand422ApplicationProblemPlusJSONResponse) VisitSignalCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SignalCommand503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response SignalCommand503ApplicationProblemPlusJSONResponse) VisitSignalCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitCommandRequestObject struct {
+	ID     SandboxID `json:"id"`
+	Cid    CommandID `json:"cid"`
+	Params WaitCommandParams
+}
+
+type WaitCommandResponseObject interface {
+	VisitWaitCommandResponse(w http.ResponseWriter) error
+}
+
+type WaitCommand200JSONResponse = WaitCommand200JSONResponseBody
+
+func (response WaitCommand200JSONResponse) VisitWaitCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.union); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitCommand202JSONResponse Command
+
+func (response WaitCommand202JSONResponse) VisitWaitCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(202)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitCommand400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response WaitCommand400ApplicationProblemPlusJSONResponse) VisitWaitCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitCommand401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response WaitCommand401ApplicationProblemPlusJSONResponse) VisitWaitCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitCommand403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response WaitCommand403ApplicationProblemPlusJSONResponse) VisitWaitCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitCommand404ApplicationProblemPlusJSONResponse struct {
+	CommandNotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response WaitCommand404ApplicationProblemPlusJSONResponse) VisitWaitCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitCommand409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response WaitCommand409ApplicationProblemPlusJSONResponse) VisitWaitCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type WaitCommand503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response WaitCommand503ApplicationProblemPlusJSONResponse) VisitWaitCommandResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type DownloadFileRequestObject struct {
 	ID     SandboxID `json:"id"`
 	Params DownloadFileParams
@@ -10588,15 +13689,25 @@ type ExecCommandResponseObject interface {
 	VisitExecCommandResponse(w http.ResponseWriter) error
 }
 
-type ExecCommand200JSONResponse ExecResult
+type ExecCommand200ResponseHeaders struct {
+	XCommandID *string
+}
+
+type ExecCommand200JSONResponse struct {
+	Body    ExecResult
+	Headers ExecCommand200ResponseHeaders
+}
 
 func (response ExecCommand200JSONResponse) VisitExecCommandResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XCommandID != nil {
+		w.Header().Set("X-Command-Id", fmt.Sprint(*response.Headers.XCommandID))
+	}
 	w.WriteHeader(200)
 	_, err := buf.WriteTo(w)
 	return err
@@ -12879,6 +15990,24 @@ type StrictServerInterface interface {
 	// GetSandbox Describe a sandbox
 	// (GET /v1/sandboxes/{id})
 	GetSandbox(ctx context.Context, request GetSandboxRequestObject) (GetSandboxResponseObject, error)
+	// ListCommands List the sandbox's durable commands
+	// (GET /v1/sandboxes/{id}/commands)
+	ListCommands(ctx context.Context, request ListCommandsRequestObject) (ListCommandsResponseObject, error)
+	// StartCommand Start a durable command
+	// (POST /v1/sandboxes/{id}/commands)
+	StartCommand(ctx context.Context, request StartCommandRequestObject) (StartCommandResponseObject, error)
+	// DeleteCommand Kill and forget a durable command
+	// (DELETE /v1/sandboxes/{id}/commands/{cid})
+	DeleteCommand(ctx context.Context, request DeleteCommandRequestObject) (DeleteCommandResponseObject, error)
+	// GetCommand Describe a durable command
+	// (GET /v1/sandboxes/{id}/commands/{cid})
+	GetCommand(ctx context.Context, request GetCommandRequestObject) (GetCommandResponseObject, error)
+	// SignalCommand Signal a durable command
+	// (POST /v1/sandboxes/{id}/commands/{cid}/signal)
+	SignalCommand(ctx context.Context, request SignalCommandRequestObject) (SignalCommandResponseObject, error)
+	// WaitCommand Wait for a durable command (long poll)
+	// (GET /v1/sandboxes/{id}/commands/{cid}/wait)
+	WaitCommand(ctx context.Context, request WaitCommandRequestObject) (WaitCommandResponseObject, error)
 	// DownloadFile Read a file as base64 (compatibility route)
 	// (GET /v1/sandboxes/{id}/download)
 	DownloadFile(ctx context.Context, request DownloadFileRequestObject) (DownloadFileResponseObject, error)
@@ -13121,6 +16250,181 @@ func (sh *strictHandler) GetSandbox(w http.ResponseWriter, r *http.Request, id S
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetSandboxResponseObject); ok {
 		if err := validResponse.VisitGetSandboxResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListCommands operation middleware
+func (sh *strictHandler) ListCommands(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	var request ListCommandsRequestObject
+
+	request.ID = id
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListCommands(ctx, request.(ListCommandsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListCommands")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListCommandsResponseObject); ok {
+		if err := validResponse.VisitListCommandsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// StartCommand operation middleware
+func (sh *strictHandler) StartCommand(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	var request StartCommandRequestObject
+
+	request.ID = id
+
+	var body StartCommandJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.StartCommand(ctx, request.(StartCommandRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "StartCommand")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(StartCommandResponseObject); ok {
+		if err := validResponse.VisitStartCommandResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteCommand operation middleware
+func (sh *strictHandler) DeleteCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID) {
+	var request DeleteCommandRequestObject
+
+	request.ID = id
+	request.Cid = cid
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteCommand(ctx, request.(DeleteCommandRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteCommand")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteCommandResponseObject); ok {
+		if err := validResponse.VisitDeleteCommandResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetCommand operation middleware
+func (sh *strictHandler) GetCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID) {
+	var request GetCommandRequestObject
+
+	request.ID = id
+	request.Cid = cid
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetCommand(ctx, request.(GetCommandRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetCommand")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetCommandResponseObject); ok {
+		if err := validResponse.VisitGetCommandResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// SignalCommand operation middleware
+func (sh *strictHandler) SignalCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID) {
+	var request SignalCommandRequestObject
+
+	request.ID = id
+	request.Cid = cid
+
+	var body SignalCommandJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.SignalCommand(ctx, request.(SignalCommandRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "SignalCommand")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(SignalCommandResponseObject); ok {
+		if err := validResponse.VisitSignalCommandResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// WaitCommand operation middleware
+func (sh *strictHandler) WaitCommand(w http.ResponseWriter, r *http.Request, id SandboxID, cid CommandID, params WaitCommandParams) {
+	var request WaitCommandRequestObject
+
+	request.ID = id
+	request.Cid = cid
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.WaitCommand(ctx, request.(WaitCommandRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "WaitCommand")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(WaitCommandResponseObject); ok {
+		if err := validResponse.VisitWaitCommandResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -13856,204 +17160,241 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H39chs3lu+roLhbZdLTpChHzkykcm05jpx4xx+6llyzqdCrBrtBEaMmwABoUYyjqn2IW3Xf4L7IfZN9",
-	"klvnHKA/yG6SUiwlO+M/piYWu9H4OOfgfP7Op06iZ3OthHK2c/ipMxU8FQb/871wZvl84oSBf6XCJkbO",
-	"ndSqc9g5FYlWqWUcfmaLqUymzE0FSzIplGMzvmQGXh90oo5NpmLGYYyZVHKWzzqHw6jjlnPROexI5cSF",
-	"MJ2bm5uoM+eGz4Tz338pM3HC3XT96/BXJpWVqcCvWq7Ssb4+YkZk3MkrwebcTS3jRpR/chqfXWhzmUoD",
-	"E5Mw1s+5MMtO1FF8BvOBFztRx4ifc2lE2jl0Jhcra3gt1AVMa79YhXVGqosOrOG14Fa8+m590s9ZBj8x",
-	"mUYszmw/ZlylbP9rlumFMAn8NOZWfPWEJVNueALbwLoxvnQu05hJxTiLT2mt78UkfmRZLK6d4XGvWI6f",
-	"v19NeHnjisQ1n80zfNz2+ThJxeRi+uSrg6df//ky68CpOCcMDP6fme3/xPu/POn/+eOn/a9v/rXTtAMn",
-	"2rim5c+1cQ2nFrFUJBk3IoUVxvCUjRl3LDGCO9GyMnhs8znxa6K1r58+/eppVNLefgPtRR2/rU0Hd1bO",
-	"lQ7Pjq/96T0Zbjq9lqnvfBzwnXAe8u/hRGaqfibwVHEoT4Yth3IqrJVata3v5OxHZukRJtOWidstM9/G",
-	"GqeKz+1UO5pEZZ1q3rbOO8yiujVqvnVrbmAsO9fKCpQ6zzMjeLp8oZUSiYMPgIhUTigkaj6fZzLhsHV7",
-	"c6PHmZj96e8W9vFTZQ7/asSkc9j5l71SuO7Rr3bvhN6iT6/wiNJuKkyQolOdpZZYxR8N0Fzs+KXQV8LE",
-	"bMEtU9oxKxzrxolORcykZfHz1++Pn3/34/mLd2/fHr84O/4OBMRN1PmWp+/Fz7mw7iFX9Upd8UwCd89z",
-	"d8RiYYw2NmaZtM4ycSXMkvmP4ixfaDXJZPKgc6zxuAVBhHeF0eqCWcedYBNtmJtKywztIOuKwcWAzXlu",
-	"Rcq0Ydbp+VyktNMvtRnLNBXqQcmHOX0pFE6Ve1IqhCz8jdlEz+Em1CC2KkvSOQjam6jzVruXOlcPSvUf",
-	"1KXSC1Xsf1cbNpGZwDmDnKctPeHLTPP0TOvX3FyIh6aOcOxjnS6BRDKYBOwfV4xncAukOM3/lWvHj68T",
-	"IdKHFR7VSS50nqUMBAVpZTzLhHlk2fOTV+xSLBmID8bZzzDXmuTAv5wLP/34aKTiVDgus5iB+CVphA8d",
-	"hvMSNmIzMdNmGbFU2suIWS/nLbKF/wcbL52wvQE7FWKk4u+Pz9je1f4ejhUPRiDsV3XPfqF8Nm2Jf3qv",
-	"oqbe0E1nrmQiPih+xWXGx9mDkso72NmEz3ki3RIpGHZszJNLoVLY4lwZwZMpzGvwGdeM98MfgHtxybn/",
-	"W1WrqFLZi3dvz47/4+z87buz85fvPrwN99MHxXM31Ub+8rCs80ZaK9VFxGY8m2gzE2nExPUc9AtYjhFX",
-	"+lKkoJCmQjnJM+unOzc6EdbCYR4rJ93y92L4K6kz7jx/0rtbb9qboDUh9X3LXTJ9yWWWG2SYudFzYZwk",
-	"rUiqVFyvq45/Q8NPT/CzcaJz5WKvt1vWHfZBJU7ROFlVuaOOn8juG1BV+n7yMyqH+Vh8Q4//LhKHmgTO",
-	"xKv2eB5pKmHqPDupLG/CMyuilRWjTD+fcwPn3bBy6aZhxRG7FGJetWmEZTOeCraYCsXwIrZswmXGuqmY",
-	"8DxzDL+JO6PyzEsp0mT9KsZaZ4IrWAZ+ZX0Kb0i8S/iWWlY+jedRaipHODOu7EIYYL/SiMQzj2ESpbV0",
-	"UDeVWmZXOUehnFnOtaQpSidmuH8renbrSNwYvqRxrtqPaPfxytMHHcLeasj6/r6E95nTbGGkE2wsJtoI",
-	"T93MCJcbZSP0NLD+KB8OvxLsw9nL/l+YE9duw8mWM5RpJs6dnAmdu3Pb4GVxeu5dLHigGaijC6A8pZm4",
-	"FkmEihLIKBC1zvDJRCZoJSjNuHM8mYoUfyOTAmYFAo67zmEn1TlMLqq5ZVrmrPLZmI5bzjgpX/WpvtDK",
-	"camAwuAB1g28ysZLlurkUpjegGU64dkh0iOoE0CpXPk3vM59wZ1Y8OUjSw/7H1NpROK0WbJu3O/jL338",
-	"xca9Q8aZ0drhXtildWJWPu8V35imwCy/EjH86d2LVyzjS5075rgZ8yxjXT0nKsmWLIbpDRw3h0bM9aHj",
-	"F3HviAGbkVqNs0cWm6D+j4dyMBzCD1Jd4EpofvCfRuCZTPUCyImnKdNKsC4tUIFcZvM8y0A7ej62YPpp",
-	"w+AkaKuS3HAnUnYlxSII26m2m2ispOmZcDzljv8GRniPtC5Sxi2T9ojleOHBv1DsZ3wsshh2HwjVzw+u",
-	"nJ14AP09DS4++DPslrieawtyzuj8YsoKxbEQd3ufZHqzJ1SKMsjufYIRb1CqFcLoNs6gLZIq6uRK/pyL",
-	"VzQ2PEGX2ZVMhTknGtogdmjIlcX6t/t2LhIJLOyHOSpUqUuxDP7Mv6NfopHkLsVywOKgcpPX0DKeJGIO",
-	"ryAlgvXXfSveaPb9cvbIghU46yF9zgRXdKZOz/uZuBIZm0iRpTsdJLpNNkmzH/SCJBiIVC6dtz9Lw9tp",
-	"NhaJnsEiebr8DMLKCKtzkxQ3+rtJ5/CnzfrG++KVm4+rXwCNqdzbJnnNjWMTo2ckrwvbpwv8XrPE0Apb",
-	"KNs7ZNJZEl0R/id9/pEl+bETjzuXNW34azkRcB4gWq132OPk8A5DpTyoI/t/GQ6P2JA9o5tlLkFyFsIN",
-	"tJiKbGZTDlrE2dlrlgiZoeYc9/szft13LosjFPl+4CcHbNr7DCfp3fbN3kv4EVigckvQNZ0yOWEz0u57",
-	"O2zlTQNdfycy4cR7YfPMrSvGKf6aVqRoobitKKzhySZF9Tu9UJnmadtXvElhz8dfHzRvARDQI0tGdoSu",
-	"6K8P+kKBzZUOGj3C1bnVxm+a4LEXr6/URK9PLwjfult36tz8cG9v/8mfB8PBcLB/ePDN/tOvOg30WzGC",
-	"d76iVqa4sqBiRuXgjcu6FskxGEln+Mu6ebMkrtWzGQjIVKbobzW5AmEF0iMT8OwR3tbEKNLBc7DnQgF1",
-	"/9TxMrETdbykq8ylXBDMpeKdvYWp4qe3Pv/3uQJejO2U9ZOYdcfcTmmScyNAz0Ce2Oi2jzrJomHk7zx7",
-	"r0TUtkqqz67k40LMlTgf8+TywuhcpeeWPEANEhG3r5B6vUPmDXhvOIdzzsTEsbGYSpXinXspsyzIQemC",
-	"7n80UjAp1NGWZAKaXCmpLsidtd2wsy6VqpmnTx1XKTfea97E0dtvhfar+LtS7HvSfRYk9meQ1bltChl/",
-	"sEFv1oblMt1NHNelFNF5Gye3Ss95jnpJ0068OPnA8I7swqzZnxgZEL2gxwaSgP/Bv0uCkQ61GJGCHhNV",
-	"7thCiV+QvkVvoYLHEq5AgDgB9kYwixp3fG1XU7ACpFbns426VWXOhqtDUOpsTsHV9cgragOodKDm4jT+",
-	"Q1xLF7XM3lstvSMmgJW8DRAUA8sXTNZJSCr39UGjAwi9U+fOS97dtLO6wG7U0LSenRPDNt+UYXcW3AbG",
-	"BkV0wcHsmnhXNutW9umRDX/N5Ew6MAR3OeDKtVvh+bngl+c03PlMjhssH8EvmRFwWMqFD9epEY3aYGhx",
-	"cyGsC4TZQJZv5Lf3RJIkCM9BJDXvNVASg5+P2P6Tp0wr5oWSD0d5xX9CbsdmP6F1qTBN8uTsZf8vsECK",
-	"LqLmw4yYZzxpVHlwJLiGP8NIzuQq4a6JxJ4z64zgM4ZufpGyeMavz8W1SM517ua5i/0HAg0muWuilBXZ",
-	"5+debEd982vMVBcV1ck2Cc6XYOAhS60LTjT+1pf476fv3pLfy9OgnkyESkEDxzcihqFRSuX4af9j7J0w",
-	"RXoPXgONGzsT1nr/0ua7gKZWvtC8tEw0K6yzRop95SybC4P2glZsLJ2NyMy2wuUyjeD/LyRdBtbJ5HKJ",
-	"DKYTxzMfDx51hl8fHIw6yEKVVISfhv0/f/x00JSCEMF05ESK9JwjdZacx53oA8c0vUTpEE1cl3HrmMjE",
-	"TJBIQ3aH4+qOOnujTmF3G61dr/EY5o1pVxU7g4+tznLnx12/Wpr5T/7SsuvwC+wkcUaXM7ucZVJdghVs",
-	"8U5yIObcI8syVFV7O94xfpxzer2RW4sv0TMR3GkLI50Tqpn3W0wF7kD2SnvEYvQRkuuFpQJ00Yi9fPXy",
-	"HcZDQcK6qnkAWwpMK4Gr/XQ6UQcHabAUVhihmhzjn/U7HRGZ18mrjU9eS+uaDDtnQgQo+NI2Xc8Fx92s",
-	"+/fbaaow2+9KWBvEcW18n1Ez00YwvzQK4C+ECS79msRvk8Z+08P2bJexmfgbkdT6HrfvC25BSY2sW2zO",
-	"+r70bsFx3yKXVWh8KyM1Lx9Hb1yvNpd3NWWLUBdaI2iStganGqbZMpdmw6DwIe9M4GX25TqJr97YxeBN",
-	"W/Q9aczPU3/bNFOA16v7CzhtHp5lpIGBoMwy9AzTbVN3TEl7eT7O0wvhzi+a9ExMecLUplSaSuzkkRfH",
-	"/+//sLjfh2H6+koYUD2liwsnIQ29q+0Ck/Gz2OFx0JhqZ7Mu2L0G7RfYqEj/oG2hP9NidlxH+3WySW9/",
-	"Q1+i8R0FvuB8MnlViQvv+KGfc5HXvIrVO23TzqwQYX0nq+8W36itqnJUTXscrZFVE23/IHhGMm2F3Rx3",
-	"ua07CfXlVuekf63pS5Rs7VW8lUQcJWjrKeu6S2E2VCX0pVANHONdxrdSwihLxPp36jN4S34VmIQFMY72",
-	"uTeYi1w3UCVhUnNugj+u8ctbvT1FqvcOGd0N+h58vTGmgQolbuFiioE4TDGcAcGlFOXQSngnUlAsaSdR",
-	"WYMXyaXGrbDhPVSquQr5aDu5szB3cZt8RoI4xSdXyaiSC09DVZcdVU+/dqytZNesMdE6d75PSgLedp34",
-	"gVunc7f7ttjU3dwv1e39GJWXdAfG5E5sCkYhKWQ+JFV4HZv5YsCeOzYD+V1PCaiEnH6zn/KmbSdPw57U",
-	"FxDrhRImPqQ8KjeFObDYLxz+XORj2IidnP0YMRJcESti00c+2E+hoIiShyNmhBKLCHmD4UciDJ+XqWee",
-	"e6pGAz4HVoLf+KaIwkmZYbWaZ87ev3zBvjl4+ueQD8YozbNBKjaaym94MpVK9I3gKexxMPm9DyWOWKy0",
-	"O5/oXOE/1jP+oqY09UYllmbWGB6gBLdbmCeFr6PBQCmvp/U710mXiQ1xqHW78sP7V8yIiTBCJYKhM09O",
-	"liFQH3Yd3mbdmI917g7HGVeXMYUZlFaitz1w5+09ml6xhGLPIjq+JqFx4paUHndXRT3bmlmxPXesNXLl",
-	"3ZXPKJFGOWF4glVcdop+SoxkyUmIY0XkjbbT3k5XiQ9p/Q7RKsoQra8VngVJSEKDQlTP2FzOhWVd8vt5",
-	"j1MqjGF8zo3rRUxISvB33MCVyh3TKhGFb9pnELFnLIF7GwOBDh04xjqfG8a68b/N3fLZMD6k7/l9xKn0",
-	"omJsNyU7cXtEy+jFZyCLEEC6Q7S+IOu0Qf+kVGSv5mxROstnW7jnjReMQSLD2UYd2MZmYeyWPkt7fWIh",
-	"U68piyC6o14qXYtf/i1FqmUminBlZ5dDCT7Tjcm6fltuog45u8/1ZGKbHG9n2vHM+/v0hNHTIBbTPBEp",
-	"s5pNuKEojBLXVD1QdQ/RuLu6Af1Cm/f3jmRRjrq62Or2F0644oxrB9pCW55SmlVMP4fdr70K6W11WoSx",
-	"myaGpS3r8/Hq2bZZrHk8wGiRM+m2zh+/+5oeRengIwRb3/mAT65p0jRSGCgqFtC65tfFNBucvlqJoq5m",
-	"xsnHSIRb6q1xv4+FLv3HMZtk/ML2jtiQqkFwNuR0bHDg3MJnUnNN7OIar7oRVhPHqi4LHwPx+YWPLCPH",
-	"Qcjzb4nahTw5ZPFdpxQKh3bwbFQ9GW0OjHK8tQm1nvWHQF3tp7GSSyHtZd3rU+7UBt/Prie53cm00+fa",
-	"N12b+ZQrkZ7f6cjW3m4gp3eTMifVxhFz6EggdwJlO1ZrLy+0aokEl06xdRcFbUAoPVlw6UDV9jnl+OLg",
-	"t3FBCKR5d8UuFL82S2lCgl5LcgUF4THDIgpZ80eMlw85kDg+Yo++csuGu4bC2g/otCjY8yvEbCYMxE20",
-	"wSgcqOCKZ2VKq6TSY5xES43PBo7d6nvcwLqNRNdOx02c/l5k5DNpjgsY+rlFHzNixiVc/Oels2fL0osB",
-	"G95unp8Si7sZZoX75bM7R97Xkqk3zWi1fMAzOV28QM9omWgTbBUM5lfSzwO5P7LVrLS1pK7GbC7LuhM0",
-	"FrWyoTD3cyQgb7kAcG0gb76X3zbM4CiUvnCHzhzHvj5gb+S3qAcEU03aFXdXSKLuxv2+/28KyFzIcVyW",
-	"0/Bq5YsXU2Xqkl6oIwz2gUCcw6elw4wbS/f68dt3pycvQkgRDM2D/a+KegvnY/5UI24HXiodMqEm2iSU",
-	"FelFmXXaYLGOkVchWwxMR49SMsAtxI2iMtAwRPw5zueC6GGHdyoy8WKeFwloO1TSVO/l23yomZuu9OUG",
-	"CYQlp82JfljuV8Y2LBMqFV7nLD3umNaXj50RYhfpHL7YJI6q5YINWUJcNibbUYlkrY4SL39RXNN4m9Hr",
-	"tXKdTYp9rU61yYv3MDHdKCx7w3415x7dS5ipKNEIitQUoUF8Kcfdo0rIuNuKmXaoa1xn7q0MnXHrztHr",
-	"J93yVrt1p5K39sK01ZLWqlt4NccllIGF5Kz1KBadT7OzoeqD3oFiT+nh4rVzI7htSiUIdQx1hBMqD499",
-	"4hqIC36BOaJFYmyZ6YrJSAtpm7P2Nugcmwp5trhayp2qOLbrO1wO1x7AC9NbI8sGEqvQTiCAwAMb+LzF",
-	"TXNXQbRTOHBzdklFpDU7LXwVM1b9SRVKGo5YqAtkc24oyX1d89pJJqyUUucGndUTnjgbYkXlGcURK3HO",
-	"KhRWLoh+xdhzg3055z/ngo0FN2AiFRg4VIO3IW9sjV0rgXNQrRpTqmoMvBNY128PZUcdLHIx57nJNmYK",
-	"PbJMXHtT7cP710yqJMsxMzfeu9rHvd1QoPWX4V+Ge1f7TVPenW3LiUZ1Hq6e4Tojh5h8ydBb+e60EJYN",
-	"KQtyIpJlkoUcJz0p882rcVQMcZATt3TnEqgTih3EdAr51Vj8i/W4jS7+YEZ/njt/xytkA44ViXLHgR/0",
-	"hHUJpnHGl2ws0M3SnjTY5sRA4YFXSfADUErlWCy11zmxbHWLhwOjTMPeLT0X6zzXDhy3hUgrI65QaSDH",
-	"chO2OuzDubfcA1W/y273QKCjrZdAMfSmad3Nj9CcXv6cKrhAus6FnmfiiCkhqCpyLBiVxntAkaKo8Mlf",
-	"dgrdETu35mo+vGa0k/aze7LahzmV+N4t3P6ZC4CjDqW7n4f0423gjbWsg8qr0fbi4bDwcLC38B09zxZ8",
-	"aVn86aZBL4g61/0L3S/nmifu0w0BG4kkN9ItT4EuvMdqLv8qlo3JMCF8wy2Ln3sEKiygOWTfklKB+C7J",
-	"pVgS0Es8YG8RIQ3LgEtdKpPWHTGeWc2olkirkfK4S8L0A5WhL6V2JRWOVy9qqIIUqRq9jziLcgPg5i7U",
-	"IppiO+AsKUTb1oZPhdXt/O0fsLh627cLuAksmeZOjjPBqC67RK6lf5c4n//Rh7f63y9nfc/VfVSJypn4",
-	"E63P5cmWyWz43pbPAF3JxlxTOERQwLDiQ7Efzs5OipJIEJXAhH1xLZIcURfKCA17p8r7sa9E7gzPkBwJ",
-	"oW+kPEYMnwk754lgf+cyixhn3xGejVAXUgkqr/prPhZGCScsS7LcOmEO2fvj0zOcQqEPRUwr0Yd7YaRg",
-	"Ski36D88Yn8T41MsT7H+nSvBnDAzCepk9+Tsx16Ac7M+fOPj9oiEg/g/VByVcDVSY0FFdEv4I4IYcWZE",
-	"QsCqg5EaqRcISmRZotVEXuRGsLhUH9kz5hXUH96dnh2evHt/Birskccxq/MShlJTYUYq/lQOcbOCEhMP",
-	"2BnYBOjQlKHmWznDE0dQO99rTMmi6jwc2jCpRioOAZA9PpcxFoVfCCUIl8dX0UZFkXBRDgszwZJM7jxy",
-	"jZ4LxedysOSzLMZN+Jd/YcCXQjmPFAd/fMweP/ZS6fFj9t//9b93F0zvA/BSXTQ5TUmFJfGNFGN/FUvY",
-	"frjSYRFxv8/nsn8pljHbY/Hp87ffff/87Pj8+cmr878e/3gasy6mbPWtmHNcfG/A/uYBqVB8hZNMYfTq",
-	"XhAIDWysVsuZzgt4Msu0ypZFcT1MUij4I8u0no95comIoCZX5LCGgeN+XyqU8aKvdJ/nbhr3BqwqykEG",
-	"gy2BI+0kgqWDoUsBDGfwuhQc/hxMBQwprpg0DfjcrDteVo9gvMS5n7w7bYQwImcurOOdWp+rZRYRJB3S",
-	"I2Nxm3ykM0IpKzPplr0Inq0/ggWZzRQVI118a/TCCmMZ0CuYj7wUDpHHe/dhSCucl+U2Kubo03mLd2BM",
-	"m4/nRjud6IzFQWQOcNWD9TsoQGciPnuldJT2PMbzCYKd8GgeP0Yb8vHjQ+ZzdVm3zNWNKrZwLf92zwib",
-	"z4o0XJjpTCqMluAo3slOObm4FSAaxJVGyBn6sYf7GXKBWbc1FxhGL9KBo/JD9Gbw59MX4B8YxHZWZJMd",
-	"coc5EkZl0i15xMQptW+ibUYf0GMQ5HCPVUbC7X5NswOLjXHmjBCHlWmGrxC1+DgEcCF9O+BP0g++DiBI",
-	"ThQWhisrnbwS2ZJEKQ+P+foD6aY6dyxGf17sETptmZ3ib3kwUf2L0uHEz4CuCD5Lo69owHaE/ESKPGSP",
-	"Hx8M9x8/HrAKxDLMeXeUZR9Ao6G+wqFUAe6lw7GmYaRDGB0ePXj8GA55rjEREyVlAAQM2hVQ/1gIxa6E",
-	"wTrPiFnNZGoDh44p31ikIFkSAWoFq1o84dt0QKX/DPgYUSMtOxgehMsK86ct/OMYn0dbCeN5bWinMeuG",
-	"dPMenVYMl2wcsRgTl+E/iD/iqAI43J3mM66KFPMj9pJb9/zkVd+6ZRZaTVjECmPSEYSZB5ntzhrz0/Ee",
-	"b05QTzzo+C2S1YGNEIBNG3bw5MlINcCshnBswGn1WbqlkWlJCfiVkcnKfmVvBEeJ++tI/drv9/F/8AB8",
-	"6dcCpABhYQ5L6mX/fvrubeQRy1GFiQrywvA6GoWpNwzpv4GoIqzLRwbijgmb8Lmolyj5j++zXwOSFiw4",
-	"zKOCiRue/Ir9ugWIvM4g/rUD9msx4xKgBHHAsXOEB7kMeML+rW/YrzWYdgpmoGKrFa5tBZ+9bBaCWc6M",
-	"E95/gZbZ8yPvwzIQ7BvnCRav/+XJE/arx9j1uLvlfJ7AfDioQUlujFCJxwwpkKC3QXGvAHBHAd1PuiNm",
-	"hWArwNm9I5Zwg4XMcQU/OqbpPMWzCGjUMIUARJ2X6NhbRhjigsb5xRHL9MUFbCDq130rUxFVm75cgN0A",
-	"6tREMA/LAIOM1HOmtOr/IowmQBBC/SR7SKQFIAuWyyttZjxjcYnnA3uAF1OwrJBvyEDOZCKUFaW/qvN8",
-	"DqfYfzIYdqIOesvRYLWHe3uLxWLA8eeBNhd7/l279/rVi+O3p8f4TlnqURh1nahzJQwlbneGg316yuvx",
-	"ncPOV4Ph4CsCe5iio2Gvc/jpJursTbEM8hf/r5lwRibW/6tqBvg/IRmGp8MBY35tY/70NOTTFNgwq5TV",
-	"HbJnZYJpQAEO2jc9Thqw19FHKlyxiDZJpX3w3yRbFx7iILfCHq7kGpaXsC+4Jbg0e4ngWCNFCYuYoiAN",
-	"iwtcxrhgjPWcH9uLikwByhcjtaCElx/jyLlyXr12lWTVbSmGrBsXGWOP4yO6BH15zswbGvF3x6+Pz45J",
-	"WQ9f3ftkwZRkEyNIUkpD3NsbsNjvZFzp3dFcwz1SvogbLhFvI1TR8lEcr8D4r4mL4nZ+8s1IrYqOKi4o",
-	"/kQsQ2qf1OpV2jkE2qKs7pUuKE+Gww1Q5reDMKcPtACYVwExMbVYO04KMGZnI876wXC/7RvFpPdq2PFV",
-	"FyAWNQbn308fbz5GHZvPZtwsV6ew+vFO1HH8wq6EW288f9biu55H65sL+sBpJWOk2t7qp/V65ayK4Y2Z",
-	"q9LSrdbWrKqIiu92ECvO8ZtoyxyIfeIQEo9R0wQijC9jYrMrnuWCxVdxxC7klfcyXj67ittmjFjBneZ2",
-	"R07w2TOz0nHqp/989vFPzwaPm1r3fLxHoq2G9jf3i0HcVlViqmqTCuPpdridbis9ee6X1F/XvD8ttB11",
-	"5to2XDcvvBwuvSVkoyIQoldpMTEZsTF5HTYP5BflKLIu3HJSCWvJJOlFI6WNT0f0deJXAlOLwWj3IIwD",
-	"FqMtTY63AIfiAdlJvaa9GbBa/42R6npc2mKN5YWzelFhvlxB+/7C8nFNvDpL0U34B72aZr/gGPysJJyj",
-	"+pvPmdMsJgl/jn8vU1DiEoD36+EQ9gLTJYNYB/WNzKWqYjZgZ8UXJLYVMIwnRtvi5reYEmoE6GqZduxC",
-	"I449jl6kxgMfF5f2RCxgDdlK3QfsjeDJ1Atn0MzDhQwHgYpgiv4oIvryKqM8dby+SHmbSIob09ZV7Mph",
-	"WblIIMlr995IrV58ESraaxdet0lBpu0qvHalwwiNkJHyriK0wqpNHYCeZ/wyZCk2tViAvZqt23ZE97Q+",
-	"PlL1ZguHiAmiTUHhXR7g77wdTlqDVqGHRHW4ooBzpFAL7iE1LxoSLeuD0FECPeJxUuoi7jcRbSqQoUcq",
-	"mK1dUNDRsC+dswqeX3AasYcbVs88odsPtBiwBHydvmVdrHgKCNGP6/jQqTDyKniCArB9b6S0qmiJgzL1",
-	"Fkzx8u/JPK//IWRpo2+B3ERdDAwQXvVI+VmxeAh2RYl1XWL598ioKUoTY6HgfoP/Km9C2E74C4mlkepS",
-	"dyT4M96JtiiMoNFI2au8QidCydSP7EjFqwjyg7lMrc+WBsYKVEZ8oJYUawKyECmyUXBP4gnbPJmOFOXV",
-	"I3nI8kRYN57lFt1C3KMsvF0tWPOP9uJe5NtJELVKOv0mVTKpNVuhgLGw7ludLj/brVxv6HJTj0t7/M8V",
-	"lWD/Vh/XSuwAg1HLGN7pUUqdvvnYoEr4cmV/ofJ0CSKhLjTK9N5ABSDAvKDqPaCuEXUO9r/a/tJqqzZ4",
-	"78mTXT623lAJ3/1m+7v1vms3UefpcIeZNjQL21mheuEjO+Fa2NFcwGBPCR3f3PUlxABm+mrFHYd3Mrbe",
-	"zTLk6krMoOIfswP2KhWzuXZYYEM6z0iRS18qJiYTkThQFAi12F8+VYdv8Ls8HQ6b+J1eqPL7PaniNQD+",
-	"Bgai39PB3Wl6F0opOzriGwfb3yi6sa1RVC114qePIEPqGQyVv4XsDvpTGy1+50+v0kQRTrrXquY3GqwX",
-	"wj3AedbSnDeaVv/kRwq7Mt4uYNYcC01rKB/ZK1sd33xsFE57qW9H0ep9fO8NP7eSeLaad8ZecPS5l2ZO",
-	"qHrLbbUL5Mr3vbGHOSjoeMc/gBYUIhAhg4PiUuuyyS/gJUGrbnS83GMzcZDfTpz/xp7i9+nmWGk80sKO",
-	"/ohDot/DKhz3zcnwwg76RdGV+M5K0P2LjPeCp8HTwgMzrqSDUBy692CyZLUx11aZwrFwAY1uglC3hCQe",
-	"N3YwIOt4GTJQGA/RKDRxrACj1htAA4b+TSzr2dxzHnmdGo+lR6F/I/ytRdxcCHdcNpy5N2atNeFpYdWw",
-	"3f/kPHr/vPYDNfNDEmWcQtQFURWU9PnZLNr68Ik2rp0dr0VCqNN3ZfM2F/H7XKFNio5fHx/Y0Hmo5kDG",
-	"MCamksIlX48WSztSRVzY4D2FGXKhk0SlL8YjjFlkRZcWdmF0Pgc9wTf6CAmaNAwOHVf6KMRs/8nTyGdm",
-	"YGF4zGL/nbgCg+OzXgmkasBe1UrumckVvDNS5NWufQ/bYOxR+ttYX8flmFShgOKIgN5iTHs8GB7sHQy/",
-	"KTwAI1WJY1KyBLbNK9vPs2N0AFETCmlZQioYd62dKIJ2NlL7X4N6dsTiAs88xood2xuwt7oa+Wep4GmG",
-	"uceY3oEw6nHFsz3PcpDGF4YnYqTmwkidHpXiGeV7Kq1PB8ZcpURktT5MTaIWpv/Cowbej4+p2odrJw/T",
-	"8DN/epMmVmntw7qLKXcFqnHRaqX3RT37HXxUn83bdA9aYa7Q1R9op9a57jZOq72io3KjAneKIqc0ClHk",
-	"gO0Tt1huIA7K3gz4NwQzWlOuvBl3C77TiROuT0Kwzn9FveFYKo7G2qq9tckEQoG50rf/BU2hH0y4DdVZ",
-	"tT4ng1ocfK0OsgowsobdcfNFu3tIS4ozwxd4av5i/T30OuCCE+6mpIPlWzgwRAowhVEq77Co8yXrYlRT",
-	"/iKOWJzkJmP9szhkXRFckBHKjVTgUlkkp88znlAyPNw8FHmCwSncSh+13oE8FRnaWT7ijipa090+z0tO",
-	"3+Ve/41M/nD3erX/S4N8+VvoxPLl3v5DulX+hv3/vTTAQPWu8mDDNboXSgkb79Lg/G26TanyyDruYpZq",
-	"gdkevm0UZfPTq2mEVdkTTQhkrCudHSkq3cUkSHklVO8WTlX44u1v4ttzyib3BoqYL66NB4s8+N5kv+dd",
-	"t4mHMo+4sAMPhX5fPnOn1DsrtyH2doa9tViF1IuYpbqb8RJLcCPGLdaQTHRc8Jn121T2rHgaDYfD4oPd",
-	"iVgIUxjwkrofkj8x0+qidzRSVXvb8iXO2AhqSzbTRlS5dEVjPoiCZDpojtPCHr1Exf2e+XZTrmS1xZvf",
-	"mC9sfM9sjAmfFQvrj8nH2lzejz/yeZlMX8fELK/E8bLI9gt5jWUtdy1N79AnzmlzOVKIGVQpeaDks0dU",
-	"V46tnsIH/QQoTLEANQJTRMEaB/aX6kpaBEMg9XykQqyBzPRycO/Vg+9j7g86TBe1Ek3fsjjMxaeFpBqW",
-	"MFILeFMrJp3PSCseRLwemiBFM0MX4MMCRlKoK2m0mmGnjUsxd8XaRwrX7McMUd4iHw9HODt7TRswFiDv",
-	"bH1lZcEKmQ5hz0ZKlrDDh0z6NNay2JNbzGu5bJJ58Pf7zUSrtji88ebEb8g72/6pNq8g/Fokv/wT2w7/",
-	"c/PLPr/kB5rYnAtUAke12CgltHWjbkWlv5X+enURGzGdpQIYVBrrojIFFZOuo9Zq7ZHqxkVTtjgqu8qB",
-	"xMRs6BJRQZuWbnK9Um4R+qmv/x4pkLnkkijywat5r2hNodF0KcQcC8F6A3bsq8KLsn9RdLPD8UBUIWhF",
-	"2qZ9Ud38fapfZUO6Fv2rghb8T51UhTpRHR+7CqS8LWvuHqKmRdZDDTmESJopsaiDjAzYc1VgKPBlwH2o",
-	"YE/gb0cjRVABqoDC8DpCtUMjWBMFz9RHq7xD1zLMhIageGwylVlaLT0twDBYlYV7eHNjvqo3gDwAuqCM",
-	"e4LFryAuRCNFQFpUBYQWUggvSse6Iau/jiB/2NZfMwR8/QxHCj/Yq3gpPRyi9v00unwFGaPXnusecKLu",
-	"Q7+o9XS8ZwWjms6+Lj7eoJD9h1Mw7qwv3L+QeoNsWGG5gJm6u4uR5NmeZ7BN2ebvPTqLa+zzyktkqtDu",
-	"1VO7rw7bhOlSRXShi5ayMwIq/VGNVanlSGhJxuLVRhlxaHhSzYJYkd8IjbLgJrUD9oJjyseKcsC6IFT8",
-	"rgYB1KtAnYzUwfCbJp73z5ZMf093eb03SQND+gf+yAnvv5c3ZCWGh5hHaxfUg6U+eib8FKCtN1Z9HKu0",
-	"yoRbmItt462oKEcsISiNQJqknEmqGDWCnBlH3jXpPFIS8gKivoTCPMW0Qq7EazowI9WUVlmQcGQUZn8H",
-	"fC6Z0p99zyC+ZjiUON2+UfdI0YKjVfyYRzYqIFuCNq5NgG7qVetXCIlwytVFWVAM+lOogoGb3+NiBXeK",
-	"V3gC7sN//9f/XZGkMaGUpHKCnV1dQHWSLsBc0Y6saESFzJEpm3FHSa1hyF6ztIHRHkDYVLqQNMoa3OJ/",
-	"rNv/IdIHkKz4Tsx8f1bHdv8s9R9vF2EIn/S5/LMr0X4Y+vcvNzpBgKjBP5Qz7I/smjJC/CLIu14B33xk",
-	"Q87uViu8hVCNvl76EoO9T3Pupje/iWx3TbOOmrK9DBZqk2384f3riE00aqWEGopoR9xNmVYrrgiY/REB",
-	"D/g+ojbjdgqXSjduXTR2beBzuYfg8v/287P9uMRWjVd+8ZcNViv5uiRfrLS1SmmtLqnlJKjHdSsiTtmN",
-	"9l5dYitddNsKDUO17BenWI0SC9RnWx5VYEY44PtxhhH+xtwt4wCkMtbp0vchL1oDYmZ/0G69o+zk7EfW",
-	"jYFi414BiYEtzYF1EFo+xnB+yN3Hu9cjyHAV4P9qQNbdIsy0z97IbyuoFZHHByu6UWMmEHV/th4RGZFK",
-	"cSldbtm7uVB+BxD4Ln1kCwBL788OO02xtFFwPYTF+74b1L69wNX1847Cfs106n3qfkHcXhKYd9nqfaRw",
-	"Y47Ktga+4fsRy5WTGWn7ruQO2BXycPuqjlq765gNByNVFn4Ej1ydoG7Vw7/mnUMgce+ea/fFVXpc349D",
-	"rmgs/0BOuUoj+wbZdUqd+b+E/f4xU/bxeBlfE8NrUrj1CiaUwk0Oh7/KzJfb+MFLHYzqpiKWZJqgJUp4",
-	"1FC/4/GEEPOzMsagBSZihT2/IEWsEBluzUPe+XD6lUPchdbaQSMe5nQrX9mszX0531oO5w4He49mkl/7",
-	"Jh9DkFZ7C3vPNtv2ySCe/v0kpJ0GWUlpCcxppvSC/alEKouH8WEJSna0FuSsq1SEMO1Gyr/fHtUcsOfF",
-	"RxA/rA72dXb2uoINNox9pwQMxoa0VSM8HnCPPKAHw2EVYNa/3uzJVGJxv8lYtXbpjXrZg7mTcCpfFLM/",
-	"dHz1+NoJbC9RDSJOhJMzcSffEzUQuR8vKY39+7tJ31NclvELLtUXb+kD2QFnU74omxjshu3VTKO1LpSf",
-	"/257wecuN3WoupAQvbROzBgmLVMEcLEx8O8prXCACBv54GQFsVfPhWIeOwDbkflUPJbQRNLDSv4jJg6G",
-	"OOZIFWnh3rMyMcJOK+5n75YNIwXwqWpyMtZZ5QbIwEdSRyokEYaQKs1zoSjPHEYMKQiu7MCc1naiW8Lz",
-	"a8V4OWYVl98jcvpkCORH6yi5MszOA5l38ZmoBMcvm7Li7ta7sva898d3g4moeU/ZbGYFP/9wHZG3AYOe",
-	"sENr+3Yp5m7ATvznfcA49JIKzxUBaBhUaXdu8zn1wIk3YI+Gvqn3o2Ws9lO976ysogtsg/vH//bFBfTw",
-	"md8P4P0puKBZlN4ln7tsn7sF+fE09BS4P02j2ue3zZKntgf/xEGZs9pFivvxYIlL+TygP95DjIeqoKhc",
-	"CFEisflW0UE4Rrz8SofhmHW3IzFSgVMqzTp6AauAF9TRCZLN4JQnH24DTtlwK9E23grS4HacVO8o/cCg",
-	"BrWuzl9QDf5AaES/ByLCHbAmg+ypWibtfXSKp+7zZqo28m+7mYruU26lfREo+7Ze+TR4iJ4utXnYyj5t",
-	"0g7q3aw2J4hjWwQK/RIUHcJR1LqFFH0hyqQ2DyhOnbhwN3pHoNEU9Z0r/c8pPxRbc1nHl7ZujmxAIK9q",
-	"/f9zA0sPm1+9HUe83NUmMtoAIP4Ax7HJNKry6IOdx+7bW2J6b9vgW6pe/l3S6rbMB2EcaVhqkbiHCpuf",
-	"x1rcwrNoQwt5Vmt0XOlEUKD+DirdygrZv54197K0bkoB68OTl7VBij1qSL2rtqpn2mAC0C4t67tr6Tks",
-	"3GOZ6FW+PkezsSnlbzUjp9pgvNq2tDujvjBsvGRTKoovQI3LjvLUeb765YUYWxy/NeUQjhTzo64xtBQE",
-	"K8Ed3/WzOFzDJ3/A3pYRK9p5Rcw3uIwonT/VST4LiQKYyUUdxctoZNe3j/Izqn5Vzy1Q8f8PAAD//w==",
+	"7L37cttGmjj6Kl3cX5VJDUhRsnKjyrXlOHLiHcfWWnJlUqFXaAJNsUdgN9LdEMVxVLUPcarOG5wXOW+y",
+	"T/Kr/r5uoEECJKVYSnbGf8zEIoC+fvfrx04i57kUTBjdGX3szBhNmYJ/vpDzORXpq+/sHynTieK54VJ0",
+	"Rp3zGSM8JXJKzIyRtFB0kjGS4AfEzKghqhAanir2a8G0IV3NGIm1ocq4kePeoBN1dDJjc2rnYDd0nmes",
+	"M+ok87Q/PDh8evTFl199/Q2dJCmbdqKOWeb2qTaKi8vO7W3UeceMWj6fGqbWF3nGEilSTah9TBYznsxg",
+	"QUnGmTBkTpdE2c/ri5hzwefFvDMalvNxYdglU51bO2NOFZ0zs/2Mnq+eyxNNeBqR2G4uJvagDr4kmVww",
+	"lVDNyIzdkGRGFU3s4KRLxZJIM2PKnjTX5Gh4BOfF7eA5NbNO1BF0DsfF007UsQfNFUs7I6MKdqeDnXPx",
+	"molLM+uMDpqO+SXP2Kmdcm2X9lfCheYpg8PVVKQTeXNMFMuo4deM2KVqQhWrfjIS3l1IdZVyVW7q14Kp",
+	"ZbUrt8f2bW1b9WtGNWu+msw+wuvIdNNtTKhmTw9rFxLDRxc8jQkXhJL4DPf6jk3jJ5rE7MYoGrfdkf94",
+	"x4vKdB9v53KGt3WVdSzwGcOUHfy/Mt3/hfb/cdj/6sPHgy9v/08jepxKZZq2n0tlGm4tIilLMqpYancY",
+	"27d0TKghiWLUsJad2dc23xO9QZT68osvnn4RVSh20IBiUccdaxvdcWvFy9OTG3d7h8NNt9ey9J2vw87j",
+	"74P/3d/IXNTvxL5VXsrhsOVSzpjWXIq2/Z2e/0w0vkJ42rJwvWXl21DjTNBcz6TBRQT7FHnbPu+xivBo",
+	"RL71aG7tWDqXQjMgrs8zxWi6fCGFYImxE1huJQwTANQ0zzOeUHt0+7mSk4zN//J3bc/xY7CG/6PYtDPq",
+	"/Nt+xef28aneP8WvcOoVHBFIex2zmMksRXbmr8bCXGzoFZPXTMVkQTUR0hDNDOnGiUxZbIl2/Pz1u5Pn",
+	"3/188eLtmzcnL85PvrME4jbqfEvTd8gYH3NXr8Q1zSw7EXlhjknMlJJKxyTj2mjCrplaEjcprNKxtzfS",
+	"vJSFeNQLeC+uhFyIijRJRQr3W1cqwrOsP5VqzlJ4NJXqUhrDRK8UQyzywB7ENOPJo55zjU5pS0yB3ykp",
+	"Lok21DC7XmJmXFfiERtcDkhOC81SuyFtZJ6zFKHlpVQTnqZMPCoKECOvmIClUocO4W1QohOZW24uLekN",
+	"tiQLyyxuo86fAHAAWKY8Y7Bmy6vwSE/pMpM0PZfyNVWX7LGhw1/7RKZLCyKZXYQ9PyoIzSwnQ+j9z0Ia",
+	"enKTMJY+LgEMF7mQRZYSS+xQgKZZxtQTTZ6fviJXbEksCSSU/GrXWqN+8MsFc8uPj8ciTpmhPIuJZSFI",
+	"UeGlkb8vpiMyZ3OplhFJub6KiHa8SgNauD/IZGmY7g3IGWNjEX9/ck72rw/2Yax4MLYMK1BlQE3ol3pC",
+	"05G4t/cDjeIWubW65gl7L+g15ZmV5x/zFt7ak01oThNulgDB9sQmNLliArSCQihGk5ld1+AT7hl43J+N",
+	"7IeSUQhlL96+OT/52/nFm7fnFy/fvn/jeex7QQszk4r/43FR50euNReXEZnTzLModpNbGcluR7FrecVS",
+	"K1SnTBhOM+2WmyuZMK3tZZ4Iw83yj0L4ay4zahx+4rdbpYVbL/kB9H1LTTJ7SXlWKECYXMmcKcNRsuMi",
+	"ZTfr4u9PoKM7q0KcyEKY2OkemnSHfSvWp6BgraoNUcctZPcDCAXXX9yKqmE+lHPIyd9ZYgJpaH07SfVg",
+	"RaaN/DOr+d3DxBF1kry4MHzOLvT6eb04fU/sM9ItNFPkL0QvtWHznj9CLwmhUYYRB19ME27IgnLDUsu1",
+	"j8mQLGY8Y0QVQnBxaU/YAi41nVEnlYUleuXSRDGf4JGnhQJYvJg3rO0HuSCZlXe4IYoK0tWSTKmK6jP1",
+	"LLGnukCVc1Ufra2DC/PlUePVA1xe4O8fOzTL3k47o182w8HJDUtO7Hfn9rPbD6vYENtzlYWJyWLGhN+E",
+	"LAycLZw5N9qfKLlUsshBCbjiWcbS3jFhmWZEFFlmd2H/i7zD6kh2zTfcXFgStn5yb4osq5/SMTk4/Pov",
+	"b3ApOAGZLInml4Jm5I19/EW5Tru41K50fd6mw5tywfWMpRfU7LKUOmhQw/p2vvaZKkCWcn6Baw/wZCJl",
+	"xqgABGb06gI5/8WcTxpMTYxeEcUskAjjZIRVSHcMEqQpbcrr+STg7t5uXj3YNctTbDyhtRPRJmVKXWj+",
+	"D1b7qB3StUllYcov6ufzrZWI7IHgW+SK5YYg1pGuPRUrMsjp1Kqo5Vu9HXHMqEIk1Cnhq3qCNorROQFJ",
+	"hKUkntObC1mYvDAXIKbFx84SbGVJqq1cl1CVsjQg5eVZrhDmgH6WxLRTXUaISTVKULuSOpjXKVeNxK6D",
+	"YQ1w6zdQv8HwjDZwj9ccVf5GDoLM0TAkqJvol+dFt+VMVCm6bDs+vWlJgSGCpim3B0Oz02B9U5pp1iQv",
+	"xJaMus9jMuUsSzXpTgpDYntiF1Jc2LtGA07cKxkRAocVbAfIc5uZaX3Cd4WwVC/WM9JPYtKdUD1Dqpcr",
+	"pplAWN5o+Yo6yaJh5O/YlBaZWTVKbyVpTFy3H1qDLNAyYHUhq4jThuSA2hWmA+WDv5hSxGIhIjwgHA/w",
+	"LSJxCaQx0cz0jknqNv/lEfmRfxsRashcakMOyPf820bqUNpzD4ZfPf3q6ODrw6O6UXc714EbU9fswqoy",
+	"lnmK9EKjptWw6edgQqkB24b7qVHllIuLyZdHDd4hQ0VKlbOFRWAy/vKoz4QlJelO1+9EhCbJzEPUwdfD",
+	"YxACyDN/0M3cJnQ7tUxccSIr7a3P+d7KgFatBp2J77KHZmLRTCtADHe2+a2koo7SYNC4yKmyyk6D2M/N",
+	"zIv7EbliLA+FQKbJnKYMMR2sUJpMKc9I10MuzNnbDSJglvUl/Ii2DW7nEstgapAvKjMdMjIq9IIpi1mV",
+	"FwgUHgDLyt1xZ7RgwqhlLjkusWQEuxISxwIegDBNeeauctch6+f70n5PjCQLxQ0jEzaVijnVjihmCiV0",
+	"BK5C0h8Xw+FTRt6fv+x/TQy72STIVivkacYuNmDkmZG5cwXDhYJusrCQJyRhNyyJwEpocef0/GdiFJ1O",
+	"eQKkVUhCjUHZxj5Dn8AnwGM+p5cNgtwLKQzlwkKYfYF0PY5a9pfK5Iqp3oBkMqHZCOARkX5KqHBfOIPz",
+	"JTVsQZdPNL7sHqZcscRY4bkb9/vwpA9PdNwbEUqUlAbOArXJ6n1n9Y1xCUTTaxbbn96+eEUyurScyFA1",
+	"oVlGujJHKMmWJLbLGxiqRorlcmToZdw7JpV7G1YPKDYF4zdcytFwaB9wcQk7wfXZfyoGdzKTCwtONE2J",
+	"FIx0cYOCXTNF8iLLdG9Ank+sVGBXaG8Cjyqxkh9LyTVnC688zKQ2OxH8OTM0pYb+DkR4B7DOUkI14fqY",
+	"FGDtsX+BzSOjE5ZZSSqzgOrWl3G9Gw6Aw7ZBcbI/29NiN7nUls4pWVzOSGk1Lcnd/kee3u4zkQIN0vsf",
+	"7Yi3QNVKYnQXb+4WShV1CsF/LdgrHNupxrmS1zxl6gJhaAPZwSFXNuu+7uucJdyisBvmuLQjXrGlD0j4",
+	"OzgWG0Huii0HJPb2ZnT7a0KThOX2E4BEIyXpvmE/SvL9cv5EW+1yjlLunFEX/2Jk3s/YNctQPt7pIsHv",
+	"uYmaldYVS1IpN875UnmdjCQTlsi53SRNl5+AWCmmZaGSkqPvYGR5V35y+6HBBhKcbaN8pgyZKjlHel0a",
+	"/rsW32tuCHBBLITujQg3GklXBP/E6Z9opB+7CXUmazrw13zKwOzDBdEusAgWBzwMLNJpJfMNj8mQPEPO",
+	"knNLOUviZqWYgDaTGbVSxPn5a5IwnoHZOO735/Smb0wWR0Dy3cCHR2TW+wQ36VSc5vAD+9CiQMAlkE2n",
+	"hE/JHE3bvd1kyzW4/o5lzLB3TBdZgxKcwtNG89CKoOrfbBJUv5MLkUmats3i7Om6WS2wR2AB6IlGD1OT",
+	"YrBNiA7Gb1rgiSOvr8RUri/PE9+6tXhmTD7a3z84/GowHAwHB6Ojbw6+eNpkVAo8QDuzqJUlrmyoXFE1",
+	"eOO2ahbVBtv+smapS3kKAROqEJZYWeqRMfuu05e8OTNFRYYJC92/eJ2rE3UcpQvWUm0o0BTvqKr8K1sf",
+	"1k0264uFQytpXW9Ut74WJuPXzBK0TGrjg2fcYEAkp8wkM6DNCvCTTJZj4WwVEPnzRJP4b31nmeq/Sq2s",
+	"aNc7KgetRrML1mTNDo/u3+264N2MEGs7r7wp4RlkbGrIhM24SEHGcOb60ouAus7xWOCmzIwtUeX1xugd",
+	"F//ZtPHJTBtILVq4xcO736JApiiVlgXKl/gVCLQkocISTMOsfuXVwE/pqQvXrKgYbXLNRSj9gJAFkpqR",
+	"8Ae74SZqWb3T0rxvzOk8XhDSdEG4eVSX35pEWvdRrUsG/nQqRx8I3gsqwBzrfFLd4JyeaP9rxufcWMV3",
+	"lwtucox8GhcZKPFesdzkJgOw/JF/+0AgiYSwxQVqz9pCErGP0b0pBXFEycWeOUVnijEGgzZ/GVNN9OT8",
+	"Zf9ru0EMhwRJjyiWZzRpFPG83+dTjHRnTxq7YYnzCsRuAg+DCXp5t0jLbu3lcdQPf8VrVneNbXZpvbQK",
+	"LaDUOuEEZXd9i/9x9vYN2vkcDMrplInUahzwRUQgDhJjz385+BA7o1OZdgFsoPFg50xrZ0/bzAtwadUH",
+	"zVvLWLOAPm+E2FdWCGEK9CMpyIQbHaFZQTNT8DSy/73kyAy04cnVEhBMJoZmLvhz3Bl+eXQ07gAKBbHT",
+	"vwz7X334eNQUMx3Z5fApv6PnGeO3m7Auo9oQlrE5Q5IG6G6vqzvu7I87pZ1BSWl6jdeQN+aJBHoVnWiZ",
+	"FcaN2xz1sY5/jS5ve+r2iT1JxIwuJXo5z7i4slo/CofGkjnzRJMMRPNdXd5unAv8vBFby5nwncjytIXi",
+	"xjDRjPstqhE1lvZyfUxisImiqYmkzMqiEXn56uVbCH60FNaE6pA9Uou03GK1W04n6sAgDZrRCiKE0fzu",
+	"XXfSEYJ5Hbza8KTZpc2EUT7caxePdolxt+v+jHaYKs0U9wWsDeS4Nr5LAZhLxYjbGkbrLpjyLoydAhrc",
+	"ofvj2U5jM/YTgtT6GbefCxxBBY2kWx7O+rn07oBx6H8OYHwrIjVvH0Zv3K9UV/dV3UvXHmgjoIK3OuMa",
+	"ltmylmbFoLSZ7wzgVbrY1qiNavCmI/oeJebnqeM2zRDg5Or+wt429e8SlMAsocwysIT31kMwUq6vLiZF",
+	"esnMxWWTnAn5DZDHkHIV+IqeOHL8//+/JO737TB9ec2UFT25iUujKA69q+5iF+NWscPrVmKq3c06YXcS",
+	"tNtgoyD9g9Sl/Iyb2XEf7exkk9z+I86E4xt09Nn7yfh14AffcaJfC1bUrKghT9t0MitAWD/J8Ntyjtqu",
+	"gqtqOuNoDayaYPsHRjOkaSvoZqgpdN0oKq+2GmPdZ00zYXaoE/FWou4Fw6PHNNEuuhVBlJBXTDRgjDOR",
+	"30kIw5Bw3R54+Yw4a5rzVjuFuUxsgSQnK3dS5e2P9wvNLHNTd0hBbZD37OyNPhwQKOEIFzNwPEI+0dwC",
+	"XIpeHSmYMyJ5wRJPEoQ1+yGa1Khm2n8HQjUVPvlkJ3MWJCpto88AEGfw5ioYBcm7OFS47Si8/dq1toJd",
+	"s8SE+9yZn1QAvI2duIFbl3M/flse6m7ml/B4IdzaMemOHZMatsn5BqCQORdcaXVsxosBee4i2OohEIGL",
+	"7XfbKW/bTvLMn8lKNLlcCKbiESZNmJldA4ndxu3PZfyJjsjp+c8RQcIVkdIXf+yCG9D1FWGmYEQUE2wR",
+	"AW4QmCSCcIEqz8RhT6g0wHtWS3AH3+RBOa3SKVYTY8m7ly/IN0dffOWTPwjmdDWFcjapyj/SZMYF6ytG",
+	"U3vGXuV3NpQ4IrGQ5mIqCwF/rKf3RE15tY1CLK6s0R2C2Sx3UE9KW0eDglKxp4bQaW4ytsHvtq5Xvn/3",
+	"iig2ZYqJhBEw5vHp0gcm+FO3X5NuTCeyMKNJRsWVS1YQUrDedkel0/dweeUWyjOL8PqaiMapWWI44H0F",
+	"9WxrJMn2WLlWT50zVz7DwCFhmKIJlJ3QM7BTgueOT73fLkJrtJ71dmIlzoX3+N65HNPB6nu171pKiEQD",
+	"XVTPSM5zpkk3iA52ocE0p8r0IsI4ZvNihDyhhkiRsNI27SKmyDOSWL4Njk8DBhyljYuFI93433OzfDaM",
+	"RzifO0dYSi8qxzYz1BO3e7SUXHwCsPAOpHtEJ5Rg3ZDi5fIOnZizReis3m3Bnh8dYfQU2d5t1LHH2EyM",
+	"zdKlZK4vzEcmNqel3E8uvUNq0m5JRt5mujEzzx3LbdRxIfCYq9IgVkpDM2fvk1OfTJArmRYJS2spL4Ld",
+	"YKpwaB7CcXc1A25O+7kfWIT5K/XN1vNZnBGuvOPahbbAloOUZhHTrWF3theA3lajhR+7aWGQx76+Hiee",
+	"bVvFmsXDKi18zs3W9cO8r/FVoA7OQ7D1m/fw5pokjSP5gaJyA617fl0us8HoKwUrk+jnFG2MCLiV3Br3",
+	"+5DV3t+LyTSjl7p3TIaY+g2rQaNjgwHnDjaTmmliF9N4aEZYDZQLTRbOB+LiKZ9ogoYDn9Tb4rXzcYFl",
+	"DswuS/JVAnawbISWjDYDRjXe2oJa7/q9h67221iJpeD6qm71qU5qg+1n15vcbmTaabr2Q5cqn1HB0ot7",
+	"Xdna1w3g9HZaxeDqOCIGDAloTsDozrDQyqUULZ7gyii2bqLAA/B55gvKjRW1XQw9fDj4fVjgHWnOXLEL",
+	"xK+tkisfkNgSXIFOeIiwiHyWwDGh1UtQls957MFWrslwV1dY+wWdldU53A4hmgkccVOpwAtnRXBBsyqE",
+	"l2OtJFhES0L/BozdanvcgLqNQNcOx02Y/o5laDNp9gsofNwijyk2p9wy/ovK2LNl6+WADV83r0+wxf0U",
+	"s9L88smNI+9qweO7J5n67zB6Rlt4Bs1EKq+rgDM/CLf34P5Eh1Fpa0FdjdFcmnSnoCxKoX0Vnk8RcL2F",
+	"AcDeLL35nn/bsIJjn+pDDRhzfKomyAFeVeN6xdzlg8a7cb/v/o0OmUs+iav0IRpm+jgyVYUuyYU4Bmef",
+	"JYi5nZobiLjRyNdP3rw9O33hXYpW0Tw6eFrmlxjn88eCUHrgqNKIMDGVKsGoSEfKtJEKkpMUv/bRYlZ1",
+	"dGUVB3CEcFBY88UPEX+K+7lEeNjhm4AmXuZFGYC2Q+ZQyJfvMlEzNl3Lqw0UCOrLNAf6QXpj5dvQhImU",
+	"OZmzsrhDWF8xMYqxXaizn7GJHIXpkQ1RQpQ3BtthSmgtbxSYPyvZNHAz/LyWnrRJsK8VpWmy4j2OTzfy",
+	"295wXs2xRw/iZipTUrwgNYNahi515f5eJUDcbclbO+RxriP3VoTOqDYXYPXjZnmn07pXil97It5qCm9o",
+	"Fl6NcfFpbz44a92LhffTbGwIbdA7QOwZvlx+dqEY1U2hBD5vo17OEGtBxS5wzZILegkxomEFHG9NNDOm",
+	"Flw3R+1tkDk2JS5tMbVUJxUYtusnXA3X7sDzy1sDywYQC2DHA4DHgQ143mKmuS8h2skduDm6JCBpzUYL",
+	"l7UNWY5c+JSGY+LzIElOFQa5r0teO9GEldTxQoGxekoTo72vqLqjOCJVYeYAwqoN4VPwPTfolzn9tWBk",
+	"wqiyKlJZ8BJzDjfEja2ha+A4t6JVY0hVDYF3qi78+13ZUQeSXNRFobKNkUJPNGE3TlV7/+414SLJCojM",
+	"jfevD+BsNySkfT38erh/fdC05N3RtlpoVMfh8A7XEdn75CuE3op3ZyWxbAhZ4FOWLJPMxzjJaRVvHvpR",
+	"wcWBRtzKnIsVXIHsQAFXH18Nyc6Qf9xo4j+DWl73dMTDt81hLHJKzl59/+rNeWT/e37y7kf4x19fvX4N",
+	"//jP96/w0Q/vT6HmPDin0ZUDReeHvfrFu1G2R97gohqvwO3Vi6930AefZwu61CT+eNuA61Hnpn8p+9W6",
+	"isR8vO0E5a4/jUS1I4PeUBIYGaWhltrIKelic4I5XZIJAyNWe0hmm4kISDMwam9lwYDVCVtKJ9FDEvQW",
+	"+xFc/LB3R7vQOkVrryO+BWyCEVdogEf26hC2ukP8vbdw2dCqtRuX9XC0lcWWQ29a1v3QvTl4/znmx1ne",
+	"lTOZZ+yYCMYwx3bCCBZacOVpyhTVw693cowisWyNhH18uXMn2XL3UMD3OSaM3y+Y4ROnk0cdTCa48MHd",
+	"22r512I6gk+j7anofuOPRYlBGEkKxc3yzMKFswfm/K9s2Rhq5J1jVJP4uSvmC+lJI/ItimxQLSi5Ykss",
+	"GxQPyBsoNg1J5ZWkmnFtjgnNtCSYqSXFWLgStkz1PZSBparG8EuztiM1mJ8LUA22XVhFdQBWLiqFTlxi",
+	"e/8RFDe37Q3e8rvbee4fIFV/29xl8RJIwKeGTzJGMMu/amSCf1dtH/7Wt1/1v1/O+w6r+yBwVitxN1pf",
+	"y+GWxWyYb8s0Fq54YySvvUQr3kI+jSA/nJ+flgmnllRaJOyzG5YUkFBe+b+IFZ48f+wLVhhFMwBHLHY+",
+	"Fq7iEJ0zndOEkb9TnkWEku+wOhITl1wwTF77azFhSjDDNEmyQhumRuTdydk5LKGUNiMiBetbvjAWdkkA",
+	"t2CdPSY/sckZJP9o9801I4apObfCevf0/Oeer4ytnXPMRUVAXSWoJoWpZwkVYzFhmKK4tD9CSSxKFHOJ",
+	"9YOxGIsXkLmvSSLFlF8WipG4Es7JM+LE/x/enp2PTt++O7cKwrErCV3HJXBUp0yNRfyxGuJ2peZQPCDn",
+	"VuMCczH3GfXCKJoYrDHwvYSAN8x9hKEV4WIsYu9e2qc5jyHl/pIJhlWeXI5yVKZgl8nGdiWQ8EqNq4Mk",
+	"cyZozgdLOs9iOIR/+zdi8ZIJ44pu2x/3yN6eo0p7e+R//vv/2Z0wvfNlvOqkyUgM2ayAbywI+Stb2uO3",
+	"LN1uIu73ac77V2wZk30Snz1/8933z89PLp6fvrr468nPZzHpQkBcX7OcwuZ7A/KTK28G5MvfZGpHD88C",
+	"SxrZg5ViOZdFWexOEymyZVm6wC6SCfsjyaTMJzS5guYK0Olrwc3MDhz3+1wAjWd9Ifu0MLO4NyAhKbc0",
+	"2GpqMNJOJJgbO3RFgO0dvK4Ih7sHFZTWigOFsaFdE+lOluEVTJaw9tO3Z40FsdBUbvfxVqyvVRMNxfgN",
+	"wCMhcRt9xDsCKsszbpa9yL5bfwXSXZshKga4+FbJhWZKEwuvVlWjFXGIXJcz5+TVzDharqNyjS5YuvzG",
+	"jqmLSa6kkYnMSOxJ5gB2PVjnQb7IMrTrChJz8cxjuB9P2LG60d4eaOh7eyPiIqFJt4qEjgJLQy26eV8x",
+	"XczLIGe70jkX4IuCUZwLAyOe4SgsaWDXEgoY4cMenKePtCbd1khrO3oZbB1VE+GX3luCM9g/IETAaJZN",
+	"d4jMpgAYwaJborQRU2pzgm6GE8iJJeSWjwUjwXG/xtVZjY1QYhRjo2CZfhaEFuflsViIc/tS/vjAZVl4",
+	"ygnEQlGhueHXLFsiKaX+NZfdwc1MFobEYC2NXbMDXcX+OC5vVVT3ITew8HMLV1iMTYIlbkB27J4AEDki",
+	"e3tHw4O9vQEJutXYNe/esMa5J3GopzCUKEvFSX+tqR9pZEe3rx7t7dlLziWEuQKl9OUlvXRloX/CmCDX",
+	"TEEWbUS0JDzVHkMnGM3NUktZEmbFChJqPH5uvKDKOmnxGGqQQltAz6wgOl3bP07gfdCVwFva1jgiJl0f",
+	"zN/D24otk40jEkNYuP0H4kccBb1burNiTkUZwH9MXlJtnp++6muzzHyDRQ2V5wg3WBDP9evozhuj/4GP",
+	"N4f/J65/0x1SASwaQTk/qcjR4eFYNHSs8M5u3/LCxUBXSqZGIeA3gior+Y38yChQ3N/G4rd+vw//sy/Y",
+	"mX4rS0BA0Z1RBb3kP87evolc8ycQYaISvLBitlUKU6cY4r8tUEVQ9QAQiBrCdEJzVk8Ac5MfkN98XTa7",
+	"Yb+OoL2If/Mp+W1LT6c6grjPjshv5Yqr8i/QUgkaCbqSqb41i/vqG/JbreMVuopAsJUC9rbS6qrqHQkx",
+	"5IRi+7ey9mrPjXxgtwF9k2CdVuN1Tw4PyW+uXYlrYVKt59Cuh1oxKCmUYiJxFVnKpjrbuhqt9DKKfK1I",
+	"bo4JtDat9yDqHZOEKkgTj4NWPDEu5wu4C9/Yxy7B9/QpqkZDW0YYwoYmxeUxyeTlpT1AkK/7mqcsClud",
+	"Xlq9wYpTU0Zc0Qs7yFg8J0KK/j+YklhuBWvIoj7E0qqTmv1aSDWnma/CrYvMYiQyJq9ZAd6ggpzxhAnN",
+	"KntV53lub7F/OBh2og74IkBh1aP9/cViMaDweCDV5b77Vu+/fvXi5M3ZCXxTJdKUSl0n6lwzhWHxneHg",
+	"AN9ycnxn1Hk6GA6eYimNGRga9jujj7dRZ38GSab/cH/NmVE80e6vUA1wPwEY+rf9BUP0cmN0+sxHK5WV",
+	"d1Yhqzskz6rwXV9T2kvf+DpKwE5GHwvPYqF2KSZO2n8jbV24AhKFZnq0EslZMWGXzozF9/QVlB4bCwwH",
+	"hQAQrkhcVvmMS8RYj6jSvaiMw8BoPBQLqk5dExi5EMaJ1yYIBd4WwEm6cRmPtxcfIxN0yU9zp2jE3528",
+	"Pjk/QWHdz7r/UVtVkkwVQ0rJFWJvb0Bid5Jx0MqxOUN+LFyKvGUiTkcIG48BOV7piLZGLkrufPjNWKyS",
+	"jrDKLDxClEGxj0vxKu2MLGxhzPxKU8zD4XBDV6i7dYPCCVp6QYXlVSFwWxqKAjDEvkPLqqPhQdsc5aL3",
+	"a224QhMgpIx6498vH24/RB1dzOdULVeXsDp5J+oYeqlXnNm3Dj9r3nOHo/XDtfLAWRCPEzZ1/mXdjZaF",
+	"FeEhLphr5GptvYvLmIPdLmLFOH4bbVkDok/sAw5ikDQtEMZXMaLZNc0KRuLrOCKX/NpZGa+eXcdtK4bK",
+	"0y3tuA2j82dqpQHxL//17MNfng32mjq5fnhAoA0DJza33oQqwKKq0CtVypSD2+F2uA1atD4sqL+uWX9a",
+	"YDvq5FI3sJsXjg5X1hLUUaHMpBNpIewbKq3SelFCS78wApR0LZfjgmmNKkkvGgupXLCny8K/ZhC4DR5i",
+	"LHE5IDHo0mh488VmXHn/sKzngNRaGY5F11U5LvdYMZxVRgXRiCXsO4bl/JrAOivSjdUlejXJfkHB+RmE",
+	"84P4W+TESBIjhb+A36sAn7gq5/zlcGjPAoJRPVm34huqS6FgNiDn5QwcmlQoQhMldcn5NQTcKmZltUwa",
+	"cimhKwJWQPWJBxaPS6Y9ZQu7h2wlq8aeDfR5QeJsJXPPkO1FgCCYgj0Kgb5iZZgFAOwLhbcpR78xHl2g",
+	"Vw6rvFAsub3G98ZilfFFIGivMbxuk4CMx1Va7SqDESghY+FMRaCFhS1CLDzP6ZWPAW1q2GHPar6u2yHc",
+	"4/7oWNRbd4yg4opUJYR3qS8u6PRwlBqk8B1JwuHK9NixACm4B9C8aAhjrQ+CV2nhEa4TA0PhvBFoUwYI",
+	"PRZebe1aAR0U+8o4K+z7C4oj9uDA6nE9yP2sFGM1AVcFQZMu5JP5euN79WrjKVP82luCfJuE3lhIEUiJ",
+	"gyqw2ari1e9JXtR/8DHwYFtAM1EXHANY/Xws3KpIPLR6RVU5veoM0UOlpkz8jJmw/M3+q+KErheSI0tj",
+	"0cVGs/Zn4Im6TDvB0VDYCz7BG8FQ9Sd6LOLVfgSDnKfaxaJbxPJQhnggluhrsmDBUkAjb56EG9ZFMhsL",
+	"zFoA8ODVjZBuPC80mIV8F6Y3q+mA7tVe3ItccxKEVo633yRKJrXWPegwZtp8K9PlJ+PK9fZAt3W/tKuu",
+	"uiISHNxpcinYDkVGavHYO72Kgem3HxpECZcM7hgqTZeWJNSJRhU87aHAEjBHqHqPKGtEnaODp9s/Wu16",
+	"bb87PNxlsvXetPDtN9u/rbewvo06Xwx3WGlD3+WdBaoXzrPj2cKO6gI4e6pGBM09hLwPYC6vV8xxwJNF",
+	"Cnk7gNWBzyCwj+kBeZWyeS4NpC+hzDMWaNLngrDplCXGCgpYE9oxn9Dg6+0uXwyHTfiOH4T4/kCieK2d",
+	"QwMC4fN0cH+Y3gVSqub48MXR9i/KxtZrEFULnfjlg6Uh9QiG4Dcf3YE/tcHid+72gn709qZ7rWJ+o8J6",
+	"ycwj3GctiHyjavUvfqX2VCbbCcyaYaFpD9Ur5fl/Z/lRE3HaD/uENlof0fPjlbx6Nh+maKD9q+tjTcDa",
+	"a5UQaUXWLLU8DATZwRpdsXLMC7+ABwTDsFNqm3HKLeNPDIf2gx244wvn3vqkjPHTwzzYKOrglBYKepcl",
+	"FUh4JKi6zv4uHGizeUBvKBCzYJoYjFv7FpBjp6HWND3U/qKwB0NZvoYE0DQWXJOZFcwnyybUiTCYdlmL",
+	"nvHeI/C0PNFBexLoRjUWLhCr6zrcMG94WGuSTHIoyaQYnUfY4ZWL0BYCFggpUFyo5eiCmSTyig2hl5QL",
+	"yNXVaEDB1gNlZqfrvALdSew0hTA8G4u433cH0VfMYjEHB3HZ1orMes7DzQ2mjYKOC19j+erSX11vRjYW",
+	"DFtbiCXEnfGEejV9LR4rwsgEH5XmnysGyRYD8lJaZRoi6NERMBgM9heUg3vY/tsVynd/YRaC/QsdBnGT",
+	"vARDv6haSz+EelTvtPwA+tFOzaLXiekZlul6XE3lT0h6/wjt6U9M7rH7Hl2l8c0kfrOosv8x2aJW/RXa",
+	"OAU9Sp5UDZ2MYozwqUV4bXiWQbRhhLRwKhV4trkpSRti/6BFJQpx/LNKtIILcDT/rOKLBTFvaQUr926Q",
+	"3a6NPQIobaDagdDyGZIeF5IC5W9HELq3/Bttfdmd9Q4KI1JhJx1h64g/z6qqBNZHWlWrYgH2OxBdYUlW",
+	"UG/mS9hokDwPVG1qypA1LKriylx5h806V8JJHlbyrCcW7yR4Dj/55G3c8Az6qP/vFz0/Bc37Z5UkEZE+",
+	"oSgJ6l6rAewn8PY7HTvw55f9BTy+SoulA3JiUXVE9vYOh8O9vcolF8Y5gg9uLLyJQc9ozo5JjPWV0eUY",
+	"Y4VljINAJdtlXTn9H1dkVsotsKQ0ECQ0j0hcNgOKIX0D3EvQc2hBdVXiVirQ3HuD2hZzqjVL0Xo3Ggu7",
+	"pUO/Jegu/8LbS7qxs3+MoLdqjD7jvb0fGFVmwqjZ2xtVri00pHhyhhTODgppNVO2KBti112VYFGY+RHj",
+	"qOpjTbRzvmKYFMm4gIgJSOmluryM0G8vBSOQaDcWU7AB+Hju2gL+4+ztm37GLmlGMohnuSSLGTeYotdz",
+	"topqTxCPDyUSb6ANLTUkKaxGkQKgekuOdv4WeOZDNSzxh9brxmXeY4NC0EHCsICx2HDuGJZCDTkcDgfE",
+	"Z91BKj6kESwkmciUM42lu6EDsRsiHotuWcIcIFoVkEOYLV3Ck5+2VzNc4ZkPyE8u3CSVGNWDXWgpRoSC",
+	"/Szj19B2t9olsEdGVQau0JV2vD0fIsRNvZltnenZ0SqWtzHy7sxdq2tyX0HQ02FUesifDodtMW1hvZ6K",
+	"YTUUi/MVx58Oh/XScaulDX9vYNtuXuygIe02L3apJHzYrCb4Om9U1CgbhKlEpbmtxNYo0LbB612CMIa0",
+	"eBgEoEM/9+Hw8DFUnwaCF4Sb1Xb7WbL402tTlghhMsqqfEC60Nsll1nW+1NqVqlciEzStFUSeediMM1K",
+	"DYjVEhDkBYX0lyri0Jf3LLTlHj5sbmV+F3cJ6eCQAwM/WK7kk4F8MjWmiK3bxNwGXmIPyY2U+LS5o+Ix",
+	"USyj0FwDkixA+il/cvJO0NO+iUgrNpeG+ZIVdd0kJNuby2A8ZMTxd+6g2vWYoMyHr7nx2aJ+L4v6w5Oc",
+	"d4ymPuiZemRcyczGlNDeo7n1y8Tj/Y+5VOZ2K02hUKENZDLsFa2xZXLc2KodvaFLnwxOqE8Mg2hDzUSK",
+	"CUbESrWQagD1C0nKkoxi/3fXkTkmQQFAxQi7yaVm6TEW4kH8byE3l8ycuG0+pNXUz7EpiMUf9784jj48",
+	"rv0gF5YLAIhaPUsqUwFVCUmfHs228/dTqUw7Ot6w5HdZI1sNjO+sPF3FLaAwrWekn8SuMRVo3U6v69Vy",
+	"OQL/FllN3OR6LMoUTfTvQ7EK3zK/bsRczGTG6qZMKydg4dayVooLE7BDx0HD+JgcHH4RuSRpqIAdl1aI",
+	"OOj34cwa2I1nQF7VaotbxcJ+MxaYYFKbD/r972Mliom8iasxsVgYkCNvb+lKZSnO/tHwm9JiUYZHwK4g",
+	"b9lIMmE+07g3ICcQi43d9rkmCYpg1LS23PfS2VgcfGnFs+OarcZq7Lo3IG9kmIRLUkZTMG5gpjX0i64p",
+	"MFlhqfGlArtGzhSXaRm+X8u+XZOOIaMijFyIe6My3SdovlVm4DzRY+HsLd3D4bAKB4n/1ndD9F+lsWMS",
+	"Lo1EmFr4jIhc9ydU8TWULBoLLIB0V3NMaHwhddvLWLQYXyhmwtj76TkvcAU6a+Z4MFf8WvDkKltCEjQm",
+	"2vj4l0wKVgJmQwCPPfnMN5L0A2N3C6f/WrACtFyIsfC4thpmI0oboD3TKTPJDJuv8JR0QbofDAZNNk6o",
+	"uRDEtBxjuA4U3ygsAy5LN8FECwoBOPyaKaiZkWlGGmN6etFYFCKzuB9bnL+Q4iLl2m0c6utDXzkw58nM",
+	"Ktgzes1lobAUU/UukAykTI6ajAWQE4thUESBQB2HUEUH2ERjE6boeqA8Gg4jjG4+Gn4DiUQR+WL4tNck",
+	"TFgAeFi/CRpJ/hCvSWj+2WzUUVSQ7mJGTdmgGLiBJdNQvs0JfHbCEMnbFuBeD5Xf289azOe4oEB5KgRY",
+	"4gMviotrtMB5hzQLNF+06jlnwJkr2wlw5pyaWdxi4Di2PJIrlhiplq5y8aBJB3HWjjsgr0wMM32UFepI",
+	"XFqSJ1xQsGmsmiU2WQpArljB0he4hL63dGyoJwqN9rmohmlYl6/c22DSrnp53H5Wgh7T4ECJogu4NSd/",
+	"/hHqj8WCU2pmqKoUWzDQ57ZB0R0unF2vjpdQPByA8pjESaEy0j+PfZ0QbB+kmDBj4bGUl+XU8owmWL7N",
+	"si/MlbSDY3A2TuqlQAjPruKiQZNpEhDyosL0XYSD34nkjycc2F39hHn2TfTFPfpsffyTWh/t/ZQ1FyC1",
+	"eld6sIGN7vvit4281EesNXFTrJVpJfAYHMGQdricZ1xcYTw/fpqiBxkd7ywlXchswGLTULaHXzPRu4Pv",
+	"wc54d058d0zZZAUEEvPZAvho4ZJTvO8/ktdtwqHM9QjYAYeYMMC+XBJLJXcG3BBDZZJCaaib2YuIxkqR",
+	"kyUUjY4I1VD1cCrjEs+0O6YBee6iG76IhsNhOWF3yhZMlXYuroirbqAYyaS47B2PRS2EiC5hxYqRhf2/",
+	"uVQsxNIVifko8pTpqDmz2J7RSxDcHxhvN+X+lYt+ov3BfEbjx0j/CzSsPyceS3X1MGb751X5t3qPzIol",
+	"TpZlfRpfiaeqPl4rLDNypV6kugKLrDJBkT4sl/IEK6Fry579hG4B6M1bWDECihpZbRxiDsU111C+H8Xz",
+	"sfAuOVTTq8Gd8dvOD9UqnAEzLCqMpr9yLa6QQSrtFsZiYb+UgnDjw/j8i9BhBheITn/S9T0/vVWUiWuu",
+	"pJhD2BrYM/3exwL27Mb0wRBlBRkY4fz8NR7AhFl6p+s7q0osourgzwwSO32d+BHhrvBSVZ6YaohCuWqi",
+	"efb3h62d8lKqq8DU+JCZgDhVm2nRPv2cC/i/uSLKp6f8FiY2V6+oWh216ChVq+sNJQuqnrQrJLZelSCq",
+	"IrShTFjUWl98LLox2hwuoKo0tEmeQt0shvW7qh4AUvnvYHRadiuovGSuG6qrWD4WluaiSaKsYBaGP6+E",
+	"1ZoZm/cG5MTVMS8L1fu6ZyjCAXWFNgtpm/SFld4fUvyCGTbJX0H34H/pMiANJRHCxsrb6rw8QHBBGRxU",
+	"63WBIE0EW9TbYmBCvqv6T5e+U0HQLQGeHY8FFrcXZfMGJyP4jApv4Stxpj5a8A2yZbsSHALDFpIZz9Kw",
+	"WHLZvoGEKNwbucID2itAriE6wxpx2CY/6BEQjQW2fsK6laAheS88N6Tr69DVO8qPrNAFsad0vb5TsMKx",
+	"gAl7gZXSNfCTc26MC7au9XLotVdn852NHkK+gLEfScAIC7Ctk48fgcj+0wkY95YXHp5I/QhoGKCc76G6",
+	"u4kR6dm+Q7BNifzvXD+RiiVjoWLX56zqpQShKbxsNOTqmW7qQhL2IEFGi0FMvkv9cQ1Va0EaAxIrNqfc",
+	"/vvCtfLBWil6tZZKSL8humJBVaoH5AWFyKgV4YB0LVFxp+oJUC9ozjEWR8NvmnDevVsh/QPx8nc4T7vE",
+	"715IB5+tIatIteLDgy49awzq0SKEHRJ+9K2uNxbUOPFZzK7Xz2bkIttwKyoT8aqmib6OD4QWY41jV6NH",
+	"HzvTpHG9fTB78Gh4UJaSFUQKwEpg0x4ZMTgrREEfxMXSQdlRirvYLp9cvaY4VH27SRcWOxa44Wi148kT",
+	"HZUZ214al8o3G+qFFRexd96MisuqBLaVn3zdxjn1Q5TmFCfw+E4F//Pf/98KJY1dZB+fTpmVcXwfIm58",
+	"YyY8kRWJqKQ5PCVzajD22w/Za6Y2drRHIDZ2mk20Bo74n4v7P0b4AIAV3QmZH07r2G6fBQDbQMKg4c+n",
+	"ss+uePvt0H98gcxTaGn0uSbhY5mmFGP/YGhdD9pFVlU6tmrhLYCq5M3SZeLsf8ypmd0+cG0SzEaImqK9",
+	"FJQWR934/bvXEZlKkEqxzyWUNKRm5uoChkcglTnGUvlLqPlJdEb1zDKVbty66a+HXw/3ac73oR36v//6",
+	"7CCuuoHGK08cs4GkPpe+53L6tibzraXvtdyEWW7s4XJqlmeuqvJDon01zcauI76+82ejWA0Syz7Furoq",
+	"j4z2gh/GGIYdI3KzjH3rj4lMlxFxDrewFqiXbp2h7PT8Z9KNXX0G38Qh5zmiDjRDj8Gd78P6gfe6CHcq",
+	"fMO6WuvlbulmOiA/8m+DPguRK2RJJ1pmhcH2BkROp5oZ7Xr4Qm9N2EqXavI2Z8KdACRCpE902XLR2bP9",
+	"SaMvbexND37zWK8CDepVJ1i37sif11ymzqbuNkT1Fbaf7sb/npvls2E8Ggs4mOOqET8eYO+4qrXhKJPr",
+	"Dsg1NhJ22nTsSqDihmMyHIxFUNfVWeTqAAWePJpAjrGesSxzqVN8SsqCGJD9oGcr1jlofe3Mc+22uArd",
+	"H8ggd2qWWKL+kYxy5XyfS4D+CxZgcqU8V8nwGhVuZcHYV2+3Cp5u8NVKaRFJMonNEKqGnj4LuarLWBuj",
+	"rYrnCnp+LuS5AmRwNI/J89eLa26FtfbCmo9zu8Esm6W5z/dbi+Hc4WIfUE1ye99kY/DUan+hH1hn274Y",
+	"6AD/MAFpZ55WYlgCMZIIuSB/qXprxcN4VLXROl5zctZFKuyJbMbCfd/u1RyQ5+Uk0PGqXtLu/Px10M1q",
+	"GLve/uCM9WGrirkOtj20gB4Nh2FLVPd5syVTsMXDBmO9s1NslMsezZwES/ksmP2p/asnN4aJtGZ8yviU",
+	"GT5n97I9KaaL+QNZSXHsP95M+s4lz0Ofis/W0kfSA85ndFG13d+tG1UzjFYRfw/C217Q3BSq3lzNB0Qv",
+	"tWFzAkHL6AFcbHT8O0grDSAMWwdwFfZVkTkTtWKfLhSPJLiQdBTEP0LgoPdjjkUZFu4sK1PF9CwwPzuz",
+	"rB/J12gLg5Mhz8pV90BP6listD3B2Gd7U2VrGh+CgHUzXKPC8CS6VUN5KQitxgw7ybseki4YIuwbU67O",
+	"td7uwjtR1c6dLICRe/MSdMiENsOGZZmvtOr6wdSauoSLdB3fR+s9ZBu6pmO3y9q5XbHcDMipm945jBMq",
+	"7O2V75UOaDuokOZCF3kOuTjxhm6Z7uuHqsrthn+sqCy/mybzj3v22QT0+JHfj2D9KbGgmZTeJ57bNbdv",
+	"c8xUvQrPfBf8h5M0YIbNxVJco/5/YafMeY2Rwnk8WuBSkfsiqQ/g48EsKEwXgmKqJPb1Ny8mXx7FWAQe",
+	"0pQvXF7m9oKlmOCUcrVevYAExQvq1QmSzTVcT9/fpYZrA1fCY7xTSYO7YdL7HEuc/iEVj/zkbWj8uarB",
+	"H1WN6I+oiHCPkqye9oSaSWvUwFn51kNyJjfJxogBv5AysJSpJxrkermA6nq1fqz3g+Rdm2aXnvtyHTo4",
+	"p03Sgf9pu5/oHTbyR9cvVmyEchQYxOm1ggXVgZ7FjaWq0DnTQDQ5nEbv2Eo0ZX5nGP9TxodeQs8IQ5e6",
+	"ro5s6JkdSv3/ex1Ljxtfvb3zdXWqTWC0oeX1I1zHJtUoxNFHu4/dj7fqQr3tgO8oerlvUarbsh6odorD",
+	"FirrjDr7ILC5daz5LRyKZnzKkmWSQcOSoBF1hBJQFPbOL4tjD6oAs4r2r0fNvay0m4rAOvfkVW2Q8ozW",
+	"B/lupblxtLkx8IJyiMKVKoIGOfZFDGmBmbHRV+bjdKlYBganYEVld4PmWEAXbwScEEMeV8rCRlBLSCpy",
+	"dnZCunPXD3iyJDPMmS9Lg18yAXlpKQ6meuGxYOWvpjV471/39PxnO03Oc9Yro41cto9bZS38aS1miXjm",
+	"nrFw7hx06aa9r4YphadgV+Pji+676wWbaBi/NQ7Twjnz5WplyW2wVPp9p4XhGqb8gdHMzBCYuGBaR2TO",
+	"jOIJWDC5JqlMirmPnoDwNiUXmqnKRdsF3CxXFM4qc21R+/8GAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -20,7 +20,7 @@ func TestMain(m *testing.M) {
 // excludedTags mirrors output-options.exclude-tags in cfg.yaml: operations
 // with these tags are documented in the YAML but not generated (and so are
 // absent from the embedded spec).
-var excludedTags = []string{"websocket", "proxy", "ops"}
+var excludedTags = []string{"websocket", "proxy", "ops", "streams"}
 
 // operationIDs are the names handlers and clients code against.
 var operationIDs = []string{
@@ -30,6 +30,10 @@ var operationIDs = []string{
 	"renewSandbox", "pauseSandbox", "resumeSandbox", "getEndpoint", "deleteSandbox",
 	// pty
 	"createPtySession", "listPtySessions", "getPtySession", "deletePtySession",
+	// commands
+	"startCommand", "listCommands", "getCommand", "deleteCommand", "waitCommand", "signalCommand",
+	// streams
+	"readCommandOutput",
 	// websocket
 	"attachPtySession",
 	// proxy

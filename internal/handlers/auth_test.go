@@ -39,6 +39,13 @@ var routes = []route{
 			g.t.Fatalf("pause for resume: %d %s", r.status, r.body)
 		}
 	}},
+	{"start command", "POST", "/v1/sandboxes/{id}/commands", map[string]any{"command": "true"}, "operate", 201, nil},
+	{"list commands", "GET", "/v1/sandboxes/{id}/commands", nil, "operate", 200, nil},
+	{"get command", "GET", "/v1/sandboxes/{id}/commands/{cmd}", nil, "operate", 200, nil}, // {cmd}: a command started by the owner
+	{"wait command", "GET", "/v1/sandboxes/{id}/commands/{cmd}/wait", nil, "operate", 200, nil},
+	{"command output", "GET", "/v1/sandboxes/{id}/commands/{cmd}/output", nil, "operate", 200, nil},
+	{"signal command", "POST", "/v1/sandboxes/{id}/commands/{cmd}/signal", map[string]any{"signal": "SIGTERM"}, "operate", 200, nil},
+	{"delete command", "DELETE", "/v1/sandboxes/{id}/commands/{cmd}", nil, "operate", 200, nil},
 	// local and fake publish no ports: an authorised caller gets 409 not_supported.
 	{"endpoint", "GET", "/v1/sandboxes/{id}/endpoints/8080", nil, "operate", 409, nil},
 	{"delete", "DELETE", "/v1/sandboxes/{id}", nil, "owner", 200, nil},
@@ -99,6 +106,9 @@ func TestAuthMatrix(t *testing.T) {
 				path := strings.ReplaceAll(rt.path, "{id}", a.SandboxID)
 				if strings.Contains(path, "{lease}") {
 					path = strings.ReplaceAll(path, "{lease}", leaseID(g.mint(a.SandboxID, a.Token, "operate", nil)))
+				}
+				if strings.Contains(path, "{cmd}") {
+					path = strings.ReplaceAll(path, "{cmd}", g.startCommand(a.SandboxID, a.Token, map[string]any{"command": "true"}).CommandID)
 				}
 				r := g.do(rt.method, path, body, hdr)
 				if r.status != want {

@@ -14,6 +14,11 @@ func TestBadInput(t *testing.T) {
 	id := a.SandboxID
 	own := lease(a.Token)
 	raw := func(s string) string { return s }
+	cmd := g.startCommand(id, a.Token, map[string]any{"command": "printf abc"})
+	if r := g.do("GET", "/v1/sandboxes/"+id+"/commands/"+cmd.CommandID+"/wait", nil, own); r.status != 200 {
+		t.Fatalf("wait: %d %s", r.status, r.body)
+	}
+	cmds := "/v1/sandboxes/" + id + "/commands/"
 	cases := []struct {
 		name         string
 		method, path string
@@ -62,6 +67,21 @@ func TestBadInput(t *testing.T) {
 		{"zero lease ttl", "POST", "/v1/sandboxes/" + id + "/leases", raw(`{"scope": "operate", "ttl_s": 0}`), own, 400, "invalid_input", "ttl_s"},
 		{"renew negative", "POST", "/v1/sandboxes/" + id + "/renew", raw(`{"ttl_s": -5}`), own, 422, "schema_violation", "ttl_s"},
 		{"resume running", "POST", "/v1/sandboxes/" + id + "/resume", nil, own, 409, "conflict", "running"},
+		{"unknown command", "GET", cmds + "cmd-0123456789abcdef", nil, own, 404, "not_found", "cmd-0123456789abcdef"},
+		{"ill-formed command id", "GET", cmds + "cmd-XYZ", nil, own, 404, "not_found", "cmd-XYZ"},
+		{"wait unknown command", "GET", cmds + "cmd-0123456789abcdef/wait", nil, own, 404, "not_found", "cmd-0123456789abcdef"},
+		{"signal unknown command", "POST", cmds + "cmd-0123456789abcdef/signal", raw(`{"signal": "SIGTERM"}`), own, 404, "not_found", "cmd-0123456789abcdef"},
+		{"delete unknown command", "DELETE", cmds + "cmd-0123456789abcdef", nil, own, 404, "not_found", "cmd-0123456789abcdef"},
+		{"output unknown command", "GET", cmds + "cmd-0123456789abcdef/output", nil, own, 404, "not_found", "cmd-0123456789abcdef"},
+		{"output since beyond the end", "GET", cmds + cmd.CommandID + "/output?since=4", nil, own, 400, "invalid_input", "beyond its end"},
+		{"output since negative", "GET", cmds + cmd.CommandID + "/output?since=-1", nil, own, 400, "invalid_input", "since"},
+		{"output since not a number", "GET", cmds + cmd.CommandID + "/output?since=ten", nil, own, 400, "invalid_input", "since"},
+		{"output since pair, raw", "GET", cmds + cmd.CommandID + "/output?since=1,2", nil, own, 400, "invalid_input", "since"},
+		{"output bad stream", "GET", cmds + cmd.CommandID + "/output?stream=stdin", nil, own, 400, "invalid_input", "stream"},
+		{"bad signal", "POST", cmds + cmd.CommandID + "/signal", raw(`{"signal": "SIGSTOP"}`), own, 400, "invalid_input", "signal"},
+		{"wait too long", "GET", cmds + cmd.CommandID + "/wait?timeout_s=301", nil, own, 400, "invalid_input", "timeout_s"},
+		{"command output cap too big", "POST", "/v1/sandboxes/" + id + "/commands", raw(`{"command": "true", "max_output_bytes": 1073741825}`), own, 422, "schema_violation", "max_output_bytes"},
+		{"command bad base64 stdin", "POST", "/v1/sandboxes/" + id + "/commands", raw(`{"command": "cat", "stdin_b64": "***"}`), own, 400, "invalid_input", "stdin_b64"},
 		{"unknown route", "GET", "/v1/nothing", nil, nil, 404, "not_found", "/v1/nothing"},
 		{"wrong method", "PATCH", "/v1/sandboxes/" + id, nil, own, 405, "method_not_allowed", "PATCH"},
 	}

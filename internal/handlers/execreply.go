@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"math"
 	"net/http"
@@ -12,6 +13,62 @@ import (
 	"github.com/sandgate/sandgate/internal/api"
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
+
+// execRun runs an exec as its reply is written, so that the reply can
+// start before the command ends: once the command runs (the provider
+// calls Started), the status 200 and the command's id (X-Command-Id) go
+// out, then a space every heartbeat period while it runs (leading
+// whitespace is legal JSON, and a proxy that cuts idle connections sees
+// traffic), then the result as execReply writes it. A command that ends
+// within a period gets exactly execReply's body. An error before the
+// start keeps its status; one after it (the sandbox stopped meanwhile) is
+// a sandbox failure result. The client going away leaves the command
+// running unless the request said kill_on_disconnect.
+type execRun struct {
+	s   *server
+	ctx context.Context
+	id  string
+	req sandbox.ExecRequest
+}
+
+var _ api.ExecCommandResponseObject = execRun{}
+
+func (e execRun) VisitExecCommandResponse(w http.ResponseWriter) error {
+	pw := newProgressWriter(w, e.s.replyTimeout)
+	var hb *heartbeat
+	e.req.Started = func(cid string) {
+		w.Header().Set(commandIDHeader, cid)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		pw.flush()
+		hb = startHeartbeat(pw, e.s.heartbeat, []byte(" "), nil)
+	}
+	res, err := e.s.svc.Exec(e.ctx, callerFrom(e.ctx), e.id, e.req)
+	if hb == nil {
+		if err != nil {
+			return err
+		}
+		return execReply{res, e.s.replyTimeout}.VisitExecCommandResponse(w)
+	}
+	hb.end()
+	if err != nil {
+		if e.ctx.Err() != nil {
+			// The client went; the command runs on unless it asked otherwise.
+			e.s.log.Debug("client gone during exec", "sandbox", e.id, "err", err)
+			return nil
+		}
+		e.s.log.Warn("exec failed after it started", "sandbox", e.id, "err", err)
+		res = sandbox.FailedResult(err)
+	}
+	defer res.Release()
+	if err := writeExecResult(pw, res); err != nil {
+		return err
+	}
+	return pw.flush()
+}
+
+// commandIDHeader names the durable command that runs an exec.
+const commandIDHeader = "X-Command-Id"
 
 // execReply renders an exec result as api.ExecResult JSON, escaping the
 // output straight onto the connection: the generated response would

@@ -194,7 +194,7 @@ func (s *server) DeleteSandbox(ctx context.Context, req api.DeleteSandboxRequest
 
 func (s *server) ExecCommand(ctx context.Context, req api.ExecCommandRequestObject) (api.ExecCommandResponseObject, error) {
 	b := req.Body
-	res, err := s.svc.Exec(ctx, callerFrom(ctx), req.ID, sandbox.ExecRequest{
+	return execRun{s: s, ctx: ctx, id: req.ID, req: sandbox.ExecRequest{
 		Command:            b.Command,
 		Cwd:                deref(b.Cwd),
 		Env:                b.Env,
@@ -202,11 +202,8 @@ func (s *server) ExecCommand(ctx context.Context, req api.ExecCommandRequestObje
 		User:               deref(b.User),
 		StdinB64:           b.StdinB64,
 		PreserveBackground: deref(b.PreserveBackgroundServices),
-	})
-	if err != nil {
-		return nil, err
-	}
-	return execReply{res, s.replyTimeout}, nil
+		KillOnDisconnect:   deref(b.KillOnDisconnect),
+	}}, nil
 }
 
 func (s *server) UploadFile(ctx context.Context, req api.UploadFileRequestObject) (api.UploadFileResponseObject, error) {

@@ -49,6 +49,11 @@ type Options struct {
 	// no write progress (the client takes nothing) before its connection
 	// is closed and what it holds released. Default 60 s.
 	ReplyTimeout time.Duration
+	// Heartbeat is how often a reply that waits for a command (an exec,
+	// a command's wait or its SSE output) writes something while there
+	// is nothing to say, so that proxies that cut idle connections leave
+	// it alone. Default 2 s.
+	Heartbeat time.Duration
 	// PTY serves the terminal sessions. The caller owns it and closes it
 	// on shutdown (closing attached WebSockets with 1001). Nil: a manager
 	// with default options that nobody closes (tests without sessions).
@@ -77,6 +82,9 @@ func New(opts Options) (http.Handler, error) {
 	if opts.ReplyTimeout <= 0 {
 		opts.ReplyTimeout = DefaultReplyTimeout
 	}
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = DefaultHeartbeat
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -89,7 +97,7 @@ func New(opts Options) (http.Handler, error) {
 	}
 	s := &server{svc: opts.Service, pty: opts.PTY, log: opts.Logger, met: opts.Metrics, serverURL: base + "/v1",
 		maxJSON: opts.MaxJSONBody, maxUpload: opts.MaxUploadBody, bodies: newBodyBudget(opts.MaxBodyInflight),
-		bodyTimeout: opts.BodyTimeout, replyTimeout: opts.ReplyTimeout}
+		bodyTimeout: opts.BodyTimeout, replyTimeout: opts.ReplyTimeout, heartbeat: opts.Heartbeat}
 
 	validate, err := s.validator()
 	if err != nil {
@@ -130,7 +138,8 @@ func New(opts Options) (http.Handler, error) {
 			ErrorHandlerFunc: s.requestError,
 		})
 	})
-	// The WebSocket attach, documented in the contract, mounted by hand.
+	// The WebSocket attach and a command's output (raw or SSE),
+	// documented in the contract, mounted by hand.
 	wsValidate, err := s.wsValidator()
 	if err != nil {
 		return nil, err
@@ -138,6 +147,10 @@ func New(opts Options) (http.Handler, error) {
 	r.Group(func(r chi.Router) {
 		r.Use(s.credentials(credentialSources{query: true, subprotocol: true}), s.authenticate, wsValidate)
 		r.Get("/v1/sandboxes/{id}/pty/{sid}/ws", s.attachPty)
+	})
+	r.Group(func(r chi.Router) {
+		r.Use(s.credentials(credentialSources{}), s.authenticate, wsValidate)
+		r.Get("/v1/sandboxes/{id}/commands/{cid}/output", s.readCommandOutput)
 	})
 	// The reverse proxy to sandbox ports: any method and body, streamed,
 	// so neither validated against the contract nor size-capped.
@@ -161,6 +174,7 @@ type server struct {
 
 	bodyTimeout  time.Duration
 	replyTimeout time.Duration
+	heartbeat    time.Duration
 }
 
 // Defaults of Options.
@@ -170,6 +184,7 @@ const (
 	DefaultMaxBodyInflight = 256 << 20
 	DefaultBodyTimeout     = 120 * time.Second
 	DefaultReplyTimeout    = 60 * time.Second
+	DefaultHeartbeat       = 2 * time.Second
 )
 
 var _ api.StrictServerInterface = (*server)(nil)
@@ -207,11 +222,17 @@ func (s *server) requestError(w http.ResponseWriter, r *http.Request, err error)
 // responseError renders an error a handler returned. If the response had
 // already started (a stream broke), it can only be logged.
 func (s *server) responseError(w http.ResponseWriter, r *http.Request, err error) {
-	if ww, ok := w.(middleware.WrapResponseWriter); ok && ww.Status() != 0 {
+	if started(w) {
 		s.log.Warn("response failed after it started", "request_id", requestID(r), "err", err)
 		return
 	}
 	writeError(w, r, s.log, err)
+}
+
+// started reports whether the response on w has sent its status.
+func started(w http.ResponseWriter) bool {
+	ww, ok := w.(middleware.WrapResponseWriter)
+	return ok && ww.Status() != 0
 }
 
 func requestID(r *http.Request) string { return middleware.GetReqID(r.Context()) }

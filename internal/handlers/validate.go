@@ -29,7 +29,8 @@ func (s *server) validator() (func(http.Handler) http.Handler, error) {
 	return s.validatorFor(spec), nil
 }
 
-// wsValidator validates the routes mounted by hand (the WebSocket attach),
+// wsValidator validates the routes mounted by hand (the WebSocket attach,
+// a command's output),
 // which the generated code's embedded spec leaves out, against the whole
 // contract.
 func (s *server) wsValidator() (func(http.Handler) http.Handler, error) {

@@ -21,6 +21,13 @@ type ExecRequest struct {
 	User               string
 	StdinB64           *string
 	PreserveBackground bool
+	// KillOnDisconnect (Exec only): a cancelled ctx kills the command;
+	// otherwise it runs on to its own timeout, held under its id.
+	KillOnDisconnect bool
+	// Started (Exec only), if set, is called with the command's id once
+	// it runs, on Exec's goroutine, before Exec returns. Providers that
+	// run no agent never call it.
+	Started func(cid string)
 }
 
 // Error types of ExecResult.
@@ -65,28 +72,7 @@ const execGrace = 30 * time.Second
 // returns, only what its output takes, until the caller calls Release.
 func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest) (ExecResult, error) {
 	var bad providers.InvalidFields
-	if req.Command == "" {
-		bad.Add("command", "must not be empty")
-	}
-	if req.Cwd != "" {
-		if err := checkPath(req.Cwd); err != nil {
-			bad.Add("cwd", "%s", err)
-		}
-	}
-	timeout := s.opts.DefaultExecTimeout
-	if req.Timeout != nil {
-		if *req.Timeout <= 0 {
-			bad.Add("timeout_s", "must be positive")
-		}
-		timeout = *req.Timeout
-	}
-	var stdin []byte
-	if req.StdinB64 != nil {
-		var err error
-		if stdin, err = base64.StdEncoding.DecodeString(*req.StdinB64); err != nil {
-			bad.Add("stdin_b64", "is not valid base64")
-		}
-	}
+	timeout, stdin := s.checkExec(req, &bad)
 	if err := bad.Err(); err != nil {
 		return ExecResult{}, err
 	}
@@ -105,10 +91,6 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 	}
 	defer done()
 
-	cwd := a.box.rec.Workdir
-	if req.Cwd != "" {
-		cwd = resolve(cwd, req.Cwd)
-	}
 	start := time.Now()
 	outcome := "error"
 	defer func() {
@@ -121,16 +103,12 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout+execGrace)
 	defer cancel()
-	res, err := s.p.Exec(ctx, id, providers.ExecRequest{
-		Command:            req.Command,
-		Cwd:                cwd,
-		Env:                mergeEnv(a.box.rec.Env, req.Env),
-		Timeout:            timeout,
-		User:               req.User,
-		Stdin:              stdin,
-		PreserveBackground: req.PreserveBackground,
-		MaxOutput:          maxOut,
-	})
+	pr := execFor(a.box, req, timeout, stdin, maxOut)
+	pr.ID, pr.Retain, pr.KillOnDisconnect = newCommandID(), s.opts.CommandRetention, req.KillOnDisconnect
+	if req.Started != nil {
+		pr.Started = func() { req.Started(pr.ID) }
+	}
+	res, err := s.p.Exec(ctx, id, pr)
 	if err != nil {
 		room.release() // a failure's result holds a line at most
 		out, err := s.execFailed(ctx, a.box, err)
@@ -159,6 +137,55 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 		outcome = "ok"
 	}
 	return out, nil
+}
+
+// checkExec validates req as Exec and StartCommand take it, adding each
+// problem to bad, and returns its timeout (the default when unset) and
+// its stdin (nil: none).
+func (s *Service) checkExec(req ExecRequest, bad *providers.InvalidFields) (time.Duration, []byte) {
+	if req.Command == "" {
+		bad.Add("command", "must not be empty")
+	}
+	if req.Cwd != "" {
+		if err := checkPath(req.Cwd); err != nil {
+			bad.Add("cwd", "%s", err)
+		}
+	}
+	timeout := s.opts.DefaultExecTimeout
+	if req.Timeout != nil {
+		if *req.Timeout <= 0 {
+			bad.Add("timeout_s", "must be positive")
+		}
+		timeout = *req.Timeout
+	}
+	var stdin []byte
+	if req.StdinB64 != nil {
+		var err error
+		if stdin, err = base64.StdEncoding.DecodeString(*req.StdinB64); err != nil {
+			bad.Add("stdin_b64", "is not valid base64")
+		}
+	}
+	return timeout, stdin
+}
+
+// execFor is req, checked by checkExec, as the provider takes it in
+// sandbox b: cwd resolved against the workdir, env merged over the
+// sandbox's.
+func execFor(b *box, req ExecRequest, timeout time.Duration, stdin []byte, maxOut int) providers.ExecRequest {
+	cwd := b.rec.Workdir
+	if req.Cwd != "" {
+		cwd = resolve(cwd, req.Cwd)
+	}
+	return providers.ExecRequest{
+		Command:            req.Command,
+		Cwd:                cwd,
+		Env:                mergeEnv(b.rec.Env, req.Env),
+		Timeout:            timeout,
+		User:               req.User,
+		Stdin:              stdin,
+		PreserveBackground: req.PreserveBackground,
+		MaxOutput:          maxOut,
+	}
 }
 
 // execSlot counts one exec in flight against the concurrency limits, or
@@ -206,7 +233,13 @@ func (s *Service) execFailed(ctx context.Context, b *box, err error) (ExecResult
 		}
 	}
 	s.log.Warn("exec: sandbox runtime failed", "sandbox", b.rec.ID, "err", err)
-	return ExecResult{ReturnCode: 125, ErrorType: ExecSandbox, Stderr: []byte("sandbox error: " + providers.Message(err))}, nil
+	return FailedResult(err), nil
+}
+
+// FailedResult is the result of a command whose sandbox runtime failed
+// with err: 125, ExecSandbox, the reason in Stderr. It holds no budget.
+func FailedResult(err error) ExecResult {
+	return ExecResult{ReturnCode: 125, ErrorType: ExecSandbox, Stderr: []byte("sandbox error: " + providers.Message(err))}
 }
 
 // WriteFile streams r into path in the sandbox and returns the absolute

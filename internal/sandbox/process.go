@@ -41,20 +41,12 @@ func (s *Service) ProcessSpec(ctx context.Context, c Caller, id string, spec pro
 // sessions live (they outlive the gateway). ErrUnsupported when the
 // provider runs no agent.
 func (s *Service) SessionHost(ctx context.Context, c Caller, id string) (*agentclient.Client, error) {
-	a, err := s.authorize(ctx, c, id, ScopeOperate)
+	ag, _, end, err := s.agentHost(ctx, c, id, "terminal sessions", nil)
 	if err != nil {
 		return nil, err
 	}
-	end, err := s.begin(a.box)
-	if err != nil {
-		return nil, err
-	}
-	defer end()
-	ap, ok := s.p.(agentclient.Provider)
-	if !ok {
-		return nil, providers.Errorf(providers.ErrUnsupported, "terminal sessions are not supported by provider %s", s.p.Name())
-	}
-	return ap.Agent(ctx, id)
+	end()
+	return ag, nil
 }
 
 // OnRemove registers f to be called with the id of every sandbox the

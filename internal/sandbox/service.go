@@ -52,6 +52,9 @@ type Options struct {
 	MaxExecs            int           // concurrent execs in all sandboxes; default 1024
 	MaxExecsPerSandbox  int           // concurrent execs in one sandbox; default 256
 	ReapInterval        time.Duration // default 1s
+	// CommandRetention is how long a sandbox's agent keeps a durable
+	// command (its output and result) after it ended; default 1 h.
+	CommandRetention time.Duration
 	// Ceilings bound what a request may ask for (see Ceilings); zero
 	// fields are none.
 	Ceilings Ceilings
@@ -99,6 +102,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxExecsPerSandbox <= 0 {
 		o.MaxExecsPerSandbox = 256
+	}
+	if o.CommandRetention <= 0 {
+		o.CommandRetention = DefaultCommandRetention
 	}
 	if o.ReapInterval <= 0 {
 		o.ReapInterval = time.Second

@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Proxy forwards connections to a target and lets a test take the target
@@ -16,6 +18,8 @@ import (
 // on a unix socket, like its target.
 type Proxy struct {
 	network, addr, target string
+	idle                  time.Duration // > 0: cut a pair idle this long (NewIdleProxy)
+	idleCuts              atomic.Int64
 
 	mu    sync.Mutex
 	ln    net.Listener      // nil while cut
@@ -29,7 +33,14 @@ type Proxy struct {
 func NewProxy(t testing.TB, network, target string) *Proxy {
 	t.Helper()
 	p := &Proxy{network: network, target: target, conns: map[net.Conn]bool{}}
-	switch network {
+	p.listenOn(t)
+	return p
+}
+
+// listenOn picks p's address on its network and starts it.
+func (p *Proxy) listenOn(t testing.TB) {
+	t.Helper()
+	switch p.network {
 	case "tcp":
 		p.addr = "127.0.0.1:0"
 	case "unix":
@@ -41,12 +52,24 @@ func NewProxy(t testing.TB, network, target string) *Proxy {
 		t.Cleanup(func() { os.RemoveAll(dir) })
 		p.addr = filepath.Join(dir, "proxy.sock")
 	default:
-		t.Fatalf("proxy: network %q, want tcp or unix", network)
+		t.Fatalf("proxy: network %q, want tcp or unix", p.network)
 	}
 	p.Restore(t)
 	t.Cleanup(p.Cut)
+}
+
+// NewIdleProxy is NewProxy with a load balancer's idle timeout: a
+// connection on which no byte passed either way for idle is closed, both
+// sides, as such proxies do to quiet long requests.
+func NewIdleProxy(t testing.TB, network, target string, idle time.Duration) *Proxy {
+	t.Helper()
+	p := &Proxy{network: network, target: target, conns: map[net.Conn]bool{}, idle: idle}
+	p.listenOn(t)
 	return p
 }
+
+// IdleCuts is how many connections the idle timeout closed.
+func (p *Proxy) IdleCuts() int { return int(p.idleCuts.Load()) }
 
 // Addr is the address to dial instead of the target: host:port for tcp,
 // the socket's path for unix. A tcp proxy keeps its port across Cut and
@@ -128,16 +151,27 @@ func (p *Proxy) pump(c net.Conn) {
 	if !p.track(c, u) {
 		return
 	}
+	var from, to io.Reader = c, u
+	if p.idle > 0 {
+		a := &activity{d: p.idle}
+		a.t = time.AfterFunc(p.idle, func() {
+			p.idleCuts.Add(1)
+			c.Close()
+			u.Close()
+		})
+		defer a.t.Stop()
+		from, to = &activeReader{c, a}, &activeReader{u, a}
+	}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		io.Copy(u, c)
+		io.Copy(u, from)
 		closeWrite(u)
 	}()
 	go func() {
 		defer wg.Done()
-		io.Copy(c, u)
+		io.Copy(c, to)
 		closeWrite(c)
 	}()
 	wg.Wait()
@@ -169,4 +203,28 @@ func closeWrite(c net.Conn) {
 	} else {
 		c.Close()
 	}
+}
+
+// activity is the idle timer of a connection pair: any byte either way
+// restarts it.
+type activity struct {
+	mu sync.Mutex // orders the resets of the two directions
+	t  *time.Timer
+	d  time.Duration
+}
+
+// activeReader restarts its pair's idle timer on every byte read.
+type activeReader struct {
+	r io.Reader
+	a *activity
+}
+
+func (r *activeReader) Read(b []byte) (int, error) {
+	n, err := r.r.Read(b)
+	if n > 0 {
+		r.a.mu.Lock()
+		r.a.t.Reset(r.a.d)
+		r.a.mu.Unlock()
+	}
+	return n, err
 }

@@ -180,6 +180,36 @@ func TestProxy(t *testing.T) {
 	}
 }
 
+// TestIdleProxy: a connection that carries a byte either way within the
+// idle timeout lives on; one quiet for longer is closed.
+func TestIdleProxy(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	p := NewIdleProxy(t, "tcp", echo(t, "tcp"), idle)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	// Busy for 3 timeouts in all, never quiet for half of one.
+	for deadline := time.Now().Add(3 * idle); time.Now().Before(deadline); {
+		if got, err := roundTrip(c, r, "busy"); err != nil || got != "busy" {
+			t.Fatalf("a busy connection: %q %v (idle cuts %d)", got, err, p.IdleCuts())
+		}
+		<-time.After(idle / 4) // the traffic's pace, not a wait for a condition
+	}
+	if p.IdleCuts() != 0 {
+		t.Fatalf("%d idle cuts of a busy connection", p.IdleCuts())
+	}
+	c.SetReadDeadline(time.Now().Add(100 * idle)) // catches a hang only
+	if _, err := r.ReadByte(); err == nil {
+		t.Fatal("read a byte nobody sent")
+	}
+	if p.IdleCuts() != 1 {
+		t.Fatalf("%d idle cuts, want 1", p.IdleCuts())
+	}
+}
+
 // Build builds once per key and applies ldflags; binaries of one name
 // and flags share a directory.
 func TestBuild(t *testing.T) {
