@@ -58,15 +58,19 @@ func TestHarnessQuick(t *testing.T) {
 		if r.Baseline != nil && (len(r.Baseline.Values) == 0 || r.Ratio <= 0) {
 			t.Errorf("%s on %s: baseline without samples: %+v", r.Scenario, r.Provider, r.Baseline)
 		}
+		if e, ok := r.Extra["lost results"]; ok && e != 0 {
+			t.Errorf("%s on %s: %v results lost (%s)", r.Scenario, r.Provider, e, r.Note)
+		}
 		if e, ok := r.Extra["errors"]; ok && e != 0 {
 			t.Errorf("%s on %s: %v errors (%s)", r.Scenario, r.Provider, e, r.Note)
 		}
 	}
 	// exec, lifecycle, pty, pipe, echo, concurrency, sessions, streams,
-	// upload, download, one rollout size.
+	// upload, download, one rollout size, and the commands' start,
+	// streaming and held scenarios.
 	for _, p := range []string{"local", "docker"} {
-		if (p == "local" || providers != "local") && seen[p] != 11 {
-			t.Errorf("%d results on %s, want 11", seen[p], p)
+		if (p == "local" || providers != "local") && seen[p] != 14 {
+			t.Errorf("%d results on %s, want 14", seen[p], p)
 		}
 	}
 	if err := rep.write(out); err != nil {
