@@ -151,11 +151,11 @@ func reapSandboxes(t *testing.T, stateDir string) {
 }
 
 // stop sends sig and waits for the process to exit; it returns the wait error.
+// It is safe to call again: done hands the first wait's error back. (It
+// reads no ProcessState: the waiting goroutine writes it.)
 func (p *proc) stop(sig syscall.Signal) error {
-	if p.cmd.ProcessState != nil {
-		return nil
-	}
-	p.cmd.Process.Signal(sig)
+	p.cmd.Process.Signal(sig) // an error once the process is gone: done answers
+
 	select {
 	case err := <-p.done:
 		p.done <- err
