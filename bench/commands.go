@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -164,12 +165,12 @@ func (b *bench) commandsHeld(ctx context.Context) (Result, error) {
 			defer wg.Done()
 			var res struct {
 				Stdout     string `json:"stdout"`
-				ReturnCode int    `json:"return_code"`
+				ReturnCode *int   `json:"return_code"`
 			}
 			path := fmt.Sprintf("/v1/sandboxes/%s/commands/%s/wait?timeout_s=300", boxes[i].ID, ids[i])
-			err := px.do(ctx, path, boxes[i].Tok, &res)
-			if err == nil && (res.ReturnCode != 0 || res.Stdout != fmt.Sprintf("done-%d\n", i)) {
-				err = fmt.Errorf("command %d: exit %d, stdout %q", i, res.ReturnCode, res.Stdout)
+			body, err := px.do(ctx, path, boxes[i].Tok, &res)
+			if err == nil && (res.ReturnCode == nil || *res.ReturnCode != 0 || res.Stdout != fmt.Sprintf("done-%d\n", i)) {
+				err = fmt.Errorf("command %d: answer %.300s", i, bytes.TrimSpace(body))
 			}
 			if err != nil {
 				lost.Add(1)
@@ -284,25 +285,25 @@ func (p *idleProxy) pump(c net.Conn) {
 
 // do GETs path through the proxy, on a connection of its own (none is
 // kept idle to be cut), and decodes a 200's JSON into out.
-func (p *idleProxy) do(ctx context.Context, path, tok string, out any) error {
+func (p *idleProxy) do(ctx context.Context, path, tok string, out any) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+p.ln.Addr().String()+path, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req.Header.Set("X-Sandbox-Lease", tok)
 	res, err := p.hc.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer res.Body.Close()
 	body, err := io.ReadAll(res.Body)
 	if err != nil {
-		return fmt.Errorf("read the answer: %w", err)
+		return body, fmt.Errorf("read the answer: %w", err)
 	}
 	if res.StatusCode != 200 {
-		return fmt.Errorf("status %d: %s", res.StatusCode, body)
+		return body, fmt.Errorf("status %d: %s", res.StatusCode, body)
 	}
-	return json.Unmarshal(body, out)
+	return body, json.Unmarshal(body, out)
 }
 
 func (p *idleProxy) close() {

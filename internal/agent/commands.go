@@ -2,6 +2,7 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -138,22 +139,18 @@ func (s *Server) startCommand(req agentwire.ExecRequest) (*command, error) {
 		}
 		cmd.Stdin, stdin = inR, inW
 	}
-	outR, outW, err := os.Pipe()
+	outR, errR, err := outputPipes(cmd)
 	if err != nil {
+		if stdin != nil {
+			cmd.Stdin.(*os.File).Close()
+			stdin.Close()
+		}
 		return nil, err
 	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
 	ooms := s.opts.OOMKills()
 	c.started = time.Now()
 	waited, err := s.spawn(cmd, cmd.Start, !req.PreserveBackground)
-	outW.Close()
-	errW.Close()
+	closeChildOutputs(cmd)
 	if stdin != nil {
 		cmd.Stdin.(*os.File).Close() // the child's end
 	}
@@ -176,27 +173,66 @@ func (s *Server) startCommand(req agentwire.ExecRequest) (*command, error) {
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go c.keep(&wg, outR, 0)
-	go c.keep(&wg, errR, 1)
-	go c.supervise(&wg, waited, timeout, req.PreserveBackground, ooms)
+	pipes := [2]*os.File{outR, errR}
+	var caught [2]chan struct{}
+	for i, r := range pipes {
+		caught[i] = make(chan struct{})
+		go c.keep(&wg, r, i, caught[i])
+	}
+	go c.supervise(&wg, waited, timeout, req.PreserveBackground, ooms, pipes, caught)
 	return c, nil
 }
 
-// keep appends what r yields to spool i until EOF; past the end (see
-// supervise) it discards, draining for the processes that still hold the
-// pipe (preserved background services).
-func (c *command) keep(wg *sync.WaitGroup, r *os.File, i int) {
+// keep appends what r yields to spool i until EOF. A read deadline on r
+// is supervise's call to catch up (the tree has ended, r is still open):
+// keep then takes exactly what the pipe holds, the last of what the tree
+// wrote however far behind the reader was, and closes caught (as it does
+// at EOF). Past the end it discards, draining for the processes that
+// still hold the pipe (preserved background services).
+func (c *command) keep(wg *sync.WaitGroup, r *os.File, i int, caught chan struct{}) {
 	defer wg.Done()
 	defer r.Close()
+	caughtUp := false
+	defer func() {
+		if !caughtUp {
+			close(caught)
+		}
+	}()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
 			c.append(i, buf[:n])
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) && !caughtUp {
+			r.SetReadDeadline(time.Time{})
+			c.takePending(r, i, buf)
+			caughtUp = true
+			close(caught)
+			continue
+		}
 		if err != nil {
 			return
 		}
+	}
+}
+
+// takePending appends to spool i what pipe r holds now, and no more: what
+// arrives later may come from a writer that never stops.
+func (c *command) takePending(r *os.File, i int, buf []byte) {
+	rc, err := r.SyscallConn()
+	if err != nil {
+		return
+	}
+	pending := 0
+	rc.Control(func(fd uintptr) {
+		pending, err = unix.IoctlGetInt(int(fd), unix.TIOCINQ) // FIONREAD
+	})
+	for err == nil && pending > 0 {
+		var n int
+		n, err = r.Read(buf[:min(pending, len(buf))])
+		c.append(i, buf[:n])
+		pending -= n
 	}
 }
 
@@ -247,9 +283,9 @@ func (c *command) wake() {
 }
 
 // supervise waits for the command's end (its exit, its timeout or a
-// kill), kills what must die with it, awaits its output for drainGrace
-// and records the result.
-func (c *command) supervise(wg *sync.WaitGroup, waited <-chan ExitStatus, timeout time.Duration, preserve bool, ooms int64) {
+// kill), kills what must die with it, awaits its output (to EOF, or
+// after drainGrace what the pipes hold then) and records the result.
+func (c *command) supervise(wg *sync.WaitGroup, waited <-chan ExitStatus, timeout time.Duration, preserve bool, ooms int64, pipes [2]*os.File, caught [2]chan struct{}) {
 	drained := make(chan struct{})
 	go func() {
 		wg.Wait()
@@ -278,7 +314,17 @@ func (c *command) supervise(wg *sync.WaitGroup, waited <-chan ExitStatus, timeou
 	t := time.NewTimer(drainGrace)
 	select {
 	case <-drained:
-	case <-t.C: // leftovers hold the pipes: keep draining, keep nothing more
+	case <-t.C:
+		// Something still holds a pipe (a preserved background process,
+		// a leftover), or the readers are behind on a busy machine: take
+		// what the pipes hold now, then keep nothing more.
+		if testHookCatchUp != nil {
+			testHookCatchUp()
+		}
+		for i, r := range pipes {
+			r.SetReadDeadline(time.Now()) // fails once keep closed r: then caught is closed
+			<-caught[i]
+		}
 	}
 	t.Stop()
 	res.ExitCode = st.Code()
@@ -299,6 +345,10 @@ func (c *command) supervise(wg *sync.WaitGroup, waited <-chan ExitStatus, timeou
 	c.mu.Unlock()
 	close(c.done)
 }
+
+// testHookCatchUp, if set, is called when supervise gives up waiting for
+// EOF and takes what the pipes hold.
+var testHookCatchUp func()
 
 // stop kills the command's tree (once) and waits for its end.
 func (c *command) stop() {

@@ -88,20 +88,13 @@ func (s *Server) startProcess(_ context.Context, spec providers.ProcessSpec) (*p
 		if err != nil {
 			return nil, err
 		}
-		outR, outW, err := os.Pipe()
+		outR, errR, err := outputPipes(cmd)
 		if err != nil {
+			in.Close()
 			return nil, err
 		}
-		errR, errW, err := os.Pipe()
-		if err != nil {
-			outR.Close()
-			outW.Close()
-			return nil, err
-		}
-		cmd.Stdout, cmd.Stderr = outW, errW
 		p.waited, err = s.spawn(cmd, cmd.Start, false)
-		outW.Close()
-		errW.Close()
+		closeChildOutputs(cmd)
 		if err != nil {
 			in.Close()
 			outR.Close()
@@ -184,4 +177,29 @@ func (p *process) Kill() error {
 		}
 	})
 	return nil
+}
+
+// outputPipes gives cmd a pipe each for stdout and stderr and returns their
+// read ends; after the start, closeChildOutputs closes the write ends the
+// child now holds.
+func outputPipes(cmd *exec.Cmd) (outR, errR *os.File, err error) {
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, nil, err
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	return outR, errR, nil
+}
+
+// closeChildOutputs closes this side's copies of the write ends outputPipes
+// gave cmd, so the read ends see EOF when the child's copies close.
+func closeChildOutputs(cmd *exec.Cmd) {
+	cmd.Stdout.(*os.File).Close()
+	cmd.Stderr.(*os.File).Close()
 }
