@@ -24,15 +24,11 @@ import (
 // (POST .../commands, then its event stream until the first stdout byte)
 // with an /exec of the same command (POST to its whole answer).
 func (b *bench) commandStart(ctx context.Context) (Result, error) {
-	sb, err := b.sandbox(ctx)
+	sb, c, err := b.sandboxClient(ctx)
 	if err != nil {
 		return Result{}, err
 	}
 	defer b.g.delete(ctx, sb)
-	c, err := client.New(b.g.URL, sb.Tok, b.g.hc)
-	if err != nil {
-		return Result{}, err
-	}
 	const command = "echo hi"
 	var cmd, ex []time.Duration
 	for range b.o.rounds * b.o.n {
@@ -77,15 +73,11 @@ func (f *firstByte) Write(p []byte) (int, error) {
 // stream with the same command's output through /exec (a pipe read in
 // the sandbox, sent whole): payload MB/s of each.
 func (b *bench) commandStream(ctx context.Context) (Result, error) {
-	sb, err := b.sandbox(ctx)
+	sb, c, err := b.sandboxClient(ctx)
 	if err != nil {
 		return Result{}, err
 	}
 	defer b.g.delete(ctx, sb)
-	c, err := client.New(b.g.URL, sb.Tok, b.g.hc)
-	if err != nil {
-		return Result{}, err
-	}
 	size := min(b.o.streamBytes, 15<<20) // /exec keeps 16 MiB per stream
 	command := outputCmd(size)
 	var cmd, ex []float64

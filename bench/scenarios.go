@@ -43,6 +43,21 @@ func (b *bench) sandbox(ctx context.Context) (ref, error) {
 	return b.g.create(ctx, req)
 }
 
+// sandboxClient creates a sandbox and a client holding its lease; the
+// caller deletes the sandbox.
+func (b *bench) sandboxClient(ctx context.Context) (ref, *client.Client, error) {
+	sb, err := b.sandbox(ctx)
+	if err != nil {
+		return ref{}, nil, err
+	}
+	c, err := client.New(b.g.URL, sb.Tok, b.g.hc)
+	if err != nil {
+		b.g.delete(ctx, sb)
+		return ref{}, nil, err
+	}
+	return sb, c, nil
+}
+
 // timed runs f and returns how long it took, failing the run on error.
 func timed(f func() error) (time.Duration, error) {
 	t0 := time.Now()
@@ -294,15 +309,11 @@ func (e *echoWriter) Write(p []byte) (int, error) {
 // echo types one key at a time into `cat` on a PTY and times its echo,
 // through the gateway and, alternately, on a PTY of the host.
 func (b *bench) echo(ctx context.Context) (Result, error) {
-	sb, err := b.sandbox(ctx)
+	sb, c, err := b.sandboxClient(ctx)
 	if err != nil {
 		return Result{}, err
 	}
 	defer b.g.delete(ctx, sb)
-	c, err := client.New(b.g.URL, sb.Tok, b.g.hc)
-	if err != nil {
-		return Result{}, err
-	}
 	cat, yes := "stty -icanon; exec cat >/dev/null", true
 	id, err := c.CreateSession(ctx, sb.ID, api.PtyCreateRequest{Command: &cat, Pty: &yes})
 	if err != nil {
