@@ -20,9 +20,10 @@ import (
 
 // --- durable commands ----------------------------------------------------
 
-// commandStart alternates a durable command's start to its first byte
-// (POST .../commands, then its event stream until the first stdout byte)
-// with an /exec of the same command (POST to its whole answer).
+// commandStart alternates a durable command's start to its end (POST
+// .../commands asking for its event stream, read to the exit event; the
+// first byte comes with the start) with an /exec of the same command (POST
+// to its whole answer).
 func (b *bench) commandStart(ctx context.Context) (Result, error) {
 	sb, c, err := b.sandboxClient(ctx)
 	if err != nil {
@@ -33,12 +34,8 @@ func (b *bench) commandStart(ctx context.Context) (Result, error) {
 	var cmd, ex []time.Duration
 	for range b.o.rounds * b.o.n {
 		d, err := timed(func() error {
-			started, err := c.StartCommand(ctx, sb.ID, api.CommandRequest{Command: command})
-			if err != nil {
-				return err
-			}
 			first := &firstByte{}
-			_, err = c.FollowCommand(ctx, sb.ID, started.CommandID, client.FollowOptions{Stdout: first})
+			_, err := c.RunCommand(ctx, sb.ID, api.CommandRequest{Command: command}, client.FollowOptions{Stdout: first})
 			if err == nil && first.at.IsZero() {
 				err = errors.New("no output")
 			}
@@ -84,11 +81,7 @@ func (b *bench) commandStream(ctx context.Context) (Result, error) {
 	for range b.o.rounds {
 		var n countWriter
 		d, err := timed(func() error {
-			started, err := c.StartCommand(ctx, sb.ID, api.CommandRequest{Command: command})
-			if err != nil {
-				return err
-			}
-			_, err = c.FollowCommand(ctx, sb.ID, started.CommandID, client.FollowOptions{Stdout: &n})
+			_, err := c.RunCommand(ctx, sb.ID, api.CommandRequest{Command: command}, client.FollowOptions{Stdout: &n})
 			return err
 		})
 		if err != nil {

@@ -52,23 +52,24 @@ func runExec(ctx context.Context, args []string, env func(string) (string, bool)
 	if *timeout > 0 {
 		req.TimeoutS = timeout
 	}
-	cmd, err := cl.StartCommand(ctx, pos[0], req)
-	if err != nil {
-		fmt.Fprintln(stderr, "gateway exec:", err)
-		return exitFailed
-	}
 	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
-	end, err := cl.FollowCommand(sig, pos[0], cmd.CommandID, client.FollowOptions{Stdout: stdout, Stderr: stderr,
+	var cid string // once started
+	end, err := cl.RunCommand(sig, pos[0], req, client.FollowOptions{Stdout: stdout, Stderr: stderr,
+		Started:      func(c api.Command) { cid = c.CommandID },
 		Reconnecting: func(n int, err error) { fmt.Fprintf(stderr, "gateway exec: reconnecting (%d): %v\n", n, err) }})
-	if err != nil {
+	switch {
+	case err != nil && cid == "":
+		fmt.Fprintln(stderr, "gateway exec:", err)
+		return exitFailed
+	case err != nil:
 		if sig.Err() != nil && ctx.Err() == nil {
 			// Interrupted: the command dies with this process.
 			kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			cl.DeleteCommand(kctx, pos[0], cmd.CommandID)
+			cl.DeleteCommand(kctx, pos[0], cid)
 		}
-		fmt.Fprintf(stderr, "gateway exec: %v (command %s)\n", err, cmd.CommandID)
+		fmt.Fprintf(stderr, "gateway exec: %v (command %s)\n", err, cid)
 		return exitFailed
 	}
 	code := exitFailed

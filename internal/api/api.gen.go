@@ -1136,6 +1136,12 @@ type ClientInterface interface {
 	// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
 	// `.../wait`, `.../output`, `.../signal`, `DELETE`.
 	//
+	// With `Accept: text/event-stream` the start and the following are one request: the
+	// answer is a 200 event stream whose first event is `event: start`, `id: 0,0`, `data:` the
+	// Command; then exactly the events of `GET .../output` with SSE from offset 0 (output,
+	// keepalives, `exit`). If the stream is cut, `GET .../output` with the last `id` as
+	// `Last-Event-ID` resumes it. Errors before the start are answered as without it.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
@@ -1150,6 +1156,12 @@ type ClientInterface interface {
 	// `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
 	// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
 	// `.../wait`, `.../output`, `.../signal`, `DELETE`.
+	//
+	// With `Accept: text/event-stream` the start and the following are one request: the
+	// answer is a 200 event stream whose first event is `event: start`, `id: 0,0`, `data:` the
+	// Command; then exactly the events of `GET .../output` with SSE from offset 0 (output,
+	// keepalives, `exit`). If the stream is cut, `GET .../output` with the last `id` as
+	// `Last-Event-ID` resumes it. Errors before the start are answered as without it.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1723,6 +1735,12 @@ func (c *Client) ListCommands(ctx context.Context, id SandboxID, reqEditors ...R
 // ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
 // `.../wait`, `.../output`, `.../signal`, `DELETE`.
 //
+// With `Accept: text/event-stream` the start and the following are one request: the
+// answer is a 200 event stream whose first event is `event: start`, `id: 0,0`, `data:` the
+// Command; then exactly the events of `GET .../output` with SSE from offset 0 (output,
+// keepalives, `exit`). If the stream is cut, `GET .../output` with the last `id` as
+// `Last-Event-ID` resumes it. Errors before the start are answered as without it.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
@@ -1747,6 +1765,12 @@ func (c *Client) StartCommandWithBody(ctx context.Context, id SandboxID, content
 // `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
 // ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
 // `.../wait`, `.../output`, `.../signal`, `DELETE`.
+//
+// With `Accept: text/event-stream` the start and the following are one request: the
+// answer is a 200 event stream whose first event is `event: start`, `id: 0,0`, `data:` the
+// Command; then exactly the events of `GET .../output` with SSE from offset 0 (output,
+// keepalives, `exit`). If the stream is cut, `GET .../output` with the last `id` as
+// `Last-Event-ID` resumes it. Errors before the start are answered as without it.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -4248,6 +4272,12 @@ type ClientWithResponsesInterface interface {
 	// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
 	// `.../wait`, `.../output`, `.../signal`, `DELETE`.
 	//
+	// With `Accept: text/event-stream` the start and the following are one request: the
+	// answer is a 200 event stream whose first event is `event: start`, `id: 0,0`, `data:` the
+	// Command; then exactly the events of `GET .../output` with SSE from offset 0 (output,
+	// keepalives, `exit`). If the stream is cut, `GET .../output` with the last `id` as
+	// `Last-Event-ID` resumes it. Errors before the start are answered as without it.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
@@ -4262,6 +4292,12 @@ type ClientWithResponsesInterface interface {
 	// `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
 	// ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
 	// `.../wait`, `.../output`, `.../signal`, `DELETE`.
+	//
+	// With `Accept: text/event-stream` the start and the following are one request: the
+	// answer is a 200 event stream whose first event is `event: start`, `id: 0,0`, `data:` the
+	// Command; then exactly the events of `GET .../output` with SSE from offset 0 (output,
+	// keepalives, `exit`). If the stream is cut, `GET .../output` with the last `id` as
+	// `Last-Event-ID` resumes it. Errors before the start are answered as without it.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -5106,6 +5142,11 @@ func (r ListCommandsResponse) ContentType() string {
 	return ""
 }
 
+// StartCommandResponse200Headers the declared response headers of an HTTP 200 response for StartCommand
+type StartCommandResponse200Headers struct {
+	XCommandID *string
+}
+
 // StartCommandResponse503Headers the declared response headers of an HTTP 503 response for StartCommand
 type StartCommandResponse503Headers struct {
 	RetryAfter *int
@@ -5132,6 +5173,8 @@ type StartCommandResponse struct {
 	ApplicationProblemJSON422 *UnprocessableEntity
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *StartCommandResponse200Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *StartCommandResponse503Headers
 }
@@ -7642,6 +7685,12 @@ func (c *ClientWithResponses) ListCommandsWithResponse(ctx context.Context, id S
 // ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
 // `.../wait`, `.../output`, `.../signal`, `DELETE`.
 //
+// With `Accept: text/event-stream` the start and the following are one request: the
+// answer is a 200 event stream whose first event is `event: start`, `id: 0,0`, `data:` the
+// Command; then exactly the events of `GET .../output` with SSE from offset 0 (output,
+// keepalives, `exit`). If the stream is cut, `GET .../output` with the last `id` as
+// `Last-Event-ID` resumes it. Errors before the start are answered as without it.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/sandboxes/{id}/commands (the `StartCommand` operationId).
@@ -7662,6 +7711,12 @@ func (c *ClientWithResponses) StartCommandWithBodyWithResponse(ctx context.Conte
 // `--command-retention` (default 1 h) after it ended, or until it is deleted or the sandbox
 // ends. Any replica of the gateway serves it, also after a gateway restart. Follow it with
 // `.../wait`, `.../output`, `.../signal`, `DELETE`.
+//
+// With `Accept: text/event-stream` the start and the following are one request: the
+// answer is a 200 event stream whose first event is `event: start`, `id: 0,0`, `data:` the
+// Command; then exactly the events of `GET .../output` with SSE from offset 0 (output,
+// keepalives, `exit`). If the stream is cut, `GET .../output` with the last `id` as
+// `Last-Event-ID` resumes it. Errors before the start are answered as without it.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -8738,6 +8793,16 @@ func ParseStartCommandResponse(rsp *http.Response) (*StartCommandResponse, error
 	}
 
 	switch {
+	case rsp.StatusCode == 200:
+		var headers StartCommandResponse200Headers
+		if values := rsp.Header.Values("X-Command-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Command-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCommandID = &value
+		}
+		response.Headers200 = &headers
 	case rsp.StatusCode == 503:
 		var headers StartCommandResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -12823,6 +12888,57 @@ type StartCommandRequestObject struct {
 
 type StartCommandResponseObject interface {
 	VisitStartCommandResponse(w http.ResponseWriter) error
+}
+
+type StartCommand200ResponseHeaders struct {
+	XCommandID *string
+}
+
+type StartCommand200TextEventStreamResponse struct {
+	Body          io.Reader
+	Headers       StartCommand200ResponseHeaders
+	ContentLength int64
+}
+
+func (response StartCommand200TextEventStreamResponse) VisitStartCommandResponse(w http.ResponseWriter) error {
+
+	w.Header().Set("Content-Type", "text/event-stream")
+	if response.ContentLength != 0 {
+		w.Header().Set("Content-Length", fmt.Sprint(response.ContentLength))
+	}
+	if response.Headers.XCommandID != nil {
+		w.Header().Set("X-Command-Id", fmt.Sprint(*response.Headers.XCommandID))
+	}
+	w.WriteHeader(200)
+
+	if closer, ok := response.Body.(io.ReadCloser); ok {
+		defer closer.Close()
+	}
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		// If w doesn't support flushing, fall back to io.Copy.
+		_, err := io.Copy(w, response.Body)
+		return err
+	}
+	// text/event-stream messages are typically small; use a
+	// modest buffer and flush after each chunk so clients see
+	// events immediately instead of waiting on OS buffering.
+	buf := make([]byte, 4096)
+	for {
+		n, err := response.Body.Read(buf)
+		if n > 0 {
+			if _, writeErr := w.Write(buf[:n]); writeErr != nil {
+				return writeErr
+			}
+			flusher.Flush()
+		}
+		if err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+	}
 }
 
 type StartCommand201JSONResponse Command
@@ -17160,241 +17276,245 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L37cttGmjj6Kl3cX5VJDUhRsnKjyrXlOHLiHcfWWnJlUqFXaAJNsUdgN9LdEMVxVLUPcarOG5wXOW+y",
-	"T/Kr/r5uoEECJKVYSnbGf8zEIoC+fvfrx04i57kUTBjdGX3szBhNmYJ/vpDzORXpq+/sHynTieK54VJ0",
-	"Rp3zGSM8JXJKzIyRtFB0kjGS4AfEzKghqhAanir2a8G0IV3NGIm1ocq4kePeoBN1dDJjc2rnYDd0nmes",
-	"M+ok87Q/PDh8evTFl199/Q2dJCmbdqKOWeb2qTaKi8vO7W3UeceMWj6fGqbWF3nGEilSTah9TBYznsxg",
-	"QUnGmTBkTpdE2c/ri5hzwefFvDMalvNxYdglU51bO2NOFZ0zs/2Mnq+eyxNNeBqR2G4uJvagDr4kmVww",
-	"lVDNyIzdkGRGFU3s4KRLxZJIM2PKnjTX5Gh4BOfF7eA5NbNO1BF0DsfF007UsQfNFUs7I6MKdqeDnXPx",
-	"molLM+uMDpqO+SXP2Kmdcm2X9lfCheYpg8PVVKQTeXNMFMuo4deM2KVqQhWrfjIS3l1IdZVyVW7q14Kp",
-	"ZbUrt8f2bW1b9WtGNWu+msw+wuvIdNNtTKhmTw9rFxLDRxc8jQkXhJL4DPf6jk3jJ5rE7MYoGrfdkf94",
-	"x4vKdB9v53KGt3WVdSzwGcOUHfy/Mt3/hfb/cdj/6sPHgy9v/08jepxKZZq2n0tlGm4tIilLMqpYancY",
-	"27d0TKghiWLUsJad2dc23xO9QZT68osvnn4RVSh20IBiUccdaxvdcWvFy9OTG3d7h8NNt9ey9J2vw87j",
-	"74P/3d/IXNTvxL5VXsrhsOVSzpjWXIq2/Z2e/0w0vkJ42rJwvWXl21DjTNBcz6TBRQT7FHnbPu+xivBo",
-	"RL71aG7tWDqXQjMgrs8zxWi6fCGFYImxE1huJQwTANQ0zzOeUHt0+7mSk4zN//J3bc/xY7CG/6PYtDPq",
-	"/Nt+xef28aneP8WvcOoVHBFIex2zmMksRXbmr8bCXGzoFZPXTMVkQTUR0hDNDOnGiUxZbIl2/Pz1u5Pn",
-	"3/188eLtmzcnL85PvrME4jbqfEvTd8gYH3NXr8Q1zSw7EXlhjknMlJJKxyTj2mjCrplaEjcprNKxtzfS",
-	"vJSFeNQLeC+uhFyIijRJRQr3W1cqwrOsP5VqzlJ4NJXqUhrDRK8UQyzywB7ENOPJo55zjU5pS0yB3ykp",
-	"Lok21DC7XmJmXFfiERtcDkhOC81SuyFtZJ6zFKHlpVQTnqZMPCoKECOvmIClUocO4W1QohOZW24uLekN",
-	"tiQLyyxuo86fAHAAWKY8Y7Bmy6vwSE/pMpM0PZfyNVWX7LGhw1/7RKZLCyKZXYQ9PyoIzSwnQ+j9z0Ia",
-	"enKTMJY+LgEMF7mQRZYSS+xQgKZZxtQTTZ6fviJXbEksCSSU/GrXWqN+8MsFc8uPj8ciTpmhPIuJZSFI",
-	"UeGlkb8vpiMyZ3OplhFJub6KiHa8SgNauD/IZGmY7g3IGWNjEX9/ck72rw/2Yax4MLYMK1BlQE3ol3pC",
-	"05G4t/cDjeIWubW65gl7L+g15ZmV5x/zFt7ak01oThNulgDB9sQmNLliArSCQihGk5ld1+AT7hl43J+N",
-	"7IeSUQhlL96+OT/52/nFm7fnFy/fvn/jeex7QQszk4r/43FR50euNReXEZnTzLModpNbGcluR7FrecVS",
-	"K1SnTBhOM+2WmyuZMK3tZZ4Iw83yj0L4ay4zahx+4rdbpYVbL/kB9H1LTTJ7SXlWKECYXMmcKcNRsuMi",
-	"ZTfr4u9PoKM7q0KcyEKY2OkemnSHfSvWp6BgraoNUcctZPcDCAXXX9yKqmE+lHPIyd9ZYgJpaH07SfVg",
-	"RaaN/DOr+d3DxBF1kry4MHzOLvT6eb04fU/sM9ItNFPkL0QvtWHznj9CLwmhUYYRB19ME27IgnLDUsu1",
-	"j8mQLGY8Y0QVQnBxaU/YAi41nVEnlYUleuXSRDGf4JGnhQJYvJg3rO0HuSCZlXe4IYoK0tWSTKmK6jP1",
-	"LLGnukCVc1Ufra2DC/PlUePVA1xe4O8fOzTL3k47o182w8HJDUtO7Hfn9rPbD6vYENtzlYWJyWLGhN+E",
-	"LAycLZw5N9qfKLlUsshBCbjiWcbS3jFhmWZEFFlmd2H/i7zD6kh2zTfcXFgStn5yb4osq5/SMTk4/Pov",
-	"b3ApOAGZLInml4Jm5I19/EW5Tru41K50fd6mw5tywfWMpRfU7LKUOmhQw/p2vvaZKkCWcn6Baw/wZCJl",
-	"xqgABGb06gI5/8WcTxpMTYxeEcUskAjjZIRVSHcMEqQpbcrr+STg7t5uXj3YNctTbDyhtRPRJmVKXWj+",
-	"D1b7qB3StUllYcov6ufzrZWI7IHgW+SK5YYg1pGuPRUrMsjp1Kqo5Vu9HXHMqEIk1Cnhq3qCNorROQFJ",
-	"hKUkntObC1mYvDAXIKbFx84SbGVJqq1cl1CVsjQg5eVZrhDmgH6WxLRTXUaISTVKULuSOpjXKVeNxK6D",
-	"YQ1w6zdQv8HwjDZwj9ccVf5GDoLM0TAkqJvol+dFt+VMVCm6bDs+vWlJgSGCpim3B0Oz02B9U5pp1iQv",
-	"xJaMus9jMuUsSzXpTgpDYntiF1Jc2LtGA07cKxkRAocVbAfIc5uZaX3Cd4WwVC/WM9JPYtKdUD1Dqpcr",
-	"pplAWN5o+Yo6yaJh5O/YlBaZWTVKbyVpTFy3H1qDLNAyYHUhq4jThuSA2hWmA+WDv5hSxGIhIjwgHA/w",
-	"LSJxCaQx0cz0jknqNv/lEfmRfxsRashcakMOyPf820bqUNpzD4ZfPf3q6ODrw6O6UXc714EbU9fswqoy",
-	"lnmK9EKjptWw6edgQqkB24b7qVHllIuLyZdHDd4hQ0VKlbOFRWAy/vKoz4QlJelO1+9EhCbJzEPUwdfD",
-	"YxACyDN/0M3cJnQ7tUxccSIr7a3P+d7KgFatBp2J77KHZmLRTCtADHe2+a2koo7SYNC4yKmyyk6D2M/N",
-	"zIv7EbliLA+FQKbJnKYMMR2sUJpMKc9I10MuzNnbDSJglvUl/Ii2DW7nEstgapAvKjMdMjIq9IIpi1mV",
-	"FwgUHgDLyt1xZ7RgwqhlLjkusWQEuxISxwIegDBNeeauctch6+f70n5PjCQLxQ0jEzaVijnVjihmCiV0",
-	"BK5C0h8Xw+FTRt6fv+x/TQy72STIVivkacYuNmDkmZG5cwXDhYJusrCQJyRhNyyJwEpocef0/GdiFJ1O",
-	"eQKkVUhCjUHZxj5Dn8AnwGM+p5cNgtwLKQzlwkKYfYF0PY5a9pfK5Iqp3oBkMqHZCOARkX5KqHBfOIPz",
-	"JTVsQZdPNL7sHqZcscRY4bkb9/vwpA9PdNwbEUqUlAbOArXJ6n1n9Y1xCUTTaxbbn96+eEUyurScyFA1",
-	"oVlGujJHKMmWJLbLGxiqRorlcmToZdw7JpV7G1YPKDYF4zdcytFwaB9wcQk7wfXZfyoGdzKTCwtONE2J",
-	"FIx0cYOCXTNF8iLLdG9Ank+sVGBXaG8Cjyqxkh9LyTVnC688zKQ2OxH8OTM0pYb+DkR4B7DOUkI14fqY",
-	"FGDtsX+BzSOjE5ZZSSqzgOrWl3G9Gw6Aw7ZBcbI/29NiN7nUls4pWVzOSGk1Lcnd/kee3u4zkQIN0vsf",
-	"7Yi3QNVKYnQXb+4WShV1CsF/LdgrHNupxrmS1zxl6gJhaAPZwSFXNuu+7uucJdyisBvmuLQjXrGlD0j4",
-	"OzgWG0Huii0HJPb2ZnT7a0KThOX2E4BEIyXpvmE/SvL9cv5EW+1yjlLunFEX/2Jk3s/YNctQPt7pIsHv",
-	"uYmaldYVS1IpN875UnmdjCQTlsi53SRNl5+AWCmmZaGSkqPvYGR5V35y+6HBBhKcbaN8pgyZKjlHel0a",
-	"/rsW32tuCHBBLITujQg3GklXBP/E6Z9opB+7CXUmazrw13zKwOzDBdEusAgWBzwMLNJpJfMNj8mQPEPO",
-	"knNLOUviZqWYgDaTGbVSxPn5a5IwnoHZOO735/Smb0wWR0Dy3cCHR2TW+wQ36VSc5vAD+9CiQMAlkE2n",
-	"hE/JHE3bvd1kyzW4/o5lzLB3TBdZgxKcwtNG89CKoOrfbBJUv5MLkUmats3i7Om6WS2wR2AB6IlGD1OT",
-	"YrBNiA7Gb1rgiSOvr8RUri/PE9+6tXhmTD7a3z84/GowHAwHB6Ojbw6+eNpkVAo8QDuzqJUlrmyoXFE1",
-	"eOO2ahbVBtv+smapS3kKAROqEJZYWeqRMfuu05e8OTNFRYYJC92/eJ2rE3UcpQvWUm0o0BTvqKr8K1sf",
-	"1k0264uFQytpXW9Ut74WJuPXzBK0TGrjg2fcYEAkp8wkM6DNCvCTTJZj4WwVEPnzRJP4b31nmeq/Sq2s",
-	"aNc7KgetRrML1mTNDo/u3+264N2MEGs7r7wp4RlkbGrIhM24SEHGcOb60ouAus7xWOCmzIwtUeX1xugd",
-	"F//ZtPHJTBtILVq4xcO736JApiiVlgXKl/gVCLQkocISTMOsfuXVwE/pqQvXrKgYbXLNRSj9gJAFkpqR",
-	"8Ae74SZqWb3T0rxvzOk8XhDSdEG4eVSX35pEWvdRrUsG/nQqRx8I3gsqwBzrfFLd4JyeaP9rxufcWMV3",
-	"lwtucox8GhcZKPFesdzkJgOw/JF/+0AgiYSwxQVqz9pCErGP0b0pBXFEycWeOUVnijEGgzZ/GVNN9OT8",
-	"Zf9ru0EMhwRJjyiWZzRpFPG83+dTjHRnTxq7YYnzCsRuAg+DCXp5t0jLbu3lcdQPf8VrVneNbXZpvbQK",
-	"LaDUOuEEZXd9i/9x9vYN2vkcDMrplInUahzwRUQgDhJjz385+BA7o1OZdgFsoPFg50xrZ0/bzAtwadUH",
-	"zVvLWLOAPm+E2FdWCGEK9CMpyIQbHaFZQTNT8DSy/73kyAy04cnVEhBMJoZmLvhz3Bl+eXQ07gAKBbHT",
-	"vwz7X334eNQUMx3Z5fApv6PnGeO3m7Auo9oQlrE5Q5IG6G6vqzvu7I87pZ1BSWl6jdeQN+aJBHoVnWiZ",
-	"FcaN2xz1sY5/jS5ve+r2iT1JxIwuJXo5z7i4slo/CofGkjnzRJMMRPNdXd5unAv8vBFby5nwncjytIXi",
-	"xjDRjPstqhE1lvZyfUxisImiqYmkzMqiEXn56uVbCH60FNaE6pA9Uou03GK1W04n6sAgDZrRCiKE0fzu",
-	"XXfSEYJ5Hbza8KTZpc2EUT7caxePdolxt+v+jHaYKs0U9wWsDeS4Nr5LAZhLxYjbGkbrLpjyLoydAhrc",
-	"ofvj2U5jM/YTgtT6GbefCxxBBY2kWx7O+rn07oBx6H8OYHwrIjVvH0Zv3K9UV/dV3UvXHmgjoIK3OuMa",
-	"ltmylmbFoLSZ7wzgVbrY1qiNavCmI/oeJebnqeM2zRDg5Or+wt429e8SlMAsocwysIT31kMwUq6vLiZF",
-	"esnMxWWTnAn5DZDHkHIV+IqeOHL8//+/JO737TB9ec2UFT25iUujKA69q+5iF+NWscPrVmKq3c06YXcS",
-	"tNtgoyD9g9Sl/Iyb2XEf7exkk9z+I86E4xt09Nn7yfh14AffcaJfC1bUrKghT9t0MitAWD/J8Ntyjtqu",
-	"gqtqOuNoDayaYPsHRjOkaSvoZqgpdN0oKq+2GmPdZ00zYXaoE/FWou4Fw6PHNNEuuhVBlJBXTDRgjDOR",
-	"30kIw5Bw3R54+Yw4a5rzVjuFuUxsgSQnK3dS5e2P9wvNLHNTd0hBbZD37OyNPhwQKOEIFzNwPEI+0dwC",
-	"XIpeHSmYMyJ5wRJPEoQ1+yGa1Khm2n8HQjUVPvlkJ3MWJCpto88AEGfw5ioYBcm7OFS47Si8/dq1toJd",
-	"s8SE+9yZn1QAvI2duIFbl3M/flse6m7ml/B4IdzaMemOHZMatsn5BqCQORdcaXVsxosBee4i2OohEIGL",
-	"7XfbKW/bTvLMn8lKNLlcCKbiESZNmJldA4ndxu3PZfyJjsjp+c8RQcIVkdIXf+yCG9D1FWGmYEQUE2wR",
-	"AW4QmCSCcIEqz8RhT6g0wHtWS3AH3+RBOa3SKVYTY8m7ly/IN0dffOWTPwjmdDWFcjapyj/SZMYF6ytG",
-	"U3vGXuV3NpQ4IrGQ5mIqCwF/rKf3RE15tY1CLK6s0R2C2Sx3UE9KW0eDglKxp4bQaW4ytsHvtq5Xvn/3",
-	"iig2ZYqJhBEw5vHp0gcm+FO3X5NuTCeyMKNJRsWVS1YQUrDedkel0/dweeUWyjOL8PqaiMapWWI44H0F",
-	"9WxrJMn2WLlWT50zVz7DwCFhmKIJlJ3QM7BTgueOT73fLkJrtJ71dmIlzoX3+N65HNPB6nu171pKiEQD",
-	"XVTPSM5zpkk3iA52ocE0p8r0IsI4ZvNihDyhhkiRsNI27SKmyDOSWL4Njk8DBhyljYuFI93433OzfDaM",
-	"RzifO0dYSi8qxzYz1BO3e7SUXHwCsPAOpHtEJ5Rg3ZDi5fIOnZizReis3m3Bnh8dYfQU2d5t1LHH2EyM",
-	"zdKlZK4vzEcmNqel3E8uvUNq0m5JRt5mujEzzx3LbdRxIfCYq9IgVkpDM2fvk1OfTJArmRYJS2spL4Ld",
-	"YKpwaB7CcXc1A25O+7kfWIT5K/XN1vNZnBGuvOPahbbAloOUZhHTrWF3theA3lajhR+7aWGQx76+Hiee",
-	"bVvFmsXDKi18zs3W9cO8r/FVoA7OQ7D1m/fw5pokjSP5gaJyA617fl0us8HoKwUrk+jnFG2MCLiV3Br3",
-	"+5DV3t+LyTSjl7p3TIaY+g2rQaNjgwHnDjaTmmliF9N4aEZYDZQLTRbOB+LiKZ9ogoYDn9Tb4rXzcYFl",
-	"DswuS/JVAnawbISWjDYDRjXe2oJa7/q9h67221iJpeD6qm71qU5qg+1n15vcbmTaabr2Q5cqn1HB0ot7",
-	"Xdna1w3g9HZaxeDqOCIGDAloTsDozrDQyqUULZ7gyii2bqLAA/B55gvKjRW1XQw9fDj4fVjgHWnOXLEL",
-	"xK+tkisfkNgSXIFOeIiwiHyWwDGh1UtQls957MFWrslwV1dY+wWdldU53A4hmgkccVOpwAtnRXBBsyqE",
-	"l2OtJFhES0L/BozdanvcgLqNQNcOx02Y/o5laDNp9gsofNwijyk2p9wy/ovK2LNl6+WADV83r0+wxf0U",
-	"s9L88smNI+9qweO7J5n67zB6Rlt4Bs1EKq+rgDM/CLf34P5Eh1Fpa0FdjdFcmnSnoCxKoX0Vnk8RcL2F",
-	"AcDeLL35nn/bsIJjn+pDDRhzfKomyAFeVeN6xdzlg8a7cb/v/o0OmUs+iav0IRpm+jgyVYUuyYU4Bmef",
-	"JYi5nZobiLjRyNdP3rw9O33hXYpW0Tw6eFrmlxjn88eCUHrgqNKIMDGVKsGoSEfKtJEKkpMUv/bRYlZ1",
-	"dGUVB3CEcFBY88UPEX+K+7lEeNjhm4AmXuZFGYC2Q+ZQyJfvMlEzNl3Lqw0UCOrLNAf6QXpj5dvQhImU",
-	"OZmzsrhDWF8xMYqxXaizn7GJHIXpkQ1RQpQ3BtthSmgtbxSYPyvZNHAz/LyWnrRJsK8VpWmy4j2OTzfy",
-	"295wXs2xRw/iZipTUrwgNYNahi515f5eJUDcbclbO+RxriP3VoTOqDYXYPXjZnmn07pXil97It5qCm9o",
-	"Fl6NcfFpbz44a92LhffTbGwIbdA7QOwZvlx+dqEY1U2hBD5vo17OEGtBxS5wzZILegkxomEFHG9NNDOm",
-	"Flw3R+1tkDk2JS5tMbVUJxUYtusnXA3X7sDzy1sDywYQC2DHA4DHgQ143mKmuS8h2skduDm6JCBpzUYL",
-	"l7UNWY5c+JSGY+LzIElOFQa5r0teO9GEldTxQoGxekoTo72vqLqjOCJVYeYAwqoN4VPwPTfolzn9tWBk",
-	"wqiyKlJZ8BJzDjfEja2ha+A4t6JVY0hVDYF3qi78+13ZUQeSXNRFobKNkUJPNGE3TlV7/+414SLJCojM",
-	"jfevD+BsNySkfT38erh/fdC05N3RtlpoVMfh8A7XEdn75CuE3op3ZyWxbAhZ4FOWLJPMxzjJaRVvHvpR",
-	"wcWBRtzKnIsVXIHsQAFXH18Nyc6Qf9xo4j+DWl73dMTDt81hLHJKzl59/+rNeWT/e37y7kf4x19fvX4N",
-	"//jP96/w0Q/vT6HmPDin0ZUDReeHvfrFu1G2R97gohqvwO3Vi6930AefZwu61CT+eNuA61Hnpn8p+9W6",
-	"isR8vO0E5a4/jUS1I4PeUBIYGaWhltrIKelic4I5XZIJAyNWe0hmm4kISDMwam9lwYDVCVtKJ9FDEvQW",
-	"+xFc/LB3R7vQOkVrryO+BWyCEVdogEf26hC2ukP8vbdw2dCqtRuX9XC0lcWWQ29a1v3QvTl4/znmx1ne",
-	"lTOZZ+yYCMYwx3bCCBZacOVpyhTVw693cowisWyNhH18uXMn2XL3UMD3OSaM3y+Y4ROnk0cdTCa48MHd",
-	"22r512I6gk+j7anofuOPRYlBGEkKxc3yzMKFswfm/K9s2Rhq5J1jVJP4uSvmC+lJI/ItimxQLSi5Ykss",
-	"GxQPyBsoNg1J5ZWkmnFtjgnNtCSYqSXFWLgStkz1PZSBparG8EuztiM1mJ8LUA22XVhFdQBWLiqFTlxi",
-	"e/8RFDe37Q3e8rvbee4fIFV/29xl8RJIwKeGTzJGMMu/amSCf1dtH/7Wt1/1v1/O+w6r+yBwVitxN1pf",
-	"y+GWxWyYb8s0Fq54YySvvUQr3kI+jSA/nJ+flgmnllRaJOyzG5YUkFBe+b+IFZ48f+wLVhhFMwBHLHY+",
-	"Fq7iEJ0zndOEkb9TnkWEku+wOhITl1wwTF77azFhSjDDNEmyQhumRuTdydk5LKGUNiMiBetbvjAWdkkA",
-	"t2CdPSY/sckZJP9o9801I4apObfCevf0/Oeer4ytnXPMRUVAXSWoJoWpZwkVYzFhmKK4tD9CSSxKFHOJ",
-	"9YOxGIsXkLmvSSLFlF8WipG4Es7JM+LE/x/enp2PTt++O7cKwrErCV3HJXBUp0yNRfyxGuJ2peZQPCDn",
-	"VuMCczH3GfXCKJoYrDHwvYSAN8x9hKEV4WIsYu9e2qc5jyHl/pIJhlWeXI5yVKZgl8nGdiWQ8EqNq4Mk",
-	"cyZozgdLOs9iOIR/+zdi8ZIJ44pu2x/3yN6eo0p7e+R//vv/2Z0wvfNlvOqkyUgM2ayAbywI+Stb2uO3",
-	"LN1uIu73ac77V2wZk30Snz1/8933z89PLp6fvrr468nPZzHpQkBcX7OcwuZ7A/KTK28G5MvfZGpHD88C",
-	"SxrZg5ViOZdFWexOEymyZVm6wC6SCfsjyaTMJzS5guYK0Olrwc3MDhz3+1wAjWd9Ifu0MLO4NyAhKbc0",
-	"2GpqMNJOJJgbO3RFgO0dvK4Ih7sHFZTWigOFsaFdE+lOluEVTJaw9tO3Z40FsdBUbvfxVqyvVRMNxfgN",
-	"wCMhcRt9xDsCKsszbpa9yL5bfwXSXZshKga4+FbJhWZKEwuvVlWjFXGIXJcz5+TVzDharqNyjS5YuvzG",
-	"jqmLSa6kkYnMSOxJ5gB2PVjnQb7IMrTrChJz8cxjuB9P2LG60d4eaOh7eyPiIqFJt4qEjgJLQy26eV8x",
-	"XczLIGe70jkX4IuCUZwLAyOe4SgsaWDXEgoY4cMenKePtCbd1khrO3oZbB1VE+GX3luCM9g/IETAaJZN",
-	"d4jMpgAYwaJborQRU2pzgm6GE8iJJeSWjwUjwXG/xtVZjY1QYhRjo2CZfhaEFuflsViIc/tS/vjAZVl4",
-	"ygnEQlGhueHXLFsiKaX+NZfdwc1MFobEYC2NXbMDXcX+OC5vVVT3ITew8HMLV1iMTYIlbkB27J4AEDki",
-	"e3tHw4O9vQEJutXYNe/esMa5J3GopzCUKEvFSX+tqR9pZEe3rx7t7dlLziWEuQKl9OUlvXRloX/CmCDX",
-	"TEEWbUS0JDzVHkMnGM3NUktZEmbFChJqPH5uvKDKOmnxGGqQQltAz6wgOl3bP07gfdCVwFva1jgiJl0f",
-	"zN/D24otk40jEkNYuP0H4kccBb1burNiTkUZwH9MXlJtnp++6muzzHyDRQ2V5wg3WBDP9evozhuj/4GP",
-	"N4f/J65/0x1SASwaQTk/qcjR4eFYNHSs8M5u3/LCxUBXSqZGIeA3gior+Y38yChQ3N/G4rd+vw//sy/Y",
-	"mX4rS0BA0Z1RBb3kP87evolc8ycQYaISvLBitlUKU6cY4r8tUEVQ9QAQiBrCdEJzVk8Ac5MfkN98XTa7",
-	"Yb+OoL2If/Mp+W1LT6c6grjPjshv5Yqr8i/QUgkaCbqSqb41i/vqG/JbreMVuopAsJUC9rbS6qrqHQkx",
-	"5IRi+7ey9mrPjXxgtwF9k2CdVuN1Tw4PyW+uXYlrYVKt59Cuh1oxKCmUYiJxFVnKpjrbuhqt9DKKfK1I",
-	"bo4JtDat9yDqHZOEKkgTj4NWPDEu5wu4C9/Yxy7B9/QpqkZDW0YYwoYmxeUxyeTlpT1AkK/7mqcsClud",
-	"Xlq9wYpTU0Zc0Qs7yFg8J0KK/j+YklhuBWvIoj7E0qqTmv1aSDWnma/CrYvMYiQyJq9ZAd6ggpzxhAnN",
-	"KntV53lub7F/OBh2og74IkBh1aP9/cViMaDweCDV5b77Vu+/fvXi5M3ZCXxTJdKUSl0n6lwzhWHxneHg",
-	"AN9ycnxn1Hk6GA6eYimNGRga9jujj7dRZ38GSab/cH/NmVE80e6vUA1wPwEY+rf9BUP0cmN0+sxHK5WV",
-	"d1Yhqzskz6rwXV9T2kvf+DpKwE5GHwvPYqF2KSZO2n8jbV24AhKFZnq0EslZMWGXzozF9/QVlB4bCwwH",
-	"hQAQrkhcVvmMS8RYj6jSvaiMw8BoPBQLqk5dExi5EMaJ1yYIBd4WwEm6cRmPtxcfIxN0yU9zp2jE3528",
-	"Pjk/QWHdz7r/UVtVkkwVQ0rJFWJvb0Bid5Jx0MqxOUN+LFyKvGUiTkcIG48BOV7piLZGLkrufPjNWKyS",
-	"jrDKLDxClEGxj0vxKu2MLGxhzPxKU8zD4XBDV6i7dYPCCVp6QYXlVSFwWxqKAjDEvkPLqqPhQdsc5aL3",
-	"a224QhMgpIx6498vH24/RB1dzOdULVeXsDp5J+oYeqlXnNm3Dj9r3nOHo/XDtfLAWRCPEzZ1/mXdjZaF",
-	"FeEhLphr5GptvYvLmIPdLmLFOH4bbVkDok/sAw5ikDQtEMZXMaLZNc0KRuLrOCKX/NpZGa+eXcdtK4bK",
-	"0y3tuA2j82dqpQHxL//17MNfng32mjq5fnhAoA0DJza33oQqwKKq0CtVypSD2+F2uA1atD4sqL+uWX9a",
-	"YDvq5FI3sJsXjg5X1hLUUaHMpBNpIewbKq3SelFCS78wApR0LZfjgmmNKkkvGgupXLCny8K/ZhC4DR5i",
-	"LHE5IDHo0mh488VmXHn/sKzngNRaGY5F11U5LvdYMZxVRgXRiCXsO4bl/JrAOivSjdUlejXJfkHB+RmE",
-	"84P4W+TESBIjhb+A36sAn7gq5/zlcGjPAoJRPVm34huqS6FgNiDn5QwcmlQoQhMldcn5NQTcKmZltUwa",
-	"cimhKwJWQPWJBxaPS6Y9ZQu7h2wlq8aeDfR5QeJsJXPPkO1FgCCYgj0Kgb5iZZgFAOwLhbcpR78xHl2g",
-	"Vw6rvFAsub3G98ZilfFFIGivMbxuk4CMx1Va7SqDESghY+FMRaCFhS1CLDzP6ZWPAW1q2GHPar6u2yHc",
-	"4/7oWNRbd4yg4opUJYR3qS8u6PRwlBqk8B1JwuHK9NixACm4B9C8aAhjrQ+CV2nhEa4TA0PhvBFoUwYI",
-	"PRZebe1aAR0U+8o4K+z7C4oj9uDA6nE9yP2sFGM1AVcFQZMu5JP5euN79WrjKVP82luCfJuE3lhIEUiJ",
-	"gyqw2ari1e9JXtR/8DHwYFtAM1EXHANY/Xws3KpIPLR6RVU5veoM0UOlpkz8jJmw/M3+q+KErheSI0tj",
-	"0cVGs/Zn4Im6TDvB0VDYCz7BG8FQ9Sd6LOLVfgSDnKfaxaJbxPJQhnggluhrsmDBUkAjb56EG9ZFMhsL",
-	"zFoA8ODVjZBuPC80mIV8F6Y3q+mA7tVe3ItccxKEVo633yRKJrXWPegwZtp8K9PlJ+PK9fZAt3W/tKuu",
-	"uiISHNxpcinYDkVGavHYO72Kgem3HxpECZcM7hgqTZeWJNSJRhU87aHAEjBHqHqPKGtEnaODp9s/Wu16",
-	"bb87PNxlsvXetPDtN9u/rbewvo06Xwx3WGlD3+WdBaoXzrPj2cKO6gI4e6pGBM09hLwPYC6vV8xxwJNF",
-	"Cnk7gNWBzyCwj+kBeZWyeS4NpC+hzDMWaNLngrDplCXGCgpYE9oxn9Dg6+0uXwyHTfiOH4T4/kCieK2d",
-	"QwMC4fN0cH+Y3gVSqub48MXR9i/KxtZrEFULnfjlg6Uh9QiG4Dcf3YE/tcHid+72gn709qZ7rWJ+o8J6",
-	"ycwj3GctiHyjavUvfqX2VCbbCcyaYaFpD9Ur5fl/Z/lRE3HaD/uENlof0fPjlbx6Nh+maKD9q+tjTcDa",
-	"a5UQaUXWLLU8DATZwRpdsXLMC7+ABwTDsFNqm3HKLeNPDIf2gx244wvn3vqkjPHTwzzYKOrglBYKepcl",
-	"FUh4JKi6zv4uHGizeUBvKBCzYJoYjFv7FpBjp6HWND3U/qKwB0NZvoYE0DQWXJOZFcwnyybUiTCYdlmL",
-	"nvHeI/C0PNFBexLoRjUWLhCr6zrcMG94WGuSTHIoyaQYnUfY4ZWL0BYCFggpUFyo5eiCmSTyig2hl5QL",
-	"yNXVaEDB1gNlZqfrvALdSew0hTA8G4u433cH0VfMYjEHB3HZ1orMes7DzQ2mjYKOC19j+erSX11vRjYW",
-	"DFtbiCXEnfGEejV9LR4rwsgEH5XmnysGyRYD8lJaZRoi6NERMBgM9heUg3vY/tsVynd/YRaC/QsdBnGT",
-	"vARDv6haSz+EelTvtPwA+tFOzaLXiekZlul6XE3lT0h6/wjt6U9M7rH7Hl2l8c0kfrOosv8x2aJW/RXa",
-	"OAU9Sp5UDZ2MYozwqUV4bXiWQbRhhLRwKhV4trkpSRti/6BFJQpx/LNKtIILcDT/rOKLBTFvaQUr926Q",
-	"3a6NPQIobaDagdDyGZIeF5IC5W9HELq3/Bttfdmd9Q4KI1JhJx1h64g/z6qqBNZHWlWrYgH2OxBdYUlW",
-	"UG/mS9hokDwPVG1qypA1LKriylx5h806V8JJHlbyrCcW7yR4Dj/55G3c8Az6qP/vFz0/Bc37Z5UkEZE+",
-	"oSgJ6l6rAewn8PY7HTvw55f9BTy+SoulA3JiUXVE9vYOh8O9vcolF8Y5gg9uLLyJQc9ozo5JjPWV0eUY",
-	"Y4VljINAJdtlXTn9H1dkVsotsKQ0ECQ0j0hcNgOKIX0D3EvQc2hBdVXiVirQ3HuD2hZzqjVL0Xo3Ggu7",
-	"pUO/Jegu/8LbS7qxs3+MoLdqjD7jvb0fGFVmwqjZ2xtVri00pHhyhhTODgppNVO2KBti112VYFGY+RHj",
-	"qOpjTbRzvmKYFMm4gIgJSOmluryM0G8vBSOQaDcWU7AB+Hju2gL+4+ztm37GLmlGMohnuSSLGTeYotdz",
-	"topqTxCPDyUSb6ANLTUkKaxGkQKgekuOdv4WeOZDNSzxh9brxmXeY4NC0EHCsICx2HDuGJZCDTkcDgfE",
-	"Z91BKj6kESwkmciUM42lu6EDsRsiHotuWcIcIFoVkEOYLV3Ck5+2VzNc4ZkPyE8u3CSVGNWDXWgpRoSC",
-	"/Szj19B2t9olsEdGVQau0JV2vD0fIsRNvZltnenZ0SqWtzHy7sxdq2tyX0HQ02FUesifDodtMW1hvZ6K",
-	"YTUUi/MVx58Oh/XScaulDX9vYNtuXuygIe02L3apJHzYrCb4Om9U1CgbhKlEpbmtxNYo0LbB612CMIa0",
-	"eBgEoEM/9+Hw8DFUnwaCF4Sb1Xb7WbL402tTlghhMsqqfEC60Nsll1nW+1NqVqlciEzStFUSeediMM1K",
-	"DYjVEhDkBYX0lyri0Jf3LLTlHj5sbmV+F3cJ6eCQAwM/WK7kk4F8MjWmiK3bxNwGXmIPyY2U+LS5o+Ix",
-	"USyj0FwDkixA+il/cvJO0NO+iUgrNpeG+ZIVdd0kJNuby2A8ZMTxd+6g2vWYoMyHr7nx2aJ+L4v6w5Oc",
-	"d4ymPuiZemRcyczGlNDeo7n1y8Tj/Y+5VOZ2K02hUKENZDLsFa2xZXLc2KodvaFLnwxOqE8Mg2hDzUSK",
-	"CUbESrWQagD1C0nKkoxi/3fXkTkmQQFAxQi7yaVm6TEW4kH8byE3l8ycuG0+pNXUz7EpiMUf9784jj48",
-	"rv0gF5YLAIhaPUsqUwFVCUmfHs228/dTqUw7Ot6w5HdZI1sNjO+sPF3FLaAwrWekn8SuMRVo3U6v69Vy",
-	"OQL/FllN3OR6LMoUTfTvQ7EK3zK/bsRczGTG6qZMKydg4dayVooLE7BDx0HD+JgcHH4RuSRpqIAdl1aI",
-	"OOj34cwa2I1nQF7VaotbxcJ+MxaYYFKbD/r972Mliom8iasxsVgYkCNvb+lKZSnO/tHwm9JiUYZHwK4g",
-	"b9lIMmE+07g3ICcQi43d9rkmCYpg1LS23PfS2VgcfGnFs+OarcZq7Lo3IG9kmIRLUkZTMG5gpjX0i64p",
-	"MFlhqfGlArtGzhSXaRm+X8u+XZOOIaMijFyIe6My3SdovlVm4DzRY+HsLd3D4bAKB4n/1ndD9F+lsWMS",
-	"Lo1EmFr4jIhc9ydU8TWULBoLLIB0V3NMaHwhddvLWLQYXyhmwtj76TkvcAU6a+Z4MFf8WvDkKltCEjQm",
-	"2vj4l0wKVgJmQwCPPfnMN5L0A2N3C6f/WrACtFyIsfC4thpmI0oboD3TKTPJDJuv8JR0QbofDAZNNk6o",
-	"uRDEtBxjuA4U3ygsAy5LN8FECwoBOPyaKaiZkWlGGmN6etFYFCKzuB9bnL+Q4iLl2m0c6utDXzkw58nM",
-	"Ktgzes1lobAUU/UukAykTI6ajAWQE4thUESBQB2HUEUH2ERjE6boeqA8Gg4jjG4+Gn4DiUQR+WL4tNck",
-	"TFgAeFi/CRpJ/hCvSWj+2WzUUVSQ7mJGTdmgGLiBJdNQvs0JfHbCEMnbFuBeD5Xf289azOe4oEB5KgRY",
-	"4gMviotrtMB5hzQLNF+06jlnwJkr2wlw5pyaWdxi4Di2PJIrlhiplq5y8aBJB3HWjjsgr0wMM32UFepI",
-	"XFqSJ1xQsGmsmiU2WQpArljB0he4hL63dGyoJwqN9rmohmlYl6/c22DSrnp53H5Wgh7T4ECJogu4NSd/",
-	"/hHqj8WCU2pmqKoUWzDQ57ZB0R0unF2vjpdQPByA8pjESaEy0j+PfZ0QbB+kmDBj4bGUl+XU8owmWL7N",
-	"si/MlbSDY3A2TuqlQAjPruKiQZNpEhDyosL0XYSD34nkjycc2F39hHn2TfTFPfpsffyTWh/t/ZQ1FyC1",
-	"eld6sIGN7vvit4281EesNXFTrJVpJfAYHMGQdricZ1xcYTw/fpqiBxkd7ywlXchswGLTULaHXzPRu4Pv",
-	"wc54d058d0zZZAUEEvPZAvho4ZJTvO8/ktdtwqHM9QjYAYeYMMC+XBJLJXcG3BBDZZJCaaib2YuIxkqR",
-	"kyUUjY4I1VD1cCrjEs+0O6YBee6iG76IhsNhOWF3yhZMlXYuroirbqAYyaS47B2PRS2EiC5hxYqRhf2/",
-	"uVQsxNIVifko8pTpqDmz2J7RSxDcHxhvN+X+lYt+ov3BfEbjx0j/CzSsPyceS3X1MGb751X5t3qPzIol",
-	"TpZlfRpfiaeqPl4rLDNypV6kugKLrDJBkT4sl/IEK6Fry579hG4B6M1bWDECihpZbRxiDsU111C+H8Xz",
-	"sfAuOVTTq8Gd8dvOD9UqnAEzLCqMpr9yLa6QQSrtFsZiYb+UgnDjw/j8i9BhBheITn/S9T0/vVWUiWuu",
-	"pJhD2BrYM/3exwL27Mb0wRBlBRkY4fz8NR7AhFl6p+s7q0osourgzwwSO32d+BHhrvBSVZ6YaohCuWqi",
-	"efb3h62d8lKqq8DU+JCZgDhVm2nRPv2cC/i/uSLKp6f8FiY2V6+oWh216ChVq+sNJQuqnrQrJLZelSCq",
-	"IrShTFjUWl98LLox2hwuoKo0tEmeQt0shvW7qh4AUvnvYHRadiuovGSuG6qrWD4WluaiSaKsYBaGP6+E",
-	"1ZoZm/cG5MTVMS8L1fu6ZyjCAXWFNgtpm/SFld4fUvyCGTbJX0H34H/pMiANJRHCxsrb6rw8QHBBGRxU",
-	"63WBIE0EW9TbYmBCvqv6T5e+U0HQLQGeHY8FFrcXZfMGJyP4jApv4Stxpj5a8A2yZbsSHALDFpIZz9Kw",
-	"WHLZvoGEKNwbucID2itAriE6wxpx2CY/6BEQjQW2fsK6laAheS88N6Tr69DVO8qPrNAFsad0vb5TsMKx",
-	"gAl7gZXSNfCTc26MC7au9XLotVdn852NHkK+gLEfScAIC7Ctk48fgcj+0wkY95YXHp5I/QhoGKCc76G6",
-	"u4kR6dm+Q7BNifzvXD+RiiVjoWLX56zqpQShKbxsNOTqmW7qQhL2IEFGi0FMvkv9cQ1Va0EaAxIrNqfc",
-	"/vvCtfLBWil6tZZKSL8humJBVaoH5AWFyKgV4YB0LVFxp+oJUC9ozjEWR8NvmnDevVsh/QPx8nc4T7vE",
-	"715IB5+tIatIteLDgy49awzq0SKEHRJ+9K2uNxbUOPFZzK7Xz2bkIttwKyoT8aqmib6OD4QWY41jV6NH",
-	"HzvTpHG9fTB78Gh4UJaSFUQKwEpg0x4ZMTgrREEfxMXSQdlRirvYLp9cvaY4VH27SRcWOxa44Wi148kT",
-	"HZUZ214al8o3G+qFFRexd96MisuqBLaVn3zdxjn1Q5TmFCfw+E4F//Pf/98KJY1dZB+fTpmVcXwfIm58",
-	"YyY8kRWJqKQ5PCVzajD22w/Za6Y2drRHIDZ2mk20Bo74n4v7P0b4AIAV3QmZH07r2G6fBQDbQMKg4c+n",
-	"ss+uePvt0H98gcxTaGn0uSbhY5mmFGP/YGhdD9pFVlU6tmrhLYCq5M3SZeLsf8ypmd0+cG0SzEaImqK9",
-	"FJQWR934/bvXEZlKkEqxzyWUNKRm5uoChkcglTnGUvlLqPlJdEb1zDKVbty66a+HXw/3ac73oR36v//6",
-	"7CCuuoHGK08cs4GkPpe+53L6tibzraXvtdyEWW7s4XJqlmeuqvJDon01zcauI76+82ejWA0Syz7Furoq",
-	"j4z2gh/GGIYdI3KzjH3rj4lMlxFxDrewFqiXbp2h7PT8Z9KNXX0G38Qh5zmiDjRDj8Gd78P6gfe6CHcq",
-	"fMO6WuvlbulmOiA/8m+DPguRK2RJJ1pmhcH2BkROp5oZ7Xr4Qm9N2EqXavI2Z8KdACRCpE902XLR2bP9",
-	"SaMvbexND37zWK8CDepVJ1i37sif11ymzqbuNkT1Fbaf7sb/npvls2E8Ggs4mOOqET8eYO+4qrXhKJPr",
-	"Dsg1NhJ22nTsSqDihmMyHIxFUNfVWeTqAAWePJpAjrGesSxzqVN8SsqCGJD9oGcr1jlofe3Mc+22uArd",
-	"H8ggd2qWWKL+kYxy5XyfS4D+CxZgcqU8V8nwGhVuZcHYV2+3Cp5u8NVKaRFJMonNEKqGnj4LuarLWBuj",
-	"rYrnCnp+LuS5AmRwNI/J89eLa26FtfbCmo9zu8Esm6W5z/dbi+Hc4WIfUE1ye99kY/DUan+hH1hn274Y",
-	"6AD/MAFpZ55WYlgCMZIIuSB/qXprxcN4VLXROl5zctZFKuyJbMbCfd/u1RyQ5+Uk0PGqXtLu/Px10M1q",
-	"GLve/uCM9WGrirkOtj20gB4Nh2FLVPd5syVTsMXDBmO9s1NslMsezZwES/ksmP2p/asnN4aJtGZ8yviU",
-	"GT5n97I9KaaL+QNZSXHsP95M+s4lz0Ofis/W0kfSA85ndFG13d+tG1UzjFYRfw/C217Q3BSq3lzNB0Qv",
-	"tWFzAkHL6AFcbHT8O0grDSAMWwdwFfZVkTkTtWKfLhSPJLiQdBTEP0LgoPdjjkUZFu4sK1PF9CwwPzuz",
-	"rB/J12gLg5Mhz8pV90BP6listD3B2Gd7U2VrGh+CgHUzXKPC8CS6VUN5KQitxgw7ybseki4YIuwbU67O",
-	"td7uwjtR1c6dLICRe/MSdMiENsOGZZmvtOr6wdSauoSLdB3fR+s9ZBu6pmO3y9q5XbHcDMipm945jBMq",
-	"7O2V75UOaDuokOZCF3kOuTjxhm6Z7uuHqsrthn+sqCy/mybzj3v22QT0+JHfj2D9KbGgmZTeJ57bNbdv",
-	"c8xUvQrPfBf8h5M0YIbNxVJco/5/YafMeY2Rwnk8WuBSkfsiqQ/g48EsKEwXgmKqJPb1Ny8mXx7FWAQe",
-	"0pQvXF7m9oKlmOCUcrVevYAExQvq1QmSzTVcT9/fpYZrA1fCY7xTSYO7YdL7HEuc/iEVj/zkbWj8uarB",
-	"H1WN6I+oiHCPkqye9oSaSWvUwFn51kNyJjfJxogBv5AysJSpJxrkermA6nq1fqz3g+Rdm2aXnvtyHTo4",
-	"p03Sgf9pu5/oHTbyR9cvVmyEchQYxOm1ggXVgZ7FjaWq0DnTQDQ5nEbv2Eo0ZX5nGP9TxodeQs8IQ5e6",
-	"ro5s6JkdSv3/ex1Ljxtfvb3zdXWqTWC0oeX1I1zHJtUoxNFHu4/dj7fqQr3tgO8oerlvUarbsh6odorD",
-	"FirrjDr7ILC5daz5LRyKZnzKkmWSQcOSoBF1hBJQFPbOL4tjD6oAs4r2r0fNvay0m4rAOvfkVW2Q8ozW",
-	"B/lupblxtLkx8IJyiMKVKoIGOfZFDGmBmbHRV+bjdKlYBganYEVld4PmWEAXbwScEEMeV8rCRlBLSCpy",
-	"dnZCunPXD3iyJDPMmS9Lg18yAXlpKQ6meuGxYOWvpjV471/39PxnO03Oc9Yro41cto9bZS38aS1miXjm",
-	"nrFw7hx06aa9r4YphadgV+Pji+676wWbaBi/NQ7Twjnz5WplyW2wVPp9p4XhGqb8gdHMzBCYuGBaR2TO",
-	"jOIJWDC5JqlMirmPnoDwNiUXmqnKRdsF3CxXFM4qc21R+/8GAAD//w==",
+	"7L37bhtHljD+KgXuAiY1TYqSlUxCwVg4tpx4x7G1lozZIPSqi91FsUbNKqaqWhTHEbAP8QN+b/C9yPcm",
+	"+yQfzjlVfSGbFymWkp3xHzOR2d11Pffrp1aipzOthHK2NfjUmgieCoN/vtDTKVfp65fwj1TYxMiZk1q1",
+	"Bq3ziWAyZXrM3ESwNDd8lAmW0AfMTbhjJlcWnxrxSy6sY20rBIut48b5keNOrxW1bDIRUw5ziBs+nWWi",
+	"NWgl07TbPzh8evTV13/+5ls+SlIxbkUtt5jBU+uMVJet29uo9V44s3g+dsKsLvJMJFqllnF4zOYTmUxw",
+	"QUkmhXJsyhfMwOf1RUylktN82hr0i/mkcuJSmNYtzDjjhk+F235Gz5fP5YllMo1YDJuLGRzUwdcs03Nh",
+	"Em4Fm4gblky44QkMztpcLZh2E2HgpKVlR/0jPC8Jg8+4m7SiluJTPC6ZtqIWHLQ0Im0NnMnFnQ52KtUb",
+	"oS7dpDU4aDrmVzITpzDlyi7hVyaVlanAw7VcpSN9c8yMyLiT14LBUi3jRpQ/OY3vzrW5SqUpNvVLLsyi",
+	"3JXf4/ptbVv1G8GtaL6aDB7RdWS26TZG3Iqnh7ULifGjC5nGTCrGWXxGe30vxvETy2Jx4wyP191R+HjH",
+	"i8psl27nckK3dZW1APicEwYG/6/Mdn/m3b8fdv/88dPB17f/2ogep9q4pu3PtHENtxaxVCQZNyKFHcbw",
+	"lo0ZdywxgjuxZmfw2uZ74jeEUl9/9dXTr6ISxQ4aUCxq+WNdR3f8Wuny7OjG395hf9PtrVn6ztcB84T7",
+	"kH8LNzJV9TuBt4pLOeyvuZQzYa3Uat3+Ts9/YpZeYTJds3C7ZeXbUONM8ZmdaEeLqOxTzdbt8x6rqB6N",
+	"mm09mlsYy860sgKJ6/PMCJ4uXmilROJgAuBWygmFQM1ns0wmHI5uf2b0KBPTP/3Nwjl+qqzhX40Ytwat",
+	"f9kv+dw+PbX7p/QVTb2EI4por2cWE52lxM7C1QDMxY5fCX0tTMzm3DKlHbPCsXac6FTEQLTj52/enzx/",
+	"+dPFi3dv3568OD95CQTiNmp9x9P3xBgfc1ev1TXPgJ2oWe6OWSyM0cbGLJPWWSauhVkwPymu0rO3t9q9",
+	"0rl61Av4oK6UnquSNGnDcv9bWxsms6w71mYqUnw01uZSOydUpxBDAHlwD2qcyeRRz7lGpywQU+R3RqtL",
+	"Zh13AtbL3ETaUjwSvcsem/HcihQ2ZJ2ezURK0PJKm5FMU6EeFQWY01dC4VK5R4fqbXBmEz0Dbq6B9Fa2",
+	"pHNgFrdR6w8AOAgsY5kJXDPwKjrSU77INE/PtX7DzaV4bOgI1z7S6QJAJINFwPlxxXgGnIyg9z9y7fjJ",
+	"TSJE+rgEsLrIuc6zlAGxIwGaZ5kwTyx7fvqaXYkFAxLIOPsF1lqjfvjLhfDLj4+HKk6F4zKLGbAQoqj4",
+	"0iDcl7ARm4qpNouIpdJeRcx6XmURLfw/2GjhhO302JkQQxV/f3LO9q8P9nGsuDcEhlVRZVBN6BZ6QtOR",
+	"+Lf3KxrFLXFrcy0T8UHxay4zkOcf8xbewckmfMYT6RYIwXBiI55cCYVaQa6M4MkE1tX7jHtGHvdHI/tV",
+	"yagKZS/evT0/+c/zi7fvzi9evfvwNvDYD4rnbqKN/Pvjos6P0lqpLiM25VlgUeJmBjISbMeIa30lUhCq",
+	"U6Gc5Jn1y50ZnQhr4TJPlJNu8Xsh/LXUGXceP+nbrdLCbZD8EPq+4y6ZvOIyyw0izMzomTBOkmQnVSpu",
+	"VsXfv6KO7q0KcaJz5WKve1jW7ndBrE9RwVpWG6KWX8juB1AVXH/2KyqH+VjMoUd/E4mrSEOr20nKB0sy",
+	"bRSegeZ3DxNH1Epm+YWTU3FhV8/rxekHBs9YO7fCsD8xu7BOTDvhCIMkREYZwTx8CcukY3MunUiBax+z",
+	"PptPZCaYyZWS6hJOGACXu9agleociF6xNJVPR3TkaW4QFi+mDWv7Qc9ZBvKOdMxwxdpWszE3UX2mDhB7",
+	"bnNSOZf10do6pHJfHzVePcLlBf3+qcWz7N24Nfh5Mxyc3IjkBL47h89uPy5jQwznqnMXs/lEqLAJnTs8",
+	"Wzxz6Ww4UXZpdD5DJeBKZplIO8dMZFYwlWcZ7AL+S7wDdCRY8410F0DCVk/ubZ5l9VM6ZgeH3/zpLS2F",
+	"JmCjBbPyUvGMvYXHXxXrhMWlsNLVeZsObyyVtBORXnC3y1LqoMGd6MJ862cqAVnr6QWtvYInI60zwRUi",
+	"sOBXF8T5L6Zy1GBqEvyKGQFAopyXEZYh3TNIlKasK67ns4C7f7t59WjXLE6x8YRWTsS6VBhzYeXfRe2j",
+	"9ZBuXapzV3xRP5/vQCKCA6G32JWYOUZYx9pwKiAy6PEYVNTirc6OOOZMrhLulfBlPcE6I/iUoSQiUhZP",
+	"+c2Fzt0sdxcopsXH3hIMsiS3INcl3KQirZDy4iyXCHOFfhbEtFVeRhWTapSgdiV1MK9TrhqJXQXDGuDW",
+	"b6B+g9Uz2sA93khS+Rs5CDFHJ4igbqJfgRfdFjNxY/hi3fHZTUuqGCJ4mko4GJ6dVtY35pkVTfJCDGTU",
+	"fx6zsRRZall7lDsWw4ldaHUBd00GnLhTMCICDhBse8Rzm5lpfcL3uQKqF9sJ6yYxa4+4nRDVmxlhhSJY",
+	"3mj5ilrJvGHkl2LM88wtG6W3kjShrtcfWoMssGbA8kKWEWcdkiNql5iOlA//JYxhgIWE8IhwsoJvEYsL",
+	"II2ZFa5zzFK/+a+P2I/yu4hxx6baOnbAvpffNVKHwp570P/z0z8fHXxzeFQ36m7nOnhj5lpcgCoDzFOl",
+	"F5Y0rYZNP0cTSg3YNtxPjSqnUl2Mvj5q8A45rlJuvC0sQpPx10ddoYCUpDtdvxcRmiSzAFEH3/SPUQhg",
+	"z8JBN3ObqttpzcQlJwJpb3XODyADglqNOpPcZQ/NxKKZVqAY7m3zW0lFHaXRoHEx4waUnQaxX7pJEPcj",
+	"diXErCoECsumPBWE6WiFsmzMZcbaAXJxzs5uEIGzrC7hR7JtSJhLLSpTo3xRmumIkXFl58IAZpVeIFR4",
+	"ECxLd8ed0UIoZxYzLWmJBSPYlZB4FvAAhGksM3+Vuw5ZP99X8D1zms2NdIKNxFgb4VU7ZoTLjbIRugpZ",
+	"d5j3+08F+3D+qvsNc+JmkyBbrlCmmbjYgJFnTs+8KxgvFHWTOUCe0kzciCRCKyHgzun5T8wZPh7LBEmr",
+	"0ow7R7INPCOfwGfAYznllw2C3AutHJcKIAxeYO2Ao8D+Up1cCdPpsUwnPBsgPBLSjxlX/gtvcL7kTsz5",
+	"4omll/3DVBqROBCe23G3i0+6+MTGnQHjzGjt8CxImyzf91bfmJbALL8WMfz07sVrlvEFcCLHzYhnGWvr",
+	"GUFJtmAxLK/nuBkYMdMDxy/jzjEr3du4ekSxMRq/8VKO+n14INUl7oTWB38agXcy0XMAJ56mTCvB2rRB",
+	"Ja6FYbM8y2ynx56PQCqAFcJN0FElIPmJlF1LMQ/Kw0RbtxPBnwrHU+74b0CE9wjrImXcMmmPWY7WHvgX",
+	"2jwyPhIZSFIZAKpfXybtbjiADtsGxQl+htMSNzNtgc4ZnV9OWGE1Lcjd/ieZ3u4LlSINsvufYMRbpGoF",
+	"MbqLN3cLpYpauZK/5OI1je1V45nR1zIV5oJgaAPZoSGXNuu/7tqZSCSgsB/muLAjXolFCEj4GzoWG0Hu",
+	"Six6LA72ZnL7W8aTRMzgE4REpzVrvxU/avb9YvrEgnY5JSl3KriPf3F61s3EtchIPt7pItHvuYmaFdYV",
+	"IKlcOu98Kb1OTrORSPQUNsnTxWcgVkZYnZuk4Og7GFneF5/cfmywgVTOtlE+M46NjZ4SvS4M/23A95ob",
+	"Al0Qc2U7AyadJdIV4Z80/RNL9GM3oc5lTQf+Ro4Fmn2kYtYHFuHikIehRTotZb7+MeuzZ8RZZhIoZ0Hc",
+	"QIqp0GY24SBFnJ+/YYmQGZqN4253ym+6zmVxhCTfD3x4xCadz3CTXsVpDj+Ah4ACFS5BbDplcsymZNru",
+	"7CZbrsD1S5EJJ94Lm2cNSnCKTxvNQ0uCanizSVB9qecq0zxdN4u3p9tmtQCOAADoiSUPU5NisE2Irozf",
+	"tMATT15fq7FeXV4gvnVr8cS52WB//+Dwz71+r987GBx9e/DV0yajUsUDtDOLWlri0oaKFZWDN26rZlFt",
+	"sO0vapa6VKYYMGFyBcQKqEcm4F2vLwVzZkqKjFAA3T8HnasVtTylq6yl3FBFU7yjqvLPbH1YNdmsLhYP",
+	"raB1nUHd+pq7TF4LIGiZti4Ez/jBkEiOhUsmSJsN4icbLYbK2yow8ueJZfF/dr1lqvs6BVkR1jsoBi1H",
+	"gwVbtmKHJ/fvdl3wbkaIlZ2X3pTqGWRi7NhITKRKUcbw5vrCi0C6zvFQ0abcRCxI5Q3G6B0X/8W08dlM",
+	"G0Qt1nCLh3e/RRWZolBa5iRf0lco0LKEKyCYToB+FdTAz+mpq67ZcDXY5JqLSPpBIQslNafxH+JGumjN",
+	"6r2WFnxjXucJgpDlcybdo7r8ViTSuo9qVTIIp1M6+lDwnnOF5ljvk2pXzumJDb9mciodKL67XHCTY+Tz",
+	"uMhQiQ+K5SY3GYLlj/K7BwJJIoRrXKBw1gBJDB6Te1Mr5omSjz3zis6YYgx66/xlwjTRk/NX3W9ggxQO",
+	"iZIeM2KW8aRRxAt+n88x0p09aeJGJN4rEPsJAgwm5OXdIi37tRfHUT/8Ja9Z3TW22aX1ChRaRKlVwonK",
+	"7uoW//3s3Vuy83kY1OOxUCloHPhFxDAOkmLPfz74GHujU5F2gWyg8WCnwlpvT9vMC2hp5QfNW8tEs4A+",
+	"bYTY1yCECIP6kVZsJJ2NyKxghctlGsF/LyUxA+tkcrVABNOJ45kP/hy2+l8fHQ1biEKV2Omf+90/f/x0",
+	"1BQzHcFy5Fje0fNM8dtNWJdx65jIxFQQSUN0h+tqD1v7w1ZhZzBau07jNcwa80QqehUfWZ3lzo/bHPWx",
+	"in+NLm84dXgCJ0mY0ebMLqaZVFeg9ZNw6IDMuSeWZSia7+ry9uNc0OeN2FrMRO9EwNPmRjonVDPur1GN",
+	"uAPaK+0xi9EmSqYmlgqQRSP26vWrdxj8CBTWVdUhOFJAWglY7ZfTilo4SINmtIQI1Wh+/64/6YjAvA5e",
+	"6/Ck2aUtlDMh3GsXj3aBcber/oz1MFWYKe4LWBvIcW18nwIw1UYwvzWK1p0LE1wYOwU0+EMPx7Odxmbi",
+	"rwRSq2e8/lzwCEpoZO3icFbPpXMHjCP/cwXGtyJS8/Zx9Mb9anN1X9W9cO2hNoIq+FpnXMMy16ylWTEo",
+	"bOY7A3iZLrY1aqMcvOmIvieJ+XnquU0zBHi5ujuH2+bhXUYSGBDKLENLeGc1BCOV9upilKeXwl1cNsmZ",
+	"mN+AeQypNBVf0RNPjv/v/8/ibheG6eprYUD0lC4ujKI09K66CyzGr2KH10Fiqt3NKmH3ErTfYKMg/YO2",
+	"hfxMm9lxH+vZySa5/UeaicZ35OiD+8nkdcUPvuNEv+Qir1lRqzxt08ksAWH9JKvfFnPUdlW5qqYzjlbA",
+	"qgm2fxA8I5q2hG6Ou9zWjaL6aqsx1n/WNBNlh3oRbynqXgk6ekoTbZNbEUUJfSVUA8Z4E/mdhDAKCbfr",
+	"Ay+fMW9N895qrzAXiS2Y5ARyJzfB/ni/0MwiN3WHFNQGeQ9mb/ThoECJRzifoOMR84mmAHApeXW0Et6I",
+	"FARLOkkU1uBDMqlxK2z4DoVqrkLyyU7mLExU2kafESDO8M1lMKok79JQ1W1H1duvXetasGuWmGifO/OT",
+	"EoC3sRM/8Nrl3I/fFoe6m/mlerwYbu2ZdAvG5E5scr4hKGTeBVdYHZvxosee+wi2eghExcX2m+2Ut+tO",
+	"8iycyVI0uZ4rYeIBJU24CayBxX7j8HMRf2Ijdnr+U8SIcEWs8MUf++AGcn1FlCkYMSOUmEeIGwwniTBc",
+	"oMwz8dhTVRrwPdAS/ME3eVBOy3SK5cRY9v7VC/bt0Vd/DskfjHK6mkI5m1TlH3kykUp0jeApnHFQ+b0N",
+	"JY5YrLS7GOtc4T9W03uiprzaRiGWVtboDqFsljuoJ4Wto0FBKdlTQ+i0dJnY4Hdb1Ss/vH/NjBgLI1Qi",
+	"GBrz5HgRAhPCqcPXrB3zkc7dYJRxdeWTFZRWorPdUen1PVpesYXizCK6viaiceoWFA54X0E92xpJsj1W",
+	"bq2nzpsrn1HgkHLC8ATLTtgJ2inRcyfHwW8XkTXaTjo7sRLvwnt879yM0sHqe4V3gRIS0SAX1TM2kzNh",
+	"WbsSHexDg/mMG9eJmJCUzUsR8ow7plUiCtu0j5hiz1gCfBsdnw4NOMY6HwvH2vG/zdziWT8e0Hz+HHEp",
+	"nagY201IT9zu0TJ6/hnAIjiQ7hGdUIB1Q4qXzzv0Ys4WobN8dw32/OgJY6DIcLdRC46xmRi7hU/JXF1Y",
+	"iExsTku5n1x6h9Sk3ZKMgs10Y2aeP5bbqOVD4ClXpUGs1I5n3t6nxyGZYGZ0miciraW8KHFDqcJV8xCN",
+	"u6sZcHPaz/3Aopq/Ut9sPZ/FG+GKO65d6BrY8pDSLGL6NezO9iqgt9VoEcZuWhjmsa+ux4tn21axYvEA",
+	"pUVOpdu6fpz3Db2K1MF7CLZ+8wHfXJGkaaQwUFRsYO2e3xTLbDD6aiWKJPopJxsjAW4pt8bdLma1d/di",
+	"Ns74pe0csz6lfuNqyOjYYMC5g82kZprYxTReNSMsB8pVTRbeB+LjKZ9YRoaDkNS7xmsX4gKLHJhdlhSq",
+	"BOxg2ahaMtYZMMrxVha09q4/BOhafxtLsRTSXtWtPuVJbbD97HqT241MO023/tC1mU24EunFva5s5esG",
+	"cHo3LmNwbRwxh4YEMidQdGe10MqlVms8waVRbNVEQQcQ8sznXDoQtX0MPX7Y+21YEBxp3lyxC8SvrFKa",
+	"EJC4JriCnPAYYRGFLIFjxsuXsCyf99ijrdyy/q6usPUXdFZU5/A7xGgmdMSNtUEvHIjgimdlCK+kWkm4",
+	"iDUJ/RswdqvtcQPqNgLdejhuwvT3IiObSbNfwNDjNfKYEVMugfFflMaeLVsvBmz4unl9Sszvp5gV5pfP",
+	"bhx5Xwse3z3JNHxH0TMW4Bk1E22CroLO/Eq4fQD3J7YalbYS1NUYzWVZe4zKolY2VOH5HAHXWxgA7g3o",
+	"zffyu4YVHIdUH+7QmBNSNVEOCKqatEvmrhA03o67Xf83OWQu5Sgu04d4NdPHk6kydEnP1TE6+4AgzmBq",
+	"6TDixhJfP3n77uz0RXApgqJ5dPC0yC9x3udPBaFsz1OlARNqrE1CUZGelFmnDSYnGXkdosVAdfRlFXt4",
+	"hHhQVPMlDBF/jvu5JHjY4ZsKTbyc5UUA2g6ZQ1W+fJeJmrHpWl9toEBYX6Y50A/TG0vfhmVCpcLLnKXF",
+	"HcP68pEzQuxCncOMTeSomh7ZECXEZWOwHaWE1vJGkfmLgk0jN6PPa+lJmwT7WlGaJive4/h0o7DtDefV",
+	"HHv0IG6mIiUlCFITrGXoU1fu71VCxN2WvLVDHucqcm9F6Ixbd4FWP+kWdzqte6X4rU/EW07hrZqFl2Nc",
+	"QtpbCM5a9WLR/TQbG6o26B0g9oxeLj67MILbplCCkLdRL2dItaBiH7gG5IJfYoxotQJOsCa6iTBzaZuj",
+	"9jbIHJsSl7aYWsqTqhi26ydcDrfegReWtwKWDSBWgZ0AAAEHNuD5GjPNfQnRTu7AzdElFZLWbLTwWduY",
+	"5ShVSGk4ZiEPks24oSD3VclrJ5qwlDqeGzRWj3nibPAVlXcUR6wszFyBsHJD9BR9zw365Yz/kgs2EtyA",
+	"ilQUvKScww1xYyvoWnGcg2jVGFJVQ+Cdqgv/dld21MIkF3ORm2xjpNATy8SNV9U+vH/DpEqyHCNz4/3r",
+	"AzzbDQlp3/S/6e9fHzQteXe0LRca1XG4eoeriBx88iVCb8W7s4JYNoQsyLFIFkkWYpz0uIw3r/pR0cVB",
+	"RtzSnEsVXJHsYAHXEF+Nyc6Yf9xo4j/DWl73dMTjt81hLHrMzl5///rteQT/PT95/yP+8ZfXb97gH//x",
+	"4TU9+uHDKdacR+c0uXKw6Hy/U794P8r2yBtaVOMV+L0G8fUO+uDzbM4XlsWfbhtwPWrddC91t1xXnrhP",
+	"t61KuevPI1HtyKA3lAQmRuk4UBs9Zm1qTjDlCzYSaMRaH5K5zkSEpBkZdbCyUMDqSCy0l+gxCXqL/Qgv",
+	"vt+5o11olaKtryO+BWwqIy7RgIDs5SFsdYeEe1/DZatWrd24bICjrSy2GHrTsu6H7s3B+88pPw5410zo",
+	"WSaOmRKCcmxHglGhBV+epkhRPfxmJ8coEcu1kbCPL3fuJFvuHgr4YUYJ4/cLZvjM6eRRi5IJLkJw97Za",
+	"/rWYjsqn0fZU9LDxx6LEKIwkuZFucQZw4e2BM/kXsWgMNQrOMW5Z/NwX88X0pAH7jkQ2rBaUXIkFlQ2K",
+	"e+wtFpvGpPJSUs2kdceMZ1YzytTSaqh8CVthugHK0FJVY/iFWduTGsrPRahG2y6uojwAkIsKoZOWuL7/",
+	"CImb2/aGb4Xd7Tz3D5iqv23uongJJuBzJ0eZYJTlXzYyoX+XbR/+swtfdb9fTLseq7socJYr8TdaX8vh",
+	"lsVsmG/LNABXsjGSFy4RxFvMp1Hsh/Pz0yLhFEglIGFX3Igkx4Ty0v/FQHgK/LGrRO4MzxAcqdj5UPmK",
+	"Q3wq7Iwngv2NyyxinL2k6khCXUolKHntL/lIGCWcsCzJcuuEGbD3J2fnuIRC2oyYVqILfGGoYEkIt2id",
+	"PWZ/FaMzTP6x/ptrwZwwUwnCevv0/KdOqIxtvXPMR0VgXSWsJkWpZwlXQzUSlKK4gB+xJBZnRvjE+t5Q",
+	"DdULzNy3LNFqLC9zI1hcCufsGfPi/w/vzs4Hp+/en4OCcOxLQtdxCR3VqTBDFX8qh7hdqjkU99g5aFxo",
+	"LpYho145wxNHNQa+1xjwRrmPOLRhUg1VHNxL+3wmY0y5vxRKUJUnn6McFSnYRbIxrAQTXrnzdZD0TCg+",
+	"k70Fn2YxHsK//AsDvBTK+aLb8OMe29vzVGlvj/3Pf/9/uxOm96GMV500OU0hmyXwDRVjfxELOH5g6bCJ",
+	"uNvlM9m9EouY7bP47Pnbl98/Pz+5eH76+uIvJz+dxayNAXFdK2YcN9/psb/68mZIvsJNpjB69SyopBEc",
+	"rFaLqc6LYneWaZUtitIFsEih4EeWaT0b8eQKmytgp6+5dBMYOO52pUIaL7pKd3nuJnGnx6qkHGgwaGo4",
+	"0k4kWDoYuiTAcAdvSsLh78FUSmvFFYWxoV0Ta48W1SsYLXDtp+/OGgtikakc9vFOra7VMovF+B3CI2Px",
+	"OvpId4RUVmbSLToRvFt/BdNdmyEqRrj4zui5FcYygFdQ1XhJHCLf5cw7ea1wnpbbqFijD5YuvoExbT6a",
+	"Ge10ojMWB5LZw133VnlQKLKM7boqibl05jHeTyDsVN1obw819L29AfOR0KxdRkJHFUtDLbp53wibT4sg",
+	"Z1jpVCr0ReEo3oVBEc94FEAaxLXGAkb0sIPnGSKtWXttpDWMXgRbR+VE9GXwltAM8A8MEXBWZOMdIrM5",
+	"AkZl0WuitAlTanOibkYT6BEQcuBjlZHwuN/Q6kBjY5w5I8SgsswwC0GL9/IAFtLcoZQ/PfBZFoFyIrEw",
+	"XFnp5LXIFkRKeXjNZ3dIN9G5YzFaS2Pf7MCWsT+ey4OK6j+UDhd+DnBFxdg0WuJ6bMfuCQiRA7a3d9Q/",
+	"2NvrsUq3Gljz7g1rvHuShnqKQ6miVJwO15qGkQYwOrx6tLcHlzzTGOaKlDKUlwzSFUD/SAjFroXBLNqI",
+	"Wc1kagOGjiiaW6RAWRIBYgWrajxhbrqg0joJeIw1SLEtYGBWGJ1u4R8n+D7qSugtXdc4ImbtEMzfoduK",
+	"gcnGEYsxLBz+IPyIo0rvlvYkn3JVBPAfs1fcuuenr7vWLbLQYNFi5TkmHRXE8/062tPG6H/k483h/4nv",
+	"33SHVABAIyznpw07OjwcqoaOFcHZHVpe+BjoUsm0JAT8ykhlZb+yHwVHivvrUP3a7Xbxf/ACzPRrUQIC",
+	"i+4MSuhl/3727m3kmz+hCBMV4EUVs0EpTL1iSH8DUEVY9QARiDsmbMJnop4A5ic/YL+Gumyw4bCOSnuR",
+	"8OZT9uuWnk51BPGfHbFfixWX5V+wpRI2EvQlU0NrFv/Vt+zXWscrchWhYKsV7m2p1VXZOxJjyBmn9m9F",
+	"7dWOH/kAtoF9k3CdoPH6J4eH7FffrsS3MCnXcwjr4SAGJbkxQiW+IkvRVGdbV6OlXkZRqBUp3THD1qb1",
+	"HkSdY5Zwg2nicaUVT0zL+QrvIjT2gSWEnj552Whoywh93NAovzxmmb68hANE+bprZSqiaqvTS9AbQJwa",
+	"C+aLXsAgQ/WcKa26fxdGU7kVqiFL+pBIy05q8LXSZsqzUIXb5hlgJDGmoFkh3pCCnMlEKCtKe1Xr+Qxu",
+	"sXvY67eiFvoiUGG1g/39+Xze4/i4p83lvv/W7r95/eLk7dkJflMm0hRKXStqXQtDYfGtfu+A3vJyfGvQ",
+	"etrr955SKY0JGhr2W4NPt1Frf4JJpn/3/5oKZ2Ri/b+qaoD/CcEwvB0uGKOXG6PTJyFaqai8swxZ7T57",
+	"VobvhprSQfqm10kC9jL6UAUWi7VLKXES/ibaOvcFJHIr7GApkrNkwj6dmYrv2SssPTZUFA6KASDSsLio",
+	"8hkXiLEaUWU7URGHQdF4JBaUnbpGOHKunBevXSUUeFsAJ2vHRTzeXnxMTNAnP029ohG/PHlzcn5CwnqY",
+	"df+TBVWSjY0gSikNYW+nx2J/knGllWNzhvxQ+RR5YCJeR6g2HkNyvNQRbYVcFNz58NuhWiYd1Sqz+IhQ",
+	"hsQ+qdXrtDUA2KKY+aWmmIf9/oauUHfrBkUTrOkFVS2vioHb2nESgDH2HVtWHfUP1s1RLHq/1oaragLE",
+	"lNFg/Pv54+3HqGXz6ZSbxfISlidvRS3HL+2SM/vW42fNe+5xtH64IA+cVeJxqk2df151o2XVivAYFywt",
+	"cbV1vYuLmIPdLmLJOH4bbVkDoU8cAg5ilDQBCOOrmNDsmme5YPF1HLFLee2tjFfPruN1K8bK02vacTvB",
+	"p8/MUgPin//r2cc/PevtNXVy/fiAQFsNnNjcehOrAKuyQq82qTAebvvb4bbSovVhQf1NzfqzBraj1kzb",
+	"BnbzwtPh0lpCOiqWmfQiLYZ9Y6VVXi9KCPSLIkBZG7icVMJaUkk60VBp44M9fRb+tcDAbfQQU4nLHotR",
+	"lybDWyg248v7V8t69litleFQtX2V42KPJcNZZlQYjVjAvmdY3q+JrLMk3VRdolOT7OccnZ+VcH4Uf/MZ",
+	"c5rFROEv8PcywCcuyzl/3e/DWWAwaiDrIL6RulQVzHrsvJhBYpMKw3hitC04v8WAWyNAVsu0Y5cauyJQ",
+	"BdSQeAB4XDDtsZjDHrKlrBo4G+zzQsQZJPPAkOEiUBBM0R5FQF+yMsoCQPZFwttYkt+Yjq6iV/bLvFAq",
+	"ub3C94ZqmfFFKGivMLx2k4BMx1VY7UqDESohQ+VNRaiFVVuEADxP+VWIAW1q2AFnNV3V7QjuaX98qOqt",
+	"OwZYcUWbAsLbPBQX9Ho4SQ1ahY4k1eGK9NihQim4g9A8bwhjrQ9CVwnwiNdJgaF43gS0qUCEHqqgtrZB",
+	"QEfFvjTOKnh/zmnEDh5YPa6HuB9IMaAJ+CoIlrUxnyzUG9+rVxtPhZHXwRIU2iR0hkqripTYKwObQRUv",
+	"f09mef2HEAOPtgUyE7XRMUDVz4fKr4rFfdArysrpZWeIDik1ReJnLBTwN/ir5IS+F5InS0PVpkaz8DPy",
+	"RFukndBoJOxVPqEboVD1J3ao4uV+BL2ZTK2PRQfEClBGeKAW5GsCsBApolEwT+IN2zyZDBVlLSB4yPJG",
+	"WDue5hbNQqEL09vldED/aifuRL45CUGrpNtvEiWTWusechgL677T6eKzceV6e6Dbul/aV1ddEgkO7jS5",
+	"VmKHIiO1eOydXqXA9NuPDaKETwb3DJWnCyAJdaJRBk8HKAAC5glV5xFljah1dPB0+0fLXa/hu8PDXSZb",
+	"7U2L3367/dt6C+vbqPVVf4eVNvRd3lmgeuE9O4Et7KguoLOnbETQ3EMo+ACm+nrJHIc8WaWYt4NYXfEZ",
+	"VOxjtsdep2I60w7Tl0jmGSoy6UvFxHgsEgeCAtWE9synavANdpev+v0mfKcPqvj+QKJ4rZ1DAwLR87R3",
+	"f5jeBVLK5vj4xdH2L4rG1isQVQud+Pkj0JB6BEPltxDdQT+tg8WX/vYq/ejhpjtrxfxGhfVSuEe4z1oQ",
+	"+UbV6p/8SuFURtsJzIphoWkP5SvF+b8EftREnParfUIbrY/k+QlKXj2bj1I0yP7VDrEmaO0FJUSDyJql",
+	"wMNQkO2t0BWQY16EBTwgGFY7pa4zTvll/IHhED7YgTu+8O6tz8oYPz/Mo42iDk5pbrB3WVKCRECCsuvs",
+	"b8KBdTYP7A2FYhZOE6Nxax8AOfYaak3TI+0vqvZgKMrXsAo0DZW0bAKC+WjRhDoRBdMuatEzwXuEnpYn",
+	"ttKeBLtRDZUPxGr7DjciGB5WmiSzGZZkMoJPI+rwKlXVFoIWCK1IXKjl6KKZJAqKDeOXXCrM1bVkQKHW",
+	"A0Vmp++8gt1JYJpcOZkNVdzt+oPoGgFYLNFBXLS1YpOO93BLR2mjqOPi11S+uvBX15uRDZWg1hZqgXFn",
+	"MuFBTV+Jx4ooMiFEpYXnRmCyRY+90qBMYwQ9OQJ6vd7+nEt0D8PfvlC+/xdlIcC/yGFQtSY8x7inAbaY",
+	"3BfXQrkunX7sM5K5cUXg2BjnxQgKg+p7EPgHdB/VlqCH/T7D8UI5fzLXUvUseoApzPDXgOaBFcp0wPoR",
+	"aL8xqLKDmEb21PCY7l/c8MRlBII4AGnC35+cs8ruSbM8Ozsh7d03/e6zNj2PhupKiBnH8qIRi8WNBG2F",
+	"vfa2E1q1xP4C0ZrBXSgWH0tEwKGK33Druid4kK9fxoyidzAPzIcmVA2D/niNKHVlbotIEgwPWWFA+M2L",
+	"sgf4Q+ix9ZbYOymyy5xvBaDq0y8by1cY3BmVTgumIaoCwND/UYertodhOP8r34tEUmGrShuwajelddv3",
+	"r4ftA/WFdd1VSd+pY/naDT+uuvwH5P+/hwr/B5Y5qAUkXxY0muWMzfLy/qdki27/F+wlVmmU86TsKuaM",
+	"EEyOgetYJ7MMQ14jIshjbTC8QrqCvxKd7K3Ry6v064tevoQLeDT/qDI0gFgw96OrZTfIXm8SeARQ2kC1",
+	"K5LzF0h6XEiqWCB2BKF7K2HR1pcrMsPHXaiwlyOpf8kfZ1VlFvUjrWqtdotGZJSRcUmgLTbzJep2yZ5X",
+	"7D3cFXGTVNnH11oLXsNVrkSTPKxUXc9uv5dQ/dsnX8cNz7CZ//9+0fNz0Lx/VEmSEOkzipJoc1hrhf0r",
+	"hpx4Q08lqKRochHwVQOW9tgJoOqA7e0d9vt7e6VfuBpsi47goQp2LjvhM3HMYiryTX7vmMp8UzAOWXp8",
+	"6p83QtGK3FLND5EUVqqEzyIWFx2pYswhQh8nNr6ac1vWWdYGzUedXm2LM24tqKLSWDcYKtjSYdgSTBy/",
+	"CEa7duyNcANs8BtT4MLe3g+CGzcS3O3tDUr/amlgwa7RSOFgUMztGot50ZW97i9Hs9YkjBhHZTN1Zn0E",
+	"AMXqsUwqDNvBvHJui8uoBo9oJRhmew4V6eUhqaC2gH8/e/e2m4lLnrEMg6ou2XwiHeWJdrzBrNwTJoVg",
+	"nc4b7IXMHUty0ChSBNRgTrTe6YfPQrwQEH/s/+98+Qfqkok6SDU2Zag2nDvFRnHHDvv9Hgupn1gPAnNZ",
+	"5pqNdCqFpfrx2AbbDxEPVbuoo48QbXJMZM0WPusuTNupWU/pzHvsrz7mKdUUWkatkDmFJaMRN5PX2Pu5",
+	"3CWyR8FNhv74pZ7QnRCnJl29o3Kd6cFoJcvbGP555q/VaVxDCUFP+1ERpvG0318XWFktGlUyrIaKhaHs",
+	"/dN+v16/cLm+5m+NrtwtlKLSFXlbKEWhJHzcrCaEYoNc1SgbxkpFhc23wNaoom1j6EUBwhRXFWAQgY6C",
+	"LQ77h4+h+jQQvIpps7bbL5LFH16bAiJEGVHL8gFrY4Ohmc6yzh9Ss0r1XGWap2slkfc+ENgtFSJZrkPC",
+	"XnDMwSrDXkON2dwC9wixm0vz++BfrEmAiVj4A3ClkJEWMvopT3HVJuY38IoamW6kxKfNbT2PmREZxw4v",
+	"mOmD0k/xk5d3fGmwdUTaiKl2ItRNqesmVbK9uRbLQ4a9v/QHtV6PqdSaCYVfvljU72VRf3iS817wNETe",
+	"84CMS+UBKC+582ixJUX2+/6nmTbuditN4VgmEGUyalhuqW933ICkPm9cLUJFAsZDdiKGvFqhUspyQ38h",
+	"5rtgEU2WiiTjBqPZfVvwmFWqUBrBxM1MW5EeUzUowv815OZSuBO/zYe0moY5NkVSheP+J8fRh8e1H/Qc",
+	"uACCKOhZ2rgSqApI+vxotp2/n2rj1qPjjUh+kzVyrYHxPcjTZfAMCdN2wrpJ7Lujodbt9bpOLaGo4t9i",
+	"y9nD0g5VkSdMQSZYMcULy0tGzPlEZ6JuygQ5gaoHF3EXPlYFho5pDRdUSODg8KvIZ+pjGfa4sELElaYz",
+	"3qxBLaHKAIdQvgVU8Sko85jlVJsPJmD7VA5lpG8qUQ9UsQ7JUbC3tLUBirN/1P+2sFgUMTq4K0yed5qN",
+	"REh37/TYCSYElNEWJIJxR8FBAAAXIebCd7f30tlQHXwN4tlxzVYDGrvt9NhbXc0EZ6ngKRo3KN0fm5bX",
+	"FJgsB2p8adCuMRNG6rTIIamlgK9Ix5jWU43KiDuDIues0gGuSAN7YofK21vah/1+GZMUV6MUYs8kfC6T",
+	"crUYLhX5FmSk4lusmzVUVIXrruaYqvGF1W0vQ7XG+MIpHQvup+O9wCXorJjj0VzxSy6Tq2yBmfiU7RWC",
+	"sDKtRAGYDVFkcPJZ6GYaBqYWK17/BbBCtJyroQq4thzrpQobIJzpWLhkQh2AZMraRYRPg40TC39Uon+O",
+	"KWYMK8DkwICL+mE40ZxjFJi8FgYLt2RWsMbAsk40VLnKAPdjwPkLrS5Saf3GsckDNjdEc57OQMGe8Gup",
+	"c0P1wMp3kWQQZfLUZKiQnHSKuCMsJrIafYTGJsoTD0B51O9HFGJ/1P8Ws9ki9lX/aadJmAAAeFi/CRlJ",
+	"fhevSdX8s9moY7hi7fmEu6JLNnIDINOfMRTpixbzJS4oKE+5Qkt8xYvig2sBOO+Q60Pmi7V6zhly5tJ2",
+	"gpx5xt0kXmPgOAYeKY1InDYLXz6716SDeGvHHZBXJ040hxMWluSRVBxtGlsDDJer0i5h6QtaQjdYOjYU",
+	"tbXy71gyqRimYV2hfHSDSbtsKHP7RQl6TIMDZ4bP8da8/Pl7qD+ABafcTUhVybdgYEiwxMpPUnm7Xh0v",
+	"sYI9AuUxi5PcZKx7HodiNdTDygjlhipgqSxq+s0ynlANQWBflLALg1OGAE0apEDMESiD81GTaRIQZnmJ",
+	"6bsIB78RyR9POIBd/ZWKPTTRF//oi/XxD2p9hPspCn9ghsCu9GADG90PFZgbeWmIWGviplSwFSTwGB3B",
+	"mPu6mGZSXVFSCX2akge5CIhvY3oNVTzH2lHyWqjOHXwPMOPdOfHdMWWTFRBJzBcL4KOFS47pvn9PXrcJ",
+	"hzLfqGIHHBLKIfvymVSl3FnhhhQqk+TGYvHWTsQslSsdLbByeUSJO4C5cYFn1h9Tjz330Q1fRf1+v5iw",
+	"PRZzYQo7lzTMl9gwgmVaXXaOh6oWQsQXuGIj2Bz+b6qNqGLpksR8FAXKdNSc3g5n9AoF9wfG200JqMWi",
+	"n9hwMF/Q+DFyUCsa1h8Tj7W5ehiz/fOyBmG9UWvJEkeLokhSKAdVlsCvVTca+HpD2lyhRda4SqVIqtnz",
+	"hMrxW2DPYUK/APLmzUGMwMpaoI1jzKG6lhZ7SJB4PlTBJUdqejm4N37D/FgyxRswq5WtyfRXrMVX00g1",
+	"bGGo5vClVky6EMYXXsQ2R7RAcvqzdmg8G6yiQl1Lo9UUw9bQnhn2PlS4Zz9mCIYoyhjhCOfnb+gARgLo",
+	"na3vrKzzSapDODPMLg7NCgZM+upf9WRKOI8mmge/P2wBn1faXFVMjb+1XM/2qdaZFuHpl1zA/81leT4/",
+	"5QeY2FxCpey3tUZHKfutb6ibUTZGXiKx9dIYURmhjbXqorVF7oeqHZPN4QJLm2Ov7jEWbxNURK5sRKFN",
+	"+A5H50XLjNJL5lvy+rL5QwU0l0wSRRm9avjzUlitm4hpp8dOfDH9oltCKL5HIhxSV+z1ka6TvqjdwEOK",
+	"XzjDJvmr0sL6n7oWTUNdjmp3723Fhh4guKAIDqo1XCGQZkrM671ZqCqEbz3BF6FdRqVlBz47HirqsKCK",
+	"DiJeRggZFcHCV+BMfbTKN8SWYSU0BIUtJBOZpdWK3UUPEVZF4c7AV7+wQQHyXfkFFSrEP6uNKqKhov5j",
+	"VDwVNaTghZeOtUMxRKQM2vjGdgMQujD2lK8WGauscKhwwk7FSum7SOqpdM4HW9cainTWlwgM7bUeQr7A",
+	"sR9JwKhWAVwlHz8ikf2HEzDuLS88PJH6EdGwgnKhke/uJkaiZ/sewTYl8r/3TW1KlkzlV3yzvbKhF4am",
+	"yKLblS+qu6kVTrURDjFaCmKy+cgZITrHNVStBWn0WGzElEv4+8L3k6KCPXa5oE+VfmN0xZyb1PbYC46R",
+	"UUvCAWsDUfGnGghQp9IhZqiO+t824bx/t0T6B+Ll72me9RK/fyHtfbGGLCPVkg8PW0WtMKhHixD2SPgp",
+	"9FvfWFDjJGQx+4ZTm5GLbcOtqEjEKzt3hmJSGFpMhbZ9oSh77E2TzjeYouzBo/5BUc9YMa0QK5FNB2Sk",
+	"4KwqCoYgLpH2irZm0sd2heTqFcWhbB7P2rjYoaINR8ttd57YqMjYDtK4NqHjVada9pMaOE64uizrsIP8",
+	"FIqHTnkYojCneIEntMv4n//+P0uUNPaRfXI8FiDjhGZY0oXuYHQiSxJRQXNkyqbcUex3GLLTTG1gtEcg",
+	"NjDNJlqDR/yPxf0fI3wAwYrvhMwPp3Vst88igG0gYdh16nPZZ5e8/TD071+l9RT7an0pjPlYpikjxN8F",
+	"WdcrPUvLKh1btfA1gGr0zcJn4ux/mnE3uX3g2iSUjRA1RXsZrG9PuvGH928iNtYolVJZOqyryd3EF6es",
+	"HoE27pj6NSyw8CyzGbcTYCrteO2mv+l/09/nM7mPPfn/7ZdnB3HZkjZeeuKZDSb1+fQ9n9O3NZlvJX1v",
+	"zU24xcZGQqduceZLez8k2pfTbGx9E4qMfzGK1SCxaJZty6sKyAgX/DDGMCo0OnOLOPSfGel0ETHvcKsW",
+	"pA3SrTeUnZ7/xNqxr88QOonM5IxQBzvyx+jOD2H9yHt9hDtXoWtirf93u3AzHbAf5XeVZh+Rr6bKR1Zn",
+	"uaMeG75sqPWNpLHBK26lzS17NxPKnwAmQqRPbNH309uzw0mTL20YTA9h81SvwldFLdoR+3VH4bymOvU2",
+	"db8hbq+oB3o7/reZWzzrx4OhwoPx+X9zCQIKHGDnuKy14SmTb1EpLXWz9tp07Ovw0oZj1u8NVaW4sLfI",
+	"1QEKPXk8wRxjOxFZ5lOn5JgVBTEw+8FOlqxz2H/dm+fW2+JKdH8gg9ypW1CfhEcyyhXzfSkB+k9YgMmX",
+	"8lwmwytUeC0LpuaOu1Xw9IMvV0qLWJJp6shRdpUNWchlXcbaGOuqeC6h55dCnktAhkfzmDx/tbjmVlhb",
+	"X1jzcW63Mstmae7L/dZiOHe42AdUk/zeN9kYArXan9sH1tm2L8YIJeYPE5B2FmglhSUwp5nSc/anssFb",
+	"3I8HZS+34xUnZ12kosbcbqj89+u9mj32vJgE267VS9qdn7+ptFTrg/CdZHmKztgQtmqEb6PcIQvoUb9f",
+	"7cvrP2+2ZCoxf9hgrPcwxUa57NHMSbiUL4LZH9q/enLjhEprxqdMjoWTU3Ev2xN1bngYKymN/fubSd/7",
+	"5HlslvLFWvpIesD5hM8ZZ2gqT3dsidYMo2XE34Pwthd85nJT7/AXAqIX1okpw6Bl8gDONzr+PaQVBhBB",
+	"rQOkqTb30TOhasU+fSgeS2gh6aAS/4iBg8GPOVRFWLi3rIyNsJOK+dmbZcNIoUZbNTgZ86x8dQ/ypA7V",
+	"Uu8din2Gmyr6I4UQBKqb4btlVk+izZVWi6nOcRG8HDP0ebkSC+sbmfpgiGrzomJ1vv97G9/xsddYEGWO",
+	"jDyYl7BNK/a6diLLQqVV35So1lmoukhp2aVWYrDayLihdT+1XK2d25WYuR479dN7h3HCFdxe8V7hgIZB",
+	"lXYXNp/NMBcn3tCy1X/9UFW5/fCPFZUVdtNk/vHPvpiAHj/y+xGsPwUWNJPS+8RzU8GWtY6ZsmHmGb34",
+	"kJIGzrC5WAosV/xTO2XOa4wUz+PRApfyWSiS+gA+HsqConQhLKbK4lB/82L09VFMReAxTfnC52VuL1hK",
+	"CU6pNKvVC1ileEG9OkGyuYbr6Ye71HBt4Ep0jHcqaXA3TPowoxKnv0vFozD5OjT+UtXg96pG9HtURLhH",
+	"SdZAe6qaydqogbPirYfkTH6SjREDYSFFYKkwTyzK9XqO1fVqTYHvB8m7dm4vPPfFOmzlnDZJB+Gn7X6i",
+	"92KM2ie6fqliI5ajoCDOoBXMua3oWdIBVcX2ra5s5tk5BommyO+sxv8U8aGX2DPC8YWtqyMbGrdXpf7/",
+	"vY6lx42v3t5+vTzVJjDa0Hf9Ea5jk2pUxdFHu4/dj7dshb7tgO8oevlvSarbsh6sdkrD5iZrDVr7KLD5",
+	"daz4LTyKZnIskkWSYcOSSjf0iCSgqEjCoF4OVBy7VwaYlbR/NWruVandlATWuyevaoMUZ7Q6yMulDtvR",
+	"5u7Ucy4ddYGNsEEOvOhb/8LM1OgrC3G6XC0qBqfKioruBs2xgD7eCDkhhTwulYWNsJaQNth/uD31TalH",
+	"CzahnPmiNPilUJiXltJgplM9Fqr81bSG4P1rn57/BNPM5Ex0imgjn+3jV1kLf1qJWWKBuWeiOvcMdemm",
+	"vS+HKVVPAVYT4ovuu+u5GFkcf20cJsC5COVqdcFtqFT6fafF4Rqm/EHwzE0ImKQS1kZsKpyRCVowpWWp",
+	"TvJpiJ7A8Daj51aY0kXbRtwsVlSdVc8soPb/CwAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -2,6 +2,7 @@ package client
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -49,6 +50,34 @@ type FollowOptions struct {
 	Backoff time.Duration
 	// Reconnecting, if set, is told of each reconnection and why.
 	Reconnecting func(attempt int, err error)
+	// Started, if set, gets the command as soon as RunCommand started
+	// it (its id: for a signal or delete meanwhile).
+	Started func(api.Command)
+}
+
+// RunCommand starts a durable command and follows it in the same request
+// (POST .../commands asking for an event stream: one round trip to the
+// first byte), then as FollowCommand does: its output goes to o.Stdout and
+// o.Stderr as it is written, a dropped stream is re-opened where it
+// stopped, and the command is returned once it ended. If the request
+// fails before the command started, nothing was started.
+func (c *Client) RunCommand(ctx context.Context, sandboxID string, req api.CommandRequest, o FollowOptions) (api.Command, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return api.Command{}, err
+	}
+	f := newFollower(o)
+	end, err := f.once(ctx, c, func() (*http.Request, error) {
+		r, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+c.sandboxPath(sandboxID, "commands"), bytes.NewReader(body))
+		if err == nil {
+			r.Header.Set("Content-Type", "application/json")
+		}
+		return r, err
+	})
+	if err == nil || f.cid == "" {
+		return end, err
+	}
+	return c.follow(ctx, sandboxID, f, err)
 }
 
 // FollowCommand copies command cid's output from its start to
@@ -57,18 +86,25 @@ type FollowOptions struct {
 // (a proxy that cuts it, a gateway restart) is re-opened from the last
 // offsets received (Last-Event-ID), so nothing is lost or repeated.
 func (c *Client) FollowCommand(ctx context.Context, sandboxID, cid string, o FollowOptions) (api.Command, error) {
-	if o.Retries <= 0 {
-		o.Retries = 8
-	}
-	if o.Backoff <= 0 {
-		o.Backoff = 200 * time.Millisecond
-	}
-	f := follower{o: o, lastID: "0,0"}
+	f := newFollower(o)
+	f.cid = cid
+	return c.follow(ctx, sandboxID, f, nil)
+}
+
+// follow re-opens f's command's event stream from where it stopped until
+// it ends; err, if set, is why the last stream stopped.
+func (c *Client) follow(ctx context.Context, sandboxID string, f *follower, err error) (api.Command, error) {
+	o, cid := f.o, f.cid
 	for fails := 0; ; {
 		before := f.lastID
-		end, err := f.once(ctx, c, sandboxID, cid)
 		if err == nil {
-			return end, nil
+			var end api.Command
+			end, err = f.once(ctx, c, func() (*http.Request, error) {
+				return http.NewRequestWithContext(ctx, http.MethodGet, c.base+c.sandboxPath(sandboxID, "commands", cid, "output"), nil)
+			})
+			if err == nil {
+				return end, nil
+			}
 		}
 		var gerr *Error
 		if ctx.Err() != nil || errors.As(err, &gerr) && gerr.Status/100 == 4 || errors.Is(err, errLocal) {
@@ -90,22 +126,34 @@ func (c *Client) FollowCommand(ctx context.Context, sandboxID, cid string, o Fol
 			return api.Command{}, ctx.Err()
 		case <-t.C:
 		}
+		err = nil
 	}
 }
 
 // errLocal marks a failed write to the caller's writers.
 var errLocal = errors.New("write output")
 
-// follower is the state kept across one FollowCommand's streams.
+// follower is the state kept across one command's event streams.
 type follower struct {
 	o      FollowOptions
+	cid    string // the command's id, once known
 	lastID string // "stdout offset,stderr offset" after the last event
 }
 
-// once reads one event stream until the exit event (the command's end)
-// or until it breaks.
-func (f *follower) once(ctx context.Context, c *Client, sandboxID, cid string) (api.Command, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+c.sandboxPath(sandboxID, "commands", cid, "output"), nil)
+func newFollower(o FollowOptions) *follower {
+	if o.Retries <= 0 {
+		o.Retries = 8
+	}
+	if o.Backoff <= 0 {
+		o.Backoff = 200 * time.Millisecond
+	}
+	return &follower{o: o, lastID: "0,0"}
+}
+
+// once reads one event stream, the answer to the request newReq makes,
+// until the exit event (the command's end) or until it breaks.
+func (f *follower) once(ctx context.Context, c *Client, newReq func() (*http.Request, error)) (api.Command, error) {
+	req, err := newReq()
 	if err != nil {
 		return api.Command{}, err
 	}
@@ -119,6 +167,9 @@ func (f *follower) once(ctx context.Context, c *Client, sandboxID, cid string) (
 	defer res.Body.Close()
 	if res.StatusCode/100 != 2 {
 		return api.Command{}, problem(res)
+	}
+	if f.cid == "" {
+		f.cid = res.Header.Get("X-Command-Id")
 	}
 	sc := bufio.NewScanner(res.Body)
 	sc.Buffer(make([]byte, 64<<10), 8<<20)
@@ -147,7 +198,7 @@ func (f *follower) once(ctx context.Context, c *Client, sandboxID, cid string) (
 		case "stdout", "stderr":
 			p, err := base64.StdEncoding.DecodeString(data.String())
 			if err != nil {
-				return api.Command{}, fmt.Errorf("command %s: an output event that is not base64: %w", cid, err)
+				return api.Command{}, fmt.Errorf("command %s: an output event that is not base64: %w", f.cid, err)
 			}
 			w := f.o.Stdout
 			if event == "stderr" {
@@ -158,10 +209,19 @@ func (f *follower) once(ctx context.Context, c *Client, sandboxID, cid string) (
 					return api.Command{}, fmt.Errorf("%w: %v", errLocal, err)
 				}
 			}
+		case "start":
+			var start api.Command
+			if err := json.Unmarshal([]byte(data.String()), &start); err != nil {
+				return api.Command{}, fmt.Errorf("command %s: a start event that is not a command: %w", f.cid, err)
+			}
+			f.cid = start.CommandID
+			if f.o.Started != nil {
+				f.o.Started(start)
+			}
 		case "exit":
 			var end api.Command
 			if err := json.Unmarshal([]byte(data.String()), &end); err != nil {
-				return api.Command{}, fmt.Errorf("command %s: an exit event that is not a command: %w", cid, err)
+				return api.Command{}, fmt.Errorf("command %s: an exit event that is not a command: %w", f.cid, err)
 			}
 			return end, nil
 		}

@@ -61,7 +61,45 @@ func (s *server) StartCommand(ctx context.Context, req api.StartCommandRequestOb
 	if err != nil {
 		return nil, err
 	}
+	if ctx.Value(eventStreamKey{}) != nil {
+		return startedEvents{s: s, ctx: ctx, id: req.ID, cmd: apiCommand(cmd)}, nil
+	}
 	return api.StartCommand201JSONResponse(apiCommand(cmd)), nil
+}
+
+// eventStreamKey marks the context of a start whose request asked for an
+// event stream (see askEvents).
+type eventStreamKey struct{}
+
+// askEvents marks, for a command's start, a request whose Accept asks for
+// an event stream: the start is then answered with its events.
+func askEvents(f api.StrictHandlerFunc, op string) api.StrictHandlerFunc {
+	if op != "StartCommand" {
+		return f
+	}
+	return func(ctx context.Context, w http.ResponseWriter, r *http.Request, req any) (any, error) {
+		if acceptsEventStream(r.Header.Get("Accept")) {
+			ctx = context.WithValue(ctx, eventStreamKey{}, true)
+		}
+		return f(ctx, w, r, req)
+	}
+}
+
+// startedEvents answers a command's start with its event stream from
+// offset 0, after a start event holding the command.
+type startedEvents struct {
+	s   *server
+	ctx context.Context
+	id  string
+	cmd api.Command
+}
+
+func (se startedEvents) VisitStartCommandResponse(w http.ResponseWriter) error {
+	err := se.s.commandEvents(se.ctx, w, se.id, se.cmd.CommandID, [2]int64{}, &se.cmd)
+	if err != nil && se.ctx.Err() != nil {
+		return nil // the client went away: the command runs on
+	}
+	return err
 }
 
 func (s *server) ListCommands(ctx context.Context, req api.ListCommandsRequestObject) (api.ListCommandsResponseObject, error) {
@@ -188,7 +226,7 @@ func (s *server) readCommandOutput(w http.ResponseWriter, r *http.Request) {
 	}
 	var err error
 	if sse {
-		err = s.commandEvents(w, r, id, cid, since)
+		err = s.commandEvents(r.Context(), w, id, cid, since, nil)
 	} else {
 		err = s.commandBytes(w, r, id, cid, stream != "stderr", since[0])
 	}
@@ -260,8 +298,9 @@ func (s *server) commandBytes(w http.ResponseWriter, r *http.Request, id, cid st
 
 // commandEvents writes both streams of a command from since as they come,
 // then its end, as server-sent events (see the contract), with a
-// keepalive comment every heartbeat period of quiet.
-func (s *server) commandEvents(w http.ResponseWriter, r *http.Request, id, cid string, since [2]int64) error {
+// keepalive comment every heartbeat period of quiet. A start, if given,
+// is the first event (the command just started from the same request).
+func (s *server) commandEvents(ctx context.Context, w http.ResponseWriter, id, cid string, since [2]int64, start *api.Command) error {
 	pw := newProgressWriter(w, s.replyTimeout)
 	var hb *heartbeat
 	defer func() {
@@ -287,17 +326,29 @@ func (s *server) commandEvents(w http.ResponseWriter, r *http.Request, id, cid s
 		ev = append(ev, "\n\n"...)
 		return hb.write(ev)
 	}
-	fin, err := s.svc.ReadCommand(r.Context(), callerFrom(r.Context()), id, cid, since, true, func(sandbox.Command) error {
+	fin, err := s.svc.ReadCommand(ctx, callerFrom(ctx), id, cid, since, true, func(sandbox.Command) error {
 		h := w.Header()
 		h.Set("Content-Type", "text/event-stream")
 		h.Set("Cache-Control", "no-cache")
 		h.Set("X-Accel-Buffering", "no") // nginx: do not hold events back
+		if start != nil {
+			h.Set("X-Command-Id", cid)
+		}
 		w.WriteHeader(http.StatusOK)
-		if err := pw.flush(); err != nil {
-			return err
+		if start == nil {
+			if err := pw.flush(); err != nil {
+				return err
+			}
 		}
 		hb = startHeartbeat(pw, s.heartbeat, []byte(": keepalive\n\n"), nil)
-		return nil
+		if start == nil {
+			return nil
+		}
+		data, err := json.Marshal(start)
+		if err != nil {
+			return err
+		}
+		return event("start", data, false) // flushed with the status
 	}, func(o sandbox.Output) error {
 		name, i := "stdout", 0
 		if !o.Stdout {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/api"
+	"github.com/sandgate/sandgate/internal/client"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/sandbox"
 	"github.com/sandgate/sandgate/internal/testkit"
@@ -444,4 +445,88 @@ func TestCommandAccess(t *testing.T) {
 			t.Errorf("%s with the creating key: %d %s", p, r.status, r.body)
 		}
 	}
+}
+
+// TestCommandStartStream: a start that asks for an event stream is
+// answered with one: the start event (the command, offsets 0,0), then
+// the command's output and exit as GET .../output sends them; errors
+// before the start are the usual problems, and the Go client's
+// RunCommand reads it all in that one request.
+func TestCommandStartStream(t *testing.T) {
+	g := newGateway(t, 0)
+	a := g.create(map[string]any{})
+	sse := map[string]string{"X-NeMo-Gym-Sandbox-Lease": a.Token, "Accept": "text/event-stream"}
+	r := g.do("POST", "/v1/sandboxes/"+a.SandboxID+"/commands", map[string]any{"command": "echo out; echo err >&2; exit 3"}, sse)
+	if r.status != 200 || r.header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("start: %d %s %s", r.status, r.header.Get("Content-Type"), r.body)
+	}
+	evs, _ := readEvents(t, bytes.NewReader(r.body), -1)
+	if len(evs) < 3 || evs[0].name != "start" || evs[0].id != "0,0" || evs[len(evs)-1].name != "exit" {
+		t.Fatalf("events %+v", evs)
+	}
+	var start, fin api.Command
+	if err := json.Unmarshal([]byte(evs[0].data), &start); err != nil || !commandID.MatchString(start.CommandID) || !start.Running {
+		t.Fatalf("start event %q: %v", evs[0].data, err)
+	}
+	if got := r.header.Get("X-Command-Id"); got != start.CommandID {
+		t.Fatalf("X-Command-Id %q, start event's %q", got, start.CommandID)
+	}
+	var out [2]bytes.Buffer
+	for _, ev := range evs[1 : len(evs)-1] {
+		data, err := base64.StdEncoding.DecodeString(ev.data)
+		if err != nil {
+			t.Fatalf("event %+v: %v", ev, err)
+		}
+		out[map[string]int{"stdout": 0, "stderr": 1}[ev.name]].Write(data)
+	}
+	if err := json.Unmarshal([]byte(evs[len(evs)-1].data), &fin); err != nil || fin.ExitCode == nil || *fin.ExitCode != 3 ||
+		fin.CommandID != start.CommandID || out[0].String() != "out\n" || out[1].String() != "err\n" {
+		t.Fatalf("exit %q (%v), stdout %q, stderr %q", evs[len(evs)-1].data, err, out[0].String(), out[1].String())
+	}
+
+	// Errors before the start: problems, nothing started.
+	before := len(g.commands(a.SandboxID, a.Token))
+	for _, tc := range []struct {
+		path string
+		body any
+		want int
+	}{
+		{"/v1/sandboxes/" + a.SandboxID + "/commands", `{"command": 3}`, 422},
+		{"/v1/sandboxes/" + a.SandboxID + "/commands", `{"command": "true", "max_output_bytes": -1}`, 422},
+		{"/v1/sandboxes/" + a.SandboxID + "/commands", `{"command": "true"`, 400},
+		{"/v1/sandboxes/sb-nope/commands", map[string]any{"command": "true"}, 403}, // the lease is for another sandbox
+	} {
+		r := g.do("POST", tc.path, tc.body, sse)
+		if r.status != tc.want || !strings.HasPrefix(r.header.Get("Content-Type"), "application/problem+json") {
+			t.Errorf("%s %v: %d %s %s, want %d problem", tc.path, tc.body, r.status, r.header.Get("Content-Type"), r.body, tc.want)
+		}
+	}
+	if n := len(g.commands(a.SandboxID, a.Token)); n != before {
+		t.Fatalf("%d commands after the refused starts, want %d", n, before)
+	}
+
+	c, err := client.New(g.srv.URL, a.Token, http.DefaultClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	var started string
+	end, err := c.RunCommand(context.Background(), a.SandboxID, api.CommandRequest{Command: "echo run; echo err >&2; exit 4"},
+		client.FollowOptions{Stdout: &stdout, Stderr: &stderr, Started: func(c api.Command) { started = c.CommandID }})
+	if err != nil || end.ExitCode == nil || *end.ExitCode != 4 || stdout.String() != "run\n" || stderr.String() != "err\n" ||
+		started == "" || end.CommandID != started {
+		t.Fatalf("RunCommand: %+v %v; stdout %q stderr %q started %q", end, err, stdout.String(), stderr.String(), started)
+	}
+}
+
+// commands lists the sandbox's commands.
+func (g *gw) commands(id, tok string) []api.Command {
+	g.t.Helper()
+	r := g.do("GET", "/v1/sandboxes/"+id+"/commands", nil, lease(tok))
+	var list api.CommandList
+	r.json(g.t, &list)
+	if r.status != 200 {
+		g.t.Fatalf("list commands: %d %s", r.status, r.body)
+	}
+	return list.Commands
 }

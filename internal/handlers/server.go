@@ -127,7 +127,7 @@ func New(opts Options) (http.Handler, error) {
 	r.Handle("/", page)
 	r.Handle(web.AssetsPrefix+"*", page)
 
-	strict := api.NewStrictHandlerWithOptions(s, nil, api.StrictHTTPServerOptions{
+	strict := api.NewStrictHandlerWithOptions(s, []api.StrictMiddlewareFunc{askEvents}, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  s.requestError,
 		ResponseErrorHandlerFunc: s.responseError,
 	})
