@@ -231,14 +231,17 @@ type CreateSandbox struct {
 	// Ports Ports to expose through `GET /v1/sandboxes/{id}/endpoints/{port}`.
 	Ports []int `json:"ports,omitempty"`
 
-	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` is accepted here too (NeMo Gym's form) and means the top-level field.
+	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` and `shm_size` are accepted here too (NeMo Gym's form) and mean the top-level fields.
 	ProviderOptions map[string]interface{} `json:"provider_options,omitempty"`
 
 	// ReadyTimeoutS How long to wait for the sandbox to become ready.
 	ReadyTimeoutS *float64   `json:"ready_timeout_s,omitempty"`
 	Resources     *Resources `json:"resources,omitempty"`
 
-	// SnapshotID Start from this snapshot (one the caller's key owns): its files, its source's image.
+	// ShmSize Size of the sandbox's `/dev/shm` (a tmpfs; docker's `--shm-size`, Compose's `shm_size`): bytes, or a string of bytes with an optional binary unit (`"268435456"`, `"64m"`, `"1g"`, `"512MiB"`). 1 MiB to 64 GiB and at most `resources.memory_mib` when that is given (its pages are the sandbox's memory); 400 otherwise. Absent: the provider's default (local 64 MiB, docker 64 MiB, kubernetes the runtime's).
+	ShmSize *CreateSandbox_ShmSize `json:"shm_size,omitempty"`
+
+	// SnapshotID Start from this snapshot (one the caller's key owns): its files, its source's image (so `image` may be absent or null, as NeMo Gym's restore sends it).
 	SnapshotID *string `json:"snapshot_id,omitempty"`
 
 	// TTLS Lifetime in seconds from creation (default 1800; 0 = no expiry, refused when the gateway has a TTL ceiling, `--max-ttl`, by default 24 h).
@@ -248,9 +251,23 @@ type CreateSandbox struct {
 	Workdir *string `json:"workdir,omitempty"`
 }
 
+// CreateSandboxShmSize0 defines model for CreateSandbox.ShmSize.0.
+type CreateSandboxShmSize0 = int
+
+// CreateSandboxShmSize1 defines model for CreateSandbox.ShmSize.1.
+type CreateSandboxShmSize1 = string
+
+// CreateSandbox_ShmSize Size of the sandbox's `/dev/shm` (a tmpfs; docker's `--shm-size`, Compose's `shm_size`): bytes, or a string of bytes with an optional binary unit (`"268435456"`, `"64m"`, `"1g"`, `"512MiB"`). 1 MiB to 64 GiB and at most `resources.memory_mib` when that is given (its pages are the sandbox's memory); 400 otherwise. Absent: the provider's default (local 64 MiB, docker 64 MiB, kubernetes the runtime's).
+type CreateSandbox_ShmSize struct {
+	union json.RawMessage
+}
+
 // DeleteResult defines model for DeleteResult.
 type DeleteResult struct {
-	Deleted bool `json:"deleted"`
+	// Deferred Snapshots only: sandboxes made from the snapshot still exist, so its storage is freed
+	// when the last of them is removed. Absent otherwise.
+	Deferred *bool `json:"deferred,omitempty"`
+	Deleted  bool  `json:"deleted"`
 }
 
 // DownloadResult defines model for DownloadResult.
@@ -831,6 +848,68 @@ type CreateSnapshotJSONRequestBody = SnapshotRequest
 
 // UploadFileJSONRequestBody defines body for UploadFile for application/json ContentType.
 type UploadFileJSONRequestBody = UploadRequest
+
+// AsCreateSandboxShmSize0 returns the union data inside the CreateSandbox_ShmSize as a CreateSandboxShmSize0
+func (t CreateSandbox_ShmSize) AsCreateSandboxShmSize0() (CreateSandboxShmSize0, error) {
+	var body CreateSandboxShmSize0
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromCreateSandboxShmSize0 overwrites any union data inside the CreateSandbox_ShmSize as the provided CreateSandboxShmSize0
+func (t *CreateSandbox_ShmSize) FromCreateSandboxShmSize0(v CreateSandboxShmSize0) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeCreateSandboxShmSize0 performs a merge with any union data inside the CreateSandbox_ShmSize, using the provided CreateSandboxShmSize0
+func (t *CreateSandbox_ShmSize) MergeCreateSandboxShmSize0(v CreateSandboxShmSize0) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsCreateSandboxShmSize1 returns the union data inside the CreateSandbox_ShmSize as a CreateSandboxShmSize1
+func (t CreateSandbox_ShmSize) AsCreateSandboxShmSize1() (CreateSandboxShmSize1, error) {
+	var body CreateSandboxShmSize1
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromCreateSandboxShmSize1 overwrites any union data inside the CreateSandbox_ShmSize as the provided CreateSandboxShmSize1
+func (t *CreateSandbox_ShmSize) FromCreateSandboxShmSize1(v CreateSandboxShmSize1) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeCreateSandboxShmSize1 performs a merge with any union data inside the CreateSandbox_ShmSize, using the provided CreateSandboxShmSize1
+func (t *CreateSandbox_ShmSize) MergeCreateSandboxShmSize1(v CreateSandboxShmSize1) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t CreateSandbox_ShmSize) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *CreateSandbox_ShmSize) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
 
 // AsSandboxRef returns the union data inside the CreateSandbox201JSONResponseBody as a SandboxRef
 func (t CreateSandbox201JSONResponseBody) AsSandboxRef() (SandboxRef, error) {
@@ -1535,8 +1614,14 @@ type ClientInterface interface {
 
 	// DeleteSnapshot Delete a snapshot
 	//
-	// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
-	// of a sandbox that is gone stays until deleted.
+	// Idempotent, as NeMo Gym's `delete_snapshot` expects: a snapshot id the key does not hold
+	// (unknown, already deleted, or another key's, which is left alone) answers 200 with
+	// `deleted: false`. While sandboxes made from the snapshot exist, the delete still succeeds
+	// at once: the snapshot leaves the key's list, get, creates and snapshot quota
+	// (`GET /v1/quota`), the sandboxes keep working, and its storage is freed when the last of
+	// them is removed (deleted or expired; or at the gateway's next start if it was down then);
+	// the answer says `deferred: true`. A snapshot of a sandbox that is gone stays until deleted.
+	// 409 `not_supported` on a provider without snapshots.
 	//
 	// Corresponds with DELETE /v1/snapshots/{sid} (the `DeleteSnapshot` operationId).
 	DeleteSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2492,8 +2577,14 @@ func (c *Client) ListSnapshots(ctx context.Context, reqEditors ...RequestEditorF
 
 // DeleteSnapshot Delete a snapshot
 //
-// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
-// of a sandbox that is gone stays until deleted.
+// Idempotent, as NeMo Gym's `delete_snapshot` expects: a snapshot id the key does not hold
+// (unknown, already deleted, or another key's, which is left alone) answers 200 with
+// `deleted: false`. While sandboxes made from the snapshot exist, the delete still succeeds
+// at once: the snapshot leaves the key's list, get, creates and snapshot quota
+// (`GET /v1/quota`), the sandboxes keep working, and its storage is freed when the last of
+// them is removed (deleted or expired; or at the gateway's next start if it was down then);
+// the answer says `deferred: true`. A snapshot of a sandbox that is gone stays until deleted.
+// 409 `not_supported` on a provider without snapshots.
 //
 // Corresponds with DELETE /v1/snapshots/{sid} (the `DeleteSnapshot` operationId).
 func (c *Client) DeleteSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4683,8 +4774,14 @@ type ClientWithResponsesInterface interface {
 
 	// DeleteSnapshotWithResponse Delete a snapshot
 	//
-	// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
-	// of a sandbox that is gone stays until deleted.
+	// Idempotent, as NeMo Gym's `delete_snapshot` expects: a snapshot id the key does not hold
+	// (unknown, already deleted, or another key's, which is left alone) answers 200 with
+	// `deleted: false`. While sandboxes made from the snapshot exist, the delete still succeeds
+	// at once: the snapshot leaves the key's list, get, creates and snapshot quota
+	// (`GET /v1/quota`), the sandboxes keep working, and its storage is freed when the last of
+	// them is removed (deleted or expired; or at the gateway's next start if it was down then);
+	// the answer says `deferred: true`. A snapshot of a sandbox that is gone stays until deleted.
+	// 409 `not_supported` on a provider without snapshots.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -7374,8 +7471,6 @@ type DeleteSnapshotResponse struct {
 	JSON200 *DeleteResult
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationProblemJSON401 *Unauthorized
-	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
-	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
 }
@@ -7388,11 +7483,6 @@ func (r DeleteSnapshotResponse) GetJSON200() *DeleteResult {
 // GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r DeleteSnapshotResponse) GetApplicationProblemJSON401() *Unauthorized {
 	return r.ApplicationProblemJSON401
-}
-
-// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r DeleteSnapshotResponse) GetApplicationProblemJSON404() *NotFound {
-	return r.ApplicationProblemJSON404
 }
 
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
@@ -8299,8 +8389,14 @@ func (c *ClientWithResponses) ListSnapshotsWithResponse(ctx context.Context, req
 
 // DeleteSnapshotWithResponse Delete a snapshot
 //
-// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
-// of a sandbox that is gone stays until deleted.
+// Idempotent, as NeMo Gym's `delete_snapshot` expects: a snapshot id the key does not hold
+// (unknown, already deleted, or another key's, which is left alone) answers 200 with
+// `deleted: false`. While sandboxes made from the snapshot exist, the delete still succeeds
+// at once: the snapshot leaves the key's list, get, creates and snapshot quota
+// (`GET /v1/quota`), the sandboxes keep working, and its storage is freed when the last of
+// them is removed (deleted or expired; or at the gateway's next start if it was down then);
+// the answer says `deferred: true`. A snapshot of a sandbox that is gone stays until deleted.
+// 409 `not_supported` on a provider without snapshots.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -10604,13 +10700,6 @@ func ParseDeleteSnapshotResponse(rsp *http.Response) (*DeleteSnapshotResponse, e
 			return nil, err
 		}
 		response.ApplicationProblemJSON401 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NotFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationProblemJSON404 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
 		var dest Conflict
@@ -15887,22 +15976,6 @@ func (response DeleteSnapshot401ApplicationProblemPlusJSONResponse) VisitDeleteS
 	return err
 }
 
-type DeleteSnapshot404ApplicationProblemPlusJSONResponse struct {
-	NotFoundApplicationProblemPlusJSONResponse
-}
-
-func (response DeleteSnapshot404ApplicationProblemPlusJSONResponse) VisitDeleteSnapshotResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(404)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 type DeleteSnapshot409ApplicationProblemPlusJSONResponse struct {
 	ConflictApplicationProblemPlusJSONResponse
 }
@@ -17160,241 +17233,250 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L37cttGmjj6Kl3cX5VJDUhRsnKjyrXlOHLiHcfWWnJlUqFXaAJNsUdgN9LdEMVxVLUPcarOG5wXOW+y",
-	"T/Kr/r5uoEECJKVYSnbGf8zEIoC+fvfrx04i57kUTBjdGX3szBhNmYJ/vpDzORXpq+/sHynTieK54VJ0",
-	"Rp3zGSM8JXJKzIyRtFB0kjGS4AfEzKghqhAanir2a8G0IV3NGIm1ocq4kePeoBN1dDJjc2rnYDd0nmes",
-	"M+ok87Q/PDh8evTFl199/Q2dJCmbdqKOWeb2qTaKi8vO7W3UeceMWj6fGqbWF3nGEilSTah9TBYznsxg",
-	"QUnGmTBkTpdE2c/ri5hzwefFvDMalvNxYdglU51bO2NOFZ0zs/2Mnq+eyxNNeBqR2G4uJvagDr4kmVww",
-	"lVDNyIzdkGRGFU3s4KRLxZJIM2PKnjTX5Gh4BOfF7eA5NbNO1BF0DsfF007UsQfNFUs7I6MKdqeDnXPx",
-	"molLM+uMDpqO+SXP2Kmdcm2X9lfCheYpg8PVVKQTeXNMFMuo4deM2KVqQhWrfjIS3l1IdZVyVW7q14Kp",
-	"ZbUrt8f2bW1b9WtGNWu+msw+wuvIdNNtTKhmTw9rFxLDRxc8jQkXhJL4DPf6jk3jJ5rE7MYoGrfdkf94",
-	"x4vKdB9v53KGt3WVdSzwGcOUHfy/Mt3/hfb/cdj/6sPHgy9v/08jepxKZZq2n0tlGm4tIilLMqpYancY",
-	"27d0TKghiWLUsJad2dc23xO9QZT68osvnn4RVSh20IBiUccdaxvdcWvFy9OTG3d7h8NNt9ey9J2vw87j",
-	"74P/3d/IXNTvxL5VXsrhsOVSzpjWXIq2/Z2e/0w0vkJ42rJwvWXl21DjTNBcz6TBRQT7FHnbPu+xivBo",
-	"RL71aG7tWDqXQjMgrs8zxWi6fCGFYImxE1huJQwTANQ0zzOeUHt0+7mSk4zN//J3bc/xY7CG/6PYtDPq",
-	"/Nt+xef28aneP8WvcOoVHBFIex2zmMksRXbmr8bCXGzoFZPXTMVkQTUR0hDNDOnGiUxZbIl2/Pz1u5Pn",
-	"3/188eLtmzcnL85PvrME4jbqfEvTd8gYH3NXr8Q1zSw7EXlhjknMlJJKxyTj2mjCrplaEjcprNKxtzfS",
-	"vJSFeNQLeC+uhFyIijRJRQr3W1cqwrOsP5VqzlJ4NJXqUhrDRK8UQyzywB7ENOPJo55zjU5pS0yB3ykp",
-	"Lok21DC7XmJmXFfiERtcDkhOC81SuyFtZJ6zFKHlpVQTnqZMPCoKECOvmIClUocO4W1QohOZW24uLekN",
-	"tiQLyyxuo86fAHAAWKY8Y7Bmy6vwSE/pMpM0PZfyNVWX7LGhw1/7RKZLCyKZXYQ9PyoIzSwnQ+j9z0Ia",
-	"enKTMJY+LgEMF7mQRZYSS+xQgKZZxtQTTZ6fviJXbEksCSSU/GrXWqN+8MsFc8uPj8ciTpmhPIuJZSFI",
-	"UeGlkb8vpiMyZ3OplhFJub6KiHa8SgNauD/IZGmY7g3IGWNjEX9/ck72rw/2Yax4MLYMK1BlQE3ol3pC",
-	"05G4t/cDjeIWubW65gl7L+g15ZmV5x/zFt7ak01oThNulgDB9sQmNLliArSCQihGk5ld1+AT7hl43J+N",
-	"7IeSUQhlL96+OT/52/nFm7fnFy/fvn/jeex7QQszk4r/43FR50euNReXEZnTzLModpNbGcluR7FrecVS",
-	"K1SnTBhOM+2WmyuZMK3tZZ4Iw83yj0L4ay4zahx+4rdbpYVbL/kB9H1LTTJ7SXlWKECYXMmcKcNRsuMi",
-	"ZTfr4u9PoKM7q0KcyEKY2OkemnSHfSvWp6BgraoNUcctZPcDCAXXX9yKqmE+lHPIyd9ZYgJpaH07SfVg",
-	"RaaN/DOr+d3DxBF1kry4MHzOLvT6eb04fU/sM9ItNFPkL0QvtWHznj9CLwmhUYYRB19ME27IgnLDUsu1",
-	"j8mQLGY8Y0QVQnBxaU/YAi41nVEnlYUleuXSRDGf4JGnhQJYvJg3rO0HuSCZlXe4IYoK0tWSTKmK6jP1",
-	"LLGnukCVc1Ufra2DC/PlUePVA1xe4O8fOzTL3k47o182w8HJDUtO7Hfn9rPbD6vYENtzlYWJyWLGhN+E",
-	"LAycLZw5N9qfKLlUsshBCbjiWcbS3jFhmWZEFFlmd2H/i7zD6kh2zTfcXFgStn5yb4osq5/SMTk4/Pov",
-	"b3ApOAGZLInml4Jm5I19/EW5Tru41K50fd6mw5tywfWMpRfU7LKUOmhQw/p2vvaZKkCWcn6Baw/wZCJl",
-	"xqgABGb06gI5/8WcTxpMTYxeEcUskAjjZIRVSHcMEqQpbcrr+STg7t5uXj3YNctTbDyhtRPRJmVKXWj+",
-	"D1b7qB3StUllYcov6ufzrZWI7IHgW+SK5YYg1pGuPRUrMsjp1Kqo5Vu9HXHMqEIk1Cnhq3qCNorROQFJ",
-	"hKUkntObC1mYvDAXIKbFx84SbGVJqq1cl1CVsjQg5eVZrhDmgH6WxLRTXUaISTVKULuSOpjXKVeNxK6D",
-	"YQ1w6zdQv8HwjDZwj9ccVf5GDoLM0TAkqJvol+dFt+VMVCm6bDs+vWlJgSGCpim3B0Oz02B9U5pp1iQv",
-	"xJaMus9jMuUsSzXpTgpDYntiF1Jc2LtGA07cKxkRAocVbAfIc5uZaX3Cd4WwVC/WM9JPYtKdUD1Dqpcr",
-	"pplAWN5o+Yo6yaJh5O/YlBaZWTVKbyVpTFy3H1qDLNAyYHUhq4jThuSA2hWmA+WDv5hSxGIhIjwgHA/w",
-	"LSJxCaQx0cz0jknqNv/lEfmRfxsRashcakMOyPf820bqUNpzD4ZfPf3q6ODrw6O6UXc714EbU9fswqoy",
-	"lnmK9EKjptWw6edgQqkB24b7qVHllIuLyZdHDd4hQ0VKlbOFRWAy/vKoz4QlJelO1+9EhCbJzEPUwdfD",
-	"YxACyDN/0M3cJnQ7tUxccSIr7a3P+d7KgFatBp2J77KHZmLRTCtADHe2+a2koo7SYNC4yKmyyk6D2M/N",
-	"zIv7EbliLA+FQKbJnKYMMR2sUJpMKc9I10MuzNnbDSJglvUl/Ii2DW7nEstgapAvKjMdMjIq9IIpi1mV",
-	"FwgUHgDLyt1xZ7RgwqhlLjkusWQEuxISxwIegDBNeeauctch6+f70n5PjCQLxQ0jEzaVijnVjihmCiV0",
-	"BK5C0h8Xw+FTRt6fv+x/TQy72STIVivkacYuNmDkmZG5cwXDhYJusrCQJyRhNyyJwEpocef0/GdiFJ1O",
-	"eQKkVUhCjUHZxj5Dn8AnwGM+p5cNgtwLKQzlwkKYfYF0PY5a9pfK5Iqp3oBkMqHZCOARkX5KqHBfOIPz",
-	"JTVsQZdPNL7sHqZcscRY4bkb9/vwpA9PdNwbEUqUlAbOArXJ6n1n9Y1xCUTTaxbbn96+eEUyurScyFA1",
-	"oVlGujJHKMmWJLbLGxiqRorlcmToZdw7JpV7G1YPKDYF4zdcytFwaB9wcQk7wfXZfyoGdzKTCwtONE2J",
-	"FIx0cYOCXTNF8iLLdG9Ank+sVGBXaG8Cjyqxkh9LyTVnC688zKQ2OxH8OTM0pYb+DkR4B7DOUkI14fqY",
-	"FGDtsX+BzSOjE5ZZSSqzgOrWl3G9Gw6Aw7ZBcbI/29NiN7nUls4pWVzOSGk1Lcnd/kee3u4zkQIN0vsf",
-	"7Yi3QNVKYnQXb+4WShV1CsF/LdgrHNupxrmS1zxl6gJhaAPZwSFXNuu+7uucJdyisBvmuLQjXrGlD0j4",
-	"OzgWG0Huii0HJPb2ZnT7a0KThOX2E4BEIyXpvmE/SvL9cv5EW+1yjlLunFEX/2Jk3s/YNctQPt7pIsHv",
-	"uYmaldYVS1IpN875UnmdjCQTlsi53SRNl5+AWCmmZaGSkqPvYGR5V35y+6HBBhKcbaN8pgyZKjlHel0a",
-	"/rsW32tuCHBBLITujQg3GklXBP/E6Z9opB+7CXUmazrw13zKwOzDBdEusAgWBzwMLNJpJfMNj8mQPEPO",
-	"knNLOUviZqWYgDaTGbVSxPn5a5IwnoHZOO735/Smb0wWR0Dy3cCHR2TW+wQ36VSc5vAD+9CiQMAlkE2n",
-	"hE/JHE3bvd1kyzW4/o5lzLB3TBdZgxKcwtNG89CKoOrfbBJUv5MLkUmats3i7Om6WS2wR2AB6IlGD1OT",
-	"YrBNiA7Gb1rgiSOvr8RUri/PE9+6tXhmTD7a3z84/GowHAwHB6Ojbw6+eNpkVAo8QDuzqJUlrmyoXFE1",
-	"eOO2ahbVBtv+smapS3kKAROqEJZYWeqRMfuu05e8OTNFRYYJC92/eJ2rE3UcpQvWUm0o0BTvqKr8K1sf",
-	"1k0264uFQytpXW9Ut74WJuPXzBK0TGrjg2fcYEAkp8wkM6DNCvCTTJZj4WwVEPnzRJP4b31nmeq/Sq2s",
-	"aNc7KgetRrML1mTNDo/u3+264N2MEGs7r7wp4RlkbGrIhM24SEHGcOb60ouAus7xWOCmzIwtUeX1xugd",
-	"F//ZtPHJTBtILVq4xcO736JApiiVlgXKl/gVCLQkocISTMOsfuXVwE/pqQvXrKgYbXLNRSj9gJAFkpqR",
-	"8Ae74SZqWb3T0rxvzOk8XhDSdEG4eVSX35pEWvdRrUsG/nQqRx8I3gsqwBzrfFLd4JyeaP9rxufcWMV3",
-	"lwtucox8GhcZKPFesdzkJgOw/JF/+0AgiYSwxQVqz9pCErGP0b0pBXFEycWeOUVnijEGgzZ/GVNN9OT8",
-	"Zf9ru0EMhwRJjyiWZzRpFPG83+dTjHRnTxq7YYnzCsRuAg+DCXp5t0jLbu3lcdQPf8VrVneNbXZpvbQK",
-	"LaDUOuEEZXd9i/9x9vYN2vkcDMrplInUahzwRUQgDhJjz385+BA7o1OZdgFsoPFg50xrZ0/bzAtwadUH",
-	"zVvLWLOAPm+E2FdWCGEK9CMpyIQbHaFZQTNT8DSy/73kyAy04cnVEhBMJoZmLvhz3Bl+eXQ07gAKBbHT",
-	"vwz7X334eNQUMx3Z5fApv6PnGeO3m7Auo9oQlrE5Q5IG6G6vqzvu7I87pZ1BSWl6jdeQN+aJBHoVnWiZ",
-	"FcaN2xz1sY5/jS5ve+r2iT1JxIwuJXo5z7i4slo/CofGkjnzRJMMRPNdXd5unAv8vBFby5nwncjytIXi",
-	"xjDRjPstqhE1lvZyfUxisImiqYmkzMqiEXn56uVbCH60FNaE6pA9Uou03GK1W04n6sAgDZrRCiKE0fzu",
-	"XXfSEYJ5Hbza8KTZpc2EUT7caxePdolxt+v+jHaYKs0U9wWsDeS4Nr5LAZhLxYjbGkbrLpjyLoydAhrc",
-	"ofvj2U5jM/YTgtT6GbefCxxBBY2kWx7O+rn07oBx6H8OYHwrIjVvH0Zv3K9UV/dV3UvXHmgjoIK3OuMa",
-	"ltmylmbFoLSZ7wzgVbrY1qiNavCmI/oeJebnqeM2zRDg5Or+wt429e8SlMAsocwysIT31kMwUq6vLiZF",
-	"esnMxWWTnAn5DZDHkHIV+IqeOHL8//+/JO737TB9ec2UFT25iUujKA69q+5iF+NWscPrVmKq3c06YXcS",
-	"tNtgoyD9g9Sl/Iyb2XEf7exkk9z+I86E4xt09Nn7yfh14AffcaJfC1bUrKghT9t0MitAWD/J8Ntyjtqu",
-	"gqtqOuNoDayaYPsHRjOkaSvoZqgpdN0oKq+2GmPdZ00zYXaoE/FWou4Fw6PHNNEuuhVBlJBXTDRgjDOR",
-	"30kIw5Bw3R54+Yw4a5rzVjuFuUxsgSQnK3dS5e2P9wvNLHNTd0hBbZD37OyNPhwQKOEIFzNwPEI+0dwC",
-	"XIpeHSmYMyJ5wRJPEoQ1+yGa1Khm2n8HQjUVPvlkJ3MWJCpto88AEGfw5ioYBcm7OFS47Si8/dq1toJd",
-	"s8SE+9yZn1QAvI2duIFbl3M/flse6m7ml/B4IdzaMemOHZMatsn5BqCQORdcaXVsxosBee4i2OohEIGL",
-	"7XfbKW/bTvLMn8lKNLlcCKbiESZNmJldA4ndxu3PZfyJjsjp+c8RQcIVkdIXf+yCG9D1FWGmYEQUE2wR",
-	"AW4QmCSCcIEqz8RhT6g0wHtWS3AH3+RBOa3SKVYTY8m7ly/IN0dffOWTPwjmdDWFcjapyj/SZMYF6ytG",
-	"U3vGXuV3NpQ4IrGQ5mIqCwF/rKf3RE15tY1CLK6s0R2C2Sx3UE9KW0eDglKxp4bQaW4ytsHvtq5Xvn/3",
-	"iig2ZYqJhBEw5vHp0gcm+FO3X5NuTCeyMKNJRsWVS1YQUrDedkel0/dweeUWyjOL8PqaiMapWWI44H0F",
-	"9WxrJMn2WLlWT50zVz7DwCFhmKIJlJ3QM7BTgueOT73fLkJrtJ71dmIlzoX3+N65HNPB6nu171pKiEQD",
-	"XVTPSM5zpkk3iA52ocE0p8r0IsI4ZvNihDyhhkiRsNI27SKmyDOSWL4Njk8DBhyljYuFI93433OzfDaM",
-	"RzifO0dYSi8qxzYz1BO3e7SUXHwCsPAOpHtEJ5Rg3ZDi5fIOnZizReis3m3Bnh8dYfQU2d5t1LHH2EyM",
-	"zdKlZK4vzEcmNqel3E8uvUNq0m5JRt5mujEzzx3LbdRxIfCYq9IgVkpDM2fvk1OfTJArmRYJS2spL4Ld",
-	"YKpwaB7CcXc1A25O+7kfWIT5K/XN1vNZnBGuvOPahbbAloOUZhHTrWF3theA3lajhR+7aWGQx76+Hiee",
-	"bVvFmsXDKi18zs3W9cO8r/FVoA7OQ7D1m/fw5pokjSP5gaJyA617fl0us8HoKwUrk+jnFG2MCLiV3Br3",
-	"+5DV3t+LyTSjl7p3TIaY+g2rQaNjgwHnDjaTmmliF9N4aEZYDZQLTRbOB+LiKZ9ogoYDn9Tb4rXzcYFl",
-	"DswuS/JVAnawbISWjDYDRjXe2oJa7/q9h67221iJpeD6qm71qU5qg+1n15vcbmTaabr2Q5cqn1HB0ot7",
-	"Xdna1w3g9HZaxeDqOCIGDAloTsDozrDQyqUULZ7gyii2bqLAA/B55gvKjRW1XQw9fDj4fVjgHWnOXLEL",
-	"xK+tkisfkNgSXIFOeIiwiHyWwDGh1UtQls957MFWrslwV1dY+wWdldU53A4hmgkccVOpwAtnRXBBsyqE",
-	"l2OtJFhES0L/BozdanvcgLqNQNcOx02Y/o5laDNp9gsofNwijyk2p9wy/ovK2LNl6+WADV83r0+wxf0U",
-	"s9L88smNI+9qweO7J5n67zB6Rlt4Bs1EKq+rgDM/CLf34P5Eh1Fpa0FdjdFcmnSnoCxKoX0Vnk8RcL2F",
-	"AcDeLL35nn/bsIJjn+pDDRhzfKomyAFeVeN6xdzlg8a7cb/v/o0OmUs+iav0IRpm+jgyVYUuyYU4Bmef",
-	"JYi5nZobiLjRyNdP3rw9O33hXYpW0Tw6eFrmlxjn88eCUHrgqNKIMDGVKsGoSEfKtJEKkpMUv/bRYlZ1",
-	"dGUVB3CEcFBY88UPEX+K+7lEeNjhm4AmXuZFGYC2Q+ZQyJfvMlEzNl3Lqw0UCOrLNAf6QXpj5dvQhImU",
-	"OZmzsrhDWF8xMYqxXaizn7GJHIXpkQ1RQpQ3BtthSmgtbxSYPyvZNHAz/LyWnrRJsK8VpWmy4j2OTzfy",
-	"295wXs2xRw/iZipTUrwgNYNahi515f5eJUDcbclbO+RxriP3VoTOqDYXYPXjZnmn07pXil97It5qCm9o",
-	"Fl6NcfFpbz44a92LhffTbGwIbdA7QOwZvlx+dqEY1U2hBD5vo17OEGtBxS5wzZILegkxomEFHG9NNDOm",
-	"Flw3R+1tkDk2JS5tMbVUJxUYtusnXA3X7sDzy1sDywYQC2DHA4DHgQ143mKmuS8h2skduDm6JCBpzUYL",
-	"l7UNWY5c+JSGY+LzIElOFQa5r0teO9GEldTxQoGxekoTo72vqLqjOCJVYeYAwqoN4VPwPTfolzn9tWBk",
-	"wqiyKlJZ8BJzDjfEja2ha+A4t6JVY0hVDYF3qi78+13ZUQeSXNRFobKNkUJPNGE3TlV7/+414SLJCojM",
-	"jfevD+BsNySkfT38erh/fdC05N3RtlpoVMfh8A7XEdn75CuE3op3ZyWxbAhZ4FOWLJPMxzjJaRVvHvpR",
-	"wcWBRtzKnIsVXIHsQAFXH18Nyc6Qf9xo4j+DWl73dMTDt81hLHJKzl59/+rNeWT/e37y7kf4x19fvX4N",
-	"//jP96/w0Q/vT6HmPDin0ZUDReeHvfrFu1G2R97gohqvwO3Vi6930AefZwu61CT+eNuA61Hnpn8p+9W6",
-	"isR8vO0E5a4/jUS1I4PeUBIYGaWhltrIKelic4I5XZIJAyNWe0hmm4kISDMwam9lwYDVCVtKJ9FDEvQW",
-	"+xFc/LB3R7vQOkVrryO+BWyCEVdogEf26hC2ukP8vbdw2dCqtRuX9XC0lcWWQ29a1v3QvTl4/znmx1ne",
-	"lTOZZ+yYCMYwx3bCCBZacOVpyhTVw693cowisWyNhH18uXMn2XL3UMD3OSaM3y+Y4ROnk0cdTCa48MHd",
-	"22r512I6gk+j7anofuOPRYlBGEkKxc3yzMKFswfm/K9s2Rhq5J1jVJP4uSvmC+lJI/ItimxQLSi5Ykss",
-	"GxQPyBsoNg1J5ZWkmnFtjgnNtCSYqSXFWLgStkz1PZSBparG8EuztiM1mJ8LUA22XVhFdQBWLiqFTlxi",
-	"e/8RFDe37Q3e8rvbee4fIFV/29xl8RJIwKeGTzJGMMu/amSCf1dtH/7Wt1/1v1/O+w6r+yBwVitxN1pf",
-	"y+GWxWyYb8s0Fq54YySvvUQr3kI+jSA/nJ+flgmnllRaJOyzG5YUkFBe+b+IFZ48f+wLVhhFMwBHLHY+",
-	"Fq7iEJ0zndOEkb9TnkWEku+wOhITl1wwTF77azFhSjDDNEmyQhumRuTdydk5LKGUNiMiBetbvjAWdkkA",
-	"t2CdPSY/sckZJP9o9801I4apObfCevf0/Oeer4ytnXPMRUVAXSWoJoWpZwkVYzFhmKK4tD9CSSxKFHOJ",
-	"9YOxGIsXkLmvSSLFlF8WipG4Es7JM+LE/x/enp2PTt++O7cKwrErCV3HJXBUp0yNRfyxGuJ2peZQPCDn",
-	"VuMCczH3GfXCKJoYrDHwvYSAN8x9hKEV4WIsYu9e2qc5jyHl/pIJhlWeXI5yVKZgl8nGdiWQ8EqNq4Mk",
-	"cyZozgdLOs9iOIR/+zdi8ZIJ44pu2x/3yN6eo0p7e+R//vv/2Z0wvfNlvOqkyUgM2ayAbywI+Stb2uO3",
-	"LN1uIu73ac77V2wZk30Snz1/8933z89PLp6fvrr468nPZzHpQkBcX7OcwuZ7A/KTK28G5MvfZGpHD88C",
-	"SxrZg5ViOZdFWexOEymyZVm6wC6SCfsjyaTMJzS5guYK0Olrwc3MDhz3+1wAjWd9Ifu0MLO4NyAhKbc0",
-	"2GpqMNJOJJgbO3RFgO0dvK4Ih7sHFZTWigOFsaFdE+lOluEVTJaw9tO3Z40FsdBUbvfxVqyvVRMNxfgN",
-	"wCMhcRt9xDsCKsszbpa9yL5bfwXSXZshKga4+FbJhWZKEwuvVlWjFXGIXJcz5+TVzDharqNyjS5YuvzG",
-	"jqmLSa6kkYnMSOxJ5gB2PVjnQb7IMrTrChJz8cxjuB9P2LG60d4eaOh7eyPiIqFJt4qEjgJLQy26eV8x",
-	"XczLIGe70jkX4IuCUZwLAyOe4SgsaWDXEgoY4cMenKePtCbd1khrO3oZbB1VE+GX3luCM9g/IETAaJZN",
-	"d4jMpgAYwaJborQRU2pzgm6GE8iJJeSWjwUjwXG/xtVZjY1QYhRjo2CZfhaEFuflsViIc/tS/vjAZVl4",
-	"ygnEQlGhueHXLFsiKaX+NZfdwc1MFobEYC2NXbMDXcX+OC5vVVT3ITew8HMLV1iMTYIlbkB27J4AEDki",
-	"e3tHw4O9vQEJutXYNe/esMa5J3GopzCUKEvFSX+tqR9pZEe3rx7t7dlLziWEuQKl9OUlvXRloX/CmCDX",
-	"TEEWbUS0JDzVHkMnGM3NUktZEmbFChJqPH5uvKDKOmnxGGqQQltAz6wgOl3bP07gfdCVwFva1jgiJl0f",
-	"zN/D24otk40jEkNYuP0H4kccBb1burNiTkUZwH9MXlJtnp++6muzzHyDRQ2V5wg3WBDP9evozhuj/4GP",
-	"N4f/J65/0x1SASwaQTk/qcjR4eFYNHSs8M5u3/LCxUBXSqZGIeA3gior+Y38yChQ3N/G4rd+vw//sy/Y",
-	"mX4rS0BA0Z1RBb3kP87evolc8ycQYaISvLBitlUKU6cY4r8tUEVQ9QAQiBrCdEJzVk8Ac5MfkN98XTa7",
-	"Yb+OoL2If/Mp+W1LT6c6grjPjshv5Yqr8i/QUgkaCbqSqb41i/vqG/JbreMVuopAsJUC9rbS6qrqHQkx",
-	"5IRi+7ey9mrPjXxgtwF9k2CdVuN1Tw4PyW+uXYlrYVKt59Cuh1oxKCmUYiJxFVnKpjrbuhqt9DKKfK1I",
-	"bo4JtDat9yDqHZOEKkgTj4NWPDEu5wu4C9/Yxy7B9/QpqkZDW0YYwoYmxeUxyeTlpT1AkK/7mqcsClud",
-	"Xlq9wYpTU0Zc0Qs7yFg8J0KK/j+YklhuBWvIoj7E0qqTmv1aSDWnma/CrYvMYiQyJq9ZAd6ggpzxhAnN",
-	"KntV53lub7F/OBh2og74IkBh1aP9/cViMaDweCDV5b77Vu+/fvXi5M3ZCXxTJdKUSl0n6lwzhWHxneHg",
-	"AN9ycnxn1Hk6GA6eYimNGRga9jujj7dRZ38GSab/cH/NmVE80e6vUA1wPwEY+rf9BUP0cmN0+sxHK5WV",
-	"d1Yhqzskz6rwXV9T2kvf+DpKwE5GHwvPYqF2KSZO2n8jbV24AhKFZnq0EslZMWGXzozF9/QVlB4bCwwH",
-	"hQAQrkhcVvmMS8RYj6jSvaiMw8BoPBQLqk5dExi5EMaJ1yYIBd4WwEm6cRmPtxcfIxN0yU9zp2jE3528",
-	"Pjk/QWHdz7r/UVtVkkwVQ0rJFWJvb0Bid5Jx0MqxOUN+LFyKvGUiTkcIG48BOV7piLZGLkrufPjNWKyS",
-	"jrDKLDxClEGxj0vxKu2MLGxhzPxKU8zD4XBDV6i7dYPCCVp6QYXlVSFwWxqKAjDEvkPLqqPhQdsc5aL3",
-	"a224QhMgpIx6498vH24/RB1dzOdULVeXsDp5J+oYeqlXnNm3Dj9r3nOHo/XDtfLAWRCPEzZ1/mXdjZaF",
-	"FeEhLphr5GptvYvLmIPdLmLFOH4bbVkDok/sAw5ikDQtEMZXMaLZNc0KRuLrOCKX/NpZGa+eXcdtK4bK",
-	"0y3tuA2j82dqpQHxL//17MNfng32mjq5fnhAoA0DJza33oQqwKKq0CtVypSD2+F2uA1atD4sqL+uWX9a",
-	"YDvq5FI3sJsXjg5X1hLUUaHMpBNpIewbKq3SelFCS78wApR0LZfjgmmNKkkvGgupXLCny8K/ZhC4DR5i",
-	"LHE5IDHo0mh488VmXHn/sKzngNRaGY5F11U5LvdYMZxVRgXRiCXsO4bl/JrAOivSjdUlejXJfkHB+RmE",
-	"84P4W+TESBIjhb+A36sAn7gq5/zlcGjPAoJRPVm34huqS6FgNiDn5QwcmlQoQhMldcn5NQTcKmZltUwa",
-	"cimhKwJWQPWJBxaPS6Y9ZQu7h2wlq8aeDfR5QeJsJXPPkO1FgCCYgj0Kgb5iZZgFAOwLhbcpR78xHl2g",
-	"Vw6rvFAsub3G98ZilfFFIGivMbxuk4CMx1Va7SqDESghY+FMRaCFhS1CLDzP6ZWPAW1q2GHPar6u2yHc",
-	"4/7oWNRbd4yg4opUJYR3qS8u6PRwlBqk8B1JwuHK9NixACm4B9C8aAhjrQ+CV2nhEa4TA0PhvBFoUwYI",
-	"PRZebe1aAR0U+8o4K+z7C4oj9uDA6nE9yP2sFGM1AVcFQZMu5JP5euN79WrjKVP82luCfJuE3lhIEUiJ",
-	"gyqw2ari1e9JXtR/8DHwYFtAM1EXHANY/Xws3KpIPLR6RVU5veoM0UOlpkz8jJmw/M3+q+KErheSI0tj",
-	"0cVGs/Zn4Im6TDvB0VDYCz7BG8FQ9Sd6LOLVfgSDnKfaxaJbxPJQhnggluhrsmDBUkAjb56EG9ZFMhsL",
-	"zFoA8ODVjZBuPC80mIV8F6Y3q+mA7tVe3ItccxKEVo633yRKJrXWPegwZtp8K9PlJ+PK9fZAt3W/tKuu",
-	"uiISHNxpcinYDkVGavHYO72Kgem3HxpECZcM7hgqTZeWJNSJRhU87aHAEjBHqHqPKGtEnaODp9s/Wu16",
-	"bb87PNxlsvXetPDtN9u/rbewvo06Xwx3WGlD3+WdBaoXzrPj2cKO6gI4e6pGBM09hLwPYC6vV8xxwJNF",
-	"Cnk7gNWBzyCwj+kBeZWyeS4NpC+hzDMWaNLngrDplCXGCgpYE9oxn9Dg6+0uXwyHTfiOH4T4/kCieK2d",
-	"QwMC4fN0cH+Y3gVSqub48MXR9i/KxtZrEFULnfjlg6Uh9QiG4Dcf3YE/tcHid+72gn709qZ7rWJ+o8J6",
-	"ycwj3GctiHyjavUvfqX2VCbbCcyaYaFpD9Ur5fl/Z/lRE3HaD/uENlof0fPjlbx6Nh+maKD9q+tjTcDa",
-	"a5UQaUXWLLU8DATZwRpdsXLMC7+ABwTDsFNqm3HKLeNPDIf2gx244wvn3vqkjPHTwzzYKOrglBYKepcl",
-	"FUh4JKi6zv4uHGizeUBvKBCzYJoYjFv7FpBjp6HWND3U/qKwB0NZvoYE0DQWXJOZFcwnyybUiTCYdlmL",
-	"nvHeI/C0PNFBexLoRjUWLhCr6zrcMG94WGuSTHIoyaQYnUfY4ZWL0BYCFggpUFyo5eiCmSTyig2hl5QL",
-	"yNXVaEDB1gNlZqfrvALdSew0hTA8G4u433cH0VfMYjEHB3HZ1orMes7DzQ2mjYKOC19j+erSX11vRjYW",
-	"DFtbiCXEnfGEejV9LR4rwsgEH5XmnysGyRYD8lJaZRoi6NERMBgM9heUg3vY/tsVynd/YRaC/QsdBnGT",
-	"vARDv6haSz+EelTvtPwA+tFOzaLXiekZlul6XE3lT0h6/wjt6U9M7rH7Hl2l8c0kfrOosv8x2aJW/RXa",
-	"OAU9Sp5UDZ2MYozwqUV4bXiWQbRhhLRwKhV4trkpSRti/6BFJQpx/LNKtIILcDT/rOKLBTFvaQUr926Q",
-	"3a6NPQIobaDagdDyGZIeF5IC5W9HELq3/Bttfdmd9Q4KI1JhJx1h64g/z6qqBNZHWlWrYgH2OxBdYUlW",
-	"UG/mS9hokDwPVG1qypA1LKriylx5h806V8JJHlbyrCcW7yR4Dj/55G3c8Az6qP/vFz0/Bc37Z5UkEZE+",
-	"oSgJ6l6rAewn8PY7HTvw55f9BTy+SoulA3JiUXVE9vYOh8O9vcolF8Y5gg9uLLyJQc9ozo5JjPWV0eUY",
-	"Y4VljINAJdtlXTn9H1dkVsotsKQ0ECQ0j0hcNgOKIX0D3EvQc2hBdVXiVirQ3HuD2hZzqjVL0Xo3Ggu7",
-	"pUO/Jegu/8LbS7qxs3+MoLdqjD7jvb0fGFVmwqjZ2xtVri00pHhyhhTODgppNVO2KBti112VYFGY+RHj",
-	"qOpjTbRzvmKYFMm4gIgJSOmluryM0G8vBSOQaDcWU7AB+Hju2gL+4+ztm37GLmlGMohnuSSLGTeYotdz",
-	"topqTxCPDyUSb6ANLTUkKaxGkQKgekuOdv4WeOZDNSzxh9brxmXeY4NC0EHCsICx2HDuGJZCDTkcDgfE",
-	"Z91BKj6kESwkmciUM42lu6EDsRsiHotuWcIcIFoVkEOYLV3Ck5+2VzNc4ZkPyE8u3CSVGNWDXWgpRoSC",
-	"/Szj19B2t9olsEdGVQau0JV2vD0fIsRNvZltnenZ0SqWtzHy7sxdq2tyX0HQ02FUesifDodtMW1hvZ6K",
-	"YTUUi/MVx58Oh/XScaulDX9vYNtuXuygIe02L3apJHzYrCb4Om9U1CgbhKlEpbmtxNYo0LbB612CMIa0",
-	"eBgEoEM/9+Hw8DFUnwaCF4Sb1Xb7WbL402tTlghhMsqqfEC60Nsll1nW+1NqVqlciEzStFUSeediMM1K",
-	"DYjVEhDkBYX0lyri0Jf3LLTlHj5sbmV+F3cJ6eCQAwM/WK7kk4F8MjWmiK3bxNwGXmIPyY2U+LS5o+Ix",
-	"USyj0FwDkixA+il/cvJO0NO+iUgrNpeG+ZIVdd0kJNuby2A8ZMTxd+6g2vWYoMyHr7nx2aJ+L4v6w5Oc",
-	"d4ymPuiZemRcyczGlNDeo7n1y8Tj/Y+5VOZ2K02hUKENZDLsFa2xZXLc2KodvaFLnwxOqE8Mg2hDzUSK",
-	"CUbESrWQagD1C0nKkoxi/3fXkTkmQQFAxQi7yaVm6TEW4kH8byE3l8ycuG0+pNXUz7EpiMUf9784jj48",
-	"rv0gF5YLAIhaPUsqUwFVCUmfHs228/dTqUw7Ot6w5HdZI1sNjO+sPF3FLaAwrWekn8SuMRVo3U6v69Vy",
-	"OQL/FllN3OR6LMoUTfTvQ7EK3zK/bsRczGTG6qZMKydg4dayVooLE7BDx0HD+JgcHH4RuSRpqIAdl1aI",
-	"OOj34cwa2I1nQF7VaotbxcJ+MxaYYFKbD/r972Mliom8iasxsVgYkCNvb+lKZSnO/tHwm9JiUYZHwK4g",
-	"b9lIMmE+07g3ICcQi43d9rkmCYpg1LS23PfS2VgcfGnFs+OarcZq7Lo3IG9kmIRLUkZTMG5gpjX0i64p",
-	"MFlhqfGlArtGzhSXaRm+X8u+XZOOIaMijFyIe6My3SdovlVm4DzRY+HsLd3D4bAKB4n/1ndD9F+lsWMS",
-	"Lo1EmFr4jIhc9ydU8TWULBoLLIB0V3NMaHwhddvLWLQYXyhmwtj76TkvcAU6a+Z4MFf8WvDkKltCEjQm",
-	"2vj4l0wKVgJmQwCPPfnMN5L0A2N3C6f/WrACtFyIsfC4thpmI0oboD3TKTPJDJuv8JR0QbofDAZNNk6o",
-	"uRDEtBxjuA4U3ygsAy5LN8FECwoBOPyaKaiZkWlGGmN6etFYFCKzuB9bnL+Q4iLl2m0c6utDXzkw58nM",
-	"Ktgzes1lobAUU/UukAykTI6ajAWQE4thUESBQB2HUEUH2ERjE6boeqA8Gg4jjG4+Gn4DiUQR+WL4tNck",
-	"TFgAeFi/CRpJ/hCvSWj+2WzUUVSQ7mJGTdmgGLiBJdNQvs0JfHbCEMnbFuBeD5Xf289azOe4oEB5KgRY",
-	"4gMviotrtMB5hzQLNF+06jlnwJkr2wlw5pyaWdxi4Di2PJIrlhiplq5y8aBJB3HWjjsgr0wMM32UFepI",
-	"XFqSJ1xQsGmsmiU2WQpArljB0he4hL63dGyoJwqN9rmohmlYl6/c22DSrnp53H5Wgh7T4ECJogu4NSd/",
-	"/hHqj8WCU2pmqKoUWzDQ57ZB0R0unF2vjpdQPByA8pjESaEy0j+PfZ0QbB+kmDBj4bGUl+XU8owmWL7N",
-	"si/MlbSDY3A2TuqlQAjPruKiQZNpEhDyosL0XYSD34nkjycc2F39hHn2TfTFPfpsffyTWh/t/ZQ1FyC1",
-	"eld6sIGN7vvit4281EesNXFTrJVpJfAYHMGQdricZ1xcYTw/fpqiBxkd7ywlXchswGLTULaHXzPRu4Pv",
-	"wc54d058d0zZZAUEEvPZAvho4ZJTvO8/ktdtwqHM9QjYAYeYMMC+XBJLJXcG3BBDZZJCaaib2YuIxkqR",
-	"kyUUjY4I1VD1cCrjEs+0O6YBee6iG76IhsNhOWF3yhZMlXYuroirbqAYyaS47B2PRS2EiC5hxYqRhf2/",
-	"uVQsxNIVifko8pTpqDmz2J7RSxDcHxhvN+X+lYt+ov3BfEbjx0j/CzSsPyceS3X1MGb751X5t3qPzIol",
-	"TpZlfRpfiaeqPl4rLDNypV6kugKLrDJBkT4sl/IEK6Fry579hG4B6M1bWDECihpZbRxiDsU111C+H8Xz",
-	"sfAuOVTTq8Gd8dvOD9UqnAEzLCqMpr9yLa6QQSrtFsZiYb+UgnDjw/j8i9BhBheITn/S9T0/vVWUiWuu",
-	"pJhD2BrYM/3exwL27Mb0wRBlBRkY4fz8NR7AhFl6p+s7q0osourgzwwSO32d+BHhrvBSVZ6YaohCuWqi",
-	"efb3h62d8lKqq8DU+JCZgDhVm2nRPv2cC/i/uSLKp6f8FiY2V6+oWh216ChVq+sNJQuqnrQrJLZelSCq",
-	"IrShTFjUWl98LLox2hwuoKo0tEmeQt0shvW7qh4AUvnvYHRadiuovGSuG6qrWD4WluaiSaKsYBaGP6+E",
-	"1ZoZm/cG5MTVMS8L1fu6ZyjCAXWFNgtpm/SFld4fUvyCGTbJX0H34H/pMiANJRHCxsrb6rw8QHBBGRxU",
-	"63WBIE0EW9TbYmBCvqv6T5e+U0HQLQGeHY8FFrcXZfMGJyP4jApv4Stxpj5a8A2yZbsSHALDFpIZz9Kw",
-	"WHLZvoGEKNwbucID2itAriE6wxpx2CY/6BEQjQW2fsK6laAheS88N6Tr69DVO8qPrNAFsad0vb5TsMKx",
-	"gAl7gZXSNfCTc26MC7au9XLotVdn852NHkK+gLEfScAIC7Ctk48fgcj+0wkY95YXHp5I/QhoGKCc76G6",
-	"u4kR6dm+Q7BNifzvXD+RiiVjoWLX56zqpQShKbxsNOTqmW7qQhL2IEFGi0FMvkv9cQ1Va0EaAxIrNqfc",
-	"/vvCtfLBWil6tZZKSL8humJBVaoH5AWFyKgV4YB0LVFxp+oJUC9ozjEWR8NvmnDevVsh/QPx8nc4T7vE",
-	"715IB5+tIatIteLDgy49awzq0SKEHRJ+9K2uNxbUOPFZzK7Xz2bkIttwKyoT8aqmib6OD4QWY41jV6NH",
-	"HzvTpHG9fTB78Gh4UJaSFUQKwEpg0x4ZMTgrREEfxMXSQdlRirvYLp9cvaY4VH27SRcWOxa44Wi148kT",
-	"HZUZ214al8o3G+qFFRexd96MisuqBLaVn3zdxjn1Q5TmFCfw+E4F//Pf/98KJY1dZB+fTpmVcXwfIm58",
-	"YyY8kRWJqKQ5PCVzajD22w/Za6Y2drRHIDZ2mk20Bo74n4v7P0b4AIAV3QmZH07r2G6fBQDbQMKg4c+n",
-	"ss+uePvt0H98gcxTaGn0uSbhY5mmFGP/YGhdD9pFVlU6tmrhLYCq5M3SZeLsf8ypmd0+cG0SzEaImqK9",
-	"FJQWR934/bvXEZlKkEqxzyWUNKRm5uoChkcglTnGUvlLqPlJdEb1zDKVbty66a+HXw/3ac73oR36v//6",
-	"7CCuuoHGK08cs4GkPpe+53L6tibzraXvtdyEWW7s4XJqlmeuqvJDon01zcauI76+82ejWA0Syz7Furoq",
-	"j4z2gh/GGIYdI3KzjH3rj4lMlxFxDrewFqiXbp2h7PT8Z9KNXX0G38Qh5zmiDjRDj8Gd78P6gfe6CHcq",
-	"fMO6WuvlbulmOiA/8m+DPguRK2RJJ1pmhcH2BkROp5oZ7Xr4Qm9N2EqXavI2Z8KdACRCpE902XLR2bP9",
-	"SaMvbexND37zWK8CDepVJ1i37sif11ymzqbuNkT1Fbaf7sb/npvls2E8Ggs4mOOqET8eYO+4qrXhKJPr",
-	"Dsg1NhJ22nTsSqDihmMyHIxFUNfVWeTqAAWePJpAjrGesSxzqVN8SsqCGJD9oGcr1jlofe3Mc+22uArd",
-	"H8ggd2qWWKL+kYxy5XyfS4D+CxZgcqU8V8nwGhVuZcHYV2+3Cp5u8NVKaRFJMonNEKqGnj4LuarLWBuj",
-	"rYrnCnp+LuS5AmRwNI/J89eLa26FtfbCmo9zu8Esm6W5z/dbi+Hc4WIfUE1ye99kY/DUan+hH1hn274Y",
-	"6AD/MAFpZ55WYlgCMZIIuSB/qXprxcN4VLXROl5zctZFKuyJbMbCfd/u1RyQ5+Uk0PGqXtLu/Px10M1q",
-	"GLve/uCM9WGrirkOtj20gB4Nh2FLVPd5syVTsMXDBmO9s1NslMsezZwES/ksmP2p/asnN4aJtGZ8yviU",
-	"GT5n97I9KaaL+QNZSXHsP95M+s4lz0Ofis/W0kfSA85ndFG13d+tG1UzjFYRfw/C217Q3BSq3lzNB0Qv",
-	"tWFzAkHL6AFcbHT8O0grDSAMWwdwFfZVkTkTtWKfLhSPJLiQdBTEP0LgoPdjjkUZFu4sK1PF9CwwPzuz",
-	"rB/J12gLg5Mhz8pV90BP6listD3B2Gd7U2VrGh+CgHUzXKPC8CS6VUN5KQitxgw7ybseki4YIuwbU67O",
-	"td7uwjtR1c6dLICRe/MSdMiENsOGZZmvtOr6wdSauoSLdB3fR+s9ZBu6pmO3y9q5XbHcDMipm945jBMq",
-	"7O2V75UOaDuokOZCF3kOuTjxhm6Z7uuHqsrthn+sqCy/mybzj3v22QT0+JHfj2D9KbGgmZTeJ57bNbdv",
-	"c8xUvQrPfBf8h5M0YIbNxVJco/5/YafMeY2Rwnk8WuBSkfsiqQ/g48EsKEwXgmKqJPb1Ny8mXx7FWAQe",
-	"0pQvXF7m9oKlmOCUcrVevYAExQvq1QmSzTVcT9/fpYZrA1fCY7xTSYO7YdL7HEuc/iEVj/zkbWj8uarB",
-	"H1WN6I+oiHCPkqye9oSaSWvUwFn51kNyJjfJxogBv5AysJSpJxrkermA6nq1fqz3g+Rdm2aXnvtyHTo4",
-	"p03Sgf9pu5/oHTbyR9cvVmyEchQYxOm1ggXVgZ7FjaWq0DnTQDQ5nEbv2Eo0ZX5nGP9TxodeQs8IQ5e6",
-	"ro5s6JkdSv3/ex1Ljxtfvb3zdXWqTWC0oeX1I1zHJtUoxNFHu4/dj7fqQr3tgO8oerlvUarbsh6odorD",
-	"FirrjDr7ILC5daz5LRyKZnzKkmWSQcOSoBF1hBJQFPbOL4tjD6oAs4r2r0fNvay0m4rAOvfkVW2Q8ozW",
-	"B/lupblxtLkx8IJyiMKVKoIGOfZFDGmBmbHRV+bjdKlYBganYEVld4PmWEAXbwScEEMeV8rCRlBLSCpy",
-	"dnZCunPXD3iyJDPMmS9Lg18yAXlpKQ6meuGxYOWvpjV471/39PxnO03Oc9Yro41cto9bZS38aS1miXjm",
-	"nrFw7hx06aa9r4YphadgV+Pji+676wWbaBi/NQ7Twjnz5WplyW2wVPp9p4XhGqb8gdHMzBCYuGBaR2TO",
-	"jOIJWDC5JqlMirmPnoDwNiUXmqnKRdsF3CxXFM4qc21R+/8GAAD//w==",
+	"7L37bhtHmjj6KgXuAiY9TYqSZU9CwVg4jpx4xxetJSMThFl1sfujWKNmFVNVLYpxBOxDHOC8wXmR8yb7",
+	"JD/U91X1hWxepFhKfjP+YyYyu7uu3/36qZWo6UxJkNa0Bp9aE+ApaPzzpZpOuUxff+v+kYJJtJhZoWRr",
+	"0DqbABMpU2NmJ8DSXPNRBiyhD5idcMt0Lg0+1fBLDsaytgFgsbFcWz9y3Om1opZJJjDlbg645tNZBq1B",
+	"K5mm3f7+wZPDp8/++tXXfJSkMG5FLbuYuafGaiEvWjc3UesDWL14MbagVxd5ComSqWHcPWbziUgmuKAk",
+	"EyAtm/IF0+7z+iKmQoppPm0N+sV8Qlq4AN26cTPOuOZTsNvP6MXyuTwyTKQRi93mYuYOav8Zy9QcdMIN",
+	"sAlcs2TCNU/c4KzN5YIpOwHtTloYdtg/xPMSbvAZt5NW1JJ8iscl0lbUcgctNKStgdU53Opgp0K+AXlh",
+	"J63BftMxvxIZnLgpV3bpfmVCGpECHq7hMh2p6yOmIeNWXAFzSzWMayh/sgrfnSt9mQpdbOqXHPSi3JXf",
+	"4/ptbVv1G+AGmq8mc4/oOjLTdBsjbuDJQe1CYvzoXKQxE5JxFp/SXj/AOH5kWAzXVvN43R2Fj3e8qMx0",
+	"6XYuJnRbl1nLAZ+1oN3g/52Z7k+8++tB968/f9p/dvPvjehxorRt2v5MadtwaxFLIcm4htTtMHZvmZhx",
+	"yxIN3MKanbnXNt8TvyaUevb06ZOnUYli+w0oFrX8sa6jO36tdHlmdO1v76C/6fbWLH3n63DzhPsQ/wg3",
+	"MpX1O3FvFZdy0F9zKadgjFBy3f5Ozn5khl5hIl2zcLNl5dtQ41TymZkoS4uo7FPO1u3zDquoHo2cbT2a",
+	"GzeWmSlpAInri0wDTxcvlZSQWDeB41bSgkSg5rNZJhLujm5vptUog+lf/mHcOX6qrOHfNYxbg9a/7ZV8",
+	"bo+emr0T+oqmXsIRSbTXM4uJylJiZ+FqHMzFll+CugIdszk3TCrLDFjWjhOVQuyIdvzizYfjF9/+eP7y",
+	"/bt3xy/Pjr91BOIman3D0w/EGB9yV6/lFc8cO5Gz3B6xGLRW2sQsE8YaBlegF8xPiqv07O2dsq9ULh/0",
+	"Aj7KS6nmsiRNSrPc/9ZWmoks646VnkKKj8ZKXyhrQXYKMcQhD+5BjjORPOg51+iUccQU+Z1W8oIZyy24",
+	"9TI7EaYUj6B30WMznhtI3YaMVbMZpAQtr5QeiTQF+aAowKy6BIlL5R4dqrfBmUnUzHFz5UhvZUsqd8zi",
+	"Jmr9CQAHgWUsMsA1O15FR3rCF5ni6ZlSb7i+gIeGjnDtI5UuHIhkbhHu/LhkPHOcjKD3v3Jl+fF1ApA+",
+	"LAGsLnKu8ixljtiRAM2zDPQjw16cvGaXsGCOBDLOfnFrrVE//OUc/PLjo6GMU7BcZDFzLIQoKr40CPcF",
+	"JmJTmCq9iFgqzGXEjOdVBtHC/4ONFhZMp8dOAYYy/u74jO1d7e/hWHFv6BhWRZVBNaFb6AlNR+Lf3qto",
+	"FDfErfWVSOCj5FdcZE6ef8hbeO9ONuEzngi7QAh2JzbiySVI1ApyqYEnE7eu3mfcM/K4PxvZr0pGVSh7",
+	"+f7d2fHfz87fvT87f/X+47vAYz9KntuJ0uLXh0Wdt8IYIS8iNuVZYFFwPXMyktuOhit1CakTqlOQVvDM",
+	"+OXOtErAGHeZx9IKu/ijEP5KqIxbj5/07VZp4SZIfgh933CbTF5xkeUaEWam1Qy0FSTZCZnC9ar4+wPq",
+	"6N6qECcqlzb2uodh7X7XifUpKljLakPU8gvZ/QCqgutPfkXlMD8Xc6jRPyCxFWlodTtJ+WBJpo3CM6f5",
+	"3cHEEbWSWX5uxRTOzep5vTz5yNwz1s4NaPYXZhbGwrQTjjBIQmSUAebhCwwTls25sJA6rn3E+mw+ERkw",
+	"nUsp5IU7YQe43LYGrVTljugVS5P5dERHnuYaYfF82rC279WcZU7eEZZpLlnbKDbmOqrP1HHEnpucVM5l",
+	"fbS2DiHts8PGq0e4PKffP7V4lr0ftwY/bYaD42tIjt13Z+6zm5+XsSF256pyG7P5BGTYhMotni2eubAm",
+	"nCi70CqfoRJwKbIM0s4Rg8wAk3mWuV24/xLvcDqSW/O1sOeOhK2e3Ls8y+qndMT2D776yztaCk3ARgtm",
+	"xIXkGXvnHj8t1ukWl7qVrs7bdHhjIYWZQHrO7S5LqYMGt9B1862fqQRkpabntPYKnoyUyoBLRGDgl+fE",
+	"+c+nYtRgagJ+yTQ4IJHWywjLkO4ZJEpTxhbX81nA3b/dvHq0axan2HhCKydibApanxvxK9Q+Wg/pxqYq",
+	"t8UX9fP5xklE7kDoLXYJM8sI61jbnYoTGdR47FTU4q3OjjhmdS4T7pXwZT3BWA18ylASgZTFU359rnI7",
+	"y+05imnxkbcEO1mSGyfXJVynkFZIeXGWS4S5Qj8LYtoqL6OKSTVKULuSOpjXKVeNxK6CYQ1w6zdQv8Hq",
+	"GW3gHm8EqfyNHISYowUiqJvoV+BFN8VMXGu+WHd8ZtOSKoYInqbCHQzPTirrG/PMQJO8EDsy6j+P2VhA",
+	"lhrWHuWWxe7EzpU8d3dNBpy4UzAiAg4n2PaI5zYz0/qEH3LpqF5sJqybxKw94mZCVG+mwYAkWN5o+Ypa",
+	"ybxh5G9hzPPMLhult5I0kFfrD61BFlgzYHkhy4izDskRtUtMR8qH/wKtmcNCQnhEOFHBt4jFBZDGzIDt",
+	"HLHUb/7ZIXsrvokYt2yqjGX77DvxTSN1KOy5+/2/Pvnr4f5XB4d1o+52roM3pq/g3KkyjnnK9NyQptWw",
+	"6RdoQqkB24b7qVHlVMjz0bPDBu+Q5TLl2tvCIjQZPzvsgnSkJN3p+r2I0CSZBYja/6p/hEIAex4Oupnb",
+	"VN1OayYuOZGT9lbn/OhkQKdWo84kdtlDM7FophUohnvb/FZSUUdpNGicz7h2yk6D2C/sJIj7EbsEmFWF",
+	"QDBsylMgTEcrlGFjLjLWDpCLc3Z2gwicZXUJb8m2IdxcclGZGuWL0kxHjIxLMwftMKv0AqHCg2BZujtu",
+	"jRYgrV7MlKAlFoxgV0LiWcA9EKaxyPxV7jpk/Xxfue+ZVWyuhQU2grHS4FU7psHmWpoIXYWsO8z7/SfA",
+	"Pp696n7FLFxvEmTLFYo0g/MNGHlq1cy7gvFCUTeZO8iTisE1JBFaCR3unJz9yKzm47FIkLRKxbi1JNu4",
+	"Z+QT+Ax4LKb8okGQe6mk5UI6CHMvsHbAUcf+UpVcgu70WKYSng0QHgnpx4xL/4U3OF9wC3O+eGToZf8w",
+	"FRoS64Tndtzt4pMuPjFxZ8A400pZPAvSJsv3vdU3piUww68gdj+9f/maZXzhOJHlesSzjLXVjKAkW7DY",
+	"La9nuR5omKmB5Rdx54iV7m1cPaLYGI3feCmH/b57IOQF7oTW5/7UgHcyUXMHTjxNmZLA2rRBCVeg2SzP",
+	"MtPpsRcjJxW4FbqboKNKnOQHKbsSMA/Kw0QZuxPBn4LlKbf8dyDCB4R1SBk3TJgjlqO1x/0LbR4ZH0Hm",
+	"JKnMAapfXybMbjiADtsGxcn97E4LrmfKODqnVX4xYYXVtCB3e59EerMHMkUaZPY+uRFvkKoVxOg23twt",
+	"lCpq5VL8ksNrGturxjOtrkQK+pxgaAPZoSGXNuu/7poZJMKhsB/mqLAjXsIiBCT8Ax2LjSB3CYsei4O9",
+	"Gd3+6PMzkykK/DEOwZMEZm4IhEyrFGu/g7eKfbeYPjJO25yS1DsFTjhp1aybwRVkXlze6WLRD7qJuhXW",
+	"FkdiubDeGVN6oaxiI0jU1G2ap4vPQLw0GJXrpODwOxhdPhSf3PzcYBMJJ9tAvMWvELDB7+iRYfFeCld7",
+	"ZjKNWZszO52NzZGnj+5pt2sm0y5eVcReutUYcL8XF9gZkBcheLMQZd00+CsBBZcskDI2EpLrBculsKwd",
+	"D1sHz746fPL08OmzYSuOWDxsPTuchj/3L8JfT/cP3opvhq2402P7TsR2d/Hs0EnXCBlB3o6LA+2V6qc3",
+	"P2FElTDsQlyB9JYnJIgOBOuHQt92jhCckcDOhYFADAfBDog48sgU0r8noEEJ8CQ+/PMyH4GWECzCOpcO",
+	"Fh+ZRqFLSfCwsEIOVsjjz+7aSxRrFNO1ZWOtpsS2C/9P25H9mjcKPVFzaToD5g4IOViEf9K5PjKBnxrF",
+	"YvwzxiiwETBeYxWRo8cVNHZ6lJNXDMjUMGE7u6kHNmtC1TdiDGhAFJIZH6KG+0NpCH0baak99I9Ynz0n",
+	"GWUmHA8u2CQBRsHl2YQ7efTs7A1LQGTogIi73Sm/7lqbxREKD37gg0M26XwGGuCV5eZAFvfQIVRF3iCB",
+	"L2VizKbkJOnspqWsUMRvIQMLH8DkWYM5JYUxaN1krDotnYkyWwyWlQwPaFDCmbEiyxhcC2MjZhTBk1Ua",
+	"xSx3cwDpUBaXkXFjPaWaklAzVVeQlsJIgZHoo1xVUFLcWKONdElbC282aWvfqrnMFE/XHZB3Kplm3djd",
+	"nkOfRyYQyFXteJsmWRm/aYHHXsZ4LcdqdXlBAqm7TCbWzgZ7e/sHf+31e/3e/uDw6/2nT5osqxU36M5y",
+	"2tISlzZUrKgcvHFbNbdCg4NrUTNXpyLFqCGdS8cVHMvMwL3rjQbBpp+SNg/SIeZPwfDQiloefCtrKTdU",
+	"MZfcUl//VzbBrdotVxeLh1aQ6c6g7oLIbSauHG9mmePrPoLMD4b0fQw2mSAl0YifbLQYSm+ww/A3J6b8",
+	"vevNs93XqVOY3HoHxaDlaG7Bhq04o4i+bDeI3M4St7Lz0qVYPYMMxpaNYCKcfKMh+KwKVxop/EdDSZuy",
+	"E1iQ3Sd4ZHZc/Bf73mez7xG1WMMt7t8HHVXEoYJZzkmpqkisLOHSEUwLWcbawRbyOd3V1TVrLgeb/NMR",
+	"yQskEjg51ZJ8ANfCRmtW7yXt4CD2in+Q4QyfM2Ef1O+9oobVHbWrkkE4ndLbjdrmnEuUfLxjtt2klrBM",
+	"TIXtHAV5e/MF9xoFpM/hJ0aNL1hXNvmKESzfim/uCSSJEK6JA3Bn7SCJucfk41eSeaLkVVav3Y8p0Ka3",
+	"zmkMuomenL3qfuU2SDHBpPRqmGU8aRTxgvPzc4x0a3cyXEPiXWOxnyDAYEKhDlukZb/24jjqh7/kOq77",
+	"hzf7dV8JyFJEqVXCiSae1S3+5+n7d2Ts9jCoxmOQqVOW8IuIYTAwJWD8tP9z7C0URe4RsoHGg52CMd6o",
+	"vJkX0NLKD5q3lkGzgD5thNjXTggBjaqdkmwkrInIjGLA5iKN3H8vBDEDY0VyuUAEU4nlmY+AHrb6zw4P",
+	"hy1EoUoCwU/97l9//nTYlDgQueWIsbhl+AUlMTRhHSpxkMEUZFDm6Lraw9besFUY17RSttN4DbPGZKmK",
+	"XsVHRmW59eM2hz6t4l+jccydunviTpIwo82ZWUwzIS8fGYw/t4ZZR+bsI8MyFM13jfvw45zT543YWsxE",
+	"76DxZK6FtSCbcX+NasSto73CHLEYteSYHGwpOFk0Yq9ev3qPEcCOwtqqOuSO1CGtcFjtl9OKWjhIg2a0",
+	"hAjVlBb/rj/piMC8Dl7r8KQ5rgOk1SHmcZewjgLjbladeuthqrCw3BWwNpDj2vg+D2aqNDC/NQpZn4MO",
+	"frydonr8oYfj2U5jM/iBQGr1jNefCx5BCY2sXRzO6rl0boFxFIRRgfGtiNS8fRy9cb9KX95VdS/826iN",
+	"oAq+1iPdsMw1a2lWDArr2c4AXuZMbg1dKgdvOqLvSGJ+kXpu0wwBXq7uzt1t8/AuIwnMEcosQ3dQZzUO",
+	"KRXm8nyUpxdgzy+a5ExM8sFknlToisP0kSfH////y+Ju1w3TVVegnegpbFzYc2noXXUXtxi/ih1edxJT",
+	"7W5WCbuXoP0GGwXp75Up5GfazI77WM9ONsntb2kmGt+St9vdTyauKsEgO070Sw55zYpa5WmbTmYJCOsn",
+	"Wf22mKO2q8pVNZ1xtAJWTbD9PfCMaNoSulluc1M3iqrLrcZY/1nTTJQi7UW8pdQTCXT0lCvdJt86ihLq",
+	"EmQDxnjr/q2EMMqLMOujj58zb03zIRteYS6yuzDTD/1hOtgf7xafXCRo75CH3SDvudkbPVgoUOIRzifo",
+	"fcekuqkDuJR8WkqCNyIFwZJOEoU19yGZ1LgBE74LvkmfgbWTOQuz9bbRZwSIU3xzGYwqGew0VHXbUfX2",
+	"a9e6FuyaJSba5878pATgbezED7x2OXfjt8Wh7mZ+qR4v5hx4Jt1yY3ILm/yGCAqZ9x4WVsdmvOixF96t",
+	"XI8DqngHf7ed8mbdSZ6GM1lKqVBzCToeUOaQnbg1sNhv3P1cBGGZiJ2c/RgxIlwRKwJSjnyED7m+IkqX",
+	"jZgGCfMIcYPhJBHGzJTJVh57qkoDvue0BH/wTR6UkzKnaDk7nH149ZJ9ffj0ryEDilFiY1M8c5Oq/JYn",
+	"EyGhq4Gn7oyDyu9tKHHEYqns+VjlEv+xmuMWNSWXNwqxtLJGdwildN1CPSlsHQ0KSsmeGvIHhM1gg99t",
+	"Va/8+OE10zAGDTIBhsY8MV6E6Jxw6u5r1o75SOV2MMq4vPQhE1JJ6Gx3VHp9j5ZXbKE4s4iur4lonNgF",
+	"xcTeVVDPtoZTbQ8YXeup8+bK5xQ9Jy1onmDtFTNBOyV67sQ4+O0iskabyW6hDd6F9/DeuRnlRNb36t51",
+	"lJCIBrmonrOZmIFh7UqIvI+P5zOubSdiICilndJEGLdMyQSOlmJB2HOWOL6Njk+LBhxtrA8IZe34P2Z2",
+	"8bwfD2g+f464lE5UjG0npCdu92hpNf8MYBEcSHcIrCjAuiHP0SffejFni9BZvrsGe956whgosrvbqOWO",
+	"sZkY24XPS15dWAjPbc7Nuptceov8vN0y7YLNdGN6qj+Wm6jl80AoYatBrFSWZ97ep8Yho2amVZonkNby",
+	"viRcU7581TxE4+5qBtyc+3Y3sKgmcdU3W0/q8ka44o5rF7oGtjykNIuYfg27s70K6G01WoSxmxaGxRxW",
+	"1+PFs22rWLF4OKVFTIXdun6c9w29itTBewi2fvMR31yRpGmkMFBUbGDtnt8Uy2ww+ioJRSWJKScbIwFu",
+	"KbfG3S6Wdug+jtk44xemc8T6VP8AV0NGxwYDzi1sJjXTxC6m8aoZYTnGr2qy8D4QH1T8yDAyHITM9jVe",
+	"uxAVWSSC7bKkEN22g2WjaslYZ8Aox1tZ0Nq7/higa/1tLMVSCHNZt/qUJ7XB9rPrTW43Mu003fpDV3o2",
+	"4RLS8ztd2crXDeD0flwGops4YhYNCWROoNjWarWhCyXXeIJLo9iqiYIOIBRbmHNhnajtE0nww97vw4Lg",
+	"SPPmil0gfmWVQoeAxDXBFeSExwiLEMTcOWK8fAkjqb3HHm3lhvV3dYWtv6AyqtTvEKOZ0BE3Vhq9cE4E",
+	"lzwrA0sFFQzDRayparEBY7faHjegbiPQrYfjJkz/ABnZTJr9Apoer5HHNEy5cIz/vDT2bNl6MWDD183r",
+	"kzC/m2JWmF8+u3HkQy1jYvdM6/AdRc8YB8+omSgddBV05mOOiVkT4N9gl5jljdFchrXHqCwqaUIpqs8R",
+	"K76FAeDeHL35TnzTsIKjkO/GLRpzQr4yygFBVRNmydxVZDfE3a7/mxwyF2IUlzl0vJrutpJmoubyCJ19",
+	"jiDO3NTCYsSNTxE5fvf+9ORlcCk6RfNw/0mRZGW9z5+qopmep0oDBnKsdEJRkSGLw8eVp1pchWgxpzr6",
+	"2qI9PEI8KCp8FIaIP8f9XBA87PBNhSZezPIiAG2H9LkqX77NRM3YdKUuN1AgLLLUHOiHOb6lb8MwkCl4",
+	"mbO0uGNYXz6yGmAX6hxmbCJH1RzhhighLhqD7SgvupY8jcwfCjaN3Iw+r+XobRLsa5WZmqx4D+PTjcK2",
+	"N5xXc+zRvbiZigSOIEhNsKCnz7q5u1cJEXdbBuMOycyryL0VoTNu7Dla/YRd3Oq07pTnuj4bdTmPvWoW",
+	"Xo5xCbmfIThr1YtF99NsbKjaoHeA2FN6ufjsXAM3TaEEIW+jXtOTCqLFPnDNkQt+gTGi1TJQfDnvp7Up",
+	"VWwH7aaSc7XF1FKeVMWwXT/hcrj1DrywvBWwbACxCuwEAAg4sAHP15hp7kqIdnIHbo4uqZC0ZqOFL12A",
+	"qb1ChpSGoyJrkM24piD3VclrJ5qwVD8h12isHvPEmuArKu8ojlhZnbwCYeWG6Cn6nhv0yxn/JQc2Aq6d",
+	"ilRUfaWMyw1xYyvoWnGcO9GqMaSqhsA7ldj+/a7sqIVJLvo819nGSKFHhsG1V9U+fnjDhEyyHCNz472r",
+	"fTzbDQlpX/W/6u9d7TcteXe0LRca1XG4eoeriBx88iVCb8W704JYNoQsiDEkiyQLMU5qXMabV/2o6OIg",
+	"I25pzqUyxkh2sIpxiK/GjH9Mwm808Z9iQbs7OuLx2+YwFjVmp6+/e/3uLHL/PTv+8Bb/+NvrN2/wj//6",
+	"+Joeff/xBBsvoHOaXDnYeaHfqV+8H2V75A0tqvEK/F6D+HoLffBFNucLw+JPNw24HrWuuxeqW64rT+yn",
+	"m1al5vvnkah2ZNAb6mITo7TcURs1Zm3q0OETsi/WuG8paHKdiQhJcy19lwJWR7BQXqLHvO8t9iO8+H7n",
+	"lnahVYq2vpj+FrCpjLhEAwKyl4ew1R0S7n0Nl61atXbjsgGOtrLYYuhNy7obujcH77+g/DjHu2agZhkc",
+	"MQlAObYjYFRtxNdoKlJUD77ayTFKxHJtJOzDy507yZa7hwJ+nFHC+N2CGT5zOnnUomSC8xDcva2hRS2m",
+	"o/JptD0VPWz8oSgxCiNJroVdnDq48PbAmfgbLBpDjYJzjBsWv/AVrTE9acC+IZENS2Yll7Cg2llxj73D",
+	"iuuYVF5Kqpkw9ojxzChGmVpKDqWv4wy6G6AMLVU1hl+YtT2pofxchGq07eIqygNwclEhdNIS1zfhIXFz",
+	"297wrbC7nef+HlP1t81dVOzBBHxuxSgDRln+ZTcf+nfZ++TvXfdV97vFtOuxuosCZ7kSf6P1tRxsWcyG",
+	"+bZM4+BKNEbyukt04i3m00j2/dnZSZFw6kilQ8IuXEOSY0J56f9iTngK/LErIbeaZwiOVPF/KH3ZLT4F",
+	"M+MJsH9wkUWMs2+pfgzICyGBktf+VtaQSbLcWNAD9uH49AyXUEibEVMSuo4vDKVbEsItWmeP2A8wOsXk",
+	"H+O/uQJmQU+FE9bbJ2c/dkJ5eOOdYz4qAutwYEk1Sj1LuBzKEVCK4sL9iHXhONPgE+t7QzmULzFz37BE",
+	"ybG4yDWwuBTO2XPmxf/v35+eDU7efzhzCsKRr4texyV0VKeghzL+VA5xs1R4K+6xM6dxoblYhIx6aTVP",
+	"fOGe7xQGvFHuIw6tmZBDGQf30h6fCSpMdQESqNSZz1GOihTsItnYrQQTXrn1xcDUDCSfid6CT7MYD+Hf",
+	"/o05vARpfeV59+Nj9vixp0qPH7P//Z//Z3fC9CHUsquTJqsoZLMEvqFk7G+wcMc/9YVZ4m6Xz0T3EhYx",
+	"22Px6Yt333734uz4/MXJ6/O/Hf94GrM2BsR1Dcw4br7TYz/4Gn9IvsJNpm706llQHS93sEoupiovKj5S",
+	"oZiidIFbJEj3I8uUmo14cokdRrDd3VzYiRs47naFRBoPXam6PLeTuNNjVVLuaLDT1HCknUiwsG7okgC7",
+	"O3hTEg5/D7pSXy6uKIwNPctYe7SoXsFogWs/eX/aWBWOTOVuH+/l6loNFkfCBD6Jw6yjj3RHSGVFJuyi",
+	"E7l3669gumszRMUIF99oNTegDXPw6lQ1XhKHyLf6805eA9bTchMVa/TB0sU3bkyTj2ZaWZWojMWBZPZw",
+	"171VHhQqjWPPukpiLp15jPcTCDsVZnr8GDX0x48HzEdCs3YZCR1VLA216OY9DSafFkHObqVTIdEXhaN4",
+	"FwZFPONRONIAVwprL9HDDp5niLRm7bWR1m70Itg6KieiL4O3hGZw/8AQAWsgG+8Qmc0RMCqLXhOlTZhS",
+	"mxN1M5pAjRwhx7ps5Uh43G9odU5jY5xZDTCoLDPMQtDivTwOC2nu0M+CHvgsi0A5kVhoLo2w4gqyBZFS",
+	"Hl7z2R3CTlRuWYzW0th3/DBl7I/n8k5F9R8Kiws/c3BFtdwUWuJ6bMcWIgiRA/b48WF///HjHqu0bHJr",
+	"3r1rk3dP0lBPcChZ1EtU4VrTMNLAje5ePXz82F3yTGGYK1LKUGM1SFcO+kcAkl2BxixaKqOVmoChI4rm",
+	"htRRlgScWMGqGk+Ymy6otE46PMZCvNgbMzArjE437h/H+D7qSugtXdc9JWbtEMzfoduKHZONIxZjWLj7",
+	"g/AjjioNjNqTfMplEcB/xF5xY1+cvO4au8hCl1GD5RaZsFQF0jetaU8bo/+RjzeH/ye+idktUgEcGlER",
+	"QM0ODw6GsqFtS3B2h74vPga6VDINCQG/MVJZ2W/sLXCkuL8N5W/dbhf/515wM/1WlIDAojuDEnrZf56+",
+	"fxf5DmgowkQFeFEdTKcUpl4xpL8dUEVY9QARiFsGJuEzqCeA+cn32W+hpJzbcFhHpcdOePMJ+21LY7M6",
+	"gvjPDtlvxYrL8i/YVwy7afq6waE/kf/qa/Zbre0buYpQsFUS97bU761soIox5IxTD8SiAHHHj7zvtoHN",
+	"w3CdTuP1Tw4O2G++Z4/v41Ou58CthzsxKMm1Bpn4iixFZ6ltrb2WGnpFoWCqsEcM+/vWG3F1jljCNaaJ",
+	"x5V+VDEt5yneRehu5ZYQGlvlZbetLSP0cUOj/OKIZeriwh0gytddI1KIqv1+L5ze4MSpMTBf9MINMpQv",
+	"mFSy+ytoReVWqJAy6UOQlu0E3ddS6SnPQil6k2cOI4kxBc0K8YYU5EwkIA2U9qrWi5m7xe5Br9+KWuiL",
+	"QIXVDPb25vN5j+PjntIXe/5bs/fm9cvjd6fH+E2ZSFModa2odQWawuJb/d4+veXl+Nag9aTX7z2hUhoT",
+	"NDTstQafbqLW3gSTTH/1/5qC1SIx/l9VNcD/hGAY3g4XjNHLjdHpkxCtVFTeWYasdp89L8N3Q2H1IH3T",
+	"6yQBexl9KAOLxQK+lDjp/ibaOvcFJHIDZrAUyVkyYZ/OTMX3zCWWHhtKCgfFABChK5VY4wIxViOqTCcq",
+	"4jAoGo/EgrJd3QhHzqX14rWthAJvC+Bk7biIx3scHxET9MlPU69oxN8evzk+OyZhPcy698k4VRILUyKl",
+	"FJqwt9NjsT/JuNLPtDlDfih9irxjIl5HqHbfQ3K81BZwhVwU3Png66FcJh3VUsv4iFCGxD6h5Ou0NXCw",
+	"RTHzS51hD/r9Da3RbtcSjSZY0xCtWlwWA7eV5SQAY+w79m077O+vm6NY9F6tF13VBIgpo8H499PPNz9H",
+	"LZNPp1wvlpewPHkrall+YZac2TceP2vec4+j9cN18sBpJR6n2tn8p1U3WlZti4BxwcIQV1vXwLuIOdjt",
+	"IpaM4zfRljUQ+sQh4CBGSdMBYXwZE5pd8SwHFl/Fka+c7JTiy+dX8boVY/n1NT3pLfDpc73Uhfun/37+",
+	"81+e9x43tTP++R6Btho4sbn/LNZAlmVxYaVT0B5u+9vhttKn+H5B/U3N+rMGtqPWTJkGdvPS0+HSWkI6",
+	"KpaZ9CIthn1jpVVeL0ro6BdFgLK243JCgjGkknSioVTaB3v6LPwrwMBt9BBTicsei1GXJsNbKDbje1xU",
+	"y3r2WK2f51C2fYHmYo8lw1lmVBiNWMC+Z1jer4mssyTdVF2iU5Ps5xydn5VwfhR/8xmzisVE4c/x9zLA",
+	"Jy4rUT/r991ZYDBqIOtOfCN1qSqY9dhZMYPATi2a8UQrU3B+gwG3GpyslinLLhS2BqEKqCHxwOFxwbTH",
+	"MHd7yJayatzZYLMjIs5OMg8MmWO1bn2FZRvdHTqgL1kZZQEg+yLhbSzIb0xHV9Er+2VeKBUcX+F7Q7nM",
+	"+CIUtFcYXrtJQKbjKqx2pcEIlZCh9KYi1MKqfXIcPE/5ZYgBbepa485quqrbEdzT/vhQ1vvXDLDiitIF",
+	"hLd5KC7o9XCSGpQMFbOrwxXpsUOJUnAHoXneEMZaH4Su0sEjXicFhuJ5E9CmgAg9lEFtbTsBHRX70jgr",
+	"3ftzTiN28MDqcT3E/ZwU4zQBXwXBsDbmk4VS6Y/rhdJT0OIqWIJCr5DOUCq5pl5/VP09meX1H0IMPNoW",
+	"yEzURscAFW4fSr8qFvedXlEWfS/bo3RIqSkSP2OQjr+5v0pO6BuCebI0lG3qtux+Rp5oirQTGo2Evcon",
+	"dCOhl8JQxstNOXozkRofi+4QK0AZ4YFckK/JgQWkiEbBPIk3bPJkMpSUtYDgIcobYe14mhs0C4XWCO+W",
+	"0wH9q524E/kOPQStgm6/SZRMav2ryGEMxn6j0sVn48r1Hlk3db+0r666JBLs32rysrXCzvHYO71Kgek3",
+	"PzeIEj4Z3DNUni4cSagTjTJ4OkCBI2CeUHUeUNaIWof7T7Z/tNz63X13cLDLZKsNmvHbr7d/W+/jfhO1",
+	"nvZ3WGlD8/GdBaqX3rMT2MKO6gI6e0jCcuS+uZFW8AFM1dWSOQ55skwxbwexuuIzqNjHTI+9TmE6UxbT",
+	"l0jmGUoy6QvJYDyGxDpBgWpCe+ZTNfgGu8vTfr8J3+mDKr7fkyhe60TRgED0PO3dHaZ3gZRXSo9EmoKk",
+	"Lw63f1F0d1+BqFroxE8/OxpSj2Co/BaiO+indbD4rb+9smwX3nRnrZjfqLBegH2A+6wFkW9Urf7Fr9Sd",
+	"ymg7gVkxLDTtoXylOP9vqTtQgye62iy30fpInp+g5NWz+ShFg+xf7RBrgtZep4QoJ7JmqeNhKMj2VuiK",
+	"k2NehgXcIxhW2wWvM075ZfyJ4dB9sAN3fOndW5+VMX5+mEcbRR2c0lxjA7+kBImABGXr5d+FA+tsHtgZ",
+	"C8UsnCZG49aeA+TYa6g1TY+0v6jag6EoX8Mq0DSUwrCJE8xHiybUiSiYdlGLngneI/S0PDKV9iTYi2so",
+	"fSBW23e4gWB4WOkUzmZYkkkDn0bU5ljIqi0ELRBKkrhQy9FFM0kUFBvGL7iQmKtryIBCrQeKzE7feQW7",
+	"k7hpcmlFNpRxt+sPoqvBYbFAB3HRkYtNOt7DLSyljaKOi19T+erCX13vwDeUQK0t5ALjzkTCg5q+Eo8V",
+	"UWRCiEoLzzVgskWPvVJOmcYIenIE9Hq9vTkX6B52f/tC+f5flIXg/kUOg7hJXsKhX5b91e9DPaq3G78H",
+	"/WinjumrxPSUynQ9rKbyJyS9f4T29Ccm99R7kC/T+GYSv1lU2fuUbFGr/oZtnCo9Sh6VDZ2sBmBi7BCe",
+	"2tHpXJqIaOFYafRsC1uQNsL+3hqVqIrjX1SiJVzAo/lnFV8ciAVLK1q5d4Ps9drYA4DSBqpdEVq+QNLD",
+	"QlJF+dsRhO4s/0ZbX/ZnvYPCSFTYS0fUOuLPs6oygfWBVrVWsUD7HYquuCQnqDfzJWo0yF5UVG1ui5A1",
+	"Kqriy1wFh80qV6JJ7lfyrCcW7yR49j/75Ou44SlI+88gen4OmvfPKkkSIn1GURLVvbUGsB/Q2+917Io/",
+	"v+gvEPBVOSztsWOHqgP2+PFBv//4cemSq8Y5og9uKIOJwUz4DI5YTPWVQ298rLBMcRCkZPusK6//04rs",
+	"UrkFSAoDQcJnEYuLZkAxpm+gewl7Ds25KUvcKo2ae6dX2+KMGwMpWe8GQ+m2dBC25CaOXwZ7STv29o8B",
+	"9laNyWf8+PH3wLUdAbePHw9K1xYZUgI5IwrnBsW0mjHMi17edVclWhQmYcQ4KltwM+OdrxQmxTIhMWIC",
+	"U3q5KS6j6rdXEhgm2g3lGG0AIZ67toD/PH3/rpvBBc9YhvEsF2w+EZZS9DreVlHuCePxsUTiNbah5ZYl",
+	"udMoUgTUYMkx3t+Cz0KohiP+7r9E+VEhcXeBOkg1LGAoN5w7haVwyw76/R4LWXeYio9pBHPFRioVYKh0",
+	"N3Yg9kPEQ9kuSpgjROsccwizhU94CtN2aoYrOvMe+8GHm6SKonqoCy2niFC0n2XiCtvulrtE9ghcZ+gK",
+	"XWrH2wkhQsLWm9nWmZ4brWR5GyPvTv21WoVrKCHoST8qPORP+v11MW3Vej0lw2ooFhcqjj/p9+ul45ZL",
+	"G/7ewLbdvNiVhrTbvNiFkvDzZjUh1HnjskbZMEwlKsxtBbZGFW0bvd4FCFNIS4BBBDrycx/0Dx5C9Wkg",
+	"eJVws9puv0gWf3ptyhEhSkZZlg9YG3u7zFSWdf6UmlWq5jJTPF0riXzwMZh2qQbEcgkI9pJj+ksZcRjK",
+	"e+bGcY8QNrc0v4+7xHRwzIHBHxxXCslAIZmaUsRWbWJ+A6+oh+RGSnzS3FHxiGnIODbXwCQLlH6Kn7y8",
+	"U+lp30SkNUyVhVCyoq6bVMn25jIY9xlx/K0/qPV6TKXMR6i58cWifieL+v2TnA/A0xD0zAMyLmVmU0po",
+	"58Hc+kXi8d6nmdL2ZitN4VihDWUy6hVtqGVy3Niqnbyhi5AMznhIDMNoQwMypQQj5qRaTDXA+oUshSTj",
+	"1P/dd2SOWaUAoAYG1zNlID2iQjyE/2vIzQXYY7/N+7Sahjk2BbGE4/4Xx9H7x7Xv1dxxAQRRp2cpbUug",
+	"KiDp86PZdv5+orRdj47XkPwua+RaA+MHJ0+XcQskTJsJ6yaxb0yFWrfX6zq1XI6Kf4stJ24KM5RFiib5",
+	"97FYRWiZXzdizicqg7op08kJVLi1qJXiwwTc0HGlYXzM9g+eRj5JGitgx4UVIq70+/BmDerG02Ova7XF",
+	"nWLhvhlKSjCpzYf9/veoEsVIXcflmFQsDMlRsLe0lXYUZ++w/3VhsSjCI3BXmLdsFRtByDTu9NgxxmJT",
+	"t31hWEIiGLdrW+4H6Wwo95858eyoZqtxGrvp9Ng7VU3CZSnwFI0blGmN/aJrCkyWO2p8odGuMQMtVFqE",
+	"79eyb1ekY8yoqEYuxJ1Bke5Tab5VZOA8MkPp7S3tg36/DAeJ/971Q3Rfp7FnEj6NRNpa+IyMfPcnUvEN",
+	"liwaSiqAdFtzTNX4wuq2l6FcY3zhlAnj7qfjvcAl6KyY49Fc8UsukstsgUnQlGgT4l8yJaEAzIYAHnfy",
+	"WWgkGQam7hZe/3VghWg5l0MZcG05zEYWNkB3pmOwyYSar4iUtVG67/V6TTZOrLlQiWk5onAdLL6ROwZc",
+	"lG7CieYcA3DEFWismZEZYI0xPZ1oKHOZOdyPHc6fK3meCuM3jvX1sa8cmvNU5hTsCb8SKtdUiql8F0kG",
+	"USZPTYYSyYnDMCyiwLCOQ1VFR9gkYxOl6AagPOz3I4puPux/jYlEEXvaf9JpEiYcANyv34SMJH+I16Rq",
+	"/tls1NFcsvZ8wm3RoBi5gSPTWL7NC3xuwiqSr1uAf72q/N580WK+xAVVlKdcoiW+4kXxcY0OOG+RZkHm",
+	"i7V6zily5tJ2gpx5xu0kXmPgOHI8UmhIrNILX7m416SDeGvHLZBXJRZsl2SFOhIXluSRkBxtGstmiU2W",
+	"ApQrlrD0JS2hGywdG+qJYqN9IcthGtYVKvc2mLTLXh43X5SghzQ4cKb5HG/Ny59/hPrjsOCE2wmpKvkW",
+	"DAy5bVh0R0hv16vjJRYPR6A8YnGS64x1z+JQJ4TaB2mQdigDloqinNos4wmVb3Psi3Il3eAUnE2TBikQ",
+	"w7PLuGjUZJoEhFleYvouwsHvRPKHEw7crn6gPPsm+uIffbE+/kmtj+5+ipoLmFq9Kz3YwEb3QvHbRl4a",
+	"ItaauCnVynQSeIyOYEw7XEwzIS8pnp8+TcmDTI53SFkbMxuo2DSW7RFXIDu38D24GW/PiW+PKZusgEhi",
+	"vlgAHyxcckz3/Ufyuk04lPkeATvgEEiL7MsnsZRyZ4UbUqhMkmuDdTM7ETNUKXK0wKLREeMGqx6OVVzg",
+	"mfHH1GMvfHTD06jf7xcTtscwB13YuYRmvrqBBpYpedE5GspaCBFf4Io1sLn7v6nSUMXSJYn5MAqU6bA5",
+	"s9id0SsU3O8Zbzfl/hWLfmTCwXxB44dI/6toWH9OPFb68n7M9i/K8m/1HpklSxwtivo0oRJPWX28Vlhm",
+	"4Eu9KH2JFlltK0X6qFzKI6qEbhx7DhP6BZA3b+7ECCxq5LRxjDmUV8Jg+X4Sz4cyuORITS8H98ZvNz9W",
+	"q/AGzGpRYTL9FWvxhQxS5bYwlHP3pZJM2BDGF17EDjO0QHL6s3bo+RmsoiCvhFZyimFraM8Mex9K3LMf",
+	"MwRDFBVkcISzszd0ACNw9M7Ud1aWWCTVIZwZJnaGOvEDJnzhpbI8MTcYhXLZRPPc7/dbO+WV0pcVU+N9",
+	"ZgLSVOtMi+7pl1zA/5sronx+yu9gYnP1irLV0RodpWx1vaFkQdmTdonE1qsSRGWENpYJi9bWFx/Kdkw2",
+	"h3OsKo1tksdYNwuoflfZA0Dp8B2OzotuBaWXzHdD9RXLh9LRXDJJFBXMquHPS2G1dgLTTo8d+zrmRaH6",
+	"UPeMRDikrthmIV0nfVGl9/sUv3CGTfJXpXvwv3QZkIaSCNXGytvqvNxDcEERHFTrdUEgzSTM620xKCHf",
+	"V/3ni9CpoNItAZ8dDSUVt5dF8wYvI4SMimDhK3CmPlrlG2LLbiU0BIUtJBORpdViyUX7BlZF4c7AFx4w",
+	"QQHyDdGBasRRm/xKj4BoKKn1E9WtRA0peOGFZe1Qh67eUX7ghC6MPeWr9Z0qKxxKnLBTsVL6Bn5qKqz1",
+	"wda1Xg6d9dXZQmej+5AvcOwHEjCqBdhWycdbJLL/dALGneWF+ydSbxENKygXeqjubmIkerbnEWxTIv8H",
+	"30+kZMlUqNj3OSt7KWFoiigaDfl6ppu6kFR7kBCjpSCm0KX+qIaqtSCNHos1TLlwf5/7Vj5UK8Us11Kp",
+	"0m+MrphznZoee8kxMmpJOGBtR1T8qQYC1Kk05xjKw/7XTTjv3y2R/p54+QeaZ73E719Ie1+sIctIteTD",
+	"wy49KwzqwSKEPRJ+Cq2uNxbUOA5ZzL7Xz2bkYttwKyoS8cqmiaGOD4YWU41jX6PHHHnTpPW9fSh78LC/",
+	"X5SSlUxJxEpk0wEZKTirioIhiAvSXtFRSvjYrpBcvaI4lH27WRsXO5S04Wi548kjExUZ20EaVzo0G+pU",
+	"Ky5S77wJlxdlCWwnP4W6jVMehijMKV7gCZ0K/vd//r8lShr7yD4xHoOTcUIfImFDYyY6kSWJqKA5ImVT",
+	"bin2OwzZaaY2brQHIDZumk20Bo/4n4v7P0T4AIIV3wmZ70/r2G6fRQDbQMKw4c/nss8uefvd0H98gcwT",
+	"bGn0pSbhQ5mmNMCvQNb1SrvIskrHVi18DaBqdb3wmTh7n2bcTm7uuTYJZSNETdFeGkuLk2788cObiI0V",
+	"SqXU5xJLGnI78XUBq0egtD2iUvkLrPnJTMbNxDGVdrx201/1v+rv8ZnYw3bo//HL8/247AYaLz3xzAaT",
+	"+nz6ns/p25rMt5K+t+Ym7GJjD5cTuzj1VZXvE+3LaTZ2HQn1nb8YxWqQWPQpNuVVBWR0F3w/xjDqGDGz",
+	"izi0/hipdBEx73Cr1gIN0q03lJ2c/cjasa/PEJo4zMSMUAebocfozg9h/ch7fYQ7l6FhXa31crtwM+2z",
+	"t+KbSp+FyBey5COjstxSewOmxmMD1vgevthbE7fS5oa9n4H0J4CJEOkjU7Rc9PbscNLkSxsG00PYPNWr",
+	"IIN62QnWrzsK5zVVqbep+w1xc0ntp9vxf8zs4nk/HgwlHsxR2YifDrBzVNba8JTJdwcUhhoJe2069iVQ",
+	"acMx6/eGslLX1Vvk6gCFnjyeYI6xmUCW+dQpMWZFQQzMfjCTJesctr725rn1trgS3e/JIHdiF1Si/oGM",
+	"csV8X0qA/gsWYPKlPJfJ8AoVXsuCqa/ebhU8/eDLldIilmSKmiGUDT1DFnJZl7E2xroqnkvo+aWQ5xKQ",
+	"4dE8JM9fLa65FdbWF9Z8mNutzLJZmvtyv7UYzh0u9h7VJL/3TTaGQK325uaedbbti8EO8PcTkHYaaCWF",
+	"JTCrmFRz9peyt1bcjwdlG62jFSdnXaSinsh2KP33672aPfaimAQ7XtVL2p2dval0s+rHvrc/OmND2KoG",
+	"38G2QxbQw36/2hLVf95syZQwv99grA9uio1y2YOZk3ApXwSzP7V/9fjagkxrxqdMjMGKKdzJ9qTB5NN7",
+	"spLS2H+8mfSDT57HPhVfrKUPpAecTfi8bLu/WzeqZhgtI/7uhbe95DOb63pztRAQvTAWpgyDlskDON/o",
+	"+PeQVhhAgFoHCF3tq6JmIGvFPn0oHktoIemgEv+IgYPBjzmURVi4t6yMNZhJxfzszbJhpFCjrRqcjHlW",
+	"vroHeVKHcqntCcU+u5sqWtOEEASqm+EbFVZPol02lFeS8XLMaid530PSB0NU+8YUq/Ott9v4TlS2c2dz",
+	"ZOTBvIQdMrHNsIUsC5VWfT+YWlOX6iJ9x/fBag/Zhq7p1O2ydm6XMLM9duKn9w7jhEt3e8V7hQPaDSqV",
+	"PTf5bIa5OPGGbpn+6/uqyu2Hf6iorLCbJvOPf/bFBPTwkd8PYP0psKCZlN4lnts3t1/nmCl7FZ6GLvj3",
+	"J2ngDJuLpfhG/f/CTpmzGiPF83iwwKV8Foqk3oOPh7KgKF0Ii6myONTfPB89O4ypCDymKZ/7vMztBUsp",
+	"wSkVerV6AasUL6hXJ0g213A9+XibGq4NXImO8VYlDW6HSR9nVOL0D6l4FCZfh8Zfqhr8UdWI/oiKCHco",
+	"yRpoT1UzWRs1cFq8dZ+cyU+yMWIgLKQILAX9yKBcr+ZYXa/Wj/VukLxr0+zCc1+sw1TOaZN0EH7a7icq",
+	"G19HTol7B28V+24xfWRYTJ+ch8FiBtczSCxVpChEftJx3AEV+VUTlaVD2c4lFnosIzoL3UPpIvDzEhaP",
+	"DNYwJP98BmNfB7CM9jzo90NvST/EgJHTv8d+wOKHBeDVtcFymVjFJqSxYs9PqqZv8sRJfmYofcjBoP6d",
+	"75/gt/iIPOURuwAbFUnFTguqK2dD2S5qhOMPcUjLLdaJOWiOqwl5ERUpbcYqzS/QGDvWAGnZ8QMjFdQY",
+	"40+nFMgwVVfE34oOnz5O9ggP2C7ZgSVce6XYd+/D6oRYiXMCsnNEoa1eNcMyBXEKY9CobmPsRY/Vs65L",
+	"HTzE/15gTxDrPq6pmz2Mu2dLuh6qwaxQVYMaXEDvhk7qVV3wj3U3opW/HQCT2jeEAg+8iEx2ggy98nvE",
+	"3t8VdL+9HXp5qE20ZUMf9Ae4jU36cpVw/57j/V06wi6tybcd8C3lcf8tifpb1oMlcGnYXGetQWsPpXi/",
+	"jhVnlsfrTIwhWSQZdrGpdCePSCyOiswcavBBFdN7ZdRhKRCshlK+KlXekut6n/VlbZDijFYH+Xap43W0",
+	"uVv0nAsMzVY6wq5J7kWKcyIqjp2xshC8zeWiYoWsrKhoedEcIOqD0FA8Ijq5VCs4wgJTSrPT02PWnvom",
+	"0aMFm1AhhaJe/AVITFZMaTDdqR4LlYNrWkNwCbdPzn5008zEDDpFCJpPAfOrrMXErQSysSDxZVCde4YG",
+	"lqa9L8euVU/BrSYEnd1113MYGRx/bXCug3MINYxVwaKofv5dp8XhGqb8HnhmJwRMQoIxEZuC1SJBs7Zw",
+	"DDbJpyGkBmMetZob0KXfvo24WayoOquaGYfa/ycAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
