@@ -523,7 +523,9 @@ func (s *Service) pauseResume(ctx context.Context, c Caller, id string, pause bo
 	}
 	p, ok := s.p.(providers.Pauser)
 	if !ok {
-		return Info{}, providers.Errorf(providers.ErrUnsupported, "pause is not supported by provider %s", s.p.Name())
+		// kubernetes: the Pod API has no freeze, and the sandbox's
+		// processes are not the gateway's to stop one by one.
+		return Info{}, providers.Errorf(providers.ErrUnsupported, "pause and resume are not supported by provider %s: it cannot freeze a sandbox's processes in place; the sandbox keeps running", s.p.Name())
 	}
 	from, to, do := providers.StateRunning, providers.StatePaused, p.Pause
 	if !pause {
