@@ -11,9 +11,11 @@ import (
 	"testing"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
 
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/kubernetes/k8stest"
+	"github.com/sandgate/sandgate/internal/providers/local"
 )
 
 // NeMo Gym's newest sandbox contract, in the JSON its remote provider
@@ -29,6 +31,8 @@ type gymBackend struct {
 	// stored reports whether snapshot sid's storage is still there: on
 	// disk (local) or as an image (docker).
 	stored func(t *testing.T, state, sid string) bool
+	// vanish deletes sandbox id behind the gateway's back (it is down).
+	vanish func(t *testing.T, state, id string)
 }
 
 var gymLocal = gymBackend{
@@ -41,6 +45,16 @@ var gymLocal = gymBackend{
 		}
 		return err == nil
 	},
+	vanish: func(t *testing.T, state, id string) {
+		l, err := local.New(local.Options{StateDir: filepath.Join(state, "local")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		if err := l.Delete(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+	},
 }
 
 var gymDocker = gymBackend{
@@ -52,6 +66,11 @@ var gymDocker = gymBackend{
 			t.Fatal(err)
 		}
 		return err == nil
+	},
+	vanish: func(t *testing.T, state, id string) {
+		if err := dockertest.Client(t).ContainerRemove(context.Background(), id, container.RemoveOptions{Force: true}); err != nil {
+			t.Fatal(err)
+		}
 	},
 }
 
@@ -148,6 +167,8 @@ func gymContract(t *testing.T, be gymBackend) {
 	if got := gymExec(t, fork, "cat seed.txt"); got != "v1\n" {
 		t.Fatalf("the restore reads %q", got)
 	}
+	// A second restore, which goes while the gateway is down.
+	gone := gymCreate(t, g, "gym-k1", "null", `{"snapshot_id": "`+snap.ID+`"}`)
 
 	// Another key: the same answer as for an unknown id, and nothing goes.
 	for _, sid := range []string{snap.ID, "snp-nosuchsnapshotzzzzzz"} {
@@ -192,11 +213,12 @@ func gymContract(t *testing.T, be gymBackend) {
 		t.Fatalf("a create from the deleted snapshot: %d %s", s, b)
 	}
 
-	// Across a gateway restart: still deleted, still kept for the restore,
-	// freed with it.
+	// Across a gateway restart, the second restore gone meanwhile: still
+	// deleted, still kept for the first restore, freed with it.
 	if err := g.stop(syscall.SIGKILL); err == nil {
 		t.Fatal("the gateway exited cleanly on SIGKILL?")
 	}
+	be.vanish(t, state, gone.id)
 	g = be.start(t, state, args...)
 	fork.url = g.URL + "/v1/sandboxes/" + fork.id
 	src.url = g.URL + "/v1/sandboxes/" + src.id
