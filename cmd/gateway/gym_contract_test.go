@@ -307,6 +307,9 @@ func gymShmSize(t *testing.T, g *proc, image string) {
 	if got := gymExec(t, sb, "dd if=/dev/zero of=/dev/shm/fill bs=1M count=12 2>/dev/null && echo wrote || echo refused; du -k /dev/shm/fill | cut -f1"); !strings.HasPrefix(got, "refused\n") {
 		t.Fatalf("writing 12 MiB into an 8 MiB /dev/shm: %q", got)
 	}
+	if s, b := call(t, "POST", g.URL+"/v1/sandboxes", `{"image": `+image+`, "shm_size": null, "ttl_s": 60}`, k1...); s != 201 {
+		t.Fatalf("create with a null shm_size: %d %s", s, b)
+	}
 	// Gym's form: in provider_options, in bytes.
 	opt := gymCreate(t, g, "gym-k1", image, `{"shm_size": 16777216}`)
 	if got := gymExec(t, opt, "df -k /dev/shm | awk 'NR==2 {print $2}'"); got != "16384\n" {
