@@ -231,14 +231,17 @@ type CreateSandbox struct {
 	// Ports Ports to expose through `GET /v1/sandboxes/{id}/endpoints/{port}`.
 	Ports []int `json:"ports,omitempty"`
 
-	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` is accepted here too (NeMo Gym's form) and means the top-level field.
+	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` and `shm_size` are accepted here too (NeMo Gym's form) and mean the top-level fields.
 	ProviderOptions map[string]interface{} `json:"provider_options,omitempty"`
 
 	// ReadyTimeoutS How long to wait for the sandbox to become ready.
 	ReadyTimeoutS *float64   `json:"ready_timeout_s,omitempty"`
 	Resources     *Resources `json:"resources,omitempty"`
 
-	// SnapshotID Start from this snapshot (one the caller's key owns): its files, its source's image.
+	// ShmSize Size of the sandbox's `/dev/shm` (a tmpfs; docker's `--shm-size`, Compose's `shm_size`): bytes, or a string of bytes with an optional binary unit (`"268435456"`, `"64m"`, `"1g"`, `"512MiB"`). 1 MiB to 64 GiB and at most `resources.memory_mib` when that is given (its pages are the sandbox's memory); 400 otherwise. Absent: the provider's default (local 64 MiB, docker 64 MiB, kubernetes the runtime's).
+	ShmSize *CreateSandbox_ShmSize `json:"shm_size,omitempty"`
+
+	// SnapshotID Start from this snapshot (one the caller's key owns): its files, its source's image (so `image` may be absent or null, as NeMo Gym's restore sends it).
 	SnapshotID *string `json:"snapshot_id,omitempty"`
 
 	// TTLS Lifetime in seconds from creation (default 1800; 0 = no expiry, refused when the gateway has a TTL ceiling, `--max-ttl`, by default 24 h).
@@ -248,9 +251,23 @@ type CreateSandbox struct {
 	Workdir *string `json:"workdir,omitempty"`
 }
 
+// CreateSandboxShmSize0 defines model for CreateSandbox.ShmSize.0.
+type CreateSandboxShmSize0 = int
+
+// CreateSandboxShmSize1 defines model for CreateSandbox.ShmSize.1.
+type CreateSandboxShmSize1 = string
+
+// CreateSandbox_ShmSize Size of the sandbox's `/dev/shm` (a tmpfs; docker's `--shm-size`, Compose's `shm_size`): bytes, or a string of bytes with an optional binary unit (`"268435456"`, `"64m"`, `"1g"`, `"512MiB"`). 1 MiB to 64 GiB and at most `resources.memory_mib` when that is given (its pages are the sandbox's memory); 400 otherwise. Absent: the provider's default (local 64 MiB, docker 64 MiB, kubernetes the runtime's).
+type CreateSandbox_ShmSize struct {
+	union json.RawMessage
+}
+
 // DeleteResult defines model for DeleteResult.
 type DeleteResult struct {
-	Deleted bool `json:"deleted"`
+	// Deferred Snapshots only: sandboxes made from the snapshot still exist, so its storage is freed
+	// when the last of them is removed. Absent otherwise.
+	Deferred *bool `json:"deferred,omitempty"`
+	Deleted  bool  `json:"deleted"`
 }
 
 // DownloadResult defines model for DownloadResult.
@@ -831,6 +848,68 @@ type CreateSnapshotJSONRequestBody = SnapshotRequest
 
 // UploadFileJSONRequestBody defines body for UploadFile for application/json ContentType.
 type UploadFileJSONRequestBody = UploadRequest
+
+// AsCreateSandboxShmSize0 returns the union data inside the CreateSandbox_ShmSize as a CreateSandboxShmSize0
+func (t CreateSandbox_ShmSize) AsCreateSandboxShmSize0() (CreateSandboxShmSize0, error) {
+	var body CreateSandboxShmSize0
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromCreateSandboxShmSize0 overwrites any union data inside the CreateSandbox_ShmSize as the provided CreateSandboxShmSize0
+func (t *CreateSandbox_ShmSize) FromCreateSandboxShmSize0(v CreateSandboxShmSize0) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeCreateSandboxShmSize0 performs a merge with any union data inside the CreateSandbox_ShmSize, using the provided CreateSandboxShmSize0
+func (t *CreateSandbox_ShmSize) MergeCreateSandboxShmSize0(v CreateSandboxShmSize0) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsCreateSandboxShmSize1 returns the union data inside the CreateSandbox_ShmSize as a CreateSandboxShmSize1
+func (t CreateSandbox_ShmSize) AsCreateSandboxShmSize1() (CreateSandboxShmSize1, error) {
+	var body CreateSandboxShmSize1
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromCreateSandboxShmSize1 overwrites any union data inside the CreateSandbox_ShmSize as the provided CreateSandboxShmSize1
+func (t *CreateSandbox_ShmSize) FromCreateSandboxShmSize1(v CreateSandboxShmSize1) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeCreateSandboxShmSize1 performs a merge with any union data inside the CreateSandbox_ShmSize, using the provided CreateSandboxShmSize1
+func (t *CreateSandbox_ShmSize) MergeCreateSandboxShmSize1(v CreateSandboxShmSize1) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t CreateSandbox_ShmSize) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *CreateSandbox_ShmSize) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
 
 // AsSandboxRef returns the union data inside the CreateSandbox201JSONResponseBody as a SandboxRef
 func (t CreateSandbox201JSONResponseBody) AsSandboxRef() (SandboxRef, error) {
@@ -1547,8 +1626,14 @@ type ClientInterface interface {
 
 	// DeleteSnapshot Delete a snapshot
 	//
-	// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
-	// of a sandbox that is gone stays until deleted.
+	// Idempotent, as NeMo Gym's `delete_snapshot` expects: a snapshot id the key does not hold
+	// (unknown, already deleted, or another key's, which is left alone) answers 200 with
+	// `deleted: false`. While sandboxes made from the snapshot exist, the delete still succeeds
+	// at once: the snapshot leaves the key's list, get, creates and snapshot quota
+	// (`GET /v1/quota`), the sandboxes keep working, and its storage is freed when the last of
+	// them is removed (deleted or expired; or at the gateway's next start if it was down then);
+	// the answer says `deferred: true`. A snapshot of a sandbox that is gone stays until deleted.
+	// 409 `not_supported` on a provider without snapshots.
 	//
 	// Corresponds with DELETE /v1/snapshots/{sid} (the `DeleteSnapshot` operationId).
 	DeleteSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2516,8 +2601,14 @@ func (c *Client) ListSnapshots(ctx context.Context, reqEditors ...RequestEditorF
 
 // DeleteSnapshot Delete a snapshot
 //
-// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
-// of a sandbox that is gone stays until deleted.
+// Idempotent, as NeMo Gym's `delete_snapshot` expects: a snapshot id the key does not hold
+// (unknown, already deleted, or another key's, which is left alone) answers 200 with
+// `deleted: false`. While sandboxes made from the snapshot exist, the delete still succeeds
+// at once: the snapshot leaves the key's list, get, creates and snapshot quota
+// (`GET /v1/quota`), the sandboxes keep working, and its storage is freed when the last of
+// them is removed (deleted or expired; or at the gateway's next start if it was down then);
+// the answer says `deferred: true`. A snapshot of a sandbox that is gone stays until deleted.
+// 409 `not_supported` on a provider without snapshots.
 //
 // Corresponds with DELETE /v1/snapshots/{sid} (the `DeleteSnapshot` operationId).
 func (c *Client) DeleteSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -4719,8 +4810,14 @@ type ClientWithResponsesInterface interface {
 
 	// DeleteSnapshotWithResponse Delete a snapshot
 	//
-	// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
-	// of a sandbox that is gone stays until deleted.
+	// Idempotent, as NeMo Gym's `delete_snapshot` expects: a snapshot id the key does not hold
+	// (unknown, already deleted, or another key's, which is left alone) answers 200 with
+	// `deleted: false`. While sandboxes made from the snapshot exist, the delete still succeeds
+	// at once: the snapshot leaves the key's list, get, creates and snapshot quota
+	// (`GET /v1/quota`), the sandboxes keep working, and its storage is freed when the last of
+	// them is removed (deleted or expired; or at the gateway's next start if it was down then);
+	// the answer says `deferred: true`. A snapshot of a sandbox that is gone stays until deleted.
+	// 409 `not_supported` on a provider without snapshots.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -7417,8 +7514,6 @@ type DeleteSnapshotResponse struct {
 	JSON200 *DeleteResult
 	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationProblemJSON401 *Unauthorized
-	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
-	ApplicationProblemJSON404 *NotFound
 	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationProblemJSON409 *Conflict
 }
@@ -7431,11 +7526,6 @@ func (r DeleteSnapshotResponse) GetJSON200() *DeleteResult {
 // GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r DeleteSnapshotResponse) GetApplicationProblemJSON401() *Unauthorized {
 	return r.ApplicationProblemJSON401
-}
-
-// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r DeleteSnapshotResponse) GetApplicationProblemJSON404() *NotFound {
-	return r.ApplicationProblemJSON404
 }
 
 // GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
@@ -8354,8 +8444,14 @@ func (c *ClientWithResponses) ListSnapshotsWithResponse(ctx context.Context, req
 
 // DeleteSnapshotWithResponse Delete a snapshot
 //
-// Refused with 409 while a live sandbox was made from it (delete those first); a snapshot
-// of a sandbox that is gone stays until deleted.
+// Idempotent, as NeMo Gym's `delete_snapshot` expects: a snapshot id the key does not hold
+// (unknown, already deleted, or another key's, which is left alone) answers 200 with
+// `deleted: false`. While sandboxes made from the snapshot exist, the delete still succeeds
+// at once: the snapshot leaves the key's list, get, creates and snapshot quota
+// (`GET /v1/quota`), the sandboxes keep working, and its storage is freed when the last of
+// them is removed (deleted or expired; or at the gateway's next start if it was down then);
+// the answer says `deferred: true`. A snapshot of a sandbox that is gone stays until deleted.
+// 409 `not_supported` on a provider without snapshots.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -10669,13 +10765,6 @@ func ParseDeleteSnapshotResponse(rsp *http.Response) (*DeleteSnapshotResponse, e
 			return nil, err
 		}
 		response.ApplicationProblemJSON401 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NotFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationProblemJSON404 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
 		var dest Conflict
@@ -16003,22 +16092,6 @@ func (response DeleteSnapshot401ApplicationProblemPlusJSONResponse) VisitDeleteS
 	return err
 }
 
-type DeleteSnapshot404ApplicationProblemPlusJSONResponse struct {
-	NotFoundApplicationProblemPlusJSONResponse
-}
-
-func (response DeleteSnapshot404ApplicationProblemPlusJSONResponse) VisitDeleteSnapshotResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(404)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 type DeleteSnapshot409ApplicationProblemPlusJSONResponse struct {
 	ConflictApplicationProblemPlusJSONResponse
 }
@@ -17276,245 +17349,254 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L37bhtHljD+KgXuAiY1TYqSlUxCwVg4tpx4x7G1lozZIPSqi91FsUbNKqaqWhTHEbAP8QN+b/C9yPcm",
-	"+yQfzjlVfSGbFymWkp3xHzOR2d11Pffrp1aipzOthHK2NfjUmgieCoN/vtDTKVfp65fwj1TYxMiZk1q1",
-	"Bq3ziWAyZXrM3ESwNDd8lAmW0AfMTbhjJlcWnxrxSy6sY20rBIut48b5keNOrxW1bDIRUw5ziBs+nWWi",
-	"NWgl07TbPzh8evTV13/+5ls+SlIxbkUtt5jBU+uMVJet29uo9V44s3g+dsKsLvJMJFqllnF4zOYTmUxw",
-	"QUkmhXJsyhfMwOf1RUylktN82hr0i/mkcuJSmNYtzDjjhk+F235Gz5fP5YllMo1YDJuLGRzUwdcs03Nh",
-	"Em4Fm4gblky44QkMztpcLZh2E2HgpKVlR/0jPC8Jg8+4m7SiluJTPC6ZtqIWHLQ0Im0NnMnFnQ52KtUb",
-	"oS7dpDU4aDrmVzITpzDlyi7hVyaVlanAw7VcpSN9c8yMyLiT14LBUi3jRpQ/OY3vzrW5SqUpNvVLLsyi",
-	"3JXf4/ptbVv1G8GtaL6aDB7RdWS26TZG3Iqnh7ULifGjC5nGTCrGWXxGe30vxvETy2Jx4wyP191R+HjH",
-	"i8psl27nckK3dZW1APicEwYG/6/Mdn/m3b8fdv/88dPB17f/2ogep9q4pu3PtHENtxaxVCQZNyKFHcbw",
-	"lo0ZdywxgjuxZmfw2uZ74jeEUl9/9dXTr6ISxQ4aUCxq+WNdR3f8Wuny7OjG395hf9PtrVn6ztcB84T7",
-	"kH8LNzJV9TuBt4pLOeyvuZQzYa3Uat3+Ts9/YpZeYTJds3C7ZeXbUONM8ZmdaEeLqOxTzdbt8x6rqB6N",
-	"mm09mlsYy860sgKJ6/PMCJ4uXmilROJgAuBWygmFQM1ns0wmHI5uf2b0KBPTP/3Nwjl+qqzhX40Ytwat",
-	"f9kv+dw+PbX7p/QVTb2EI4por2cWE52lxM7C1QDMxY5fCX0tTMzm3DKlHbPCsXac6FTEQLTj52/enzx/",
-	"+dPFi3dv3568OD95CQTiNmp9x9P3xBgfc1ev1TXPgJ2oWe6OWSyM0cbGLJPWWSauhVkwPymu0rO3t9q9",
-	"0rl61Av4oK6UnquSNGnDcv9bWxsms6w71mYqUnw01uZSOydUpxBDAHlwD2qcyeRRz7lGpywQU+R3RqtL",
-	"Zh13AtbL3ETaUjwSvcsem/HcihQ2ZJ2ezURK0PJKm5FMU6EeFQWY01dC4VK5R4fqbXBmEz0Dbq6B9Fa2",
-	"pHNgFrdR6w8AOAgsY5kJXDPwKjrSU77INE/PtX7DzaV4bOgI1z7S6QJAJINFwPlxxXgGnIyg9z9y7fjJ",
-	"TSJE+rgEsLrIuc6zlAGxIwGaZ5kwTyx7fvqaXYkFAxLIOPsF1lqjfvjLhfDLj4+HKk6F4zKLGbAQoqj4",
-	"0iDcl7ARm4qpNouIpdJeRcx6XmURLfw/2GjhhO302JkQQxV/f3LO9q8P9nGsuDcEhlVRZVBN6BZ6QtOR",
-	"+Lf3KxrFLXFrcy0T8UHxay4zkOcf8xbewckmfMYT6RYIwXBiI55cCYVaQa6M4MkE1tX7jHtGHvdHI/tV",
-	"yagKZS/evT0/+c/zi7fvzi9evfvwNvDYD4rnbqKN/Pvjos6P0lqpLiM25VlgUeJmBjISbMeIa30lUhCq",
-	"U6Gc5Jn1y50ZnQhr4TJPlJNu8Xsh/LXUGXceP+nbrdLCbZD8EPq+4y6ZvOIyyw0izMzomTBOkmQnVSpu",
-	"VsXfv6KO7q0KcaJz5WKve1jW7ndBrE9RwVpWG6KWX8juB1AVXH/2KyqH+VjMoUd/E4mrSEOr20nKB0sy",
-	"bRSegeZ3DxNH1Epm+YWTU3FhV8/rxekHBs9YO7fCsD8xu7BOTDvhCIMkREYZwTx8CcukY3MunUiBax+z",
-	"PptPZCaYyZWS6hJOGACXu9agleociF6xNJVPR3TkaW4QFi+mDWv7Qc9ZBvKOdMxwxdpWszE3UX2mDhB7",
-	"bnNSOZf10do6pHJfHzVePcLlBf3+qcWz7N24Nfh5Mxyc3IjkBL47h89uPy5jQwznqnMXs/lEqLAJnTs8",
-	"Wzxz6Ww4UXZpdD5DJeBKZplIO8dMZFYwlWcZ7AL+S7wDdCRY8410F0DCVk/ubZ5l9VM6ZgeH3/zpLS2F",
-	"JmCjBbPyUvGMvYXHXxXrhMWlsNLVeZsObyyVtBORXnC3y1LqoMGd6MJ862cqAVnr6QWtvYInI60zwRUi",
-	"sOBXF8T5L6Zy1GBqEvyKGQFAopyXEZYh3TNIlKasK67ns4C7f7t59WjXLE6x8YRWTsS6VBhzYeXfRe2j",
-	"9ZBuXapzV3xRP5/vQCKCA6G32JWYOUZYx9pwKiAy6PEYVNTirc6OOOZMrhLulfBlPcE6I/iUoSQiUhZP",
-	"+c2Fzt0sdxcopsXH3hIMsiS3INcl3KQirZDy4iyXCHOFfhbEtFVeRhWTapSgdiV1MK9TrhqJXQXDGuDW",
-	"b6B+g9Uz2sA93khS+Rs5CDFHJ4igbqJfgRfdFjNxY/hi3fHZTUuqGCJ4mko4GJ6dVtY35pkVTfJCDGTU",
-	"fx6zsRRZall7lDsWw4ldaHUBd00GnLhTMCICDhBse8Rzm5lpfcL3uQKqF9sJ6yYxa4+4nRDVmxlhhSJY",
-	"3mj5ilrJvGHkl2LM88wtG6W3kjShrtcfWoMssGbA8kKWEWcdkiNql5iOlA//JYxhgIWE8IhwsoJvEYsL",
-	"II2ZFa5zzFK/+a+P2I/yu4hxx6baOnbAvpffNVKHwp570P/z0z8fHXxzeFQ36m7nOnhj5lpcgCoDzFOl",
-	"F5Y0rYZNP0cTSg3YNtxPjSqnUl2Mvj5q8A45rlJuvC0sQpPx10ddoYCUpDtdvxcRmiSzAFEH3/SPUQhg",
-	"z8JBN3ObqttpzcQlJwJpb3XODyADglqNOpPcZQ/NxKKZVqAY7m3zW0lFHaXRoHEx4waUnQaxX7pJEPcj",
-	"diXErCoECsumPBWE6WiFsmzMZcbaAXJxzs5uEIGzrC7hR7JtSJhLLSpTo3xRmumIkXFl58IAZpVeIFR4",
-	"ECxLd8ed0UIoZxYzLWmJBSPYlZB4FvAAhGksM3+Vuw5ZP99X8D1zms2NdIKNxFgb4VU7ZoTLjbIRugpZ",
-	"d5j3+08F+3D+qvsNc+JmkyBbrlCmmbjYgJFnTs+8KxgvFHWTOUCe0kzciCRCKyHgzun5T8wZPh7LBEmr",
-	"0ow7R7INPCOfwGfAYznllw2C3AutHJcKIAxeYO2Ao8D+Up1cCdPpsUwnPBsgPBLSjxlX/gtvcL7kTsz5",
-	"4omll/3DVBqROBCe23G3i0+6+MTGnQHjzGjt8CxImyzf91bfmJbALL8WMfz07sVrlvEFcCLHzYhnGWvr",
-	"GUFJtmAxLK/nuBkYMdMDxy/jzjEr3du4ekSxMRq/8VKO+n14INUl7oTWB38agXcy0XMAJ56mTCvB2rRB",
-	"Ja6FYbM8y2ynx56PQCqAFcJN0FElIPmJlF1LMQ/Kw0RbtxPBnwrHU+74b0CE9wjrImXcMmmPWY7WHvgX",
-	"2jwyPhIZSFIZAKpfXybtbjiADtsGxQl+htMSNzNtgc4ZnV9OWGE1Lcjd/ieZ3u4LlSINsvufYMRbpGoF",
-	"MbqLN3cLpYpauZK/5OI1je1V45nR1zIV5oJgaAPZoSGXNuu/7tqZSCSgsB/muLAjXolFCEj4GzoWG0Hu",
-	"Six6LA72ZnL7W8aTRMzgE4REpzVrvxU/avb9YvrEgnY5JSl3KriPf3F61s3EtchIPt7pItHvuYmaFdYV",
-	"IKlcOu98Kb1OTrORSPQUNsnTxWcgVkZYnZuk4Og7GFneF5/cfmywgVTOtlE+M46NjZ4SvS4M/23A95ob",
-	"Al0Qc2U7AyadJdIV4Z80/RNL9GM3oc5lTQf+Ro4Fmn2kYtYHFuHikIehRTotZb7+MeuzZ8RZZhIoZ0Hc",
-	"QIqp0GY24SBFnJ+/YYmQGZqN4253ym+6zmVxhCTfD3x4xCadz3CTXsVpDj+Ah4ACFS5BbDplcsymZNru",
-	"7CZbrsD1S5EJJ94Lm2cNSnCKTxvNQ0uCanizSVB9qecq0zxdN4u3p9tmtQCOAADoiSUPU5NisE2Irozf",
-	"tMATT15fq7FeXV4gvnVr8cS52WB//+Dwz71+r987GBx9e/DV0yajUsUDtDOLWlri0oaKFZWDN26rZlFt",
-	"sO0vapa6VKYYMGFyBcQKqEcm4F2vLwVzZkqKjFAA3T8HnasVtTylq6yl3FBFU7yjqvLPbH1YNdmsLhYP",
-	"raB1nUHd+pq7TF4LIGiZti4Ez/jBkEiOhUsmSJsN4icbLYbK2yow8ueJZfF/dr1lqvs6BVkR1jsoBi1H",
-	"gwVbtmKHJ/fvdl3wbkaIlZ2X3pTqGWRi7NhITKRKUcbw5vrCi0C6zvFQ0abcRCxI5Q3G6B0X/8W08dlM",
-	"G0Qt1nCLh3e/RRWZolBa5iRf0lco0LKEKyCYToB+FdTAz+mpq67ZcDXY5JqLSPpBIQslNafxH+JGumjN",
-	"6r2WFnxjXucJgpDlcybdo7r8ViTSuo9qVTIIp1M6+lDwnnOF5ljvk2pXzumJDb9mciodKL67XHCTY+Tz",
-	"uMhQiQ+K5SY3GYLlj/K7BwJJIoRrXKBw1gBJDB6Te1Mr5omSjz3zis6YYgx66/xlwjTRk/NX3W9ggxQO",
-	"iZIeM2KW8aRRxAt+n88x0p09aeJGJN4rEPsJAgwm5OXdIi37tRfHUT/8Ja9Z3TW22aX1ChRaRKlVwonK",
-	"7uoW//3s3Vuy83kY1OOxUCloHPhFxDAOkmLPfz74GHujU5F2gWyg8WCnwlpvT9vMC2hp5QfNW8tEs4A+",
-	"bYTY1yCECIP6kVZsJJ2NyKxghctlGsF/LyUxA+tkcrVABNOJ45kP/hy2+l8fHQ1biEKV2Omf+90/f/x0",
-	"1BQzHcFy5Fje0fNM8dtNWJdx65jIxFQQSUN0h+tqD1v7w1ZhZzBau07jNcwa80QqehUfWZ3lzo/bHPWx",
-	"in+NLm84dXgCJ0mY0ebMLqaZVFeg9ZNw6IDMuSeWZSia7+ry9uNc0OeN2FrMRO9EwNPmRjonVDPur1GN",
-	"uAPaK+0xi9EmSqYmlgqQRSP26vWrdxj8CBTWVdUhOFJAWglY7ZfTilo4SINmtIQI1Wh+/64/6YjAvA5e",
-	"6/Ck2aUtlDMh3GsXj3aBcber/oz1MFWYKe4LWBvIcW18nwIw1UYwvzWK1p0LE1wYOwU0+EMPx7Odxmbi",
-	"rwRSq2e8/lzwCEpoZO3icFbPpXMHjCP/cwXGtyJS8/Zx9Mb9anN1X9W9cO2hNoIq+FpnXMMy16ylWTEo",
-	"bOY7A3iZLrY1aqMcvOmIvieJ+XnquU0zBHi5ujuH2+bhXUYSGBDKLENLeGc1BCOV9upilKeXwl1cNsmZ",
-	"mN+AeQypNBVf0RNPjv/v/8/ibheG6eprYUD0lC4ujKI09K66CyzGr2KH10Fiqt3NKmH3ErTfYKMg/YO2",
-	"hfxMm9lxH+vZySa5/UeaicZ35OiD+8nkdcUPvuNEv+Qir1lRqzxt08ksAWH9JKvfFnPUdlW5qqYzjlbA",
-	"qgm2fxA8I5q2hG6Ou9zWjaL6aqsx1n/WNBNlh3oRbynqXgk6ekoTbZNbEUUJfSVUA8Z4E/mdhDAKCbfr",
-	"Ay+fMW9N895qrzAXiS2Y5ARyJzfB/ni/0MwiN3WHFNQGeQ9mb/ThoECJRzifoOMR84mmAHApeXW0Et6I",
-	"FARLOkkU1uBDMqlxK2z4DoVqrkLyyU7mLExU2kafESDO8M1lMKok79JQ1W1H1duvXetasGuWmGifO/OT",
-	"EoC3sRM/8Nrl3I/fFoe6m/mlerwYbu2ZdAvG5E5scr4hKGTeBVdYHZvxosee+wi2eghExcX2m+2Ut+tO",
-	"8iycyVI0uZ4rYeIBJU24CayBxX7j8HMRf2Ijdnr+U8SIcEWs8MUf++AGcn1FlCkYMSOUmEeIGwwniTBc",
-	"oMwz8dhTVRrwPdAS/ME3eVBOy3SK5cRY9v7VC/bt0Vd/DskfjHK6mkI5m1TlH3kykUp0jeApnHFQ+b0N",
-	"JY5YrLS7GOtc4T9W03uiprzaRiGWVtboDqFsljuoJ4Wto0FBKdlTQ+i0dJnY4Hdb1Ss/vH/NjBgLI1Qi",
-	"GBrz5HgRAhPCqcPXrB3zkc7dYJRxdeWTFZRWorPdUen1PVpesYXizCK6viaiceoWFA54X0E92xpJsj1W",
-	"bq2nzpsrn1HgkHLC8ATLTtgJ2inRcyfHwW8XkTXaTjo7sRLvwnt879yM0sHqe4V3gRIS0SAX1TM2kzNh",
-	"WbsSHexDg/mMG9eJmJCUzUsR8ow7plUiCtu0j5hiz1gCfBsdnw4NOMY6HwvH2vG/zdziWT8e0Hz+HHEp",
-	"nagY201IT9zu0TJ6/hnAIjiQ7hGdUIB1Q4qXzzv0Ys4WobN8dw32/OgJY6DIcLdRC46xmRi7hU/JXF1Y",
-	"iExsTku5n1x6h9Sk3ZKMgs10Y2aeP5bbqOVD4ClXpUGs1I5n3t6nxyGZYGZ0miciraW8KHFDqcJV8xCN",
-	"u6sZcHPaz/3Aopq/Ut9sPZ/FG+GKO65d6BrY8pDSLGL6NezO9iqgt9VoEcZuWhjmsa+ux4tn21axYvEA",
-	"pUVOpdu6fpz3Db2K1MF7CLZ+8wHfXJGkaaQwUFRsYO2e3xTLbDD6aiWKJPopJxsjAW4pt8bdLma1d/di",
-	"Ns74pe0csz6lfuNqyOjYYMC5g82kZprYxTReNSMsB8pVTRbeB+LjKZ9YRoaDkNS7xmsX4gKLHJhdlhSq",
-	"BOxg2ahaMtYZMMrxVha09q4/BOhafxtLsRTSXtWtPuVJbbD97HqT241MO023/tC1mU24EunFva5s5esG",
-	"cHo3LmNwbRwxh4YEMidQdGe10MqlVms8waVRbNVEQQcQ8sznXDoQtX0MPX7Y+21YEBxp3lyxC8SvrFKa",
-	"EJC4JriCnPAYYRGFLIFjxsuXsCyf99ijrdyy/q6usPUXdFZU5/A7xGgmdMSNtUEvHIjgimdlCK+kWkm4",
-	"iDUJ/RswdqvtcQPqNgLdejhuwvT3IiObSbNfwNDjNfKYEVMugfFflMaeLVsvBmz4unl9Sszvp5gV5pfP",
-	"bhx5Xwse3z3JNHxH0TMW4Bk1E22CroLO/Eq4fQD3J7YalbYS1NUYzWVZe4zKolY2VOH5HAHXWxgA7g3o",
-	"zffyu4YVHIdUH+7QmBNSNVEOCKqatEvmrhA03o67Xf83OWQu5Sgu04d4NdPHk6kydEnP1TE6+4AgzmBq",
-	"6TDixhJfP3n77uz0RXApgqJ5dPC0yC9x3udPBaFsz1OlARNqrE1CUZGelFmnDSYnGXkdosVAdfRlFXt4",
-	"hHhQVPMlDBF/jvu5JHjY4ZsKTbyc5UUA2g6ZQ1W+fJeJmrHpWl9toEBYX6Y50A/TG0vfhmVCpcLLnKXF",
-	"HcP68pEzQuxCncOMTeSomh7ZECXEZWOwHaWE1vJGkfmLgk0jN6PPa+lJmwT7WlGaJive4/h0o7DtDefV",
-	"HHv0IG6mIiUlCFITrGXoU1fu71VCxN2WvLVDHucqcm9F6Ixbd4FWP+kWdzqte6X4rU/EW07hrZqFl2Nc",
-	"QtpbCM5a9WLR/TQbG6o26B0g9oxeLj67MILbplCCkLdRL2dItaBiH7gG5IJfYoxotQJOsCa6iTBzaZuj",
-	"9jbIHJsSl7aYWsqTqhi26ydcDrfegReWtwKWDSBWgZ0AAAEHNuD5GjPNfQnRTu7AzdElFZLWbLTwWduY",
-	"5ShVSGk4ZiEPks24oSD3VclrJ5qwlDqeGzRWj3nibPAVlXcUR6wszFyBsHJD9BR9zw365Yz/kgs2EtyA",
-	"ilQUvKScww1xYyvoWnGcg2jVGFJVQ+Cdqgv/dld21MIkF3ORm2xjpNATy8SNV9U+vH/DpEqyHCNz4/3r",
-	"AzzbDQlp3/S/6e9fHzQteXe0LRca1XG4eoeriBx88iVCb8W7s4JYNoQsyLFIFkkWYpz0uIw3r/pR0cVB",
-	"RtzSnEsVXJHsYAHXEF+Nyc6Yf9xo4j/DWl73dMTjt81hLHrMzl5///rteQT/PT95/yP+8ZfXb97gH//x",
-	"4TU9+uHDKdacR+c0uXKw6Hy/U794P8r2yBtaVOMV+L0G8fUO+uDzbM4XlsWfbhtwPWrddC91t1xXnrhP",
-	"t61KuevPI1HtyKA3lAQmRuk4UBs9Zm1qTjDlCzYSaMRaH5K5zkSEpBkZdbCyUMDqSCy0l+gxCXqL/Qgv",
-	"vt+5o11olaKtryO+BWwqIy7RgIDs5SFsdYeEe1/DZatWrd24bICjrSy2GHrTsu6H7s3B+88pPw5410zo",
-	"WSaOmRKCcmxHglGhBV+epkhRPfxmJ8coEcu1kbCPL3fuJFvuHgr4YUYJ4/cLZvjM6eRRi5IJLkJw97Za",
-	"/rWYjsqn0fZU9LDxx6LEKIwkuZFucQZw4e2BM/kXsWgMNQrOMW5Z/NwX88X0pAH7jkQ2rBaUXIkFlQ2K",
-	"e+wtFpvGpPJSUs2kdceMZ1YzytTSaqh8CVthugHK0FJVY/iFWduTGsrPRahG2y6uojwAkIsKoZOWuL7/",
-	"CImb2/aGb4Xd7Tz3D5iqv23uongJJuBzJ0eZYJTlXzYyoX+XbR/+swtfdb9fTLseq7socJYr8TdaX8vh",
-	"lsVsmG/LNABXsjGSFy4RxFvMp1Hsh/Pz0yLhFEglIGFX3Igkx4Ty0v/FQHgK/LGrRO4MzxAcqdj5UPmK",
-	"Q3wq7Iwngv2NyyxinL2k6khCXUolKHntL/lIGCWcsCzJcuuEGbD3J2fnuIRC2oyYVqILfGGoYEkIt2id",
-	"PWZ/FaMzTP6x/ptrwZwwUwnCevv0/KdOqIxtvXPMR0VgXSWsJkWpZwlXQzUSlKK4gB+xJBZnRvjE+t5Q",
-	"DdULzNy3LNFqLC9zI1hcCufsGfPi/w/vzs4Hp+/en4OCcOxLQtdxCR3VqTBDFX8qh7hdqjkU99g5aFxo",
-	"LpYho145wxNHNQa+1xjwRrmPOLRhUg1VHNxL+3wmY0y5vxRKUJUnn6McFSnYRbIxrAQTXrnzdZD0TCg+",
-	"k70Fn2YxHsK//AsDvBTK+aLb8OMe29vzVGlvj/3Pf/9/uxOm96GMV500OU0hmyXwDRVjfxELOH5g6bCJ",
-	"uNvlM9m9EouY7bP47Pnbl98/Pz+5eH76+uIvJz+dxayNAXFdK2YcN9/psb/68mZIvsJNpjB69SyopBEc",
-	"rFaLqc6LYneWaZUtitIFsEih4EeWaT0b8eQKmytgp6+5dBMYOO52pUIaL7pKd3nuJnGnx6qkHGgwaGo4",
-	"0k4kWDoYuiTAcAdvSsLh78FUSmvFFYWxoV0Ta48W1SsYLXDtp+/OGgtikakc9vFOra7VMovF+B3CI2Px",
-	"OvpId4RUVmbSLToRvFt/BdNdmyEqRrj4zui5FcYygFdQ1XhJHCLf5cw7ea1wnpbbqFijD5YuvoExbT6a",
-	"Ge10ojMWB5LZw133VnlQKLKM7boqibl05jHeTyDsVN1obw819L29AfOR0KxdRkJHFUtDLbp53wibT4sg",
-	"Z1jpVCr0ReEo3oVBEc94FEAaxLXGAkb0sIPnGSKtWXttpDWMXgRbR+VE9GXwltAM8A8MEXBWZOMdIrM5",
-	"AkZl0WuitAlTanOibkYT6BEQcuBjlZHwuN/Q6kBjY5w5I8SgsswwC0GL9/IAFtLcoZQ/PfBZFoFyIrEw",
-	"XFnp5LXIFkRKeXjNZ3dIN9G5YzFaS2Pf7MCWsT+ey4OK6j+UDhd+DnBFxdg0WuJ6bMfuCQiRA7a3d9Q/",
-	"2NvrsUq3Gljz7g1rvHuShnqKQ6miVJwO15qGkQYwOrx6tLcHlzzTGOaKlDKUlwzSFUD/SAjFroXBLNqI",
-	"Wc1kagOGjiiaW6RAWRIBYgWrajxhbrqg0joJeIw1SLEtYGBWGJ1u4R8n+D7qSugtXdc4ImbtEMzfoduK",
-	"gcnGEYsxLBz+IPyIo0rvlvYkn3JVBPAfs1fcuuenr7vWLbLQYNFi5TkmHRXE8/062tPG6H/k483h/4nv",
-	"33SHVABAIyznpw07OjwcqoaOFcHZHVpe+BjoUsm0JAT8ykhlZb+yHwVHivvrUP3a7Xbxf/ACzPRrUQIC",
-	"i+4MSuhl/3727m3kmz+hCBMV4EUVs0EpTL1iSH8DUEVY9QARiDsmbMJnop4A5ic/YL+Gumyw4bCOSnuR",
-	"8OZT9uuWnk51BPGfHbFfixWX5V+wpRI2EvQlU0NrFv/Vt+zXWscrchWhYKsV7m2p1VXZOxJjyBmn9m9F",
-	"7dWOH/kAtoF9k3CdoPH6J4eH7FffrsS3MCnXcwjr4SAGJbkxQiW+IkvRVGdbV6OlXkZRqBUp3THD1qb1",
-	"HkSdY5Zwg2nicaUVT0zL+QrvIjT2gSWEnj552Whoywh93NAovzxmmb68hANE+bprZSqiaqvTS9AbQJwa",
-	"C+aLXsAgQ/WcKa26fxdGU7kVqiFL+pBIy05q8LXSZsqzUIXb5hlgJDGmoFkh3pCCnMlEKCtKe1Xr+Qxu",
-	"sXvY67eiFvoiUGG1g/39+Xze4/i4p83lvv/W7r95/eLk7dkJflMm0hRKXStqXQtDYfGtfu+A3vJyfGvQ",
-	"etrr955SKY0JGhr2W4NPt1Frf4JJpn/3/5oKZ2Ri/b+qaoD/CcEwvB0uGKOXG6PTJyFaqai8swxZ7T57",
-	"VobvhprSQfqm10kC9jL6UAUWi7VLKXES/ibaOvcFJHIr7GApkrNkwj6dmYrv2SssPTZUFA6KASDSsLio",
-	"8hkXiLEaUWU7URGHQdF4JBaUnbpGOHKunBevXSUUeFsAJ2vHRTzeXnxMTNAnP029ohG/PHlzcn5CwnqY",
-	"df+TBVWSjY0gSikNYW+nx2J/knGllWNzhvxQ+RR5YCJeR6g2HkNyvNQRbYVcFNz58NuhWiYd1Sqz+IhQ",
-	"hsQ+qdXrtDUA2KKY+aWmmIf9/oauUHfrBkUTrOkFVS2vioHb2nESgDH2HVtWHfUP1s1RLHq/1oaragLE",
-	"lNFg/Pv54+3HqGXz6ZSbxfISlidvRS3HL+2SM/vW42fNe+5xtH64IA+cVeJxqk2df151o2XVivAYFywt",
-	"cbV1vYuLmIPdLmLJOH4bbVkDoU8cAg5ilDQBCOOrmNDsmme5YPF1HLFLee2tjFfPruN1K8bK02vacTvB",
-	"p8/MUgPin//r2cc/PevtNXVy/fiAQFsNnNjcehOrAKuyQq82qTAebvvb4bbSovVhQf1NzfqzBraj1kzb",
-	"BnbzwtPh0lpCOiqWmfQiLYZ9Y6VVXi9KCPSLIkBZG7icVMJaUkk60VBp44M9fRb+tcDAbfQQU4nLHotR",
-	"lybDWyg248v7V8t69litleFQtX2V42KPJcNZZlQYjVjAvmdY3q+JrLMk3VRdolOT7OccnZ+VcH4Uf/MZ",
-	"c5rFROEv8PcywCcuyzl/3e/DWWAwaiDrIL6RulQVzHrsvJhBYpMKw3hitC04v8WAWyNAVsu0Y5cauyJQ",
-	"BdSQeAB4XDDtsZjDHrKlrBo4G+zzQsQZJPPAkOEiUBBM0R5FQF+yMsoCQPZFwttYkt+Yjq6iV/bLvFAq",
-	"ub3C94ZqmfFFKGivMLx2k4BMx1VY7UqDESohQ+VNRaiFVVuEADxP+VWIAW1q2AFnNV3V7QjuaX98qOqt",
-	"OwZYcUWbAsLbPBQX9Ho4SQ1ahY4k1eGK9NihQim4g9A8bwhjrQ9CVwnwiNdJgaF43gS0qUCEHqqgtrZB",
-	"QEfFvjTOKnh/zmnEDh5YPa6HuB9IMaAJ+CoIlrUxnyzUG9+rVxtPhZHXwRIU2iR0hkqripTYKwObQRUv",
-	"f09mef2HEAOPtgUyE7XRMUDVz4fKr4rFfdArysrpZWeIDik1ReJnLBTwN/ir5IS+F5InS0PVpkaz8DPy",
-	"RFukndBoJOxVPqEboVD1J3ao4uV+BL2ZTK2PRQfEClBGeKAW5GsCsBApolEwT+IN2zyZDBVlLSB4yPJG",
-	"WDue5hbNQqEL09vldED/aifuRL45CUGrpNtvEiWTWusechgL677T6eKzceV6e6Dbul/aV1ddEgkO7jS5",
-	"VmKHIiO1eOydXqXA9NuPDaKETwb3DJWnCyAJdaJRBk8HKAAC5glV5xFljah1dPB0+0fLXa/hu8PDXSZb",
-	"7U2L3367/dt6C+vbqPVVf4eVNvRd3lmgeuE9O4Et7KguoLOnbETQ3EMo+ACm+nrJHIc8WaWYt4NYXfEZ",
-	"VOxjtsdep2I60w7Tl0jmGSoy6UvFxHgsEgeCAtWE9synavANdpev+v0mfKcPqvj+QKJ4rZ1DAwLR87R3",
-	"f5jeBVLK5vj4xdH2L4rG1isQVQud+Pkj0JB6BEPltxDdQT+tg8WX/vYq/ejhpjtrxfxGhfVSuEe4z1oQ",
-	"+UbV6p/8SuFURtsJzIphoWkP5SvF+b8EftREnParfUIbrY/k+QlKXj2bj1I0yP7VDrEmaO0FJUSDyJql",
-	"wMNQkO2t0BWQY16EBTwgGFY7pa4zTvll/IHhED7YgTu+8O6tz8oYPz/Mo42iDk5pbrB3WVKCRECCsuvs",
-	"b8KBdTYP7A2FYhZOE6Nxax8AOfYaak3TI+0vqvZgKMrXsAo0DZW0bAKC+WjRhDoRBdMuatEzwXuEnpYn",
-	"ttKeBLtRDZUPxGr7DjciGB5WmiSzGZZkMoJPI+rwKlXVFoIWCK1IXKjl6KKZJAqKDeOXXCrM1bVkQKHW",
-	"A0Vmp++8gt1JYJpcOZkNVdzt+oPoGgFYLNFBXLS1YpOO93BLR2mjqOPi11S+uvBX15uRDZWg1hZqgXFn",
-	"MuFBTV+Jx4ooMiFEpYXnRmCyRY+90qBMYwQ9OQJ6vd7+nEt0D8PfvlC+/xdlIcC/yGFQtSY8x7inAbaY",
-	"3BfXQrkunX7sM5K5cUXg2BjnxQgKg+p7EPgHdB/VlqCH/T7D8UI5fzLXUvUseoApzPDXgOaBFcp0wPoR",
-	"aL8xqLKDmEb21PCY7l/c8MRlBII4AGnC35+cs8ruSbM8Ozsh7d03/e6zNj2PhupKiBnH8qIRi8WNBG2F",
-	"vfa2E1q1xP4C0ZrBXSgWH0tEwKGK33Druid4kK9fxoyidzAPzIcmVA2D/niNKHVlbotIEgwPWWFA+M2L",
-	"sgf4Q+ix9ZbYOymyy5xvBaDq0y8by1cY3BmVTgumIaoCwND/UYertodhOP8r34tEUmGrShuwajelddv3",
-	"r4ftA/WFdd1VSd+pY/naDT+uuvwH5P+/hwr/B5Y5qAUkXxY0muWMzfLy/qdki27/F+wlVmmU86TsKuaM",
-	"EEyOgetYJ7MMQ14jIshjbTC8QrqCvxKd7K3Ry6v064tevoQLeDT/qDI0gFgw96OrZTfIXm8SeARQ2kC1",
-	"K5LzF0h6XEiqWCB2BKF7K2HR1pcrMsPHXaiwlyOpf8kfZ1VlFvUjrWqtdotGZJSRcUmgLTbzJep2yZ5X",
-	"7D3cFXGTVNnH11oLXsNVrkSTPKxUXc9uv5dQ/dsnX8cNz7CZ//9+0fNz0Lx/VEmSEOkzipJoc1hrhf0r",
-	"hpx4Q08lqKRochHwVQOW9tgJoOqA7e0d9vt7e6VfuBpsi47goQp2LjvhM3HMYiryTX7vmMp8UzAOWXp8",
-	"6p83QtGK3FLND5EUVqqEzyIWFx2pYswhQh8nNr6ac1vWWdYGzUedXm2LM24tqKLSWDcYKtjSYdgSTBy/",
-	"CEa7duyNcANs8BtT4MLe3g+CGzcS3O3tDUr/amlgwa7RSOFgUMztGot50ZW97i9Hs9YkjBhHZTN1Zn0E",
-	"AMXqsUwqDNvBvHJui8uoBo9oJRhmew4V6eUhqaC2gH8/e/e2m4lLnrEMg6ou2XwiHeWJdrzBrNwTJoVg",
-	"nc4b7IXMHUty0ChSBNRgTrTe6YfPQrwQEH/s/+98+Qfqkok6SDU2Zag2nDvFRnHHDvv9Hgupn1gPAnNZ",
-	"5pqNdCqFpfrx2AbbDxEPVbuoo48QbXJMZM0WPusuTNupWU/pzHvsrz7mKdUUWkatkDmFJaMRN5PX2Pu5",
-	"3CWyR8FNhv74pZ7QnRCnJl29o3Kd6cFoJcvbGP555q/VaVxDCUFP+1ERpvG0318XWFktGlUyrIaKhaHs",
-	"/dN+v16/cLm+5m+NrtwtlKLSFXlbKEWhJHzcrCaEYoNc1SgbxkpFhc23wNaoom1j6EUBwhRXFWAQgY6C",
-	"LQ77h4+h+jQQvIpps7bbL5LFH16bAiJEGVHL8gFrY4Ohmc6yzh9Ss0r1XGWap2slkfc+ENgtFSJZrkPC",
-	"XnDMwSrDXkON2dwC9wixm0vz++BfrEmAiVj4A3ClkJEWMvopT3HVJuY38IoamW6kxKfNbT2PmREZxw4v",
-	"mOmD0k/xk5d3fGmwdUTaiKl2ItRNqesmVbK9uRbLQ4a9v/QHtV6PqdSaCYVfvljU72VRf3iS817wNETe",
-	"84CMS+UBKC+582ixJUX2+/6nmTbuditN4VgmEGUyalhuqW933ICkPm9cLUJFAsZDdiKGvFqhUspyQ38h",
-	"5rtgEU2WiiTjBqPZfVvwmFWqUBrBxM1MW5EeUzUowv815OZSuBO/zYe0moY5NkVSheP+J8fRh8e1H/Qc",
-	"uACCKOhZ2rgSqApI+vxotp2/n2rj1qPjjUh+kzVyrYHxPcjTZfAMCdN2wrpJ7Lujodbt9bpOLaGo4t9i",
-	"y9nD0g5VkSdMQSZYMcULy0tGzPlEZ6JuygQ5gaoHF3EXPlYFho5pDRdUSODg8KvIZ+pjGfa4sELElaYz",
-	"3qxBLaHKAIdQvgVU8Sko85jlVJsPJmD7VA5lpG8qUQ9UsQ7JUbC3tLUBirN/1P+2sFgUMTq4K0yed5qN",
-	"REh37/TYCSYElNEWJIJxR8FBAAAXIebCd7f30tlQHXwN4tlxzVYDGrvt9NhbXc0EZ6ngKRo3KN0fm5bX",
-	"FJgsB2p8adCuMRNG6rTIIamlgK9Ix5jWU43KiDuDIues0gGuSAN7YofK21vah/1+GZMUV6MUYs8kfC6T",
-	"crUYLhX5FmSk4lusmzVUVIXrruaYqvGF1W0vQ7XG+MIpHQvup+O9wCXorJjj0VzxSy6Tq2yBmfiU7RWC",
-	"sDKtRAGYDVFkcPJZ6GYaBqYWK17/BbBCtJyroQq4thzrpQobIJzpWLhkQh2AZMraRYRPg40TC39Uon+O",
-	"KWYMK8DkwICL+mE40ZxjFJi8FgYLt2RWsMbAsk40VLnKAPdjwPkLrS5Saf3GsckDNjdEc57OQMGe8Gup",
-	"c0P1wMp3kWQQZfLUZKiQnHSKuCMsJrIafYTGJsoTD0B51O9HFGJ/1P8Ws9ki9lX/aadJmAAAeFi/CRlJ",
-	"fhevSdX8s9moY7hi7fmEu6JLNnIDINOfMRTpixbzJS4oKE+5Qkt8xYvig2sBOO+Q60Pmi7V6zhly5tJ2",
-	"gpx5xt0kXmPgOAYeKY1InDYLXz6716SDeGvHHZBXJ040hxMWluSRVBxtGlsDDJer0i5h6QtaQjdYOjYU",
-	"tbXy71gyqRimYV2hfHSDSbtsKHP7RQl6TIMDZ4bP8da8/Pl7qD+ABafcTUhVybdgYEiwxMpPUnm7Xh0v",
-	"sYI9AuUxi5PcZKx7HodiNdTDygjlhipgqSxq+s0ynlANQWBflLALg1OGAE0apEDMESiD81GTaRIQZnmJ",
-	"6bsIB78RyR9POIBd/ZWKPTTRF//oi/XxD2p9hPspCn9ghsCu9GADG90PFZgbeWmIWGviplSwFSTwGB3B",
-	"mPu6mGZSXVFSCX2akge5CIhvY3oNVTzH2lHyWqjOHXwPMOPdOfHdMWWTFRBJzBcL4KOFS47pvn9PXrcJ",
-	"hzLfqGIHHBLKIfvymVSl3FnhhhQqk+TGYvHWTsQslSsdLbByeUSJO4C5cYFn1h9Tjz330Q1fRf1+v5iw",
-	"PRZzYQo7lzTMl9gwgmVaXXaOh6oWQsQXuGIj2Bz+b6qNqGLpksR8FAXKdNSc3g5n9AoF9wfG200JqMWi",
-	"n9hwMF/Q+DFyUCsa1h8Tj7W5ehiz/fOyBmG9UWvJEkeLokhSKAdVlsCvVTca+HpD2lyhRda4SqVIqtnz",
-	"hMrxW2DPYUK/APLmzUGMwMpaoI1jzKG6lhZ7SJB4PlTBJUdqejm4N37D/FgyxRswq5WtyfRXrMVX00g1",
-	"bGGo5vClVky6EMYXXsQ2R7RAcvqzdmg8G6yiQl1Lo9UUw9bQnhn2PlS4Zz9mCIYoyhjhCOfnb+gARgLo",
-	"na3vrKzzSapDODPMLg7NCgZM+upf9WRKOI8mmge/P2wBn1faXFVMjb+1XM/2qdaZFuHpl1zA/81leT4/",
-	"5QeY2FxCpey3tUZHKfutb6ibUTZGXiKx9dIYURmhjbXqorVF7oeqHZPN4QJLm2Ov7jEWbxNURK5sRKFN",
-	"+A5H50XLjNJL5lvy+rL5QwU0l0wSRRm9avjzUlitm4hpp8dOfDH9oltCKL5HIhxSV+z1ka6TvqjdwEOK",
-	"XzjDJvmr0sL6n7oWTUNdjmp3723Fhh4guKAIDqo1XCGQZkrM671ZqCqEbz3BF6FdRqVlBz47HirqsKCK",
-	"DiJeRggZFcHCV+BMfbTKN8SWYSU0BIUtJBOZpdWK3UUPEVZF4c7AV7+wQQHyXfkFFSrEP6uNKqKhov5j",
-	"VDwVNaTghZeOtUMxRKQM2vjGdgMQujD2lK8WGauscKhwwk7FSum7SOqpdM4HW9cainTWlwgM7bUeQr7A",
-	"sR9JwKhWAVwlHz8ikf2HEzDuLS88PJH6EdGwgnKhke/uJkaiZ/sewTYl8r/3TW1KlkzlV3yzvbKhF4am",
-	"yKLblS+qu6kVTrURDjFaCmKy+cgZITrHNVStBWn0WGzElEv4+8L3k6KCPXa5oE+VfmN0xZyb1PbYC46R",
-	"UUvCAWsDUfGnGghQp9IhZqiO+t824bx/t0T6B+Ll72me9RK/fyHtfbGGLCPVkg8PW0WtMKhHixD2SPgp",
-	"9FvfWFDjJGQx+4ZTm5GLbcOtqEjEKzt3hmJSGFpMhbZ9oSh77E2TzjeYouzBo/5BUc9YMa0QK5FNB2Sk",
-	"4KwqCoYgLpH2irZm0sd2heTqFcWhbB7P2rjYoaINR8ttd57YqMjYDtK4NqHjVada9pMaOE64uizrsIP8",
-	"FIqHTnkYojCneIEntMv4n//+P0uUNPaRfXI8FiDjhGZY0oXuYHQiSxJRQXNkyqbcUex3GLLTTG1gtEcg",
-	"NjDNJlqDR/yPxf0fI3wAwYrvhMwPp3Vst88igG0gYdh16nPZZ5e8/TD071+l9RT7an0pjPlYpikjxN8F",
-	"WdcrPUvLKh1btfA1gGr0zcJn4ux/mnE3uX3g2iSUjRA1RXsZrG9PuvGH928iNtYolVJZOqyryd3EF6es",
-	"HoE27pj6NSyw8CyzGbcTYCrteO2mv+l/09/nM7mPPfn/7ZdnB3HZkjZeeuKZDSb1+fQ9n9O3NZlvJX1v",
-	"zU24xcZGQqduceZLez8k2pfTbGx9E4qMfzGK1SCxaJZty6sKyAgX/DDGMCo0OnOLOPSfGel0ETHvcKsW",
-	"pA3SrTeUnZ7/xNqxr88QOonM5IxQBzvyx+jOD2H9yHt9hDtXoWtirf93u3AzHbAf5XeVZh+Rr6bKR1Zn",
-	"uaMeG75sqPWNpLHBK26lzS17NxPKnwAmQqRPbNH309uzw0mTL20YTA9h81SvwldFLdoR+3VH4bymOvU2",
-	"db8hbq+oB3o7/reZWzzrx4OhwoPx+X9zCQIKHGDnuKy14SmTb1EpLXWz9tp07Ovw0oZj1u8NVaW4sLfI",
-	"1QEKPXk8wRxjOxFZ5lOn5JgVBTEw+8FOlqxz2H/dm+fW2+JKdH8gg9ypW1CfhEcyyhXzfSkB+k9YgMmX",
-	"8lwmwytUeC0LpuaOu1Xw9IMvV0qLWJJp6shRdpUNWchlXcbaGOuqeC6h55dCnktAhkfzmDx/tbjmVlhb",
-	"X1jzcW63Mstmae7L/dZiOHe42AdUk/zeN9kYArXan9sH1tm2L8YIJeYPE5B2FmglhSUwp5nSc/anssFb",
-	"3I8HZS+34xUnZ12kosbcbqj89+u9mj32vJgE267VS9qdn7+ptFTrg/CdZHmKztgQtmqEb6PcIQvoUb9f",
-	"7cvrP2+2ZCoxf9hgrPcwxUa57NHMSbiUL4LZH9q/enLjhEprxqdMjoWTU3Ev2xN1bngYKymN/fubSd/7",
-	"5HlslvLFWvpIesD5hM8ZZ2gqT3dsidYMo2XE34Pwthd85nJT7/AXAqIX1okpw6Bl8gDONzr+PaQVBhBB",
-	"rQOkqTb30TOhasU+fSgeS2gh6aAS/4iBg8GPOVRFWLi3rIyNsJOK+dmbZcNIoUZbNTgZ86x8dQ/ypA7V",
-	"Uu8din2Gmyr6I4UQBKqb4btlVk+izZVWi6nOcRG8HDP0ebkSC+sbmfpgiGrzomJ1vv97G9/xsddYEGWO",
-	"jDyYl7BNK/a6diLLQqVV35So1lmoukhp2aVWYrDayLihdT+1XK2d25WYuR479dN7h3HCFdxe8V7hgIZB",
-	"lXYXNp/NMBcn3tCy1X/9UFW5/fCPFZUVdtNk/vHPvpiAHj/y+xGsPwUWNJPS+8RzU8GWtY6ZsmHmGb34",
-	"kJIGzrC5WAosV/xTO2XOa4wUz+PRApfyWSiS+gA+HsqConQhLKbK4lB/82L09VFMReAxTfnC52VuL1hK",
-	"CU6pNKvVC1ileEG9OkGyuYbr6Ye71HBt4Ep0jHcqaXA3TPowoxKnv0vFozD5OjT+UtXg96pG9HtURLhH",
-	"SdZAe6qaydqogbPirYfkTH6SjREDYSFFYKkwTyzK9XqO1fVqTYHvB8m7dm4vPPfFOmzlnDZJB+Gn7X6i",
-	"92KM2ie6fqliI5ajoCDOoBXMua3oWdIBVcX2ra5s5tk5BommyO+sxv8U8aGX2DPC8YWtqyMbGrdXpf7/",
-	"vY6lx42v3t5+vTzVJjDa0Hf9Ea5jk2pUxdFHu4/dj7dshb7tgO8oevlvSarbsh6sdkrD5iZrDVr7KLD5",
-	"daz4LTyKZnIskkWSYcOSSjf0iCSgqEjCoF4OVBy7VwaYlbR/NWruVandlATWuyevaoMUZ7Q6yMulDtvR",
-	"5u7Ucy4ddYGNsEEOvOhb/8LM1OgrC3G6XC0qBqfKioruBs2xgD7eCDkhhTwulYWNsJaQNth/uD31TalH",
-	"CzahnPmiNPilUJiXltJgplM9Fqr81bSG4P1rn57/BNPM5Ex0imgjn+3jV1kLf1qJWWKBuWeiOvcMdemm",
-	"vS+HKVVPAVYT4ovuu+u5GFkcf20cJsC5COVqdcFtqFT6fafF4Rqm/EHwzE0ImKQS1kZsKpyRCVowpWWp",
-	"TvJpiJ7A8Daj51aY0kXbRtwsVlSdVc8soPb/CwAA//8=",
+	"7H3rbhtHmuirFLgLmPQ0KUqWPQmFYOE4cuIdX7SWjGwQetXF7o9ijZpVTFW1KMYRsA9xgPMG50XOm+yT",
+	"HNT3VfWFbF6kWErOjH/MRGZ31/W7Xz+1EjWdKQnSmtbgU2sCPAWNf75Q0ymX6avv3D9SMIkWMyuUbA1a",
+	"ZxNgImVqzOwEWJprPsqAJfQBsxNumc6lwacafsnBWNY2ACw2lmvrR447vVbUMskEptzNAdd8OsugNWgl",
+	"07Tb3z94cvj02V+/+pqPkhTGrahlFzP31Fgt5EXr5iZqvQerF8/HFvTqIk8hUTI1jLvHbD4RyQQXlGQC",
+	"pGVTvmDafV5fxFRIMc2nrUG/mE9ICxegWzduxhnXfAp2+xk9Xz6XR4aJNGKx21zM3EHtP2OZmoNOuAE2",
+	"gWuWTLjmiRuctblcMGUnoN1JC8MO+4d4XsINPuN20opakk/xuETailruoIWGtDWwOodbHexUyNcgL+yk",
+	"NdhvOuaXIoMTN+XKLt2vTEgjUsDDNVymI3V9xDRk3IorYG6phnEN5U9W4btzpS9ToYtN/ZKDXpS78ntc",
+	"v61tq34N3EDz1WTuEV1HZppuY8QNPDmoXUiMH52LNGZCMs7iU9rrexjHjwyL4dpqHq+7o/DxjheVmS7d",
+	"zsWEbusyazngsxa0G/y/MtP9mXd/Pej+9eOn/Wc3/9qIHidK26btz5S2DbcWsRSSjGtI3Q5j95aJGbcs",
+	"0cAtrNmZe23zPfFrQqlnT58+eRqVKLbfgGJRyx/rOrrj10qXZ0bX/vYO+ptub83Sd74ON0+4D/H3cCNT",
+	"Wb8T91ZxKQf9NZdyCsYIJdft7+TsJ2boFSbSNQs3W1a+DTVOJZ+ZibK0iMo+5WzdPu+wiurRyNnWo7lx",
+	"Y5mZkgaQuD7PNPB08UJJCYl1EzhuJS1IBGo+m2Ui4e7o9mZajTKY/uXvxp3jp8oa/lXDuDVo/cteyef2",
+	"6KnZO6GvaOolHJFEez2zmKgsJXYWrsbBXGz5Jagr0DGbc8OkssyAZe04USnEjmjHz1+/P37+3U/nL969",
+	"fXv84uz4O0cgbqLWtzx9T4zxIXf1Sl7xzLETOcvtEYtBa6VNzDJhrGFwBXrB/KS4Ss/e3ir7UuXyQS/g",
+	"g7yUai5L0qQ0y/1vbaWZyLLuWOkppPhorPSFshZkpxBDHPLgHuQ4E8mDnnONThlHTJHfaSUvmLHcglsv",
+	"sxNhSvEIehc9NuO5gdRtyFg1m0FK0PJS6ZFIU5APigLMqkuQuFTu0aF6G5yZRM0cN1eO9Fa2pHLHLG6i",
+	"1p8AcBBYxiIDXLPjVXSkJ3yRKZ6eKfWa6wt4aOgI1z5S6cKBSOYW4c6PS8Yzx8kIev8jV5YfXycA6cMS",
+	"wOoi5yrPUuaIHQnQPMtAPzLs+ckrdgkL5kgg4+wXt9Ya9cNfzsEvPz4ayjgFy0UWM8dCiKLiS4NwX2Ai",
+	"NoWp0ouIpcJcRsx4XmUQLfw/2GhhwXR67BRgKOPvj8/Y3tX+Ho4V94aOYVVUGVQTuoWe0HQk/u29ikZx",
+	"Q9xaX4kEPkh+xUXm5PmHvIV37mQTPuOJsAuEYHdiI55cgkStIJcaeDJx6+p9xj0jj/uzkf2qZFSFshfv",
+	"3p4d/+fZ+dt3Z+cv3314G3jsB8lzO1Fa/PqwqPNGGCPkRcSmPAssCq5nTkZy29FwpS4hdUJ1CtIKnhm/",
+	"3JlWCRjjLvNYWmEXfxTCXwmVcevxk77dKi3cBMkPoe9bbpPJSy6yXCPCzLSagbaCJDshU7heFX9/RB3d",
+	"WxXiROXSxl73MKzd7zqxPkUFa1ltiFp+IbsfQFVw/dmvqBzmYzGHGv0dEluRhla3k5QPlmTaKDxzmt8d",
+	"TBxRK5nl51ZM4dysnteLkw/MPWPt3IBmf2FmYSxMO+EIgyRERhlgHr7AMGHZnAsLqePaR6zP5hORAdO5",
+	"lEJeuBN2gMtta9BKVe6IXrE0mU9HdORprhEWz6cNa/tBzVnm5B1hmeaStY1iY66j+kwdR+y5yUnlXNZH",
+	"a+sQ0j47bLx6hMtz+v1Ti2fZu3Fr8PNmODi+huTYfXfmPrv5uIwNsTtXlduYzScgwyZUbvFs8cyFNeFE",
+	"2YVW+QyVgEuRZZB2jhhkBpjMs8ztwv2XeIfTkdyar4U9dyRs9eTe5llWP6Ujtn/w1V/e0lJoAjZaMCMu",
+	"JM/YW/f4abFOt7jUrXR13qbDGwspzATSc253WUodNLiFrptv/UwlICs1Pae1V/BkpFQGXCICA788J85/",
+	"PhWjBlMT8EumwQGJtF5GWIZ0zyBRmjK2uJ7PAu7+7ebVo12zOMXGE1o5EWNT0PrciF+h9tF6SDc2Vbkt",
+	"vqifz7dOInIHQm+xS5hZRljH2u5UnMigxmOnohZvdXbEMatzmXCvhC/rCcZq4FOGkgikLJ7y63OV21lu",
+	"z1FMi4+8JdjJktw4uS7hOoW0QsqLs1wizBX6WRDTVnkZVUyqUYLaldTBvE65aiR2FQxrgFu/gfoNVs9o",
+	"A/d4LUjlb+QgxBwtEEHdRL8CL7opZuJa88W64zObllQxRPA0Fe5geHZSWd+YZwaa5IXYkVH/eczGArLU",
+	"sPYotyx2J3au5Lm7azLgxJ2CERFwOMG2Rzy3mZnWJ3yfS0f1YjNh3SRm7RE3E6J6Mw0GJMHyRstX1Erm",
+	"DSN/B2OeZ3bZKL2VpIG8Wn9oDbLAmgHLC1lGnHVIjqhdYjpSPvwXaM0cFhLCI8KJCr5FLC6ANGYGbOeI",
+	"pX7zzw7ZG/FtxLhlU2Us22ffi28bqUNhz93v//XJXw/3vzo4rBt1t3MdvDF9BedOlXHMU6bnhjSthk0/",
+	"RxNKDdg23E+NKqdCno+eHTZ4hyyXKdfeFhahyfjZYRekIyXpTtfvRYQmySxA1P5X/SMUAtg34aCbuU3V",
+	"7bRm4pITOWlvdc4PTgZ0ajXqTGKXPTQTi2ZagWK4t81vJRV1lEaDxvmMa6fsNIj9wk6CuB+xS4BZVQgE",
+	"w6Y8BcJ0tEIZNuYiY+0AuThnZzeIwFlWl/CGbBvCzSUXlalRvijNdMTIuDRz0A6zSi8QKjwIlqW749Zo",
+	"AdLqxUwJWmLBCHYlJJ4F3ANhGovMX+WuQ9bP96X7nlnF5lpYYCMYKw1etWMabK6lidBVyLrDvN9/AuzD",
+	"2cvuV8zC9SZBtlyhSDM434CRp1bNvCsYLxR1k7mDPKkYXEMSoZXQ4c7J2U/Maj4eiwRJq1SMW0uyjXtG",
+	"PoHPgMdiyi8aBLkXSloupIMw9wJrBxx17C9VySXoTo9lKuHZAOGRkH7MuPRfeIPzBbcw54tHhl72D1Oh",
+	"IbFOeG7H3S4+6eITE3cGjDOtlMWzIG2yfN9bfWNaAjP8CmL307sXr1jGF44TWa5HPMtYW80ISrIFi93y",
+	"epbrgYaZGlh+EXeOWOnextUjio3R+I2XctjvuwdCXuBOaH3uTw14JxM1d+DE05QpCaxNG5RwBZrN8iwz",
+	"nR57PnJSgVuhuwk6qsRJfpCyKwHzoDxMlLE7EfwpWJ5yy38HIrxHWIeUccOEOWI5Wnvcv9DmkfERZE6S",
+	"yhyg+vVlwuyGA+iwbVCc3M/utOB6poyjc1rlFxNWWE0Lcrf3SaQ3eyBTpEFm75Mb8QapWkGMbuPN3UKp",
+	"olYuxS85vKKxvWo80+pKpKDPCYY2kB0acmmz/uuumUEiHAr7YY4KO+IlLEJAwt/RsdgIcpew6LE42JvR",
+	"7Y8+PzOZosAf4xA8SWDmhkDItEqx9lt4o9j3i+kj47TNKUm9U+CEk1bNuhlcQebF5Z0uFv2gm6hbYW1x",
+	"JJYL650xpRfKKjaCRE3dpnm6+AzES4NRuU4KDr+D0eV98cnNxwabSDjZBuItfoWADX5HjwyL91K42jOT",
+	"aczanNnpbGyOPH10T7tdM5l28aoi9sKtxoD7vbjAzoC8CMGbhSjrpsFfCSi4ZIGUsZGQXC9YLoVl7XjY",
+	"Onj21eGTp4dPnw1bccTiYevZ4TT8uX8R/nq6f/BGfDtsxZ0e23citruLZ4dOukbICPJ2XBxor1Q/vfkJ",
+	"I6qEYRfiCqS3PCFBdCBYPxT6tnOE4IwEdi4MBGI4CHZAxJFHppD+PQENSoAn8eGfl/kItIRgEda5dLD4",
+	"yDQKXUqCh4UVcrBCHj+6ay9RrFFM15aNtZoS2y78P21H9mveKPREzaXpDJg7IORgEf5J5/rIBH5qFIvx",
+	"zxijwEbAeI1VRI4eV9DY6VFOXjEgU8OE7eymHtisCVVfizGgAVFIZnyIGu4PpSH0baSl9tA/Yn32Dcko",
+	"M+F4cMEmCTAKLs8m3MmjZ2evWQIiQwdE3O1O+XXX2iyOUHjwAx8csknnM9AAryw3B7K4hw6hKvIGCXwp",
+	"E2M2JSdJZzctZYUifgcZWHgPJs8azCkpjEHrJmPVaelMlNlisKxkeECDEs6MFVnG4FoYGzGjCJ6s0ihm",
+	"uZsDSIeyuIyMG+sp1ZSEmqm6grQURgqMRB/lqoKS4sYabaRL2lp4s0lb+07NZaZ4uu6AvFPJNOvG7vYc",
+	"+jwygUCuasfbNMnK+E0LPPYyxis5VqvLCxJI3WUysXY22NvbP/hrr9/r9/YHh1/vP33SZFmtuEF3ltOW",
+	"lri0oWJF5eCN26q5FRocXIuauToVKUYN6Vw6ruBYZgbuXW80CDb9lLR5kA4xfw6Gh1bU8uBbWUu5oYq5",
+	"5Jb6+j+zCW7Vbrm6WDy0gkx3BnUXRG4zceV4M8scX/cRZH4wpO9jsMkEKYlG/GSjxVB6gx2Gvzkx5T+7",
+	"3jzbfZU6hcmtd1AMWo7mFmzYijOK6Mt2g8jtLHErOy9ditUzyGBs2Qgmwsk3GoLPqnClkcJ/NJS0KTuB",
+	"Bdl9gkdmx8V/se99NvseUYs13OL+fdBRRRwqmOWclKqKxMoSLh3BtJBlrB1sIZ/TXV1ds+ZysMk/HZG8",
+	"QCKBk1MtyQdwLWy0ZvVe0g4OYq/4BxnO8DkT9kH93itqWN1RuyoZhNMpvd2obc65RMnHO2bbTWoJy8RU",
+	"2M5RkLc3X3CvUUD6HH5i1PiCdWWTrxjB8o349p5AkgjhmjgAd9YOkph7TD5+JZknSl5l9dr9mAJteuuc",
+	"xqCb6MnZy+5XboMUE0xKr4ZZxpNGES84Pz/HSLd2J8M1JN41FvsJAgwmFOqwRVr2ay+Oo374S67jun94",
+	"s1/3pYAsRZRaJZxo4lnd4r+fvntLxm4Pg2o8Bpk6ZQm/iBgGA1MCxs/7H2NvoShyj5ANNB7sFIzxRuXN",
+	"vICWVn7QvLUMmgX0aSPEvnJCCGhU7ZRkI2FNRGYUAzYXaeT+eyGIGRgrkssFIphKLM98BPSw1X92eDhs",
+	"IQpVEgh+7nf/+vHTYVPiQOSWI8biluEXlMTQhHWoxEEGU5BBmaPrag9be8NWYVzTStlO4zXMGpOlKnoV",
+	"HxmV5daP2xz6tIp/jcYxd+ruiTtJwow2Z2YxzYS8fGQw/twaZh2Zs48My1A03zXuw49zTp83YmsxE72D",
+	"xpO5FtaCbMb9NaoRt472CnPEYtSSY3KwpeBk0Yi9fPXyHUYAOwprq+qQO1KHtMJhtV9OK2rhIA2a0RIi",
+	"VFNa/Lv+pCMC8zp4rcOT5rgOkFaHmMddwjoKjLtZdeqth6nCwnJXwNpAjmvj+zyYqdLA/NYoZH0OOvjx",
+	"dorq8Ycejmc7jc3gRwKp1TNefy54BCU0snZxOKvn0rkFxlEQRgXGtyJS8/Zx9Mb9Kn15V9W98G+jNoIq",
+	"+FqPdMMy16ylWTEorGc7A3iZM7k1dKkcvOmIvieJ+XnquU0zBHi5ujt3t83Du4wkMEcoswzdQZ3VOKRU",
+	"mMvzUZ5egD2/aJIzMckHk3lSoSsO00eeHP/f/83ibtcN01VXoJ3oKWxc2HNp6F11F7cYv4odXncSU+1u",
+	"Vgm7l6D9BhsF6R+UKeRn2syO+1jPTjbJ7W9oJhrfkrfb3U8mrirBIDtO9EsOec2KWuVpm05mCQjrJ1n9",
+	"tpijtqvKVTWdcbQCVk2w/QPwjGjaErpZbnNTN4qqy63GWP9Z00yUIu1FvKXUEwl09JQr3SbfOooS6hJk",
+	"A8Z46/6thDDKizDro4+/Yd6a5kM2vMJcZHdhph/6w3SwP94tPrlI0N4hD7tB3nOzN3qwUKDEI5xP0PuO",
+	"SXVTB3Ap+bSUBG9ECoIlnSQKa+5DMqlxAyZ8F3yTPgNrJ3MWZutto88IEKf45jIYVTLYaajqtqPq7deu",
+	"dS3YNUtMtM+d+UkJwNvYiR947XLuxm+LQ93N/FI9Xsw58Ey65cbkFjb5DREUMu89LKyOzXjRY8+9W7ke",
+	"B1TxDv5uO+XNupM8DWeylFKh5hJ0PKDMITtxa2Cx37j7uQjCMhE7OfspYkS4IlYEpBz5CB9yfUWULhsx",
+	"DRLmEeIGw0kijJkpk6089lSVBnzPaQn+4Js8KCdlTtFydjh7//IF+/rw6V9DBhSjxMameOYmVfkNTyZC",
+	"QlcDT90ZB5Xf21DiiMVS2fOxyiX+YzXHLWpKLm8UYmllje4QSum6hXpS2DoaFJSSPTXkDwibwQa/26pe",
+	"+eH9K6ZhDBpkAgyNeWK8CNE54dTd16wd85HK7WCUcXnpQyakktDZ7qj0+h4tr9hCcWYRXV8T0TixC4qJ",
+	"vaugnm0Np9oeMLrWU+fNld9Q9Jy0oHmCtVfMBO2U6LkT4+C3i8gabSa7hTZ4F97De+dmlBNZ36t711FC",
+	"IhrkovqGzcQMDGtXQuR9fDyfcW07EQNBKe2UJsK4ZUomcLQUC8K+YYnj2+j4tGjA0cb6gFDWjv9tZhff",
+	"9OMBzefPEZfSiYqx7YT0xO0eLa3mnwEsggPpDoEVBVg35Dn65Fsv5mwROst312DPG08YA0V2dxu13DE2",
+	"E2O78HnJqwsL4bnNuVl3k0tvkZ+3W6ZdsJluTE/1x3ITtXweCCVsNYiVyvLM2/vUOGTUzLRK8wTSWt6X",
+	"hGvKl6+ah2jcXc2Am3Pf7gYW1SSu+mbrSV3eCFfcce1C18CWh5RmEdOvYXe2VwG9rUaLMHbTwrCYw+p6",
+	"vHi2bRUrFg+ntIipsFvXj/O+pleROngPwdZvPuCbK5I0jRQGiooNrN3z62KZDUZfJaGoJDHlZGMkwC3l",
+	"1rjbxdIO3ccxG2f8wnSOWJ/qH+BqyOjYYMC5hc2kZprYxTReNSMsx/hVTRbeB+KDih8ZRoaDkNm+xmsX",
+	"oiKLRLBdlhSi23awbFQtGesMGOV4Kwtae9cfAnStv42lWAphLutWn/KkNth+dr3J7UamnaZbf+hKzyZc",
+	"Qnp+pytb+boBnN6Ny0B0E0fMoiGBzAkU21qtNnSh5BpPcGkUWzVR0AGEYgtzLqwTtX0iCX7Y+31YEBxp",
+	"3lyxC8SvrFLoEJC4JriCnPAYYRGCmDtHjJcvYSS199ijrdyw/q6usPUXVEaV+h1iNBM64sZKoxfOieCS",
+	"Z2VgqaCCYbiINVUtNmDsVtvjBtRtBLr1cNyE6e8hI5tJs19A0+M18piGKReO8Z+Xxp4tWy8GbPi6eX0S",
+	"5ndTzArzy2c3jryvZUzsnmkdvqPoGePgGTUTpYOugs58zDExawL8G+wSs7wxmsuw9hiVRSVNKEX1OWLF",
+	"tzAA3JujN9+LbxtWcBTy3bhFY07IV0Y5IKhqwiyZu4rshrjb9X+TQ+ZCjOIyh45X091W0kzUXB6hs88R",
+	"xJmbWliMuPEpIsdv352evAguRadoHu4/KZKsrPf5U1U00/NUacBAjpVOKCoyZHH4uPJUi6sQLeZUR19b",
+	"tIdHiAdFhY/CEPHnuJ8LgocdvqnQxItZXgSg7ZA+V+XLt5moGZuu1OUGCoRFlpoD/TDHt/RtGAYyBS9z",
+	"lhZ3DOvLR1YD7EKdw4xN5KiaI9wQJcRFY7Ad5UXXkqeR+UPBppGb0ee1HL1Ngn2tMlOTFe9hfLpR2PaG",
+	"82qOPboXN1ORwBEEqQkW9PRZN3f3KiHibstg3CGZeRW5tyJ0xo09R6ufsItbndad8lzXZ6Mu57FXzcLL",
+	"MS4h9zMEZ616seh+mo0NVRv0DhB7Si8Xn51r4KYplCDkbdRrelJBtNgHrjlywS8wRrRaBoov5/20NqWK",
+	"7aDdVHKutphaypOqGLbrJ1wOt96BF5a3ApYNIFaBnQAAAQc24PkaM81dCdFO7sDN0SUVktZstPClCzC1",
+	"V8iQ0nBUZA2yGdcU5L4qee1EE5bqJ+QajdVjnlgTfEXlHcURK6uTVyCs3BA9Rd9zg34547/kwEbAtVOR",
+	"iqqvlHG5IW5sBV0rjnMnWjWGVNUQeKcS27/flR21MMlFn+c62xgp9MgwuPaq2of3r5mQSZZjZG68d7WP",
+	"Z7shIe2r/lf9vav9piXvjrblQqM6DlfvcBWRg0++ROiteHdaEMuGkAUxhmSRZCHGSY3LePOqHxVdHGTE",
+	"Lc25VMYYyQ5WMQ7x1Zjxj0n4jSb+Uyxod0dHPH7bHMaixuz01fev3p5F7r9nx+/f4B9/e/X6Nf7xHx9e",
+	"0aMfPpxg4wV0TpMrBzsv9Dv1i/ejbI+8oUU1XoHfaxBfb6EPPs/mfGFY/OmmAdej1nX3QnXLdeWJ/XTT",
+	"qtR8/zwS1Y4MekNdbGKUljtqo8asTR06fEL2xRr3LQVNrjMRIWmupe9SwOoIFspL9Jj3vcV+hBff79zS",
+	"LrRK0dYX098CNpURl2hAQPbyELa6Q8K9r+GyVavWblw2wNFWFlsMvWlZd0P35uD955Qf53jXDNQsgyMm",
+	"ASjHdgSMqo34Gk1FiurBVzs5RolYro2EfXi5cyfZcvdQwA8zShi/WzDDZ04nj1qUTHAegru3NbSoxXRU",
+	"Po22p6KHjT8UJUZhJMm1sItTBxfeHjgTf4NFY6hRcI5xw+LnvqI1picN2LcksmHJrOQSFlQ7K+6xt1hx",
+	"HZPKS0k1E8YeMZ4ZxShTS8mh9HWcQXcDlKGlqsbwC7O2JzWUn4tQjbZdXEV5AE4uKoROWuL6Jjwkbm7b",
+	"G74Vdrfz3D9gqv62uYuKPZiAz60YZcAoy7/s5kP/Lnuf/GfXfdX9fjHteqzuosBZrsTfaH0tB1sWs2G+",
+	"LdM4uBKNkbzuEp14i/k0kv1wdnZSJJw6UumQsAvXkOSYUF76v5gTngJ/7ErIreYZgiNV/B9KX3aLT8HM",
+	"eALs71xkEePsO6ofA/JCSKDktb+VNWSSLDcW9IC9Pz49wyUU0mbElISu4wtD6ZaEcIvW2SP2I4xOMfnH",
+	"+G+ugFnQU+GE9fbJ2U+dUB7eeOeYj4rAOhxYUo1SzxIuh3IElKK4cD9iXTjONPjE+t5QDuULzNw3LFFy",
+	"LC5yDSwuhXP2DfPi/w/vTs8GJ+/enzkF4cjXRa/jEjqqU9BDGX8qh7hZKrwV99iZ07jQXCxCRr20mie+",
+	"cM/3CgPeKPcRh9ZMyKGMg3tpj88EFaa6AAlU6sznKEdFCnaRbOxWggmv3PpiYGoGks9Eb8GnWYyH8C//",
+	"whxegrS+8rz78TF7/NhTpceP2f/89//anTC9D7Xs6qTJKgrZLIFvKBn7Gyzc8U99YZa42+Uz0b2ERcz2",
+	"WHz6/O133z8/Oz5/fvLq/G/HP53GrI0BcV0DM46b7/TYj77GH5KvcJOpG716FlTHyx2skoupyouKj1Qo",
+	"pihd4BYJ0v3IMqVmI55cYocRbHc3F3biBo67XSGRxkNXqi7P7STu9FiVlDsa7DQ1HGknEiysG7okwO4O",
+	"XpeEw9+DrtSXiysKY0PPMtYeLapXMFrg2k/enTZWhSNTudvHO7m6VoPFkTCBT+Iw6+gj3RFSWZEJu+hE",
+	"7t36K5ju2gxRMcLFt1rNDWjDHLw6VY2XxCHyrf68k9eA9bTcRMUafbB08Y0b0+SjmVZWJSpjcSCZPdx1",
+	"b5UHhUrj2LOukphLZx7j/QTCToWZHj9GDf3x4wHzkdCsXUZCRxVLQy26eU+DyadFkLNb6VRI9EXhKN6F",
+	"QRHPeBSONMCVwtpL9LCD5xkirVl7baS1G70Ito7KiejL4C2hGdw/METAGsjGO0RmcwSMyqLXRGkTptTm",
+	"RN2MJlAjR8ixLls5Eh73a1qd09gYZ1YDDCrLDLMQtHgvj8NCmjv0s6AHPssiUE4kFppLI6y4gmxBpJSH",
+	"13x2h7ATlVsWo7U09h0/TBn747m8U1H9h8Liws8cXFEtN4WWuB7bsYUIQuSAPX582N9//LjHKi2b3Jp3",
+	"79rk3ZM01BMcShb1ElW41jSMNHCju1cPHz92lzxTGOaKlDLUWA3SlYP+EYBkV6Axi5bKaKUmYOiIorkh",
+	"dZQlASdWsKrGE+amCyqtkw6PsRAv9sYMzAqj0437xzG+j7oSekvXdU+JWTsE83fotmLHZOOIxRgW7v4g",
+	"/IijSgOj9iSfclkE8B+xl9zY5yevusYustBl1GC5RSYsVYH0TWva08bof+TjzeH/iW9idotUAIdGVARQ",
+	"s8ODg6FsaNsSnN2h74uPgS6VTENCwG+MVFb2G3sDHCnub0P5W7fbxf+5F9xMvxUlILDozqCEXvbvp+/e",
+	"Rr4DGoowUQFeVAfTKYWpVwzpbwdUEVY9QATiloFJ+AzqCWB+8n32Wygp5zYc1lHpsRPefMJ+29LYrI4g",
+	"/rND9lux4rL8C/YVw26avm5w6E/kv/qa/VZr+0auIhRslcS9LfV7KxuoYgw549QDsShA3PEj77ttYPMw",
+	"XKfTeP2TgwP2m+/Z4/v4lOs5cOvhTgxKcq1BJr4iS9FZaltrr6WGXlEomCrsEcP+vvVGXJ0jlnCNaeJx",
+	"pR9VTMt5incRulu5JYTGVnnZbWvLCH3c0Ci/OGKZurhwB4jyddeIFKJqv98Lpzc4cWoMzBe9cIMM5XMm",
+	"lez+ClpRuRUqpEz6EKRlO0H3tVR6yrNQit7kmcNIYkxBs0K8IQU5EwlIA6W9qvV85m6xe9Drt6IW+iJQ",
+	"YTWDvb35fN7j+Lin9MWe/9bsvX714vjt6TF+UybSFEpdK2pdgaaw+Fa/t09veTm+NWg96fV7T6iUxgQN",
+	"DXutwaebqLU3wSTTX/2/pmC1SIz/V1UN8D8hGIa3wwVj9HJjdPokRCsVlXeWIavdZ9+U4buhsHqQvul1",
+	"koC9jD6UgcViAV9KnHR/E22d+wISuQEzWIrkLJmwT2em4nvmEkuPDSWFg2IAiNCVSqxxgRirEVWmExVx",
+	"GBSNR2JB2a5uhCPn0nrx2lZCgbcFcLJ2XMTjPY6PiAn65KepVzTi745fH58dk7AeZt37ZJwqiYUpkVIK",
+	"Tdjb6bHYn2Rc6WfanCE/lD5F3jERryNUu+8hOV5qC7hCLgrufPD1UC6TjmqpZXxEKENin1DyVdoaONii",
+	"mPmlzrAH/f6G1mi3a4lGE6xpiFYtLouB28pyEoAx9h37th3299fNUSx6r9aLrmoCxJTRYPz7+ePNx6hl",
+	"8umU68XyEpYnb0Utyy/MkjP7xuNnzXvucbR+uE4eOK3E41Q7m/+86kbLqm0RMC5YGOJq6xp4FzEHu13E",
+	"knH8JtqyBkKfOAQcxChpOiCML2NCsyue5cDiqzjylZOdUnz5zVW8bsVYfn1NT3oLfPqNXurC/fN/ffPx",
+	"L9/0Hje1M/54j0BbDZzY3H8WayDLsriw0iloD7f97XBb6VN8v6D+umb9WQPbUWumTAO7eeHpcGktIR0V",
+	"y0x6kRbDvrHSKq8XJXT0iyJAWdtxOSHBGFJJOtFQKu2DPX0W/hVg4DZ6iKnEZY/FqEuT4S0Um/E9Lqpl",
+	"PXus1s9zKNu+QHOxx5LhLDMqjEYsYN8zLO/XRNZZkm6qLtGpSfZzjs7PSjg/ir/5jFnFYqLw5/h7GeAT",
+	"l5Won/X77iwwGDWQdSe+kbpUFcx67KyYQWCnFs14opUpOL/BgFsNTlbLlGUXCluDUAXUkHjg8Lhg2mOY",
+	"uz1kS1k17myw2RERZyeZB4bMsVq3vsKyje4OHdCXrIyyAJB9kfA2FuQ3pqOr6JX9Mi+UCo6v8L2hXGZ8",
+	"EQraKwyv3SQg03EVVrvSYIRKyFB6UxFqYdU+OQ6ep/wyxIA2da1xZzVd1e0I7ml/fCjr/WsGWHFF6QLC",
+	"2zwUF/R6OEkNSoaK2dXhivTYoUQpuIPQPG8IY60PQlfp4BGvkwJD8bwJaFNAhB7KoLa2nYCOin1pnJXu",
+	"/TmnETt4YPW4HuJ+TopxmoCvgmBYG/PJQqn0x/VC6SlocRUsQaFXSGcolVxTrz+q/p7M8voPIQYebQtk",
+	"JmqjY4AKtw+lXxWL+06vKIu+l+1ROqTUFImfMUjH39xfJSf0DcE8WRrKNnVbdj8jTzRF2gmNRsJe5RO6",
+	"kdBLYSjj5aYcvZlIjY9Fd4gVoIzwQC7I1+TAAlJEo2CexBs2eTIZSspaQPAQ5Y2wdjzNDZqFQmuEt8vp",
+	"gP7VTtyJfIceglZBt98kSia1/lXkMAZjv1Xp4rNx5XqPrJu6X9pXV10SCfZvNXnZWmHneOydXqXA9JuP",
+	"DaKETwb3DJWnC0cS6kSjDJ4OUOAImCdUnQeUNaLW4f6T7R8tt3533x0c7DLZaoNm/Pbr7d/W+7jfRK2n",
+	"/R1W2tB8fGeB6oX37AS2sKO6gM4ekrAcuW9upBV8AFN1tWSOQ54sU8zbQayu+Awq9jHTY69SmM6UxfQl",
+	"knmGkkz6QjIYjyGxTlCgmtCe+VQNvsHu8rTfb8J3+qCK7/ckitc6UTQgED1Pe3eH6V0g5aXSI5GmIOmL",
+	"w+1fFN3dVyCqFjrx80dHQ+oRDJXfQnQH/bQOFr/zt1eW7cKb7qwV8xsV1guwD3CftSDyjarVP/mVulMZ",
+	"bScwK4aFpj2UrxTn/x11B2rwRFeb5TZaH8nzE5S8ejYfpWiQ/asdYk3Q2uuUEOVE1ix1PAwF2d4KXXFy",
+	"zIuwgHsEw2q74HXGKb+MPzEcug924I4vvHvrszLGzw/zaKOog1Oaa2zgl5QgEZCgbL38u3Bgnc0DO2Oh",
+	"mIXTxGjc2nOAHHsNtabpkfYXVXswFOVrWAWahlIYNnGC+WjRhDoRBdMuatEzwXuEnpZHptKeBHtxDaUP",
+	"xGr7DjcQDA8rncLZDEsyaeDTiNocC1m1haAFQkkSF2o5umgmiYJiw/gFFxJzdQ0ZUKj1QJHZ6TuvYHcS",
+	"N00urciGMu52/UF0NTgsFuggLjpysUnHe7iFpbRR1HHxaypfXfir6x34hhKotYVcYNyZSHhQ01fisSKK",
+	"TAhRaeG5Bky26LGXyinTGEFPjoBer7c35wLdw+5vXyjf/4uyENy/yGFQtSY8x7inAfZZ3YMrkLZLpx/7",
+	"jGSubRE4NsZ5MYJCo/oeBP4B3Ue1L+5Bv89wvFDOn8y1VD2LHmAK8xV2pcN53ApFOmD9yGm/sVNlBzGN",
+	"7KnhEd0/XPPEZgSCOABpwt8fn7HK7kmzPD09Ju3dd77vszY9j4byEmDGsbxoxGK4Fk5bYa+87YRWLbC/",
+	"QLRm8KLjV4ztIZ2i/Job2z3Gg3z1XcwoegfzwHxoQtUw6I9XQ6krc1NEkmB4yAoDwm9elI3w70OPrfeF",
+	"30mRXeZ8KwBVn37ZWL7C4E6pdFowDVEVAIb+jzpctT0Mu/O/9L1IfIu+Shuwajelddv3r4ftO+rr1nVb",
+	"JX2ntv1rN/yw6vKfkP//ESr8n1jmoAaYfFnQaJYzNsvLe5+SLbr937CXWKVRzqOyq5jVAEyMHdehnog6",
+	"lyYigjxWGsMrhC34K9HJ3hq9vEq/vujlS7iAR/OPKkM7EAvmfnS17AbZ600CDwBKG6h2RXL+AkkPC0kV",
+	"C8SOIHRnJSza+nJFZvi4CxX2ciT1L/nzrKrMon6gVa3VbtGIjDIyLslpi818ibpdsucVew+3RdwkVfbx",
+	"tdaC13CVK9Ek9ytV17Pb7yRU//7J13HDU5D2H0H0/Bw07x9VkiRE+oyiJNoc1lphf8SQE2/oqQSVFE0u",
+	"Ar4qh6U9duxQdcAePz7o9x8/Lv3C1WBbdAQPZbBzmQmfwRGLqcg3+b1jKvNNwThk6fGpf94IRSuySzU/",
+	"ICmsVAmfRSwuOlLFmEOEPk5sfDXnpqyzrDSajzq92hZn3Binigpt7GAo3ZYOwpbcxPGLYLRrx94IN8AG",
+	"vzEFLjx+/ANwbUfA7ePHg9K/WhpYsGs0Ujg3KOZ2jWFeNJSv+8vRrDUJI8ZR2QeeGR8BQLF6LBMSw3Yw",
+	"r5yb4jKqwSNKAsNsz6EkvTwkFdQW8O+n7952M7jgGcswqOqCzSfCUp5oxxvMyj1hUgjW6bzGXsjcsiR3",
+	"GkWKgBrMicY7/fBZiBdyxN/9lyg/KiTuLlAHqcamDOWGc6fYKG7ZQb/fYyH1E+tBYC7LXLGRSgUYqh+P",
+	"bbD9EPFQtos6+gjROsdE1mzhs+7CtJ2a9ZTOvMd+9DFPqaLQMmqFzCksGY24mbjC3s/lLpE9AtcZ+uOX",
+	"ekJ3QpyasPWOynWm50YrWd7G8M9Tf61W4RpKCHrSj4owjSf9/rrAymrRqJJhNVQsDGXvn/T79fqFy/U1",
+	"f2905W6hFJWuyNtCKQol4eNmNSEUG+SyRtkwVioqbL4FtkYVbRtDLwoQpriqAIMIdBRscdA/eAjVp4Hg",
+	"VUybtd1+kSz+9NqUI0KUEbUsH7A2NhiaqSzr/Ck1q1TNZaZ4ulYSee8Dge1SIZLlOiTsBcccrDLsNdSY",
+	"zY3jHiF2c2l+H/yLNQkwEQt/cFwpZKSFjH7KU1y1ifkNvKRGphsp8UlzW88jpiHj2OEFM31Q+il+8vKO",
+	"Lw22jkhrmCoLoW5KXTepku3NtVjuM+z9O39Q6/WYSq2ZUPjli0X9Thb1+yc574GnIfKeB2RcKg9Aecmd",
+	"B4stKbLf9z7NlLY3W2kKxzKBKJNRw3JDfbvjBiT1eeNyESoSMB6yEzHk1YBMKcsN/YWY74JFNFkKScY1",
+	"RrP7tuAxq1Sh1MDgeqYMpEdUDYrwfw25uQB77Ld5n1bTMMemSKpw3P/kOHr/uPaDmjsugCDq9CylbQlU",
+	"BSR9fjTbzt9PlLbr0fEakt9ljVxrYHzv5OkyeIaEaTNh3ST23dFQ6/Z6XaeWUFTxb7Hl7GFhhrLIE6Yg",
+	"E6yY4oXlJSPmfKIyqJsynZxA1YOLuAsfq+KGjmkN51RIYP/gaeQz9bEMe1xYIeJK0xlv1qCWUGWAQyjf",
+	"4lTxqVPmMcupNp+bgO1ROZSRuq5EPVDFOiRHwd7SVtpRnL3D/teFxaKI0cFdYfK8VWwEId2902PHmBBQ",
+	"RluQCMYtBQc5ADgPMRe+u72XzoZy/5kTz45qthqnsZtOj71V1UxwlgJP0bhB6f7YtLymwGS5o8YXGu0a",
+	"M9BCpUUOSS0FfEU6xrSealRG3BkUOWeVDnBFGtgjM5Te3tI+6PfLmKS4GqUQeybhc5mkrcVwyci3ICMV",
+	"32DdrKGkKly3NcdUjS+sbnsZyjXGF07pWO5+Ot4LXILOijkezRW/5CK5zBaYiU/ZXiEIK1MSCsBsiCJz",
+	"J5+FbqZhYGqx4vVfB1aIlnM5lAHXlmO9ZGEDdGc6BptMqAOQSFm7iPBpsHFi4Y9K9M8RxYxhBZjcMeCi",
+	"fhhONOcYBSauQGPhlswAawws60RDmcvM4X7scP5cyfNUGL9xbPKAzQ3RnKcyp2BP+JVQuaZ6YOW7SDKI",
+	"MnlqMpRITjpF3BEWE1mNPkJjE+WJB6A87PcjCrE/7H+N2WwRe9p/0mkSJhwA3K/fhIwkf4jXpGr+2WzU",
+	"0Vyy9nzCbdElG7mBI9OfMRTpixbzJS4oKE+5REt8xYvig2sdcN4i14fMF2v1nFPkzKXtBDnzjNtJvMbA",
+	"ceR4pNCQWKUXvnx2r0kH8daOWyCvSiw0hxMWluSRkBxtGlsDDJer0i5h6QtaQjdYOjYUtTXiVyyZVAzT",
+	"sK5QPrrBpF02lLn5ogQ9pMGBM83neGte/vwj1B+HBSfcTkhVybdgYEiwxMpPQnq7Xh0vsYI9AuURi5Nc",
+	"Z6x7FodiNdTDSoO0QxmwVBQ1/WYZT6iGoGNflLDrBqcMAZo0SIGYI1AG56Mm0yQgzPIS03cRDn4nkj+c",
+	"cOB29SMVe2iiL/7RF+vjn9T66O6nKPyBGQK70oMNbHQvVGBu5KUhYq2Jm1LBVieBx+gIxtzXxTQT8pKS",
+	"SujTlDzIRUB8G9NrqOI51o4SVyA7t/A9uBlvz4lvjymbrIBIYr5YAB8sXHJM9/1H8rpNOJT5RhU74BBI",
+	"i+zLZ1KVcmeFG1KoTJJrg8VbOxEzVK50tMDK5REl7jjMjQs8M/6Yeuy5j254GvX7/WLC9hjmoAs7l9DM",
+	"l9jQwDIlLzpHQ1kLIeILXLEGNnf/N1Uaqli6JDEfRoEyHTant7szeomC+z3j7aYE1GLRj0w4mC9o/BA5",
+	"qBUN68+Jx0pf3o/Z/nlZg7DeqLVkiaNFUSQplIMqS+DXqhsNfL0hpS/RIqttpVIk1ex5ROX4jWPPYUK/",
+	"APLmzZ0YgZW1nDaOMYfyShjsIUHi+VAGlxyp6eXg3vjt5seSKd6AWa1sTaa/Yi2+mkaq3BaGcu6+VJIJ",
+	"G8L4wovY5ogWSE5/1g6NZ4NVFOSV0EpOMWwN7Zlh70OJe/ZjhmCIoowRjnB29poOYASO3pn6zso6n6Q6",
+	"hDPD7OLQrGDAhK/+VU+mdOfRRPPc7/dbwOel0pcVU+PvLdezfap1pkX39Esu4P/PZXk+P+V3MLG5hErZ",
+	"b2uNjlL2W99QN6NsjLxEYuulMaIyQhtr1UVri9wPZTsmm8M5ljbHXt1jLN4GVESubEShdPgOR+dFy4zS",
+	"S+Zb8vqy+UPpaC6ZJIoyetXw56WwWjuBaafHjn0x/aJbQii+RyIcUlfs9ZGuk76o3cB9il84wyb5q9LC",
+	"+p+6Fk1DXY5qd+9txYbuIbigCA6qNVwhkGYS5vXeLFQVwree4IvQLqPSsgOfHQ0ldViQRQcRLyOEjIpg",
+	"4Stwpj5a5Rtiy24lNASFLSQTkaXVit1FDxFWReHOwFe/MEEB8l35gQoV4p/VRhXRUFL/MSqeihpS8MIL",
+	"y9qhGCJSBqV9Y7uBE7ow9pSvFhmrrHAoccJOxUrpu0iqqbDWB1vXGop01pcIDO217kO+wLEfSMCoVgFc",
+	"JR9vkMj+wwkYd5YX7p9IvUE0rKBcaOS7u4mR6NmeR7BNifzvfVObkiVT+RXfbK9s6IWhKaLoduWL6m5q",
+	"hVNthEOMloKYTD6yGqBzVEPVWpBGj8Uaply4v899Pykq2GOWC/pU6TdGV8y5Tk2PveAYGbUkHLC2Iyr+",
+	"VAMB6lQ6xAzlYf/rJpz375ZIf0+8/D3Ns17i9y+kvS/WkGWkWvLhYauoFQb1YBHCHgk/hX7rGwtqHIcs",
+	"Zt9wajNysW24FRWJeGXnzlBMCkOLqdC2LxRljrxp0voGU5Q9eNjfL+oZS6YkYiWy6YCMFJxVRcEQxAVp",
+	"r2hrJnxsV0iuXlEcyubxrI2LHUracLTcdueRiYqM7SCNKx06XnWqZT+pgeOEy4uyDruTn0Lx0CkPQxTm",
+	"FC/whHYZ//Pf/2eJksY+sk+Mx+BknNAMS9jQHYxOZEkiKmiOSNmUW4r9DkN2mqmNG+0BiI2bZhOtwSP+",
+	"x+L+DxE+gGDFd0Lm+9M6tttnEcA2kDDsOvW57LNL3n439B9fpfUE+2p9KYz5UKYpDfArkHW90rO0rNKx",
+	"VQtfA6haXS98Js7epxm3k5t7rk1C2QhRU7SXxvr2pBt/eP86YmOFUimVpcO6mtxOfHHK6hEobY+oX8MC",
+	"C88yk3EzcUylHa/d9Ff9r/p7fCb2sCf/v/3yzX5ctqSNl554ZoNJfT59z+f0bU3mW0nfW3MTdrGxkdCJ",
+	"XZz60t73ifblNBtb34Qi41+MYjVILJplm/KqAjK6C74fYxgVGp3ZRRz6z4xUuoiYd7hVC9IG6dYbyk7O",
+	"fmLt2NdnCJ1EZmJGqIMd+WN054ewfuS9PsKdy9A1sdb/u124mfbZG/FtpdlH5Kup8pFRWW6px4YvG2p8",
+	"I2ls8IpbaXPD3s1A+hPARIj0kSn6fnp7djhp8qUNg+khbJ7qVfiqqEU7Yr/uKJzXVKXepu43xM0l9UBv",
+	"x/82s4tv+vFgKPFgfP7fXDgBxR1g56isteEpk29RKQx1s/badOzr8NKGY9bvDWWluLC3yNUBCj15PMEc",
+	"YzOBLPOpU2LMioIYmP1gJkvWOey/7s1z621xJbrfk0HuxC6oT8IDGeWK+b6UAP0nLMDkS3kuk+EVKryW",
+	"BVNzx90qePrBlyulRSzJFHXkKLvKhizksi5jbYx1VTyX0PNLIc8lIMOjeUiev1pccyusrS+s+TC3W5ll",
+	"szT35X5rMZw7XOw9qkl+75tsDIFa7c3NPets2xejQcL8fgLSTgOtpLAEZhWTas7+UjZ4i/vxoOzldrTi",
+	"5KyLVNSY2w6l/369V7PHnheTYNu1ekm7s7PXlZZqfSd8J1meojM2hK1q8G2UO2QBPez3q315/efNlkwJ",
+	"8/sNxnrvptgolz2YOQmX8kUw+1P7V4+vLci0ZnzKxBismMKdbE/UueF+rKQ09h9vJn3vk+exWcoXa+kD",
+	"6QFnEz5nnKGpPN2xJVozjJYRf/fC217wmc11vcNfCIheGAtThkHL5AGcb3T8e0grDCBArQOErjb3UTOQ",
+	"tWKfPhSPJbSQdFCJf8TAweDHHMoiLNxbVsYazKRifvZm2TBSqNFWDU7GPCtf3YM8qUO51HuHYp/dTRX9",
+	"kUIIAtXN8N0yqyfR5lLJxVTluAhejhn6vFzCwvhGpj4Yotq8qFid7//exnd87DUWRJkjIw/mJWzTir2u",
+	"LWRZqLTqmxLVOgtVFykMu1ASBquNjBta91PL1dq5XcLM9tiJn947jBMu3e0V7xUOaDeoVPbc5LMZ5uLE",
+	"G1q2+q/vqyq3H/6horLCbprMP/7ZFxPQw0d+P4D1p8CCZlJ6l3huKtiy1jFTNsw8pRfvU9LAGTYXS3HL",
+	"hX9qp8xZjZHieTxY4FI+C0VS78HHQ1lQlC6ExVRZHOpvno+eHcZUBB7TlM99Xub2gqWU4JQKvVq9gFWK",
+	"F9SrEySba7iefLhNDdcGrkTHeKuSBrfDpA8zKnH6h1Q8CpOvQ+MvVQ3+qGpEf0RFhDuUZA20p6qZrI0a",
+	"OC3euk/O5CfZGDEQFlIEloJ+ZFCuV3OsrldrCnw3SN61c3vhuS/WYSrntEk6CD9t9xOV3dcjp8S9hTeK",
+	"fb+YPjIspk/Ow2Axg+sZJJYqUhQiP+k47oCK/KqJytKhbOcSCz2WEZ2F7qF0Efh5CYtHBmsYkn8+g7Gv",
+	"A1hGex70+6HBqR9iwMjp32M/YvHDAvDq2mC5TKxiE9JYsfEsVdM3eeIkPzOUPuRgUP/O90/wW3xEnvKI",
+	"XYCNiqRipwXVlbOhbBc1wvGHOKTlFuvEHDTH1YS8iIqUNmOV5hdojB1rgLTs+IGRCmqM8adTCmSYqivi",
+	"b0WbWR8ne4QHbJfswBKuvVLsu/dhdUKsxDkB2Tmi0FavmmGZgjiFMWhUtzH2osfqWdelDh7ify+wJ4h1",
+	"H9fUzR7G3bMlXQ/VYFaoqkENLqB3Qzv/qi74x7ob0crfDoBJ7RtCgQdeRCY7QYZe+T1i7+8Kut/ek788",
+	"1CbasqEZ/wPcxiZ9uUq4f8/x/i4dYZf++NsO+JbyuP+WRP0t68ESuDRsrrPWoLWHUrxfx4ozy+N1JsaQ",
+	"LJIMu9hUWuRHJBZHRWYONfigium9MuqwFAhWQylflipvyXW9z/qyNkhxRquDfLfUdj3a3LJ8zoWl1sAR",
+	"dk1yL/p+0EjFsTNWFoK3uVxUrJCVFRUtL5oDRH0QGopHRCeXagVHWGBKaWxK3Z76TuWjBZtQIYWiXvwF",
+	"SExWTGkw3akeC5WDa1pDcAm3T85+ctPMxAw6RQiaTwHzq6zFxK0EsrEg8WVQnXuGBpamvS/HrlVPwa0m",
+	"BJ3ddddzGBkcf21wroNzCDWMVcGiqH7+XafF4Rqm/AF4ZicETEKCMRGbgtUiQbO2cAw2yachpAZjHrWa",
+	"G9Cl376NuFmsqDqrmhmH2v8vAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

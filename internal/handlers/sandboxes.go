@@ -72,6 +72,17 @@ func (s *server) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest
 	if r := b.Resources; r != nil {
 		cr.Resources = providers.Resources{CPU: r.CPU, MemoryMiB: int64p(r.MemoryMib), DiskGiB: r.DiskGib, GPU: int64p(r.GPU), GPUType: r.GPUType}
 	}
+	if b.ShmSize != nil {
+		// A number or a string, as provider_options.shm_size would be
+		// decoded: the service reads both alike.
+		raw, err := b.ShmSize.MarshalJSON()
+		if err == nil {
+			err = json.Unmarshal(raw, &cr.ShmSize)
+		}
+		if err != nil {
+			return nil, providers.InvalidFields{{Field: "shm_size", Message: "must be a number of bytes or a size string"}}
+		}
+	}
 	var out api.CreateSandbox201JSONResponse
 	if b.Count == nil {
 		ref, err := s.svc.Create(ctx, callerFrom(ctx), cr)

@@ -60,8 +60,13 @@ func (s *server) GetSnapshot(ctx context.Context, req api.GetSnapshotRequestObje
 }
 
 func (s *server) DeleteSnapshot(ctx context.Context, req api.DeleteSnapshotRequestObject) (api.DeleteSnapshotResponseObject, error) {
-	if err := s.svc.DeleteSnapshot(ctx, callerFrom(ctx), req.Sid); err != nil {
+	d, err := s.svc.DeleteSnapshot(ctx, callerFrom(ctx), req.Sid)
+	if err != nil {
 		return nil, err
 	}
-	return api.DeleteSnapshot200JSONResponse{Deleted: true}, nil
+	out := api.DeleteSnapshot200JSONResponse{Deleted: d.Deleted}
+	if d.Deferred {
+		out.Deferred = &d.Deferred
+	}
+	return out, nil
 }

@@ -63,7 +63,14 @@ type CreateSpec struct {
 	// Snapshot, when set, is a snapshot of this provider (Snapshotter) the
 	// sandbox starts from: its files replace the image's.
 	Snapshot string
+	// ShmBytes sizes the sandbox's /dev/shm, a tmpfs whose pages are the
+	// sandbox's memory (1 MiB..MaxShmBytes, validated); 0: the
+	// provider's default.
+	ShmBytes int64
 }
+
+// MaxShmBytes is the largest /dev/shm a create may ask for.
+const MaxShmBytes = 64 << 30
 
 // Sandbox is what Create returns.
 type Sandbox struct {

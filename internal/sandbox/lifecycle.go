@@ -54,8 +54,30 @@ func (r *CreateRequest) validate(c Ceilings) error {
 			bad.Add("files", "%q: %s", p, err)
 		}
 	}
+	r.shmBytes = 0
+	if r.ShmSize != nil {
+		n, err := parseShmSize(r.ShmSize)
+		if err == nil {
+			err = checkShmSize(n, r.Resources.MemoryMiB)
+		}
+		if err != nil {
+			bad.Add("shm_size", "%s", err)
+		}
+		r.shmBytes = n
+	}
 	c.checkCreate(r, &bad)
 	return bad.Err()
+}
+
+// without returns a copy of m without key.
+func without(m map[string]any, key string) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		if k != key {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // Create makes a sandbox, waiting in the capacity queue if the gateway is
@@ -143,20 +165,22 @@ func (s *Service) prepare(c Caller, req CreateRequest) (string, CreateRequest, *
 	if err != nil {
 		return "", req, nil, err
 	}
-	// NeMo Gym names the snapshot in provider_options.
+	// NeMo Gym names the snapshot and the size of /dev/shm in
+	// provider_options.
 	if v, ok := req.ProviderOptions["snapshot_id"]; ok {
 		sid, isString := v.(string)
 		if !isString || (req.SnapshotID != "" && req.SnapshotID != sid) {
 			return "", req, nil, providers.InvalidFields{{Field: "provider_options.snapshot_id", Message: "must be a string, and the same as snapshot_id if both are given"}}
 		}
 		req.SnapshotID = sid
-		opts := make(map[string]any, len(req.ProviderOptions))
-		for k, v := range req.ProviderOptions {
-			if k != "snapshot_id" {
-				opts[k] = v
-			}
+		req.ProviderOptions = without(req.ProviderOptions, "snapshot_id")
+	}
+	if v, ok := req.ProviderOptions["shm_size"]; ok {
+		if req.ShmSize != nil {
+			return "", req, nil, providers.InvalidFields{{Field: "provider_options.shm_size", Message: "give shm_size once: at the top level or here"}}
 		}
-		req.ProviderOptions = opts
+		req.ShmSize = v
+		req.ProviderOptions = without(req.ProviderOptions, "shm_size")
 	}
 	var sn *Snapshot
 	if req.SnapshotID != "" {
@@ -262,6 +286,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 			Options:      req.ProviderOptions,
 			ReadyTimeout: ready,
 			Snapshot:     req.SnapshotID,
+			ShmBytes:     req.shmBytes,
 		})
 	}
 	if err != nil {
@@ -498,7 +523,9 @@ func (s *Service) pauseResume(ctx context.Context, c Caller, id string, pause bo
 	}
 	p, ok := s.p.(providers.Pauser)
 	if !ok {
-		return Info{}, providers.Errorf(providers.ErrUnsupported, "pause is not supported by provider %s", s.p.Name())
+		// kubernetes: the Pod API has no freeze, and the sandbox's
+		// processes are not the gateway's to stop one by one.
+		return Info{}, providers.Errorf(providers.ErrUnsupported, "pause and resume are not supported by provider %s: it cannot freeze a sandbox's processes in place; the sandbox keeps running", s.p.Name())
 	}
 	from, to, do := providers.StateRunning, providers.StatePaused, p.Pause
 	if !pause {

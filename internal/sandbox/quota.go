@@ -69,7 +69,12 @@ type QuotaInfo struct {
 	MemoryMiB int64 // committed by the key's live sandboxes
 	DiskMiB   int64
 
-	Snapshots     int   // kept (internal ones, a fork's, not counted)
+	// Snapshots counts the key's snapshots but not the hidden ones: a
+	// fork's, and one its owner deleted while sandboxes made from it live.
+	// Those leave the quota at once: the owner can neither see nor remove
+	// them, and they last only as long as sandboxes the key already
+	// holds (and pays for in Sandboxes).
+	Snapshots     int
 	SnapshotBytes int64 // their bytes (0 for a provider that cannot tell)
 	// OrphanedSnapshots are those of Snapshots whose source sandbox is gone:
 	// deleting them (DELETE /v1/snapshots/{sid}) frees their quota.
@@ -117,14 +122,14 @@ type snapUsage struct {
 	bytes, orphanBytes int64
 }
 
-// snapshotUsage counts key's snapshots (not a fork's internal ones) and
-// those whose source sandbox is no longer live.
+// snapshotUsage counts key's snapshots (not the hidden ones) and those
+// whose source sandbox is no longer live.
 func (s *Service) snapshotUsage(key string) snapUsage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var u snapUsage
 	for _, sn := range s.snaps {
-		if sn.Creator != key || sn.Internal {
+		if sn.Creator != key || hidden(sn) {
 			continue
 		}
 		u.count++

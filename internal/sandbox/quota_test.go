@@ -308,8 +308,8 @@ func TestSnapshotQuotaAndOrphans(t *testing.T) {
 	}
 
 	for _, sid := range sids {
-		if err := e.svc.DeleteSnapshot(ctx, keyA, sid); err != nil {
-			t.Fatal(err)
+		if d, err := e.svc.DeleteSnapshot(ctx, keyA, sid); err != nil || !d.Deleted {
+			t.Fatal(d, err)
 		}
 	}
 	if q, _ := e.svc.Quota(ctx, keyA); q.Snapshots != 0 || q.SnapshotBytes != 0 || q.OrphanedSnapshotBytes != 0 {

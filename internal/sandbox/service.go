@@ -230,6 +230,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		st.Close()
 		return nil, err
 	}
+	s.releaseSnapshots(ctx)
 	if err := s.startPools(ctx, opts.Pools); err != nil {
 		st.Close()
 		return nil, err
@@ -360,6 +361,10 @@ type CreateRequest struct {
 	Ports           []int
 	ProviderOptions map[string]any
 	SnapshotID      string // start from this snapshot ("" = the image)
+	// ShmSize sizes /dev/shm: bytes (a JSON number) or a size string
+	// (parseShmSize); nil: the provider's default.
+	ShmSize  any
+	shmBytes int64 // ShmSize, set by validate
 }
 
 // Ref is what create and mint return: a sandbox and one token for it.

@@ -113,7 +113,8 @@ func (s *Service) snapshot(ctx context.Context, b *box, name string, internal bo
 }
 
 // Snapshots lists the snapshots the caller's key owns (internal ones, a
-// fork's, are not listed), oldest first.
+// fork's, and deleted ones still held for their sandboxes are not
+// listed), oldest first.
 func (s *Service) Snapshots(ctx context.Context, c Caller) ([]Snapshot, error) {
 	creator, err := s.authorizeKey(c)
 	if err != nil {
@@ -123,13 +124,17 @@ func (s *Service) Snapshots(ctx context.Context, c Caller) ([]Snapshot, error) {
 	defer s.mu.Unlock()
 	out := []Snapshot{}
 	for _, sn := range s.snaps {
-		if sn.Creator == creator && !sn.Internal {
+		if sn.Creator == creator && !hidden(sn) {
 			out = append(out, sn)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
 	return out, nil
 }
+
+// hidden reports whether sn is kept only for the sandboxes made from it:
+// a fork's, or one its owner deleted. Its owner no longer sees it.
+func hidden(sn Snapshot) bool { return sn.Internal || sn.Deleted }
 
 // GetSnapshot describes snapshot sid; another key's is not found.
 func (s *Service) GetSnapshot(ctx context.Context, c Caller, sid string) (Snapshot, error) {
@@ -144,35 +149,89 @@ func (s *Service) ownSnapshot(creator, sid string) (Snapshot, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sn, ok := s.snaps[sid]
-	if !ok || sn.Creator != creator || sn.Internal {
+	if !ok || sn.Creator != creator || hidden(sn) {
 		return Snapshot{}, providers.Errorf(providers.ErrNotFound, "snapshot %s not found", sid)
 	}
 	return sn, nil
 }
 
-// DeleteSnapshot deletes snapshot sid; refused (ErrConflict) while a
-// sandbox made from it exists.
-func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, sid string) error {
-	creator, err := s.authorizeKey(c)
-	if err != nil {
-		return err
-	}
-	if _, err := s.ownSnapshot(creator, sid); err != nil {
-		return err
-	}
-	if users := s.snapshotUsers(sid); len(users) > 0 {
-		return providers.Errorf(providers.ErrConflict, "snapshot %s is in use by %d sandbox(es), e.g. %s: delete them first", sid, len(users), users[0])
-	}
-	return s.dropSnapshot(ctx, sid)
+// SnapshotDeletion is what DeleteSnapshot did.
+type SnapshotDeletion struct {
+	// Deleted: this call deleted the snapshot (false: the key had no
+	// such snapshot, or it was deleted already).
+	Deleted bool
+	// Deferred: sandboxes made from the snapshot still exist; its
+	// storage is freed when the last of them is removed.
+	Deferred bool
 }
 
-// snapshotUsers are the sandboxes made from snapshot sid.
+// DeleteSnapshot deletes snapshot sid of the caller's key. It may be
+// repeated: an unknown id, one already deleted and another key's (which
+// is left alone) all answer a zero SnapshotDeletion. While sandboxes made
+// from the snapshot exist it is deleted for the caller at once (gone from
+// list, get, creates and the key's snapshot quota) and its storage is
+// freed when the last of them is removed, or at the next start of the
+// gateway if it was down then. ErrUnsupported on a provider without
+// snapshots.
+func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, sid string) (SnapshotDeletion, error) {
+	creator, err := s.authorizeKey(c)
+	if err != nil {
+		return SnapshotDeletion{}, err
+	}
+	_, st, err := s.snapshotter()
+	if err != nil {
+		return SnapshotDeletion{}, err
+	}
+	s.mu.Lock()
+	sn, ok := s.snaps[sid]
+	visible := ok && sn.Creator == creator && !sn.Internal
+	first := visible && !sn.Deleted
+	if first {
+		sn.Deleted = true
+		s.snaps[sid] = sn
+	}
+	s.mu.Unlock()
+	if !visible {
+		return SnapshotDeletion{}, nil
+	}
+	if first {
+		// The mark is durable before any storage goes, so that a
+		// restart finishes what this call began.
+		if err := st.PutSnapshot(ctx, sn); err != nil {
+			s.mu.Lock()
+			sn.Deleted = false
+			s.snaps[sid] = sn
+			s.mu.Unlock()
+			return SnapshotDeletion{}, err
+		}
+	}
+	done := SnapshotDeletion{Deleted: first, Deferred: true}
+	if users := s.snapshotUsers(sid); len(users) > 0 {
+		s.log.Info("snapshot deleted; its storage is kept for the sandboxes made from it", "snapshot", sid, "sandboxes", len(users))
+		return done, nil
+	}
+	// A repeated delete retries the storage of a snapshot whose first
+	// delete could not free it. A create from it that raced this delete
+	// holds it in the provider (ErrConflict): it goes with that sandbox.
+	if err := s.dropSnapshot(ctx, sid); err != nil {
+		if errors.Is(err, providers.ErrConflict) {
+			return done, nil
+		}
+		return SnapshotDeletion{}, err
+	}
+	done.Deferred = false
+	return done, nil
+}
+
+// snapshotUsers are the live sandboxes made from snapshot sid. One that
+// ended but is not removed yet may still hold it in the provider, which
+// then refuses its delete (ErrConflict) until that sandbox is removed.
 func (s *Service) snapshotUsers(sid string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ids []string
 	for id, b := range s.boxes {
-		if b.rec.Snapshot == sid {
+		if b.rec.Snapshot == sid && b.rec.State.Live() {
 			ids = append(ids, id)
 		}
 	}
@@ -199,8 +258,8 @@ func (s *Service) dropSnapshot(ctx context.Context, sid string) error {
 	return nil
 }
 
-// releaseSnapshot deletes an internal snapshot (a fork's) once no
-// sandbox made from it is left.
+// releaseSnapshot deletes a hidden snapshot (a fork's, or one its owner
+// deleted) once no sandbox made from it is left.
 func (s *Service) releaseSnapshot(ctx context.Context, sid string) {
 	if sid == "" {
 		return
@@ -208,11 +267,34 @@ func (s *Service) releaseSnapshot(ctx context.Context, sid string) {
 	s.mu.Lock()
 	sn, ok := s.snaps[sid]
 	s.mu.Unlock()
-	if !ok || !sn.Internal || len(s.snapshotUsers(sid)) > 0 {
+	if !ok || !hidden(sn) || len(s.snapshotUsers(sid)) > 0 {
 		return
 	}
-	if err := s.dropSnapshot(ctx, sid); err != nil {
-		s.log.Warn("delete a fork's snapshot", "snapshot", sid, "err", err)
+	switch err := s.dropSnapshot(ctx, sid); {
+	case errors.Is(err, providers.ErrConflict):
+		// An ended sandbox made from it is not removed yet; its
+		// removal calls this again.
+		s.log.Debug("snapshot still held by an ended sandbox", "snapshot", sid, "err", err)
+	case err != nil:
+		s.log.Warn("delete a snapshot no sandbox uses any more", "snapshot", sid, "err", err)
+	}
+}
+
+// releaseSnapshots is releaseSnapshot for every hidden snapshot, at
+// start-up: the last sandbox made from one may have gone while the
+// gateway was down, or its storage may not have been freed then.
+func (s *Service) releaseSnapshots(ctx context.Context) {
+	s.mu.Lock()
+	var sids []string
+	for sid, sn := range s.snaps {
+		if hidden(sn) {
+			sids = append(sids, sid)
+		}
+	}
+	s.mu.Unlock()
+	sort.Strings(sids)
+	for _, sid := range sids {
+		s.releaseSnapshot(ctx, sid)
 	}
 }
 

@@ -93,8 +93,8 @@ func TestForkIsolation(t *testing.T) {
 }
 
 // A named snapshot: listed and read by its key only, a create from it
-// (either form), its delete refused while a sandbox made from it lives,
-// kept across a restart.
+// (either form), kept across a restart, deleted once no sandbox made
+// from it is left (TestSnapshotDeleteDeferred covers a delete before).
 func TestSnapshotLifecycle(t *testing.T) {
 	e := newEnv(t, func(o *Options) { o.APIKeys = []string{"k1", "k2"} })
 	ctx := context.Background()
@@ -151,17 +151,16 @@ func TestSnapshotLifecycle(t *testing.T) {
 	if got, err := e.svc.GetSnapshot(ctx, k1, sn.ID); err != nil || got.Name != "clean" {
 		t.Fatalf("after a restart: %+v %v", got, err)
 	}
-	err = e.svc.DeleteSnapshot(ctx, k1, sn.ID)
-	wantKind(t, err, providers.ErrConflict)
 	for _, r := range []Ref{a, b} {
 		if err := e.svc.Delete(ctx, lease(r.Token), r.SandboxID); err != nil {
 			t.Fatal(err)
 		}
 	}
-	err = e.svc.DeleteSnapshot(ctx, k2, sn.ID)
-	wantKind(t, err, providers.ErrNotFound)
-	if err := e.svc.DeleteSnapshot(ctx, k1, sn.ID); err != nil {
-		t.Fatal(err)
+	if d, err := e.svc.DeleteSnapshot(ctx, k2, sn.ID); err != nil || d != (SnapshotDeletion{}) {
+		t.Fatalf("another key's delete: %+v %v", d, err)
+	}
+	if d, err := e.svc.DeleteSnapshot(ctx, k1, sn.ID); err != nil || d != (SnapshotDeletion{Deleted: true}) {
+		t.Fatalf("delete: %+v %v", d, err)
 	}
 	if s := e.p.Snapshots(); len(s) != 0 {
 		t.Fatalf("provider still has %v", s)
@@ -187,5 +186,98 @@ func TestForkAllOrNothing(t *testing.T) {
 	}
 	if s := e.p.Snapshots(); len(s) != 0 {
 		t.Fatalf("a failed fork left its snapshot %v", s)
+	}
+}
+
+// NeMo Gym's delete_snapshot: a delete may be repeated; another key's
+// delete is an unknown id's and touches nothing; a delete while sandboxes
+// made from the snapshot live succeeds at once (gone from list, get,
+// creates and quota) and its storage goes with the last of them, across
+// a restart too.
+func TestSnapshotDeleteDeferred(t *testing.T) {
+	e := newEnv(t, func(o *Options) { o.APIKeys = []string{"k1", "k2"} })
+	ctx := context.Background()
+	k1, k2 := Caller{Bearer: "k1"}, Caller{Bearer: "k2"}
+	src, err := e.svc.Create(ctx, k1, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.write(t, lease(src.Token), src.SandboxID, "seed", "seeded")
+	sn, err := e.svc.Snapshot(ctx, lease(src.Token), src.SandboxID, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var users []Ref
+	for range 2 {
+		r, err := e.svc.Create(ctx, k1, CreateRequest{ProviderOptions: map[string]any{"snapshot_id": sn.ID}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		users = append(users, r)
+	}
+
+	for _, id := range []string{sn.ID, "snp-nosuchsnapshotxxxxx"} {
+		if d, err := e.svc.DeleteSnapshot(ctx, k2, id); err != nil || d != (SnapshotDeletion{}) {
+			t.Fatalf("k2 deletes %s: %+v %v", id, d, err)
+		}
+	}
+	if _, err := e.svc.GetSnapshot(ctx, k1, sn.ID); err != nil {
+		t.Fatalf("k2's delete reached k1's snapshot: %v", err)
+	}
+	if d, err := e.svc.DeleteSnapshot(ctx, k1, sn.ID); err != nil || d != (SnapshotDeletion{Deleted: true, Deferred: true}) {
+		t.Fatalf("delete in use: %+v %v", d, err)
+	}
+	if d, err := e.svc.DeleteSnapshot(ctx, k1, sn.ID); err != nil || d.Deleted {
+		t.Fatalf("repeated delete: %+v %v", d, err)
+	}
+	_, err = e.svc.GetSnapshot(ctx, k1, sn.ID)
+	wantKind(t, err, providers.ErrNotFound)
+	if l, _ := e.svc.Snapshots(ctx, k1); len(l) != 0 {
+		t.Fatalf("a deleted snapshot is listed: %v", l)
+	}
+	if q, _ := e.svc.Quota(ctx, k1); q.Snapshots != 0 || q.SnapshotBytes != 0 {
+		t.Fatalf("a deleted snapshot counts: %+v", q)
+	}
+	_, err = e.svc.Create(ctx, k1, CreateRequest{SnapshotID: sn.ID})
+	wantKind(t, err, providers.ErrNotFound)
+	for _, r := range users {
+		if got := e.read(t, lease(r.Token), r.SandboxID, "seed"); got != "seeded" {
+			t.Fatalf("a sandbox of the deleted snapshot reads %q", got)
+		}
+	}
+	if s := e.p.Snapshots(); len(s) != 1 {
+		t.Fatalf("the provider holds %v while sandboxes use it", s)
+	}
+
+	// One user goes while the gateway runs, the other while it is down.
+	if err := e.svc.Delete(ctx, lease(users[0].Token), users[0].SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.p.Snapshots(); len(s) != 1 {
+		t.Fatalf("freed with a sandbox still using it: %v", s)
+	}
+	e.restart(t)
+	if _, err := e.svc.GetSnapshot(ctx, k1, sn.ID); err == nil {
+		t.Fatal("the deleted snapshot is back after a restart")
+	}
+	e.svc.Close()
+	if err := e.p.Delete(ctx, users[1].SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	e.restart(t)
+	if s := e.p.Snapshots(); len(s) != 0 {
+		t.Fatalf("the restart left the snapshot's storage: %v", s)
+	}
+
+	// Without users: freed at once.
+	sn2, err := e.svc.Snapshot(ctx, lease(src.Token), src.SandboxID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := e.svc.DeleteSnapshot(ctx, k1, sn2.ID); err != nil || d != (SnapshotDeletion{Deleted: true}) {
+		t.Fatalf("delete unused: %+v %v", d, err)
+	}
+	if s := e.p.Snapshots(); len(s) != 0 {
+		t.Fatalf("an unused deleted snapshot kept: %v", s)
 	}
 }

@@ -93,6 +93,9 @@ type Snapshot struct {
 	Workdir   string    `json:"workdir"`
 	// Internal: made by a fork, removed with the last sandbox made from it.
 	Internal bool `json:"internal,omitempty"`
+	// Deleted: deleted by its owner while sandboxes made from it lived;
+	// hidden from the owner, removed with the last of them.
+	Deleted bool `json:"deleted,omitempty"`
 }
 
 // Store is where the service keeps records and leases so that they

@@ -232,6 +232,7 @@ func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, wor
 		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
 		LogConfig:     container.LogConfig{Type: "none"},
 		Mounts:        []mount.Mount{d.agentMount()},
+		ShmSize:       spec.ShmBytes, // 0: the daemon's default (64 MiB)
 	}
 	extra := d.setLimits(hc, spec.Resources, o, f)
 	netMode := o.network

@@ -144,6 +144,13 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 			workMount = append(workMount, corev1.VolumeMount{Name: "workdir", MountPath: workdir})
 		}
 	}
+	if spec.ShmBytes > 0 {
+		// A tmpfs the kubelet sizes to the limit (memory-backed volumes
+		// are sized since Kubernetes 1.22), charged to the pod's memory.
+		size := resource.NewQuantity(spec.ShmBytes, resource.BinarySI)
+		volumes = append(volumes, corev1.Volume{Name: "shm", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: size}}})
+		workMount = append(workMount, corev1.VolumeMount{Name: "shm", MountPath: "/dev/shm"})
+	}
 	mount := func(ro bool) []corev1.VolumeMount {
 		return []corev1.VolumeMount{{Name: containerAgent, MountPath: agentDir, ReadOnly: ro}}
 	}

@@ -2,6 +2,7 @@ package local
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,6 +85,9 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 			return providers.Sandbox{}, err
 		}
 	}
+	if spec.ShmBytes != 0 && l.isolation != IsolationNamespaces {
+		return providers.Sandbox{}, providers.Errorf(providers.ErrUnsupported, "shm_size needs isolation %q: with %q a sandbox shares the host's /dev/shm", IsolationNamespaces, l.isolation)
+	}
 	var snap snapshotRecord
 	if spec.Snapshot != "" {
 		var err error
@@ -151,7 +155,7 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	defer cancel()
 	cfg := jail.Config{
 		ID: spec.ID, Dir: dir, Private: l.private, Workdir: spec.Workdir, Isolation: l.isolation,
-		IDBase: idBase, ShmBytes: l.shm, Seccomp: l.seccomp,
+		IDBase: idBase, ShmBytes: cmp.Or(spec.ShmBytes, l.shm), Seccomp: l.seccomp,
 	}
 	cgroups, skipped, err := createCgroups(spec.ID, res, l.pidsMax)
 	if err != nil {
