@@ -63,6 +63,9 @@ type CreateSpec struct {
 	// Snapshot, when set, is a snapshot of this provider (Snapshotter) the
 	// sandbox starts from: its files replace the image's.
 	Snapshot string
+	// Volumes are mounted into the sandbox before it starts (see
+	// VolumeMount); a provider that is no Volumer refuses volume mounts.
+	Volumes []VolumeMount
 }
 
 // Sandbox is what Create returns.

@@ -1,0 +1,137 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/local/jail"
+)
+
+var _ providers.Volumer = (*Local)(nil)
+
+// volumesDir holds one directory per volume (see jail.MakeVolume), named
+// by its id, with fsFile naming its filesystem.
+const (
+	volumesDir = "volumes"
+	fsFile     = "fs"
+)
+
+func (l *Local) volumeDir(id string) string { return filepath.Join(l.stateDir, volumesDir, id) }
+
+// volumeSource returns the host directory holding volume id's files, as
+// mounted by the gateway: the docker provider binds it too.
+func (l *Local) volumeSource(id string) (string, error) {
+	if !idPattern.MatchString(id) {
+		return "", providers.Errorf(providers.ErrNotFound, "volume %s not found", id)
+	}
+	mnt := filepath.Join(l.volumeDir(id), jail.VolumeMnt)
+	if _, err := os.Stat(mnt); err != nil {
+		return "", providers.Errorf(providers.ErrNotFound, "volume %s not found", id)
+	}
+	return mnt, nil
+}
+
+// CreateVolume makes volume id: a filesystem of its own of sizeBytes
+// (whole MiB, at least jail.MinDiskBytes), mounted under the state
+// directory.
+func (l *Local) CreateVolume(ctx context.Context, id string, sizeBytes int64) error {
+	if l.isolation != IsolationNamespaces || l.mkfs == "" {
+		return providers.Errorf(providers.ErrUnsupported, "this local provider cannot make volumes (it needs isolation namespaces, loop devices and mkfs)")
+	}
+	if !idPattern.MatchString(id) {
+		return providers.Errorf(providers.ErrInvalid, "volume id must be 1-63 lowercase letters, digits or dashes")
+	}
+	if sizeBytes < jail.MinDiskBytes {
+		return providers.Errorf(providers.ErrInvalid, "a volume is at least %d MiB", jail.MinDiskBytes>>20)
+	}
+	sizeBytes = sizeBytes >> 20 << 20
+	dir := l.volumeDir(id)
+	if err := jail.MakeVolume(l.diskFS, l.mkfs, l.stateDir+"/disk-templates", dir, sizeBytes); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return providers.Errorf(providers.ErrConflict, "volume %s exists", id)
+		}
+		return fmt.Errorf("make volume %s: %w", id, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, fsFile), []byte(l.diskFS), 0o600); err != nil {
+		jail.RemoveVolume(dir)
+		return fmt.Errorf("make volume %s: %w", id, err)
+	}
+	return nil
+}
+
+// DeleteVolume unmounts volume id and removes its image.
+func (l *Local) DeleteVolume(ctx context.Context, id string) error {
+	if _, err := l.volumeSource(id); err != nil {
+		return err
+	}
+	if err := jail.RemoveVolume(l.volumeDir(id)); err != nil {
+		return fmt.Errorf("delete volume %s: %w", id, err)
+	}
+	return nil
+}
+
+// mountVolumes mounts the volumes on disk that are not mounted (after the
+// host restarted; a gateway restart finds them mounted). A volume that
+// cannot be mounted is logged and left for its delete.
+func (l *Local) mountVolumes() {
+	ents, err := os.ReadDir(filepath.Join(l.stateDir, volumesDir))
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		dir := l.volumeDir(e.Name())
+		fs, err := os.ReadFile(filepath.Join(dir, fsFile))
+		if err == nil {
+			err = jail.MountVolume(strings.TrimSpace(string(fs)), dir)
+		}
+		if err != nil {
+			l.log.Error("local: mount volume", "volume", e.Name(), "err", err)
+		}
+	}
+}
+
+// volumeBinds turns a create's volume mounts into init's, checking each
+// sub_path resolves to a directory inside its source (the authoritative
+// resolution is setup's, by descriptor, at mount time; this one gives the
+// client a 400 instead of a failed start).
+func (l *Local) volumeBinds(mounts []providers.VolumeMount) ([]jail.VolumeBind, error) {
+	var out []jail.VolumeBind
+	var problems []string
+	for i, m := range mounts {
+		src := m.HostPath
+		if m.Volume != "" {
+			var err error
+			if src, err = l.volumeSource(m.Volume); err != nil {
+				problems = append(problems, fmt.Sprintf("volumes[%d]: %s", i, providers.Message(err)))
+				continue
+			}
+		}
+		fd, err := jail.OpenBeneath(src, m.SubPath)
+		if err != nil {
+			why := "cannot be opened"
+			switch {
+			case errors.Is(err, unix.EXDEV), errors.Is(err, unix.ELOOP):
+				why = "leaves the volume (a symlink on the way points out of it)"
+			case errors.Is(err, unix.ENOENT):
+				why = "does not exist"
+			case errors.Is(err, unix.ENOTDIR):
+				why = "is not a directory"
+			}
+			problems = append(problems, fmt.Sprintf("volumes[%d].sub_path %q %s", i, m.SubPath, why))
+			continue
+		}
+		unix.Close(fd)
+		out = append(out, jail.VolumeBind{Source: src, Sub: m.SubPath, Target: m.MountPath, ReadOnly: m.ReadOnly})
+	}
+	if len(problems) > 0 {
+		return nil, providers.Errorf(providers.ErrInvalid, "%s", strings.Join(problems, "; "))
+	}
+	return out, nil
+}
