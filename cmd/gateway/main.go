@@ -132,6 +132,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		MaxExecsPerSandbox: cfg.MaxExecsPerSandbox,
 		CommandRetention:   cfg.CommandRetention,
 		Ceilings:           ceilings,
+		VolumeRoots:        cfg.VolumeRoots,
 		Logger:             log,
 		Metrics:            met,
 	})

@@ -231,7 +231,7 @@ type CreateSandbox struct {
 	// Ports Ports to expose through `GET /v1/sandboxes/{id}/endpoints/{port}`.
 	Ports []int `json:"ports,omitempty"`
 
-	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` is accepted here too (NeMo Gym's form) and means the top-level field.
+	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` is accepted here too (NeMo Gym's form) and means the top-level field. So is `volumes` in OpenSandbox's shape (`name`, one source of `host: {path}` or `pvc: {claimName}` naming one of the key's volumes, `mountPath`, `readOnly` or `accessMode: RO|RW`, `subPath`): added to the top-level `volumes`.
 	ProviderOptions map[string]interface{} `json:"provider_options,omitempty"`
 
 	// ReadyTimeoutS How long to wait for the sandbox to become ready.
@@ -244,8 +244,24 @@ type CreateSandbox struct {
 	// TTLS Lifetime in seconds from creation (default 1800; 0 = no expiry, refused when the gateway has a TTL ceiling, `--max-ttl`, by default 24 h).
 	TTLS *float64 `json:"ttl_s,omitempty"`
 
+	// Volumes Mounted before the sandbox starts. Every problem of every mount is one 400, and nothing is made.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+
 	// Workdir The working directory (created if missing).
 	Workdir *string `json:"workdir,omitempty"`
+}
+
+// CreateVolume defines model for CreateVolume.
+type CreateVolume struct {
+	// Name Unique among the key's volumes; a DNS label (lowercase letters, digits, dashes).
+	//
+	// Example: dataset
+	Name string `json:"name"`
+
+	// SizeGib Its size in GiB (fractions allowed; at least 0.0625, 64 MiB).
+	//
+	// Example: 1
+	SizeGib float64 `json:"size_gib"`
 }
 
 // DeleteResult defines model for DeleteResult.
@@ -690,6 +706,44 @@ type UploadRequest struct {
 // UploadResult Always `{}`.
 type UploadResult = struct{}
 
+// Volume defines model for Volume.
+type Volume struct {
+	CreatedAt time.Time `json:"created_at"`
+
+	// MountedBy The sandboxes that mount it now.
+	MountedBy []string `json:"mounted_by"`
+	Name      string   `json:"name"`
+	SizeGib   float64  `json:"size_gib"`
+
+	// VolumeID Example: vol-abcdefghij234567klmn
+	VolumeID string `json:"volume_id"`
+}
+
+// VolumeList defines model for VolumeList.
+type VolumeList struct {
+	Volumes []Volume `json:"volumes"`
+}
+
+// VolumeMount One mount of a create; exactly one of `volume` and `host_path`.
+type VolumeMount struct {
+	// HostPath A host directory under one of the gateway's `--volume-root`s (checked after resolving symlinks and `..`; otherwise 400). Not on kubernetes.
+	HostPath *string `json:"host_path,omitempty"`
+
+	// MountPath Where it appears in the sandbox; absolute, not `/` and not in /proc, /dev or /sys.
+	//
+	// Example: /data
+	MountPath string `json:"mount_path"`
+
+	// ReadOnly A read-only mount (a write fails with EROFS), not a mode.
+	ReadOnly *bool `json:"read_only,omitempty"`
+
+	// SubPath Mount only this directory inside the volume: relative, no `..`; a symlink in it that leads out of the volume is refused with 400.
+	SubPath *string `json:"sub_path,omitempty"`
+
+	// Volume One of the caller's volumes, by name or id.
+	Volume *string `json:"volume,omitempty"`
+}
+
 // CommandID Example: cmd-0123456789abcdef
 type CommandID = string
 
@@ -831,6 +885,9 @@ type CreateSnapshotJSONRequestBody = SnapshotRequest
 
 // UploadFileJSONRequestBody defines body for UploadFile for application/json ContentType.
 type UploadFileJSONRequestBody = UploadRequest
+
+// CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
+type CreateVolumeJSONRequestBody = CreateVolume
 
 // AsSandboxRef returns the union data inside the CreateSandbox201JSONResponseBody as a SandboxRef
 func (t CreateSandbox201JSONResponseBody) AsSandboxRef() (SandboxRef, error) {
@@ -1545,6 +1602,55 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/snapshots/{sid} (the `GetSnapshot` operationId).
 	GetSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListVolumes List the caller's volumes
+	//
+	// Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
+	ListVolumes(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateVolumeWithBody Create a volume
+	//
+	// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+	// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+	// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+	// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+	// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+	// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+	// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+	// `quota_exceeded`. A name the key already uses answers 409.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+	CreateVolumeWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateVolume Create a volume
+	//
+	// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+	// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+	// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+	// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+	// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+	// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+	// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+	// `quota_exceeded`. A name the key already uses answers 409.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+	CreateVolume(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteVolume Delete a volume and its storage
+	//
+	// Refused with 409 while a sandbox mounts it (delete those first).
+	//
+	// Corresponds with DELETE /v1/volumes/{volume} (the `DeleteVolume` operationId).
+	DeleteVolume(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetVolume Describe a volume
+	//
+	// Corresponds with GET /v1/volumes/{volume} (the `GetVolume` operationId).
+	GetVolume(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // GetQuota The caller's quotas and usage
@@ -2513,6 +2619,105 @@ func (c *Client) DeleteSnapshot(ctx context.Context, sid SnapshotID, reqEditors 
 // Corresponds with GET /v1/snapshots/{sid} (the `GetSnapshot` operationId).
 func (c *Client) GetSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSnapshotRequest(c.Server, sid)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListVolumes List the caller's volumes
+//
+// Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
+func (c *Client) ListVolumes(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListVolumesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateVolumeWithBody Create a volume
+//
+// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+// `quota_exceeded`. A name the key already uses answers 409.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+func (c *Client) CreateVolumeWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateVolumeRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateVolume Create a volume
+//
+// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+// `quota_exceeded`. A name the key already uses answers 409.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+func (c *Client) CreateVolume(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateVolumeRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteVolume Delete a volume and its storage
+//
+// Refused with 409 while a sandbox mounts it (delete those first).
+//
+// Corresponds with DELETE /v1/volumes/{volume} (the `DeleteVolume` operationId).
+func (c *Client) DeleteVolume(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteVolumeRequest(c.Server, volume)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetVolume Describe a volume
+//
+// Corresponds with GET /v1/volumes/{volume} (the `GetVolume` operationId).
+func (c *Client) GetVolume(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetVolumeRequest(c.Server, volume)
 	if err != nil {
 		return nil, err
 	}
@@ -4088,6 +4293,141 @@ func NewGetSnapshotRequest(server string, sid SnapshotID) (*http.Request, error)
 	return req, nil
 }
 
+// NewListVolumesRequest constructs an http.Request for the ListVolumes method
+func NewListVolumesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/volumes")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCreateVolumeRequest calls the generic CreateVolume builder with application/json body
+func NewCreateVolumeRequest(server string, body CreateVolumeJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateVolumeRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewCreateVolumeRequestWithBody constructs an http.Request for the CreateVolume method, with any body, and a specified content type
+func NewCreateVolumeRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/volumes")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteVolumeRequest constructs an http.Request for the DeleteVolume method
+func NewDeleteVolumeRequest(server string, volume string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "volume", volume, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/volumes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetVolumeRequest constructs an http.Request for the GetVolume method
+func NewGetVolumeRequest(server string, volume string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "volume", volume, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/volumes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -4697,6 +5037,61 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/snapshots/{sid} (the `GetSnapshot` operationId).
 	GetSnapshotWithResponse(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*GetSnapshotResponse, error)
+
+	// ListVolumesWithResponse List the caller's volumes
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
+	ListVolumesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListVolumesResponse, error)
+
+	// CreateVolumeWithBodyWithResponse Create a volume
+	//
+	// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+	// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+	// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+	// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+	// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+	// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+	// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+	// `quota_exceeded`. A name the key already uses answers 409.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+	CreateVolumeWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error)
+
+	// CreateVolumeWithResponse Create a volume
+	//
+	// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+	// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+	// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+	// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+	// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+	// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+	// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+	// `quota_exceeded`. A name the key already uses answers 409.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+	CreateVolumeWithResponse(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error)
+
+	// DeleteVolumeWithResponse Delete a volume and its storage
+	//
+	// Refused with 409 while a sandbox mounts it (delete those first).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/volumes/{volume} (the `DeleteVolume` operationId).
+	DeleteVolumeWithResponse(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*DeleteVolumeResponse, error)
+
+	// GetVolumeWithResponse Describe a volume
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/volumes/{volume} (the `GetVolume` operationId).
+	GetVolumeWithResponse(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*GetVolumeResponse, error)
 }
 
 type GetQuotaResponse struct {
@@ -7484,6 +7879,247 @@ func (r GetSnapshotResponse) ContentType() string {
 	return ""
 }
 
+type ListVolumesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *VolumeList
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListVolumesResponse) GetJSON200() *VolumeList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListVolumesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetBody returns the raw response body bytes
+func (r ListVolumesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListVolumesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListVolumesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListVolumesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateVolumeResponse429Headers the declared response headers of an HTTP 429 response for CreateVolume
+type CreateVolumeResponse429Headers struct {
+	RetryAfter *int
+}
+
+type CreateVolumeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Volume
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *QuotaExceeded
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateVolumeResponse429Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateVolumeResponse) GetJSON201() *Volume {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreateVolumeResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreateVolumeResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CreateVolumeResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateVolumeResponse) GetApplicationProblemJSON429() *QuotaExceeded {
+	return r.ApplicationProblemJSON429
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateVolumeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateVolumeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateVolumeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateVolumeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DeleteVolumeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *DeleteResult
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeleteVolumeResponse) GetJSON200() *DeleteResult {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DeleteVolumeResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r DeleteVolumeResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r DeleteVolumeResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteVolumeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteVolumeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteVolumeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteVolumeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetVolumeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Volume
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetVolumeResponse) GetJSON200() *Volume {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetVolumeResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetVolumeResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r GetVolumeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetVolumeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetVolumeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetVolumeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetQuotaWithResponse The caller's quotas and usage
 //
 // The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
@@ -8324,6 +8960,91 @@ func (c *ClientWithResponses) GetSnapshotWithResponse(ctx context.Context, sid S
 		return nil, err
 	}
 	return ParseGetSnapshotResponse(rsp)
+}
+
+// ListVolumesWithResponse List the caller's volumes
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
+func (c *ClientWithResponses) ListVolumesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListVolumesResponse, error) {
+	rsp, err := c.ListVolumes(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListVolumesResponse(rsp)
+}
+
+// CreateVolumeWithBodyWithResponse Create a volume
+//
+// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+// `quota_exceeded`. A name the key already uses answers 409.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+func (c *ClientWithResponses) CreateVolumeWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error) {
+	rsp, err := c.CreateVolumeWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateVolumeResponse(rsp)
+}
+
+// CreateVolumeWithResponse Create a volume
+//
+// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+// `quota_exceeded`. A name the key already uses answers 409.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+func (c *ClientWithResponses) CreateVolumeWithResponse(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error) {
+	rsp, err := c.CreateVolume(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateVolumeResponse(rsp)
+}
+
+// DeleteVolumeWithResponse Delete a volume and its storage
+//
+// Refused with 409 while a sandbox mounts it (delete those first).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/volumes/{volume} (the `DeleteVolume` operationId).
+func (c *ClientWithResponses) DeleteVolumeWithResponse(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*DeleteVolumeResponse, error) {
+	rsp, err := c.DeleteVolume(ctx, volume, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteVolumeResponse(rsp)
+}
+
+// GetVolumeWithResponse Describe a volume
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/volumes/{volume} (the `GetVolume` operationId).
+func (c *ClientWithResponses) GetVolumeWithResponse(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*GetVolumeResponse, error) {
+	rsp, err := c.GetVolume(ctx, volume, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetVolumeResponse(rsp)
 }
 
 // ParseGetQuotaResponse parses an HTTP response from a GetQuotaWithResponse call
@@ -10664,6 +11385,193 @@ func ParseGetSnapshotResponse(rsp *http.Response) (*GetSnapshotResponse, error) 
 	return response, nil
 }
 
+// ParseListVolumesResponse parses an HTTP response from a ListVolumesWithResponse call
+func ParseListVolumesResponse(rsp *http.Response) (*ListVolumesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListVolumesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumeList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseCreateVolumeResponse parses an HTTP response from a CreateVolumeWithResponse call
+func ParseCreateVolumeResponse(rsp *http.Response) (*CreateVolumeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateVolumeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Volume
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QuotaExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers CreateVolumeResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteVolumeResponse parses an HTTP response from a DeleteVolumeWithResponse call
+func ParseDeleteVolumeResponse(rsp *http.Response) (*DeleteVolumeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteVolumeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest DeleteResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetVolumeResponse parses an HTTP response from a GetVolumeWithResponse call
+func ParseGetVolumeResponse(rsp *http.Response) (*GetVolumeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetVolumeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Volume
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// GetQuota The caller's quotas and usage
@@ -10774,6 +11682,18 @@ type ServerInterface interface {
 	// GetSnapshot Describe a snapshot
 	// (GET /v1/snapshots/{sid})
 	GetSnapshot(w http.ResponseWriter, r *http.Request, sid SnapshotID)
+	// ListVolumes List the caller's volumes
+	// (GET /v1/volumes)
+	ListVolumes(w http.ResponseWriter, r *http.Request)
+	// CreateVolume Create a volume
+	// (POST /v1/volumes)
+	CreateVolume(w http.ResponseWriter, r *http.Request)
+	// DeleteVolume Delete a volume and its storage
+	// (DELETE /v1/volumes/{volume})
+	DeleteVolume(w http.ResponseWriter, r *http.Request, volume string)
+	// GetVolume Describe a volume
+	// (GET /v1/volumes/{volume})
+	GetVolume(w http.ResponseWriter, r *http.Request, volume string)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -10993,6 +11913,30 @@ func (_ Unimplemented) DeleteSnapshot(w http.ResponseWriter, r *http.Request, si
 // GetSnapshot Describe a snapshot
 // (GET /v1/snapshots/{sid})
 func (_ Unimplemented) GetSnapshot(w http.ResponseWriter, r *http.Request, sid SnapshotID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListVolumes List the caller's volumes
+// (GET /v1/volumes)
+func (_ Unimplemented) ListVolumes(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateVolume Create a volume
+// (POST /v1/volumes)
+func (_ Unimplemented) CreateVolume(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteVolume Delete a volume and its storage
+// (DELETE /v1/volumes/{volume})
+func (_ Unimplemented) DeleteVolume(w http.ResponseWriter, r *http.Request, volume string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetVolume Describe a volume
+// (GET /v1/volumes/{volume})
+func (_ Unimplemented) GetVolume(w http.ResponseWriter, r *http.Request, volume string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -12093,6 +13037,86 @@ func (siw *ServerInterfaceWrapper) GetSnapshot(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// ListVolumes operation middleware
+func (siw *ServerInterfaceWrapper) ListVolumes(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListVolumes(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateVolume operation middleware
+func (siw *ServerInterfaceWrapper) CreateVolume(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateVolume(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteVolume operation middleware
+func (siw *ServerInterfaceWrapper) DeleteVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volume" -------------
+	var volume string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volume", chi.URLParam(r, "volume"), &volume, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volume", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteVolume(w, r, volume)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetVolume operation middleware
+func (siw *ServerInterfaceWrapper) GetVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volume" -------------
+	var volume string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volume", chi.URLParam(r, "volume"), &volume, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volume", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetVolume(w, r, volume)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -12286,6 +13310,18 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/snapshots/{sid}", wrapper.GetSnapshot)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/volumes", wrapper.ListVolumes)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/volumes", wrapper.CreateVolume)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/v1/volumes/{volume}", wrapper.DeleteVolume)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/volumes/{volume}", wrapper.GetVolume)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/quota", wrapper.GetQuota)
@@ -15973,6 +17009,256 @@ func (response GetSnapshot404ApplicationProblemPlusJSONResponse) VisitGetSnapsho
 	return err
 }
 
+type ListVolumesRequestObject struct {
+}
+
+type ListVolumesResponseObject interface {
+	VisitListVolumesResponse(w http.ResponseWriter) error
+}
+
+type ListVolumes200JSONResponse VolumeList
+
+func (response ListVolumes200JSONResponse) VisitListVolumesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumes401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListVolumes401ApplicationProblemPlusJSONResponse) VisitListVolumesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolumeRequestObject struct {
+	Body *CreateVolumeJSONRequestBody
+}
+
+type CreateVolumeResponseObject interface {
+	VisitCreateVolumeResponse(w http.ResponseWriter) error
+}
+
+type CreateVolume201JSONResponse Volume
+
+func (response CreateVolume201JSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response CreateVolume400ApplicationProblemPlusJSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response CreateVolume401ApplicationProblemPlusJSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response CreateVolume409ApplicationProblemPlusJSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume429ApplicationProblemPlusJSONResponse struct {
+	QuotaExceededApplicationProblemPlusJSONResponse
+}
+
+func (response CreateVolume429ApplicationProblemPlusJSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolumeRequestObject struct {
+	Volume string `json:"volume"`
+}
+
+type DeleteVolumeResponseObject interface {
+	VisitDeleteVolumeResponse(w http.ResponseWriter) error
+}
+
+type DeleteVolume200JSONResponse DeleteResult
+
+func (response DeleteVolume200JSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteVolume401ApplicationProblemPlusJSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteVolume404ApplicationProblemPlusJSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteVolume409ApplicationProblemPlusJSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolumeRequestObject struct {
+	Volume string `json:"volume"`
+}
+
+type GetVolumeResponseObject interface {
+	VisitGetVolumeResponse(w http.ResponseWriter) error
+}
+
+type GetVolume200JSONResponse Volume
+
+func (response GetVolume200JSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolume401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetVolume401ApplicationProblemPlusJSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolume404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetVolume404ApplicationProblemPlusJSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
 	// GetQuota The caller's quotas and usage
@@ -16083,6 +17369,18 @@ type StrictServerInterface interface {
 	// GetSnapshot Describe a snapshot
 	// (GET /v1/snapshots/{sid})
 	GetSnapshot(ctx context.Context, request GetSnapshotRequestObject) (GetSnapshotResponseObject, error)
+	// ListVolumes List the caller's volumes
+	// (GET /v1/volumes)
+	ListVolumes(ctx context.Context, request ListVolumesRequestObject) (ListVolumesResponseObject, error)
+	// CreateVolume Create a volume
+	// (POST /v1/volumes)
+	CreateVolume(ctx context.Context, request CreateVolumeRequestObject) (CreateVolumeResponseObject, error)
+	// DeleteVolume Delete a volume and its storage
+	// (DELETE /v1/volumes/{volume})
+	DeleteVolume(ctx context.Context, request DeleteVolumeRequestObject) (DeleteVolumeResponseObject, error)
+	// GetVolume Describe a volume
+	// (GET /v1/volumes/{volume})
+	GetVolume(ctx context.Context, request GetVolumeRequestObject) (GetVolumeResponseObject, error)
 }
 
 type StrictHandlerFunc func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error)
@@ -17155,246 +18453,373 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 	}
 }
 
+// ListVolumes operation middleware
+func (sh *strictHandler) ListVolumes(w http.ResponseWriter, r *http.Request) {
+	var request ListVolumesRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListVolumes(ctx, request.(ListVolumesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListVolumes")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListVolumesResponseObject); ok {
+		if err := validResponse.VisitListVolumesResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateVolume operation middleware
+func (sh *strictHandler) CreateVolume(w http.ResponseWriter, r *http.Request) {
+	var request CreateVolumeRequestObject
+
+	var body CreateVolumeJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateVolume(ctx, request.(CreateVolumeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateVolume")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateVolumeResponseObject); ok {
+		if err := validResponse.VisitCreateVolumeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteVolume operation middleware
+func (sh *strictHandler) DeleteVolume(w http.ResponseWriter, r *http.Request, volume string) {
+	var request DeleteVolumeRequestObject
+
+	request.Volume = volume
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteVolume(ctx, request.(DeleteVolumeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteVolume")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteVolumeResponseObject); ok {
+		if err := validResponse.VisitDeleteVolumeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetVolume operation middleware
+func (sh *strictHandler) GetVolume(w http.ResponseWriter, r *http.Request, volume string) {
+	var request GetVolumeRequestObject
+
+	request.Volume = volume
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetVolume(ctx, request.(GetVolumeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetVolume")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetVolumeResponseObject); ok {
+		if err := validResponse.VisitGetVolumeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // Base64 encoded, compressed with deflate, json marshaled OpenAPI spec.
 // Stored as a slice of fixed-width chunks rather than one concatenated
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L37cttGmjj6Kl3cX5VJDUhRsnKjyrXlOHLiHcfWWnJlUqFXaAJNsUdgN9LdEMVxVLUPcarOG5wXOW+y",
-	"T/Kr/r5uoEECJKVYSnbGf8zEIoC+fvfrx04i57kUTBjdGX3szBhNmYJ/vpDzORXpq+/sHynTieK54VJ0",
-	"Rp3zGSM8JXJKzIyRtFB0kjGS4AfEzKghqhAanir2a8G0IV3NGIm1ocq4kePeoBN1dDJjc2rnYDd0nmes",
-	"M+ok87Q/PDh8evTFl199/Q2dJCmbdqKOWeb2qTaKi8vO7W3UeceMWj6fGqbWF3nGEilSTah9TBYznsxg",
-	"QUnGmTBkTpdE2c/ri5hzwefFvDMalvNxYdglU51bO2NOFZ0zs/2Mnq+eyxNNeBqR2G4uJvagDr4kmVww",
-	"lVDNyIzdkGRGFU3s4KRLxZJIM2PKnjTX5Gh4BOfF7eA5NbNO1BF0DsfF007UsQfNFUs7I6MKdqeDnXPx",
-	"molLM+uMDpqO+SXP2Kmdcm2X9lfCheYpg8PVVKQTeXNMFMuo4deM2KVqQhWrfjIS3l1IdZVyVW7q14Kp",
-	"ZbUrt8f2bW1b9WtGNWu+msw+wuvIdNNtTKhmTw9rFxLDRxc8jQkXhJL4DPf6jk3jJ5rE7MYoGrfdkf94",
-	"x4vKdB9v53KGt3WVdSzwGcOUHfy/Mt3/hfb/cdj/6sPHgy9v/08jepxKZZq2n0tlGm4tIilLMqpYancY",
-	"27d0TKghiWLUsJad2dc23xO9QZT68osvnn4RVSh20IBiUccdaxvdcWvFy9OTG3d7h8NNt9ey9J2vw87j",
-	"74P/3d/IXNTvxL5VXsrhsOVSzpjWXIq2/Z2e/0w0vkJ42rJwvWXl21DjTNBcz6TBRQT7FHnbPu+xivBo",
-	"RL71aG7tWDqXQjMgrs8zxWi6fCGFYImxE1huJQwTANQ0zzOeUHt0+7mSk4zN//J3bc/xY7CG/6PYtDPq",
-	"/Nt+xef28aneP8WvcOoVHBFIex2zmMksRXbmr8bCXGzoFZPXTMVkQTUR0hDNDOnGiUxZbIl2/Pz1u5Pn",
-	"3/188eLtmzcnL85PvrME4jbqfEvTd8gYH3NXr8Q1zSw7EXlhjknMlJJKxyTj2mjCrplaEjcprNKxtzfS",
-	"vJSFeNQLeC+uhFyIijRJRQr3W1cqwrOsP5VqzlJ4NJXqUhrDRK8UQyzywB7ENOPJo55zjU5pS0yB3ykp",
-	"Lok21DC7XmJmXFfiERtcDkhOC81SuyFtZJ6zFKHlpVQTnqZMPCoKECOvmIClUocO4W1QohOZW24uLekN",
-	"tiQLyyxuo86fAHAAWKY8Y7Bmy6vwSE/pMpM0PZfyNVWX7LGhw1/7RKZLCyKZXYQ9PyoIzSwnQ+j9z0Ia",
-	"enKTMJY+LgEMF7mQRZYSS+xQgKZZxtQTTZ6fviJXbEksCSSU/GrXWqN+8MsFc8uPj8ciTpmhPIuJZSFI",
-	"UeGlkb8vpiMyZ3OplhFJub6KiHa8SgNauD/IZGmY7g3IGWNjEX9/ck72rw/2Yax4MLYMK1BlQE3ol3pC",
-	"05G4t/cDjeIWubW65gl7L+g15ZmV5x/zFt7ak01oThNulgDB9sQmNLliArSCQihGk5ld1+AT7hl43J+N",
-	"7IeSUQhlL96+OT/52/nFm7fnFy/fvn/jeex7QQszk4r/43FR50euNReXEZnTzLModpNbGcluR7FrecVS",
-	"K1SnTBhOM+2WmyuZMK3tZZ4Iw83yj0L4ay4zahx+4rdbpYVbL/kB9H1LTTJ7SXlWKECYXMmcKcNRsuMi",
-	"ZTfr4u9PoKM7q0KcyEKY2OkemnSHfSvWp6BgraoNUcctZPcDCAXXX9yKqmE+lHPIyd9ZYgJpaH07SfVg",
-	"RaaN/DOr+d3DxBF1kry4MHzOLvT6eb04fU/sM9ItNFPkL0QvtWHznj9CLwmhUYYRB19ME27IgnLDUsu1",
-	"j8mQLGY8Y0QVQnBxaU/YAi41nVEnlYUleuXSRDGf4JGnhQJYvJg3rO0HuSCZlXe4IYoK0tWSTKmK6jP1",
-	"LLGnukCVc1Ufra2DC/PlUePVA1xe4O8fOzTL3k47o182w8HJDUtO7Hfn9rPbD6vYENtzlYWJyWLGhN+E",
-	"LAycLZw5N9qfKLlUsshBCbjiWcbS3jFhmWZEFFlmd2H/i7zD6kh2zTfcXFgStn5yb4osq5/SMTk4/Pov",
-	"b3ApOAGZLInml4Jm5I19/EW5Tru41K50fd6mw5tywfWMpRfU7LKUOmhQw/p2vvaZKkCWcn6Baw/wZCJl",
-	"xqgABGb06gI5/8WcTxpMTYxeEcUskAjjZIRVSHcMEqQpbcrr+STg7t5uXj3YNctTbDyhtRPRJmVKXWj+",
-	"D1b7qB3StUllYcov6ufzrZWI7IHgW+SK5YYg1pGuPRUrMsjp1Kqo5Vu9HXHMqEIk1Cnhq3qCNorROQFJ",
-	"hKUkntObC1mYvDAXIKbFx84SbGVJqq1cl1CVsjQg5eVZrhDmgH6WxLRTXUaISTVKULuSOpjXKVeNxK6D",
-	"YQ1w6zdQv8HwjDZwj9ccVf5GDoLM0TAkqJvol+dFt+VMVCm6bDs+vWlJgSGCpim3B0Oz02B9U5pp1iQv",
-	"xJaMus9jMuUsSzXpTgpDYntiF1Jc2LtGA07cKxkRAocVbAfIc5uZaX3Cd4WwVC/WM9JPYtKdUD1Dqpcr",
-	"pplAWN5o+Yo6yaJh5O/YlBaZWTVKbyVpTFy3H1qDLNAyYHUhq4jThuSA2hWmA+WDv5hSxGIhIjwgHA/w",
-	"LSJxCaQx0cz0jknqNv/lEfmRfxsRashcakMOyPf820bqUNpzD4ZfPf3q6ODrw6O6UXc714EbU9fswqoy",
-	"lnmK9EKjptWw6edgQqkB24b7qVHllIuLyZdHDd4hQ0VKlbOFRWAy/vKoz4QlJelO1+9EhCbJzEPUwdfD",
-	"YxACyDN/0M3cJnQ7tUxccSIr7a3P+d7KgFatBp2J77KHZmLRTCtADHe2+a2koo7SYNC4yKmyyk6D2M/N",
-	"zIv7EbliLA+FQKbJnKYMMR2sUJpMKc9I10MuzNnbDSJglvUl/Ii2DW7nEstgapAvKjMdMjIq9IIpi1mV",
-	"FwgUHgDLyt1xZ7RgwqhlLjkusWQEuxISxwIegDBNeeauctch6+f70n5PjCQLxQ0jEzaVijnVjihmCiV0",
-	"BK5C0h8Xw+FTRt6fv+x/TQy72STIVivkacYuNmDkmZG5cwXDhYJusrCQJyRhNyyJwEpocef0/GdiFJ1O",
-	"eQKkVUhCjUHZxj5Dn8AnwGM+p5cNgtwLKQzlwkKYfYF0PY5a9pfK5Iqp3oBkMqHZCOARkX5KqHBfOIPz",
-	"JTVsQZdPNL7sHqZcscRY4bkb9/vwpA9PdNwbEUqUlAbOArXJ6n1n9Y1xCUTTaxbbn96+eEUyurScyFA1",
-	"oVlGujJHKMmWJLbLGxiqRorlcmToZdw7JpV7G1YPKDYF4zdcytFwaB9wcQk7wfXZfyoGdzKTCwtONE2J",
-	"FIx0cYOCXTNF8iLLdG9Ank+sVGBXaG8Cjyqxkh9LyTVnC688zKQ2OxH8OTM0pYb+DkR4B7DOUkI14fqY",
-	"FGDtsX+BzSOjE5ZZSSqzgOrWl3G9Gw6Aw7ZBcbI/29NiN7nUls4pWVzOSGk1Lcnd/kee3u4zkQIN0vsf",
-	"7Yi3QNVKYnQXb+4WShV1CsF/LdgrHNupxrmS1zxl6gJhaAPZwSFXNuu+7uucJdyisBvmuLQjXrGlD0j4",
-	"OzgWG0Huii0HJPb2ZnT7a0KThOX2E4BEIyXpvmE/SvL9cv5EW+1yjlLunFEX/2Jk3s/YNctQPt7pIsHv",
-	"uYmaldYVS1IpN875UnmdjCQTlsi53SRNl5+AWCmmZaGSkqPvYGR5V35y+6HBBhKcbaN8pgyZKjlHel0a",
-	"/rsW32tuCHBBLITujQg3GklXBP/E6Z9opB+7CXUmazrw13zKwOzDBdEusAgWBzwMLNJpJfMNj8mQPEPO",
-	"knNLOUviZqWYgDaTGbVSxPn5a5IwnoHZOO735/Smb0wWR0Dy3cCHR2TW+wQ36VSc5vAD+9CiQMAlkE2n",
-	"hE/JHE3bvd1kyzW4/o5lzLB3TBdZgxKcwtNG89CKoOrfbBJUv5MLkUmats3i7Om6WS2wR2AB6IlGD1OT",
-	"YrBNiA7Gb1rgiSOvr8RUri/PE9+6tXhmTD7a3z84/GowHAwHB6Ojbw6+eNpkVAo8QDuzqJUlrmyoXFE1",
-	"eOO2ahbVBtv+smapS3kKAROqEJZYWeqRMfuu05e8OTNFRYYJC92/eJ2rE3UcpQvWUm0o0BTvqKr8K1sf",
-	"1k0264uFQytpXW9Ut74WJuPXzBK0TGrjg2fcYEAkp8wkM6DNCvCTTJZj4WwVEPnzRJP4b31nmeq/Sq2s",
-	"aNc7KgetRrML1mTNDo/u3+264N2MEGs7r7wp4RlkbGrIhM24SEHGcOb60ouAus7xWOCmzIwtUeX1xugd",
-	"F//ZtPHJTBtILVq4xcO736JApiiVlgXKl/gVCLQkocISTMOsfuXVwE/pqQvXrKgYbXLNRSj9gJAFkpqR",
-	"8Ae74SZqWb3T0rxvzOk8XhDSdEG4eVSX35pEWvdRrUsG/nQqRx8I3gsqwBzrfFLd4JyeaP9rxufcWMV3",
-	"lwtucox8GhcZKPFesdzkJgOw/JF/+0AgiYSwxQVqz9pCErGP0b0pBXFEycWeOUVnijEGgzZ/GVNN9OT8",
-	"Zf9ru0EMhwRJjyiWZzRpFPG83+dTjHRnTxq7YYnzCsRuAg+DCXp5t0jLbu3lcdQPf8VrVneNbXZpvbQK",
-	"LaDUOuEEZXd9i/9x9vYN2vkcDMrplInUahzwRUQgDhJjz385+BA7o1OZdgFsoPFg50xrZ0/bzAtwadUH",
-	"zVvLWLOAPm+E2FdWCGEK9CMpyIQbHaFZQTNT8DSy/73kyAy04cnVEhBMJoZmLvhz3Bl+eXQ07gAKBbHT",
-	"vwz7X334eNQUMx3Z5fApv6PnGeO3m7Auo9oQlrE5Q5IG6G6vqzvu7I87pZ1BSWl6jdeQN+aJBHoVnWiZ",
-	"FcaN2xz1sY5/jS5ve+r2iT1JxIwuJXo5z7i4slo/CofGkjnzRJMMRPNdXd5unAv8vBFby5nwncjytIXi",
-	"xjDRjPstqhE1lvZyfUxisImiqYmkzMqiEXn56uVbCH60FNaE6pA9Uou03GK1W04n6sAgDZrRCiKE0fzu",
-	"XXfSEYJ5Hbza8KTZpc2EUT7caxePdolxt+v+jHaYKs0U9wWsDeS4Nr5LAZhLxYjbGkbrLpjyLoydAhrc",
-	"ofvj2U5jM/YTgtT6GbefCxxBBY2kWx7O+rn07oBx6H8OYHwrIjVvH0Zv3K9UV/dV3UvXHmgjoIK3OuMa",
-	"ltmylmbFoLSZ7wzgVbrY1qiNavCmI/oeJebnqeM2zRDg5Or+wt429e8SlMAsocwysIT31kMwUq6vLiZF",
-	"esnMxWWTnAn5DZDHkHIV+IqeOHL8//+/JO737TB9ec2UFT25iUujKA69q+5iF+NWscPrVmKq3c06YXcS",
-	"tNtgoyD9g9Sl/Iyb2XEf7exkk9z+I86E4xt09Nn7yfh14AffcaJfC1bUrKghT9t0MitAWD/J8Ntyjtqu",
-	"gqtqOuNoDayaYPsHRjOkaSvoZqgpdN0oKq+2GmPdZ00zYXaoE/FWou4Fw6PHNNEuuhVBlJBXTDRgjDOR",
-	"30kIw5Bw3R54+Yw4a5rzVjuFuUxsgSQnK3dS5e2P9wvNLHNTd0hBbZD37OyNPhwQKOEIFzNwPEI+0dwC",
-	"XIpeHSmYMyJ5wRJPEoQ1+yGa1Khm2n8HQjUVPvlkJ3MWJCpto88AEGfw5ioYBcm7OFS47Si8/dq1toJd",
-	"s8SE+9yZn1QAvI2duIFbl3M/flse6m7ml/B4IdzaMemOHZMatsn5BqCQORdcaXVsxosBee4i2OohEIGL",
-	"7XfbKW/bTvLMn8lKNLlcCKbiESZNmJldA4ndxu3PZfyJjsjp+c8RQcIVkdIXf+yCG9D1FWGmYEQUE2wR",
-	"AW4QmCSCcIEqz8RhT6g0wHtWS3AH3+RBOa3SKVYTY8m7ly/IN0dffOWTPwjmdDWFcjapyj/SZMYF6ytG",
-	"U3vGXuV3NpQ4IrGQ5mIqCwF/rKf3RE15tY1CLK6s0R2C2Sx3UE9KW0eDglKxp4bQaW4ytsHvtq5Xvn/3",
-	"iig2ZYqJhBEw5vHp0gcm+FO3X5NuTCeyMKNJRsWVS1YQUrDedkel0/dweeUWyjOL8PqaiMapWWI44H0F",
-	"9WxrJMn2WLlWT50zVz7DwCFhmKIJlJ3QM7BTgueOT73fLkJrtJ71dmIlzoX3+N65HNPB6nu171pKiEQD",
-	"XVTPSM5zpkk3iA52ocE0p8r0IsI4ZvNihDyhhkiRsNI27SKmyDOSWL4Njk8DBhyljYuFI93433OzfDaM",
-	"RzifO0dYSi8qxzYz1BO3e7SUXHwCsPAOpHtEJ5Rg3ZDi5fIOnZizReis3m3Bnh8dYfQU2d5t1LHH2EyM",
-	"zdKlZK4vzEcmNqel3E8uvUNq0m5JRt5mujEzzx3LbdRxIfCYq9IgVkpDM2fvk1OfTJArmRYJS2spL4Ld",
-	"YKpwaB7CcXc1A25O+7kfWIT5K/XN1vNZnBGuvOPahbbAloOUZhHTrWF3theA3lajhR+7aWGQx76+Hiee",
-	"bVvFmsXDKi18zs3W9cO8r/FVoA7OQ7D1m/fw5pokjSP5gaJyA617fl0us8HoKwUrk+jnFG2MCLiV3Br3",
-	"+5DV3t+LyTSjl7p3TIaY+g2rQaNjgwHnDjaTmmliF9N4aEZYDZQLTRbOB+LiKZ9ogoYDn9Tb4rXzcYFl",
-	"DswuS/JVAnawbISWjDYDRjXe2oJa7/q9h67221iJpeD6qm71qU5qg+1n15vcbmTaabr2Q5cqn1HB0ot7",
-	"Xdna1w3g9HZaxeDqOCIGDAloTsDozrDQyqUULZ7gyii2bqLAA/B55gvKjRW1XQw9fDj4fVjgHWnOXLEL",
-	"xK+tkisfkNgSXIFOeIiwiHyWwDGh1UtQls957MFWrslwV1dY+wWdldU53A4hmgkccVOpwAtnRXBBsyqE",
-	"l2OtJFhES0L/BozdanvcgLqNQNcOx02Y/o5laDNp9gsofNwijyk2p9wy/ovK2LNl6+WADV83r0+wxf0U",
-	"s9L88smNI+9qweO7J5n67zB6Rlt4Bs1EKq+rgDM/CLf34P5Eh1Fpa0FdjdFcmnSnoCxKoX0Vnk8RcL2F",
-	"AcDeLL35nn/bsIJjn+pDDRhzfKomyAFeVeN6xdzlg8a7cb/v/o0OmUs+iav0IRpm+jgyVYUuyYU4Bmef",
-	"JYi5nZobiLjRyNdP3rw9O33hXYpW0Tw6eFrmlxjn88eCUHrgqNKIMDGVKsGoSEfKtJEKkpMUv/bRYlZ1",
-	"dGUVB3CEcFBY88UPEX+K+7lEeNjhm4AmXuZFGYC2Q+ZQyJfvMlEzNl3Lqw0UCOrLNAf6QXpj5dvQhImU",
-	"OZmzsrhDWF8xMYqxXaizn7GJHIXpkQ1RQpQ3BtthSmgtbxSYPyvZNHAz/LyWnrRJsK8VpWmy4j2OTzfy",
-	"295wXs2xRw/iZipTUrwgNYNahi515f5eJUDcbclbO+RxriP3VoTOqDYXYPXjZnmn07pXil97It5qCm9o",
-	"Fl6NcfFpbz44a92LhffTbGwIbdA7QOwZvlx+dqEY1U2hBD5vo17OEGtBxS5wzZILegkxomEFHG9NNDOm",
-	"Flw3R+1tkDk2JS5tMbVUJxUYtusnXA3X7sDzy1sDywYQC2DHA4DHgQ143mKmuS8h2skduDm6JCBpzUYL",
-	"l7UNWY5c+JSGY+LzIElOFQa5r0teO9GEldTxQoGxekoTo72vqLqjOCJVYeYAwqoN4VPwPTfolzn9tWBk",
-	"wqiyKlJZ8BJzDjfEja2ha+A4t6JVY0hVDYF3qi78+13ZUQeSXNRFobKNkUJPNGE3TlV7/+414SLJCojM",
-	"jfevD+BsNySkfT38erh/fdC05N3RtlpoVMfh8A7XEdn75CuE3op3ZyWxbAhZ4FOWLJPMxzjJaRVvHvpR",
-	"wcWBRtzKnIsVXIHsQAFXH18Nyc6Qf9xo4j+DWl73dMTDt81hLHJKzl59/+rNeWT/e37y7kf4x19fvX4N",
-	"//jP96/w0Q/vT6HmPDin0ZUDReeHvfrFu1G2R97gohqvwO3Vi6930AefZwu61CT+eNuA61Hnpn8p+9W6",
-	"isR8vO0E5a4/jUS1I4PeUBIYGaWhltrIKelic4I5XZIJAyNWe0hmm4kISDMwam9lwYDVCVtKJ9FDEvQW",
-	"+xFc/LB3R7vQOkVrryO+BWyCEVdogEf26hC2ukP8vbdw2dCqtRuX9XC0lcWWQ29a1v3QvTl4/znmx1ne",
-	"lTOZZ+yYCMYwx3bCCBZacOVpyhTVw693cowisWyNhH18uXMn2XL3UMD3OSaM3y+Y4ROnk0cdTCa48MHd",
-	"22r512I6gk+j7anofuOPRYlBGEkKxc3yzMKFswfm/K9s2Rhq5J1jVJP4uSvmC+lJI/ItimxQLSi5Ykss",
-	"GxQPyBsoNg1J5ZWkmnFtjgnNtCSYqSXFWLgStkz1PZSBparG8EuztiM1mJ8LUA22XVhFdQBWLiqFTlxi",
-	"e/8RFDe37Q3e8rvbee4fIFV/29xl8RJIwKeGTzJGMMu/amSCf1dtH/7Wt1/1v1/O+w6r+yBwVitxN1pf",
-	"y+GWxWyYb8s0Fq54YySvvUQr3kI+jSA/nJ+flgmnllRaJOyzG5YUkFBe+b+IFZ48f+wLVhhFMwBHLHY+",
-	"Fq7iEJ0zndOEkb9TnkWEku+wOhITl1wwTF77azFhSjDDNEmyQhumRuTdydk5LKGUNiMiBetbvjAWdkkA",
-	"t2CdPSY/sckZJP9o9801I4apObfCevf0/Oeer4ytnXPMRUVAXSWoJoWpZwkVYzFhmKK4tD9CSSxKFHOJ",
-	"9YOxGIsXkLmvSSLFlF8WipG4Es7JM+LE/x/enp2PTt++O7cKwrErCV3HJXBUp0yNRfyxGuJ2peZQPCDn",
-	"VuMCczH3GfXCKJoYrDHwvYSAN8x9hKEV4WIsYu9e2qc5jyHl/pIJhlWeXI5yVKZgl8nGdiWQ8EqNq4Mk",
-	"cyZozgdLOs9iOIR/+zdi8ZIJ44pu2x/3yN6eo0p7e+R//vv/2Z0wvfNlvOqkyUgM2ayAbywI+Stb2uO3",
-	"LN1uIu73ac77V2wZk30Snz1/8933z89PLp6fvrr468nPZzHpQkBcX7OcwuZ7A/KTK28G5MvfZGpHD88C",
-	"SxrZg5ViOZdFWexOEymyZVm6wC6SCfsjyaTMJzS5guYK0Olrwc3MDhz3+1wAjWd9Ifu0MLO4NyAhKbc0",
-	"2GpqMNJOJJgbO3RFgO0dvK4Ih7sHFZTWigOFsaFdE+lOluEVTJaw9tO3Z40FsdBUbvfxVqyvVRMNxfgN",
-	"wCMhcRt9xDsCKsszbpa9yL5bfwXSXZshKga4+FbJhWZKEwuvVlWjFXGIXJcz5+TVzDharqNyjS5YuvzG",
-	"jqmLSa6kkYnMSOxJ5gB2PVjnQb7IMrTrChJz8cxjuB9P2LG60d4eaOh7eyPiIqFJt4qEjgJLQy26eV8x",
-	"XczLIGe70jkX4IuCUZwLAyOe4SgsaWDXEgoY4cMenKePtCbd1khrO3oZbB1VE+GX3luCM9g/IETAaJZN",
-	"d4jMpgAYwaJborQRU2pzgm6GE8iJJeSWjwUjwXG/xtVZjY1QYhRjo2CZfhaEFuflsViIc/tS/vjAZVl4",
-	"ygnEQlGhueHXLFsiKaX+NZfdwc1MFobEYC2NXbMDXcX+OC5vVVT3ITew8HMLV1iMTYIlbkB27J4AEDki",
-	"e3tHw4O9vQEJutXYNe/esMa5J3GopzCUKEvFSX+tqR9pZEe3rx7t7dlLziWEuQKl9OUlvXRloX/CmCDX",
-	"TEEWbUS0JDzVHkMnGM3NUktZEmbFChJqPH5uvKDKOmnxGGqQQltAz6wgOl3bP07gfdCVwFva1jgiJl0f",
-	"zN/D24otk40jEkNYuP0H4kccBb1burNiTkUZwH9MXlJtnp++6muzzHyDRQ2V5wg3WBDP9evozhuj/4GP",
-	"N4f/J65/0x1SASwaQTk/qcjR4eFYNHSs8M5u3/LCxUBXSqZGIeA3gior+Y38yChQ3N/G4rd+vw//sy/Y",
-	"mX4rS0BA0Z1RBb3kP87evolc8ycQYaISvLBitlUKU6cY4r8tUEVQ9QAQiBrCdEJzVk8Ac5MfkN98XTa7",
-	"Yb+OoL2If/Mp+W1LT6c6grjPjshv5Yqr8i/QUgkaCbqSqb41i/vqG/JbreMVuopAsJUC9rbS6qrqHQkx",
-	"5IRi+7ey9mrPjXxgtwF9k2CdVuN1Tw4PyW+uXYlrYVKt59Cuh1oxKCmUYiJxFVnKpjrbuhqt9DKKfK1I",
-	"bo4JtDat9yDqHZOEKkgTj4NWPDEu5wu4C9/Yxy7B9/QpqkZDW0YYwoYmxeUxyeTlpT1AkK/7mqcsClud",
-	"Xlq9wYpTU0Zc0Qs7yFg8J0KK/j+YklhuBWvIoj7E0qqTmv1aSDWnma/CrYvMYiQyJq9ZAd6ggpzxhAnN",
-	"KntV53lub7F/OBh2og74IkBh1aP9/cViMaDweCDV5b77Vu+/fvXi5M3ZCXxTJdKUSl0n6lwzhWHxneHg",
-	"AN9ycnxn1Hk6GA6eYimNGRga9jujj7dRZ38GSab/cH/NmVE80e6vUA1wPwEY+rf9BUP0cmN0+sxHK5WV",
-	"d1Yhqzskz6rwXV9T2kvf+DpKwE5GHwvPYqF2KSZO2n8jbV24AhKFZnq0EslZMWGXzozF9/QVlB4bCwwH",
-	"hQAQrkhcVvmMS8RYj6jSvaiMw8BoPBQLqk5dExi5EMaJ1yYIBd4WwEm6cRmPtxcfIxN0yU9zp2jE3528",
-	"Pjk/QWHdz7r/UVtVkkwVQ0rJFWJvb0Bid5Jx0MqxOUN+LFyKvGUiTkcIG48BOV7piLZGLkrufPjNWKyS",
-	"jrDKLDxClEGxj0vxKu2MLGxhzPxKU8zD4XBDV6i7dYPCCVp6QYXlVSFwWxqKAjDEvkPLqqPhQdsc5aL3",
-	"a224QhMgpIx6498vH24/RB1dzOdULVeXsDp5J+oYeqlXnNm3Dj9r3nOHo/XDtfLAWRCPEzZ1/mXdjZaF",
-	"FeEhLphr5GptvYvLmIPdLmLFOH4bbVkDok/sAw5ikDQtEMZXMaLZNc0KRuLrOCKX/NpZGa+eXcdtK4bK",
-	"0y3tuA2j82dqpQHxL//17MNfng32mjq5fnhAoA0DJza33oQqwKKq0CtVypSD2+F2uA1atD4sqL+uWX9a",
-	"YDvq5FI3sJsXjg5X1hLUUaHMpBNpIewbKq3SelFCS78wApR0LZfjgmmNKkkvGgupXLCny8K/ZhC4DR5i",
-	"LHE5IDHo0mh488VmXHn/sKzngNRaGY5F11U5LvdYMZxVRgXRiCXsO4bl/JrAOivSjdUlejXJfkHB+RmE",
-	"84P4W+TESBIjhb+A36sAn7gq5/zlcGjPAoJRPVm34huqS6FgNiDn5QwcmlQoQhMldcn5NQTcKmZltUwa",
-	"cimhKwJWQPWJBxaPS6Y9ZQu7h2wlq8aeDfR5QeJsJXPPkO1FgCCYgj0Kgb5iZZgFAOwLhbcpR78xHl2g",
-	"Vw6rvFAsub3G98ZilfFFIGivMbxuk4CMx1Va7SqDESghY+FMRaCFhS1CLDzP6ZWPAW1q2GHPar6u2yHc",
-	"4/7oWNRbd4yg4opUJYR3qS8u6PRwlBqk8B1JwuHK9NixACm4B9C8aAhjrQ+CV2nhEa4TA0PhvBFoUwYI",
-	"PRZebe1aAR0U+8o4K+z7C4oj9uDA6nE9yP2sFGM1AVcFQZMu5JP5euN79WrjKVP82luCfJuE3lhIEUiJ",
-	"gyqw2ari1e9JXtR/8DHwYFtAM1EXHANY/Xws3KpIPLR6RVU5veoM0UOlpkz8jJmw/M3+q+KErheSI0tj",
-	"0cVGs/Zn4Im6TDvB0VDYCz7BG8FQ9Sd6LOLVfgSDnKfaxaJbxPJQhnggluhrsmDBUkAjb56EG9ZFMhsL",
-	"zFoA8ODVjZBuPC80mIV8F6Y3q+mA7tVe3ItccxKEVo633yRKJrXWPegwZtp8K9PlJ+PK9fZAt3W/tKuu",
-	"uiISHNxpcinYDkVGavHYO72Kgem3HxpECZcM7hgqTZeWJNSJRhU87aHAEjBHqHqPKGtEnaODp9s/Wu16",
-	"bb87PNxlsvXetPDtN9u/rbewvo06Xwx3WGlD3+WdBaoXzrPj2cKO6gI4e6pGBM09hLwPYC6vV8xxwJNF",
-	"Cnk7gNWBzyCwj+kBeZWyeS4NpC+hzDMWaNLngrDplCXGCgpYE9oxn9Dg6+0uXwyHTfiOH4T4/kCieK2d",
-	"QwMC4fN0cH+Y3gVSqub48MXR9i/KxtZrEFULnfjlg6Uh9QiG4Dcf3YE/tcHid+72gn709qZ7rWJ+o8J6",
-	"ycwj3GctiHyjavUvfqX2VCbbCcyaYaFpD9Ur5fl/Z/lRE3HaD/uENlof0fPjlbx6Nh+maKD9q+tjTcDa",
-	"a5UQaUXWLLU8DATZwRpdsXLMC7+ABwTDsFNqm3HKLeNPDIf2gx244wvn3vqkjPHTwzzYKOrglBYKepcl",
-	"FUh4JKi6zv4uHGizeUBvKBCzYJoYjFv7FpBjp6HWND3U/qKwB0NZvoYE0DQWXJOZFcwnyybUiTCYdlmL",
-	"nvHeI/C0PNFBexLoRjUWLhCr6zrcMG94WGuSTHIoyaQYnUfY4ZWL0BYCFggpUFyo5eiCmSTyig2hl5QL",
-	"yNXVaEDB1gNlZqfrvALdSew0hTA8G4u433cH0VfMYjEHB3HZ1orMes7DzQ2mjYKOC19j+erSX11vRjYW",
-	"DFtbiCXEnfGEejV9LR4rwsgEH5XmnysGyRYD8lJaZRoi6NERMBgM9heUg3vY/tsVynd/YRaC/QsdBnGT",
-	"vARDv6haSz+EelTvtPwA+tFOzaLXiekZlul6XE3lT0h6/wjt6U9M7rH7Hl2l8c0kfrOosv8x2aJW/RXa",
-	"OAU9Sp5UDZ2MYozwqUV4bXiWQbRhhLRwKhV4trkpSRti/6BFJQpx/LNKtIILcDT/rOKLBTFvaQUr926Q",
-	"3a6NPQIobaDagdDyGZIeF5IC5W9HELq3/Bttfdmd9Q4KI1JhJx1h64g/z6qqBNZHWlWrYgH2OxBdYUlW",
-	"UG/mS9hokDwPVG1qypA1LKriylx5h806V8JJHlbyrCcW7yR4Dj/55G3c8Az6qP/vFz0/Bc37Z5UkEZE+",
-	"oSgJ6l6rAewn8PY7HTvw55f9BTy+SoulA3JiUXVE9vYOh8O9vcolF8Y5gg9uLLyJQc9ozo5JjPWV0eUY",
-	"Y4VljINAJdtlXTn9H1dkVsotsKQ0ECQ0j0hcNgOKIX0D3EvQc2hBdVXiVirQ3HuD2hZzqjVL0Xo3Ggu7",
-	"pUO/Jegu/8LbS7qxs3+MoLdqjD7jvb0fGFVmwqjZ2xtVri00pHhyhhTODgppNVO2KBti112VYFGY+RHj",
-	"qOpjTbRzvmKYFMm4gIgJSOmluryM0G8vBSOQaDcWU7AB+Hju2gL+4+ztm37GLmlGMohnuSSLGTeYotdz",
-	"topqTxCPDyUSb6ANLTUkKaxGkQKgekuOdv4WeOZDNSzxh9brxmXeY4NC0EHCsICx2HDuGJZCDTkcDgfE",
-	"Z91BKj6kESwkmciUM42lu6EDsRsiHotuWcIcIFoVkEOYLV3Ck5+2VzNc4ZkPyE8u3CSVGNWDXWgpRoSC",
-	"/Szj19B2t9olsEdGVQau0JV2vD0fIsRNvZltnenZ0SqWtzHy7sxdq2tyX0HQ02FUesifDodtMW1hvZ6K",
-	"YTUUi/MVx58Oh/XScaulDX9vYNtuXuygIe02L3apJHzYrCb4Om9U1CgbhKlEpbmtxNYo0LbB612CMIa0",
-	"eBgEoEM/9+Hw8DFUnwaCF4Sb1Xb7WbL402tTlghhMsqqfEC60Nsll1nW+1NqVqlciEzStFUSeediMM1K",
-	"DYjVEhDkBYX0lyri0Jf3LLTlHj5sbmV+F3cJ6eCQAwM/WK7kk4F8MjWmiK3bxNwGXmIPyY2U+LS5o+Ix",
-	"USyj0FwDkixA+il/cvJO0NO+iUgrNpeG+ZIVdd0kJNuby2A8ZMTxd+6g2vWYoMyHr7nx2aJ+L4v6w5Oc",
-	"d4ymPuiZemRcyczGlNDeo7n1y8Tj/Y+5VOZ2K02hUKENZDLsFa2xZXLc2KodvaFLnwxOqE8Mg2hDzUSK",
-	"CUbESrWQagD1C0nKkoxi/3fXkTkmQQFAxQi7yaVm6TEW4kH8byE3l8ycuG0+pNXUz7EpiMUf9784jj48",
-	"rv0gF5YLAIhaPUsqUwFVCUmfHs228/dTqUw7Ot6w5HdZI1sNjO+sPF3FLaAwrWekn8SuMRVo3U6v69Vy",
-	"OQL/FllN3OR6LMoUTfTvQ7EK3zK/bsRczGTG6qZMKydg4dayVooLE7BDx0HD+JgcHH4RuSRpqIAdl1aI",
-	"OOj34cwa2I1nQF7VaotbxcJ+MxaYYFKbD/r972Mliom8iasxsVgYkCNvb+lKZSnO/tHwm9JiUYZHwK4g",
-	"b9lIMmE+07g3ICcQi43d9rkmCYpg1LS23PfS2VgcfGnFs+OarcZq7Lo3IG9kmIRLUkZTMG5gpjX0i64p",
-	"MFlhqfGlArtGzhSXaRm+X8u+XZOOIaMijFyIe6My3SdovlVm4DzRY+HsLd3D4bAKB4n/1ndD9F+lsWMS",
-	"Lo1EmFr4jIhc9ydU8TWULBoLLIB0V3NMaHwhddvLWLQYXyhmwtj76TkvcAU6a+Z4MFf8WvDkKltCEjQm",
-	"2vj4l0wKVgJmQwCPPfnMN5L0A2N3C6f/WrACtFyIsfC4thpmI0oboD3TKTPJDJuv8JR0QbofDAZNNk6o",
-	"uRDEtBxjuA4U3ygsAy5LN8FECwoBOPyaKaiZkWlGGmN6etFYFCKzuB9bnL+Q4iLl2m0c6utDXzkw58nM",
-	"Ktgzes1lobAUU/UukAykTI6ajAWQE4thUESBQB2HUEUH2ERjE6boeqA8Gg4jjG4+Gn4DiUQR+WL4tNck",
-	"TFgAeFi/CRpJ/hCvSWj+2WzUUVSQ7mJGTdmgGLiBJdNQvs0JfHbCEMnbFuBeD5Xf289azOe4oEB5KgRY",
-	"4gMviotrtMB5hzQLNF+06jlnwJkr2wlw5pyaWdxi4Di2PJIrlhiplq5y8aBJB3HWjjsgr0wMM32UFepI",
-	"XFqSJ1xQsGmsmiU2WQpArljB0he4hL63dGyoJwqN9rmohmlYl6/c22DSrnp53H5Wgh7T4ECJogu4NSd/",
-	"/hHqj8WCU2pmqKoUWzDQ57ZB0R0unF2vjpdQPByA8pjESaEy0j+PfZ0QbB+kmDBj4bGUl+XU8owmWL7N",
-	"si/MlbSDY3A2TuqlQAjPruKiQZNpEhDyosL0XYSD34nkjycc2F39hHn2TfTFPfpsffyTWh/t/ZQ1FyC1",
-	"eld6sIGN7vvit4281EesNXFTrJVpJfAYHMGQdricZ1xcYTw/fpqiBxkd7ywlXchswGLTULaHXzPRu4Pv",
-	"wc54d058d0zZZAUEEvPZAvho4ZJTvO8/ktdtwqHM9QjYAYeYMMC+XBJLJXcG3BBDZZJCaaib2YuIxkqR",
-	"kyUUjY4I1VD1cCrjEs+0O6YBee6iG76IhsNhOWF3yhZMlXYuroirbqAYyaS47B2PRS2EiC5hxYqRhf2/",
-	"uVQsxNIVifko8pTpqDmz2J7RSxDcHxhvN+X+lYt+ov3BfEbjx0j/CzSsPyceS3X1MGb751X5t3qPzIol",
-	"TpZlfRpfiaeqPl4rLDNypV6kugKLrDJBkT4sl/IEK6Fry579hG4B6M1bWDECihpZbRxiDsU111C+H8Xz",
-	"sfAuOVTTq8Gd8dvOD9UqnAEzLCqMpr9yLa6QQSrtFsZiYb+UgnDjw/j8i9BhBheITn/S9T0/vVWUiWuu",
-	"pJhD2BrYM/3exwL27Mb0wRBlBRkY4fz8NR7AhFl6p+s7q0osourgzwwSO32d+BHhrvBSVZ6YaohCuWqi",
-	"efb3h62d8lKqq8DU+JCZgDhVm2nRPv2cC/i/uSLKp6f8FiY2V6+oWh216ChVq+sNJQuqnrQrJLZelSCq",
-	"IrShTFjUWl98LLox2hwuoKo0tEmeQt0shvW7qh4AUvnvYHRadiuovGSuG6qrWD4WluaiSaKsYBaGP6+E",
-	"1ZoZm/cG5MTVMS8L1fu6ZyjCAXWFNgtpm/SFld4fUvyCGTbJX0H34H/pMiANJRHCxsrb6rw8QHBBGRxU",
-	"63WBIE0EW9TbYmBCvqv6T5e+U0HQLQGeHY8FFrcXZfMGJyP4jApv4Stxpj5a8A2yZbsSHALDFpIZz9Kw",
-	"WHLZvoGEKNwbucID2itAriE6wxpx2CY/6BEQjQW2fsK6laAheS88N6Tr69DVO8qPrNAFsad0vb5TsMKx",
-	"gAl7gZXSNfCTc26MC7au9XLotVdn852NHkK+gLEfScAIC7Ctk48fgcj+0wkY95YXHp5I/QhoGKCc76G6",
-	"u4kR6dm+Q7BNifzvXD+RiiVjoWLX56zqpQShKbxsNOTqmW7qQhL2IEFGi0FMvkv9cQ1Va0EaAxIrNqfc",
-	"/vvCtfLBWil6tZZKSL8humJBVaoH5AWFyKgV4YB0LVFxp+oJUC9ozjEWR8NvmnDevVsh/QPx8nc4T7vE",
-	"715IB5+tIatIteLDgy49awzq0SKEHRJ+9K2uNxbUOPFZzK7Xz2bkIttwKyoT8aqmib6OD4QWY41jV6NH",
-	"HzvTpHG9fTB78Gh4UJaSFUQKwEpg0x4ZMTgrREEfxMXSQdlRirvYLp9cvaY4VH27SRcWOxa44Wi148kT",
-	"HZUZ214al8o3G+qFFRexd96MisuqBLaVn3zdxjn1Q5TmFCfw+E4F//Pf/98KJY1dZB+fTpmVcXwfIm58",
-	"YyY8kRWJqKQ5PCVzajD22w/Za6Y2drRHIDZ2mk20Bo74n4v7P0b4AIAV3QmZH07r2G6fBQDbQMKg4c+n",
-	"ss+uePvt0H98gcxTaGn0uSbhY5mmFGP/YGhdD9pFVlU6tmrhLYCq5M3SZeLsf8ypmd0+cG0SzEaImqK9",
-	"FJQWR934/bvXEZlKkEqxzyWUNKRm5uoChkcglTnGUvlLqPlJdEb1zDKVbty66a+HXw/3ac73oR36v//6",
-	"7CCuuoHGK08cs4GkPpe+53L6tibzraXvtdyEWW7s4XJqlmeuqvJDon01zcauI76+82ejWA0Syz7Furoq",
-	"j4z2gh/GGIYdI3KzjH3rj4lMlxFxDrewFqiXbp2h7PT8Z9KNXX0G38Qh5zmiDjRDj8Gd78P6gfe6CHcq",
-	"fMO6WuvlbulmOiA/8m+DPguRK2RJJ1pmhcH2BkROp5oZ7Xr4Qm9N2EqXavI2Z8KdACRCpE902XLR2bP9",
-	"SaMvbexND37zWK8CDepVJ1i37sif11ymzqbuNkT1Fbaf7sb/npvls2E8Ggs4mOOqET8eYO+4qrXhKJPr",
-	"Dsg1NhJ22nTsSqDihmMyHIxFUNfVWeTqAAWePJpAjrGesSxzqVN8SsqCGJD9oGcr1jlofe3Mc+22uArd",
-	"H8ggd2qWWKL+kYxy5XyfS4D+CxZgcqU8V8nwGhVuZcHYV2+3Cp5u8NVKaRFJMonNEKqGnj4LuarLWBuj",
-	"rYrnCnp+LuS5AmRwNI/J89eLa26FtfbCmo9zu8Esm6W5z/dbi+Hc4WIfUE1ye99kY/DUan+hH1hn274Y",
-	"6AD/MAFpZ55WYlgCMZIIuSB/qXprxcN4VLXROl5zctZFKuyJbMbCfd/u1RyQ5+Uk0PGqXtLu/Px10M1q",
-	"GLve/uCM9WGrirkOtj20gB4Nh2FLVPd5syVTsMXDBmO9s1NslMsezZwES/ksmP2p/asnN4aJtGZ8yviU",
-	"GT5n97I9KaaL+QNZSXHsP95M+s4lz0Ofis/W0kfSA85ndFG13d+tG1UzjFYRfw/C217Q3BSq3lzNB0Qv",
-	"tWFzAkHL6AFcbHT8O0grDSAMWwdwFfZVkTkTtWKfLhSPJLiQdBTEP0LgoPdjjkUZFu4sK1PF9CwwPzuz",
-	"rB/J12gLg5Mhz8pV90BP6listD3B2Gd7U2VrGh+CgHUzXKPC8CS6VUN5KQitxgw7ybseki4YIuwbU67O",
-	"td7uwjtR1c6dLICRe/MSdMiENsOGZZmvtOr6wdSauoSLdB3fR+s9ZBu6pmO3y9q5XbHcDMipm945jBMq",
-	"7O2V75UOaDuokOZCF3kOuTjxhm6Z7uuHqsrthn+sqCy/mybzj3v22QT0+JHfj2D9KbGgmZTeJ57bNbdv",
-	"c8xUvQrPfBf8h5M0YIbNxVJco/5/YafMeY2Rwnk8WuBSkfsiqQ/g48EsKEwXgmKqJPb1Ny8mXx7FWAQe",
-	"0pQvXF7m9oKlmOCUcrVevYAExQvq1QmSzTVcT9/fpYZrA1fCY7xTSYO7YdL7HEuc/iEVj/zkbWj8uarB",
-	"H1WN6I+oiHCPkqye9oSaSWvUwFn51kNyJjfJxogBv5AysJSpJxrkermA6nq1fqz3g+Rdm2aXnvtyHTo4",
-	"p03Sgf9pu5/oHTbyR9cvVmyEchQYxOm1ggXVgZ7FjaWq0DnTQDQ5nEbv2Eo0ZX5nGP9TxodeQs8IQ5e6",
-	"ro5s6JkdSv3/ex1Ljxtfvb3zdXWqTWC0oeX1I1zHJtUoxNFHu4/dj7fqQr3tgO8oerlvUarbsh6odorD",
-	"FirrjDr7ILC5daz5LRyKZnzKkmWSQcOSoBF1hBJQFPbOL4tjD6oAs4r2r0fNvay0m4rAOvfkVW2Q8ozW",
-	"B/lupblxtLkx8IJyiMKVKoIGOfZFDGmBmbHRV+bjdKlYBganYEVld4PmWEAXbwScEEMeV8rCRlBLSCpy",
-	"dnZCunPXD3iyJDPMmS9Lg18yAXlpKQ6meuGxYOWvpjV471/39PxnO03Oc9Yro41cto9bZS38aS1miXjm",
-	"nrFw7hx06aa9r4YphadgV+Pji+676wWbaBi/NQ7Twjnz5WplyW2wVPp9p4XhGqb8gdHMzBCYuGBaR2TO",
-	"jOIJWDC5JqlMirmPnoDwNiUXmqnKRdsF3CxXFM4qc21R+/8GAAD//w==",
+	"7L37cttGmij+Kl3crTLpASlKlp1EKteW48iJd3zRSvJmUqFXaAJNsUdgN9LdEMU4qtqH+FX93uC8yHmT",
+	"fZJT/X3dQIMESEqxlOyM/5iJRQB9/e7XT51EznIpmDC6c/CpM2U0ZQr++VLOZlSkr7+zf6RMJ4rnhkvR",
+	"OeicTRnhKZETYqaMpIWi44yRBD8gZkoNUYXQ8FSxXwqmDelqxkisDVXGjRz3Bp2oo5Mpm1E7B7umszxj",
+	"nYNOMkv7w929J/tPn3319Td0nKRs0ok6ZpHbp9ooLi46NzdR54QZtXgxMUytLvKUJVKkmlD7mMynPJnC",
+	"gpKMM2HIjC6Isp/XFzHjgs+KWedgWM7HhWEXTHVu7Iw5VXTGzOYzerF8Lo804WlEYru5mNiD2n1GMjln",
+	"KqGakSm7JsmUKprYwUmXigWRZsqUPWmuyf5wH86L28FzaqadqCPoDI6Lp52oYw+aK5Z2Dowq2K0OdsbF",
+	"GyYuzLRzsNt0zK94xo7tlCu7tL8SLjRPGRyupiIdy+tDolhGDb9ixC5VE6pY9ZOR8O5cqsuUq3JTvxRM",
+	"LapduT22b2vTqt8wqlnz1WT2EV5HpptuY0w1e7JXu5AYPjrnaUy4IJTEp7jXEzaJH2kSs2ujaNx2R/7j",
+	"LS8q0328nYsp3tZl1rHAZwxTdvD/ynT/Z9r/da//1cdPu89u/rURPY6lMk3bz6UyDbcWkZQlGVUstTuM",
+	"7Vs6JtSQRDFqWMvO7Gvr74leI0o9e/r0ydOoQrHdBhSLOu5Y2+iOWytenh5fu9vbG667vZalb30ddh5/",
+	"H/zv/kZmon4n9q3yUvaGLZdyyrTmUrTt7/jsJ6LxFcLTloXrDSvfhBqnguZ6Kg0uItinyNv2eYdVhEcj",
+	"8o1Hc2PH0rkUmgFxfZEpRtPFSykES4ydwHIrYZgAoKZ5nvGE2qPbyZUcZ2z2l79re46fgjX8q2KTzkHn",
+	"X3YqPreDT/XOMX6FUy/hiEDa65jFVGYpsjN/NRbmYkMvmbxiKiZzqomQhmhmSDdOZMpiS7TjF29Ojl58",
+	"99P5y/fv3h29PDv6zhKIm6jzLU1PkDE+5K5eiyuaWXYi8sIckpgpJZWOSca10YRdMbUgblJYpWNv76R5",
+	"JQvxoBfwQVwKORcVaZKKFO63rlSEZ1l/ItWMpfBoItWFNIaJXimGWOSBPYhJxpMHPecandKWmAK/U1Jc",
+	"EG2oYXa9xEy5rsQjNrgYkJwWmqV2Q9rIPGcpQssrqcY8TZl4UBQgRl4yAUulDh3C26BEJzK33Fxa0hts",
+	"SRaWWdxEnT8B4ACwTHjGYM2WV+GRHtNFJml6JuUbqi7YQ0OHv/axTBcWRDK7CHt+VBCaWU6G0PsfhTT0",
+	"6DphLH1YAhguci6LLCWW2KEATbOMqUeavDh+TS7ZglgSSCj5xa61Rv3gl3Pmlh8fjkScMkN5FhPLQpCi",
+	"wksH/r6YjsiMzaRaRCTl+jIi2vEqDWjh/iDjhWG6NyCnjI1E/P3RGdm52t2BseLByDKsQJUBNaFf6glN",
+	"R+Le3gk0ihvk1uqKJ+yDoFeUZ1aef8hbeG9PNqE5TbhZAATbExvT5JIJ0AoKoRhNpnZdg8+4Z+Bxfzay",
+	"H0pGIZS9fP/u7OhvZ+fv3p+dv3r/4Z3nsR8ELcxUKv7rw6LOW641FxcRmdHMsyh2nVsZyW5HsSt5yVIr",
+	"VKdMGE4z7ZabK5kwre1lHgnDzeKPQvgrLjNqHH7itxulhRsv+QH0fUtNMn1FeVYoQJhcyZwpw1Gy4yJl",
+	"16vi74+gozurQpzIQpjY6R6adId9K9anoGAtqw1Rxy1k+wMIBdef3YqqYT6Wc8jx31liAmlodTtJ9WBJ",
+	"po38M6v53cHEEXWSvDg3fMbO9ep5vTz+QOwz0i00U+QvRC+0YbOeP0IvCaFRhhEHX0wTbsiccsNSy7UP",
+	"yZDMpzxjRBVCcHFhT9gCLjWdg04qC0v0yqWJYjbGI08LBbB4PmtY2w9yTjIr73BDFBWkqyWZUBXVZ+pZ",
+	"Yk91gSrnsj5aWwcX5tl+49UDXJ7j7586NMveTzoHP6+Hg6NrlhzZ787sZzcfl7EhtucqCxOT+ZQJvwlZ",
+	"GDhbOHNutD9RcqFkkYMScMmzjKW9Q8IyzYgosszuwv4XeYfVkeyar7k5tyRs9eTeFVlWP6VDsrv39V/e",
+	"4VJwAjJeEM0vBM3IO/v4ablOu7jUrnR13qbDm3DB9ZSl59Rss5Q6aFDD+na+9pkqQJZydo5rD/BkLGXG",
+	"qAAEZvTyHDn/+YyPG0xNjF4SxSyQCONkhGVIdwwSpCltyuv5LODu3m5ePdg1y1NsPKGVE9EmZUqda/4r",
+	"q33UDunapLIw5Rf18/nWSkT2QPAtcslyQxDrSNeeihUZ5GRiVdTyrd6WOGZUIRLqlPBlPUEbxeiMgCTC",
+	"UhLP6PW5LExemHMQ0+JDZwm2siTVVq5LqEpZGpDy8iyXCHNAP0ti2qkuI8SkGiWoXUkdzOuUq0ZiV8Gw",
+	"Brj1G6jfYHhGa7jHG44qfyMHQeZoGBLUdfTL86KbciaqFF20HZ9et6TAEEHTlNuDodlxsL4JzTRrkhdi",
+	"S0bd5zGZcJalmnTHhSGxPbFzKc7tXaMBJ+6VjAiBwwq2A+S5zcy0PuFJISzVi/WU9JOYdMdUT5Hq5Ypp",
+	"JhCW11q+ok4ybxj5OzahRWaWjdIbSRoTV+2H1iALtAxYXcgy4rQhOaB2helA+eAvphSxWIgIDwjHA3yL",
+	"SFwCaUw0M71DkrrNP9snb/m3EaGGzKQ2ZJd8z79tpA6lPXd3+NWTr/Z3v97brxt1N3MduDF1xc6tKmOZ",
+	"p0jPNWpaDZt+ASaUGrCtuZ8aVU65OB8/22/wDhkqUqqcLSwCk/Gz/T4TlpSkW12/ExGaJDMPUbtfDw9B",
+	"CCDP/UE3c5vQ7dQyccWJrLS3OucHKwNatRp0Jr7NHpqJRTOtADHc2eY3koo6SoNB4zynyio7DWI/N1Mv",
+	"7kfkkrE8FAKZJjOaMsR0sEJpMqE8I10PuTBnbzuIgFlWl/AWbRvcziUWwdQgX1RmOmRkVOg5UxazKi8Q",
+	"KDwAlpW749ZowYRRi1xyXGLJCLYlJI4F3ANhmvDMXeW2Q9bP95X9nhhJ5oobRsZsIhVzqh1RzBRK6Ahc",
+	"haQ/KobDJ4x8OHvV/5oYdr1OkK1WyNOMna/ByFMjc+cKhgsF3WRuIU9Iwq5ZEoGV0OLO8dlPxCg6mfAE",
+	"SKuQhBqDso19hj6Bz4DHfEYvGgS5l1IYyoWFMPsC6XoctewvlcklU70ByWRCswOAR0T6CaHCfeEMzhfU",
+	"sDldPNL4snuYcsUSY4Xnbtzvw5M+PNFx74BQoqQ0cBaoTVbvO6tvjEsgml6x2P70/uVrktGF5USGqjHN",
+	"MtKVOUJJtiCxXd7AUHWgWC4PDL2Ie4ekcm/D6gHFJmD8hkvZHw7tAy4uYCe4PvtPxeBOpnJuwYmmKZGC",
+	"kS5uULArpkheZJnuDciLsZUK7ArtTeBRJVbyYym54mzulYep1GYrgj9jhqbU0N+BCCcA6ywlVBOuD0kB",
+	"1h77F9g8MjpmmZWkMguobn0Z19vhADhsGxQn+7M9LXadS23pnJLFxZSUVtOS3O184unNDhMp0CC988mO",
+	"eANUrSRGt/HmbqBUUacQ/JeCvcaxnWqcK3nFU6bOEYbWkB0ccmmz7uu+zlnCLQq7YQ5LO+IlW/iAhL+D",
+	"Y7ER5C7ZYkBib29Gt78mNElYbj8BSDRSku479laS7xezR9pqlzOUcmeMuvgXI/N+xq5YhvLxgJxKsFpe",
+	"yayYMQ3BBO9zJhwfeaSJntKckS7gTRwBfGtZqARwPLbQekA+WVp5A+gX51fJAfmUZJTP3tEZu4n9NuyX",
+	"DoYumSUDbs6IxDPLB4+pmcYRiRWj6XuRLXA4u0Wt38qUHZCT97+d/Ghf0cUY3rYUIk1Z6mM4qt2VG9oK",
+	"VMGzu45el/YjyzQoN869VPnVjCRjlsiZvUaaLj4DOVYMj1lvb0Y6KT+5+dhg5Qmgp1ECVYZMlJwhRypd",
+	"G117bzVHCzhZ5kL3Dgg3GolzBP/E6R9ppJDbia0mazrwN3zCwLDFBdEudAoWB1wabO5pJdUOD8mQPEfe",
+	"mXPLG0rybeW0gPuQKbVy0tnZG5IwnoFhPO73Z/S6b0wWR8DU3MB7+2Ta+ww36UCxQc6zYG8ZKQogITyB",
+	"uUAPyFFo17bog4ZuQBiLuPZy9ofDyIkGZmoxjaOQWiOU6+DmP2GBsBqn9zkauPtss3TnVNTm8BH70K4o",
+	"4PIoZqWET8gMXRO97XSDFiUAF39LHQBDRlZ0FqD/hM5kRXUrOnVIKPnu3SkBrmh5vI/vyZgxTOmIpPyC",
+	"G/tfqqdMw7YqE7tl1ZqZRtMb/5WdXzRZGV9bpOK/Ahp8z78l3YmiCTAQ75c9tCpyxqg2ZDgYPtt7Gjnd",
+	"uT797hZGxSX9C84oWFyTHvYdy5hhJ0wXWYMdKYWnjRbWpbn8m41zyLnIJE3bZnEuKd2sWVsotBTqkUYn",
+	"bZNuvUkPDcZvWuCRk1Bei4lcXZ6XX+oOl6kx+cHOzu7eV4PhYDjYPdj/ZvfpkybgCJyoW0t5S0tc2lC5",
+	"omrwxm3VnBIN7rFFzdidciBARBXCckNLZjJm33UmB+8RSNEWwIQlnz97s4UFNKfNf2w4hMDYcktM/2c2",
+	"4K1aPVcXC4dWMtPeQd2BUZiMXzHLMTOpjY8/c4MBF54wk0yB+SvATzJejIQz90Hw3CNN4r/1nXG3/zq1",
+	"6pZd70E5aDWaXbAmK64sjKDYbE65nR1vZeeVQzI8g4xNDBmzKRcpiOnO41U64tBccDgSuCkzZQu0Gnl/",
+	"zpaL/2Id/GzWQaQWLdzi/j3YUSC0lnr/HFU0/Ap0QpJQYQmmYVlGut6S8jmd3eGaFRUH67zbEYrXIMWD",
+	"KmAk/MGuuYlaVu8MHd697MwGXtLWdE64eVCv+YrKU3fzrkoG/nQqXzlodnMqwKPh3Lrd4Jweaf9rxmfc",
+	"9A4J3eaCm3yLn8fLDHYwb5tZ52kGsHzLv70nkERC2BJFYM/aQhKxjzFCQAriiJIL33SazwTDdAZtLmem",
+	"mujJ2av+13aDGFEMkh5RLM9o0ijiedfp5xjp1s5ods0S51iL3QQeBhMMlNggLbu1l8dRP/wlx3Pdu7ze",
+	"K/yKsywFlFolnGAvWt3iv5++f4emcgeDcjJhIrVKH3wREQglxvSNn3c/xs5uW2YuARtoPNgZ09qZpNfz",
+	"Alxa9UHz1jLWLKDPGiHWal45U6CiSkHGoNiBZU4zU/A0sv+94MgMtOHJ5QIQTCaGZi5+etQZPtvfH3UA",
+	"hYL0g5+H/a8+ftpvSjuI7HL4hN8yeKNZnz0DkqANYRmbMSRpgO72urqjzs6oUxqylJSm13gNeWOqVaBX",
+	"0bGWWWHcuM2BU40673p9FzGjS4lezDIuLh9piF43mhhL5swjTTIQzbeNGnHjnOPnjdhazoTvRJanzRU3",
+	"holm3G9RjaixtJfrQxKDWwGttSRlVhaNyKvXr95D/LClsCZUh+yRWqTlFqvdcjpRBwZp0IyWECFMiHHv",
+	"upOOEMzr4NWGJ81RIUwY5SMmt7EqlRh3s2o0aoep0lJ0V8BaQ45r47ssmplUjLitYcD7nCnvBdwqJsgd",
+	"uj+ezTQ2Yz8iSK2ecfu5wBFU0Ei65eGsnkvvFhiHIRwBjG9EpObtw+iN+5Xq8q6qe+kdB20EVPBWf3bD",
+	"MlvW0qwYlG6nrQG8yrjcGPhUDd50RN+jxPwiddymGQKcXN2f29um/l2CEpgllFkGzqTeahRTyvXl+bhI",
+	"L5hptjNCihCkAqVcBe7WR44c/9//n8T9vh2mL6+YsqInN3Fpdceht9Vd7GLcKrZ43UpMtbtZJexOgnYb",
+	"bBSkf5C6lJ9xM1vuo52drJPb3+JMOL5BX7m9n4xfBaEkW070S8GKmhU15GnrTmYJCOsnGX5bzlHbVXBV",
+	"TWccrYBVE2z/wGiGNG0J3Qw1ha4bReXlRmOs+6xpJkywdiLeUuKKYHj0mGndRc88iBLykokGjHFeilsJ",
+	"YZhVodtjl58TZ01zAR9OYS5zwyBP0MqdVHn7492im8v07i2yuBvkPTt7o5MQBEo4wvkUfPeQkjfj4MUC",
+	"t6EUzBmRvGCJJwnCmv0QTWpUM+2/A6GaCp+/tZU5C3L9NtFnAIhTeHMZjIL8dxwq3HYU3n7tWlvBrlli",
+	"wn1uzU8qAN7ETtzArcu5G78tD3U780t4vJCx4Jh0x45JDVvn3QVQyJyPt7Q6NuPFgLxwQaD1KKLAh/u7",
+	"7ZQ3bSd56s9kKSFDzgVT8QG6Y8HrOiCx27j9uQzh0hE5PvspIki4IlKGsxy6+CB0fUWYbBsRxQSbR4Ab",
+	"BCaJIOKmStVy2BMqDfCe1RLcwTd5UI6rjKTl3HJy8uol+Wb/6VelnxnTIpuioZtU5bc0mXLB+orR1J6x",
+	"V/mdDSWOSCykOZ/IQsAfqxlyUVNqeqMQiytrdIdgQtgt1JPS1tGgoFTsqSH7gJuMrfG7reqVH05eE8Um",
+	"TDGRMALGPD5Z+Ngef+r2a9KN6VgW5mCcUXHp8n2EFKy32VHp9D1cXrmF8swivL4monFsFuhMv6ugnm0M",
+	"xtocbtrqqXPmyucYeycMAx+4FaSmYKcEzx2feL9dhNZoPe1txUqcC+/hvXM5ZlTW92rftZQQiQa6qJ6T",
+	"nOdMk24QYO+i62lOlelFhHFMiMckE0INkSJhpW3aBR2S5ySxfBscnwYMOEobF05KuvG/5WbxfBgf4Hzu",
+	"HGEpvagc20xRT9zs0VJy/hnAwjuQ7hAgUoJ1Q5akS911Ys4GobN6twV73jrC6CmyvduoY4+xmRibhctq",
+	"Xl2YD+5tzuy6m1x6i+y+7fL0vM10bXKrO5abqOOySDDdq0GslIZmzt4nJz4fJ1cyLRKW1rLGBLvGbPvQ",
+	"PITjbmsGXJ85dzewCFPA6putp4Q5I1x5x7ULbYEtBynNIqZbw/ZsLwC9jUYLP3bTwqAUxOp6nHi2aRUr",
+	"Fg+rtPAZNxvXD/O+wVeBOjgPwcZvPsCbK5I0juQHisoNtO75TbnMBqOvFKysQzGjaGNEwK3k1rjfh8IQ",
+	"/ccxmWT0QvcOyRCrJ8Bq0OjYYMC5hc2kZprYxjQemhGWIzFDk4XzgVTBcWg48HnxLV47H3happFtsyRf",
+	"aGMLy0ZoyWgzYFTjrSyo9a4/eOhqv42lWAquL+tWn+qk1th+tr3JzUamraZrP3Sp8ikVLD2/05WtfN0A",
+	"Tu8nVRi7jiNiwJCA5gQXVx7UKrqQosUTXBnFVk0UeAC+VMOccgNRscIVeGFFm3d5WywI4ti3hfiVVXLl",
+	"AxJbgivQCQ8RFpFPtDkktHoJKls6jz3YyjUZbusKa7+g07LAjdshRDOBI24iFXjhrAguaFbFiHMsN5Zg",
+	"PHNjTYw1GLvR9rgGdRuBrh2OmzD9hGVoM2n2Cyh83CKPKTaj3DL+88rYs2Hr5YANXzevT7D53RSz0vzy",
+	"2Y0jJ7XshO3ztP13GD0DMdWgmUjldRVw5gcZKx7cH+kwKm0lqKsxmks3BEx/joj+DQwA9rYuZNtly5WR",
+	"2y5i28oBXlXjesnc5bMSunG/7/6NDpkLPo6rDDwaJss5MlWFLsm5OARnnyWIuZ2aG4i40cjXj969Pz1+",
+	"6V2KVtHc331SpmgZ5/PHmmp64KjSAWFiIlWCUZE+kcFIBfl9il/5aDGrOrrKpAM4QjgoLJvkh4g/x/1c",
+	"IDxs8U1AEy/yogxA2yL5LuTLt5moGZuu5OUaCgQlmpoD/SBDuPJtaMJEypzMWVncIayvGBvF2DbU2c/Y",
+	"RI7CDOOGKCHKG4PtMKu6lnoNzJ+VbBq4GX6+deJKra5TkxXvYXy6kd/2mvNqjj26FzdTmfPkBakplAN1",
+	"uVF39yoB4m7Kf9wiFXoVuTcidEa1OQerHzeLW53WnbJk23NZl7PgQ7PwcoyLzxz1wVmrXiy8n2ZjQ2iD",
+	"3gJiT/Hl8rNzxahuCiXweRv1iqBYTi12gWuWXNALiBENi0h5a6KZMjXnujlqb43MsXKtQe7YBlNLdVKB",
+	"Ybt+wtVw7Q48v7wVsGwAsQB2PAB4HFiD5y1mmrsSoq3cgeujSwKS1my0cIUPIFGYC5/ScEh8KjHJqcIg",
+	"91XJayuasFR9oVBgrJ7QxGjvK6ruKI5IVds8gLBqQ/gUfM8N+mVOfykYGTOqrIpU1ozFpNY1cWMr6Bo4",
+	"zq1o1RhSVUPgrQp0/35XdtSBJBd1XqhsbaTQI03YtVPVPpy8IVwkWQGRufHO1W5cT09cSUj7evj1cOdq",
+	"t2nJ26NttdCojsPhHa4isvfJVwi9Ee9OS2LZELLAJyxZJJmPcZKTKt489KOCiwONuJU5F4sgA9mBGsg+",
+	"vhrqBUAKf6OJ/xTK4d3REQ/fNoexyAk5ff3963dnkf3v2dHJW/jHX1+/eQP/+I8Pr/HRDx+OoW0DpgSD",
+	"Kwf6NgyX8lLdKJsjb3BRjVfg9urF11vogy+yOV1oEn+6acD1qHPdv5D9al1FYj7ddIKK8Z9HotqSQa+p",
+	"qo2M0lBLbeSEdLG/x4wuyJiBEas9JLPNRASkGRi1t7JgwOqYLaST6CHLfoP9CC5+2LulXWiVorWX4t8A",
+	"NsGISzQgTDD21pwN7hB/7y1cNrRqbcdlPRxtZLHl0OuWdTd0bw7ef4H5cZZ35UzmGTskgjHMsR0zgrVK",
+	"XIWnMkV17+utHKNILFsjYR9e7txKttw+FPBDjgnjdwtm+Mzp5FEHkwnOfXD3pnYYtZiO4NNocyq63/jD",
+	"UeKq/MLvp8MztB+fjxdrya03FrgiGIYIOa+ZDNr0uVI1ayf4QSWGLfQXrAyxQiyvZHY3YlmNF62UX1hS",
+	"aoKzagIEvJZmMhnUI7lFeZCNJNIP276ctz6g/xZgaWUevGiQ2vAMDgm7ponJFr6okCv3g813oCgRoEy8",
+	"qrCUz5oorn0YZIgUwvLSoG5RzYmLU/aVlCbWpJtMWXLJUlfVTTEtsysrebkkHszxiweD+LAiciiOkXfS",
+	"ECnIZTFmSrC6G3UJO1qW/iOIANwQmueMqrLJR9kAy8dKRMA/4p3YF4yxb+7kSiYR2UnZFZGK7OiFrsuI",
+	"O04LXlmTYjQ9lyJbNJ2mfdi3D90FdqkruBcanE/evzrt4aoomcmUNWfK6mLcsvW3CBx2GtDxqusLEmPw",
+	"rg7Kpl92QncZZX6ZPQlukLRkjKa6LLBdDtBUGK7xrq5KqtgowdfKKZVlsMaLMiWeb1GXJICHj00lPzRL",
+	"CsXN4tSisXPU5PyvbNEYA+qjFqgm8QvXqADyRg/It6hLQyXE5JItsCRiPCDvoJEGVPuoTAgZ1+aQ0ExL",
+	"gim0UoyEK8/PVN+zf3Ah1DSx0t/o6BwWTgAiBMAAq6hOxSqspTUAl9jeWw3tAJv2Bm/53W099w9QQ2XT",
+	"3GVhNqiMQg0fZ4xg+ZWqSRv+XbW0+lvfftX/fjHrO3GrD5aAaiXuRutr2duwmDXzbZjGwhVvTLGwl2jJ",
+	"IyQ6CvLD2dlxWQnAyrBWOuqza5YUUOmjCkwgFie84tIXrDCKZgCO2MhlJFw1RTpjOqcJI3+nPIsIJd9h",
+	"5UcmLrhgmFX815KEkiQrtGHqgJwcnZ7BEkozAFSx61uBfSTskgBuwW12SH5k41PIytTumytGDFMzLmhG",
+	"usdnP/V81w/tohZcuBqQBqiUiTnBCRUjMWaYO74oGQMlirmKJ4ORGImXUFJFk0SKCb8oFCNxZTUhz4mz",
+	"y/zw/vTs4Pj9ydnO1W586KqA1XEJIohSpkYi/lQNcbNUTzEekDNLJsGPx32pE2EUTQwWf/leQiQyMiwY",
+	"WhEuRiL2fv8dmvMYaqFcMMGwgqUrHhGVtTHKKhB2JVCJgBpX41HmTNCcDxZ0lsVwCP/yL8TiJRPGNRSx",
+	"Pz4mjx87qvT4Mfmf//7/tidMJ75EaZ00GYmx9BXwjQQhf2ULe/xW17KbiPt9mvP+JVvEZIfEpy/efff9",
+	"i7Oj8xfHr8//evTTaUy6EKnc1yynsPnegPzoSrcC+fI3mdrRw7PAco32YKVYzGRRFvLVyL98TRm7SCbs",
+	"jySTMh/T5BIaR0EXU8t37MBxv88F0HjWF7JPCzONewMSknJLg+dSXcJIW5FgbuzQFQG2d/CmIhzuHlRQ",
+	"NjQOLHkNrShJd7wIr2C8gLUfvz9tLPaJPky7j/dida2aaGg0ZAAeCYnb6CPeEVBZnnGz6EX23forUIeg",
+	"GaJigItvlZxrpjSx8GolOVoRh8h1cHXRN5oZR8t1VK7RZbGU39gxdTHOlTQykRmJPckcwK4HqzzIN5CA",
+	"VqRBxQQ88xjuxxN2rGv4+DGYTh8/PiAuRYV0qxSVKDAB19JOdhTTxazMPrErnXEBQQIwivMtYyoKHIUl",
+	"DexKQnE/fNiD8/QpMKTbmgJjRy+zYKJqIvzSu7FxBvsHxG4ZzbLJFikzFAAjWHRL+gxiSm1OMJrhBHJs",
+	"CbnlY8FIcNxvcHVWNySUGMVQqHTL9LMgtDj3u8VCnNu3KcIHLv3NU04gFooKza2Ami2QlFL/mku742Zq",
+	"pdIY3Fixa+Skq6BMx+VBPcYPuYGFn1m4wkKzElwkA7JlZyiAyAPy+PH+cPfx4wEJOvHZNW/fjM/FjeBQ",
+	"T2AoUZbBlf5aUz/SgR3dvrr/+LG95FxC/gFQSl8620tXFvrHjAlyxRSUN4iIloSn2mPoGNNsWGopS8Ks",
+	"WEFCU5SfGy+ochtZPIb66tDy2DMrSBvS9g+szwlGLAhjaWuKFZOuz7Lq4W3FlsnGEYkhXweq2gJ+xFHQ",
+	"l647LWZUlJlVh+QV1ebF8eu+NovMN4/WoGkRbrDYr+tF1p01pmUBH2/Oy0pcb8pb5GhZNIJSxVKR/b29",
+	"kWjoxuUVHt/OyyWnVNY/jULAbwRtieQ38pZRoLi/jcRv/X4f/mdfsDP9VtbmgWpoBxX0kn8/ff8uco0t",
+	"QYSJSvDCbiARGdPUWezw3xaoIihHAwhEDWE6oTmrZ+a6yXfJb75mKShpbh1B6zT/5hPy24Z+lXUEcZ/t",
+	"k9/KFVd1uaBdJDRJduXgfds599U35LdaN0/04YNgKwXsbamNZ2AWgPEotrYt68r33Mi7dhvQExLWSdUF",
+	"c0/29shvrhWba89WrWfProdaMSgplGIicaWyyoaBmzo2LvVpjHwBaW4OCbRtr/dX7B2ShCqo3xEHbQZj",
+	"XM5TuAvftNAuwfcrLKomihtGGMKGxsXFIcnkxYU9QJCv+5qnLArbuF9YvcGKUxNGXDUiO8hIvCBCiv6v",
+	"TEmsg4X18VEfYmnVJdZ+LaSa0cx3GNFFZjESGZPXrABvUEHOeMKEZpUjofMit7fY3xsMO1EHnMSgsOqD",
+	"nZ35fD6g8Hgg1cWO+1bvvHn98ujd6RF8U2U4lkpdJ+pcMYX5Sp3hYBffcnJ856DzZDAcPMEaR1MwNOx0",
+	"Dj7dRJ2dKWT//+r+mjGjeKLdX6Ea4H4CMPRv+wuGtJLGtKGpDyNdsal4yOoOyfMqr8L3y/DSN76OErCT",
+	"0UfCs1ioy+4qLF+yBdLWuavsU2imD5ZC7Csm7OpMYFVUfQk1IUcC4/QhMo8rEpf1veMSMVZDXXUvKgPk",
+	"MEwaxYKqC+kYRi6EceK1CXI0NkXWk25cBko/jg+RCbqs1JlTNOLvjt4cnR2hsO5n3fmkrSpJJoohpeQK",
+	"sbc3ILE7yThoU91cumQkXO0Sy0ScjhA2VQVyvNTtdYVclNx575uRWCYdYQV9eIQog2Ifl+J12jmwsIXJ",
+	"TEsNv/eGwzUdL2/X6RInaOlzGRZWh4waaSgKwJCUBO0494e7bXOUi96ptRgNTYCQy++Nfz9/vPkYdXQx",
+	"m1G1WF7C8uSdqGPohV6KMrpx+FkLa3I4Wj9cKw+cBoGSpRKjYU3L1tEs7HYDNmyukauVNitQhoKu7z4Y",
+	"bLuLWPJa3kQb1oDoE/tIsBgkTQuE8WWMaHZFs4KR+CqOyAW/clbGy+dXcduKoX54p7mzv2F09hyiZcJy",
+	"cf/1/ONfng8eN3Wp/3iPQBtGtK1vKw71/0VVm1+qlCkHt8PNcBu0n79fUH9Ts/60wHbUyaVuYDcvHR2u",
+	"rCWoo0L9XyfSQj4OlMCm9Wqxln5haD7pWi7HBdMaVZJeNBJSOaeIK49yxXRZzR9rDw9IDLo0Gt58FbCg",
+	"c4A/mwGptWkeia7rb1DusWI4y4wKwsRL2HcMywWcAOusSDeW/enVJPs5haiUIM8KxN8iJ0aSGCn8Ofxe",
+	"RV7GVSOHZ8OhPQvIEvBk3YpvqC6FgtmAnJUzcGjApQhNlNQl59eQCaGYldUyaciFhI5PWJraZ4RZPC6Z",
+	"9oTN7R6ypXRHezbQww6Js5XMPUO2FwGCYAr2KAT6ipVhehawLxTeJhwDevDoAr1yWCXsY7ONFb43EsuM",
+	"LwJBe4XhdZsEZDyu0mpXGYxACRkJZyoCLSxsf2bheUYvS397QzMye1azVd0O4R73R0ei3pbsAEphSVVC",
+	"eJf6qq9OD0epQQrfbS0crqxbMBIgBfcAmucN+QX1QfAqLTzCdWLEPpw3Am3KAKFHwqutXSugg2JfGWeF",
+	"fX9OccQeHFg94BK5n5VirCbgytNo0oVEX99p5HG9z0jKFL/yliDfAqo3ElIEUuKgyjjBJjn+9yQv6j/4",
+	"5CSwLaCZqIuebOh7MhJuVSQexlHYM6VybvZQqSkz8mMmLH+z/6o4oevz6MjSSHSxib79GXiiLvMBcTQU",
+	"9oJP8EYwh+iRHol4udfSIOepdklCFrE8lCEeiAX6mixYsBTQyJsn4YZ1kUxHAtPJADx4dSOkG88KDWYh",
+	"32Hy3XKetnu1F/eau6s0iJJJrS0humuZNt/KdPHZuHK99eFN3Svsyl4viQS7t5pcCrZF9adaosxWr2LG",
+	"0M3HBlHCVelwDJWmC0sS6kSjymrxUGAJmCNUvQeUNaLO/u6TzR8d00UmaXom5RuqLiB6Zn9vb5vJVvvu",
+	"w7ffbP4WtIwjxwvsV0+HW6z0FDskfKjMIdsLVC+dZ8ezhS3VBXD2VB1imvsjeh/ATF4tmeOAJ4sUEioB",
+	"qwOfQWAf0wPyOmWzXBrIK0WZZyTQpM8FYZMJS4wVFLBYv2M+ocHX212eDodN+I4fhPh+T6J4rc9OAwLh",
+	"83Rwd5jeBlJeSTXmacoEfrG/+Yt30ryShWgQ0WuhEz9/tDSkHsEQ/OajO/CnNlj8zt1eVU8RbrrXKuY3",
+	"KqwXzDzAfdaye9aqVv/kV2pPZbyZwKwYFpr2UL1Snv93lh81EaedsAd6o/URPT9eyaunWWPuHNq/uj7W",
+	"BKy9VgmRVmTNUsvDQJAdrNAVK8e89Au4RzAMu8C3GafcMv7EcGg/2II7vnTurc/KGD8/zIONog5OaaGg",
+	"L2tSgYRHgqqj/u/CgTabB3SFBDELponBuLVjATl2GmpN00PtLwqb45R1xUgATSPBNZlawXy8aEIdjAd1",
+	"z3z0jPcegaflkQ76RkEfypFwgVhd13qMecPDch/7mORQK08xOouwez0XoS0ELBBSoLhQK54AZpLIKzaE",
+	"XlAuoIiCRgMK9oQpU+5dSyxoG2WnKYTh2UjE/b47iL5iFos5OIjLhpZk2nMebm4wnx90XPga+wqU/up6",
+	"G9KRYNhzSCwg7owndCl0uYrHijAywUel+eeKQRbcgLySVpmG1CZ0BAwGg5055eAetv92HUzcX5geZv9C",
+	"h0HcJC/B0I7o3Jd6hKOXMv7n14+2mL2JmJ5i/cSH1VT+hKT3j9Ce/sTkHvvu0mUa30zi14sqO5+SDWrV",
+	"X6G/XtA86lHVac8oxgifWITXhmcZRBtGSAsnUoFnm5uStCH2D1pUohDHv6hES7gAR/OPKr5YEPOWVrBy",
+	"bwfZ7drYA4DSGqodCC1fIOlhISlQ/rYEoTvLv9HGl91Zb6EwIhV20hH29PnzrKqqLPBAq2pVLMB+B6Ir",
+	"LMl38F/lS9gBlrwIVG1qypA1rHbl6g96h80qV8JJ7lfyrFd82ErwHH72ydu44SkT5h9B9PwcNO8fVZJE",
+	"RPqMoiSoe60GsB/B2+907MCfXzZ+8fgqLZYOyJFF1QPy+PHecPj4ceWSC+McwQc3Et7EoKc0Z4ckxsL3",
+	"LrsXS99jHAQq2S7ryun/uCKzVAeHJaWBIKF5ROKyS1sM6RvgXoJmcHOqq9rjUoHm3hvUtphTrVmK1ruD",
+	"kbBb2vNbshPHL729pBs7+8cBNL2O0Wf8+PEPjCozZtQ8fnxQubbQkOLJGVI4Oyik1UzY3HcVXnJVgkVh",
+	"6keMo9KzvEe0c75imBTJuICICai1QHV5GaHfXgpGINFuJCZgA/Dx3LUF/Pvp+3f9jF3QDJJlubgg8yk3",
+	"mKLXc7aKak8Qjw+1a6+hPzg1JCmsRpECoHpLjnb+FnjmQzUs8bf/RcoPCom9C8zPDcICRmLNuWNYCjVk",
+	"bzgcEJ91BzVSII1gLslYppxp7KkAreHdEPFIdMveEgDRqoAcwmzhEp78tL2a4QrPfEB+dOEmqcSoHmwP",
+	"TjEiFOxnGb+CfujVLoE9MqoycIUu9Unv+RAhbupdxutMz45Wsby1kXen7lqNhDVUEPRkGJUe8ieY7NwU",
+	"0xYWUqsYVkMVT98K4slwWK/puVxz9vcGtm3nxQ46hW/yYpdKwsf1aoIvwElFjbJBmEpUmttKbI0CbRu8",
+	"3iUIY0iLh0EAOvRz7w33HkL1aSB4QbhZbbdfJIs/vTZliRAmoyzLB6QLTbdymWW9P6Vmlcq5yCRNWyWR",
+	"ExeDaZaK8yzX5iEvKaS/VBGHvu5yoS338GFzS/O7uEtIB4ccGPjBciWfDOSTqTFFbNUm5jbwCpv7rqXE",
+	"x82tbg/L0hWQqoTBh+VPTt5x5fLaiLRiM2mYryVU101Csr2+PtF9Rhx/5w6qXY8J6i/5YkhfLOp3sqjf",
+	"P8k5YTT1Qc/UI+NSZjamhPYezK1fJh7vfMqlMjcbaQqF0pkgk2ETf4297OMGJHUpu2Lhk8EJ9YlhEG2o",
+	"mUgxwYhYqRZSDaCwLElZklEFgcSuVX5MgsqsihF2nUvNUlc8CPG/hdxcMHPktnmfVlM/x7ogFn/c/+Q4",
+	"ev+49oOcWy4AIGr1LKlMBVQlJH1+NNvM34+lMu3oeM2S32WNbDUwnlh5uopbQGFaT0k/iV3HQNC6nV7X",
+	"q+VyBP4tspy4yfVIlCma6N+HYhVOWF4yYs6nMmN1U6aVE7CidlkrxYUJ2KFjXMM55nDv7j2NXJI0tCaI",
+	"SytEHDRicmYNbJM2IK9rTR+sYmG/GQlMMKnNZycgO1iJYiyv42pMrOII5MjbW7pSWYqzsz/8prRYlOER",
+	"sCvIWzaSjJnPNO4NyBHEYkOwhX0pQRGMGozLsADggjNiJ7R56Wwkdp9Z8eywZquxGruGmmlhEi5JGU3B",
+	"uIGZ1tDIv6bAZIWlxhcK7Bo5U1ymZfh+Lft2RTqGjIowciHuHZTpPkFXxDID55EeCWdv6e4Nh1U4SPy3",
+	"vhui/zqNHZNwaSTC1MJnROTa8qGKr6Fk0UhgAaTbmmNC4wup215GosX4QjETxt5Pz3mBK9BZMceDueKX",
+	"gieX2QKSoDHRxse/ZFKwEjAbAnjsyWe+w68fGNsOOf3XghWg5VyMhMe15TAbUdoA7ZlOmEmm2BWLp6QL",
+	"0v1gMGiycULNhSCm5RDDdaD4RmEZcFm6CSaaUwjA4VdMQc2MTDPSGNPTi0aiEJnF/dji/LkU5ynXbuPQ",
+	"+AQafoI5T2ZWwZ7SKy4LhaWYqneBZCBlctRkJICcWAyDIgoE6jiEKjrAJhqbMEXXA+X+cBhhdPP+8BtI",
+	"JIrI0+GTXpMwYQHgfv0maCT5Q7wmoflnvVFHUUG68yk1Zed44AaWTEP5Nifw2QlDJG9bgHs9VH5vvmgx",
+	"X+KCAuWpEGCJD7woLq7RAuct0izQfNGq55wCZ65sJ8CZsXZqs4Hj0PLIqsam9jUwV3QQZ+24BfLKxDDT",
+	"R1mhjsSlJXnMBQWbxrJZYp2lAOSKJSx9iUvoe0vHmkLPmv8K1WrKYRrW5UuqN5i0qyZLN1+UoIc0OFCi",
+	"6Bxuzcmff4T6Y7HgmJopqirFBgz0uW1QdIcLZ9er4yV0dQCgPCRxUqiM9M9iXycE+7opJsxIeCzlZTm1",
+	"PKMJlm+z7AtzJe3gGJyNk3opEMKzq7ho0GSaBIS8qDB9G+HgdyL5wwkHdlc/Yp59E31xj75YH/+k1scf",
+	"odS0owaQWr0tPVjDRnd88dtGXuoj1pq4KdbKtBJ4DI7gg7DwtFUn8NMUPcjoeGcp6UJmA3YBgLI9/IqJ",
+	"3i18D3bG23Pi22PKOisgkJgvFsAHC5ec4H3/kbxuHQ5lrivBFjjEhAH25ZJYKrkz4IYYKpMUSkPdzF5E",
+	"NFaKdPXUI0I1VD2cyLjEM+2OaUBeuOiGp9FwOCwn7E7YnKnSzsUVcdUNFCOZFBe9w5GohRDRBaxYMTK3",
+	"/zeTioVYuiQx70eeMu03ZxbbM3oFgvs94+263L9y0Y+0P5gvaPwQ6X+BhvXnxGOpLu/HbP+iKv9Wb15c",
+	"scTxoqxP4yvxVNXHa4VlDlypF6kuwSKrTFCkD8ulPMJK6NqyZz+hWwB686BjBRQ1sto4xByKK66hfD+K",
+	"5yPhXXKopleDO+O3nR+qVTgDZlhUGE1/5VpcIYNU2i2MxNx+KQXhxofx+Reh9RcuEJ3+pOubMXurKBNX",
+	"XEkxg7A1sGf6vY8E7NmN6YMhygoyMMLZ2Rs8gDGz9E7Xd1aVWETVwZ8ZJHb6OvEHhLvCS1V5YqohCuWy",
+	"iebZ3++3dsorqS4DU+N9ZgLiVG2mRfv0Sy7g/+aKKJ+f8luYWF+9oupB16KjIPnYULKgaha+RGLrVQmi",
+	"KkIbyoRFrfXFR6Ibo83hHKpKQ//6icTOSVC/q+oBIJX/DkanZbeCykvm2lS7iuUjYWkumiTKCmZh+PNS",
+	"WK2ZsllvQI5cHfOyUL2ve4YiHFBXaLOQtklfWOn9PsUvmGGd/BW0df+nLgPSUBIh7Hi/qc7LPQQXlMFB",
+	"tV4XCNJEsHm9LQYm5Luq/3ThOxUE3RLg2eFIYHF7UTZvcDKCz6jwFr4SZ+qjBd8gW7YrwSEwbCGZ8iwN",
+	"iyWX7RtIiMK9A1d4QHsFCFtiadcAC/4Z9giIRgJbP2HdStCQvBeeG9L1deiAMkjlmj0eWKELYk/pan2n",
+	"YIUjARP2Aiul66wqZ9wYF2xd6+XQa6/O5jsb3Yd8AWM/kIARFmBbJR9vgcj+wwkYd5YX7p9IvQU0DFDO",
+	"N7fe3sSI9GzHIdi6RP4T10+kYslYqNj1Oat6KUFoCi8bDbl6puu6kIQ9SJDRYhCTLsZGMdY7rKFqLUhj",
+	"QGLFZpTbf5+7Vj5YK0Uv11IJ6TdEV8ypSvWAvKQQGbUkHJCuJSruVD0B6gXNOUZif/hNE867dyukvyde",
+	"foLztEv87oV08MUasoxUSz486NKzwqAeLELYIeEnZOAbCmoc+Sxm1+tnPXKRTbgVlYl4VdNEX8cHQoux",
+	"xrGr0aMPnWnSuN4+mD24P9wtS8kKIgVgJbBpj4wYnBWioA/iYumg7CjFXWyXT65eURy4rpQVWOxI4Iaj",
+	"5Y4nj3RUZmx7aVwq32yoF1ZcxN55UyouqhLYVn7ydRtn1A9RmlOcwOM7FfzPf/+fJUoau8g+PpkwK+P4",
+	"PkTc+MZMeCJLElFJc3hKZtRg7LcfstdMbexoD0Bs7DTraA0c8T8W93+I8AEAK7oVMt+f1rHZPgsAtoaE",
+	"QcOfz2WfXfL226H/+AKZx9DS6EtNwocyTSnGfmVoXQ/aRVZVOjZq4S2AquT1wmXi7HzKqZne3HNtEsxG",
+	"iJqivRSUFkfd+MPJm4hMJEil2OcSShpSM3V1AcMjkMocYqn8BdT8JDqjemqZSjdu3fTXw6+HOzTnO9CC",
+	"/d9+eb4bV91A46UnjtlAUp9L33M5fRuT+VbS91puwizW9nA5NotTV1X5PtG+mmZt1xFf3/mLUawGiWWf",
+	"Yl1dlUdGe8H3YwzDjhG5WcS+9cdYpouIOIdbWAvUS7fOUHZ89hPpxq4+g2/ikPMcUWdCMytnQfKCC+sH",
+	"3usi3KnwDetqrZe7pZtpl7zl3wZ9FiJXyNK3wsdIIDmZaGa06+ELvTVhK12qyfucCXcCkAiRPtJly0Vn",
+	"z/Ynjb60kTc9+M1jvQo0qFedYN26I39eM5k6m7rbENWX2H66G/9bbhbPh/HBSMDBuPy/ObcCij3A3mFV",
+	"a8NRJtcdkGtsJOy06diVQMUNx2Q4GImgrquzyNUBCjx5NIEcYz1lWeZSp/iElAUxIPtBT5esc9D62pnn",
+	"2m1xFbrfk0Hu2CywRP0DGeXK+b6UAP0nLMDkSnkuk+EVKtzKgrGv3nYVPN3gy5XSIpJkEpshVA09fRZy",
+	"VZexNkZbFc8l9PxSyHMJyOBoHpLnrxbX3Ahr7YU1H+Z2g1nWS3Nf7rcWw7nFxd6jmuT2vs7G4KnVzlzf",
+	"s862eTHQAf5+AtJOPa3EsARiJBFyTv5S9daKh/FB1UbrcMXJWRepsCeyGQn3fbtXc0BelJNAx6t6Sbuz",
+	"szdBN6th7Hr7gzPWh60q5jrY9tACuj8chi1R3efNlkzB5vcbjHVip1grlz2YOQmW8kUw+1P7V4+uDRNp",
+	"zfiU8QkzfMbuZHtSTBeze7KS4th/vJn0xCXPQ5+KL9bSB9IDzqZ0XrXd364bVTOMVhF/98LbXtLcFKre",
+	"XM0HRC+0YTMCQcvoAZyvdfw7SCsNIAxbB3AV9lWRORO1Yp8uFI8kuJD0IIh/hMBB78cciTIs3FlWJorp",
+	"aWB+dmZZP5Kv0RYGJ0OelavugZ7UkVhqe4Kxz/amytY0PgQB62a4RoXhSXSrhvJSEFqNGXaSdz0kXTBE",
+	"2DemXJ1rvd2Fd6KqnTuZAyP35iXokAlthg3LMl9p1fWDqTV1CRfpOr4frPaQbeiajt0ua+d2yXIzIMdu",
+	"eucwTqiwt1e+Vzqg7aBCmnNd5Dnk4sRrumW6r++rKrcb/qGisvxumsw/7tkXE9DDR34/gPWnxIJmUnqX",
+	"eG7X3L7NMVP1Kjz1XfDvT9KAGdYXS3GN+v+JnTJnNUYK5/FggUtF7ouk3oOPB7OgMF0IiqmS2NffPB8/",
+	"24+xCDykKZ+7vMzNBUsxwSnlarV6AQmKF9SrEyTra7gef7hNDdcGroTHeKuSBrfDpA85ljj9Qyoe+cnb",
+	"0PhLVYM/qhrRH1ER4Q4lWT3tCTWT1qiB0/Kt++RMbpK1EQN+IWVgKVOPNMj1cg7V9Wr9WO8Gyds2zS49",
+	"9+U6dHBO66QD/9NmP9EJNvJH1y9WbIRyFBjE6bWCOdWBnsWNparQOdNANDmcRu/QSjRlfmcY/1PGh15A",
+	"zwhDF7qujqzpmR1K/f97HUsPG1+9ufN1dapNYLSm5fUDXMc61SjE0Qe7j+2Pt+pCvemAbyl6uW9Dqe5K",
+	"ZsWMraer/+neucfbwinW0VS30D8nRb0qT8jfk/8FbqlRyH1LL8FvTtgsNws3BJETEmv+Kzu/4OO4bhoq",
+	"ZyvTVOqmIO+twZrfpSloQE49Q8V4QwoPyEwWwkBSS1n5uxu7Zcdl1h48gH7A79hbORLfL2aPNIm9Zehc",
+	"wnb0oPwQo3/yq2SQZJTP3tEZi70XiFvyzg2RhcHkPTNlM59/V1qyHlUpB0v0nbzAAgkkp96cxX9lBEsN",
+	"w8RH796fHr8ckG9pcgklGTKZ0Cwi1BUhQOVYTspo/i4lOqdKM6xxEJFMyrw/w47LvUOCZQ4iQqEiS+qv",
+	"aQzVT0GvoGYkNJ2xQPs+JJfFmCnBDNP202OmNNcWSxDOX9qTIV0cxN9uVmgD1wtnq7m0+vtgJF77bS5Z",
+	"8+xHl8yeFvSCBqtakETt7/wRPNbOFMdNixUOSk/bXbhhywSKAqM7fMbEN+2mNdzbfTVaDqd44DbL4axL",
+	"Jm000D6w/nJr49fvN2C1kcKXrmWAw4tGAljnNDuf8B93kydLcz3iQosM2RZhFEDoFyHwMwmBjiD6cgra",
+	"SEUvWAsnbBMI7/9i2nG4Ei6CIvcl+XTFJxyv/DMLi2swcEMToOoEHmlkAlIRbtmty6tDNuNu2iXoQf3v",
+	"QXOawFXICVq6/tBrXwv32X5D259NJwDF+HEzhco6B50dsCe6va+E1TiykfEJSxZJBv30WB8M6OyaJREy",
+	"76jMEcZWY9i7ZVBtrDJNrCZ1vKrki0r/d9Fzl7VBShF+dRAnamPey4RfsxR4f1RJglWacoSwWYEqQmkp",
+	"zg2WL6Rpwu/q/Qd0hJVYfU/B0rhMLyD8ek45ZKVJFUHDSPsihnjDVrHxbebz1qhYBA7YYD1lt6/m3BgX",
+	"fw+WITyKpTYJEdTWlIqcnh6RrpPW7FqmWEOqbJVzwQTUaUhxMNUL7wEr4TatwUfDdY/PfrLT5DxnvTL6",
+	"3mW/u1XW0gFWYviJN3ZlLJw7B99S096Xw/bDU7Cr8fH2d931nI01jN+al2QRi/n2DbJkudg66K7TwnAN",
+	"U/7AaGamCExcMK0jMmNG8QQ8+lxbAbyY+WhiSPdQcq6ZqkIWu0AMyhWFs8pcW1X3/wUAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -158,6 +158,9 @@ func (s *Service) prepare(c Caller, req CreateRequest) (string, CreateRequest, *
 		}
 		req.ProviderOptions = opts
 	}
+	if err := s.prepareVolumes(creator, &req); err != nil {
+		return "", req, nil, err
+	}
 	var sn *Snapshot
 	if req.SnapshotID != "" {
 		if _, _, err := s.snapshotter(); err != nil {
@@ -195,6 +198,12 @@ func (s *Service) createFor(ctx context.Context, creator string, req CreateReque
 		s.m.CreatesTotal.WithLabelValues(s.p.Name(), outcome).Inc()
 		return Ref{}, err
 	}
+	release, err := s.holdVolumes(req.volumeIDs)
+	if err != nil {
+		s.slots.release(d)
+		return Ref{}, err
+	}
+	defer release() // once made, its record holds the volumes
 	start := time.Now()
 	ref, err := s.create(ctx, creator, req, d)
 	if err != nil {
@@ -262,6 +271,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 			Options:      req.ProviderOptions,
 			ReadyTimeout: ready,
 			Snapshot:     req.SnapshotID,
+			Volumes:      req.mounts,
 		})
 	}
 	if err != nil {
@@ -293,6 +303,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 		Creator:   creator,
 		Snapshot:  req.SnapshotID,
 		Resources: req.Resources,
+		Volumes:   req.volumeIDs,
 	}
 	if claimed {
 		rec.Env = req.Env // a pool's sandbox started without it: every command gets it
