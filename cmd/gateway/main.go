@@ -275,6 +275,7 @@ func newProvider(cfg config, maxPids int64, log *slog.Logger) (providers.Provide
 			Host:             cfg.DockerHost,
 			InstanceID:       id,
 			AgentBinary:      bin,
+			VolumeDir:        filepath.Join(cfg.StateDir, "docker-volumes"),
 			Logger:           log.With("provider", "docker"),
 			DefaultMemoryMiB: noneIfZero(cfg.DefaultMemoryMiB),
 			DefaultCPU:       noneIfZero(cfg.DefaultCPU),

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/local/jail"
 )
 
@@ -42,12 +43,28 @@ func removeVolumesAfter(t *testing.T, volumesDir string) {
 // mounted volume's delete is 409, also after a gateway restart; once its
 // sandboxes are gone it is deleted and its storage with it.
 func TestLocalVolumes(t *testing.T) {
+	volumes(t, "local", func(state string, args ...string) *proc { return startGateway(t, state, nil, args...) }, "")
+}
+
+// TestDockerVolumes is TestLocalVolumes on the docker provider: the
+// volume is a docker volume bound to the same kind of filesystem, the
+// sub_path and host_path mounts binds of staged mounts.
+func TestDockerVolumes(t *testing.T) {
+	volumes(t, "docker-volumes", func(state string, args ...string) *proc { return startDockerGateway(t, state, args...) },
+		`"image":"`+dockertest.ImageRef+`",`)
+}
+
+// volumes runs the volume scenario on a gateway start makes, whose
+// provider keeps its volumes in subdir of the state dir; image is the
+// create's image member (with its comma), if the provider needs one.
+func volumes(t *testing.T, subdir string, startIn func(state string, args ...string) *proc, image string) {
 	state, root := t.TempDir(), t.TempDir()
-	volumesDir := filepath.Join(state, "local", "volumes")
-	removeVolumesAfter(t, volumesDir)
-	start := func() *proc {
-		return startGateway(t, state, nil, "--api-key", volumeKeys, "--volume-root", root)
+	volumesDir := filepath.Join(state, subdir)
+	if subdir == "local" {
+		volumesDir = filepath.Join(state, "local", "volumes")
 	}
+	removeVolumesAfter(t, volumesDir)
+	start := func() *proc { return startIn(state, "--api-key", volumeKeys, "--volume-root", root) }
 	g := start()
 	k1, k2 := asKey("vk1"), asKey("vk2")
 	os.MkdirAll(filepath.Join(root, "shared"), 0o755)
@@ -68,7 +85,7 @@ func TestLocalVolumes(t *testing.T) {
 		t.Fatalf("a second volume of the name: %d %s", s, body)
 	}
 	create := func(key []string, members string) (int, []byte) {
-		return call(t, "POST", g.URL+"/v1/sandboxes", "{"+members+"}", key...)
+		return call(t, "POST", g.URL+"/v1/sandboxes", "{"+image+members+"}", key...)
 	}
 	made := func(members string) dkBox {
 		t.Helper()

@@ -17,11 +17,8 @@ import (
 var _ providers.Volumer = (*Local)(nil)
 
 // volumesDir holds one directory per volume (see jail.MakeVolume), named
-// by its id, with fsFile naming its filesystem.
-const (
-	volumesDir = "volumes"
-	fsFile     = "fs"
-)
+// by its id.
+const volumesDir = "volumes"
 
 func (l *Local) volumeDir(id string) string { return filepath.Join(l.stateDir, volumesDir, id) }
 
@@ -59,10 +56,6 @@ func (l *Local) CreateVolume(ctx context.Context, id string, sizeBytes int64) er
 		}
 		return fmt.Errorf("make volume %s: %w", id, err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, fsFile), []byte(l.diskFS), 0o600); err != nil {
-		jail.RemoveVolume(dir)
-		return fmt.Errorf("make volume %s: %w", id, err)
-	}
 	return nil
 }
 
@@ -77,24 +70,12 @@ func (l *Local) DeleteVolume(ctx context.Context, id string) error {
 	return nil
 }
 
-// mountVolumes mounts the volumes on disk that are not mounted (after the
-// host restarted; a gateway restart finds them mounted). A volume that
-// cannot be mounted is logged and left for its delete.
+// mountVolumes mounts the volumes on disk that are not mounted (see
+// jail.RemountVolumes).
 func (l *Local) mountVolumes() {
-	ents, err := os.ReadDir(filepath.Join(l.stateDir, volumesDir))
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		dir := l.volumeDir(e.Name())
-		fs, err := os.ReadFile(filepath.Join(dir, fsFile))
-		if err == nil {
-			err = jail.MountVolume(strings.TrimSpace(string(fs)), dir)
-		}
-		if err != nil {
-			l.log.Error("local: mount volume", "volume", e.Name(), "err", err)
-		}
-	}
+	jail.RemountVolumes(filepath.Join(l.stateDir, volumesDir), func(id string, err error) {
+		l.log.Error("local: mount volume", "volume", id, "err", err)
+	})
 }
 
 // volumeBinds turns a create's volume mounts into init's, checking each
@@ -115,16 +96,7 @@ func (l *Local) volumeBinds(mounts []providers.VolumeMount) ([]jail.VolumeBind, 
 		}
 		fd, err := jail.OpenBeneath(src, m.SubPath)
 		if err != nil {
-			why := "cannot be opened"
-			switch {
-			case errors.Is(err, unix.EXDEV), errors.Is(err, unix.ELOOP):
-				why = "leaves the volume (a symlink on the way points out of it)"
-			case errors.Is(err, unix.ENOENT):
-				why = "does not exist"
-			case errors.Is(err, unix.ENOTDIR):
-				why = "is not a directory"
-			}
-			problems = append(problems, fmt.Sprintf("volumes[%d].sub_path %q %s", i, m.SubPath, why))
+			problems = append(problems, fmt.Sprintf("volumes[%d].sub_path %q %s", i, m.SubPath, jail.SubPathProblem(err)))
 			continue
 		}
 		unix.Close(fd)

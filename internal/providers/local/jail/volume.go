@@ -21,6 +21,7 @@ import (
 const (
 	VolumeImage = "volume.img"
 	VolumeMnt   = "mnt"
+	volumeFS    = "fs" // names the image's filesystem, for RemountVolumes
 )
 
 // MakeVolume creates the volume in dir (which must not exist) of size
@@ -54,7 +55,67 @@ func MakeVolume(fs, mkfs, templates, dir string, size int64) (err error) {
 	if err != nil {
 		return fmt.Errorf("copy volume template: %w", err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, volumeFS), []byte(fs), 0o600); err != nil {
+		return err
+	}
 	return MountVolume(fs, dir)
+}
+
+// RemountVolumes mounts every volume in parent (one directory each) that
+// is not mounted, as after the host restarted (a gateway restart finds
+// them mounted), and calls failed for each that cannot be: it stays
+// for its delete.
+func RemountVolumes(parent string, failed func(name string, err error)) {
+	ents, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		dir := filepath.Join(parent, e.Name())
+		fs, err := os.ReadFile(filepath.Join(dir, volumeFS))
+		if err == nil {
+			err = MountVolume(string(fs), dir)
+		}
+		if err != nil {
+			failed(e.Name(), err)
+		}
+	}
+}
+
+// StageBind mounts directory sub inside src (resolved by OpenBeneath) at
+// dst, which it creates: a path with no symlink a sandbox could swap, for
+// a runtime that binds by path (docker). The caller removes it with
+// Unstage once the runtime has made its own mount of it.
+func StageBind(src, sub, dst string) error {
+	dfd, err := OpenBeneath(src, sub)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.OpenTree(dfd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return fmt.Errorf("clone %s: %w", sub, err)
+	}
+	defer unix.Close(fd)
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		return err
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		os.Remove(dst)
+		return fmt.Errorf("attach %s: %w", dst, err)
+	}
+	return nil
+}
+
+// Unstage detaches what StageBind mounted at dst and removes dst.
+func Unstage(dst string) error {
+	if err := unix.Unmount(dst, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	if err := os.Remove(dst); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // MountVolume mounts the volume in dir at dir/mnt unless it is mounted
@@ -137,6 +198,19 @@ func OpenBeneath(root, sub string) (int, error) {
 		return -1, fmt.Errorf("sub_path %q: %w", sub, err)
 	}
 	return fd, nil
+}
+
+// SubPathProblem says, for a client, why OpenBeneath refused a sub_path.
+func SubPathProblem(err error) string {
+	switch {
+	case errors.Is(err, unix.EXDEV), errors.Is(err, unix.ELOOP):
+		return "leaves the volume (a symlink on the way points out of it)"
+	case errors.Is(err, unix.ENOENT):
+		return "does not exist"
+	case errors.Is(err, unix.ENOTDIR):
+		return "is not a directory"
+	}
+	return "cannot be opened"
 }
 
 // VolumeBind is one volume mount of a sandbox: Source (a volume's mnt, or
