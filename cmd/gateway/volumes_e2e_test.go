@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/sandgate/sandgate/internal/api"
+	"github.com/sandgate/sandgate/internal/client"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/local/jail"
 )
@@ -195,8 +199,26 @@ func volumes(t *testing.T, subdir string, startIn func(state string, args ...str
 	if json.Unmarshal(body, &vol); s != 200 || len(vol.MountedBy) != 3 {
 		t.Fatalf("after the restart: %d %s", s, body)
 	}
-	if s, body := call(t, "DELETE", g.URL+"/v1/volumes/data", "", k1...); s != 409 {
-		t.Fatalf("delete while mounted, after the restart: %d %s", s, body)
+	// The Go client, as the key.
+	c, err := client.New(g.URL, "vk1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cerr *client.Error
+	if err := c.DeleteVolume(context.Background(), "data"); !errors.As(err, &cerr) || cerr.Status != 409 {
+		t.Fatalf("delete while mounted, after the restart: %v", err)
+	}
+	if v, err := c.CreateVolume(context.Background(), api.CreateVolume{Name: "scratch", SizeGib: 0.0625}); err != nil || v.Name != "scratch" {
+		t.Fatalf("the client's create: %+v %v", v, err)
+	}
+	if vs, err := c.Volumes(context.Background()); err != nil || len(vs) != 2 || vs[0].Name != "data" || vs[1].Name != "scratch" {
+		t.Fatalf("the client's list: %+v %v", vs, err)
+	}
+	if err := c.DeleteVolume(context.Background(), "scratch"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Volume(context.Background(), "scratch"); !errors.As(err, &cerr) || cerr.Status != 404 {
+		t.Fatalf("the deleted volume, by the client: %v", err)
 	}
 	for _, sb := range []dkBox{writer, r1, r2} {
 		if s, body := call(t, "DELETE", sb.url, "", "X-Sandbox-Lease", sb.token); s != 200 {
