@@ -71,19 +71,23 @@ func (s *Service) volumer() (providers.Volumer, store.VolumeStore, error) {
 
 // loadVolumes reads the volumes at start-up.
 func (s *Service) loadVolumes(ctx context.Context) error {
+	var vs []Volume
+	if st, ok := s.st.(store.VolumeStore); ok {
+		var err error
+		if vs, err = st.LoadVolumes(ctx); err != nil {
+			return err
+		}
+	}
+	s.loadVolumesFrom(vs)
+	return nil
+}
+
+// loadVolumesFrom sets the known volumes to vs.
+func (s *Service) loadVolumesFrom(vs []Volume) {
 	s.vols = volumes{byID: map[string]Volume{}, pending: map[string]int{}, deleting: map[string]bool{}}
-	st, ok := s.st.(store.VolumeStore)
-	if !ok {
-		return nil
-	}
-	vs, err := st.LoadVolumes(ctx)
-	if err != nil {
-		return err
-	}
 	for _, v := range vs {
 		s.vols.byID[v.ID] = v
 	}
-	return nil
 }
 
 // CreateVolume makes a volume of sizeGiB (fractions allowed, at least
