@@ -68,7 +68,9 @@ func volumes(t *testing.T, subdir string, startIn func(state string, args ...str
 		volumesDir = filepath.Join(state, "local", "volumes")
 	}
 	removeVolumesAfter(t, volumesDir)
-	start := func() *proc { return startIn(state, "--api-key", volumeKeys, "--volume-root", root) }
+	start := func() *proc {
+		return startIn(state, "--api-key", volumeKeys, "--volume-root", root, "--quota-disk-gib", "100")
+	}
 	g := start()
 	k1, k2 := asKey("vk1"), asKey("vk2")
 	os.MkdirAll(filepath.Join(root, "shared"), 0o755)
@@ -87,6 +89,12 @@ func volumes(t *testing.T, subdir string, startIn func(state string, args ...str
 	}
 	if s, body := call(t, "POST", g.URL+"/v1/volumes", `{"name":"data","size_gib":1}`, k1...); s != 409 {
 		t.Fatalf("a second volume of the name: %d %s", s, body)
+	}
+	if s, body := call(t, "POST", g.URL+"/v1/volumes", `{"name":"huge","size_gib":100}`, k1...); s != 429 || !strings.Contains(string(body), "quota_exceeded") {
+		t.Fatalf("a volume over the disk quota: %d %s", s, body)
+	}
+	if s, body := call(t, "GET", g.URL+"/v1/quota", "", k1...); s != 200 || !strings.Contains(string(body), `"volumes":1}`) || !strings.Contains(string(body), `"volume_gib":0.0625`) {
+		t.Fatalf("the quota: %d %s", s, body)
 	}
 	create := func(key []string, members string) (int, []byte) {
 		return call(t, "POST", g.URL+"/v1/sandboxes", "{"+image+members+"}", key...)

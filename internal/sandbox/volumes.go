@@ -79,6 +79,9 @@ func (s *Service) loadVolumes(ctx context.Context) error {
 		}
 	}
 	s.loadVolumesFrom(vs)
+	for _, v := range vs {
+		s.slots.addVolume(v.Creator, v.SizeBytes>>20, false)
+	}
 	return nil
 }
 
@@ -116,16 +119,11 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, name string, sizeG
 	}
 	v := Volume{ID: newVolumeID(), Name: name, SizeBytes: size, Creator: creator, Provider: s.p.Name(), CreatedAt: s.opts.Clock.Now()}
 	s.mu.Lock()
-	var usedMiB int64
 	for _, o := range s.vols.byID {
-		if o.Creator != creator {
-			continue
-		}
-		if o.Name == name {
+		if o.Creator == creator && o.Name == name {
 			s.mu.Unlock()
 			return Volume{}, providers.Errorf(providers.ErrConflict, "this key has a volume named %q (%s)", name, o.ID)
 		}
-		usedMiB += o.SizeBytes >> 20
 	}
 	// Reserved now, so that two creates of one name cannot both pass.
 	s.vols.byID[v.ID] = v
@@ -140,12 +138,14 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, name string, sizeG
 		}
 		s.mu.Unlock()
 	}()
-	if q := s.opts.Quotas.DiskMiB; q > 0 {
-		if u := s.slots.usage(creator); u.disk+usedMiB+size>>20 > q {
-			s.m.QuotaRefusals.WithLabelValues("disk_gib").Inc()
-			return Volume{}, newQuotaError("disk_gib", fmt.Sprintf("quota exceeded: this API key may commit %d MiB of disk; its sandboxes commit %d MiB and its volumes %d MiB, so a volume of %d MiB does not fit", q, u.disk, usedMiB, size>>20))
-		}
+	if err := s.slots.addVolume(creator, size>>20, true); err != nil {
+		return Volume{}, err
 	}
+	defer func() {
+		if !made {
+			s.slots.addVolume(creator, -size>>20, false)
+		}
+	}()
 	if err := p.CreateVolume(ctx, v.ID, size); err != nil {
 		return Volume{}, fmt.Errorf("create volume: %w", err)
 	}
@@ -260,6 +260,7 @@ func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error 
 	if err != nil {
 		return fmt.Errorf("delete volume %s: %w", v.ID, err)
 	}
+	s.slots.addVolume(creator, -v.SizeBytes>>20, false)
 	s.log.Info("volume deleted", "volume", v.ID)
 	return nil
 }
