@@ -138,6 +138,10 @@ func (d *Docker) volumeMounts(spec providers.CreateSpec) ([]mount.Mount, []strin
 				problems = append(problems, fmt.Sprintf("volumes[%d]: volume %s not found", i, v.Volume))
 				continue
 			}
+			if !jail.VolumeMounted(d.volumeDir(v.Volume)) {
+				d.unstage(staged)
+				return nil, nil, providers.Errorf(providers.ErrUnavailable, "volume %s is not mounted (see the gateway's log)", v.Volume)
+			}
 		}
 		if v.Volume != "" && v.SubPath == "" {
 			out = append(out, mount.Mount{Type: mount.TypeVolume, Source: volumeName(v.Volume), Target: v.MountPath, ReadOnly: v.ReadOnly})

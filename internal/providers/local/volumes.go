@@ -23,16 +23,19 @@ const volumesDir = "volumes"
 func (l *Local) volumeDir(id string) string { return filepath.Join(l.stateDir, volumesDir, id) }
 
 // volumeSource returns the host directory holding volume id's files, as
-// mounted by the gateway: the docker provider binds it too.
+// mounted by the gateway; ErrUnavailable when it is not mounted.
 func (l *Local) volumeSource(id string) (string, error) {
 	if !idPattern.MatchString(id) {
 		return "", providers.Errorf(providers.ErrNotFound, "volume %s not found", id)
 	}
-	mnt := filepath.Join(l.volumeDir(id), jail.VolumeMnt)
-	if _, err := os.Stat(mnt); err != nil {
+	dir := l.volumeDir(id)
+	if _, err := os.Stat(dir); err != nil {
 		return "", providers.Errorf(providers.ErrNotFound, "volume %s not found", id)
 	}
-	return mnt, nil
+	if !jail.VolumeMounted(dir) {
+		return "", providers.Errorf(providers.ErrUnavailable, "volume %s is not mounted (see the gateway's log)", id)
+	}
+	return filepath.Join(dir, jail.VolumeMnt), nil
 }
 
 // CreateVolume makes volume id: a filesystem of its own of sizeBytes
@@ -61,8 +64,8 @@ func (l *Local) CreateVolume(ctx context.Context, id string, sizeBytes int64) er
 
 // DeleteVolume unmounts volume id and removes its image.
 func (l *Local) DeleteVolume(ctx context.Context, id string) error {
-	if _, err := l.volumeSource(id); err != nil {
-		return err
+	if _, err := os.Stat(l.volumeDir(id)); err != nil || !idPattern.MatchString(id) {
+		return providers.Errorf(providers.ErrNotFound, "volume %s not found", id)
 	}
 	if err := jail.RemoveVolume(l.volumeDir(id)); err != nil {
 		return fmt.Errorf("delete volume %s: %w", id, err)
@@ -89,7 +92,9 @@ func (l *Local) volumeBinds(mounts []providers.VolumeMount) ([]jail.VolumeBind, 
 		src := m.HostPath
 		if m.Volume != "" {
 			var err error
-			if src, err = l.volumeSource(m.Volume); err != nil {
+			if src, err = l.volumeSource(m.Volume); providers.Kind(err) == providers.ErrUnavailable {
+				return nil, err
+			} else if err != nil {
 				problems = append(problems, fmt.Sprintf("volumes[%d]: %s", i, providers.Message(err)))
 				continue
 			}

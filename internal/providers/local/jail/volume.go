@@ -148,6 +148,14 @@ func MountVolume(fs, dir string) error {
 	return nil
 }
 
+// VolumeMounted reports whether the volume in dir is mounted: only then is
+// dir/mnt its filesystem (else an empty directory of the state dir's,
+// with no size limit).
+func VolumeMounted(dir string) bool {
+	ok, err := isMountPoint(filepath.Join(dir, VolumeMnt))
+	return err == nil && ok
+}
+
 // RemoveVolume unmounts the volume in dir (lazily: a sandbox that still
 // holds it keeps its view until it goes) and removes its image.
 func RemoveVolume(dir string) error {
