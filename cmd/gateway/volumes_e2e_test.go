@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandgate/sandgate/internal/api"
 	"github.com/sandgate/sandgate/internal/client"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
@@ -201,11 +203,31 @@ func volumes(t *testing.T, subdir string, startIn func(state string, args ...str
 	if err := g.stop(syscall.SIGKILL); err == nil {
 		t.Fatal("the gateway exited cleanly on SIGKILL?")
 	}
+	// As after a reboot, the host's mount of the volume is gone (the
+	// sandboxes hold their own): the gateway mounts it again at start,
+	// the same filesystem.
+	mnt := filepath.Join(volumesDir, vol.ID, jail.VolumeMnt)
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if jail.VolumeMounted(filepath.Join(volumesDir, vol.ID)) {
+		t.Fatal("still mounted")
+	}
 	g = start()
+	if !jail.VolumeMounted(filepath.Join(volumesDir, vol.ID)) {
+		t.Fatal("the restarted gateway did not mount the volume")
+	}
 	writer.url, r1.url, r2.url = g.URL+"/v1/sandboxes/"+writer.id, g.URL+"/v1/sandboxes/"+r1.id, g.URL+"/v1/sandboxes/"+r2.id
 	s, body = call(t, "GET", g.URL+"/v1/volumes/data", "", k1...)
 	if json.Unmarshal(body, &vol); s != 200 || len(vol.MountedBy) != 3 {
 		t.Fatalf("after the restart: %d %s", s, body)
+	}
+	dkRun(t, writer, "echo after >> /data/f")
+	if got := dkRun(t, r1, "cat /data/f"); got != "hello\nagain\nafter\n" {
+		t.Fatalf("reader 1 after the restart: %q", got)
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "f")); err != nil || string(got) != "hello\nagain\nafter\n" {
+		t.Fatalf("the remounted volume holds %q (%v): not the sandboxes' filesystem", got, err)
 	}
 	// The Go client, as the key.
 	c, err := client.New(g.URL, "vk1", nil)

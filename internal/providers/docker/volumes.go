@@ -110,9 +110,7 @@ func (d *Docker) remountVolumes() {
 		return
 	}
 	jail.RemountVolumes(d.opts.VolumeDir, func(name string, err error) {
-		if name != "templates" && name != stagingDir {
-			d.log.Error("docker: mount volume", "volume", name, "err", err)
-		}
+		d.log.Error("docker: mount volume", "volume", name, "err", err)
 	})
 }
 

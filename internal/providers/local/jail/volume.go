@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -61,8 +62,8 @@ func MakeVolume(fs, mkfs, templates, dir string, size int64) (err error) {
 	return MountVolume(fs, dir)
 }
 
-// RemountVolumes mounts every volume in parent (one directory each) that
-// is not mounted, as after the host restarted (a gateway restart finds
+// RemountVolumes mounts every volume in parent (one directory each; other
+// directories are skipped) that is not mounted, as after the host restarted (a gateway restart finds
 // them mounted), and calls failed for each that cannot be: it stays
 // for its delete.
 func RemountVolumes(parent string, failed func(name string, err error)) {
@@ -73,6 +74,9 @@ func RemountVolumes(parent string, failed func(name string, err error)) {
 	for _, e := range ents {
 		dir := filepath.Join(parent, e.Name())
 		fs, err := os.ReadFile(filepath.Join(dir, volumeFS))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // not a volume (or one whose create failed midway)
+		}
 		if err == nil {
 			err = MountVolume(string(fs), dir)
 		}
@@ -125,14 +129,21 @@ func MountVolume(fs, dir string) error {
 	if mounted, err := isMountPoint(mnt); err != nil || mounted {
 		return err
 	}
-	f, err := os.OpenFile(filepath.Join(dir, VolumeImage), os.O_RDWR, 0)
-	if err != nil {
-		return fmt.Errorf("open volume image: %w", err)
-	}
-	defer f.Close()
-	loop, err := attachLoop(f)
-	if err != nil {
-		return err
+	img := filepath.Join(dir, VolumeImage)
+	// Sandboxes may still hold the filesystem (their clones of it) though
+	// the host's mount went: mounting it from a second loop device would
+	// be two live mounts of one filesystem; its own device gives the same
+	// superblock back.
+	loop := attachedLoop(img)
+	if loop == nil {
+		f, err := os.OpenFile(img, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("open volume image: %w", err)
+		}
+		defer f.Close()
+		if loop, err = attachLoop(f); err != nil {
+			return err
+		}
 	}
 	// Closed after the mount took its reference: autoclear then frees the
 	// device once the volume is unmounted.
@@ -154,6 +165,25 @@ func MountVolume(fs, dir string) error {
 func VolumeMounted(dir string) bool {
 	ok, err := isMountPoint(filepath.Join(dir, VolumeMnt))
 	return err == nil && ok
+}
+
+// attachedLoop opens the loop device backed by file img, if there is one.
+func attachedLoop(img string) *os.File {
+	if real, err := filepath.EvalSymlinks(img); err == nil {
+		img = real // the kernel names the file as resolved
+	}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, bf := range files {
+		b, err := os.ReadFile(bf)
+		if err != nil || strings.TrimSuffix(string(b), "\n") != img {
+			continue
+		}
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(bf)))
+		if f, err := os.OpenFile(dev, os.O_RDWR, 0); err == nil {
+			return f
+		}
+	}
+	return nil
 }
 
 // RemoveVolume unmounts the volume in dir (lazily: a sandbox that still
