@@ -104,10 +104,19 @@ func (d *Docker) DeleteVolume(ctx context.Context, id string) error {
 }
 
 // remountVolumes mounts the volumes whose mounts the host lost (see
-// jail.RemountVolumes).
+// jail.RemountVolumes), and removes the staged mounts of creates a
+// gateway that died left behind.
 func (d *Docker) remountVolumes() {
 	if d.opts.VolumeDir == "" {
 		return
+	}
+	staging := filepath.Join(d.opts.VolumeDir, stagingDir)
+	if ents, err := os.ReadDir(staging); err == nil {
+		var left []string
+		for _, e := range ents {
+			left = append(left, filepath.Join(staging, e.Name()))
+		}
+		d.unstage(left)
 	}
 	jail.RemountVolumes(d.opts.VolumeDir, func(name string, err error) {
 		d.log.Error("docker: mount volume", "volume", name, "err", err)
