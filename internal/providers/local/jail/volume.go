@@ -297,16 +297,61 @@ func mountVolumes(cfg Config, userns *os.File) error {
 
 // bindVolumes binds the staged volumes at their targets in the new root
 // (init, before the pivot; root is the new root relative to the working
-// directory).
+// directory). A target is resolved and made inside root, as if root were
+// /, so that a symlink in the image cannot place the mount elsewhere.
 func bindVolumes(cfg Config, root string) error {
+	if len(cfg.Volumes) == 0 {
+		return nil
+	}
+	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the new root: %w", err)
+	}
+	defer unix.Close(rfd)
 	for i, v := range cfg.Volumes {
-		dst := root + v.Target
-		if err := os.MkdirAll(dst, 0o755); err != nil {
+		dst, err := mkdirInRoot(rfd, v.Target)
+		if err != nil {
 			return fmt.Errorf("create %s: %w", v.Target, err)
 		}
-		if err := unix.Mount(volDir(i), dst, "", unix.MS_BIND, ""); err != nil {
+		src, err := unix.OpenTree(unix.AT_FDCWD, volDir(i), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err == nil {
+			err = unix.MoveMount(src, "", dst, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+			unix.Close(src)
+		}
+		unix.Close(dst)
+		if err != nil {
 			return fmt.Errorf("bind volume at %s: %w", v.Target, err)
 		}
 	}
 	return nil
+}
+
+// inRoot resolves paths beneath a root as if it were / (symlinks
+// included), never outside it.
+var inRoot = unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS}
+
+// mkdirInRoot makes directory p (absolute, clean) and its parents inside
+// the root rfd and returns it opened (O_PATH).
+func mkdirInRoot(rfd int, p string) (int, error) {
+	at := "/"
+	for _, name := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
+		next := at + name
+		if fd, err := unix.Openat2(rfd, next, &inRoot); err == nil {
+			unix.Close(fd)
+		} else if errors.Is(err, unix.ENOENT) {
+			parent, err := unix.Openat2(rfd, at, &inRoot)
+			if err != nil {
+				return -1, err
+			}
+			err = unix.Mkdirat(parent, name, 0o755)
+			unix.Close(parent)
+			if err != nil && !errors.Is(err, unix.EEXIST) {
+				return -1, err
+			}
+		} else {
+			return -1, err
+		}
+		at = next + "/"
+	}
+	return unix.Openat2(rfd, p, &inRoot)
 }
