@@ -50,9 +50,9 @@ func newVolumeID() string { return "vol-" + randomID(20) }
 // volumes is the volume half of the service. Its maps are guarded by
 // Service.mu.
 type volumes struct {
-	byID     map[string]Volume
-	pending  map[string]int  // creates in flight that mount the volume
-	deleting map[string]bool // a delete is under way: no new mount
+	byID    map[string]Volume
+	pending map[string]int  // creates in flight that mount the volume
+	busy    map[string]bool // being made or deleted: not listed, not mountable
 }
 
 // volumer returns the provider's Volumer and the store's VolumeStore,
@@ -87,7 +87,7 @@ func (s *Service) loadVolumes(ctx context.Context) error {
 
 // loadVolumesFrom sets the known volumes to vs.
 func (s *Service) loadVolumesFrom(vs []Volume) {
-	s.vols = volumes{byID: map[string]Volume{}, pending: map[string]int{}, deleting: map[string]bool{}}
+	s.vols = volumes{byID: map[string]Volume{}, pending: map[string]int{}, busy: map[string]bool{}}
 	for _, v := range vs {
 		s.vols.byID[v.ID] = v
 	}
@@ -127,12 +127,12 @@ func (s *Service) CreateVolume(ctx context.Context, c Caller, name string, sizeG
 	}
 	// Reserved now, so that two creates of one name cannot both pass.
 	s.vols.byID[v.ID] = v
-	s.vols.deleting[v.ID] = true // not mountable until made
+	s.vols.busy[v.ID] = true // not mountable until made
 	s.mu.Unlock()
 	made := false
 	defer func() {
 		s.mu.Lock()
-		delete(s.vols.deleting, v.ID)
+		delete(s.vols.busy, v.ID)
 		if !made {
 			delete(s.vols.byID, v.ID)
 		}
@@ -170,7 +170,7 @@ func (s *Service) Volumes(ctx context.Context, c Caller) ([]VolumeInfo, error) {
 	defer s.mu.Unlock()
 	out := []VolumeInfo{}
 	for _, v := range s.vols.byID {
-		if v.Creator == creator && !s.vols.deleting[v.ID] {
+		if v.Creator == creator && !s.vols.busy[v.ID] {
 			out = append(out, s.volumeInfo(v))
 		}
 	}
@@ -197,7 +197,7 @@ func (s *Service) GetVolume(ctx context.Context, c Caller, ref string) (VolumeIn
 // ownVolume finds creator's volume by name or id. s.mu is held.
 func (s *Service) ownVolume(creator, ref string) (Volume, error) {
 	for _, v := range s.vols.byID {
-		if v.Creator == creator && (v.ID == ref || v.Name == ref) && !s.vols.deleting[v.ID] {
+		if v.Creator == creator && (v.ID == ref || v.Name == ref) && !s.vols.busy[v.ID] {
 			return v, nil
 		}
 	}
@@ -245,14 +245,14 @@ func (s *Service) DeleteVolume(ctx context.Context, c Caller, ref string) error 
 		s.mu.Unlock()
 		return providers.Errorf(providers.ErrConflict, "volume %s is mounted by %s: delete those sandboxes first", v.Name, strings.Join(users, ", "))
 	}
-	s.vols.deleting[v.ID] = true
+	s.vols.busy[v.ID] = true
 	s.mu.Unlock()
 	err = p.DeleteVolume(ctx, v.ID)
 	if err == nil || providers.Kind(err) == providers.ErrNotFound {
 		err = st.DeleteVolume(context.WithoutCancel(ctx), v.ID)
 	}
 	s.mu.Lock()
-	delete(s.vols.deleting, v.ID)
+	delete(s.vols.busy, v.ID)
 	if err == nil {
 		delete(s.vols.byID, v.ID)
 	}
@@ -445,7 +445,7 @@ func (s *Service) holdVolumes(ids []string) (func(), error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {
-		if _, ok := s.vols.byID[id]; !ok || s.vols.deleting[id] {
+		if _, ok := s.vols.byID[id]; !ok || s.vols.busy[id] {
 			return nil, providers.Errorf(providers.ErrNotFound, "volume %s not found (deleted meanwhile)", id)
 		}
 	}
@@ -468,7 +468,7 @@ func (s *Service) volumeUsage(key string) (n int, bytes int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, v := range s.vols.byID {
-		if v.Creator == key && !s.vols.deleting[v.ID] {
+		if v.Creator == key && !s.vols.busy[v.ID] {
 			n++
 			bytes += v.SizeBytes
 		}
