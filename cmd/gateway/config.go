@@ -76,6 +76,7 @@ type config struct {
 	Pools              []sandbox.PoolSpec
 	PTYRingBytes       int
 	AllowedOrigins     []string
+	VolumeRoots        []string
 	LogLevel           string
 	LogFormat          string
 }
@@ -149,6 +150,18 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 			if o = strings.TrimSpace(o); o != "" {
 				c.AllowedOrigins = append(c.AllowedOrigins, o)
 			}
+		}
+		return nil
+	})
+	fs.Func("volume-root", "a host directory under which a create may mount a host_path volume (absolute; repeatable, or several separated by commas; default: none, host paths refused)", func(v string) error {
+		for _, r := range strings.Split(v, ",") {
+			if r = strings.TrimSpace(r); r == "" {
+				continue
+			}
+			if !filepath.IsAbs(r) {
+				return fmt.Errorf("%q is not an absolute path", r)
+			}
+			c.VolumeRoots = append(c.VolumeRoots, filepath.Clean(r))
 		}
 		return nil
 	})

@@ -132,6 +132,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		MaxExecsPerSandbox: cfg.MaxExecsPerSandbox,
 		CommandRetention:   cfg.CommandRetention,
 		Ceilings:           ceilings,
+		VolumeRoots:        cfg.VolumeRoots,
 		Logger:             log,
 		Metrics:            met,
 	})
@@ -274,6 +275,7 @@ func newProvider(cfg config, maxPids int64, log *slog.Logger) (providers.Provide
 			Host:             cfg.DockerHost,
 			InstanceID:       id,
 			AgentBinary:      bin,
+			VolumeDir:        filepath.Join(cfg.StateDir, "docker-volumes"),
 			Logger:           log.With("provider", "docker"),
 			DefaultMemoryMiB: noneIfZero(cfg.DefaultMemoryMiB),
 			DefaultCPU:       noneIfZero(cfg.DefaultCPU),

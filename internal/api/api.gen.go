@@ -231,7 +231,7 @@ type CreateSandbox struct {
 	// Ports Ports to expose through `GET /v1/sandboxes/{id}/endpoints/{port}`.
 	Ports []int `json:"ports,omitempty"`
 
-	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` and `shm_size` are accepted here too (NeMo Gym's form) and mean the top-level fields.
+	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` and `shm_size` are accepted here too (NeMo Gym's form) and mean the top-level fields. So is `volumes` in OpenSandbox's shape (`name`, one source of `host: {path}` or `pvc: {claimName}` naming one of the key's volumes, `mountPath`, `readOnly` or `accessMode: RO|RW`, `subPath`): added to the top-level `volumes`.
 	ProviderOptions map[string]interface{} `json:"provider_options,omitempty"`
 
 	// ReadyTimeoutS How long to wait for the sandbox to become ready.
@@ -247,6 +247,9 @@ type CreateSandbox struct {
 	// TTLS Lifetime in seconds from creation (default 1800; 0 = no expiry, refused when the gateway has a TTL ceiling, `--max-ttl`, by default 24 h).
 	TTLS *float64 `json:"ttl_s,omitempty"`
 
+	// Volumes Mounted before the sandbox starts. Every problem of every mount is one 400, and nothing is made.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+
 	// Workdir The working directory (created if missing).
 	Workdir *string `json:"workdir,omitempty"`
 }
@@ -260,6 +263,19 @@ type CreateSandboxShmSize1 = string
 // CreateSandbox_ShmSize Size of the sandbox's `/dev/shm` (a tmpfs; docker's `--shm-size`, Compose's `shm_size`): bytes, or a string of bytes with an optional binary unit (`"268435456"`, `"64m"`, `"1g"`, `"512MiB"`). 1 MiB to 64 GiB and at most `resources.memory_mib` when that is given (its pages are the sandbox's memory); 400 otherwise. Absent: the provider's default (local 64 MiB, docker 64 MiB, kubernetes the runtime's).
 type CreateSandbox_ShmSize struct {
 	union json.RawMessage
+}
+
+// CreateVolume defines model for CreateVolume.
+type CreateVolume struct {
+	// Name Unique among the key's volumes; a DNS label (lowercase letters, digits, dashes).
+	//
+	// Example: dataset
+	Name string `json:"name"`
+
+	// SizeGib Its size in GiB (fractions allowed; at least 0.0625, 64 MiB).
+	//
+	// Example: 1
+	SizeGib float64 `json:"size_gib"`
 }
 
 // DeleteResult defines model for DeleteResult.
@@ -558,6 +574,12 @@ type QuotaUsage struct {
 
 	// Snapshots Snapshots the key keeps (a fork's internal snapshot is not counted).
 	Snapshots int `json:"snapshots"`
+
+	// VolumeGib Their size; the disk quota counts it with `disk_gib`.
+	VolumeGib float64 `json:"volume_gib"`
+
+	// Volumes Volumes the key keeps.
+	Volumes int `json:"volumes"`
 }
 
 // ReleaseResult defines model for ReleaseResult.
@@ -707,6 +729,44 @@ type UploadRequest struct {
 // UploadResult Always `{}`.
 type UploadResult = struct{}
 
+// Volume defines model for Volume.
+type Volume struct {
+	CreatedAt time.Time `json:"created_at"`
+
+	// MountedBy The sandboxes that mount it now.
+	MountedBy []string `json:"mounted_by"`
+	Name      string   `json:"name"`
+	SizeGib   float64  `json:"size_gib"`
+
+	// VolumeID Example: vol-abcdefghij234567klmn
+	VolumeID string `json:"volume_id"`
+}
+
+// VolumeList defines model for VolumeList.
+type VolumeList struct {
+	Volumes []Volume `json:"volumes"`
+}
+
+// VolumeMount One mount of a create; exactly one of `volume` and `host_path`.
+type VolumeMount struct {
+	// HostPath A host directory under one of the gateway's `--volume-root`s (checked after resolving symlinks and `..`; otherwise 400). Not on kubernetes.
+	HostPath *string `json:"host_path,omitempty"`
+
+	// MountPath Where it appears in the sandbox; absolute, not `/` and not in /proc, /dev or /sys.
+	//
+	// Example: /data
+	MountPath string `json:"mount_path"`
+
+	// ReadOnly A read-only mount (a write fails with EROFS), not a mode.
+	ReadOnly *bool `json:"read_only,omitempty"`
+
+	// SubPath Mount only this directory inside the volume: relative, no `..`; a symlink in it that leads out of the volume is refused with 400.
+	SubPath *string `json:"sub_path,omitempty"`
+
+	// Volume One of the caller's volumes, by name or id.
+	Volume *string `json:"volume,omitempty"`
+}
+
 // CommandID Example: cmd-0123456789abcdef
 type CommandID = string
 
@@ -848,6 +908,9 @@ type CreateSnapshotJSONRequestBody = SnapshotRequest
 
 // UploadFileJSONRequestBody defines body for UploadFile for application/json ContentType.
 type UploadFileJSONRequestBody = UploadRequest
+
+// CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
+type CreateVolumeJSONRequestBody = CreateVolume
 
 // AsCreateSandboxShmSize0 returns the union data inside the CreateSandbox_ShmSize as a CreateSandboxShmSize0
 func (t CreateSandbox_ShmSize) AsCreateSandboxShmSize0() (CreateSandboxShmSize0, error) {
@@ -1642,6 +1705,55 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/snapshots/{sid} (the `GetSnapshot` operationId).
 	GetSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListVolumes List the caller's volumes
+	//
+	// Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
+	ListVolumes(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateVolumeWithBody Create a volume
+	//
+	// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+	// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+	// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+	// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+	// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+	// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+	// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+	// `quota_exceeded`. A name the key already uses answers 409.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+	CreateVolumeWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateVolume Create a volume
+	//
+	// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+	// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+	// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+	// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+	// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+	// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+	// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+	// `quota_exceeded`. A name the key already uses answers 409.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+	CreateVolume(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteVolume Delete a volume and its storage
+	//
+	// Refused with 409 while a sandbox mounts it (delete those first).
+	//
+	// Corresponds with DELETE /v1/volumes/{volume} (the `DeleteVolume` operationId).
+	DeleteVolume(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetVolume Describe a volume
+	//
+	// Corresponds with GET /v1/volumes/{volume} (the `GetVolume` operationId).
+	GetVolume(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // GetQuota The caller's quotas and usage
@@ -2628,6 +2740,105 @@ func (c *Client) DeleteSnapshot(ctx context.Context, sid SnapshotID, reqEditors 
 // Corresponds with GET /v1/snapshots/{sid} (the `GetSnapshot` operationId).
 func (c *Client) GetSnapshot(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSnapshotRequest(c.Server, sid)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListVolumes List the caller's volumes
+//
+// Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
+func (c *Client) ListVolumes(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListVolumesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateVolumeWithBody Create a volume
+//
+// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+// `quota_exceeded`. A name the key already uses answers 409.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+func (c *Client) CreateVolumeWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateVolumeRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateVolume Create a volume
+//
+// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+// `quota_exceeded`. A name the key already uses answers 409.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+func (c *Client) CreateVolume(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateVolumeRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteVolume Delete a volume and its storage
+//
+// Refused with 409 while a sandbox mounts it (delete those first).
+//
+// Corresponds with DELETE /v1/volumes/{volume} (the `DeleteVolume` operationId).
+func (c *Client) DeleteVolume(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteVolumeRequest(c.Server, volume)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetVolume Describe a volume
+//
+// Corresponds with GET /v1/volumes/{volume} (the `GetVolume` operationId).
+func (c *Client) GetVolume(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetVolumeRequest(c.Server, volume)
 	if err != nil {
 		return nil, err
 	}
@@ -4203,6 +4414,141 @@ func NewGetSnapshotRequest(server string, sid SnapshotID) (*http.Request, error)
 	return req, nil
 }
 
+// NewListVolumesRequest constructs an http.Request for the ListVolumes method
+func NewListVolumesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/volumes")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCreateVolumeRequest calls the generic CreateVolume builder with application/json body
+func NewCreateVolumeRequest(server string, body CreateVolumeJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateVolumeRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewCreateVolumeRequestWithBody constructs an http.Request for the CreateVolume method, with any body, and a specified content type
+func NewCreateVolumeRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/volumes")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteVolumeRequest constructs an http.Request for the DeleteVolume method
+func NewDeleteVolumeRequest(server string, volume string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "volume", volume, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/volumes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetVolumeRequest constructs an http.Request for the GetVolume method
+func NewGetVolumeRequest(server string, volume string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "volume", volume, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/volumes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -4830,6 +5176,61 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/snapshots/{sid} (the `GetSnapshot` operationId).
 	GetSnapshotWithResponse(ctx context.Context, sid SnapshotID, reqEditors ...RequestEditorFn) (*GetSnapshotResponse, error)
+
+	// ListVolumesWithResponse List the caller's volumes
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
+	ListVolumesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListVolumesResponse, error)
+
+	// CreateVolumeWithBodyWithResponse Create a volume
+	//
+	// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+	// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+	// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+	// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+	// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+	// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+	// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+	// `quota_exceeded`. A name the key already uses answers 409.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+	CreateVolumeWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error)
+
+	// CreateVolumeWithResponse Create a volume
+	//
+	// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+	// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+	// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+	// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+	// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+	// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+	// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+	// `quota_exceeded`. A name the key already uses answers 409.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+	CreateVolumeWithResponse(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error)
+
+	// DeleteVolumeWithResponse Delete a volume and its storage
+	//
+	// Refused with 409 while a sandbox mounts it (delete those first).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /v1/volumes/{volume} (the `DeleteVolume` operationId).
+	DeleteVolumeWithResponse(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*DeleteVolumeResponse, error)
+
+	// GetVolumeWithResponse Describe a volume
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/volumes/{volume} (the `GetVolume` operationId).
+	GetVolumeWithResponse(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*GetVolumeResponse, error)
 }
 
 type GetQuotaResponse struct {
@@ -7617,6 +8018,247 @@ func (r GetSnapshotResponse) ContentType() string {
 	return ""
 }
 
+type ListVolumesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *VolumeList
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListVolumesResponse) GetJSON200() *VolumeList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListVolumesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetBody returns the raw response body bytes
+func (r ListVolumesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListVolumesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListVolumesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListVolumesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateVolumeResponse429Headers the declared response headers of an HTTP 429 response for CreateVolume
+type CreateVolumeResponse429Headers struct {
+	RetryAfter *int
+}
+
+type CreateVolumeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Volume
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationProblemJSON429 *QuotaExceeded
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateVolumeResponse429Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateVolumeResponse) GetJSON201() *Volume {
+	return r.JSON201
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreateVolumeResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreateVolumeResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CreateVolumeResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateVolumeResponse) GetApplicationProblemJSON429() *QuotaExceeded {
+	return r.ApplicationProblemJSON429
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateVolumeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateVolumeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateVolumeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateVolumeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DeleteVolumeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *DeleteResult
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeleteVolumeResponse) GetJSON200() *DeleteResult {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r DeleteVolumeResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r DeleteVolumeResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r DeleteVolumeResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteVolumeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteVolumeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteVolumeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteVolumeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetVolumeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Volume
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetVolumeResponse) GetJSON200() *Volume {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetVolumeResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetVolumeResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetBody returns the raw response body bytes
+func (r GetVolumeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetVolumeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetVolumeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetVolumeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetQuotaWithResponse The caller's quotas and usage
 //
 // The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
@@ -8475,6 +9117,91 @@ func (c *ClientWithResponses) GetSnapshotWithResponse(ctx context.Context, sid S
 		return nil, err
 	}
 	return ParseGetSnapshotResponse(rsp)
+}
+
+// ListVolumesWithResponse List the caller's volumes
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/volumes (the `ListVolumes` operationId).
+func (c *ClientWithResponses) ListVolumesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListVolumesResponse, error) {
+	rsp, err := c.ListVolumes(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListVolumesResponse(rsp)
+}
+
+// CreateVolumeWithBodyWithResponse Create a volume
+//
+// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+// `quota_exceeded`. A name the key already uses answers 409.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+func (c *ClientWithResponses) CreateVolumeWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error) {
+	rsp, err := c.CreateVolumeWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateVolumeResponse(rsp)
+}
+
+// CreateVolumeWithResponse Create a volume
+//
+// Makes an empty volume of `size_gib` owned by the caller's API key (anonymous on a gateway
+// without keys). Sandboxes of that key mount it at create (`volumes` of the create, or NeMo
+// Gym's `provider_options.volumes` with `pvc.claimName` naming it); it outlives them and the
+// gateway's restarts until deleted. A write past its size fails with ENOSPC. Backing: local, a
+// filesystem of its own (a sparse image, loop-mounted); docker, a named volume bound to that
+// same filesystem; kubernetes, a PersistentVolumeClaim (bound by the cluster's provisioner).
+// Its size counts against the key's disk quota with its sandboxes' disks: over it, 429
+// `quota_exceeded`. A name the key already uses answers 409.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/volumes (the `CreateVolume` operationId).
+func (c *ClientWithResponses) CreateVolumeWithResponse(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error) {
+	rsp, err := c.CreateVolume(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateVolumeResponse(rsp)
+}
+
+// DeleteVolumeWithResponse Delete a volume and its storage
+//
+// Refused with 409 while a sandbox mounts it (delete those first).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /v1/volumes/{volume} (the `DeleteVolume` operationId).
+func (c *ClientWithResponses) DeleteVolumeWithResponse(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*DeleteVolumeResponse, error) {
+	rsp, err := c.DeleteVolume(ctx, volume, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteVolumeResponse(rsp)
+}
+
+// GetVolumeWithResponse Describe a volume
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/volumes/{volume} (the `GetVolume` operationId).
+func (c *ClientWithResponses) GetVolumeWithResponse(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*GetVolumeResponse, error) {
+	rsp, err := c.GetVolume(ctx, volume, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetVolumeResponse(rsp)
 }
 
 // ParseGetQuotaResponse parses an HTTP response from a GetQuotaWithResponse call
@@ -10818,6 +11545,193 @@ func ParseGetSnapshotResponse(rsp *http.Response) (*GetSnapshotResponse, error) 
 	return response, nil
 }
 
+// ParseListVolumesResponse parses an HTTP response from a ListVolumesWithResponse call
+func ParseListVolumesResponse(rsp *http.Response) (*ListVolumesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListVolumesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumeList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseCreateVolumeResponse parses an HTTP response from a CreateVolumeWithResponse call
+func ParseCreateVolumeResponse(rsp *http.Response) (*CreateVolumeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateVolumeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Volume
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QuotaExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers CreateVolumeResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteVolumeResponse parses an HTTP response from a DeleteVolumeWithResponse call
+func ParseDeleteVolumeResponse(rsp *http.Response) (*DeleteVolumeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteVolumeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest DeleteResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetVolumeResponse parses an HTTP response from a GetVolumeWithResponse call
+func ParseGetVolumeResponse(rsp *http.Response) (*GetVolumeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetVolumeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Volume
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// GetQuota The caller's quotas and usage
@@ -10928,6 +11842,18 @@ type ServerInterface interface {
 	// GetSnapshot Describe a snapshot
 	// (GET /v1/snapshots/{sid})
 	GetSnapshot(w http.ResponseWriter, r *http.Request, sid SnapshotID)
+	// ListVolumes List the caller's volumes
+	// (GET /v1/volumes)
+	ListVolumes(w http.ResponseWriter, r *http.Request)
+	// CreateVolume Create a volume
+	// (POST /v1/volumes)
+	CreateVolume(w http.ResponseWriter, r *http.Request)
+	// DeleteVolume Delete a volume and its storage
+	// (DELETE /v1/volumes/{volume})
+	DeleteVolume(w http.ResponseWriter, r *http.Request, volume string)
+	// GetVolume Describe a volume
+	// (GET /v1/volumes/{volume})
+	GetVolume(w http.ResponseWriter, r *http.Request, volume string)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -11147,6 +12073,30 @@ func (_ Unimplemented) DeleteSnapshot(w http.ResponseWriter, r *http.Request, si
 // GetSnapshot Describe a snapshot
 // (GET /v1/snapshots/{sid})
 func (_ Unimplemented) GetSnapshot(w http.ResponseWriter, r *http.Request, sid SnapshotID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListVolumes List the caller's volumes
+// (GET /v1/volumes)
+func (_ Unimplemented) ListVolumes(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateVolume Create a volume
+// (POST /v1/volumes)
+func (_ Unimplemented) CreateVolume(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteVolume Delete a volume and its storage
+// (DELETE /v1/volumes/{volume})
+func (_ Unimplemented) DeleteVolume(w http.ResponseWriter, r *http.Request, volume string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetVolume Describe a volume
+// (GET /v1/volumes/{volume})
+func (_ Unimplemented) GetVolume(w http.ResponseWriter, r *http.Request, volume string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -12247,6 +13197,86 @@ func (siw *ServerInterfaceWrapper) GetSnapshot(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// ListVolumes operation middleware
+func (siw *ServerInterfaceWrapper) ListVolumes(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListVolumes(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateVolume operation middleware
+func (siw *ServerInterfaceWrapper) CreateVolume(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateVolume(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteVolume operation middleware
+func (siw *ServerInterfaceWrapper) DeleteVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volume" -------------
+	var volume string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volume", chi.URLParam(r, "volume"), &volume, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volume", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteVolume(w, r, volume)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetVolume operation middleware
+func (siw *ServerInterfaceWrapper) GetVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volume" -------------
+	var volume string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volume", chi.URLParam(r, "volume"), &volume, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volume", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetVolume(w, r, volume)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -12440,6 +13470,18 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/snapshots/{sid}", wrapper.GetSnapshot)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/volumes", wrapper.ListVolumes)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/volumes", wrapper.CreateVolume)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/v1/volumes/{volume}", wrapper.DeleteVolume)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/volumes/{volume}", wrapper.GetVolume)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/quota", wrapper.GetQuota)
@@ -16162,6 +17204,256 @@ func (response GetSnapshot404ApplicationProblemPlusJSONResponse) VisitGetSnapsho
 	return err
 }
 
+type ListVolumesRequestObject struct {
+}
+
+type ListVolumesResponseObject interface {
+	VisitListVolumesResponse(w http.ResponseWriter) error
+}
+
+type ListVolumes200JSONResponse VolumeList
+
+func (response ListVolumes200JSONResponse) VisitListVolumesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListVolumes401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListVolumes401ApplicationProblemPlusJSONResponse) VisitListVolumesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolumeRequestObject struct {
+	Body *CreateVolumeJSONRequestBody
+}
+
+type CreateVolumeResponseObject interface {
+	VisitCreateVolumeResponse(w http.ResponseWriter) error
+}
+
+type CreateVolume201JSONResponse Volume
+
+func (response CreateVolume201JSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response CreateVolume400ApplicationProblemPlusJSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response CreateVolume401ApplicationProblemPlusJSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response CreateVolume409ApplicationProblemPlusJSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateVolume429ApplicationProblemPlusJSONResponse struct {
+	QuotaExceededApplicationProblemPlusJSONResponse
+}
+
+func (response CreateVolume429ApplicationProblemPlusJSONResponse) VisitCreateVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolumeRequestObject struct {
+	Volume string `json:"volume"`
+}
+
+type DeleteVolumeResponseObject interface {
+	VisitDeleteVolumeResponse(w http.ResponseWriter) error
+}
+
+type DeleteVolume200JSONResponse DeleteResult
+
+func (response DeleteVolume200JSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteVolume401ApplicationProblemPlusJSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteVolume404ApplicationProblemPlusJSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteVolume409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response DeleteVolume409ApplicationProblemPlusJSONResponse) VisitDeleteVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolumeRequestObject struct {
+	Volume string `json:"volume"`
+}
+
+type GetVolumeResponseObject interface {
+	VisitGetVolumeResponse(w http.ResponseWriter) error
+}
+
+type GetVolume200JSONResponse Volume
+
+func (response GetVolume200JSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolume401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetVolume401ApplicationProblemPlusJSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetVolume404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetVolume404ApplicationProblemPlusJSONResponse) VisitGetVolumeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
 	// GetQuota The caller's quotas and usage
@@ -16272,6 +17564,18 @@ type StrictServerInterface interface {
 	// GetSnapshot Describe a snapshot
 	// (GET /v1/snapshots/{sid})
 	GetSnapshot(ctx context.Context, request GetSnapshotRequestObject) (GetSnapshotResponseObject, error)
+	// ListVolumes List the caller's volumes
+	// (GET /v1/volumes)
+	ListVolumes(ctx context.Context, request ListVolumesRequestObject) (ListVolumesResponseObject, error)
+	// CreateVolume Create a volume
+	// (POST /v1/volumes)
+	CreateVolume(ctx context.Context, request CreateVolumeRequestObject) (CreateVolumeResponseObject, error)
+	// DeleteVolume Delete a volume and its storage
+	// (DELETE /v1/volumes/{volume})
+	DeleteVolume(ctx context.Context, request DeleteVolumeRequestObject) (DeleteVolumeResponseObject, error)
+	// GetVolume Describe a volume
+	// (GET /v1/volumes/{volume})
+	GetVolume(ctx context.Context, request GetVolumeRequestObject) (GetVolumeResponseObject, error)
 }
 
 type StrictHandlerFunc func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error)
@@ -17344,259 +18648,387 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 	}
 }
 
+// ListVolumes operation middleware
+func (sh *strictHandler) ListVolumes(w http.ResponseWriter, r *http.Request) {
+	var request ListVolumesRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListVolumes(ctx, request.(ListVolumesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListVolumes")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListVolumesResponseObject); ok {
+		if err := validResponse.VisitListVolumesResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateVolume operation middleware
+func (sh *strictHandler) CreateVolume(w http.ResponseWriter, r *http.Request) {
+	var request CreateVolumeRequestObject
+
+	var body CreateVolumeJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateVolume(ctx, request.(CreateVolumeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateVolume")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateVolumeResponseObject); ok {
+		if err := validResponse.VisitCreateVolumeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteVolume operation middleware
+func (sh *strictHandler) DeleteVolume(w http.ResponseWriter, r *http.Request, volume string) {
+	var request DeleteVolumeRequestObject
+
+	request.Volume = volume
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteVolume(ctx, request.(DeleteVolumeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteVolume")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteVolumeResponseObject); ok {
+		if err := validResponse.VisitDeleteVolumeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetVolume operation middleware
+func (sh *strictHandler) GetVolume(w http.ResponseWriter, r *http.Request, volume string) {
+	var request GetVolumeRequestObject
+
+	request.Volume = volume
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetVolume(ctx, request.(GetVolumeRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetVolume")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetVolumeResponseObject); ok {
+		if err := validResponse.VisitGetVolumeResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // Base64 encoded, compressed with deflate, json marshaled OpenAPI spec.
 // Stored as a slice of fixed-width chunks rather than one concatenated
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3rbhtHmuirFLgLmPQ0KUqWPQmFYOE4cuIdX7SWjGwQetXF7o9ijZpVTFW1KMYRsA9xgPMG50XOm+yT",
-	"HNT3VfWFbF6kWErOjH/MRGZ31/W7Xz+1EjWdKQnSmtbgU2sCPAWNf75Q0ymX6avv3D9SMIkWMyuUbA1a",
-	"ZxNgImVqzOwEWJprPsqAJfQBsxNumc6lwacafsnBWNY2ACw2lmvrR447vVbUMskEptzNAdd8OsugNWgl",
-	"07Tb3z94cvj02V+/+pqPkhTGrahlFzP31Fgt5EXr5iZqvQerF8/HFvTqIk8hUTI1jLvHbD4RyQQXlGQC",
-	"pGVTvmDafV5fxFRIMc2nrUG/mE9ICxegWzduxhnXfAp2+xk9Xz6XR4aJNGKx21zM3EHtP2OZmoNOuAE2",
-	"gWuWTLjmiRuctblcMGUnoN1JC8MO+4d4XsINPuN20opakk/xuETailruoIWGtDWwOodbHexUyNcgL+yk",
-	"NdhvOuaXIoMTN+XKLt2vTEgjUsDDNVymI3V9xDRk3IorYG6phnEN5U9W4btzpS9ToYtN/ZKDXpS78ntc",
-	"v61tq34N3EDz1WTuEV1HZppuY8QNPDmoXUiMH52LNGZCMs7iU9rrexjHjwyL4dpqHq+7o/DxjheVmS7d",
-	"zsWEbusyazngsxa0G/y/MtP9mXd/Pej+9eOn/Wc3/9qIHidK26btz5S2DbcWsRSSjGtI3Q5j95aJGbcs",
-	"0cAtrNmZe23zPfFrQqlnT58+eRqVKLbfgGJRyx/rOrrj10qXZ0bX/vYO+ptub83Sd74ON0+4D/H3cCNT",
-	"Wb8T91ZxKQf9NZdyCsYIJdft7+TsJ2boFSbSNQs3W1a+DTVOJZ+ZibK0iMo+5WzdPu+wiurRyNnWo7lx",
-	"Y5mZkgaQuD7PNPB08UJJCYl1EzhuJS1IBGo+m2Ui4e7o9mZajTKY/uXvxp3jp8oa/lXDuDVo/cteyef2",
-	"6KnZO6GvaOolHJFEez2zmKgsJXYWrsbBXGz5Jagr0DGbc8OkssyAZe04USnEjmjHz1+/P37+3U/nL969",
-	"fXv84uz4O0cgbqLWtzx9T4zxIXf1Sl7xzLETOcvtEYtBa6VNzDJhrGFwBXrB/KS4Ss/e3ir7UuXyQS/g",
-	"g7yUai5L0qQ0y/1vbaWZyLLuWOkppPhorPSFshZkpxBDHPLgHuQ4E8mDnnONThlHTJHfaSUvmLHcglsv",
-	"sxNhSvEIehc9NuO5gdRtyFg1m0FK0PJS6ZFIU5APigLMqkuQuFTu0aF6G5yZRM0cN1eO9Fa2pHLHLG6i",
-	"1p8AcBBYxiIDXLPjVXSkJ3yRKZ6eKfWa6wt4aOgI1z5S6cKBSOYW4c6PS8Yzx8kIev8jV5YfXycA6cMS",
-	"wOoi5yrPUuaIHQnQPMtAPzLs+ckrdgkL5kgg4+wXt9Ya9cNfzsEvPz4ayjgFy0UWM8dCiKLiS4NwX2Ai",
-	"NoWp0ouIpcJcRsx4XmUQLfw/2GhhwXR67BRgKOPvj8/Y3tX+Ho4V94aOYVVUGVQTuoWe0HQk/u29ikZx",
-	"Q9xaX4kEPkh+xUXm5PmHvIV37mQTPuOJsAuEYHdiI55cgkStIJcaeDJx6+p9xj0jj/uzkf2qZFSFshfv",
-	"3p4d/+fZ+dt3Z+cv3314G3jsB8lzO1Fa/PqwqPNGGCPkRcSmPAssCq5nTkZy29FwpS4hdUJ1CtIKnhm/",
-	"3JlWCRjjLvNYWmEXfxTCXwmVcevxk77dKi3cBMkPoe9bbpPJSy6yXCPCzLSagbaCJDshU7heFX9/RB3d",
-	"WxXiROXSxl73MKzd7zqxPkUFa1ltiFp+IbsfQFVw/dmvqBzmYzGHGv0dEluRhla3k5QPlmTaKDxzmt8d",
-	"TBxRK5nl51ZM4dysnteLkw/MPWPt3IBmf2FmYSxMO+EIgyRERhlgHr7AMGHZnAsLqePaR6zP5hORAdO5",
-	"lEJeuBN2gMtta9BKVe6IXrE0mU9HdORprhEWz6cNa/tBzVnm5B1hmeaStY1iY66j+kwdR+y5yUnlXNZH",
-	"a+sQ0j47bLx6hMtz+v1Ti2fZu3Fr8PNmODi+huTYfXfmPrv5uIwNsTtXlduYzScgwyZUbvFs8cyFNeFE",
-	"2YVW+QyVgEuRZZB2jhhkBpjMs8ztwv2XeIfTkdyar4U9dyRs9eTe5llWP6Ujtn/w1V/e0lJoAjZaMCMu",
-	"JM/YW/f4abFOt7jUrXR13qbDGwspzATSc253WUodNLiFrptv/UwlICs1Pae1V/BkpFQGXCICA788J85/",
-	"PhWjBlMT8EumwQGJtF5GWIZ0zyBRmjK2uJ7PAu7+7ebVo12zOMXGE1o5EWNT0PrciF+h9tF6SDc2Vbkt",
-	"vqifz7dOInIHQm+xS5hZRljH2u5UnMigxmOnohZvdXbEMatzmXCvhC/rCcZq4FOGkgikLJ7y63OV21lu",
-	"z1FMi4+8JdjJktw4uS7hOoW0QsqLs1wizBX6WRDTVnkZVUyqUYLaldTBvE65aiR2FQxrgFu/gfoNVs9o",
-	"A/d4LUjlb+QgxBwtEEHdRL8CL7opZuJa88W64zObllQxRPA0Fe5geHZSWd+YZwaa5IXYkVH/eczGArLU",
-	"sPYotyx2J3au5Lm7azLgxJ2CERFwOMG2Rzy3mZnWJ3yfS0f1YjNh3SRm7RE3E6J6Mw0GJMHyRstX1Erm",
-	"DSN/B2OeZ3bZKL2VpIG8Wn9oDbLAmgHLC1lGnHVIjqhdYjpSPvwXaM0cFhLCI8KJCr5FLC6ANGYGbOeI",
-	"pX7zzw7ZG/FtxLhlU2Us22ffi28bqUNhz93v//XJXw/3vzo4rBt1t3MdvDF9BedOlXHMU6bnhjSthk0/",
-	"RxNKDdg23E+NKqdCno+eHTZ4hyyXKdfeFhahyfjZYRekIyXpTtfvRYQmySxA1P5X/SMUAtg34aCbuU3V",
-	"7bRm4pITOWlvdc4PTgZ0ajXqTGKXPTQTi2ZagWK4t81vJRV1lEaDxvmMa6fsNIj9wk6CuB+xS4BZVQgE",
-	"w6Y8BcJ0tEIZNuYiY+0AuThnZzeIwFlWl/CGbBvCzSUXlalRvijNdMTIuDRz0A6zSi8QKjwIlqW749Zo",
-	"AdLqxUwJWmLBCHYlJJ4F3ANhGovMX+WuQ9bP96X7nlnF5lpYYCMYKw1etWMabK6lidBVyLrDvN9/AuzD",
-	"2cvuV8zC9SZBtlyhSDM434CRp1bNvCsYLxR1k7mDPKkYXEMSoZXQ4c7J2U/Maj4eiwRJq1SMW0uyjXtG",
-	"PoHPgMdiyi8aBLkXSloupIMw9wJrBxx17C9VySXoTo9lKuHZAOGRkH7MuPRfeIPzBbcw54tHhl72D1Oh",
-	"IbFOeG7H3S4+6eITE3cGjDOtlMWzIG2yfN9bfWNaAjP8CmL307sXr1jGF44TWa5HPMtYW80ISrIFi93y",
-	"epbrgYaZGlh+EXeOWOnextUjio3R+I2XctjvuwdCXuBOaH3uTw14JxM1d+DE05QpCaxNG5RwBZrN8iwz",
-	"nR57PnJSgVuhuwk6qsRJfpCyKwHzoDxMlLE7EfwpWJ5yy38HIrxHWIeUccOEOWI5Wnvcv9DmkfERZE6S",
-	"yhyg+vVlwuyGA+iwbVCc3M/utOB6poyjc1rlFxNWWE0Lcrf3SaQ3eyBTpEFm75Mb8QapWkGMbuPN3UKp",
-	"olYuxS85vKKxvWo80+pKpKDPCYY2kB0acmmz/uuumUEiHAr7YY4KO+IlLEJAwt/RsdgIcpew6LE42JvR",
-	"7Y8+PzOZosAf4xA8SWDmhkDItEqx9lt4o9j3i+kj47TNKUm9U+CEk1bNuhlcQebF5Z0uFv2gm6hbYW1x",
-	"JJYL650xpRfKKjaCRE3dpnm6+AzES4NRuU4KDr+D0eV98cnNxwabSDjZBuItfoWADX5HjwyL91K42jOT",
-	"aczanNnpbGyOPH10T7tdM5l28aoi9sKtxoD7vbjAzoC8CMGbhSjrpsFfCSi4ZIGUsZGQXC9YLoVl7XjY",
-	"Onj21eGTp4dPnw1bccTiYevZ4TT8uX8R/nq6f/BGfDtsxZ0e23citruLZ4dOukbICPJ2XBxor1Q/vfkJ",
-	"I6qEYRfiCqS3PCFBdCBYPxT6tnOE4IwEdi4MBGI4CHZAxJFHppD+PQENSoAn8eGfl/kItIRgEda5dLD4",
-	"yDQKXUqCh4UVcrBCHj+6ay9RrFFM15aNtZoS2y78P21H9mveKPREzaXpDJg7IORgEf5J5/rIBH5qFIvx",
-	"zxijwEbAeI1VRI4eV9DY6VFOXjEgU8OE7eymHtisCVVfizGgAVFIZnyIGu4PpSH0baSl9tA/Yn32Dcko",
-	"M+F4cMEmCTAKLs8m3MmjZ2evWQIiQwdE3O1O+XXX2iyOUHjwAx8csknnM9AAryw3B7K4hw6hKvIGCXwp",
-	"E2M2JSdJZzctZYUifgcZWHgPJs8azCkpjEHrJmPVaelMlNlisKxkeECDEs6MFVnG4FoYGzGjCJ6s0ihm",
-	"uZsDSIeyuIyMG+sp1ZSEmqm6grQURgqMRB/lqoKS4sYabaRL2lp4s0lb+07NZaZ4uu6AvFPJNOvG7vYc",
-	"+jwygUCuasfbNMnK+E0LPPYyxis5VqvLCxJI3WUysXY22NvbP/hrr9/r9/YHh1/vP33SZFmtuEF3ltOW",
-	"lri0oWJF5eCN26q5FRocXIuauToVKUYN6Vw6ruBYZgbuXW80CDb9lLR5kA4xfw6Gh1bU8uBbWUu5oYq5",
-	"5Jb6+j+zCW7Vbrm6WDy0gkx3BnUXRG4zceV4M8scX/cRZH4wpO9jsMkEKYlG/GSjxVB6gx2Gvzkx5T+7",
-	"3jzbfZU6hcmtd1AMWo7mFmzYijOK6Mt2g8jtLHErOy9ditUzyGBs2Qgmwsk3GoLPqnClkcJ/NJS0KTuB",
-	"Bdl9gkdmx8V/se99NvseUYs13OL+fdBRRRwqmOWclKqKxMoSLh3BtJBlrB1sIZ/TXV1ds+ZysMk/HZG8",
-	"QCKBk1MtyQdwLWy0ZvVe0g4OYq/4BxnO8DkT9kH93itqWN1RuyoZhNMpvd2obc65RMnHO2bbTWoJy8RU",
-	"2M5RkLc3X3CvUUD6HH5i1PiCdWWTrxjB8o349p5AkgjhmjgAd9YOkph7TD5+JZknSl5l9dr9mAJteuuc",
-	"xqCb6MnZy+5XboMUE0xKr4ZZxpNGES84Pz/HSLd2J8M1JN41FvsJAgwmFOqwRVr2ay+Oo374S67jun94",
-	"s1/3pYAsRZRaJZxo4lnd4r+fvntLxm4Pg2o8Bpk6ZQm/iBgGA1MCxs/7H2NvoShyj5ANNB7sFIzxRuXN",
-	"vICWVn7QvLUMmgX0aSPEvnJCCGhU7ZRkI2FNRGYUAzYXaeT+eyGIGRgrkssFIphKLM98BPSw1X92eDhs",
-	"IQpVEgh+7nf/+vHTYVPiQOSWI8biluEXlMTQhHWoxEEGU5BBmaPrag9be8NWYVzTStlO4zXMGpOlKnoV",
-	"HxmV5daP2xz6tIp/jcYxd+ruiTtJwow2Z2YxzYS8fGQw/twaZh2Zs48My1A03zXuw49zTp83YmsxE72D",
-	"xpO5FtaCbMb9NaoRt472CnPEYtSSY3KwpeBk0Yi9fPXyHUYAOwprq+qQO1KHtMJhtV9OK2rhIA2a0RIi",
-	"VFNa/Lv+pCMC8zp4rcOT5rgOkFaHmMddwjoKjLtZdeqth6nCwnJXwNpAjmvj+zyYqdLA/NYoZH0OOvjx",
-	"dorq8Ycejmc7jc3gRwKp1TNefy54BCU0snZxOKvn0rkFxlEQRgXGtyJS8/Zx9Mb9Kn15V9W98G+jNoIq",
-	"+FqPdMMy16ylWTEorGc7A3iZM7k1dKkcvOmIvieJ+XnquU0zBHi5ujt3t83Du4wkMEcoswzdQZ3VOKRU",
-	"mMvzUZ5egD2/aJIzMckHk3lSoSsO00eeHP/f/83ibtcN01VXoJ3oKWxc2HNp6F11F7cYv4odXncSU+1u",
-	"Vgm7l6D9BhsF6R+UKeRn2syO+1jPTjbJ7W9oJhrfkrfb3U8mrirBIDtO9EsOec2KWuVpm05mCQjrJ1n9",
-	"tpijtqvKVTWdcbQCVk2w/QPwjGjaErpZbnNTN4qqy63GWP9Z00yUIu1FvKXUEwl09JQr3SbfOooS6hJk",
-	"A8Z46/6thDDKizDro4+/Yd6a5kM2vMJcZHdhph/6w3SwP94tPrlI0N4hD7tB3nOzN3qwUKDEI5xP0PuO",
-	"SXVTB3Ap+bSUBG9ECoIlnSQKa+5DMqlxAyZ8F3yTPgNrJ3MWZutto88IEKf45jIYVTLYaajqtqPq7deu",
-	"dS3YNUtMtM+d+UkJwNvYiR947XLuxm+LQ93N/FI9Xsw58Ey65cbkFjb5DREUMu89LKyOzXjRY8+9W7ke",
-	"B1TxDv5uO+XNupM8DWeylFKh5hJ0PKDMITtxa2Cx37j7uQjCMhE7OfspYkS4IlYEpBz5CB9yfUWULhsx",
-	"DRLmEeIGw0kijJkpk6089lSVBnzPaQn+4Js8KCdlTtFydjh7//IF+/rw6V9DBhSjxMameOYmVfkNTyZC",
-	"QlcDT90ZB5Xf21DiiMVS2fOxyiX+YzXHLWpKLm8UYmllje4QSum6hXpS2DoaFJSSPTXkDwibwQa/26pe",
-	"+eH9K6ZhDBpkAgyNeWK8CNE54dTd16wd85HK7WCUcXnpQyakktDZ7qj0+h4tr9hCcWYRXV8T0TixC4qJ",
-	"vaugnm0Np9oeMLrWU+fNld9Q9Jy0oHmCtVfMBO2U6LkT4+C3i8gabSa7hTZ4F97De+dmlBNZ36t711FC",
-	"IhrkovqGzcQMDGtXQuR9fDyfcW07EQNBKe2UJsK4ZUomcLQUC8K+YYnj2+j4tGjA0cb6gFDWjv9tZhff",
-	"9OMBzefPEZfSiYqx7YT0xO0eLa3mnwEsggPpDoEVBVg35Dn65Fsv5mwROst312DPG08YA0V2dxu13DE2",
-	"E2O78HnJqwsL4bnNuVl3k0tvkZ+3W6ZdsJluTE/1x3ITtXweCCVsNYiVyvLM2/vUOGTUzLRK8wTSWt6X",
-	"hGvKl6+ah2jcXc2Am3Pf7gYW1SSu+mbrSV3eCFfcce1C18CWh5RmEdOvYXe2VwG9rUaLMHbTwrCYw+p6",
-	"vHi2bRUrFg+ntIipsFvXj/O+pleROngPwdZvPuCbK5I0jRQGiooNrN3z62KZDUZfJaGoJDHlZGMkwC3l",
-	"1rjbxdIO3ccxG2f8wnSOWJ/qH+BqyOjYYMC5hc2kZprYxTReNSMsx/hVTRbeB+KDih8ZRoaDkNm+xmsX",
-	"oiKLRLBdlhSi23awbFQtGesMGOV4Kwtae9cfAnStv42lWAphLutWn/KkNth+dr3J7UamnaZbf+hKzyZc",
-	"Qnp+pytb+boBnN6Ny0B0E0fMoiGBzAkU21qtNnSh5BpPcGkUWzVR0AGEYgtzLqwTtX0iCX7Y+31YEBxp",
-	"3lyxC8SvrFLoEJC4JriCnPAYYRGCmDtHjJcvYSS199ijrdyw/q6usPUXVEaV+h1iNBM64sZKoxfOieCS",
-	"Z2VgqaCCYbiINVUtNmDsVtvjBtRtBLr1cNyE6e8hI5tJs19A0+M18piGKReO8Z+Xxp4tWy8GbPi6eX0S",
-	"5ndTzArzy2c3jryvZUzsnmkdvqPoGePgGTUTpYOugs58zDExawL8G+wSs7wxmsuw9hiVRSVNKEX1OWLF",
-	"tzAA3JujN9+LbxtWcBTy3bhFY07IV0Y5IKhqwiyZu4rshrjb9X+TQ+ZCjOIyh45X091W0kzUXB6hs88R",
-	"xJmbWliMuPEpIsdv352evAguRadoHu4/KZKsrPf5U1U00/NUacBAjpVOKCoyZHH4uPJUi6sQLeZUR19b",
-	"tIdHiAdFhY/CEPHnuJ8LgocdvqnQxItZXgSg7ZA+V+XLt5moGZuu1OUGCoRFlpoD/TDHt/RtGAYyBS9z",
-	"lhZ3DOvLR1YD7EKdw4xN5KiaI9wQJcRFY7Ad5UXXkqeR+UPBppGb0ee1HL1Ngn2tMlOTFe9hfLpR2PaG",
-	"82qOPboXN1ORwBEEqQkW9PRZN3f3KiHibstg3CGZeRW5tyJ0xo09R6ufsItbndad8lzXZ6Mu57FXzcLL",
-	"MS4h9zMEZ616seh+mo0NVRv0DhB7Si8Xn51r4KYplCDkbdRrelJBtNgHrjlywS8wRrRaBoov5/20NqWK",
-	"7aDdVHKutphaypOqGLbrJ1wOt96BF5a3ApYNIFaBnQAAAQc24PkaM81dCdFO7sDN0SUVktZstPClCzC1",
-	"V8iQ0nBUZA2yGdcU5L4qee1EE5bqJ+QajdVjnlgTfEXlHcURK6uTVyCs3BA9Rd9zg34547/kwEbAtVOR",
-	"iqqvlHG5IW5sBV0rjnMnWjWGVNUQeKcS27/flR21MMlFn+c62xgp9MgwuPaq2of3r5mQSZZjZG68d7WP",
-	"Z7shIe2r/lf9vav9piXvjrblQqM6DlfvcBWRg0++ROiteHdaEMuGkAUxhmSRZCHGSY3LePOqHxVdHGTE",
-	"Lc25VMYYyQ5WMQ7x1Zjxj0n4jSb+Uyxod0dHPH7bHMaixuz01fev3p5F7r9nx+/f4B9/e/X6Nf7xHx9e",
-	"0aMfPpxg4wV0TpMrBzsv9Dv1i/ejbI+8oUU1XoHfaxBfb6EPPs/mfGFY/OmmAdej1nX3QnXLdeWJ/XTT",
-	"qtR8/zwS1Y4MekNdbGKUljtqo8asTR06fEL2xRr3LQVNrjMRIWmupe9SwOoIFspL9Jj3vcV+hBff79zS",
-	"LrRK0dYX098CNpURl2hAQPbyELa6Q8K9r+GyVavWblw2wNFWFlsMvWlZd0P35uD955Qf53jXDNQsgyMm",
-	"ASjHdgSMqo34Gk1FiurBVzs5RolYro2EfXi5cyfZcvdQwA8zShi/WzDDZ04nj1qUTHAegru3NbSoxXRU",
-	"Po22p6KHjT8UJUZhJMm1sItTBxfeHjgTf4NFY6hRcI5xw+LnvqI1picN2LcksmHJrOQSFlQ7K+6xt1hx",
-	"HZPKS0k1E8YeMZ4ZxShTS8mh9HWcQXcDlKGlqsbwC7O2JzWUn4tQjbZdXEV5AE4uKoROWuL6Jjwkbm7b",
-	"G74Vdrfz3D9gqv62uYuKPZiAz60YZcAoy7/s5kP/Lnuf/GfXfdX9fjHteqzuosBZrsTfaH0tB1sWs2G+",
-	"LdM4uBKNkbzuEp14i/k0kv1wdnZSJJw6UumQsAvXkOSYUF76v5gTngJ/7ErIreYZgiNV/B9KX3aLT8HM",
-	"eALs71xkEePsO6ofA/JCSKDktb+VNWSSLDcW9IC9Pz49wyUU0mbElISu4wtD6ZaEcIvW2SP2I4xOMfnH",
-	"+G+ugFnQU+GE9fbJ2U+dUB7eeOeYj4rAOhxYUo1SzxIuh3IElKK4cD9iXTjONPjE+t5QDuULzNw3LFFy",
-	"LC5yDSwuhXP2DfPi/w/vTs8GJ+/enzkF4cjXRa/jEjqqU9BDGX8qh7hZKrwV99iZ07jQXCxCRr20mie+",
-	"cM/3CgPeKPcRh9ZMyKGMg3tpj88EFaa6AAlU6sznKEdFCnaRbOxWggmv3PpiYGoGks9Eb8GnWYyH8C//",
-	"whxegrS+8rz78TF7/NhTpceP2f/89//anTC9D7Xs6qTJKgrZLIFvKBn7Gyzc8U99YZa42+Uz0b2ERcz2",
-	"WHz6/O133z8/Oz5/fvLq/G/HP53GrI0BcV0DM46b7/TYj77GH5KvcJOpG716FlTHyx2skoupyouKj1Qo",
-	"pihd4BYJ0v3IMqVmI55cYocRbHc3F3biBo67XSGRxkNXqi7P7STu9FiVlDsa7DQ1HGknEiysG7okwO4O",
-	"XpeEw9+DrtSXiysKY0PPMtYeLapXMFrg2k/enTZWhSNTudvHO7m6VoPFkTCBT+Iw6+gj3RFSWZEJu+hE",
-	"7t36K5ju2gxRMcLFt1rNDWjDHLw6VY2XxCHyrf68k9eA9bTcRMUafbB08Y0b0+SjmVZWJSpjcSCZPdx1",
-	"b5UHhUrj2LOukphLZx7j/QTCToWZHj9GDf3x4wHzkdCsXUZCRxVLQy26eU+DyadFkLNb6VRI9EXhKN6F",
-	"QRHPeBSONMCVwtpL9LCD5xkirVl7baS1G70Ito7KiejL4C2hGdw/METAGsjGO0RmcwSMyqLXRGkTptTm",
-	"RN2MJlAjR8ixLls5Eh73a1qd09gYZ1YDDCrLDLMQtHgvj8NCmjv0s6AHPssiUE4kFppLI6y4gmxBpJSH",
-	"13x2h7ATlVsWo7U09h0/TBn747m8U1H9h8Liws8cXFEtN4WWuB7bsYUIQuSAPX582N9//LjHKi2b3Jp3",
-	"79rk3ZM01BMcShb1ElW41jSMNHCju1cPHz92lzxTGOaKlDLUWA3SlYP+EYBkV6Axi5bKaKUmYOiIorkh",
-	"dZQlASdWsKrGE+amCyqtkw6PsRAv9sYMzAqj0437xzG+j7oSekvXdU+JWTsE83fotmLHZOOIxRgW7v4g",
-	"/IijSgOj9iSfclkE8B+xl9zY5yevusYustBl1GC5RSYsVYH0TWva08bof+TjzeH/iW9idotUAIdGVARQ",
-	"s8ODg6FsaNsSnN2h74uPgS6VTENCwG+MVFb2G3sDHCnub0P5W7fbxf+5F9xMvxUlILDozqCEXvbvp+/e",
-	"Rr4DGoowUQFeVAfTKYWpVwzpbwdUEVY9QATiloFJ+AzqCWB+8n32Wygp5zYc1lHpsRPefMJ+29LYrI4g",
-	"/rND9lux4rL8C/YVw26avm5w6E/kv/qa/VZr+0auIhRslcS9LfV7KxuoYgw549QDsShA3PEj77ttYPMw",
-	"XKfTeP2TgwP2m+/Z4/v4lOs5cOvhTgxKcq1BJr4iS9FZaltrr6WGXlEomCrsEcP+vvVGXJ0jlnCNaeJx",
-	"pR9VTMt5incRulu5JYTGVnnZbWvLCH3c0Ci/OGKZurhwB4jyddeIFKJqv98Lpzc4cWoMzBe9cIMM5XMm",
-	"lez+ClpRuRUqpEz6EKRlO0H3tVR6yrNQit7kmcNIYkxBs0K8IQU5EwlIA6W9qvV85m6xe9Drt6IW+iJQ",
-	"YTWDvb35fN7j+Lin9MWe/9bsvX714vjt6TF+UybSFEpdK2pdgaaw+Fa/t09veTm+NWg96fV7T6iUxgQN",
-	"DXutwaebqLU3wSTTX/2/pmC1SIz/V1UN8D8hGIa3wwVj9HJjdPokRCsVlXeWIavdZ9+U4buhsHqQvul1",
-	"koC9jD6UgcViAV9KnHR/E22d+wISuQEzWIrkLJmwT2em4nvmEkuPDSWFg2IAiNCVSqxxgRirEVWmExVx",
-	"GBSNR2JB2a5uhCPn0nrx2lZCgbcFcLJ2XMTjPY6PiAn65KepVzTi745fH58dk7AeZt37ZJwqiYUpkVIK",
-	"Tdjb6bHYn2Rc6WfanCE/lD5F3jERryNUu+8hOV5qC7hCLgrufPD1UC6TjmqpZXxEKENin1DyVdoaONii",
-	"mPmlzrAH/f6G1mi3a4lGE6xpiFYtLouB28pyEoAx9h37th3299fNUSx6r9aLrmoCxJTRYPz7+ePNx6hl",
-	"8umU68XyEpYnb0Utyy/MkjP7xuNnzXvucbR+uE4eOK3E41Q7m/+86kbLqm0RMC5YGOJq6xp4FzEHu13E",
-	"knH8JtqyBkKfOAQcxChpOiCML2NCsyue5cDiqzjylZOdUnz5zVW8bsVYfn1NT3oLfPqNXurC/fN/ffPx",
-	"L9/0Hje1M/54j0BbDZzY3H8WayDLsriw0iloD7f97XBb6VN8v6D+umb9WQPbUWumTAO7eeHpcGktIR0V",
-	"y0x6kRbDvrHSKq8XJXT0iyJAWdtxOSHBGFJJOtFQKu2DPX0W/hVg4DZ6iKnEZY/FqEuT4S0Um/E9Lqpl",
-	"PXus1s9zKNu+QHOxx5LhLDMqjEYsYN8zLO/XRNZZkm6qLtGpSfZzjs7PSjg/ir/5jFnFYqLw5/h7GeAT",
-	"l5Won/X77iwwGDWQdSe+kbpUFcx67KyYQWCnFs14opUpOL/BgFsNTlbLlGUXCluDUAXUkHjg8Lhg2mOY",
-	"uz1kS1k17myw2RERZyeZB4bMsVq3vsKyje4OHdCXrIyyAJB9kfA2FuQ3pqOr6JX9Mi+UCo6v8L2hXGZ8",
-	"EQraKwyv3SQg03EVVrvSYIRKyFB6UxFqYdU+OQ6ep/wyxIA2da1xZzVd1e0I7ml/fCjr/WsGWHFF6QLC",
-	"2zwUF/R6OEkNSoaK2dXhivTYoUQpuIPQPG8IY60PQlfp4BGvkwJD8bwJaFNAhB7KoLa2nYCOin1pnJXu",
-	"/TmnETt4YPW4HuJ+TopxmoCvgmBYG/PJQqn0x/VC6SlocRUsQaFXSGcolVxTrz+q/p7M8voPIQYebQtk",
-	"JmqjY4AKtw+lXxWL+06vKIu+l+1ROqTUFImfMUjH39xfJSf0DcE8WRrKNnVbdj8jTzRF2gmNRsJe5RO6",
-	"kdBLYSjj5aYcvZlIjY9Fd4gVoIzwQC7I1+TAAlJEo2CexBs2eTIZSspaQPAQ5Y2wdjzNDZqFQmuEt8vp",
-	"gP7VTtyJfIceglZBt98kSia1/lXkMAZjv1Xp4rNx5XqPrJu6X9pXV10SCfZvNXnZWmHneOydXqXA9JuP",
-	"DaKETwb3DJWnC0cS6kSjDJ4OUOAImCdUnQeUNaLW4f6T7R8tt3533x0c7DLZaoNm/Pbr7d/W+7jfRK2n",
-	"/R1W2tB8fGeB6oX37AS2sKO6gM4ekrAcuW9upBV8AFN1tWSOQ54sU8zbQayu+Awq9jHTY69SmM6UxfQl",
-	"knmGkkz6QjIYjyGxTlCgmtCe+VQNvsHu8rTfb8J3+qCK7/ckitc6UTQgED1Pe3eH6V0g5aXSI5GmIOmL",
-	"w+1fFN3dVyCqFjrx80dHQ+oRDJXfQnQH/bQOFr/zt1eW7cKb7qwV8xsV1guwD3CftSDyjarVP/mVulMZ",
-	"bScwK4aFpj2UrxTn/x11B2rwRFeb5TZaH8nzE5S8ejYfpWiQ/asdYk3Q2uuUEOVE1ix1PAwF2d4KXXFy",
-	"zIuwgHsEw2q74HXGKb+MPzEcug924I4vvHvrszLGzw/zaKOog1Oaa2zgl5QgEZCgbL38u3Bgnc0DO2Oh",
-	"mIXTxGjc2nOAHHsNtabpkfYXVXswFOVrWAWahlIYNnGC+WjRhDoRBdMuatEzwXuEnpZHptKeBHtxDaUP",
-	"xGr7DjcQDA8rncLZDEsyaeDTiNocC1m1haAFQkkSF2o5umgmiYJiw/gFFxJzdQ0ZUKj1QJHZ6TuvYHcS",
-	"N00urciGMu52/UF0NTgsFuggLjpysUnHe7iFpbRR1HHxaypfXfir6x34hhKotYVcYNyZSHhQ01fisSKK",
-	"TAhRaeG5Bky26LGXyinTGEFPjoBer7c35wLdw+5vXyjf/4uyENy/yGFQtSY8x7inAfZZ3YMrkLZLpx/7",
-	"jGSubRE4NsZ5MYJCo/oeBP4B3Ue1L+5Bv89wvFDOn8y1VD2LHmAK8xV2pcN53ApFOmD9yGm/sVNlBzGN",
-	"7KnhEd0/XPPEZgSCOABpwt8fn7HK7kmzPD09Ju3dd77vszY9j4byEmDGsbxoxGK4Fk5bYa+87YRWLbC/",
-	"QLRm8KLjV4ztIZ2i/Job2z3Gg3z1XcwoegfzwHxoQtUw6I9XQ6krc1NEkmB4yAoDwm9elI3w70OPrfeF",
-	"30mRXeZ8KwBVn37ZWL7C4E6pdFowDVEVAIb+jzpctT0Mu/O/9L1IfIu+Shuwajelddv3r4ftO+rr1nVb",
-	"JX2ntv1rN/yw6vKfkP//ESr8n1jmoAaYfFnQaJYzNsvLe5+SLbr937CXWKVRzqOyq5jVAEyMHdehnog6",
-	"lyYigjxWGsMrhC34K9HJ3hq9vEq/vujlS7iAR/OPKkM7EAvmfnS17AbZ600CDwBKG6h2RXL+AkkPC0kV",
-	"C8SOIHRnJSza+nJFZvi4CxX2ciT1L/nzrKrMon6gVa3VbtGIjDIyLslpi818ibpdsucVew+3RdwkVfbx",
-	"tdaC13CVK9Ek9ytV17Pb7yRU//7J13HDU5D2H0H0/Bw07x9VkiRE+oyiJNoc1lphf8SQE2/oqQSVFE0u",
-	"Ar4qh6U9duxQdcAePz7o9x8/Lv3C1WBbdAQPZbBzmQmfwRGLqcg3+b1jKvNNwThk6fGpf94IRSuySzU/",
-	"ICmsVAmfRSwuOlLFmEOEPk5sfDXnpqyzrDSajzq92hZn3Binigpt7GAo3ZYOwpbcxPGLYLRrx94IN8AG",
-	"vzEFLjx+/ANwbUfA7ePHg9K/WhpYsGs0Ujg3KOZ2jWFeNJSv+8vRrDUJI8ZR2QeeGR8BQLF6LBMSw3Yw",
-	"r5yb4jKqwSNKAsNsz6EkvTwkFdQW8O+n7952M7jgGcswqOqCzSfCUp5oxxvMyj1hUgjW6bzGXsjcsiR3",
-	"GkWKgBrMicY7/fBZiBdyxN/9lyg/KiTuLlAHqcamDOWGc6fYKG7ZQb/fYyH1E+tBYC7LXLGRSgUYqh+P",
-	"bbD9EPFQtos6+gjROsdE1mzhs+7CtJ2a9ZTOvMd+9DFPqaLQMmqFzCksGY24mbjC3s/lLpE9AtcZ+uOX",
-	"ekJ3QpyasPWOynWm50YrWd7G8M9Tf61W4RpKCHrSj4owjSf9/rrAymrRqJJhNVQsDGXvn/T79fqFy/U1",
-	"f2905W6hFJWuyNtCKQol4eNmNSEUG+SyRtkwVioqbL4FtkYVbRtDLwoQpriqAIMIdBRscdA/eAjVp4Hg",
-	"VUybtd1+kSz+9NqUI0KUEbUsH7A2NhiaqSzr/Ck1q1TNZaZ4ulYSee8Dge1SIZLlOiTsBcccrDLsNdSY",
-	"zY3jHiF2c2l+H/yLNQkwEQt/cFwpZKSFjH7KU1y1ifkNvKRGphsp8UlzW88jpiHj2OEFM31Q+il+8vKO",
-	"Lw22jkhrmCoLoW5KXTepku3NtVjuM+z9O39Q6/WYSq2ZUPjli0X9Thb1+yc574GnIfKeB2RcKg9Aecmd",
-	"B4stKbLf9z7NlLY3W2kKxzKBKJNRw3JDfbvjBiT1eeNyESoSMB6yEzHk1YBMKcsN/YWY74JFNFkKScY1",
-	"RrP7tuAxq1Sh1MDgeqYMpEdUDYrwfw25uQB77Ld5n1bTMMemSKpw3P/kOHr/uPaDmjsugCDq9CylbQlU",
-	"BSR9fjTbzt9PlLbr0fEakt9ljVxrYHzv5OkyeIaEaTNh3ST23dFQ6/Z6XaeWUFTxb7Hl7GFhhrLIE6Yg",
-	"E6yY4oXlJSPmfKIyqJsynZxA1YOLuAsfq+KGjmkN51RIYP/gaeQz9bEMe1xYIeJK0xlv1qCWUGWAQyjf",
-	"4lTxqVPmMcupNp+bgO1ROZSRuq5EPVDFOiRHwd7SVtpRnL3D/teFxaKI0cFdYfK8VWwEId2902PHmBBQ",
-	"RluQCMYtBQc5ADgPMRe+u72XzoZy/5kTz45qthqnsZtOj71V1UxwlgJP0bhB6f7YtLymwGS5o8YXGu0a",
-	"M9BCpUUOSS0FfEU6xrSealRG3BkUOWeVDnBFGtgjM5Te3tI+6PfLmKS4GqUQeybhc5mkrcVwyci3ICMV",
-	"32DdrKGkKly3NcdUjS+sbnsZyjXGF07pWO5+Ot4LXILOijkezRW/5CK5zBaYiU/ZXiEIK1MSCsBsiCJz",
-	"J5+FbqZhYGqx4vVfB1aIlnM5lAHXlmO9ZGEDdGc6BptMqAOQSFm7iPBpsHFi4Y9K9M8RxYxhBZjcMeCi",
-	"fhhONOcYBSauQGPhlswAawws60RDmcvM4X7scP5cyfNUGL9xbPKAzQ3RnKcyp2BP+JVQuaZ6YOW7SDKI",
-	"MnlqMpRITjpF3BEWE1mNPkJjE+WJB6A87PcjCrE/7H+N2WwRe9p/0mkSJhwA3K/fhIwkf4jXpGr+2WzU",
-	"0Vyy9nzCbdElG7mBI9OfMRTpixbzJS4oKE+5REt8xYvig2sdcN4i14fMF2v1nFPkzKXtBDnzjNtJvMbA",
-	"ceR4pNCQWKUXvnx2r0kH8daOWyCvSiw0hxMWluSRkBxtGlsDDJer0i5h6QtaQjdYOjYUtTXiVyyZVAzT",
-	"sK5QPrrBpF02lLn5ogQ9pMGBM83neGte/vwj1B+HBSfcTkhVybdgYEiwxMpPQnq7Xh0vsYI9AuURi5Nc",
-	"Z6x7FodiNdTDSoO0QxmwVBQ1/WYZT6iGoGNflLDrBqcMAZo0SIGYI1AG56Mm0yQgzPIS03cRDn4nkj+c",
-	"cOB29SMVe2iiL/7RF+vjn9T66O6nKPyBGQK70oMNbHQvVGBu5KUhYq2Jm1LBVieBx+gIxtzXxTQT8pKS",
-	"SujTlDzIRUB8G9NrqOI51o4SVyA7t/A9uBlvz4lvjymbrIBIYr5YAB8sXHJM9/1H8rpNOJT5RhU74BBI",
-	"i+zLZ1KVcmeFG1KoTJJrg8VbOxEzVK50tMDK5REl7jjMjQs8M/6Yeuy5j254GvX7/WLC9hjmoAs7l9DM",
-	"l9jQwDIlLzpHQ1kLIeILXLEGNnf/N1Uaqli6JDEfRoEyHTant7szeomC+z3j7aYE1GLRj0w4mC9o/BA5",
-	"qBUN68+Jx0pf3o/Z/nlZg7DeqLVkiaNFUSQplIMqS+DXqhsNfL0hpS/RIqttpVIk1ex5ROX4jWPPYUK/",
-	"APLmzZ0YgZW1nDaOMYfyShjsIUHi+VAGlxyp6eXg3vjt5seSKd6AWa1sTaa/Yi2+mkaq3BaGcu6+VJIJ",
-	"G8L4wovY5ogWSE5/1g6NZ4NVFOSV0EpOMWwN7Zlh70OJe/ZjhmCIoowRjnB29poOYASO3pn6zso6n6Q6",
-	"hDPD7OLQrGDAhK/+VU+mdOfRRPPc7/dbwOel0pcVU+PvLdezfap1pkX39Esu4P/PZXk+P+V3MLG5hErZ",
-	"b2uNjlL2W99QN6NsjLxEYuulMaIyQhtr1UVri9wPZTsmm8M5ljbHXt1jLN4GVESubEShdPgOR+dFy4zS",
-	"S+Zb8vqy+UPpaC6ZJIoyetXw56WwWjuBaafHjn0x/aJbQii+RyIcUlfs9ZGuk76o3cB9il84wyb5q9LC",
-	"+p+6Fk1DXY5qd+9txYbuIbigCA6qNVwhkGYS5vXeLFQVwree4IvQLqPSsgOfHQ0ldViQRQcRLyOEjIpg",
-	"4Stwpj5a5Rtiy24lNASFLSQTkaXVit1FDxFWReHOwFe/MEEB8l35gQoV4p/VRhXRUFL/MSqeihpS8MIL",
-	"y9qhGCJSBqV9Y7uBE7ow9pSvFhmrrHAoccJOxUrpu0iqqbDWB1vXGop01pcIDO217kO+wLEfSMCoVgFc",
-	"JR9vkMj+wwkYd5YX7p9IvUE0rKBcaOS7u4mR6NmeR7BNifzvfVObkiVT+RXfbK9s6IWhKaLoduWL6m5q",
-	"hVNthEOMloKYTD6yGqBzVEPVWpBGj8Uaply4v899Pykq2GOWC/pU6TdGV8y5Tk2PveAYGbUkHLC2Iyr+",
-	"VAMB6lQ6xAzlYf/rJpz375ZIf0+8/D3Ns17i9y+kvS/WkGWkWvLhYauoFQb1YBHCHgk/hX7rGwtqHIcs",
-	"Zt9wajNysW24FRWJeGXnzlBMCkOLqdC2LxRljrxp0voGU5Q9eNjfL+oZS6YkYiWy6YCMFJxVRcEQxAVp",
-	"r2hrJnxsV0iuXlEcyubxrI2LHUracLTcdueRiYqM7SCNKx06XnWqZT+pgeOEy4uyDruTn0Lx0CkPQxTm",
-	"FC/whHYZ//Pf/2eJksY+sk+Mx+BknNAMS9jQHYxOZEkiKmiOSNmUW4r9DkN2mqmNG+0BiI2bZhOtwSP+",
-	"x+L+DxE+gGDFd0Lm+9M6tttnEcA2kDDsOvW57LNL3n439B9fpfUE+2p9KYz5UKYpDfArkHW90rO0rNKx",
-	"VQtfA6haXS98Js7epxm3k5t7rk1C2QhRU7SXxvr2pBt/eP86YmOFUimVpcO6mtxOfHHK6hEobY+oX8MC",
-	"C88yk3EzcUylHa/d9Ff9r/p7fCb2sCf/v/3yzX5ctqSNl554ZoNJfT59z+f0bU3mW0nfW3MTdrGxkdCJ",
-	"XZz60t73ifblNBtb34Qi41+MYjVILJplm/KqAjK6C74fYxgVGp3ZRRz6z4xUuoiYd7hVC9IG6dYbyk7O",
-	"fmLt2NdnCJ1EZmJGqIMd+WN054ewfuS9PsKdy9A1sdb/u124mfbZG/FtpdlH5Kup8pFRWW6px4YvG2p8",
-	"I2ls8IpbaXPD3s1A+hPARIj0kSn6fnp7djhp8qUNg+khbJ7qVfiqqEU7Yr/uKJzXVKXepu43xM0l9UBv",
-	"x/82s4tv+vFgKPFgfP7fXDgBxR1g56isteEpk29RKQx1s/badOzr8NKGY9bvDWWluLC3yNUBCj15PMEc",
-	"YzOBLPOpU2LMioIYmP1gJkvWOey/7s1z621xJbrfk0HuxC6oT8IDGeWK+b6UAP0nLMDkS3kuk+EVKryW",
-	"BVNzx90qePrBlyulRSzJFHXkKLvKhizksi5jbYx1VTyX0PNLIc8lIMOjeUiev1pccyusrS+s+TC3W5ll",
-	"szT35X5rMZw7XOw9qkl+75tsDIFa7c3NPets2xejQcL8fgLSTgOtpLAEZhWTas7+UjZ4i/vxoOzldrTi",
-	"5KyLVNSY2w6l/369V7PHnheTYNu1ekm7s7PXlZZqfSd8J1meojM2hK1q8G2UO2QBPez3q315/efNlkwJ",
-	"8/sNxnrvptgolz2YOQmX8kUw+1P7V4+vLci0ZnzKxBismMKdbE/UueF+rKQ09h9vJn3vk+exWcoXa+kD",
-	"6QFnEz5nnKGpPN2xJVozjJYRf/fC217wmc11vcNfCIheGAtThkHL5AGcb3T8e0grDCBArQOErjb3UTOQ",
-	"tWKfPhSPJbSQdFCJf8TAweDHHMoiLNxbVsYazKRifvZm2TBSqNFWDU7GPCtf3YM8qUO51HuHYp/dTRX9",
-	"kUIIAtXN8N0yqyfR5lLJxVTluAhejhn6vFzCwvhGpj4Yotq8qFid7//exnd87DUWRJkjIw/mJWzTir2u",
-	"LWRZqLTqmxLVOgtVFykMu1ASBquNjBta91PL1dq5XcLM9tiJn947jBMu3e0V7xUOaDeoVPbc5LMZ5uLE",
-	"G1q2+q/vqyq3H/6horLCbprMP/7ZFxPQw0d+P4D1p8CCZlJ6l3huKtiy1jFTNsw8pRfvU9LAGTYXS3HL",
-	"hX9qp8xZjZHieTxY4FI+C0VS78HHQ1lQlC6ExVRZHOpvno+eHcZUBB7TlM99Xub2gqWU4JQKvVq9gFWK",
-	"F9SrEySba7iefLhNDdcGrkTHeKuSBrfDpA8zKnH6h1Q8CpOvQ+MvVQ3+qGpEf0RFhDuUZA20p6qZrI0a",
-	"OC3euk/O5CfZGDEQFlIEloJ+ZFCuV3OsrldrCnw3SN61c3vhuS/WYSrntEk6CD9t9xOV3dcjp8S9hTeK",
-	"fb+YPjIspk/Ow2Axg+sZJJYqUhQiP+k47oCK/KqJytKhbOcSCz2WEZ2F7qF0Efh5CYtHBmsYkn8+g7Gv",
-	"A1hGex70+6HBqR9iwMjp32M/YvHDAvDq2mC5TKxiE9JYsfEsVdM3eeIkPzOUPuRgUP/O90/wW3xEnvKI",
-	"XYCNiqRipwXVlbOhbBc1wvGHOKTlFuvEHDTH1YS8iIqUNmOV5hdojB1rgLTs+IGRCmqM8adTCmSYqivi",
-	"b0WbWR8ne4QHbJfswBKuvVLsu/dhdUKsxDkB2Tmi0FavmmGZgjiFMWhUtzH2osfqWdelDh7ify+wJ4h1",
-	"H9fUzR7G3bMlXQ/VYFaoqkENLqB3Qzv/qi74x7ob0crfDoBJ7RtCgQdeRCY7QYZe+T1i7+8Kut/ek788",
-	"1CbasqEZ/wPcxiZ9uUq4f8/x/i4dYZf++NsO+JbyuP+WRP0t68ESuDRsrrPWoLWHUrxfx4ozy+N1JsaQ",
-	"LJIMu9hUWuRHJBZHRWYONfigium9MuqwFAhWQylflipvyXW9z/qyNkhxRquDfLfUdj3a3LJ8zoWl1sAR",
-	"dk1yL/p+0EjFsTNWFoK3uVxUrJCVFRUtL5oDRH0QGopHRCeXagVHWGBKaWxK3Z76TuWjBZtQIYWiXvwF",
-	"SExWTGkw3akeC5WDa1pDcAm3T85+ctPMxAw6RQiaTwHzq6zFxK0EsrEg8WVQnXuGBpamvS/HrlVPwa0m",
-	"BJ3ddddzGBkcf21wroNzCDWMVcGiqH7+XafF4Rqm/AF4ZicETEKCMRGbgtUiQbO2cAw2yachpAZjHrWa",
-	"G9Cl376NuFmsqDqrmhmH2v8vAAD//w==",
+	"7L37cttGmjj6Kl3cX5VJD0hRsuxJqEptOY6ceMcXrSVvNhV6hSbQFHsEdiPdDVGMo6p9iFN13uC8yHmT",
+	"fZJf9fd1NwASICnFUrIz/mMmMgH09btfP3USOc+lYMLozuhTZ8ZoyhT8+ULO51Skr76z/0iZThTPDZei",
+	"M+qczRjhKZFTYmaMpIWik4yRBD8gZkYNUYXQ8FSxXwqmDelqxkisDVXGjRz3Bp2oo5MZm1M7B7um8zxj",
+	"nVEnmaf94f7Bk8Onz/761dd0kqRs2ok6Zpnbp9ooLi46NzdR5z0zavl8aphaX+QpS6RINaH2MVnMeDKD",
+	"BSUZZ8KQOV0SZT+vL2LOBZ8X885oGObjwrALpjo3dsacKjpnZvsZPV89l0ea8DQisd1cTOxB7T8jmVww",
+	"lVDNyIxdk2RGFU3s4KRLxZJIM2PKnjTX5HB4COfF7eA5NbNO1BF0DsfF007UsQfNFUs7I6MKdquDnXPx",
+	"mokLM+uM9puO+SXP2Imdcm2X9lfCheYpg8PVVKQTeX1EFMuo4VeM2KVqQhUrfzIS3l1IdZlyFTb1S8HU",
+	"styV22P7trat+jWjmjVfTWYf4XVkuuk2JlSzJwe1C4nho3OexoQLQkl8int9z6bxI01idm0UjdvuyH+8",
+	"40Vluo+3czHD27rMOhb4jGHKDv5fme7/TPu/HvT/+vHT/rOb/9OIHidSmabt51KZhluLSMqSjCqW2h3G",
+	"9i0dE2pIohg1rGVn9rXN90SvEaWePX365GlUoth+A4pFHXesbXTHrRUvT0+u3e0dDDfdXsvSd74OO4+/",
+	"D/53fyNzUb8T+1a4lINhy6WcMq25FG37Ozn7iWh8hfC0ZeF6y8q3ocapoLmeSYOLqOxT5G37vMMqqkcj",
+	"8q1Hc2PH0rkUmgFxfZ4pRtPlCykES4ydwHIrYZgAoKZ5nvGE2qPby5WcZGz+l79re46fKmv4P4pNO6PO",
+	"v+yVfG4Pn+q9E/wKp17BEYG01zGLmcxSZGf+aizMxYZeMnnFVEwWVBMhDdHMkG6cyJTFlmjHz1+/P37+",
+	"3U/nL969fXv84uz4O0sgbqLOtzR9j4zxIXf1SlzRzLITkRfmiMRMKal0TDKujSbsiqklcZPCKh17eyvN",
+	"S1mIB72AD+JSyIUoSZNUpHC/daUiPMv6U6nmLIVHU6kupDFM9IIYYpEH9iCmGU8e9JxrdEpbYgr8Tklx",
+	"QbShhtn1EjPjuhSP2OBiQHJaaJbaDWkj85ylCC0vpZrwNGXiQVGAGHnJBCyVOnSo3gYlOpG55ebSkt7K",
+	"lmRhmcVN1PkTAA4Ay5RnDNZseRUe6QldZpKmZ1K+puqCPTR0+GufyHRpQSSzi7DnRwWhmeVkCL3/XkhD",
+	"j68TxtKHJYDVRS5kkaXEEjsUoGmWMfVIk+cnr8glWxJLAgklv9i11qgf/HLO3PLjo7GIU2Yoz2JiWQhS",
+	"VHhp5O+L6YjM2VyqZURSri8joh2v0oAW7h9ksjRM9wbklLGxiL8/PiN7V/t7MFY8GFuGVVFlQE3oBz2h",
+	"6Ujc23sVjeIGubW64gn7IOgV5ZmV5x/yFt7Zk01oThNulgDB9sQmNLlkArSCQihGk5ld1+Az7hl43J+N",
+	"7FcloyqUvXj39uz4P8/O3747O3/57sNbz2M/CFqYmVT814dFnTdcay4uIjKnmWdR7Dq3MpLdjmJX8pKl",
+	"VqhOmTCcZtotN1cyYVrbyzwWhpvlH4XwV1xm1Dj8xG+3Sgs3XvID6PuWmmT2kvKsUIAwuZI5U4ajZMdF",
+	"yq7Xxd8fQUd3VoU4kYUwsdM9NOkO+1asT0HBWlUboo5byO4HUBVcf3YrKof5GOaQk7+zxFSkofXtJOWD",
+	"FZk28s+s5ncHE0fUSfLi3PA5O9fr5/Xi5AOxz0i30EyRvxC91IbNe/4IvSSERhlGHHwxTbghC8oNSy3X",
+	"PiJDspjxjBFVCMHFhT1hC7jUdEadVBaW6IWliWI+wSNPCwWweD5vWNsPckEyK+9wQxQVpKslmVIV1Wfq",
+	"WWJPdYEq56o+WlsHF+bZYePVA1ye4++fOjTL3k07o583w8HxNUuO7Xdn9rObj6vYENtzlYWJyWLGhN+E",
+	"LAycLZw5N9qfKLlQsshBCbjkWcbS3hFhmWZEFFlmd2H/i7zD6kh2zdfcnFsStn5yb4ssq5/SEdk/+Oov",
+	"b3EpOAGZLInmF4Jm5K19/DSs0y4utStdn7fp8KZccD1j6Tk1uyylDhrUsL6dr32mEpClnJ/j2it4MpEy",
+	"Y1QAAjN6eY6c/3zOJw2mJkYviWIWSIRxMsIqpDsGCdKUNuF6Pgu4u7ebVw92zXCKjSe0diLapEypc81/",
+	"ZbWP2iFdm1QWJnxRP59vrURkDwTfIpcsNwSxjnTtqViRQU6nVkUNb/V2xDGjCpFQp4Sv6gnaKEbnBCQR",
+	"lpJ4Tq/PZWHywpyDmBYfOUuwlSWptnJdQlXK0gopD2e5Qpgr9DMQ0055GVVMqlGC2pXUwbxOuWokdh0M",
+	"a4Bbv4H6DVbPaAP3eM1R5W/kIMgcDUOCuol+eV50E2aiStFl2/HpTUuqGCJomnJ7MDQ7qaxvSjPNmuSF",
+	"2JJR93lMppxlqSbdSWFIbE/sXIpze9dowIl7gREhcFjBdoA8t5mZ1id8XwhL9WI9I/0kJt0J1TOkerli",
+	"mgmE5Y2Wr6iTLBpG/o5NaZGZVaP0VpLGxFX7oTXIAi0DlheyijhtSA6oXWI6UD74F1OKWCxEhAeE4xV8",
+	"i0gcgDQmmpneEUnd5p8dkjf824hQQ+ZSG7JPvuffNlKHYM/dH/71yV8P9786OKwbdbdzHbgxdcXOrSpj",
+	"madIzzVqWg2bfg4mlBqwbbifGlVOuTifPDts8A4ZKlKqnC0sApPxs8M+E5aUpDtdvxMRmiQzD1H7Xw2P",
+	"QAgg3/iDbuY2VbdTy8QlJ7LS3vqcH6wMaNVq0Jn4LntoJhbNtALEcGeb30oq6igNBo3znCqr7DSI/dzM",
+	"vLgfkUvG8qoQyDSZ05QhpoMVSpMp5RnpesiFOXu7QQTMsr6EN2jb4HYusaxMDfJFaaZDRkaFXjBlMav0",
+	"AoHCA2BZujtujRZMGLXMJcclBkawKyFxLOAeCNOUZ+4qdx2yfr4v7ffESLJQ3DAyYVOpmFPtiGKmUEJH",
+	"4Cok/XExHD5h5MPZy/5XxLDrTYJsuUKeZux8A0aeGpk7VzBcKOgmCwt5QhJ2zZIIrIQWd07OfiJG0emU",
+	"J0BahSTUGJRt7DP0CXwGPOZzetEgyL2QwlAuLITZF0jX46hlf6lMLpnqDUgmE5qNAB4R6aeECveFMzhf",
+	"UMMWdPlI48vuYcoVS4wVnrtxvw9P+vBEx70RoURJaeAsUJss33dW3xiXQDS9YrH96d2LVySjS8uJDFUT",
+	"mmWkK3OEkmxJYru8gaFqpFguR4ZexL0jUrq3YfWAYlMwfsOlHA6H9gEXF7ATXJ/9UzG4k5lcWHCiaUqk",
+	"YKSLGxTsiimSF1mmewPyfGKlArtCexN4VImV/FhKrjhbeOVhJrXZieDPmaEpNfR3IMJ7gHWWEqoJ10ek",
+	"AGuP/RfYPDI6YZmVpDILqG59Gde74QA4bBsUJ/uzPS12nUtt6ZySxcWMBKtpIHd7n3h6s8dECjRI732y",
+	"I94AVQvE6Dbe3C2UKuoUgv9SsFc4tlONcyWveMrUOcLQBrKDQ65s1n3d1zlLuEVhN8xRsCNesqUPSPg7",
+	"OBYbQe6SLQck9vZmcPuDz0/P5iDwxzAETRKW2yEAMo2UpPuWvZHk++X8kbba5hyl3jmjiJNG5v2MXbHM",
+	"icsDcirBinkls2LONAQXvMuZcHzlkSZ6RnNGuoBHcQTwrmWhEsD52ELviHyytPMG0DHOr5IR+ZRklM/f",
+	"0jm7if227JcOpi6ZJQtuzojEc8sXT6iZxRGJFaPpO5EtcTi7Ra3fyJSNyPt3v73/0b6iiwm8bSlGmrLU",
+	"x3SU2wsb2gl0wdO7iX4He5JlIpQb524q/WxGkglL5NxeK02Xn4E8K4bHrHc3K70Pn9x8bLD6eNhpYE/8",
+	"13A3Otx8vJeyqz09m8ekS4mZ51N95DiAfdrv69m8D8AYkRd2NZrZ3wOI9kboJ/H+OiBKdhr4FcGeCuKJ",
+	"NZlwQdWSFIIb0o3HnYNnXx0+eXr49Nm4Yy993Hl2OPd/7l/4v57uH7zh3447cW9A9q0SYe/i2aHVHwD2",
+	"vUYRhwMdlAq2M7BBzBjX5IJfMeFsa0DyLZLVDwW/7R0BwgILWXDNPLkfeUsnUIFHOug3jkV4NccxMf/P",
+	"y2LClGDe5q0KYWHxkW4UK6VgDhbWCN4aA/hor70kIo2KiDJkquQcBZPg4epadK3528DXthC6NyL2gIBH",
+	"R/Annusj7SUGLUkMf8YQ5zZhhNaYYWQ5ToVQWU3RSmSaiVQTbnq7KUAma0LV13zKwETKBdEuCA/2B/Ie",
+	"eG/SUj8aHpEh+QalsJxbKSMIAggYQY4hM2ol7rOz1yRhPAMXS9zvz+l135gsjkA8cgMfHJJZ7zPQAEfE",
+	"GjQGSzCtSIaibJUSgeFJD8hx1UNisQ5dJkBqLazb+z0cDiMnZJqZRU6O6k6N5W6iOP8BC4TVOAuC46b7",
+	"z7brCc7Y0RyIZB/aFVXkRRTYU8KnZI5Ort5uWmaLOomLv6U2icFHa9ovSBKEzmXJv0sOd0Qo+e7tKQH5",
+	"ypICHymWMWOY0hFJ+QU39r9UzxiifemssUKfZqbRiMt/ZecXTfbqVxYvLVnnAkhhd6poAqKI9/AfWdKY",
+	"MaoNGQ6Gzw6eRo4e1aff38E8vaLJwxlVFtek0X/HMmbYe6aLrMEimbIpU6rJ3nta+uNFthyt6umOkrGS",
+	"kGnDs4ywa65NRLREgmWkAk3FkgbG0rEI2J7Z80BWOEe9YC6vWFrK84Hkg5t/XcdPYWONboaVY/JvNh6P",
+	"XIhM0rTtgJxfVjeblywCWfr8SHsOvG5g2maMqYzftMBjJ6a/ElO5vjwvxNe9jjNj8tHe3v7BXwfDwXCw",
+	"Pzr8ev/pkya4rkQS7KzqrCxxZUNhReXgjduqeeYafMTLmscn5UA7Lce2YoelkBmz7zq7m3eLpWgQY8JS",
+	"/p+97c7iiDNpfWw4hIrF8ZZE6p/Zir1u+l9fLBxakAN6o7oXrzAZv7LCH8ms4OiCMN1gIEBMmUlmQEkU",
+	"4CeZLMfC2bwhgtTKwf/Zdx6O/qs07h0Ru95RGLQczS5YkzV/LtKX7TbF2xmz13ZeeuWrZ5CxqSETNuNW",
+	"gFbMu32DNxptZkdjgZsyM7ZE06l3au64+C8m8s9mIkdq0cIt7j+MI6rI24FZLtAuUVGJSEKFJZiGZRnp",
+	"enPi54z4qK5ZUTHaFOIRobyAIoFVhAzKB+yam6hl9U6V8zEWznbmlQRNF4SbBw0dWdPz67EO65KBP50y",
+	"YATMGQsqQPJxsQ3dJr2XZHzOTe/IK3SbL3jQKCB9jlALMCl4A+WmcAsAyzf823sCSSSELaE09qwtJBH7",
+	"GMNkpCCOKDmbiFPaphirNmiLu2CqiZ6cvex/ZTeIYfVoVVEsz2jSKOL5+IHPMdKtIzLYNUucdzl2E3gY",
+	"TDBaaIu07NYejqN++CvRF/UQi82hES85y1JAqXXCCVbS9S3+2+m7t+gvcjAop1MmUquvwhcRgXh6zGH6",
+	"ef9j7ExgIX0P2EDjwc6Z1s4vs5kX4NLKD5q3lrFmAX3eCLFWacyZAu1aCjIBnRTsdJqZgqeR/e8FR2ag",
+	"DU8ul4BgMjE0c0kE487w2eHhuAMoVMnB+XnY/+vHT4dNuTeRXQ6f8ltGMDWr4mdeiWMZmzPhlTm8ru64",
+	"szfuBOutktL0Gq8hb8w3rOhVdKJlVhg3bnP0YKO6vllVR8zoUqKX84yLy0caUjiMJsaSOfNIkwxE811D",
+	"p9w45/h5I7aGmfAdsM4tFDeGiWbcb1GNqLG0l+sjEoOWHKOPOmVWFo3Iy1cv30EQvaWwpqoO2SO1SMst",
+	"VrvldKIODNKgGa0gQjUrzL3rTjpCMK+DVxueNIdGMWGUDxvexSAWMO5m3d7VDlPByHVXwNpAjmvju1Sy",
+	"uVSMuK1h1seCKe8K3ykwzh26P57tNDZjPyJIrZ9x+7nAEZTQSLrhcNbPpXcLjMM4pgqMb0Wk5u3D6I37",
+	"leryrqp7CBEBbQRU8NagjoZltqylWTEI1rOdAbxMO94a/VcO3nRE36PE/Dx13KYZApxc3V/Y26b+XYIS",
+	"mCWUWQYe1d56KF/K9eX5pEgvmGk2kUKeHOTDpVxVYg4eOXL8//+/JO737TB9ecWUFT25iYPDAIfeVXex",
+	"i3Gr2OF1KzHV7madsDsJ2m2wUZD+QeogP+NmdtxHOzvZJLe/wZlwfIMBI/Z+Mn5ViafacaJfClbUrKhV",
+	"nrbpZFaAsH6S1W/DHLVdVa6q6YyjNbBqgu0fGM2Qpq2gm6Gm0HWjqLzcaox1nzXNhFUGnIi3kr0lGB49",
+	"lhvoYngKiBLykokGjHEOllsJYZhapNsD+L8hzprmop6cwhwSJCFZFhyuytsf7xbiH2oc7FDKoEHes7M3",
+	"ukhBoIQjXMwggAXyUuccHHDgNJWCOSOSFyzxJEFYsx+iSY1qpv133vntkhh3MmdBwus2+gwAcQpvroJR",
+	"pQgEDlXddlS9/dq1toJds8SE+9yZn5QAvI2duIFbl3M3fhsOdTfzS/V4IW3HMemOHZMatskxDaCQOfd0",
+	"sDo248WAPHdxC/VQuor7+XfbKW/aTvLUn8lKVpJcCKbiEXqSwWE8ILHbuP05xDHqiJyc/RQRJFwRCTFd",
+	"Ry5IDl1fEWacR0QxwRYR4AaBSSIIOyvzFR32VJUGeM9qCe7gmzwoJ2Va3mqBBfL+5Qvy9eHTvwYXOeYG",
+	"N6UENKnKb2gy44L1FaOpPWOv8jsbShyRWEhzPpWFgH+sp4lGTfUZGoVYXFmjOwSzIm+hngRbR4OCUrKn",
+	"hhQcbjK2we+2rld+eP+KKDZliomEETDm8enSB7j5U7dfk25MJ7Iwo0lGxaWLyRFSsN52R6XT93B5YQvh",
+	"zCK8viaicWKWGAdwV0E92xqRuD3mutVT58yV32AAqjAM3PdWkJqBnRI8d3zq/XYRWqP1bLfYGefCe3jv",
+	"XI5pxfW92nctJUSigS6qb0jOc6ZJt5Jl4lJMaE6V6UWEcawKgZlWhBoiRcKOVoKNyDcksXwbHJ8GDDhK",
+	"GxdTTbrxv+Zm+c0wHuF87hxhKb0ojG1mqCdu92gpufgMYOEdSHeIbQlg3ZAq7PLXnZizRegs323BnjeO",
+	"MHqKbO826thjbCbGZulS+9cX5iPcm9Mb7yaX3iLFdbdkVW8z3Zjh7Y7lJuq4VCrMeWwQK6WhmbP3yalP",
+	"SsuVTIuEpbXUScGuseRE1TyE4+5qBtycPno3sKjmQdY3W8+LdEa4cMe1C22BLQcpzSKmW8PubK8CeluN",
+	"Fn7spoVBPZT19TjxbNsq1iweVmnhc262rh/mfY2vAnVwHoKt33yAN9ckaRzJDxSFDbTu+XVYZoPRVwoW",
+	"irHMKdoYEXBLuTXu96E6Sv9xTKYZvdC9IzLEEiKwGjQ6NhhwbmEzqZkmdjGNV80Iq0GkVZOF84GUcX1o",
+	"OPDFIVq8dj7sNuRS7rIkH922g2WjasloM2CU460tqPWuP3joar+NlVgKri/rVp/ypDbYfna9ye1Gpp2m",
+	"az90qfIZFSw9v9OVrX3dAE7vpmUuh44jYsCQgOYEl0xRKdh1IUWLJ7g0iq2bKPAAfL2SBeUGAnqFq3LE",
+	"ijbv8q5YUEne2BXi11bJlQ9IbAmuQCc8RFj4KPneEaHlSxCq7zz2YCvXZLirK6z9gsqoUrdDiGYCR9xU",
+	"KvDCWRFc0KwMLOVYcy/BUOyWwjAYAdxqf+YKTM2Y2GkxzJWxcjvjBilP7JEv3hGDWgPHMeZ5ZZuD7Q6P",
+	"W5lNN1CdRnxpR8FyJ7WjbKJd71mGVqBmT4fCxy0SpmJzyq0oc16ar7acSBiw4evm9Qm2uJuqGQxKn93c",
+	"876WZLR7+QX/HcYDQYA76FpSee0LwhMg8Uy35MQ0WFryojE+TTdEr3+O9IotLA32til+3iXBhjB6Fz5v",
+	"JRuvfHK9YsALCUFxv+/+RheTxe4ysZZWc2DXMrPkQhyB+9KS+NxOzQ3EELmsquO3705PXngnqVWdD/ef",
+	"hMxL46IYsFSiHjg6OyJMTKVKMM7TZ5W4SPlU8Ssf/2aVYVdweABHCAeF1dD8EPHnuJ8LhIcdvqlQ3Iu8",
+	"CCF1O+TUViWN20zUjE1X8nIDBYLKa82hi5D4X3prNGEiZU6KLn0IEKhYTIxirLcD0fYzNpGjauGAhrgn",
+	"yhvDB7FYQq2iAogzLAgewJ/x852ziGrl2prskg/jpY78tjecV3M01b04zkJKihcNZ1Dl1yWq3d1PBoi7",
+	"La15hwoH68i9FaEzqs052DG5Wd7qtO6U/N6eor5a3KJq6F6N2vEJ4T7cbN0vh/fTbD6pWtV3gNhTfDl8",
+	"dq4Y1U3BET4TpV7oF6skxi4Uz5ILegFRr9XacHQ1k6mzKbtyB2mzksi3xXhUnlTFVF8/4XK4dpekX94a",
+	"WDaAWAV2PAB4HNiA5y2Gp7sSop0cnJvjZSokrdkM4+qZQL4/Fz5J4ygk2pKcKgzbX5e8dqIJK0VVCgXm",
+	"9ylNjPber/KO4oiULQsqEFZuCJ+CN71BY87pLwUjE0aVVfpCKWhMUt4QCbeGrpVQACtaNQaJ1RB4p7r7",
+	"v985H3UgbUedFyrbGPv0SBN27ZTPD+9fEy6SrIBY43jvaj+u54qupdh9NfxquHe137Tk3dG2XGhUx+Hq",
+	"Ha4jso8yKBF6K96dBmLZEITBpyxZJpmP2pLTMoK+6hkGpw2apUsDNdY2B7IDpc19xDiUAYHKHI1Oi1Oo",
+	"cnnH0AL4tjkwR07J6avvX709i+x/z47fv4E//vbq9Wv4498/vMJHP3w4gW4smJ8NziloxzJcSRJ2o2yP",
+	"JcJFNV6B26sXX2+hDz7PFnSpSfzppgHXo851/0L2y3UVifl006k0gvg8EtWODHpDsXxklIZaaiOnpItt",
+	"e1wNg4sWh7RLdG4xegFpriUkYwjuhC2lk+ihVMIWixhc/LB3S0vXOkVr77CxBWwqI67QgGq2t7fabHHw",
+	"+Htv4bJVO91uXNbD0VYWG4betKy7oXtzOsJzzPizvCtnMs/YERGMYdbwhBEsQeQKt4Wk24OvdnL1IrFs",
+	"je19eLlzJ9ly9+DGDzmmwN8tPOMzJ8hHHUyPOPfh6tu63NSiVCqfRtuT6/3GH44Sl7Uwfj8dnqNF/Hyy",
+	"3EhuvbHAVSQxRMhFzWTQps8F1ayd4FfKYuxsLV8jllcyuxuxLMeL1mphrCg1lbNqAgS8lmYyWbHx36JW",
+	"y1YS6YdtX84bn6JwC7C0Mg9eNEhteAZHhF3TxGRLXxvMVe1ytc5mUiPKxOsKS3jWRHHtw0rOSyEsL62U",
+	"H6u5pXHKvpLSxJp0kxlLLlnqijUqpmV2ZSUvl5aEWYvxYBAflUQOxTHyVhoiRaWY06AVO1qW/iOIANwQ",
+	"mueMqtC7J/S189EfEfCPeC/21Xvsm3u5kklE9lJ2RaQie3qp6zLintOC19akGE3PpciWTadpH/btQ3eB",
+	"XerqaFYNzu/fvTzt4aoomcuUNef+6mLSsvU3CBx2GtDxyuurpPrgXY1CLz87obuMkDFnT4IbJC0Zo6kO",
+	"dfPDAE31Hhvv6ipQxUYJvlYeK1SzmyxDkj/fodJKBR4+NhUx0SwpFDfLU4vGzlGT87+xZWNUq4/DoJrE",
+	"z13/EciEHZFvUZeGAqfJJVtipdN4QN5CfxyoX1KaEDKuzRGhmZYEk4KlGAvXdYOpvmf/4EKoaWLBtejo",
+	"HJaCACIEwACrKE/FKqzBGoBLbG+ZiHaAbXuDt/zudp77B6gKs23uUF8Rar1QwycZI1hQpuy9iP8uO9X9",
+	"Z99+1f9+Oe87casPloByJe5G62s52LKYDfNtmcbCFW9MGrGXaMkjpG4K8sPZ2UmobWBlWCsd9dk1Swqo",
+	"XVKGWhCLE15x6QtWGEUzAEfszzQWrkgqnTOd04SRv1OeRYSS77AWHhMXXDDMk/5bWQ8vyQptmBqR98en",
+	"Z7CEYAaAYpR9K7CPhV0SwC24zY7Ij2xyCnmm2n1zxYhhas4FzUj35Oynnm/mo10chgvAA9IABXAxyzmh",
+	"YiwmDLPhl4ExUKKYq+EyGIuxeAFFYjRJpJjyi0IxEpdWE/INcXaZH96dno1O3r0/27vaj49cSbY6LkFM",
+	"VMrUWMSfyiFuVsqkxgNyZskk+PG4L94ijKKJK0L4vYTYamRYMLQiXIxF7CMZ9mjOsYzoBRMMC9O6chhR",
+	"qPYR6lrYlUBAAjWudKvMmaA5HyzpPIvhEP7lX4jFSyaM6xNkf3xMHj92VOnxY/I///3/7E6Y3vvKw3XS",
+	"ZCRmB5TANxaE/I0t7fHPXQ2wuN+nOe9fsmVM9kh8+vztd98/Pzs+f37y6vxvxz+dxqQLsdd9zXIKm+8N",
+	"yI+uIjOQL3+TqR29ehZYddUerBTLuSxCfW6sSRaq5NhFMmF/JJmU+YQml9APDpoTW75jB477fS6AxrO+",
+	"kH1amFncG5AqKbc0eCHVJYy0Ewnmxg5dEmB7B69LwuHuQVWqAccVS15Dh1nSnSyrVzBZwtpP3p021vBF",
+	"H6bdxzuxvlYNhR4hV1zAMG30Ee8IqCzPuFn2Ivtu/RWorNAMUTHAxbdKLjRTmlh4tZIcLYlD5Bozu3gi",
+	"zYyj5ToKa3R5OeEbO6YuJrmSRiYyI7EnmQPY9WCdB/m+MNBhuFIDAs88hvvxhB2LTD5+DKbTx49HxCXd",
+	"kG6ZdBNVTMC1RJo9xXQxD/k0dqVzLiBIAEZxvmVMroGjsKSBXUmotIgPe3CePqmHdFuTeuzoIa8nKifC",
+	"L70bG2ew/4BoNKNZNt0hCYgCYFQW3ZIQhJhSmxOMZjiBnFhCDjVmy5HguF/j6qxuSCgxiqFQ6ZbpZ0Fo",
+	"ce53i4U4t+8+hg9cQp+nnEAsFBWaWwE1WyIppf41l0jIzcxKpTG4sWLXn02XYaaOy4N6jB9yAws/s3CF",
+	"dWkluEgGZMeGbwCRI/L48eFw//HjAak02LRr3r3HposbwaGewFAiVLeW/lpTP9LIjm5fPXz82F5yLiGj",
+	"Aiilr4jvpSsL/RPGBLliCgo2YMXGVHsMnWDiEEstZUmYFStI1RTl58YLKt1GFo+hbQJ0MvfMChKhtP0H",
+	"FksFIxaEsbT1uotJ1+eN9VxonmWycURiyECC4tSAH3FUaTfZnRVzKkKu2BF5SbV5fvKqr80y8z3hNWha",
+	"hBus2e1aDHbnjYlmwMebM80S13L2FllnFo2woLEihwcHY9HQZM8rPL5Ln0u3Ka1/GoWA3wjaEslv5A2j",
+	"QHF/G4vf+v0+/M++YGf6LVQbgvpuoxJ6yb+dvnsbuX61IMJEAbywanlEJjR1Fjv82wJVBAV2AIGoIUwn",
+	"NGf1XGM3+T75zReQBSXNraPSEdG/+YT8tqUNbR1B3GeH5Lew4rLSGHSBhd7nrsuD7ybpvvqa/FZr0os+",
+	"fBBspYC9rXTnrZgFYDyKHatDu4ieG3nfbgNavcI6qbpg7snBAfnNdVh0XRfL9RzY9VArBiWFUkwkrvhX",
+	"6AO6rRHrSvvVyNeB5+aIaMbIStvU3hFJqIKKJHGle2iMy3kKd+F7kdol+DakRdkbdcsIQ9jQpLg4Ipm8",
+	"uLAHCPJ1X/OUuSgmrPV4YfUGK05NGXH1lewgY/GcCCn6vzIlsbIXtr1AfYilZfNn+7WQak4z3zhIF5nF",
+	"SGRMXrMCvEEFOeMJE5qVjoTO89zeYv9gMOxEHXASg8KqR3t7i8ViQOHxQKqLPfet3nv96sXx29Nj+KbM",
+	"2QxKXSfqXDGFGVid4WAf33JyfGfUeTIYDp5g1aYZGBr2OqNPN1Fnbwb1DH51/5ozo3ii3b+qaoD7CcDQ",
+	"v+0vGBJlGhOhZj6MdM2m4iGrOyTflJkivg2Ol77xdZSAnYw+Fp7FQrsFV+76ki2Rti5craJCMz1aSRoo",
+	"mbCrnIF1XvUlVLkcC8w8gMg8ripV5eOAGOuhrroXhQA5jJ5GsaBsLjyBkQthnHhtKlkn23IFSDcO8dOP",
+	"4yNkgi7Pdu4Ujfi749fHZ8corPtZ9z5pq0pCDWSglFwh9vYGJHYnGVe6zzcXYxkLV43FMhGnI1R7JQM5",
+	"XmnivEYuAnc++HosVklHtTEGPEKUQbGPS/Eq7YwsbGF61kof/4PhcEMj29s1sMUJWtrXVgvlQ46QNBQF",
+	"YEizgi67h8P9tjnCovdqnYOrJkCoTuCNfz9/vPkYdXQxn1O1XF3C6uSdqGPohV6JMrpx+FkLa3I4Wj9c",
+	"Kw+cVgIlgxKjYU2r1tGs2sQKbNhcI1cLNitQhkqTVQgG2+0iVryWN9GWNSD6xD4SLAZJ0wJhfBkjml3R",
+	"rGAkvooj1wXCKsWX31zFbSuGYu61BZeGdsPo/BuIlqkWwPuvbz7+5ZvB44YCePYm7w1oqxFtLaBbyXTj",
+	"omyUIFXKlIPb4Xa4/bb01d4vqL+uWX9aYDvq5FI3sJsXjg6X1hLUUaGisRNpIcMIinrTev1bS78wNJ90",
+	"LZfjgmmNKkkvGgupnFPEFXy5Yjq0VsBqygMSgy6Nhjdf16zSxsGfzYDUuq+PRdc1mwh7LBnOKqOCMPEA",
+	"+45huYATYJ0l6cZCRr2aZL+gEJVSyRwD8bfIiZEkRgp/Dr+XkZdx2VXj2XBozwKyBDxZt+IbqktVwWxA",
+	"zsIMHPrqKUITJXXg/BoyIRSzslomDbmQ0MgNi237HDeLx4FpT9nC7iFbSeC0ZwOtKZE4W8ncM2QKnUfU",
+	"FVQItndogb5kZZhwBuwLhbcpx4AePLqKXjksSxBg85Q1vjcWq4wvAkF7jeF1mwRkPK5gtSsNRqCEjIUz",
+	"FYEWVu1qaOF5Ti+Dv72hx6A9q/m6bodwj/ujY1HvNjiC4l5SBQjvUl/H1unhKDVI4ZszVIcLlRjGAqTg",
+	"HkDzoiG/oD4IXqWFR7hOjNiH80agTRkg9Fh4tbVrBXRQ7EvjrLDvLyiO2IMDqwdcIvezUozVBFzBHU26",
+	"kLrs2748rjd9SZniV94S5Du79cZCipbeQ1H19yQv6j+ElL8omIm66MmGJjRj4VZF4mEcVRvYlM7NHio1",
+	"ocZAzITlb/avkhO69q2OLI1FFzw08DPwRB0yHHE0FPYqn+CN+L5QYxGvtlAb5DzVLknIIpaHMsQDsURf",
+	"kwULlgIaefMk3LAuktlYYDoZgAcvb4R043mhwSzk2zy9Xc08d6/24l5zq5sGUTKpdRtFdy3T5luZLj8b",
+	"V653NL2pe4VdIe8VkWD/VpOXbaJ2TpTZ6VXMGLr52CBKuLojjqHSdGlJQp1olFktHgosAXOEqveAskbU",
+	"Odx/sv2jE7rMJE3PpHxN1QVEzxweHOwymStHTicZOxbGijTw7dfbvwUt49jxAvvV0+EOKz3Fng8fSnPI",
+	"7gLVC+fZ8WxhR3UBnD0oYVly39z21PsA5vJqxRwHPFmkkFAJWF3xGVTsY3pAXqVsnksDeaUo84wFmvS5",
+	"IGw6ZYmxggK2H3DMp2rw9XaXp8NhE77jB1V8vydRvNb0qAGB8Hk6uDtM7wIpL6Wa8DRlAr843P7FW2le",
+	"ykI0iOi10ImfP1oaUo9gqPzmozvwpzZY/M7dXlkhEm661yrmNyqsF8w8wH3Wsns2qlb/5FdqT2WyncCs",
+	"GRaa9lC+Es7/O+x02OCJdtqbbrU+oufHK3n1NGvMnUP7V9fHmoC11yoh0oqsWWp5GAiygzW6YuWYF34B",
+	"9wiGbo5NGr4/hz8xHNoPduCOL5x767Myxs8P82CjqINTWihot5yUIOGRIPz0+3CgzeYBXT5BzIJpYjBu",
+	"7VlAjp2GWtP0UPuLqu1+QqU0UoGmseCazKxgPlk2oQ7Gg7pnPnrGe4/A0/JIVzphQV/RsXCBWF3XTI15",
+	"w8OcXrsGIphmEpMcqv8pRucRuWQ5BMFWbCFggZACxYVa8QQwk0ResSH0gnIBRRQ0GlCwy01IuXdNvqAR",
+	"lp2mEIZnYxH3++4g+opZLObgIA7dRcms5zzc3GA+P+i48DV2Sgj+6no34bFg2EVJLCHujCd0JXS5jMeK",
+	"MDLBR6X554pBFtyAvJRWmfaVZMYiHgwGewvKwT1s/3Y9Wdy/MD3M/gsdBlVrwnOIexpBV/w9dsWE6ePp",
+	"x65UBFUmBI5NYV6IoFCgvnuBf4T3gcCGnrKD4ZDAeL5zDJprsVAjPoDaElfQYRfmsSvk6YgMI6v9xlaV",
+	"HcU4sqOGR3j/PsLcrgkGQE34++MzUtk9apanp8eovWMZOzIkXXwejcUlYzmFStYRidk1t9oKeeVsJ7hq",
+	"Dq1sopbBQ3PJGJp5W0X5NdWmfwwH+eq7mGD0DiToutCEWn9XPF7FSl2Z6hBJAuEhawwIvnHncV96LI4e",
+	"lLFdFNlVzrcGUPXpV43lawzuFKt0etMQlmch4P+ow1XXwbA9/0vX9sq1G650nKw27mvbvnvdb99SX7uu",
+	"2yrpO5zshg0/rLr8J+T/f4QK/yeWObCZN10VNJrljM3y8t6nZItu/zdoW1npyfaobGBpFGOETy3Xwfa7",
+	"qhA6QoI8lQrCK7gJ/BXp5KBFL6/Sry96+QouwNH8o8rQFsS8uR9cLbtBdrtJ4AFAaQPVrkjOXyDpYSGp",
+	"YoHYEYTurIRFW1+uyAwfd6HCTo7EVll/nlWV5S0eaFWt2i0YkUFGhiVZbbGZL2FjZfK8Yu+hJsRNYsk1",
+	"V9bTew3XuRJOcr9Sdb3syJ2E6t8/eRs3PGXC/COInp+D5v2jSpKISJ9RlASbQ6sV9kcIOXGGnkpQSein",
+	"5PFVWiwdkGOLqiPy+PHBcPj4cekXrgbbgiN4LLydS89ozo5IjP0kXIo5dpTAYBy09LjUP2eEwhWZlWJM",
+	"LAlWqoTmEYlD88MYcojAxwk9FhdUlyX9pQLzUW9Q22JOtbaqKFfajMbCbunAb8lOHL/wRrtu7IxwI+gl",
+	"H2PgwuPHPzCqzIRR8/jxqPSvlgYWS86QwtlBIbdryha+WfeKvxzMWjM/YhyF8IYDol0EAMbqkYwLCNuB",
+	"gh9Uh8uoBo9IwQhke44F6uU+qaC2gH87ffe2n7ELmkHGNhcXZDHjBvNEe85gVu4JkkKgJPQ1tN2nhiSF",
+	"1ShSAFRvTtTO6QfPfLyQJf72v0j5QSGxd4FJ4pXYlLHYcO4YG0UNORgOB8SnfkKhHshlWUgykSlnGluV",
+	"kMmS+CHiseiGli0A0aqARNZs6bLu/LS9mvUUz3xAfnQxT6nE0DLsuk8xLBmMuBm/YiNCK7sE9sioysAf",
+	"n0ltKqfU83Fq3NSb99eZnh2tZHkbwz9P3bUaCWsoIejJMAphGk8w474psLJaza9kWA2lZH2HlSfDYb2w",
+	"7Grh498bXblbKEWlAf+2UIqgJHzcrCb4KrBU1CgbxEpFweYbsDWqaNsQehFAGOOqPAwC0GGwxcHw4CFU",
+	"nwaCVzFt1nb7RbL402tTlghhRtSqfEC60Msul1nW+1NqVqlciEzStFUSee8Cgc1KhajVAlHkBYUcrDLs",
+	"1Rf/LrTlHj52c2V+F/wLNQkgEQt+sFzJZ6T5jH7MU1y3ibkNvMSe2Rsp8UlzB+mjUD8F8uUwAjb85OQd",
+	"V7OxjUgrNpeG+YJWdd2kSrY3F8m6z7D379xBtesxlSJgviLXF4v6nSzq909y3jOa+sh76pFxpTwA5iX3",
+	"Hiy2JGS/733KpTI3W2kKhfqtIJMpRpMZ0yS2X8YNSOryxsXSVyQg1GcnQsirZiLFLDfwF0K+C1Q3JilL",
+	"Mqogmh2H1zGplAdWjLDrXGqWugpWiP8t5OaCmWO3zfu0mvo5NkVS+eP+J8fR+8e1H+TCcgEAUatnSWVK",
+	"oAqQ9PnRbDt/P5HKtKPjNUt+lzWy1cD43srTZfAMCtN6RvpJ7Bpxgtbt9LpeLaGo4t8iq9nDXI9FyBPG",
+	"IBOomOKE5RUj5mImM1Y3ZVo5Acu6h7gLF6tih45xDedYSGD/4GnkMvWhP0YcrBBxpb+ZM2tg98EywMGX",
+	"b7Gq+Nwq85DlVJvPTkD2sBzKRF5Xoh6wlCiQI29v6UplKc7e4fDrYLEIMTqwK0ieN5JMmE937w3IMSQE",
+	"lNEWKIJRg8FBFgDOfcwFCm1eOhuL/WdWPDuq2Wqsxq6hcF81E5ykjKZg3MB0fzOz6ldVgckKS40vFNg1",
+	"cqa4TEMOSS0FfE06hrSealRG3BuFnLNKs9GQBvZIj4Wzt3QPhsMyJimuRinEjkm4XCZhajFcInLdLlHF",
+	"11A3ayywCtdtzTFV4wup217GosX4QjEdy95Pz3mBS9BZM8eDueKXgieX2RIy8THbywdhZVKwAJgNUWT2",
+	"5DPfONsPjN28nP5rwQrQciHGwuPaaqyXCDZAe6ZTZpIZNpvjKemGCJ8GGycU/qhE/xxhzBhUgCksAw71",
+	"w2CiBYUoMH7FFBRuyTQjjYFlvWgsCpFZ3I8tzp9LcZ5y7TYO3Xegjy6Y82RmFewZveKyUCPfXcy9CyQD",
+	"KZOjJmMB5KQX4o6gmMh69BEYmzBP3APl4XAYYYj94fBryGaLyNPhk16TMGEB4H79Jmgk+UO8JlXzz2aj",
+	"jqKCdBczagBD7DUAN7Bk+jOGIn3RYr7EBXnlqRBgia94UVxwrQXOW+T6oPmiVc85Bc5c2k6AM2MB32YD",
+	"x5HlkWWhV+0Lsa7pIM7acQvklYlhzeGEwZI84YKCTWNrgOFqufAVLH2BS+h7S8eGauOa/wolk8IwDevy",
+	"df0bTNplp6+bL0rQQxocKFF0Abfm5M8/Qv2xWHBCzQxVlWILBvoES6j8xIWz69XxElqLuBakcVKojPTP",
+	"Yl+sBpsLKibMWHgs5aGmX57RBGsIWvaFCbt2cMwQwEm9FAg5AmVwPmgyTQJCXpSYvotw8DuR/OGEA7ur",
+	"H7HYQxN9cY++WB//pNbHH6HeuaMGkCGwKz3YwEb3fAXmRl7qI9aauCkWbLUSeAyO4FG1+rlVJ/DTFD3I",
+	"ISC+C+k12IoCakfxKyZ6t/A92Blvz4lvjymbrIBAYr5YAB8sXHKK9/1H8rpNOJS51hg74BATBtiXy6Qq",
+	"5c4KN8RQmaRQGoq39iKisVypK+ofYeKOxdw44Jl2xzQgz110w9NoOByGCbtTtmAq2Lm4Iq7EhmIkk+Ki",
+	"dzQWtRAiuoQVK0YW9v/mUrEqlq5IzIeRp0yHzent9oxeguB+z3i7KQE1LPqR9gfzBY0fIge1omH9OfFY",
+	"qsv7Mds/L2sQ1jtolyxxsgxFknw5qLIEfq260cjVG5LqEiyyylQqRWLNnkdYjl9b9uwndAtAbx60TYHK",
+	"WlYbh5hDccU19JBA8XwsvEsO1fRycGf8tvNDyRRnwKxWtkbTX1iLq6aRSruFsVjYL6Ug3PgwPv8i9J/D",
+	"BaLTn3R9R3BvFWXiiisp5hC2BvZMv/exgD27MX0wRChjBCOcnb3GA5gwS+90fWdlnU9UHfyZQXaxb1Yw",
+	"ItxV/6onU9rzaKJ59vf7LeDzUqrLiqnx95br2T5Vm2nRPv2SC/i/uSzP56f8FiY2l1ApGyG26ChIPrbU",
+	"zSg71q+Q2HppjKiM0IZadVFrkfux6MZocziH0uaiyDKIlrIUE4rIlY0opPLfweg0tMwovWSuV7ormz8W",
+	"luaiSSKU0auGP6+E1ZoZm/cG5NgV0w/dEnzxPRThgLpCr4+0TfrCdgP3KX7BDJvkr/Km9D91LZqGuhyV",
+	"o9labOgeggtCcFCt4QqCNBFsUe/NglUhXOsJuvTtMiotO+DZ0VhghwUROog4GcFnVHgLX8CZ+miVb5At",
+	"25XgEBi2kMx4llYrdoceIqSKwr2Rq36hvQKEfdm068IGf1YbVURjgf3HsHgqaEjeC88N6fpiiEAZpHId",
+	"R0dW6ILYU7peZKyywrGACXsVK6Vr7yvn3BgXbF1rKNJrLxHo22vdh3wBYz+QgFGtArhOPt4Akf2HEzDu",
+	"LC/cP5F6A2hYQTnfYX13EyPSsz2HYJsS+d+7pjYlS8byK67ZXtnQC0JTeOh25YrqbmqFU22Eg4wWg5h0",
+	"MTGKsd5RDVVrQRoDEis2p9z+fe76SWHBHr1a0KdKvyG6YkFVqgfkBYXIqBXhgHQtUXGn6glQr9IhZiwO",
+	"h1834bx7t0T6e+Ll73GedonfvZAOvlhDVpFqxYcHraLWGNSDRQg7JPyEDHxLQY1jn8XsGk5tRi6yDbei",
+	"kIhXdu70xaQgtBgLbbtCUfrImSaNazCF2YOHw/1Qz1gQKQArgU17ZMTgrCoK+iAulg5CWzPuYrt8cvWa",
+	"4sB1qazAYscCNxyttt15pKOQse2lcal8x6tetewnNnCcUXFR1mG38pMvHjqnfohgTnECj2+X8T///f+t",
+	"UNLYRfbx6ZRZGcc3w+LGdwfDE1mRiALN4SmZU4Ox337IXjO1saM9ALGx02yiNXDE/1jc/yHCBwCs6E7I",
+	"fH9ax3b7LADYBhIGXac+l312xdtvh/7jq7SeQF+tL4UxH8o0pRj7laF1vdKztKzSsVULbwFUJa+XLhNn",
+	"71NOzezmnmuTYDZC1BTtpaC+PerGH96/jshUglSKZemgriY1M1ecsnoEUpkj7NewhMKzRGdUzyxT6cat",
+	"m/5q+NVwj+Z8jxs21//6yzf7cdmSNl554pgNJPW59D2X07c1mW8tfa/lJsxyYyOhE7M8daW97xPty2k2",
+	"tr7xRca/GMVqkBiaZevyqjwy2gu+H2MYFhrNzTL2/WcmMl1GxDncqgVpvXTrDGUnZz+RbuzqM/hOIjnP",
+	"EXWmNLNyFiQvuLB+4L0uwp0K3zWx1v+7G9xM++QN/7bS7CNy1VTpRMusMNhjw5UN1a6RNDR4ha10qSbv",
+	"cibcCUAiRPpIh76fzp7tTxp9aWNvevCbx3oVripqaEfs1h3585rL1NnU3YaovsQe6N34X3Oz/GYYj8YC",
+	"Dsbl/y24FVDsAfaOylobjjK5FpVcYzdrp03Hrg4vbjgmw8FYVIoLO4tcHaDAk0cTyDHWM5ZlLnWKT0ko",
+	"iAHZD3q2Yp2D/uvOPNduiyvR/Z4McidmiX0SHsgoF+b7UgL0n7AAkyvluUqG16hwKwvG5o67VfB0g69W",
+	"SotIkknsyFF2lfVZyGVdxtoYbVU8V9DzSyHPFSCDo3lInr9eXHMrrLUX1nyY263Mslma+3K/tRjOHS72",
+	"HtUkt/dNNgZPrfYW+p51tu2LUUywxf0EpJ16WolhCcRIIuSC/KVs8BYP41HZy+1ozclZF6mwMbcZC/d9",
+	"u1dzQJ6HSaDtWr2k3dnZ60pLtaEVvpOsSMEZ68NWFXNtlHtoAT0cDqt9ed3nzZZMwRb3G4z13k6xUS57",
+	"MHMSLOWLYPan9q8eXxsm0prxKeNTZvic3cn2hJ0b7sdKimP/8WbS9y55HpqlfLGWPpAecDajC0IJmMrT",
+	"HVuiNcNoGfF3L7ztBc1Noeod/nxA9FIbNicQtIwewMVGx7+DtGAAYdg6gKtqcx+ZM1Er9ulC8UiCC0lH",
+	"lfhHCBz0fsyxCGHhzrIyVUzPKuZnZ5b1I/kabdXgZMizctU90JM6Fiu9dzD22d5U6I/kQxCwbobrllk9",
+	"iS4VUiznsoBF0HJM3+flki21a2TqgiGqzYvC6lz/9y6842KvoSDKAhi5Ny9Bm1bodW1YlvlKq64pUa2z",
+	"UHWRXJMLKdhovZFxQ+t+bLlaO7dLlpsBOXHTO4dxQoW9vfBecEDbQYU057rIc8jFiTe0bHVf31dVbjf8",
+	"Q0Vl+d00mX/csy8moIeP/H4A60/AgmZSepd4bizY0uqYKRtmnuKL9ylpwAybi6XY5bJ/aqfMWY2Rwnk8",
+	"WOBSkfsiqffg48EsKEwXgmKqJPb1N88nzw5jLAIPacrnLi9ze8FSTHBKuVqvXkAqxQvq1QmSzTVcTz7c",
+	"poZrA1fCY7xVSYPbYdKHHEuc/iEVj/zkbWj8parBH1WN6I+oiHCHkqye9lQ1k9aogdPw1n1yJjfJxogB",
+	"v5AQWMrUIw1yvVxAdb1aU+C7QfKunduD5z6sQ1fOaZN04H/a7icqu69HVol7y95I8v1y/kiTGD8594PF",
+	"hF3nLDFYkSKI/Kjj2AMK+VUzmaVj0S0EFHosIzqD7iFVCPy8ZMtHGmoYon8+Y1NXB7CM9jwYDn2DUzfE",
+	"iKDTf0B+hOKHAfDq2mC5TKhi49NYofEsVtPXRWIlPz0WLuRgVP/O9U9wW3yEnvKIXDAThaRiqwXVlbOx",
+	"6IYa4fBD7NNywzohB81yNS4uopDSpo1U9AKMsVPFWFp2/IBIBTmF+NM5BjLM5RXyt9Bm1sXJHsEBmxU7",
+	"sGDXTil23fugOiFU4pwx0TvC0FanmkGZgjhlU6ZA3YbYiwGpZ12XOriP/72AniDGflxTNwcQd09WdD1Q",
+	"g0lQVb0aHKB3Qzv/qi74x7obwcrf9YCJ7Rt8gQcaIpOtIIOv/B6x93cF3W/vyV8eahNt2dCM/wFuY5O+",
+	"XCXcv+d4f5eOsEt//G0HfEt53H1bFfWvZFbM2WZm+x/unXu8LZxiE6N1C/1zstmrcEL+nvwvcEuNms8b",
+	"esmwKfE8N0s3BLSj1vxXdn7BJ3HdXhhmC7lLdfugJ91YCD7YBwfkNDARCEKl8IDMZSEMZDqFcvDd2C07",
+	"Dqmc8ABIlOX0Y+FYvafB5xK2owfhQwwJy6+SQZJRPn9L5yz2rkFuehDPKguDGZ3Am1xSZjBvPirzUFaY",
+	"AnmOVTNITr2Nk//KCNafhomP3747PXkxIN/S5BLqdGQyoVlEqKtMgRYTOQ0pHl1KdE6VZlj4IiKZlHl/",
+	"jr3ge0cEa19EhEKZntRf0wRK4oKySc1YaDpnFZPMEbksJkwJZpi2n54wpbm2WIJw/sKeDOniIP52s0Ib",
+	"uF44W82lYKo3GItXfpsrJt5SxIAu9SA2VDLr/Z0/gsfa2We5aTHNQj1yuwsvnHkZrMCQH59G83W7vRX3",
+	"dl+dxatT7KTa7n9m4tREmFxI3gMrtbe2iP5+q2YbKXzh+kg4vGgkgHVOs/cJ/7jZnIU6BRcXgDOWhYea",
+	"d6UPB3GBGy/OEgNpqkD/e21hZxUI/d8bcvawmZdbhUBHEFcUkhZO2CYQ3v/FtONwKVxUOh+UehdWJHG8",
+	"8s8sLG7AwC2docoTsFqfZQJSEW7ZbVXn9jftsjahKPygOXfkqsoJWlpB0WtfIPnZYUMvqG0nAB0acDOF",
+	"yjqjzh4Ymd3e12KtHNnI+JQlyySDJous7zR9lkTIvKOQOI7957Chz6DcWGmvWs/0eVnKF6VRyIVUXtYG",
+	"CSL8+iBO1EZlecqvWQq8PyolwTJ3PULYrJgyAEqDODdYvZCmCb+rN6XQEZbn9Y0mg8eBXoDFZ0E5pCpK",
+	"FUEXUfsixv2jVQM6xWY+mZGKZcUrX1lPaAHXnDDlkjLAXIhHsdI7I4KCq1KR09Nj0nXSml3LDAuLhf5J",
+	"F0xA8Y4UB1O96j1geeSmNfgQye7J2U92mpznrBdSMlxJBLfKWo7IWmIH8RbQjFXnzsHh2LT31VyO6inY",
+	"1fgkjLvuesEmGsZvTVaziMV8Tw8ZWC72k7rrtDBcw5Q/MJqZGQITF0zriMyZUTyBMA+urQBezH2IOeQA",
+	"KbnQTJVxrF0gBmFF1Vllrq2q+38DAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

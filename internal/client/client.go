@@ -74,8 +74,19 @@ func (c *Client) sandboxPath(id string, rest ...string) string {
 	return p
 }
 
-// do sends a JSON request and decodes a 2xx answer into out.
+// do sends a JSON request with the token as a lease and decodes a 2xx
+// answer into out.
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	return c.send(ctx, method, path, "X-Sandbox-Lease", c.token, in, out)
+}
+
+// doKey is do for the routes of an API key (volumes): the token goes as
+// Authorization: Bearer.
+func (c *Client) doKey(ctx context.Context, method, path string, in, out any) error {
+	return c.send(ctx, method, path, "Authorization", "Bearer "+c.token, in, out)
+}
+
+func (c *Client) send(ctx context.Context, method, path, authHeader, auth string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -91,7 +102,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	req.Header.Set("X-Sandbox-Lease", c.token)
+	req.Header.Set(authHeader, auth)
 	res, err := c.http.Do(req)
 	if err != nil {
 		return err

@@ -24,6 +24,7 @@ func (s *server) GetQuota(ctx context.Context, req api.GetQuotaRequestObject) (a
 			Sandboxes: q.Sandboxes, Queued: q.Queued, MemoryMib: q.MemoryMiB, DiskGib: mibToGiB(q.DiskMiB),
 			Snapshots: q.Snapshots, SnapshotBytes: q.SnapshotBytes,
 			OrphanedSnapshots: q.OrphanedSnapshots, OrphanedSnapshotBytes: q.OrphanedSnapshotBytes,
+			Volumes: q.Volumes, VolumeGib: float64(q.VolumeBytes) / (1 << 30),
 		},
 		Gateway: api.GatewayAdmission{
 			MaxSandboxes: g.MaxSandboxes, Sandboxes: g.Sandboxes, Queued: g.Queued,

@@ -68,6 +68,7 @@ func (s *server) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest
 		Ports:           b.Ports,
 		ProviderOptions: b.ProviderOptions,
 		SnapshotID:      deref(b.SnapshotID),
+		Volumes:         volumeRequests(b.Volumes),
 	}
 	if r := b.Resources; r != nil {
 		cr.Resources = providers.Resources{CPU: r.CPU, MemoryMiB: int64p(r.MemoryMib), DiskGiB: r.DiskGib, GPU: int64p(r.GPU), GPUType: r.GPUType}

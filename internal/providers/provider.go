@@ -67,6 +67,9 @@ type CreateSpec struct {
 	// sandbox's memory (1 MiB..MaxShmBytes, validated); 0: the
 	// provider's default.
 	ShmBytes int64
+	// Volumes are mounted into the sandbox before it starts (see
+	// VolumeMount); a provider that is no Volumer refuses volume mounts.
+	Volumes []VolumeMount
 }
 
 // MaxShmBytes is the largest /dev/shm a create may ask for.

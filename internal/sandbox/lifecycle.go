@@ -182,6 +182,9 @@ func (s *Service) prepare(c Caller, req CreateRequest) (string, CreateRequest, *
 		req.ShmSize = v
 		req.ProviderOptions = without(req.ProviderOptions, "shm_size")
 	}
+	if err := s.prepareVolumes(creator, &req); err != nil {
+		return "", req, nil, err
+	}
 	var sn *Snapshot
 	if req.SnapshotID != "" {
 		if _, _, err := s.snapshotter(); err != nil {
@@ -219,6 +222,12 @@ func (s *Service) createFor(ctx context.Context, creator string, req CreateReque
 		s.m.CreatesTotal.WithLabelValues(s.p.Name(), outcome).Inc()
 		return Ref{}, err
 	}
+	release, err := s.holdVolumes(req.volumeIDs)
+	if err != nil {
+		s.slots.release(d)
+		return Ref{}, err
+	}
+	defer release() // once made, its record holds the volumes
 	start := time.Now()
 	ref, err := s.create(ctx, creator, req, d)
 	if err != nil {
@@ -287,6 +296,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 			ReadyTimeout: ready,
 			Snapshot:     req.SnapshotID,
 			ShmBytes:     req.shmBytes,
+			Volumes:      req.mounts,
 		})
 	}
 	if err != nil {
@@ -318,6 +328,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 		Creator:   creator,
 		Snapshot:  req.SnapshotID,
 		Resources: req.Resources,
+		Volumes:   req.volumeIDs,
 	}
 	if claimed {
 		rec.Env = req.Env // a pool's sandbox started without it: every command gets it

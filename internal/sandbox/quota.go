@@ -76,6 +76,11 @@ type QuotaInfo struct {
 	// holds (and pays for in Sandboxes).
 	Snapshots     int
 	SnapshotBytes int64 // their bytes (0 for a provider that cannot tell)
+	// Volumes and VolumeBytes are the key's volumes: their size counts
+	// against the disk quota with the sandboxes' DiskMiB.
+	Volumes     int
+	VolumeBytes int64
+
 	// OrphanedSnapshots are those of Snapshots whose source sandbox is gone:
 	// deleting them (DELETE /v1/snapshots/{sid}) frees their quota.
 	OrphanedSnapshots     int
@@ -114,6 +119,7 @@ func (s *Service) Quota(ctx context.Context, c Caller) (QuotaInfo, error) {
 	su := s.snapshotUsage(creator)
 	q.Snapshots, q.SnapshotBytes = su.count, su.bytes
 	q.OrphanedSnapshots, q.OrphanedSnapshotBytes = su.orphans, su.orphanBytes
+	q.Volumes, q.VolumeBytes = s.volumeUsage(creator)
 	return q, nil
 }
 

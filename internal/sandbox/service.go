@@ -58,6 +58,9 @@ type Options struct {
 	// Ceilings bound what a request may ask for (see Ceilings); zero
 	// fields are none.
 	Ceilings Ceilings
+	// VolumeRoots are the host directories under which a create may mount
+	// a host_path (none: no host paths).
+	VolumeRoots []string
 
 	// Budget is the gateway-wide admission budget (zero: none); Quotas
 	// are each API key's (zero: none). A create commits its resources'
@@ -137,6 +140,7 @@ type Service struct {
 	boxes  map[string]*box // live and stopped sandboxes with a record
 	leases map[string]Lease
 	snaps  map[string]Snapshot
+	vols   volumes
 	execs  int // execs in flight in all sandboxes (MaxExecs)
 
 	out *outputBudget // MaxExecOutputTotal per key
@@ -231,6 +235,10 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		return nil, err
 	}
 	s.releaseSnapshots(ctx)
+	if err := s.loadVolumes(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
 	if err := s.startPools(ctx, opts.Pools); err != nil {
 		st.Close()
 		return nil, err
@@ -365,6 +373,13 @@ type CreateRequest struct {
 	// (parseShmSize); nil: the provider's default.
 	ShmSize  any
 	shmBytes int64 // ShmSize, set by validate
+
+	// Volumes are mounted at create (NeMo Gym's provider_options.volumes
+	// are added to them).
+	Volumes []VolumeRequest
+
+	mounts    []providers.VolumeMount // Volumes resolved by prepare
+	volumeIDs []string                // the volumes they use
 }
 
 // Ref is what create and mint return: a sandbox and one token for it.

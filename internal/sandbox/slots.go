@@ -52,6 +52,7 @@ type keyUse struct {
 	mem, disk   int64     // MiB
 	waiters     list.List // of *waiter
 	qMem, qDisk int64     // MiB asked by the waiters
+	vol         int64     // MiB of the key's volumes (its disk quota counts them)
 }
 
 type waiter struct {
@@ -75,7 +76,7 @@ func (s *slots) key(k string) *keyUse {
 
 // tidy forgets key k's share once it holds and waits for nothing. s.mu held.
 func (s *slots) tidy(k string) {
-	if u := s.keys[k]; u != nil && u.live == 0 && u.waiters.Len() == 0 {
+	if u := s.keys[k]; u != nil && u.live == 0 && u.waiters.Len() == 0 && u.vol == 0 {
 		delete(s.keys, k)
 	}
 }
@@ -214,10 +215,27 @@ func (s *slots) admissible(d demand, n int) error {
 	case q.MemoryMiB > 0 && u.mem+u.qMem+n64*d.memMiB > q.MemoryMiB:
 		return s.overQuota("memory_mib", fmt.Sprintf("%d MiB of memory", q.MemoryMiB),
 			fmt.Sprintf("%d MiB committed and queued, %d asked", u.mem+u.qMem, n64*d.memMiB))
-	case q.DiskMiB > 0 && u.disk+u.qDisk+n64*d.diskMiB > q.DiskMiB:
+	case q.DiskMiB > 0 && u.disk+u.qDisk+u.vol+n64*d.diskMiB > q.DiskMiB:
 		return s.overQuota("disk_gib", fmt.Sprintf("%s of disk", gib(q.DiskMiB)),
-			fmt.Sprintf("%s committed and queued, %s asked", gib(u.disk+u.qDisk), gib(n64*d.diskMiB)))
+			fmt.Sprintf("%s committed and queued, %s of volumes, %s asked", gib(u.disk+u.qDisk), gib(u.vol), gib(n64*d.diskMiB)))
 	}
+	return nil
+}
+
+// addVolume counts mib more (or, negative, less) of key's volumes. With
+// check, a volume that would take the key over its disk quota is refused
+// and not counted.
+func (s *slots) addVolume(key string, mib int64, check bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u := s.key(key)
+	if q := s.quota.DiskMiB; check && q > 0 && u.disk+u.qDisk+u.vol+mib > q {
+		s.tidy(key)
+		return s.overQuota("disk_gib", fmt.Sprintf("%s of disk", gib(q)),
+			fmt.Sprintf("%s committed and queued by sandboxes, %s of volumes, a volume of %s asked", gib(u.disk+u.qDisk), gib(u.vol), gib(mib)))
+	}
+	u.vol += mib
+	s.tidy(key)
 	return nil
 }
 
@@ -297,6 +315,7 @@ func (s *slots) free(d demand) {
 type usage struct {
 	live, queued    int
 	mem, disk       int64 // the key's, MiB
+	vol             int64 // MiB of the key's volumes
 	used, allQueued int
 	allMem, allDisk int64 // MiB
 }
@@ -306,7 +325,7 @@ func (s *slots) usage(key string) usage {
 	defer s.mu.Unlock()
 	u := usage{used: s.used, allQueued: s.queued, allMem: s.mem, allDisk: s.disk}
 	if k := s.keys[key]; k != nil {
-		u.live, u.queued, u.mem, u.disk = k.live, k.waiters.Len(), k.mem, k.disk
+		u.live, u.queued, u.mem, u.disk, u.vol = k.live, k.waiters.Len(), k.mem, k.disk, k.vol
 	}
 	return u
 }

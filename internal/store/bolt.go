@@ -14,12 +14,13 @@ var (
 	bucketSandboxes = []byte("sandboxes") // id -> Record
 	bucketLeases    = []byte("leases")    // sandbox id -> bucket(lease id -> Lease)
 	bucketSnapshots = []byte("snapshots") // id -> Snapshot
+	bucketVolumes   = []byte("volumes")   // id -> Volume
 )
 
 // FileName is the default store's file in the state dir.
 const FileName = "sandgate.db"
 
-// Bolt is the default Store and SnapshotStore: a bbolt file in the state
+// Bolt is the default Store, SnapshotStore and VolumeStore: a bbolt file in the state
 // dir. Every write is one transaction, synced before it returns; a call
 // whose ctx is already done does nothing (bbolt itself cannot be
 // interrupted). It is safe for concurrent use.
@@ -30,6 +31,7 @@ type Bolt struct {
 var (
 	_ Store         = (*Bolt)(nil)
 	_ SnapshotStore = (*Bolt)(nil)
+	_ VolumeStore   = (*Bolt)(nil)
 )
 
 // Open opens (creating it if need be) the store file FileName in dir. It
@@ -40,7 +42,7 @@ func Open(dir string) (*Bolt, error) {
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketLeases, bucketSnapshots} {
+		for _, b := range [][]byte{bucketSandboxes, bucketLeases, bucketSnapshots, bucketVolumes} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -171,14 +173,19 @@ func (s *Bolt) DeleteSandbox(ctx context.Context, id string) error {
 
 // LoadSnapshots returns every snapshot.
 func (s *Bolt) LoadSnapshots(ctx context.Context) ([]Snapshot, error) {
-	var out []Snapshot
+	return loadAll[Snapshot](ctx, s, bucketSnapshots, "snapshot")
+}
+
+// loadAll decodes every value of bucket b (its things are called what).
+func loadAll[T any](ctx context.Context, s *Bolt, b []byte, what string) ([]T, error) {
+	var out []T
 	err := s.view(ctx, func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSnapshots).ForEach(func(k, v []byte) error {
-			var sn Snapshot
-			if err := json.Unmarshal(v, &sn); err != nil {
-				return fmt.Errorf("snapshot %s: %w", k, err)
+		return tx.Bucket(b).ForEach(func(k, v []byte) error {
+			var t T
+			if err := json.Unmarshal(v, &t); err != nil {
+				return fmt.Errorf("%s %s: %w", what, k, err)
 			}
-			out = append(out, sn)
+			out = append(out, t)
 			return nil
 		})
 	})
@@ -193,4 +200,19 @@ func (s *Bolt) PutSnapshot(ctx context.Context, sn Snapshot) error {
 // DeleteSnapshot removes snapshot id's record.
 func (s *Bolt) DeleteSnapshot(ctx context.Context, id string) error {
 	return s.update(ctx, func(tx *bolt.Tx) error { return tx.Bucket(bucketSnapshots).Delete([]byte(id)) })
+}
+
+// LoadVolumes returns every volume.
+func (s *Bolt) LoadVolumes(ctx context.Context) ([]Volume, error) {
+	return loadAll[Volume](ctx, s, bucketVolumes, "volume")
+}
+
+// PutVolume writes v.
+func (s *Bolt) PutVolume(ctx context.Context, v Volume) error {
+	return s.update(ctx, func(tx *bolt.Tx) error { return putJSON(tx.Bucket(bucketVolumes), v.ID, v) })
+}
+
+// DeleteVolume removes volume id's record.
+func (s *Bolt) DeleteVolume(ctx context.Context, id string) error {
+	return s.update(ctx, func(tx *bolt.Tx) error { return tx.Bucket(bucketVolumes).Delete([]byte(id)) })
 }

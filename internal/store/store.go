@@ -39,6 +39,9 @@ type Record struct {
 	// Resources are the create's (nil fields: the provider's defaults):
 	// what the sandbox commits of the admission budget and its key's quotas.
 	Resources providers.Resources `json:"resources"`
+	// Volumes are the ids of the volumes the sandbox mounts: a volume is
+	// not deleted while a live sandbox mounts it.
+	Volumes []string `json:"volumes,omitempty"`
 	// ActiveAt is the last activity a replica recorded in a SharedStore
 	// (not kept by the default store).
 	ActiveAt time.Time `json:"active_at,omitempty"`
@@ -142,4 +145,23 @@ type SnapshotStore interface {
 	LoadSnapshots(ctx context.Context) ([]Snapshot, error)
 	PutSnapshot(ctx context.Context, sn Snapshot) error
 	DeleteSnapshot(ctx context.Context, id string) error
+}
+
+// Volume is storage of a fixed size, owned by the key that created it,
+// that sandboxes mount (its backing is the provider's).
+type Volume struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"` // unique per key
+	SizeBytes int64     `json:"size_bytes"`
+	CreatedAt time.Time `json:"created_at"`
+	Creator   string    `json:"creator,omitempty"` // fingerprint of the owning API key
+	Provider  string    `json:"provider"`
+}
+
+// VolumeStore is a Store that also keeps volumes (the default one does;
+// a gateway whose store does not has no volumes).
+type VolumeStore interface {
+	LoadVolumes(ctx context.Context) ([]Volume, error)
+	PutVolume(ctx context.Context, v Volume) error
+	DeleteVolume(ctx context.Context, id string) error
 }

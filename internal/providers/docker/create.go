@@ -159,7 +159,15 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 			}
 		}()
 	}
+	mounts, staged, err := d.volumeMounts(spec)
+	if err != nil {
+		return providers.Sandbox{}, err
+	}
+	// The container's mounts are its own copies once it started (or it
+	// never will).
+	defer d.unstage(staged)
 	cfg, hc, nc, extra := d.containerConfig(spec, opts, workdir, facts)
+	hc.Mounts = append(hc.Mounts, mounts...)
 	created, err := d.cli.ContainerCreate(ctx, cfg, hc, nc, nil, spec.ID)
 	if err != nil && hc.StorageOpt != nil && storageOptRefused(err) {
 		d.log.Warn("the docker daemon refused a disk limit: resources.disk_gib is no longer enforced", "sandbox", spec.ID, "err", err)

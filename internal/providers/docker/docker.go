@@ -116,6 +116,10 @@ type Options struct {
 	// AgentBinary is the static sandgate-agent binary every sandbox runs
 	// (see agent.go). Required.
 	AgentBinary string
+	// VolumeDir is where volumes keep their storage (volumes.go), on the
+	// daemon's host; it needs root, loop devices and mkfs. "" = no
+	// volumes (ErrUnsupported).
+	VolumeDir string
 }
 
 // Docker is the Docker provider. It is safe for concurrent use. It starts
@@ -210,6 +214,7 @@ func New(opts Options) (*Docker, error) {
 	} else {
 		d.log.Info("sandbox networks isolated by the gateway's firewall rules", "iptables", d.fw.Tool(), "chains", d.fw.Config().Chain+"-INPUT, "+d.fw.Config().Chain+"-FORWARD")
 	}
+	d.remountVolumes()
 	return d, nil
 }
 

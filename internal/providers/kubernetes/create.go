@@ -199,6 +199,9 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 			Volumes: volumes,
 		},
 	}
+	if err := podVolumes(spec, pod); err != nil {
+		return nil, nil, err
+	}
 	return pod, extra, nil
 }
 

@@ -96,6 +96,9 @@ type Options struct {
 	// netpol.go), for a cluster whose operator isolates them otherwise.
 	// By default every pod gets one allowing no ingress and no egress.
 	NoNetworkPolicy bool
+	// StorageClass is the storage class of volumes' claims (volumes.go);
+	// "" = the cluster's default.
+	StorageClass string
 	// PingTimeout bounds Ping. 0 = DefaultPingTimeout.
 	PingTimeout time.Duration
 	// Logger defaults to slog.Default().

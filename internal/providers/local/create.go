@@ -196,6 +196,11 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 		}
 		st.DiskBytes, st.DiskFS = cfg.DiskBytes, cfg.DiskFS
 		cfg.Layers, st.Layers, st.Snapshot = snap.Layers, snap.Layers, spec.Snapshot
+		if cfg.Volumes, err = l.volumeBinds(spec.Volumes); err != nil {
+			return providers.Sandbox{}, err
+		}
+	} else if len(spec.Volumes) > 0 {
+		return providers.Sandbox{}, providers.Errorf(providers.ErrUnsupported, "volumes need isolation namespaces")
 	}
 	cfg.Env = st.Env
 	pid, err := l.startInit(readyCtx, dir, cfg, &st)

@@ -290,6 +290,7 @@ func New(opts Options) (*Local, error) {
 		}
 	}
 	l.removeTrash()
+	l.mountVolumes()
 	return l, nil
 }
 

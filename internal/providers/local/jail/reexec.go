@@ -70,7 +70,8 @@ type Config struct {
 	DiskTemplates string            `json:"disk_templates,omitempty"` // formatted empty filesystems, one per size
 	Cgroups       map[string]string `json:"cgroups,omitempty"`        // joined by setup, so init starts inside
 	ShmBytes      int64             `json:"shm_bytes"`
-	Env           map[string]string `json:"env,omitempty"` // the sandbox's environment, for terminal sessions
+	Volumes       []VolumeBind      `json:"volumes,omitempty"` // staged by setup at vol<i>/, bound by init
+	Env           map[string]string `json:"env,omitempty"`     // the sandbox's environment, for terminal sessions
 	// Seccomp is the filter every command runs under (package
 	// seccomp's Compile): the gateway compiles it, so that init links
 	// no profile library.
@@ -226,6 +227,9 @@ func stageRoot(cfg Config) (int, error) {
 	for _, name := range cfg.Binds {
 		dirs = append(dirs, cfg.Dir+"/ro/"+name)
 	}
+	for i := range cfg.Volumes {
+		dirs = append(dirs, cfg.Dir+"/"+volDir(i))
+	}
 	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return -1, err
@@ -280,7 +284,7 @@ func mountLayers(cfg Config, initPid, disk int) error {
 			return err
 		}
 	}
-	return nil
+	return mountVolumes(cfg, userns)
 }
 
 // runInit is the sandbox's init: it builds the root filesystem (in

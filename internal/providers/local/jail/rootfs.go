@@ -27,7 +27,7 @@ var (
 //     the snapshot layers at layer<i>/ (a sandbox made from a snapshot),
 //     with rw/upper taking every write (copy-on-write);
 //   - the host directories of a host view (ro/<name>) are bound read-only
-//     at /<name>;
+//     at /<name>, and the volumes (vol<i>) at their targets;
 //   - fresh /proc with the sensitive parts read-only or masked and nested
 //     user namespaces switched off, read-only /sys, a tmpfs /dev with
 //     read-only device binds and its own devpts, a sized tmpfs /dev/shm;
@@ -53,6 +53,9 @@ func setupRoot(cfg Config) error {
 		if err := unix.Mount("ro/"+name, dst, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind /%s: %w", name, err)
 		}
+	}
+	if err := bindVolumes(cfg, "root"); err != nil {
+		return err
 	}
 	if err := mountProc("root/proc"); err != nil {
 		return err
