@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"os"
@@ -9,12 +10,16 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandgate/sandgate/internal/api"
 	"github.com/sandgate/sandgate/internal/client"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/providers/kubernetes/k8stest"
 	"github.com/sandgate/sandgate/internal/providers/local/jail"
 )
 
@@ -266,5 +271,60 @@ func volumes(t *testing.T, subdir string, startIn func(state string, args ...str
 	}
 	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), vol.ID) {
 		t.Fatal("the deleted volume is still mounted")
+	}
+}
+
+// TestKubernetesVolumes: on the kubernetes provider through a real
+// gateway, a volume is a claim of its size whose record (an annotation
+// of it) survives a gateway restart, a host_path is refused with 400, a
+// create that mounts it fails naming the unbound claim (the test cluster
+// has no provisioner: the pod cannot be scheduled), and a delete removes
+// the claim.
+func TestKubernetesVolumes(t *testing.T) {
+	k8stest.Require(t)
+	instance, secret := "k8svol-"+strings.ToLower(rand.Text()[:8]), rand.Text()
+	state := t.TempDir()
+	g := startK8sGateway(t, state, instance, secret, "--volume-root", t.TempDir())
+	s, body := call(t, "POST", g.URL+"/v1/volumes", `{"name":"data","size_gib":0.5}`)
+	var vol struct {
+		ID string `json:"volume_id"`
+	}
+	if json.Unmarshal(body, &vol); s != 201 {
+		t.Fatalf("create volume: %d %s", s, body)
+	}
+	pvcs := k8stest.Client(t).CoreV1().PersistentVolumeClaims(k8stest.Namespace)
+	t.Cleanup(func() { pvcs.Delete(context.Background(), vol.ID, metav1.DeleteOptions{}) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pvc, err := pvcs.Get(ctx, vol.ID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; q.Value() != 512<<20 || !strings.Contains(pvc.Annotations["sandgate.volume"], `"name":"data"`) {
+		t.Fatalf("the claim: %v %v", pvc.Spec.Resources, pvc.Annotations)
+	}
+	if s, body := call(t, "POST", g.URL+"/v1/sandboxes", `{"image":"`+k8stest.ImageRef+`","volumes":[{"host_path":"/srv","mount_path":"/srv"}]}`); s != 400 {
+		t.Fatalf("a host_path on kubernetes: %d %s", s, body)
+	}
+
+	if err := g.stop(syscall.SIGKILL); err == nil {
+		t.Fatal("the gateway exited cleanly on SIGKILL?")
+	}
+	g = startK8sGateway(t, state, instance, secret)
+	if s, body := call(t, "GET", g.URL+"/v1/volumes/data", ""); s != 200 || !strings.Contains(string(body), vol.ID) {
+		t.Fatalf("after the restart: %d %s", s, body)
+	}
+	// Unbound, the claim keeps the sandbox from being scheduled.
+	if s, body := call(t, "POST", g.URL+"/v1/sandboxes", `{"image":"`+k8stest.ImageRef+`","ready_timeout_s":3,"volumes":[{"volume":"data","mount_path":"/data"}]}`); s/100 != 5 || !strings.Contains(string(body), vol.ID) {
+		t.Fatalf("a create on an unbound claim: %d %s", s, body)
+	}
+	if s, body := call(t, "DELETE", g.URL+"/v1/volumes/data", ""); s != 200 {
+		t.Fatalf("delete: %d %s", s, body)
+	}
+	if pvc, err := pvcs.Get(ctx, vol.ID, metav1.GetOptions{}); err == nil && pvc.DeletionTimestamp == nil {
+		t.Fatal("the claim outlived its volume")
+	}
+	if s, _ := call(t, "GET", g.URL+"/v1/volumes/data", ""); s != 404 {
+		t.Fatalf("the deleted volume: %d", s)
 	}
 }

@@ -91,7 +91,7 @@ func (k *Kubernetes) Create(ctx context.Context, spec providers.CreateSpec) (pro
 		}
 	}
 	if err := k.waitReady(ctx, spec.ID, workdir, spec.ReadyTimeout); err != nil {
-		return providers.Sandbox{}, err
+		return providers.Sandbox{}, k.unboundClaims(ctx, spec, err)
 	}
 	ok = true
 	extra["pod"] = k.ns + "/" + spec.ID

@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -110,6 +113,29 @@ func podVolumes(spec providers.CreateSpec, pod *corev1.Pod) error {
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: v.MountPath, ReadOnly: v.ReadOnly, SubPath: v.SubPath})
 	}
 	return bad.Err()
+}
+
+// unboundClaims adds to err, a create's failure, which of its volumes'
+// claims the cluster has not bound (the likely reason its pod was not
+// scheduled).
+func (k *Kubernetes) unboundClaims(ctx context.Context, spec providers.CreateSpec, err error) error {
+	if providers.Kind(err) != providers.ErrUnavailable {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	var unbound []string
+	for _, v := range spec.Volumes {
+		pvc, gerr := k.cs.CoreV1().PersistentVolumeClaims(k.ns).Get(ctx, v.Volume, metav1.GetOptions{})
+		if gerr == nil && pvc.Status.Phase != corev1.ClaimBound && !slices.Contains(unbound, v.Volume) {
+			unbound = append(unbound, v.Volume)
+		}
+	}
+	if len(unbound) == 0 {
+		return err
+	}
+	return providers.Errorf(providers.ErrUnavailable, "%s; volume %s: its claim is not bound (the cluster has no provisioner for it, or no volume to bind it to)",
+		providers.Message(err), strings.Join(unbound, ", "))
 }
 
 // LoadVolumes returns the volumes recorded on this instance's claims.

@@ -19,6 +19,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/api/types/volume"
 	"github.com/docker/docker/client"
 
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest/testimage"
@@ -107,6 +108,17 @@ func RemoveInstance(t testing.TB, instance string) {
 	for _, n := range nets {
 		if err := cli.NetworkRemove(ctx, n.ID); err != nil && !cerrdefs.IsNotFound(err) {
 			t.Errorf("remove network %s of %s: %v", n.Name, instance, err)
+		}
+	}
+	// Volumes (their storage, the gateway's mounts, is the test's to
+	// remove), once no container uses them.
+	vols, err := cli.VolumeList(ctx, volume.ListOptions{Filters: filters.NewArgs(filters.Arg("label", LabelInstance+"="+instance))})
+	if err != nil {
+		t.Errorf("remove volumes of %s: %v", instance, err)
+	}
+	for _, v := range vols.Volumes {
+		if err := cli.VolumeRemove(ctx, v.Name, true); err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("remove volume %s of %s: %v", v.Name, instance, err)
 		}
 	}
 	if _, err := hostfw.RemoveUnused(hostfw.Config{}); err != nil {
