@@ -227,11 +227,12 @@ type CreateSandbox struct {
 
 	// Metadata Returned as is; usable as the `label` filter of the list.
 	Metadata map[string]string `json:"metadata,omitempty"`
+	Network  *Network          `json:"network,omitempty"`
 
 	// Ports Ports to expose through `GET /v1/sandboxes/{id}/endpoints/{port}`.
 	Ports []int `json:"ports,omitempty"`
 
-	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` is accepted here too (NeMo Gym's form) and means the top-level field.
+	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` is accepted here too (NeMo Gym's form) and means the top-level field. So are NeMo Gym's egress shapes, which mean `network.egress` (and may not be combined with it): `network_policy` (`{defaultAction: allow|deny, egress: [{action: allow|deny, target: domain|CIDR}]}`) and `allowed_domains`, `allowed_cidrs`, `blocked_domains`, `blocked_cidrs` (lists of strings).
 	ProviderOptions map[string]interface{} `json:"provider_options,omitempty"`
 
 	// ReadyTimeoutS How long to wait for the sandbox to become ready.
@@ -440,6 +441,12 @@ type LeaseRequest struct {
 
 // LeaseScope `owner`: everything. `operate`: exec, files, PTY, status, endpoints; never delete, pause, renew, mint owner, list or revoke leases.
 type LeaseScope string
+
+// Network defines model for Network.
+type Network struct {
+	// Egress Where the sandbox may connect: `"none"` (the default: loopback only), `"all"`, or `{"allow": [...], "deny": [...]}` whose entries are domains (`pypi.example`, `*.example.org` for every name under it) or CIDRs (v4 or v6; a bare address is its /32 or /128); deny wins over allow, `"*"` in allow means everything else. Names resolve only when allowed; HTTPS (SNI) and HTTP (Host) to an address allowed by a domain must name an allowed domain. A bad entry is 400, each one listed.
+	Egress interface{} `json:"egress,omitempty"`
+}
 
 // Problem An RFC 9457 problem detail.
 type Problem struct {
@@ -819,6 +826,9 @@ type ForkSandboxJSONRequestBody = ForkRequest
 
 // CreateLeaseJSONRequestBody defines body for CreateLease for application/json ContentType.
 type CreateLeaseJSONRequestBody = LeaseRequest
+
+// SetSandboxNetworkJSONRequestBody defines body for SetSandboxNetwork for application/json ContentType.
+type SetSandboxNetworkJSONRequestBody = Network
 
 // CreatePtySessionJSONRequestBody defines body for CreatePtySession for application/json ContentType.
 type CreatePtySessionJSONRequestBody = PtyCreateRequest
@@ -1389,6 +1399,24 @@ type ClientInterface interface {
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
 	RevokeLease(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxNetworkWithBody Replace a sandbox's egress policy (owner)
+	//
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxNetwork Replace a sandbox's egress policy (owner)
+	//
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetwork(ctx context.Context, id SandboxID, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PauseSandbox Freeze all of a sandbox's processes (owner)
 	//
@@ -2187,6 +2215,44 @@ func (c *Client) ReleaseLease(ctx context.Context, id SandboxID, reqEditors ...R
 // Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
 func (c *Client) RevokeLease(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewRevokeLeaseRequest(c.Server, id, leaseID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxNetworkWithBody Replace a sandbox's egress policy (owner)
+//
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *Client) SetSandboxNetworkWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxNetworkRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxNetwork Replace a sandbox's egress policy (owner)
+//
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *Client) SetSandboxNetwork(ctx context.Context, id SandboxID, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxNetworkRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3587,6 +3653,53 @@ func NewRevokeLeaseRequest(server string, id SandboxID, leaseID LeaseID) (*http.
 	return req, nil
 }
 
+// NewSetSandboxNetworkRequest calls the generic SetSandboxNetwork builder with application/json body
+func NewSetSandboxNetworkRequest(server string, id SandboxID, body SetSandboxNetworkJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSetSandboxNetworkRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewSetSandboxNetworkRequestWithBody constructs an http.Request for the SetSandboxNetwork method, with any body, and a specified content type
+func NewSetSandboxNetworkRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/network", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewPauseSandboxRequest constructs an http.Request for the PauseSandbox method
 func NewPauseSandboxRequest(server string, id SandboxID) (*http.Request, error) {
 	var err error
@@ -4523,6 +4636,24 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
 	RevokeLeaseWithResponse(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*RevokeLeaseResponse, error)
+
+	// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy (owner)
+	//
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error)
+
+	// SetSandboxNetworkWithResponse Replace a sandbox's egress policy (owner)
+	//
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithResponse(ctx context.Context, id SandboxID, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error)
 
 	// PauseSandboxWithResponse Freeze all of a sandbox's processes (owner)
 	//
@@ -6538,6 +6669,96 @@ func (r RevokeLeaseResponse) ContentType() string {
 	return ""
 }
 
+// SetSandboxNetworkResponse503Headers the declared response headers of an HTTP 503 response for SetSandboxNetwork
+type SetSandboxNetworkResponse503Headers struct {
+	RetryAfter *int
+}
+
+type SetSandboxNetworkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SandboxInfo
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *SetSandboxNetworkResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r SetSandboxNetworkResponse) GetJSON200() *SandboxInfo {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r SetSandboxNetworkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SetSandboxNetworkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SetSandboxNetworkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SetSandboxNetworkResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // PauseSandboxResponse503Headers the declared response headers of an HTTP 503 response for PauseSandbox
 type PauseSandboxResponse503Headers struct {
 	RetryAfter *int
@@ -8048,6 +8269,36 @@ func (c *ClientWithResponses) RevokeLeaseWithResponse(ctx context.Context, id Sa
 		return nil, err
 	}
 	return ParseRevokeLeaseResponse(rsp)
+}
+
+// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy (owner)
+//
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *ClientWithResponses) SetSandboxNetworkWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error) {
+	rsp, err := c.SetSandboxNetworkWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxNetworkResponse(rsp)
+}
+
+// SetSandboxNetworkWithResponse Replace a sandbox's egress policy (owner)
+//
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *ClientWithResponses) SetSandboxNetworkWithResponse(ctx context.Context, id SandboxID, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error) {
+	rsp, err := c.SetSandboxNetwork(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxNetworkResponse(rsp)
 }
 
 // PauseSandboxWithResponse Freeze all of a sandbox's processes (owner)
@@ -9889,6 +10140,87 @@ func ParseRevokeLeaseResponse(rsp *http.Response) (*RevokeLeaseResponse, error) 
 	return response, nil
 }
 
+// ParseSetSandboxNetworkResponse parses an HTTP response from a SetSandboxNetworkWithResponse call
+func ParseSetSandboxNetworkResponse(rsp *http.Response) (*SetSandboxNetworkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SetSandboxNetworkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SandboxInfo
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers SetSandboxNetworkResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParsePauseSandboxResponse parses an HTTP response from a PauseSandboxWithResponse call
 func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -10735,6 +11067,9 @@ type ServerInterface interface {
 	// RevokeLease Revoke a lease and every lease minted from it (owner)
 	// (DELETE /v1/sandboxes/{id}/leases/{lease_id})
 	RevokeLease(w http.ResponseWriter, r *http.Request, id SandboxID, leaseID LeaseID)
+	// SetSandboxNetwork Replace a sandbox's egress policy (owner)
+	// (PUT /v1/sandboxes/{id}/network)
+	SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// PauseSandbox Freeze all of a sandbox's processes (owner)
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -10915,6 +11250,12 @@ func (_ Unimplemented) ReleaseLease(w http.ResponseWriter, r *http.Request, id S
 // RevokeLease Revoke a lease and every lease minted from it (owner)
 // (DELETE /v1/sandboxes/{id}/leases/{lease_id})
 func (_ Unimplemented) RevokeLease(w http.ResponseWriter, r *http.Request, id SandboxID, leaseID LeaseID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// SetSandboxNetwork Replace a sandbox's egress policy (owner)
+// (PUT /v1/sandboxes/{id}/network)
+func (_ Unimplemented) SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -11749,6 +12090,32 @@ func (siw *ServerInterfaceWrapper) RevokeLease(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// SetSandboxNetwork operation middleware
+func (siw *ServerInterfaceWrapper) SetSandboxNetwork(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetSandboxNetwork(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // PauseSandbox operation middleware
 func (siw *ServerInterfaceWrapper) PauseSandbox(w http.ResponseWriter, r *http.Request) {
 
@@ -12295,6 +12662,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/pause", wrapper.PauseSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/v1/sandboxes/{id}/network", wrapper.SetSandboxNetwork)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/resume", wrapper.ResumeSandbox)
@@ -14790,6 +15160,128 @@ func (response RevokeLease404ApplicationProblemPlusJSONResponse) VisitRevokeLeas
 	return err
 }
 
+type SetSandboxNetworkRequestObject struct {
+	ID   SandboxID `json:"id"`
+	Body *SetSandboxNetworkJSONRequestBody
+}
+
+type SetSandboxNetworkResponseObject interface {
+	VisitSetSandboxNetworkResponse(w http.ResponseWriter) error
+}
+
+type SetSandboxNetwork200JSONResponse SandboxInfo
+
+func (response SetSandboxNetwork200JSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork400ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork401ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork403ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork404ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork409ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork503ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type PauseSandboxRequestObject struct {
 	ID SandboxID `json:"id"`
 }
@@ -16044,6 +16536,9 @@ type StrictServerInterface interface {
 	// RevokeLease Revoke a lease and every lease minted from it (owner)
 	// (DELETE /v1/sandboxes/{id}/leases/{lease_id})
 	RevokeLease(ctx context.Context, request RevokeLeaseRequestObject) (RevokeLeaseResponseObject, error)
+	// SetSandboxNetwork Replace a sandbox's egress policy (owner)
+	// (PUT /v1/sandboxes/{id}/network)
+	SetSandboxNetwork(ctx context.Context, request SetSandboxNetworkRequestObject) (SetSandboxNetworkResponseObject, error)
 	// PauseSandbox Freeze all of a sandbox's processes (owner)
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(ctx context.Context, request PauseSandboxRequestObject) (PauseSandboxResponseObject, error)
@@ -16780,6 +17275,39 @@ func (sh *strictHandler) RevokeLease(w http.ResponseWriter, r *http.Request, id 
 	}
 }
 
+// SetSandboxNetwork operation middleware
+func (sh *strictHandler) SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	var request SetSandboxNetworkRequestObject
+
+	request.ID = id
+
+	var body SetSandboxNetworkJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.SetSandboxNetwork(ctx, request.(SetSandboxNetworkRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "SetSandboxNetwork")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(SetSandboxNetworkResponseObject); ok {
+		if err := validResponse.VisitSetSandboxNetworkResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // PauseSandbox operation middleware
 func (sh *strictHandler) PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	var request PauseSandboxRequestObject
@@ -17160,241 +17688,251 @@ func (sh *strictHandler) GetSnapshot(w http.ResponseWriter, r *http.Request, sid
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L37cttGmjj6Kl3cX5VJDUhRsnKjyrXlOHLiHcfWWnJlUqFXaAJNsUdgN9LdEMVxVLUPcarOG5wXOW+y",
-	"T/Kr/r5uoEECJKVYSnbGf8zEIoC+fvfrx04i57kUTBjdGX3szBhNmYJ/vpDzORXpq+/sHynTieK54VJ0",
-	"Rp3zGSM8JXJKzIyRtFB0kjGS4AfEzKghqhAanir2a8G0IV3NGIm1ocq4kePeoBN1dDJjc2rnYDd0nmes",
-	"M+ok87Q/PDh8evTFl199/Q2dJCmbdqKOWeb2qTaKi8vO7W3UeceMWj6fGqbWF3nGEilSTah9TBYznsxg",
-	"QUnGmTBkTpdE2c/ri5hzwefFvDMalvNxYdglU51bO2NOFZ0zs/2Mnq+eyxNNeBqR2G4uJvagDr4kmVww",
-	"lVDNyIzdkGRGFU3s4KRLxZJIM2PKnjTX5Gh4BOfF7eA5NbNO1BF0DsfF007UsQfNFUs7I6MKdqeDnXPx",
-	"molLM+uMDpqO+SXP2Kmdcm2X9lfCheYpg8PVVKQTeXNMFMuo4deM2KVqQhWrfjIS3l1IdZVyVW7q14Kp",
-	"ZbUrt8f2bW1b9WtGNWu+msw+wuvIdNNtTKhmTw9rFxLDRxc8jQkXhJL4DPf6jk3jJ5rE7MYoGrfdkf94",
-	"x4vKdB9v53KGt3WVdSzwGcOUHfy/Mt3/hfb/cdj/6sPHgy9v/08jepxKZZq2n0tlGm4tIilLMqpYancY",
-	"27d0TKghiWLUsJad2dc23xO9QZT68osvnn4RVSh20IBiUccdaxvdcWvFy9OTG3d7h8NNt9ey9J2vw87j",
-	"74P/3d/IXNTvxL5VXsrhsOVSzpjWXIq2/Z2e/0w0vkJ42rJwvWXl21DjTNBcz6TBRQT7FHnbPu+xivBo",
-	"RL71aG7tWDqXQjMgrs8zxWi6fCGFYImxE1huJQwTANQ0zzOeUHt0+7mSk4zN//J3bc/xY7CG/6PYtDPq",
-	"/Nt+xef28aneP8WvcOoVHBFIex2zmMksRXbmr8bCXGzoFZPXTMVkQTUR0hDNDOnGiUxZbIl2/Pz1u5Pn",
-	"3/188eLtmzcnL85PvrME4jbqfEvTd8gYH3NXr8Q1zSw7EXlhjknMlJJKxyTj2mjCrplaEjcprNKxtzfS",
-	"vJSFeNQLeC+uhFyIijRJRQr3W1cqwrOsP5VqzlJ4NJXqUhrDRK8UQyzywB7ENOPJo55zjU5pS0yB3ykp",
-	"Lok21DC7XmJmXFfiERtcDkhOC81SuyFtZJ6zFKHlpVQTnqZMPCoKECOvmIClUocO4W1QohOZW24uLekN",
-	"tiQLyyxuo86fAHAAWKY8Y7Bmy6vwSE/pMpM0PZfyNVWX7LGhw1/7RKZLCyKZXYQ9PyoIzSwnQ+j9z0Ia",
-	"enKTMJY+LgEMF7mQRZYSS+xQgKZZxtQTTZ6fviJXbEksCSSU/GrXWqN+8MsFc8uPj8ciTpmhPIuJZSFI",
-	"UeGlkb8vpiMyZ3OplhFJub6KiHa8SgNauD/IZGmY7g3IGWNjEX9/ck72rw/2Yax4MLYMK1BlQE3ol3pC",
-	"05G4t/cDjeIWubW65gl7L+g15ZmV5x/zFt7ak01oThNulgDB9sQmNLliArSCQihGk5ld1+AT7hl43J+N",
-	"7IeSUQhlL96+OT/52/nFm7fnFy/fvn/jeex7QQszk4r/43FR50euNReXEZnTzLModpNbGcluR7FrecVS",
-	"K1SnTBhOM+2WmyuZMK3tZZ4Iw83yj0L4ay4zahx+4rdbpYVbL/kB9H1LTTJ7SXlWKECYXMmcKcNRsuMi",
-	"ZTfr4u9PoKM7q0KcyEKY2OkemnSHfSvWp6BgraoNUcctZPcDCAXXX9yKqmE+lHPIyd9ZYgJpaH07SfVg",
-	"RaaN/DOr+d3DxBF1kry4MHzOLvT6eb04fU/sM9ItNFPkL0QvtWHznj9CLwmhUYYRB19ME27IgnLDUsu1",
-	"j8mQLGY8Y0QVQnBxaU/YAi41nVEnlYUleuXSRDGf4JGnhQJYvJg3rO0HuSCZlXe4IYoK0tWSTKmK6jP1",
-	"LLGnukCVc1Ufra2DC/PlUePVA1xe4O8fOzTL3k47o182w8HJDUtO7Hfn9rPbD6vYENtzlYWJyWLGhN+E",
-	"LAycLZw5N9qfKLlUsshBCbjiWcbS3jFhmWZEFFlmd2H/i7zD6kh2zTfcXFgStn5yb4osq5/SMTk4/Pov",
-	"b3ApOAGZLInml4Jm5I19/EW5Tru41K50fd6mw5tywfWMpRfU7LKUOmhQw/p2vvaZKkCWcn6Baw/wZCJl",
-	"xqgABGb06gI5/8WcTxpMTYxeEcUskAjjZIRVSHcMEqQpbcrr+STg7t5uXj3YNctTbDyhtRPRJmVKXWj+",
-	"D1b7qB3StUllYcov6ufzrZWI7IHgW+SK5YYg1pGuPRUrMsjp1Kqo5Vu9HXHMqEIk1Cnhq3qCNorROQFJ",
-	"hKUkntObC1mYvDAXIKbFx84SbGVJqq1cl1CVsjQg5eVZrhDmgH6WxLRTXUaISTVKULuSOpjXKVeNxK6D",
-	"YQ1w6zdQv8HwjDZwj9ccVf5GDoLM0TAkqJvol+dFt+VMVCm6bDs+vWlJgSGCpim3B0Oz02B9U5pp1iQv",
-	"xJaMus9jMuUsSzXpTgpDYntiF1Jc2LtGA07cKxkRAocVbAfIc5uZaX3Cd4WwVC/WM9JPYtKdUD1Dqpcr",
-	"pplAWN5o+Yo6yaJh5O/YlBaZWTVKbyVpTFy3H1qDLNAyYHUhq4jThuSA2hWmA+WDv5hSxGIhIjwgHA/w",
-	"LSJxCaQx0cz0jknqNv/lEfmRfxsRashcakMOyPf820bqUNpzD4ZfPf3q6ODrw6O6UXc714EbU9fswqoy",
-	"lnmK9EKjptWw6edgQqkB24b7qVHllIuLyZdHDd4hQ0VKlbOFRWAy/vKoz4QlJelO1+9EhCbJzEPUwdfD",
-	"YxACyDN/0M3cJnQ7tUxccSIr7a3P+d7KgFatBp2J77KHZmLRTCtADHe2+a2koo7SYNC4yKmyyk6D2M/N",
-	"zIv7EbliLA+FQKbJnKYMMR2sUJpMKc9I10MuzNnbDSJglvUl/Ii2DW7nEstgapAvKjMdMjIq9IIpi1mV",
-	"FwgUHgDLyt1xZ7RgwqhlLjkusWQEuxISxwIegDBNeeauctch6+f70n5PjCQLxQ0jEzaVijnVjihmCiV0",
-	"BK5C0h8Xw+FTRt6fv+x/TQy72STIVivkacYuNmDkmZG5cwXDhYJusrCQJyRhNyyJwEpocef0/GdiFJ1O",
-	"eQKkVUhCjUHZxj5Dn8AnwGM+p5cNgtwLKQzlwkKYfYF0PY5a9pfK5Iqp3oBkMqHZCOARkX5KqHBfOIPz",
-	"JTVsQZdPNL7sHqZcscRY4bkb9/vwpA9PdNwbEUqUlAbOArXJ6n1n9Y1xCUTTaxbbn96+eEUyurScyFA1",
-	"oVlGujJHKMmWJLbLGxiqRorlcmToZdw7JpV7G1YPKDYF4zdcytFwaB9wcQk7wfXZfyoGdzKTCwtONE2J",
-	"FIx0cYOCXTNF8iLLdG9Ank+sVGBXaG8Cjyqxkh9LyTVnC688zKQ2OxH8OTM0pYb+DkR4B7DOUkI14fqY",
-	"FGDtsX+BzSOjE5ZZSSqzgOrWl3G9Gw6Aw7ZBcbI/29NiN7nUls4pWVzOSGk1Lcnd/kee3u4zkQIN0vsf",
-	"7Yi3QNVKYnQXb+4WShV1CsF/LdgrHNupxrmS1zxl6gJhaAPZwSFXNuu+7uucJdyisBvmuLQjXrGlD0j4",
-	"OzgWG0Huii0HJPb2ZnT7a0KThOX2E4BEIyXpvmE/SvL9cv5EW+1yjlLunFEX/2Jk3s/YNctQPt7pIsHv",
-	"uYmaldYVS1IpN875UnmdjCQTlsi53SRNl5+AWCmmZaGSkqPvYGR5V35y+6HBBhKcbaN8pgyZKjlHel0a",
-	"/rsW32tuCHBBLITujQg3GklXBP/E6Z9opB+7CXUmazrw13zKwOzDBdEusAgWBzwMLNJpJfMNj8mQPEPO",
-	"knNLOUviZqWYgDaTGbVSxPn5a5IwnoHZOO735/Smb0wWR0Dy3cCHR2TW+wQ36VSc5vAD+9CiQMAlkE2n",
-	"hE/JHE3bvd1kyzW4/o5lzLB3TBdZgxKcwtNG89CKoOrfbBJUv5MLkUmats3i7Om6WS2wR2AB6IlGD1OT",
-	"YrBNiA7Gb1rgiSOvr8RUri/PE9+6tXhmTD7a3z84/GowHAwHB6Ojbw6+eNpkVAo8QDuzqJUlrmyoXFE1",
-	"eOO2ahbVBtv+smapS3kKAROqEJZYWeqRMfuu05e8OTNFRYYJC92/eJ2rE3UcpQvWUm0o0BTvqKr8K1sf",
-	"1k0264uFQytpXW9Ut74WJuPXzBK0TGrjg2fcYEAkp8wkM6DNCvCTTJZj4WwVEPnzRJP4b31nmeq/Sq2s",
-	"aNc7KgetRrML1mTNDo/u3+264N2MEGs7r7wp4RlkbGrIhM24SEHGcOb60ouAus7xWOCmzIwtUeX1xugd",
-	"F//ZtPHJTBtILVq4xcO736JApiiVlgXKl/gVCLQkocISTMOsfuXVwE/pqQvXrKgYbXLNRSj9gJAFkpqR",
-	"8Ae74SZqWb3T0rxvzOk8XhDSdEG4eVSX35pEWvdRrUsG/nQqRx8I3gsqwBzrfFLd4JyeaP9rxufcWMV3",
-	"lwtucox8GhcZKPFesdzkJgOw/JF/+0AgiYSwxQVqz9pCErGP0b0pBXFEycWeOUVnijEGgzZ/GVNN9OT8",
-	"Zf9ru0EMhwRJjyiWZzRpFPG83+dTjHRnTxq7YYnzCsRuAg+DCXp5t0jLbu3lcdQPf8VrVneNbXZpvbQK",
-	"LaDUOuEEZXd9i/9x9vYN2vkcDMrplInUahzwRUQgDhJjz385+BA7o1OZdgFsoPFg50xrZ0/bzAtwadUH",
-	"zVvLWLOAPm+E2FdWCGEK9CMpyIQbHaFZQTNT8DSy/73kyAy04cnVEhBMJoZmLvhz3Bl+eXQ07gAKBbHT",
-	"vwz7X334eNQUMx3Z5fApv6PnGeO3m7Auo9oQlrE5Q5IG6G6vqzvu7I87pZ1BSWl6jdeQN+aJBHoVnWiZ",
-	"FcaN2xz1sY5/jS5ve+r2iT1JxIwuJXo5z7i4slo/CofGkjnzRJMMRPNdXd5unAv8vBFby5nwncjytIXi",
-	"xjDRjPstqhE1lvZyfUxisImiqYmkzMqiEXn56uVbCH60FNaE6pA9Uou03GK1W04n6sAgDZrRCiKE0fzu",
-	"XXfSEYJ5Hbza8KTZpc2EUT7caxePdolxt+v+jHaYKs0U9wWsDeS4Nr5LAZhLxYjbGkbrLpjyLoydAhrc",
-	"ofvj2U5jM/YTgtT6GbefCxxBBY2kWx7O+rn07oBx6H8OYHwrIjVvH0Zv3K9UV/dV3UvXHmgjoIK3OuMa",
-	"ltmylmbFoLSZ7wzgVbrY1qiNavCmI/oeJebnqeM2zRDg5Or+wt429e8SlMAsocwysIT31kMwUq6vLiZF",
-	"esnMxWWTnAn5DZDHkHIV+IqeOHL8//+/JO737TB9ec2UFT25iUujKA69q+5iF+NWscPrVmKq3c06YXcS",
-	"tNtgoyD9g9Sl/Iyb2XEf7exkk9z+I86E4xt09Nn7yfh14AffcaJfC1bUrKghT9t0MitAWD/J8Ntyjtqu",
-	"gqtqOuNoDayaYPsHRjOkaSvoZqgpdN0oKq+2GmPdZ00zYXaoE/FWou4Fw6PHNNEuuhVBlJBXTDRgjDOR",
-	"30kIw5Bw3R54+Yw4a5rzVjuFuUxsgSQnK3dS5e2P9wvNLHNTd0hBbZD37OyNPhwQKOEIFzNwPEI+0dwC",
-	"XIpeHSmYMyJ5wRJPEoQ1+yGa1Khm2n8HQjUVPvlkJ3MWJCpto88AEGfw5ioYBcm7OFS47Si8/dq1toJd",
-	"s8SE+9yZn1QAvI2duIFbl3M/flse6m7ml/B4IdzaMemOHZMatsn5BqCQORdcaXVsxosBee4i2OohEIGL",
-	"7XfbKW/bTvLMn8lKNLlcCKbiESZNmJldA4ndxu3PZfyJjsjp+c8RQcIVkdIXf+yCG9D1FWGmYEQUE2wR",
-	"AW4QmCSCcIEqz8RhT6g0wHtWS3AH3+RBOa3SKVYTY8m7ly/IN0dffOWTPwjmdDWFcjapyj/SZMYF6ytG",
-	"U3vGXuV3NpQ4IrGQ5mIqCwF/rKf3RE15tY1CLK6s0R2C2Sx3UE9KW0eDglKxp4bQaW4ytsHvtq5Xvn/3",
-	"iig2ZYqJhBEw5vHp0gcm+FO3X5NuTCeyMKNJRsWVS1YQUrDedkel0/dweeUWyjOL8PqaiMapWWI44H0F",
-	"9WxrJMn2WLlWT50zVz7DwCFhmKIJlJ3QM7BTgueOT73fLkJrtJ71dmIlzoX3+N65HNPB6nu171pKiEQD",
-	"XVTPSM5zpkk3iA52ocE0p8r0IsI4ZvNihDyhhkiRsNI27SKmyDOSWL4Njk8DBhyljYuFI93433OzfDaM",
-	"RzifO0dYSi8qxzYz1BO3e7SUXHwCsPAOpHtEJ5Rg3ZDi5fIOnZizReis3m3Bnh8dYfQU2d5t1LHH2EyM",
-	"zdKlZK4vzEcmNqel3E8uvUNq0m5JRt5mujEzzx3LbdRxIfCYq9IgVkpDM2fvk1OfTJArmRYJS2spL4Ld",
-	"YKpwaB7CcXc1A25O+7kfWIT5K/XN1vNZnBGuvOPahbbAloOUZhHTrWF3theA3lajhR+7aWGQx76+Hiee",
-	"bVvFmsXDKi18zs3W9cO8r/FVoA7OQ7D1m/fw5pokjSP5gaJyA617fl0us8HoKwUrk+jnFG2MCLiV3Br3",
-	"+5DV3t+LyTSjl7p3TIaY+g2rQaNjgwHnDjaTmmliF9N4aEZYDZQLTRbOB+LiKZ9ogoYDn9Tb4rXzcYFl",
-	"DswuS/JVAnawbISWjDYDRjXe2oJa7/q9h67221iJpeD6qm71qU5qg+1n15vcbmTaabr2Q5cqn1HB0ot7",
-	"Xdna1w3g9HZaxeDqOCIGDAloTsDozrDQyqUULZ7gyii2bqLAA/B55gvKjRW1XQw9fDj4fVjgHWnOXLEL",
-	"xK+tkisfkNgSXIFOeIiwiHyWwDGh1UtQls957MFWrslwV1dY+wWdldU53A4hmgkccVOpwAtnRXBBsyqE",
-	"l2OtJFhES0L/BozdanvcgLqNQNcOx02Y/o5laDNp9gsofNwijyk2p9wy/ovK2LNl6+WADV83r0+wxf0U",
-	"s9L88smNI+9qweO7J5n67zB6Rlt4Bs1EKq+rgDM/CLf34P5Eh1Fpa0FdjdFcmnSnoCxKoX0Vnk8RcL2F",
-	"AcDeLL35nn/bsIJjn+pDDRhzfKomyAFeVeN6xdzlg8a7cb/v/o0OmUs+iav0IRpm+jgyVYUuyYU4Bmef",
-	"JYi5nZobiLjRyNdP3rw9O33hXYpW0Tw6eFrmlxjn88eCUHrgqNKIMDGVKsGoSEfKtJEKkpMUv/bRYlZ1",
-	"dGUVB3CEcFBY88UPEX+K+7lEeNjhm4AmXuZFGYC2Q+ZQyJfvMlEzNl3Lqw0UCOrLNAf6QXpj5dvQhImU",
-	"OZmzsrhDWF8xMYqxXaizn7GJHIXpkQ1RQpQ3BtthSmgtbxSYPyvZNHAz/LyWnrRJsK8VpWmy4j2OTzfy",
-	"295wXs2xRw/iZipTUrwgNYNahi515f5eJUDcbclbO+RxriP3VoTOqDYXYPXjZnmn07pXil97It5qCm9o",
-	"Fl6NcfFpbz44a92LhffTbGwIbdA7QOwZvlx+dqEY1U2hBD5vo17OEGtBxS5wzZILegkxomEFHG9NNDOm",
-	"Flw3R+1tkDk2JS5tMbVUJxUYtusnXA3X7sDzy1sDywYQC2DHA4DHgQ143mKmuS8h2skduDm6JCBpzUYL",
-	"l7UNWY5c+JSGY+LzIElOFQa5r0teO9GEldTxQoGxekoTo72vqLqjOCJVYeYAwqoN4VPwPTfolzn9tWBk",
-	"wqiyKlJZ8BJzDjfEja2ha+A4t6JVY0hVDYF3qi78+13ZUQeSXNRFobKNkUJPNGE3TlV7/+414SLJCojM",
-	"jfevD+BsNySkfT38erh/fdC05N3RtlpoVMfh8A7XEdn75CuE3op3ZyWxbAhZ4FOWLJPMxzjJaRVvHvpR",
-	"wcWBRtzKnIsVXIHsQAFXH18Nyc6Qf9xo4j+DWl73dMTDt81hLHJKzl59/+rNeWT/e37y7kf4x19fvX4N",
-	"//jP96/w0Q/vT6HmPDin0ZUDReeHvfrFu1G2R97gohqvwO3Vi6930AefZwu61CT+eNuA61Hnpn8p+9W6",
-	"isR8vO0E5a4/jUS1I4PeUBIYGaWhltrIKelic4I5XZIJAyNWe0hmm4kISDMwam9lwYDVCVtKJ9FDEvQW",
-	"+xFc/LB3R7vQOkVrryO+BWyCEVdogEf26hC2ukP8vbdw2dCqtRuX9XC0lcWWQ29a1v3QvTl4/znmx1ne",
-	"lTOZZ+yYCMYwx3bCCBZacOVpyhTVw693cowisWyNhH18uXMn2XL3UMD3OSaM3y+Y4ROnk0cdTCa48MHd",
-	"22r512I6gk+j7anofuOPRYlBGEkKxc3yzMKFswfm/K9s2Rhq5J1jVJP4uSvmC+lJI/ItimxQLSi5Ykss",
-	"GxQPyBsoNg1J5ZWkmnFtjgnNtCSYqSXFWLgStkz1PZSBparG8EuztiM1mJ8LUA22XVhFdQBWLiqFTlxi",
-	"e/8RFDe37Q3e8rvbee4fIFV/29xl8RJIwKeGTzJGMMu/amSCf1dtH/7Wt1/1v1/O+w6r+yBwVitxN1pf",
-	"y+GWxWyYb8s0Fq54YySvvUQr3kI+jSA/nJ+flgmnllRaJOyzG5YUkFBe+b+IFZ48f+wLVhhFMwBHLHY+",
-	"Fq7iEJ0zndOEkb9TnkWEku+wOhITl1wwTF77azFhSjDDNEmyQhumRuTdydk5LKGUNiMiBetbvjAWdkkA",
-	"t2CdPSY/sckZJP9o9801I4apObfCevf0/Oeer4ytnXPMRUVAXSWoJoWpZwkVYzFhmKK4tD9CSSxKFHOJ",
-	"9YOxGIsXkLmvSSLFlF8WipG4Es7JM+LE/x/enp2PTt++O7cKwrErCV3HJXBUp0yNRfyxGuJ2peZQPCDn",
-	"VuMCczH3GfXCKJoYrDHwvYSAN8x9hKEV4WIsYu9e2qc5jyHl/pIJhlWeXI5yVKZgl8nGdiWQ8EqNq4Mk",
-	"cyZozgdLOs9iOIR/+zdi8ZIJ44pu2x/3yN6eo0p7e+R//vv/2Z0wvfNlvOqkyUgM2ayAbywI+Stb2uO3",
-	"LN1uIu73ac77V2wZk30Snz1/8933z89PLp6fvrr468nPZzHpQkBcX7OcwuZ7A/KTK28G5MvfZGpHD88C",
-	"SxrZg5ViOZdFWexOEymyZVm6wC6SCfsjyaTMJzS5guYK0Olrwc3MDhz3+1wAjWd9Ifu0MLO4NyAhKbc0",
-	"2GpqMNJOJJgbO3RFgO0dvK4Ih7sHFZTWigOFsaFdE+lOluEVTJaw9tO3Z40FsdBUbvfxVqyvVRMNxfgN",
-	"wCMhcRt9xDsCKsszbpa9yL5bfwXSXZshKga4+FbJhWZKEwuvVlWjFXGIXJcz5+TVzDharqNyjS5YuvzG",
-	"jqmLSa6kkYnMSOxJ5gB2PVjnQb7IMrTrChJz8cxjuB9P2LG60d4eaOh7eyPiIqFJt4qEjgJLQy26eV8x",
-	"XczLIGe70jkX4IuCUZwLAyOe4SgsaWDXEgoY4cMenKePtCbd1khrO3oZbB1VE+GX3luCM9g/IETAaJZN",
-	"d4jMpgAYwaJborQRU2pzgm6GE8iJJeSWjwUjwXG/xtVZjY1QYhRjo2CZfhaEFuflsViIc/tS/vjAZVl4",
-	"ygnEQlGhueHXLFsiKaX+NZfdwc1MFobEYC2NXbMDXcX+OC5vVVT3ITew8HMLV1iMTYIlbkB27J4AEDki",
-	"e3tHw4O9vQEJutXYNe/esMa5J3GopzCUKEvFSX+tqR9pZEe3rx7t7dlLziWEuQKl9OUlvXRloX/CmCDX",
-	"TEEWbUS0JDzVHkMnGM3NUktZEmbFChJqPH5uvKDKOmnxGGqQQltAz6wgOl3bP07gfdCVwFva1jgiJl0f",
-	"zN/D24otk40jEkNYuP0H4kccBb1burNiTkUZwH9MXlJtnp++6muzzHyDRQ2V5wg3WBDP9evozhuj/4GP",
-	"N4f/J65/0x1SASwaQTk/qcjR4eFYNHSs8M5u3/LCxUBXSqZGIeA3gior+Y38yChQ3N/G4rd+vw//sy/Y",
-	"mX4rS0BA0Z1RBb3kP87evolc8ycQYaISvLBitlUKU6cY4r8tUEVQ9QAQiBrCdEJzVk8Ac5MfkN98XTa7",
-	"Yb+OoL2If/Mp+W1LT6c6grjPjshv5Yqr8i/QUgkaCbqSqb41i/vqG/JbreMVuopAsJUC9rbS6qrqHQkx",
-	"5IRi+7ey9mrPjXxgtwF9k2CdVuN1Tw4PyW+uXYlrYVKt59Cuh1oxKCmUYiJxFVnKpjrbuhqt9DKKfK1I",
-	"bo4JtDat9yDqHZOEKkgTj4NWPDEu5wu4C9/Yxy7B9/QpqkZDW0YYwoYmxeUxyeTlpT1AkK/7mqcsClud",
-	"Xlq9wYpTU0Zc0Qs7yFg8J0KK/j+YklhuBWvIoj7E0qqTmv1aSDWnma/CrYvMYiQyJq9ZAd6ggpzxhAnN",
-	"KntV53lub7F/OBh2og74IkBh1aP9/cViMaDweCDV5b77Vu+/fvXi5M3ZCXxTJdKUSl0n6lwzhWHxneHg",
-	"AN9ycnxn1Hk6GA6eYimNGRga9jujj7dRZ38GSab/cH/NmVE80e6vUA1wPwEY+rf9BUP0cmN0+sxHK5WV",
-	"d1Yhqzskz6rwXV9T2kvf+DpKwE5GHwvPYqF2KSZO2n8jbV24AhKFZnq0EslZMWGXzozF9/QVlB4bCwwH",
-	"hQAQrkhcVvmMS8RYj6jSvaiMw8BoPBQLqk5dExi5EMaJ1yYIBd4WwEm6cRmPtxcfIxN0yU9zp2jE3528",
-	"Pjk/QWHdz7r/UVtVkkwVQ0rJFWJvb0Bid5Jx0MqxOUN+LFyKvGUiTkcIG48BOV7piLZGLkrufPjNWKyS",
-	"jrDKLDxClEGxj0vxKu2MLGxhzPxKU8zD4XBDV6i7dYPCCVp6QYXlVSFwWxqKAjDEvkPLqqPhQdsc5aL3",
-	"a224QhMgpIx6498vH24/RB1dzOdULVeXsDp5J+oYeqlXnNm3Dj9r3nOHo/XDtfLAWRCPEzZ1/mXdjZaF",
-	"FeEhLphr5GptvYvLmIPdLmLFOH4bbVkDok/sAw5ikDQtEMZXMaLZNc0KRuLrOCKX/NpZGa+eXcdtK4bK",
-	"0y3tuA2j82dqpQHxL//17MNfng32mjq5fnhAoA0DJza33oQqwKKq0CtVypSD2+F2uA1atD4sqL+uWX9a",
-	"YDvq5FI3sJsXjg5X1hLUUaHMpBNpIewbKq3SelFCS78wApR0LZfjgmmNKkkvGgupXLCny8K/ZhC4DR5i",
-	"LHE5IDHo0mh488VmXHn/sKzngNRaGY5F11U5LvdYMZxVRgXRiCXsO4bl/JrAOivSjdUlejXJfkHB+RmE",
-	"84P4W+TESBIjhb+A36sAn7gq5/zlcGjPAoJRPVm34huqS6FgNiDn5QwcmlQoQhMldcn5NQTcKmZltUwa",
-	"cimhKwJWQPWJBxaPS6Y9ZQu7h2wlq8aeDfR5QeJsJXPPkO1FgCCYgj0Kgb5iZZgFAOwLhbcpR78xHl2g",
-	"Vw6rvFAsub3G98ZilfFFIGivMbxuk4CMx1Va7SqDESghY+FMRaCFhS1CLDzP6ZWPAW1q2GHPar6u2yHc",
-	"4/7oWNRbd4yg4opUJYR3qS8u6PRwlBqk8B1JwuHK9NixACm4B9C8aAhjrQ+CV2nhEa4TA0PhvBFoUwYI",
-	"PRZebe1aAR0U+8o4K+z7C4oj9uDA6nE9yP2sFGM1AVcFQZMu5JP5euN79WrjKVP82luCfJuE3lhIEUiJ",
-	"gyqw2ari1e9JXtR/8DHwYFtAM1EXHANY/Xws3KpIPLR6RVU5veoM0UOlpkz8jJmw/M3+q+KErheSI0tj",
-	"0cVGs/Zn4Im6TDvB0VDYCz7BG8FQ9Sd6LOLVfgSDnKfaxaJbxPJQhnggluhrsmDBUkAjb56EG9ZFMhsL",
-	"zFoA8ODVjZBuPC80mIV8F6Y3q+mA7tVe3ItccxKEVo633yRKJrXWPegwZtp8K9PlJ+PK9fZAt3W/tKuu",
-	"uiISHNxpcinYDkVGavHYO72Kgem3HxpECZcM7hgqTZeWJNSJRhU87aHAEjBHqHqPKGtEnaODp9s/Wu16",
-	"bb87PNxlsvXetPDtN9u/rbewvo06Xwx3WGlD3+WdBaoXzrPj2cKO6gI4e6pGBM09hLwPYC6vV8xxwJNF",
-	"Cnk7gNWBzyCwj+kBeZWyeS4NpC+hzDMWaNLngrDplCXGCgpYE9oxn9Dg6+0uXwyHTfiOH4T4/kCieK2d",
-	"QwMC4fN0cH+Y3gVSqub48MXR9i/KxtZrEFULnfjlg6Uh9QiG4Dcf3YE/tcHid+72gn709qZ7rWJ+o8J6",
-	"ycwj3GctiHyjavUvfqX2VCbbCcyaYaFpD9Ur5fl/Z/lRE3HaD/uENlof0fPjlbx6Nh+maKD9q+tjTcDa",
-	"a5UQaUXWLLU8DATZwRpdsXLMC7+ABwTDsFNqm3HKLeNPDIf2gx244wvn3vqkjPHTwzzYKOrglBYKepcl",
-	"FUh4JKi6zv4uHGizeUBvKBCzYJoYjFv7FpBjp6HWND3U/qKwB0NZvoYE0DQWXJOZFcwnyybUiTCYdlmL",
-	"nvHeI/C0PNFBexLoRjUWLhCr6zrcMG94WGuSTHIoyaQYnUfY4ZWL0BYCFggpUFyo5eiCmSTyig2hl5QL",
-	"yNXVaEDB1gNlZqfrvALdSew0hTA8G4u433cH0VfMYjEHB3HZ1orMes7DzQ2mjYKOC19j+erSX11vRjYW",
-	"DFtbiCXEnfGEejV9LR4rwsgEH5XmnysGyRYD8lJaZRoi6NERMBgM9heUg3vY/tsVynd/YRaC/QsdBnGT",
-	"vARDv6haSz+EelTvtPwA+tFOzaLXiekZlul6XE3lT0h6/wjt6U9M7rH7Hl2l8c0kfrOosv8x2aJW/RXa",
-	"OAU9Sp5UDZ2MYozwqUV4bXiWQbRhhLRwKhV4trkpSRti/6BFJQpx/LNKtIILcDT/rOKLBTFvaQUr926Q",
-	"3a6NPQIobaDagdDyGZIeF5IC5W9HELq3/Bttfdmd9Q4KI1JhJx1h64g/z6qqBNZHWlWrYgH2OxBdYUlW",
-	"UG/mS9hokDwPVG1qypA1LKriylx5h806V8JJHlbyrCcW7yR4Dj/55G3c8Az6qP/vFz0/Bc37Z5UkEZE+",
-	"oSgJ6l6rAewn8PY7HTvw55f9BTy+SoulA3JiUXVE9vYOh8O9vcolF8Y5gg9uLLyJQc9ozo5JjPWV0eUY",
-	"Y4VljINAJdtlXTn9H1dkVsotsKQ0ECQ0j0hcNgOKIX0D3EvQc2hBdVXiVirQ3HuD2hZzqjVL0Xo3Ggu7",
-	"pUO/Jegu/8LbS7qxs3+MoLdqjD7jvb0fGFVmwqjZ2xtVri00pHhyhhTODgppNVO2KBti112VYFGY+RHj",
-	"qOpjTbRzvmKYFMm4gIgJSOmluryM0G8vBSOQaDcWU7AB+Hju2gL+4+ztm37GLmlGMohnuSSLGTeYotdz",
-	"topqTxCPDyUSb6ANLTUkKaxGkQKgekuOdv4WeOZDNSzxh9brxmXeY4NC0EHCsICx2HDuGJZCDTkcDgfE",
-	"Z91BKj6kESwkmciUM42lu6EDsRsiHotuWcIcIFoVkEOYLV3Ck5+2VzNc4ZkPyE8u3CSVGNWDXWgpRoSC",
-	"/Szj19B2t9olsEdGVQau0JV2vD0fIsRNvZltnenZ0SqWtzHy7sxdq2tyX0HQ02FUesifDodtMW1hvZ6K",
-	"YTUUi/MVx58Oh/XScaulDX9vYNtuXuygIe02L3apJHzYrCb4Om9U1CgbhKlEpbmtxNYo0LbB612CMIa0",
-	"eBgEoEM/9+Hw8DFUnwaCF4Sb1Xb7WbL402tTlghhMsqqfEC60Nsll1nW+1NqVqlciEzStFUSeediMM1K",
-	"DYjVEhDkBYX0lyri0Jf3LLTlHj5sbmV+F3cJ6eCQAwM/WK7kk4F8MjWmiK3bxNwGXmIPyY2U+LS5o+Ix",
-	"USyj0FwDkixA+il/cvJO0NO+iUgrNpeG+ZIVdd0kJNuby2A8ZMTxd+6g2vWYoMyHr7nx2aJ+L4v6w5Oc",
-	"d4ymPuiZemRcyczGlNDeo7n1y8Tj/Y+5VOZ2K02hUKENZDLsFa2xZXLc2KodvaFLnwxOqE8Mg2hDzUSK",
-	"CUbESrWQagD1C0nKkoxi/3fXkTkmQQFAxQi7yaVm6TEW4kH8byE3l8ycuG0+pNXUz7EpiMUf9784jj48",
-	"rv0gF5YLAIhaPUsqUwFVCUmfHs228/dTqUw7Ot6w5HdZI1sNjO+sPF3FLaAwrWekn8SuMRVo3U6v69Vy",
-	"OQL/FllN3OR6LMoUTfTvQ7EK3zK/bsRczGTG6qZMKydg4dayVooLE7BDx0HD+JgcHH4RuSRpqIAdl1aI",
-	"OOj34cwa2I1nQF7VaotbxcJ+MxaYYFKbD/r972Mliom8iasxsVgYkCNvb+lKZSnO/tHwm9JiUYZHwK4g",
-	"b9lIMmE+07g3ICcQi43d9rkmCYpg1LS23PfS2VgcfGnFs+OarcZq7Lo3IG9kmIRLUkZTMG5gpjX0i64p",
-	"MFlhqfGlArtGzhSXaRm+X8u+XZOOIaMijFyIe6My3SdovlVm4DzRY+HsLd3D4bAKB4n/1ndD9F+lsWMS",
-	"Lo1EmFr4jIhc9ydU8TWULBoLLIB0V3NMaHwhddvLWLQYXyhmwtj76TkvcAU6a+Z4MFf8WvDkKltCEjQm",
-	"2vj4l0wKVgJmQwCPPfnMN5L0A2N3C6f/WrACtFyIsfC4thpmI0oboD3TKTPJDJuv8JR0QbofDAZNNk6o",
-	"uRDEtBxjuA4U3ygsAy5LN8FECwoBOPyaKaiZkWlGGmN6etFYFCKzuB9bnL+Q4iLl2m0c6utDXzkw58nM",
-	"Ktgzes1lobAUU/UukAykTI6ajAWQE4thUESBQB2HUEUH2ERjE6boeqA8Gg4jjG4+Gn4DiUQR+WL4tNck",
-	"TFgAeFi/CRpJ/hCvSWj+2WzUUVSQ7mJGTdmgGLiBJdNQvs0JfHbCEMnbFuBeD5Xf289azOe4oEB5KgRY",
-	"4gMviotrtMB5hzQLNF+06jlnwJkr2wlw5pyaWdxi4Di2PJIrlhiplq5y8aBJB3HWjjsgr0wMM32UFepI",
-	"XFqSJ1xQsGmsmiU2WQpArljB0he4hL63dGyoJwqN9rmohmlYl6/c22DSrnp53H5Wgh7T4ECJogu4NSd/",
-	"/hHqj8WCU2pmqKoUWzDQ57ZB0R0unF2vjpdQPByA8pjESaEy0j+PfZ0QbB+kmDBj4bGUl+XU8owmWL7N",
-	"si/MlbSDY3A2TuqlQAjPruKiQZNpEhDyosL0XYSD34nkjycc2F39hHn2TfTFPfpsffyTWh/t/ZQ1FyC1",
-	"eld6sIGN7vvit4281EesNXFTrJVpJfAYHMGQdricZ1xcYTw/fpqiBxkd7ywlXchswGLTULaHXzPRu4Pv",
-	"wc54d058d0zZZAUEEvPZAvho4ZJTvO8/ktdtwqHM9QjYAYeYMMC+XBJLJXcG3BBDZZJCaaib2YuIxkqR",
-	"kyUUjY4I1VD1cCrjEs+0O6YBee6iG76IhsNhOWF3yhZMlXYuroirbqAYyaS47B2PRS2EiC5hxYqRhf2/",
-	"uVQsxNIVifko8pTpqDmz2J7RSxDcHxhvN+X+lYt+ov3BfEbjx0j/CzSsPyceS3X1MGb751X5t3qPzIol",
-	"TpZlfRpfiaeqPl4rLDNypV6kugKLrDJBkT4sl/IEK6Fry579hG4B6M1bWDECihpZbRxiDsU111C+H8Xz",
-	"sfAuOVTTq8Gd8dvOD9UqnAEzLCqMpr9yLa6QQSrtFsZiYb+UgnDjw/j8i9BhBheITn/S9T0/vVWUiWuu",
-	"pJhD2BrYM/3exwL27Mb0wRBlBRkY4fz8NR7AhFl6p+s7q0osourgzwwSO32d+BHhrvBSVZ6YaohCuWqi",
-	"efb3h62d8lKqq8DU+JCZgDhVm2nRPv2cC/i/uSLKp6f8FiY2V6+oWh216ChVq+sNJQuqnrQrJLZelSCq",
-	"IrShTFjUWl98LLox2hwuoKo0tEmeQt0shvW7qh4AUvnvYHRadiuovGSuG6qrWD4WluaiSaKsYBaGP6+E",
-	"1ZoZm/cG5MTVMS8L1fu6ZyjCAXWFNgtpm/SFld4fUvyCGTbJX0H34H/pMiANJRHCxsrb6rw8QHBBGRxU",
-	"63WBIE0EW9TbYmBCvqv6T5e+U0HQLQGeHY8FFrcXZfMGJyP4jApv4Stxpj5a8A2yZbsSHALDFpIZz9Kw",
-	"WHLZvoGEKNwbucID2itAriE6wxpx2CY/6BEQjQW2fsK6laAheS88N6Tr69DVO8qPrNAFsad0vb5TsMKx",
-	"gAl7gZXSNfCTc26MC7au9XLotVdn852NHkK+gLEfScAIC7Ctk48fgcj+0wkY95YXHp5I/QhoGKCc76G6",
-	"u4kR6dm+Q7BNifzvXD+RiiVjoWLX56zqpQShKbxsNOTqmW7qQhL2IEFGi0FMvkv9cQ1Va0EaAxIrNqfc",
-	"/vvCtfLBWil6tZZKSL8humJBVaoH5AWFyKgV4YB0LVFxp+oJUC9ozjEWR8NvmnDevVsh/QPx8nc4T7vE",
-	"715IB5+tIatIteLDgy49awzq0SKEHRJ+9K2uNxbUOPFZzK7Xz2bkIttwKyoT8aqmib6OD4QWY41jV6NH",
-	"HzvTpHG9fTB78Gh4UJaSFUQKwEpg0x4ZMTgrREEfxMXSQdlRirvYLp9cvaY4VH27SRcWOxa44Wi148kT",
-	"HZUZ214al8o3G+qFFRexd96MisuqBLaVn3zdxjn1Q5TmFCfw+E4F//Pf/98KJY1dZB+fTpmVcXwfIm58",
-	"YyY8kRWJqKQ5PCVzajD22w/Za6Y2drRHIDZ2mk20Bo74n4v7P0b4AIAV3QmZH07r2G6fBQDbQMKg4c+n",
-	"ss+uePvt0H98gcxTaGn0uSbhY5mmFGP/YGhdD9pFVlU6tmrhLYCq5M3SZeLsf8ypmd0+cG0SzEaImqK9",
-	"FJQWR934/bvXEZlKkEqxzyWUNKRm5uoChkcglTnGUvlLqPlJdEb1zDKVbty66a+HXw/3ac73oR36v//6",
-	"7CCuuoHGK08cs4GkPpe+53L6tibzraXvtdyEWW7s4XJqlmeuqvJDon01zcauI76+82ejWA0Syz7Furoq",
-	"j4z2gh/GGIYdI3KzjH3rj4lMlxFxDrewFqiXbp2h7PT8Z9KNXX0G38Qh5zmiDjRDj8Gd78P6gfe6CHcq",
-	"fMO6WuvlbulmOiA/8m+DPguRK2RJJ1pmhcH2BkROp5oZ7Xr4Qm9N2EqXavI2Z8KdACRCpE902XLR2bP9",
-	"SaMvbexND37zWK8CDepVJ1i37sif11ymzqbuNkT1Fbaf7sb/npvls2E8Ggs4mOOqET8eYO+4qrXhKJPr",
-	"Dsg1NhJ22nTsSqDihmMyHIxFUNfVWeTqAAWePJpAjrGesSxzqVN8SsqCGJD9oGcr1jlofe3Mc+22uArd",
-	"H8ggd2qWWKL+kYxy5XyfS4D+CxZgcqU8V8nwGhVuZcHYV2+3Cp5u8NVKaRFJMonNEKqGnj4LuarLWBuj",
-	"rYrnCnp+LuS5AmRwNI/J89eLa26FtfbCmo9zu8Esm6W5z/dbi+Hc4WIfUE1ye99kY/DUan+hH1hn274Y",
-	"6AD/MAFpZ55WYlgCMZIIuSB/qXprxcN4VLXROl5zctZFKuyJbMbCfd/u1RyQ5+Uk0PGqXtLu/Px10M1q",
-	"GLve/uCM9WGrirkOtj20gB4Nh2FLVPd5syVTsMXDBmO9s1NslMsezZwES/ksmP2p/asnN4aJtGZ8yviU",
-	"GT5n97I9KaaL+QNZSXHsP95M+s4lz0Ofis/W0kfSA85ndFG13d+tG1UzjFYRfw/C217Q3BSq3lzNB0Qv",
-	"tWFzAkHL6AFcbHT8O0grDSAMWwdwFfZVkTkTtWKfLhSPJLiQdBTEP0LgoPdjjkUZFu4sK1PF9CwwPzuz",
-	"rB/J12gLg5Mhz8pV90BP6listD3B2Gd7U2VrGh+CgHUzXKPC8CS6VUN5KQitxgw7ybseki4YIuwbU67O",
-	"td7uwjtR1c6dLICRe/MSdMiENsOGZZmvtOr6wdSauoSLdB3fR+s9ZBu6pmO3y9q5XbHcDMipm945jBMq",
-	"7O2V75UOaDuokOZCF3kOuTjxhm6Z7uuHqsrthn+sqCy/mybzj3v22QT0+JHfj2D9KbGgmZTeJ57bNbdv",
-	"c8xUvQrPfBf8h5M0YIbNxVJco/5/YafMeY2Rwnk8WuBSkfsiqQ/g48EsKEwXgmKqJPb1Ny8mXx7FWAQe",
-	"0pQvXF7m9oKlmOCUcrVevYAExQvq1QmSzTVcT9/fpYZrA1fCY7xTSYO7YdL7HEuc/iEVj/zkbWj8uarB",
-	"H1WN6I+oiHCPkqye9oSaSWvUwFn51kNyJjfJxogBv5AysJSpJxrkermA6nq1fqz3g+Rdm2aXnvtyHTo4",
-	"p03Sgf9pu5/oHTbyR9cvVmyEchQYxOm1ggXVgZ7FjaWq0DnTQDQ5nEbv2Eo0ZX5nGP9TxodeQs8IQ5e6",
-	"ro5s6JkdSv3/ex1Ljxtfvb3zdXWqTWC0oeX1I1zHJtUoxNFHu4/dj7fqQr3tgO8oerlvUarbsh6odorD",
-	"FirrjDr7ILC5daz5LRyKZnzKkmWSQcOSoBF1hBJQFPbOL4tjD6oAs4r2r0fNvay0m4rAOvfkVW2Q8ozW",
-	"B/lupblxtLkx8IJyiMKVKoIGOfZFDGmBmbHRV+bjdKlYBganYEVld4PmWEAXbwScEEMeV8rCRlBLSCpy",
-	"dnZCunPXD3iyJDPMmS9Lg18yAXlpKQ6meuGxYOWvpjV471/39PxnO03Oc9Yro41cto9bZS38aS1miXjm",
-	"nrFw7hx06aa9r4YphadgV+Pji+676wWbaBi/NQ7Twjnz5WplyW2wVPp9p4XhGqb8gdHMzBCYuGBaR2TO",
-	"jOIJWDC5JqlMirmPnoDwNiUXmqnKRdsF3CxXFM4qc21R+/8GAAD//w==",
+	"7L37bhtHmjj6KgXuDzCpaVKUrGQSCsbCseXEO46ttWTMBKFXXewuijVqVjFV1aI4joB9iAOcNzgvct5k",
+	"n+SH7/uq+kI2L1IsJTvjP2Zisbvr+t2vn1qJns60EsrZ1uBTayJ4Kgz+84WeTrlKX7+EP1JhEyNnTmrV",
+	"GrTOJ4LJlOkxcxPB0tzwUSZYQh8wN+GOmVxZfGrEL7mwjrWtECy2jhvnR447vVbUsslETDnMIW74dJaJ",
+	"1qCVTNNu/+Dw6dFXX//5m2/5KEnFuBW13GIGT60zUl22bm+j1nvhzOL52AmzusgzkWiVWsbhMZtPZDLB",
+	"BSWZFMqxKV8wA5/XFzGVSk7zaWvQL+aTyolLYVq3MOOMGz4VbvsZPV8+lyeWyTRiMWwuZnBQB1+zTM+F",
+	"SbgVbCJuWDLhhicwOGtztWDaTYSBk5aWHfWP8LwkDD7jbtKKWopP8bhk2opacNDSiLQ1cCYXdzrYqVRv",
+	"hLp0k9bgoOmYX8lMnMKUK7uEX5lUVqYCD9dylY70zTEzIuNOXgsGS7WMG1H+5DS+O9fmKpWm2NQvuTCL",
+	"cld+j+u3tW3VbwS3ovlqMnhE15HZptsYcSueHtYuJMaPLmQaM6kYZ/EZ7fW9GMdPLIvFjTM8XndH4eMd",
+	"LyqzXbqdywnd1lXWAuBzThgY/L8y2/2Zd/9x2P3zx08HX9/+n0b0ONXGNW1/po1ruLWIpSLJuBEp7DCG",
+	"t2zMuGOJEdyJNTuD1zbfE78hlPr6q6+efhWVKHbQgGJRyx/rOrrj10qXZ0c3/vYO+5tub83Sd74OmCfc",
+	"h/x7uJGpqt8JvFVcymF/zaWcCWulVuv2d3r+E7P0CpPpmoXbLSvfhhpnis/sRDtaRGWfarZun/dYRfVo",
+	"1Gzr0dzCWHamlRVIXJ9nRvB08UIrJRIHEwC3Uk4oBGo+m2Uy4XB0+zOjR5mY/unvFs7xU2UN/8eIcWvQ",
+	"+rf9ks/t01O7f0pf0dRLOKKI9npmMdFZSuwsXA3AXOz4ldDXwsRszi1T2jErHGvHiU5FDEQ7fv7m/cnz",
+	"lz9dvHj39u3Ji/OTl0AgbqPWdzx9T4zxMXf1Wl3zDNiJmuXumMXCGG1szDJpnWXiWpgF85PiKj17e6vd",
+	"K52rR72AD+pK6bkqSZM2LPe/tbVhMsu6Y22mIsVHY20utXNCdQoxBJAH96DGmUwe9ZxrdMoCMUV+Z7S6",
+	"ZNZxJ2C9zE2kLcUj0bvssRnPrUhhQ9bp2UykBC2vtBnJNBXqUVGAOX0lFC6Ve3So3gZnNtEz4OYaSG9l",
+	"SzoHZnEbtf4AgIPAMpaZwDUDr6IjPeWLTPP0XOs33FyKx4aOcO0jnS4ARDJYBJwfV4xnwMkIev8z146f",
+	"3CRCpI9LAKuLnOs8SxkQOxKgeZYJ88Sy56ev2ZVYMCCBjLNfYK016oe/XAi//Ph4qOJUOC6zmAELIYqK",
+	"Lw3CfQkbsamYarOIWCrtVcSs51UW0cL/wUYLJ2ynx86EGKr4+5Nztn99sI9jxb0hMKyKKoNqQrfQE5qO",
+	"xL+9X9Eobolbm2uZiA+KX3OZgTz/mLfwDk424TOeSLdACIYTG/HkSijUCnJlBE8msK7eZ9wz8rg/Gtmv",
+	"SkZVKHvx7u35yd/OL96+O7949e7D28BjPyieu4k28h+Pizo/SmuluozYlGeBRYmbGchIsB0jrvWVSEGo",
+	"ToVykmfWL3dmdCKshcs8UU66xe+F8NdSZ9x5/KRvt0oLt0HyQ+j7jrtk8orLLDeIMDOjZ8I4SZKdVKm4",
+	"WRV//4o6urcqxInOlYu97mFZu98FsT5FBWtZbYhafiG7H0BVcP3Zr6gc5mMxhx79XSSuIg2tbicpHyzJ",
+	"tFF4BprfPUwcUSuZ5RdOTsWFXT2vF6cfGDxj7dwKw/7E7MI6Me2EIwySEBllBPPwJSyTjs25dCIFrn3M",
+	"+mw+kZlgJldKqks4YQBc7lqDVqpzIHrF0lQ+HdGRp7lBWLyYNqztBz1nGcg70jHDFWtbzcbcRPWZOkDs",
+	"uc1J5VzWR2vrkMp9fdR49QiXF/T7pxbPsnfj1uDnzXBwciOSE/juHD67/biMDTGcq85dzOYTocImdO7w",
+	"bPHMpbPhRNml0fkMlYArmWUi7RwzkVnBVJ5lsAv4L/EO0JFgzTfSXQAJWz25t3mW1U/pmB0cfvOnt7QU",
+	"moCNFszKS8Uz9hYef1WsExaXwkpX5206vLFU0k5EesHdLkupgwZ3ogvzrZ+pBGStpxe09gqejLTOBFeI",
+	"wIJfXRDnv5jKUYOpSfArZgQAiXJeRliGdM8gUZqyrriezwLu/u3m1aNdszjFxhNaORHrUmHMhZX/ELWP",
+	"1kO6danOXfFF/Xy+A4kIDoTeYldi5hhhHWvDqYDIoMdjUFGLtzo74pgzuUq4V8KX9QTrjOBThpKISFk8",
+	"5TcXOnez3F2gmBYfe0swyJLcglyXcJOKtELKi7NcIswV+lkQ01Z5GVVMqlGC2pXUwbxOuWokdhUMa4Bb",
+	"v4H6DVbPaAP3eCNJ5W/kIMQcnSCCuol+BV50W8zEjeGLdcdnNy2pYojgaSrhYHh2WlnfmGdWNMkLMZBR",
+	"/3nMxlJkqWXtUe5YDCd2odUF3DUZcOJOwYgIOECw7RHPbWam9Qnf5wqoXmwnrJvErD3idkJUb2aEFYpg",
+	"eaPlK2ol84aRX4oxzzO3bJTeStKEul5/aA2ywJoBywtZRpx1SI6oXWI6Uj78SxjDAAsJ4RHhZAXfIhYX",
+	"QBozK1znmKV+818fsR/ldxHjjk21deyAfS+/a6QOhT33oP/np38+Ovjm8Khu1N3OdfDGzLW4AFUGmKdK",
+	"LyxpWg2bfo4mlBqwbbifGlVOpboYfX3U4B1yXKXceFtYhCbjr4+6QgEpSXe6fi8iNElmAaIOvukfoxDA",
+	"noWDbuY2VbfTmolLTgTS3uqcH0AGBLUadSa5yx6aiUUzrUAx3Nvmt5KKOkqjQeNixg0oOw1iv3STIO5H",
+	"7EqIWVUIFJZNeSoI09EKZdmYy4y1A+TinJ3dIAJnWV3Cj2TbkDCXWlSmRvmiNNMRI+PKzoUBzCq9QKjw",
+	"IFiW7o47o4VQzixmWtISC0awKyHxLOABCNNYZv4qdx2yfr6v4HvmNJsb6QQbibE2wqt2zAiXG2UjdBWy",
+	"7jDv958K9uH8Vfcb5sTNJkG2XKFMM3GxASPPnJ55VzBeKOomc4A8pZm4EUmEVkLAndPzn5gzfDyWCZJW",
+	"pRl3jmQbeEY+gc+Ax3LKLxsEuRdaOS4VQBi8wNoBR4H9pTq5EqbTY5lOeDZAeCSkHzOu/Bfe4HzJnZjz",
+	"xRNLL/uHqTQicSA8t+NuF5908YmNOwPGmdHa4VmQNlm+762+MS2BWX4tYvjp3YvXLOML4ESOmxHPMtbW",
+	"M4KSbMFiWF7PcTMwYqYHjl/GnWNWurdx9YhiYzR+46Uc9fvwQKpL3AmtD/5pBN7JRM8BnHiaMq0Ea9MG",
+	"lbgWhs3yLLOdHns+AqkAVgg3QUeVgOQnUnYtxTwoDxNt3U4EfyocT7njvwER3iOsi5Rxy6Q9Zjlae+Av",
+	"tHlkfCQykKQyAFS/vkza3XBACQfiyzbZ8a1/DfiwNq4BWU7hZzhfcTPTFiij0fnlhBV21oJA7n+S6e2+",
+	"UClSLbv/CUa8RTpYkK+7+H+30LaolSv5Sy5e09hemZ4ZfS1TYS4I6jYQKhpyabP+666diUQC0vthjgvL",
+	"45VYhBCGv6MrshFIr8Six+JgoaZAAct4kogZfIKw67Rm7bfiR82+X0yfWNBHpyQXTwX3ETNOz7qZuBYZ",
+	"SdQ9dqZx8spn4tKAXmsnfCZs5INbYAQWeyDo0Ssxa+PgfIHuyRGqyiOpwhak6wyKby5mOpPJImbt+JNn",
+	"rs8TOIoB+SR+TYVaRH7yAfv5E2946kD3dgOW6imX6tcXr1++v/1464X/2Ps2LuipjaPyp0SmBn8YZUBg",
+	"au+En+gd1iYTJMq8gGe2sxN+oDt5E5MojFbAqbh03qdVOvOcZiOR6ClAAk8Xn4EHGGF1bpJCUNrBdvW+",
+	"+OT2Y4NpqQKAjWKvcWxs9JTYYOFPaQMZrXl30LMzV7YzYNJZ4ggR/pOmf2KJLO8mK7us6cDfyLFAa5pU",
+	"zPp4LVwcigZo6E9LUbp/zPrsGTHsmQSGVPAMEA4rLI9NOAhn5+dvWCJkhtb4uNud8puuc1kcISf1Ax8e",
+	"sUnnM9yk1xybozrgIdCJCvMl6Sdlcsym5DHo7Cayr8D1S5EJJ94Lm2cNtoUUnzZa3Zbk//Bmk/z/Us9V",
+	"pnm6bhbvprDN2hYcAQDQE0uOuyZ9a5tuUhm/aYEnnge9VmO9urzAoepG+Ilzs8H+/sHhn3v9Xr93MDj6",
+	"9uCrp022uopjbWfOv7TEpQ0VKyoHb9xWzVDd4DJZ1AygqUyR0JtcAbEC6pEJeNerocFKnJJ+KBRA989B",
+	"lW1FLU/pKmspN1RRwO+oAf4rG3VWLWGri8VDK2hdZ1A3aucuk9cCCFqmrQsxSX4wJJJj4ZIJ0maD+MlG",
+	"i6HyJiAMqHpiWfy3rjf4dV+nIILDegfFoOVosGDLVtwb5FXfrmLfzbazsvPSSVU9g0yMQXqZSJWiLOS9",
+	"IIVzhlTI46GiTbmJWJAlIdj4d1z8F4vRZ7MYEbVYwy0e3qsZVWSKQheckxBOX6HUzxKugGA6AWpr0K4/",
+	"pwO0umbD1WCTxzMi6QeFLJTUnMY/xI100ZrVe+U3uBy9KhkEIcvnTLpH9aSuSKR119+qZBBOp/SfouA9",
+	"5wqt3N7V166c0xMbfs3kVLrOMeO7XHCTv+nzeB7RNhL09U3eRwTLH+V3DwSSRAjXeJbhrAGSGDwmr7FW",
+	"zBMlH9LnFZ0xhW701rkhhWmiJ+evut/ABinKFCU9ZsQs40mjiBfcaZ9jpDs7KMWNSLyzJfYTBBhMyHm+",
+	"RVr2ay+Oo374S87Iusdxs6fwFWj9iFKrhBMtAqtb/I+zd2/JfOphUI/HQqWgceAXEcPwUgrp//ngY+xt",
+	"eUU2C7KBxoOdCmu9mXIzL6CllR80by0TzQL6tBFiX4MQIgzqR1qxkXQ2IsOFFS6XaQT/vZTEDKyTydUC",
+	"EUwnjmc+pnbY6n99dDRsIQpVQtJ/7nf//PHTUVMoegTLkWN5R4c+hcU3YV3GrWMiE1NBJA3RHa6rPWzt",
+	"D1uFncFo7TqN1zBrTL+p6FV8ZHWWOz9uczDNKv41RhLAqcMTOEnCjDZndjHNpLoCrZ+EQzL0PLEsQ9F8",
+	"10gCP84Ffd6IrcVM9E4EPG1upHNCNeP+GtWIO6C90h6zGE3NZI9jqQBZNGKvXr96hzGlQGFdVR2CIwWk",
+	"lYDVfjmtqIWDNGhGS4hQTZLw7/qTjgjM6+C1Dk+aIwWEciZE0e0SKFBg3O2qm2g9TBVmivsC1gZyXBvf",
+	"Z1ZMtRHMb42CoOfCBM/QTnEi/tDD8WynsZn4K4HU6hmvPxc8ghIaWbs4nNVz6dwB48itX4HxrYjUvH0c",
+	"vXG/2lzdV3UvPKaojaAKvtbH2bDMNWtpVgwKx8LOAF5m4W0NhikHbzqi70lifp56btMMAV6u7s7htnl4",
+	"l5EEBoQyy9Bd0FmNbEmlvboY5emlcBeXTXImpo1gekgqTcUF98ST4////2VxtwvDdPW1MCB6ShcXRlEa",
+	"elfdBRbjV7HD6yAx1e5mlbB7CdpvsFGQ/kHbQn6mzey4j/XsZJPc/iPNROM78p/C/WTyuhJesONEv+Qi",
+	"r1lRqzxt08ksAWH9JKvfFnPUdlW5qqYzjlbAqgm2fxA8I5q2hG6Ou9zWjaL6aqsx1n/WNBMl3XoRbymZ",
+	"QQk6esq+bZO3FkUJfSVUA8Z4E/mdhDCKtLfr41mfMW9N80EAXmEu8oUwdwzkTm6C/fF+Ea9Fyu8Omb0N",
+	"8h7M3ujDQYESj3A+Qe8spmlNAeBS8upoJbwRKQiWdJIorMGHZFLjVtjwHQrVXIWcnp3MWZj/tY0+I0Cc",
+	"4ZvLYFTJiaahqtuOqrdfu9a1YNcsMdE+d+YnJQBvYyd+4LXLuR+/LQ51N/NL9Xgxit0z6RaMyZ3Y5HxD",
+	"UMi8C66wOjbjRY8994GB9ciSiovtN9spb9ed5Fk4k6UgfT1XwsQDykVxE1gDi/3G4ecirMdG7PT8p4gR",
+	"4YpYEbBw7GNGyPUVUQJmxIxQYh4hbjCcJMIojDJ9x2NPVWnA90BL8Aff5EF5W0ZoLJ/FkpiPPvYmpSZY",
+	"iwK9mvJFMN4PWDxsKa3EsBWTucyDw4BlWs9GPLliWmWLTgQv8iwbtsgQEH8aUpDesDVgP/d6vY8RG7ZS",
+	"oRbFD7expzZBSudGeB+/Ze14tpjJnidyccTivfBHT5vLGMkQJQyhuTlXKVL+Dkz+4vXL95a1r4/gj+uv",
+	"jxlnIxicpykGOXh1c//pIbywf3D4DUatqgWbw9yUfAiLx13twd6lT6L0QRUleKCJtMfeYvKhEVZn1wKP",
+	"hDwJPhThmP1wfn56xtpnb19T3AL8zdogvnQw7EgVq/OfoGjhz4NNc+too2U2p3/WY8/ZiKd4igsq69GP",
+	"KGRXKwr1wczPJlQ4LVOclpPV2ftXL9i3R1/9OSRkMcqzbAqvbrKz/MiTiVSiawRPASiDvcgb4OBGlXYX",
+	"Y50r/GM15S5qynVv1IBoZY2+NMowu4NuWxjKGrTbUrZpSGeQLhMbnLarRokP718zI8bCCJUIhpZgOV6E",
+	"0J9w6vA1a8d8pHM3GGVcXfkEIsDKznYvtzcW0PKKLRRnFtH1NXGcU7egEN37annZ1lit7fGra9283tb9",
+	"jIL5lBOGJ1gKxk7QyI1uXzkOTt+IXBl20tlJDvH+38d37c4oRbO+V3gX2ChxHPJvPmMzOROWtSsR+z5c",
+	"n8+4cZ2ICUkZ9pS1wrhjWiWicGz4KEb2jCVAhtFr7tD6Z6zz8amsHf/7zC2e9eMBzefPEZfSiYqx3YSM",
+	"DNvdoUbPPwNYBO/jPUJbCrBuSLv0ucBeRt6isZTvrsGeHz1hDOwc7jZqwTE2cvJTt/Bp0qsLC9HCzali",
+	"91Nq7pAuuFviXzC4b8yW9cdyG7V8WgrljzXoJNrxzBuL9Tgk+MyMTvNEpLU0NCVuKH2/alukcXe1IW9O",
+	"xbsfWFRzyuqbreeYeQtucce1C10DWx5SmvUTv4bd2V4F9LZavMLYTQvD2hKr6/Gy/bZVrJjLQOOVU+m2",
+	"rh/nfUOvInXw7qWt33zAN1fUMBopDBQVG1i75zfFMhs8BiCGhcIWIFtPdJYS4JZKT9ztYqWJ7l7Mxhm/",
+	"tJ1j1qdyDLgaslg3WP/uYHCr2bV28atUbVDLUZZVe5d3oPmI5SeWkdUpJNqvcfmGoNIiL22XJYXKHTuY",
+	"xapmsHXWr3K8lQWtvesPAbrW38ZSII60V3WTYXlSGwyHu97kdgvlTtOtP3RtZhOuRHpxrytb+boBnN6N",
+	"yyh3G0fMoV5I2iGFBleLH11qtSaMoLSortq36ABC7Yc5lw5EbZ/Xgh/2fhsWBC+st3XtAvErq5QmRLOu",
+	"icyhCA4Mz4lC5g7ot8VLWCrTh3ugo8Wy/q5+1PUXdFZUzPE7xFA49OKOtUEXLojgimdl/Lek+mW4iDVF",
+	"NjZg7FbD9QbUbQS69XDchOnvRUYGt2ankqHHa+QxI0Axl+ryorQUbtl6MWDD183rU2J+P8WssN19dsva",
+	"+1rmwe6J3+E7Cr2yAM+omWgTdBWMBKkktARwf2KrIY0rEYGNoYCWtceG8kwKY8vniNbfwgBwb0Bvvpff",
+	"NazgOKTfcYeWwJA+jXJAUNWkXbKVhoyDdtzt+n+TN+9SjuIypY9Xs+88mSrj3vRcHaOnGAjiDKaWDsO1",
+	"LPH1k7fvzk5fBH80KJpHB0+LDC7nA0aoSJvteao0YEKNtUkopDZYGJ02mDBo5HUINQTV0Zc67eER4kFR",
+	"HaYwRPw57ueS4GGHbyo08XKWF9GLO2TzVfnyXSZqxqZrfbWBAmHNp+YoUUw5Lh1jlgmVCi9zlu4ajAnN",
+	"R84IsQt1DjM2kaNqynJDiBmXjZGalKZdy+VG5i8KNo3cjD6vJQBuEuxrhaKarHiPExAQhW1vOK/mwLUH",
+	"8VEW+UxBkJpgfVGf93R/lyQi7rb0yB1yq1eReytCZ9y6C7T6Sbe402ndK+121VYXUl2X0+qrZuHlAKmQ",
+	"WBoi+1ZdoHQ/zcaGqg16B4g9o5eLzy6M4LYpDiUk/dRLjFJ9tthHPQK54JcYYFytShWsiW4izFza5pDP",
+	"DTLHpqy3LaaW8qQqhu36CZfDrff+huWtgGUDiFVgJwBAwIENeL7GTHNfQrSTL3lzaFKFpDUbLXwlBUz1",
+	"lSrkwxwXKcNsxg1lSKxKXjvRhKVyDrlBY/WYJ84GX1F5R3HEymLpFQgrN0RPMXChQb+c8V9ywUaCG1CR",
+	"iiK0lLC6IehwBV0rURcgWjXG49UQeKeK3789DiJqYYaUuchNtjHM7Ill4sarah/ev2FSJVmOYd3x/vUB",
+	"nu2GbMZv+t/0968Pmpa8O9qWC43qOFy9w1VEDgEdJUJvxbuzglg2xLvIsUgWSRYC5PS4TFaoOuHRxUFG",
+	"3NKcS1WVkexgUeUQnI/lBDDDv9HEf4b19e4ZxYHfNsdA6TE7e/3967fnEfz3/OT9j/iPv7x+8wb/8Z8f",
+	"XtOjHz6cYh+I0nXtPcad+sX7UbaHbdGiGq/A7zWIr3fQB59nc76wLP5024DrUeume6m75bryxH26bVVK",
+	"0H8eiWpHBr2hTDcxSseB2ugxa/uaCnzBRgKNWOvjedeZiJA0I6MOVhaKdh6JhfYSPWbQb7Ef4cX3O3e0",
+	"C61StPW1/beATWXEJRoQkL08hK3ukHDva7hs1aq1G5cNcLSVxRZDb1rW/dC9OfPjOQWBAO+aCT3LxDFT",
+	"QqShEgeVMvElo4r85sNvdnKMErFcG0b9+HLnTrLl7nGkH2ZUbeB+wQyfuRZB1KJMlIuQGbCtv0YtpqPy",
+	"abS9jkHY+GNRYhRGktxItzgDuPD2wJn8i1g0hhoF5xi3LH7uC2xzqgPzHYlsWMEruRILKuUV99hbLACP",
+	"FQlKSTWT1h0znlnNKM1Pq6HyZaWF6QYoQ0tVjeEXZm1Paii5G6Eabbu4ivIAQC4qhE5a4vqeQCRubtsb",
+	"vhV2t/PcP2Cdh21zF+WBsHoDd3KUCUYlIsrmQvR32Yrlb134qvv9Ytr1WN1FgbNcib/R+loOtyxmw3xb",
+	"pgG4ko1h4HCJIN5iMpai0LqQrQykEpCwK25EkmM1gtL/xUB4Cvyxq0TuDM8QHCkGcKh8FTA+FXbGE8H+",
+	"zmUWMc5eUsUyoS6lEpT5+Jd8JIwSTliWZLl1wgzY+5Ozc1xCIW1GTCvRBb4wVLAkhFu0zh6zv4rRGWaO",
+	"Wf/NtWBOmKkEYb19ev5TJ1Srt9455qMisNYZVnijvMWEq6EaCcpvXcCPWKaOMyN8YGdvqIbqBZZ9sCzR",
+	"aiwvcyNYXArn7Bnz4v8P787OB6fv3p+DgnDsoy7ruISO6lSYoYo/lUPcLlX1invsHDQuNBfLUI5BOcMT",
+	"RwUqvtcY8EaJszi0YVINVRzcS/t8JmOMFL0USlDlNZ/gHhX5+0WmOqwEs6W585XG9EwoPpO9BZ9mMR7C",
+	"v/0bA7wUyvlC+PDjHtvb81Rpb4/9z3//P7sTpvehtF6dNDlN8b4l8A0VY38RCzh+YOmwibjb5TPZvRKL",
+	"mO2z+Oz525ffPz8/uXh++vriLyc/ncWsjQFxXStmHDff6bG/+pKDSL7CTaYwevUsqGgYHKxWi6nOiwKU",
+	"thKtKh3Fiyr4sYzwbWtD3ffm0k1g4LjblQppvOgq3eW5m8SdHquScqDBoKnhSDuRYOlg6JIAwx28KQmH",
+	"vwdTKXcXVxTGhhZqrD1aVK9gtMC1n747ayw5R6Zy2Mc7tbpWyyw2yHAIj4zF6+gj3RFSWZlJh6HRS7TN",
+	"h0g3QlSMcPGd0XMrjGUAr6Cq8ZI4hOJs3slrhfO03EbFGn2kffENjGnz0cxopxOdsTiQzB7uurfKg0Lh",
+	"c2yhV8nqpjOP8X4CYafSWHt7qKHv7Q2YD6Nn7TJOOqpYGmqh8ftG2HxaRMjDSqdSoS8KR/EuDAqXx6MA",
+	"0iCuNVa/oocY9V2E6bP22jB9GL2I1I/KiejL4C2hGeAPDBFwVmTjHcL6OQJGZdFrQvwJU2pzom5GE+gR",
+	"EHLgY5WR8Ljf0OpAY2OcOSPEoLLMMAtBi/fyABbS3KG9Bj3wKTqBciKxMFxZ6eS1yBZESnl4zacGSTfR",
+	"uWMxWktj34DElrE/nsuDiuo/lA4Xfg5wRfH9Gi1xPbZjRxOEyAHb2zvqH+zt9VilgxSsefcmUt49SUM9",
+	"xaFUUYxRh2tNw0gDGB1ePdrbg0ueaQxzRUoZSr4G6QqgfySEYtfCYAp2xKxmMrUBQ0cUzS1SoCyJALGC",
+	"VTWeMDddUGmdBDzGusDYqjMwK4xOt/DHCb6PuhJ6S9c1c4lZOwTzd+i2YmCyccRiDAuHfxB+xFGln1J7",
+	"kk+5KgL4j9krbt3z09dd6xZZaHpqsWwhJl5gNUbqodOeNkb/Ix9vDv9PfE+1O6QCABphwUxt2NHh4VA1",
+	"dJEJzu7QhsbHQJdKpiUh4FdGKiv7lf0oOFLcX4fq1263i/+DF2CmX4v6IVixaVBCL/uPs3dvI9+QDUWY",
+	"qAAvqmIfYZYGKYb0bwCqCEtmIAJxx4RN+EzUswf95Afs11DUDzYc1lFp+RPefMp+3dJnrY4g/rMj9mux",
+	"4rJ2ELY5w+aevoxxaJfkv/qW/VrrQkeuIhRstcK9LbWfK/u5Ygw549SSsaiH3PEjH8A2sJcZrhM0Xv/k",
+	"8JD96lsI+bZC5XoOYT0cxKAkN0aoxJfzKRpdbes0ttRfLArVWKU7ZthuuN4XrHPMEm4weymutMeKaTlf",
+	"4V2EZluwhNBnKy+bf20ZoY8bGuWXxyzTl5dwgChfd61MRVRtP3wJegOIU2PBfMUUGGSonjOlVfcfwmiq",
+	"1UN1nUkfEmnZ3RC+VtpMeRYq49s8A4wkxhQ0K8QbUpAzmQhlRWmvaj2fwS12D3v9VtRCXwQqrHawvz+f",
+	"z3scH/e0udz339r9N69fnLw9O8FvykSaQqlrRa1rYSgsvtXvHdBbXo5vDVpPe/3eU6rDMkFDw35r8Ok2",
+	"au1PMEP5H/6vqXBGJtb/VVUD/E8IhuHtcMEYvdwYnT4J0UpF2aZlyGr32bMyfDfUeQ/SN71OErCX0Ycq",
+	"sFisDkxZt/Bvoq1zX30kt8IOliI5Sybsc+GpcqO9wrp1Q0XhoBgAIg2LixKxcYEYqxFVthMVcRgUjUdi",
+	"Qdk9b4Qj58p58dpVQoG3BXCydlzE4+3Fx8QEffLT1Csa8cuTNyfnJySsh1n3P1lQJdnYCKKU0hD2dnos",
+	"9icZV9qrNpdXGCpfXwGYiNcRqs0AkRwvdSlcIRcFdz78dqiWSUe1jjM+IpQhsU9q9TptDQC2KGZ+qVHt",
+	"Yb+/oVPb3Tq00QRr+rNVa/Ni4LZ2nARgjH3HNnJH/YN1cxSL3q+1xquaADHfOBj/fv54+zFq2Xw65Wax",
+	"vITlyVtRy/FLu+TMvvX4WfOeexytHy7IA2eVeJxqo/WfV91oWbVLA8YFS0tcbV0/8SLmYLeLWDKO30Zb",
+	"1kDoE4eAgxglTQDC+ComNLvmWS5YfB1H7FJeeyvj1bPreN2KsRr8mhb5TvDpM7PUFPzn/3r28U/PentN",
+	"3ZU/PiDQVgMnNrfDxRLSqizvrE0qjIfb/na4rbRNflhQf1Oz/qyB7ag107aB3bzwdLi0lpCOijVKvUiL",
+	"Yd9YppfXK1oC/aIIUNYGLieVsJZUkk40VNr4YE9fwuFaYOA2eoipPmqPxahLk+EtVCryLTeqNWF7rNZe",
+	"dKjavkR2sceS4SwzKoxGLGDfMyzv10TWWZJuKk3SqUn2c47Oz0o4P4q/+Yw5zWKi8Bf4exngE5e1wL/u",
+	"9+EsMBg1kHUQ30hdqgpmPXZezCCxcYxhPDHaFpzfYsCtESCrZdqxS42dSqh8bkg8ADwumPZYzGEP2VJW",
+	"DZwNJnITcQbJPDBkuAgUBFO0RxHQl6yMsgCQfZHwNpbkN6ajq+iV/TIvlOq1r/C9oVpmfBEK2isMr90k",
+	"INNxFVa70mCESshQeVMRamHVtj0Az1N+FWJAm5rowFlNV3U7gnvaHx+qejsd7CyA8dQewts8VKb0ejhJ",
+	"DVqFLkHV4Yr02KFCKbiD0DxvCGOtD0JXiSUL4DopMBTPm4A2FYjQQxXU1jYI6KjYl8ZZBe/POY3YwQOr",
+	"x/UQ9wMpBjQBX0LDsjbmk4Vi9Xv1UvWpMPI6WIJC65LOUGlVkRJ7ZWAzqOLl78ksr/8QYuDRtkBmojaV",
+	"ZsDS+UPlV8XiPugVZdn9sltLh5SaIvEzFgr4G/yr5IS+P5knS0PVpubP8DPyRFukndBoJOxVPqEboVD1",
+	"J3ao4uWOH72ZTK2PRQfEClBGeKAW5GsCsBApolEwT+IN2zyZDBVlLfiuGMWNsHaM5RxGouiM9nY5HdC/",
+	"2ok7kW8YRNAq6fabRMmk1k6LHMbCuu90uvhsXLnesuu27pf2pXmXRIKDO02uldihQk0tHnunVykw/fZj",
+	"gyjhk8E9Q+XpAkhCnWiUwdMBCoCAeULVeURZI2odHTzd/tFyJ3r47vBwl8lW+0Xjt99u/7beVv42an3V",
+	"32GlDb3QdxaoXnjPTmALO6oL6Owpu1g09/UKPoCpvl4yxyFPVinm7SBWV3wGFfuY7bHXqZjOtMP0JZJ5",
+	"hopM+lIxMR5jeR3uC4p75lM1+Aa7y1f9fhO+0wdVfH8gUbzWC6QBgeh52rs/TO8CKa+0Gck0FYq+ONr+",
+	"RdFsfgWiaqETP38EGlKPYKj8FqI76Kd1sPjS315Z8w1vurNWzG9UWC+Fe4T7rAWRb1St/sWvFE5ltJ3A",
+	"rBgWmvZQvlKc/0vgR03Eab/au7fR+kien6Dk1bP5KEWD7F/tEGuC1l5QQjSIrFkKPAwF2d4KXQE55kVY",
+	"wAOCYbV78TrjlF/GHxgO4YMduOML7976rIzx88M82ijq4JTmBvsJJiVIBCQoO0H/JhxYZ/PAxmIoZuE0",
+	"MRq39gGQY6+h1jQ90v6iagOPonwNq0DTUEnLJiCYjxZNqBNRMO2iFj0TvEfoaXliK71tsJXZUPlArLZv",
+	"jySC4WGlcTmbYUkmI/g0oq7LUlVtIWiB0IrEhVqOLppJoqDYMH7JpcJcXUsGFOpbUWR2+rY92NoGpsmV",
+	"k9lQxd2uP4iuEYDFEh3ERU80Nul4D7d0lDaKOi5+TbXPC391vZPdUAnqi6IWGHcmEx7U9JV4rIgiE0JU",
+	"WnhuBCZb9NgrjbX2pAuOgF6vtz/nEt3D8G/fZcH/RVkI8Bc5DOImeQmHflG2e38I9aje/fwB9KOdGriv",
+	"EtMzKtP1uJrKH5D0/h7a0x+Y3FPrRr5M45tJ/GZRZf9TskWt+gv2AKs0uHlSdgNzRggmx4Dw1sksw2jD",
+	"iGjhWBv0bEtXkDbC/t4alaiK419UoiVcwKP5ZxVfAMSCpRWt3LtB9npt7BFAaQPVrggtXyDpcSGpovzt",
+	"CEL3ln+jrS/7s95BYSQq7KUj6jvyx1lVmcD6SKtaq1ig/Q5FV1wSCOrNfIm6VLLnFVWbuyJkjYqq+DJX",
+	"wWGzypVokoeVPOuJxTsJnv3PPvk6bngmlPtnED0/B837Z5UkCZE+oyiJ6t5aA9hf0dvvdeyKP79oThHw",
+	"VQOW9tgJoOqA7e0d9vt7e6VLrhrniD64oQomBuyEf8xiqq9MLseYKixTHAQp2T7ryuv/tCK3VG5BJIWB",
+	"IOGziMVFJ6kY0zfQvYQNq+bcliVutUHNvdOrbXHGrRUpWe8GQwVbOgxbgonjF8Fe0o69/WOAjXlj8hnv",
+	"7f0guHEjwd3e3qB0bZEhJZAzonAwKKbVjMW86KZed1WiRWESRoyjsgk6s975SmFSLJMKIyYwpZfb4jKq",
+	"fnutBMNEu6Eaow0gxHPXFvAfZ+/edjNxyTOWYTzLJZtPpKMUvY63VZR7wnh8LJF4gz2MuWNJDhpFioAa",
+	"LDnW+1vwWQjVAOKPffudz7yn7paog1TDAoZqw7lTWAp37LDf77GQdYep+JhGMNdspFNsgTADjWy0YGGI",
+	"eKjaRQlzhGiTYw5htvAJT2HaTs1wRWfeY3/14SappqgeamHMKSIU7WeZvMaezeUukT0KbjJ0hS71cu6E",
+	"ECHp6p2Q60wPRitZ3sbIuzN/rU7jGkoIetqPCg/5035/XUxbtV5PybAaisWFiuNP+/166bjl0oa/NbBt",
+	"Ny92pZvxNi92oSR83KwmhDpvXNUoG4apRIW5rcDWqKJto9e7AGEKaQkwiEBHfu7D/uFjqD4NBK8Sblbb",
+	"7RfJ4g+vTQERomSUZfmAtbEx0ExnWecPqVmleq4yzdO1ksh7H4PplmpALJeAYC84pr+UEYehvGdugXuE",
+	"sLml+X3cJaaDYw4M/gBcKSQDhWRqShFbtYn5DbyiBqQbKfFpczvOY2ZExrG5BiZZoPRT/OTlHV+VaR2R",
+	"NmKqnQglK+q6SZVsby6D8ZARxy/9Qa3XYyplPkLNjS8W9XtZ1B+e5LwXPA1Bzzwg41JmNqWEdh7NrV8k",
+	"Hu9/mmnjbrfSFI4V2lAmo0bjlvptx419/skbugjJ4IyHxDCMNrRCpZRgxECqxVQDrF/IUpFk3GAgsW/n",
+	"HbNKAUAjmLiZaSvSYyrEQ/i/htxcCnfit/mQVtMwx6YglnDc/+I4+vC49oOeAxdAEAU9SxtXAlUBSZ8f",
+	"zbbz91Nt3Hp0vBHJb7JGrjUwvgd5uoxbIGHaTlg3iX1jKtS6vV7XqeVyVPxbbDlxU9qhKlI0yb+PxSq8",
+	"sLxkxJxPdCbqpkyQE6hwa1ErxYcJwNAxreGCcrgPDr+KfJI0VsCOCytEXOn34c0a1I2nx17XaouDYgHf",
+	"DBUlmNTmgwnYPlWiGOmbuByTioUhOQr2lrY2QHH2j/rfFhaLIjwCd4V5y06zkQiZxp0eO8FYbAy2gJcS",
+	"EsG4o7gMAAAfnBGHrvReOhuqg69BPDuu2WpAY7edHnurq0m4LBU8ReMGZVpjs/GaApPlQI0vDdo1ZsJI",
+	"nRbh+7Xs2xXpGDMqqpELcWdQpPtUmm8VGThP7FB5e0v7sN8vw0Hiv3X9EN3XaeyZhE8jUa4WPqMi3/2J",
+	"VHyLJYuGigog3dUcUzW+sLrtZajWGF84ZcLA/XS8F7gEnRVzPJorfsllcpUtMAmaEm1C/EumlSgAsyGA",
+	"B04+C11Iw8DU3cLrvwBWiJZzNVQB15bDbFRhA4QzHQuXTKj5ikxZG6X7Xq/XZOPEmguVmJZjCtfB4hs5",
+	"MOCidBNONOcYgCOvhcGaGZkVrDGmpxMNVa4ywP0YcP5Cq4tUWr9xrK+PfeXQnKczULAn/Frq3FAppvJd",
+	"JBlEmTw1GSokJ4BhWESBYR2HqoqOsEnGJkrRDUCJ3Skxuvmo/y0mEkXsq/7TTpMwAQDwsH4TMpL8Ll6T",
+	"qvlns1HHcMXa8wl3RXdr5AZAprF8mxf4YMIqkq9bgH+9qvzeftFivsQFVZSnXKElvuJF8XGNAJx3SLMg",
+	"88VaPecMOXNpO0HOPONuEq8xcBwDj5RGJE4XvW57TTqIt3bcAXl14oTrkqxQR+LCkjySiqNNY9kssclS",
+	"gHLFEpa+oCV0g6VjQz1RK/+B1WqKYRrWFSr3Npi0y14et1+UoMc0OHBm+Bxvzcufv4f6A1hwyt2EVJV8",
+	"CwaG3DYsuiOVt+vV8RKLhyNQHrM4yU3GuudxqBNC7YOMUG6oApbKopzaLOMJlW8D9kW5kjA4BWfTpEEK",
+	"xPDsMi4aNZkmAWGWl5i+i3DwG5H88YQD2NVfKc++ib74R1+sj39Q6yPcT1FzAVOrd6UHG9jofih+28hL",
+	"Q8RaEzelWpkggcfoCMa0w8U0k+qK4vnp05Q8yOR4FylrY2YDFZvGsj3yWqjOHXwPMOPdOfHdMWWTFRBJ",
+	"zBcL4KOFS47pvn9PXrcJhzLfI2AHHBLKIfvySSyl3FnhhhQqk+TGYt3MTsQsVYocLbBodMS4xaqHYx0X",
+	"eGb9MfXYcx/d8FXU7/eLCdtjMRemsHNJw3x1AyNYptVl53ioaiFEfIErNoLN4f+m2ogqli5JzEdRoExH",
+	"zZnFcEavUHB/YLzdlPtXLPqJDQfzBY0fI/2vomH9MfFYm6uHMds/L8u/1XtklixxtCjq04RKPGX18Vph",
+	"mYEv9aLNFVpkjasU6aNyKU+oEroF9hwm9Asgb94cxAgsagTaOMYcqmtpsXw/iedDFVxypKaXg3vjN8yP",
+	"1Sq8AbNaVJhMf8VafCGDVMMWhmoOX2rFpAthfOFF7DBDCySnP2uHnp/BKirUtTRaTTFsDe2ZYe9DhXv2",
+	"Y4ZgiKKCDI5wfv6GDmAkgN7Z+s7KEoukOoQzw8TOUCd+wKQvvFSWJ+YWo1Cummge/P6wtVNeaXNVMTU+",
+	"ZCYgTbXOtAhPv+QC/m+uiPL5KT/AxObqFWWrozU6StnqekPJgrIn7RKJrVcliMoIbSwTFq2tLz5U7Zhs",
+	"DhdYVRrbJI+xbpag+l1lDwBtwnc4Oi+6FZReMt8N1VcsHyqguWSSKCqYVcOfl8Jq3URMOz124uuYF4Xq",
+	"Q90zEuGQumKbhXSd9EWV3h9S/MIZNslfle7B/9JlQBpKIlQbK2+r8/IAwQVFcFCt1wWBNFNiXm+LQQn5",
+	"vuo/X4ROBZVuCfjseKiouL0qmjd4GSFkVAQLX4Ez9dEq3xBbhpXQEBS2kExkllaLJRftG1gVhTsDX3jA",
+	"BgXIN0QXVCOO2uRXegREQ0Wtn6huJWpIwQsvHWuHOnT1jvIDELow9pSv1neqrHCocMJOxUrpG/jpqXTO",
+	"B1vXejl01ldnC52NHkK+wLEfScCoFmBbJR8/IpH9pxMw7i0vPDyR+hHRsIJyoYfq7iZGomf7HsE2JfK/",
+	"9/1ESpZMhYp9n7OylxKGpsii0ZCvZ7qpC0m1BwkxWgpiCl3qj2uoWgvS6LHYiCmX8O8L38qHaqXY5Voq",
+	"VfqN0RVzblLbYy84RkYtCQesDUTFn2ogQJ1Kc46hOup/24Tz/t0S6R+Il7+nedZL/P6FtPfFGrKMVEs+",
+	"POzSs8KgHi1C2CPhp9DqemNBjZOQxex7/WxGLrYNt6IiEa9smhjq+GBoMdU49jV67LE3TTrf24eyB4/6",
+	"B0UpWcW0QqxENh2QkYKzqigYgrhE2is6Skkf2xWSq1cUh7JvN2vjYoeKNhwtdzx5YqMiYztI49qEZkOd",
+	"asVF6p034eqyLIEN8lOo2zjlYYjCnOIFntCp4H/++/9boqSxj+yT47EAGSf0IZIuNGaiE1mSiAqaI1M2",
+	"5Y5iv8OQnWZqA6M9ArGBaTbRGjzify7u/xjhAwhWfCdkfjitY7t9FgFsAwlTws0/h4W2KVrhBIumAiUA",
+	"DR+knWoAKZzZy7dnDGHJ98j0kaOAXEWEdVvPhKp9aR1fdELcJZG5pZJkmHE105lMFrUoX6WViH2no9Bm",
+	"m4JcqfWXUGNtKFoXfS/fUtsrm8+oo1jM2k6nfDFgZac8Nsodo76jKIoUzUdtp6G4RFEy9K0/+IfRLsLo",
+	"j11aYnutUn8r1Dmayur+y9s2/8ixhRgIVKmq+sQycWmwIwXd5Gbi1kx1sM3Y5/IKLcUYwdC/f1neU2yk",
+	"9qUS6mMZxI0Q/xDk0xvXgNUr+Fttf2sA1eibhc//2/80425y+8AVkSgHKmqKMTXY0IAsch/ev4mArYIu",
+	"TN11sZAqdxNfjbR6BNq4Y2rQscBKw8xm3E5AlG3Hazf9Tf+b/j6fyX3pxNT++y/PDuKyB3G89MSLuJhK",
+	"7JOGfSbx1hTilaThNTfhFhs7R526xZmv5f6QaF9Os7HXUagq/8UUX4PEoju6La8qICNc8MOY4KlPzcwt",
+	"4tBwaKTTRcS8m79agTjo1N48f3r+E2vHvipMaB0zkzNCnTHPQLvDlCmfTIQSv8+r4Sq0yaw1fG8Xzu0D",
+	"9qP8rtLdJfLlc/nI6ix31FSF6fHYCmd953Ds6ItbaXPL3s2E8ieA6VfpE1s0evVetHDS5MEfBoNn2DxV",
+	"ySE3Xtl/2q87Cuc11an35PkNcXtFTe/b8b/P3OJZPx4MFR6MzzqeS1CL4AA7x2WFH0+ZfE9Saal9ubfh",
+	"xb7wMm04Zv3eUFWqSXs/QB2gMH6Ak5JhJyLLfMKmHLOiDA/mXNnJkk8AG+57p8B6D0CJ7g8kqJ+6BTXG",
+	"eCRXQDHfl8LD/4Jl33wB4WUyvEKF17Jg6ua5W91gP/hyfcaIJZmmFixlG+FQ+6CsBlsbY13t4CX0/FI+",
+	"eAnI8Ggek+evlvTdCmvry/k+zu1WZtkszX2531rk+A4X+4Bqkt/7BstmQa325/aBdbbtizFCifnDhMGe",
+	"BVpJwVDMaab0nP2p7OgX9+NB2bzveCW0oi5SUSd2N1T++/WxFD32vJgE++zVC2men7+p9NDrg/CdZHmK",
+	"ISDB1GuE75vdIb/LUb9fbcTsP2/2nygxf9gQ0PcwxUa57NHMSbiUL4LZHzqq4+TGCZXWjE+ZHAsnp+Je",
+	"ticjbD59ICspjf37m0nf+5Id2B3ni7X0kfSA8wmfM87QVJ7u2AOvGUbLOOMH4W0v+Mzlpt7SMaRhLKwT",
+	"U4apEhR3MN8YbuQhrTCACGpYIk21m9OKq9EHALOEFpIOKlHXGK4coieGqkhG8ZaVsRF2UjE/6+DbpJFC",
+	"ZchqSgRmd/qaQuTYHKplzyatc65E0RArBD6RI9O3R62eRJsrrRZTneMieDnm3BuUrsTC+s61PgSr2q2q",
+	"WJ1v+N/Gd3zGB5ZhmiMjD+YlcqsmXGEBplDf2XehqrWSqi5SWnaplRisdq4eqpXW1dRjt3ZuV2LmeuzU",
+	"T29rbt3ivSLsBQate3Y39Oj1Xz9ULwA//GPFgobdNJl//LMvJqDHzzd5BOtPgQXNpPQ+WSRUJmqtY6bs",
+	"kHpGLz6kpIEzbC7RBMsV/9JOmfMaI8XzeLRwyXwWSjM/gI+Hci8pSRFLOLM4VP29GH19FFPrCSyOcOGz",
+	"wbeXSaa0ylSa1ZoprFIypV4TJdlcOfr0w10qRzdwJTrGOxVSuRsmfZhRYeXfpc5amHwdGn+ppfJ71UD7",
+	"Peqw3KMQdKA9Vc1kbdTAWfHWQ3ImP8nGiIGwkCIAUpgnFuV6PceanrUu0PeD5F1b9Ree+2IdtnJOm6SD",
+	"8NN2P9F7MUbtE12/VCcWi+BQ6HjQCubcVvQs6YCqYr9ehzkseBqdY5BoiqzyavxPEZV+iZ1qHF/Yujqy",
+	"oVN/Ver/3+tYetysju399stTbQKjDY32H+E6NqlGVRx9tPvY/XjL3vfbDviOopf/lqS6LevBGss0bG6y",
+	"1qC1jwKbX8eK38KjaCbHIlkkGbZJqrS/j0gCiorUL+ogQyX5e2WAWUn7V6PmXpXaTUlgvXvyqjZIcUar",
+	"g7xcaqkebW5HPucSY/+1ibAtF7xIIS04M7UXzEJ2AFeLisGpsqKip0pzLKCPN0JOSCGPS8WoI6xgpg07",
+	"Ozth7anvQj5asAlV6igaElwKhdmwKQ1mOtVjoXqDTWsI3r/26flPMM1MzkSniDbyOYZ+lbXwp5WYJRaY",
+	"eyaqc89Ql27a+3KYUvUUYDUhvui+u56LkcXx18ZhApyLUCRbF9yGGjTcd1ocrmHKHwTP3ISASSphbcSm",
+	"whmZoAVTWpbqJJ+G6AkMbzN6boUpXbRtxM1iRdVZ9cwCav/fAAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -69,6 +69,10 @@ func (s *server) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest
 		ProviderOptions: b.ProviderOptions,
 		SnapshotID:      deref(b.SnapshotID),
 	}
+	var bad providers.InvalidFields
+	if cr.Egress, cr.ProviderOptions, bad = createEgress(b.Network, b.ProviderOptions); len(bad) > 0 {
+		return nil, bad
+	}
 	if r := b.Resources; r != nil {
 		cr.Resources = providers.Resources{CPU: r.CPU, MemoryMiB: int64p(r.MemoryMib), DiskGiB: r.DiskGib, GPU: int64p(r.GPU), GPUType: r.GPUType}
 	}

@@ -186,6 +186,9 @@ func (s *Service) createFor(ctx context.Context, creator string, req CreateReque
 	if err := req.validate(s.opts.Ceilings); err != nil {
 		return Ref{}, err
 	}
+	if err := s.checkEgress(req.Egress); err != nil {
+		return Ref{}, err
+	}
 	d := s.demandOf(creator, req.Resources)
 	if err := s.slots.acquire(ctx, d, s.opts.QueueTimeout); err != nil {
 		outcome := "unavailable"
@@ -272,10 +275,17 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 		}
 		return Ref{}, fmt.Errorf("create sandbox: %w", err)
 	}
+	if pol := req.Egress; pol != nil && !pol.None() {
+		if err = s.p.(providers.Egresser).SetEgress(ctx, id, *pol); err != nil {
+			err = fmt.Errorf("egress policy: %w", err)
+		}
+	}
 	for _, p := range sortedKeys(req.Files) {
+		if err != nil {
+			break
+		}
 		if _, err = s.p.WriteFile(ctx, id, resolve(sb.Workdir, p), strings.NewReader(req.Files[p])); err != nil {
 			err = fmt.Errorf("write file %q: %w", p, err)
-			break
 		}
 	}
 	now := s.opts.Clock.Now()
@@ -293,6 +303,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 		Creator:   creator,
 		Snapshot:  req.SnapshotID,
 		Resources: req.Resources,
+		Egress:    req.Egress,
 	}
 	if claimed {
 		rec.Env = req.Env // a pool's sandbox started without it: every command gets it

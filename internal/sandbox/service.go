@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sandgate/sandgate/internal/egress"
 	"io"
 	"log/slog"
 	"path"
@@ -318,6 +319,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 			s.leases[l.ID] = l
 		}
 	}
+	s.restoreEgress(ctx)
 	for id := range have {
 		s.log.Info("deleting orphan sandbox with no record", "sandbox", id)
 		if err := s.p.Delete(ctx, id); err != nil && !errors.Is(err, providers.ErrNotFound) {
@@ -360,6 +362,9 @@ type CreateRequest struct {
 	Ports           []int
 	ProviderOptions map[string]any
 	SnapshotID      string // start from this snapshot ("" = the image)
+	// Egress is the sandbox's egress policy (nil or none: no network
+	// beyond what the provider gives without one).
+	Egress *egress.Policy
 }
 
 // Ref is what create and mint return: a sandbox and one token for it.
