@@ -318,6 +318,10 @@ func (p *Point) routerAddr(slot int) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
 }
 
+// vethMTU is the MTU of both ends of a sandbox's veth pair: the most a
+// veth takes.
+const vethMTU = 65535
+
 func vethName(slot int) string { return fmt.Sprintf("sg%x", slot) }
 
 // plumb makes the veth pair: name in the router namespace with rAddr/30,
@@ -334,7 +338,9 @@ func plumb(router, sbns netns.NsHandle, name string, rAddr, sAddr netip.Addr) er
 	}
 	defer sh.Close()
 	peer := name + "p"
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer, PeerNamespace: netlink.NsFd(int(sbns))}
+	// Every packet on the pair ends in a socket of the router namespace, so
+	// its MTU need fit no wire: the largest, for fewer segments.
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: vethMTU}, PeerName: peer, PeerNamespace: netlink.NsFd(int(sbns))}
 	if err := rh.LinkAdd(veth); err != nil {
 		return fmt.Errorf("veth: %w", err)
 	}

@@ -30,7 +30,7 @@ type box struct {
 	gateway netip.Addr // the router's end, its nameserver
 }
 
-func newBox(t *testing.T) *box {
+func newBox(t testing.TB) *box {
 	cmd, path := egresstest.Netns(t)
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	ns, err := netns.GetFromPath(path)
@@ -52,7 +52,7 @@ func (b *box) dial(ctx context.Context, addr string) (net.Conn, error) {
 
 // resolve asks the point's DNS (through whatever nameserver address: all
 // port 53 traffic is redirected) for name's A records.
-func (b *box) resolve(t *testing.T, name string) (int, []netip.Addr) {
+func (b *box) resolve(t testing.TB, name string) (int, []netip.Addr) {
 	t.Helper()
 	var resp *dns.Msg
 	err := egress.InNetns(b.ns, func() (err error) {
