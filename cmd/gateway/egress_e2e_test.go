@@ -77,7 +77,7 @@ const (
 	resolveB = "getent hosts b.test"
 )
 
-func hostLinks(t *testing.T) string {
+func hostLinks(t *testing.T) []string {
 	t.Helper()
 	ls, err := netlink.LinkList()
 	if err != nil {
@@ -87,7 +87,7 @@ func hostLinks(t *testing.T) string {
 	for _, l := range ls {
 		names = append(names, l.Attrs().Name)
 	}
-	return strings.Join(names, ",")
+	return names
 }
 
 // TestEgressLocal: a local sandbox's egress policy through the gateway's
@@ -128,6 +128,30 @@ func TestEgressLocal(t *testing.T) {
 	reach(t, sb, curlA, "a.test 198.51.100.1:80")
 	reach(t, sb, curlCIDR, "")
 
+	// The info shows the policy and the sandbox's counts; /metrics the
+	// totals by result only.
+	s, raw := call(t, "GET", sb.url, "", "X-Sandbox-Lease", sb.token)
+	var got struct {
+		Extra struct {
+			Egress any `json:"egress"`
+			Conns  struct {
+				Allowed, Denied int
+			} `json:"egress_connections"`
+		} `json:"extra"`
+	}
+	if err := json.Unmarshal(raw, &got); s != 200 || err != nil || got.Extra.Conns.Allowed < 3 || got.Extra.Conns.Denied < 3 {
+		t.Errorf("info: %d %v %s", s, err, raw)
+	}
+	if pol, _ := json.Marshal(got.Extra.Egress); string(pol) != `{"allow":["a.test"],"deny":[]}` {
+		t.Errorf("info's policy %s", pol)
+	}
+	_, raw = call(t, "GET", g.URL+"/metrics", "")
+	for _, m := range []string{`sandgate_egress_connections_total{result="allowed"}`, `sandgate_egress_connections_total{result="denied"}`} {
+		if !strings.Contains(string(raw), m) {
+			t.Errorf("/metrics lacks %s", m)
+		}
+	}
+
 	// A runtime change takes effect within a second.
 	if s, b := setNetwork(t, g, sb, `{"egress":{"allow":["203.0.113.0/24","a.test"],"deny":["a.test"]}}`); s != 200 {
 		t.Fatalf("PUT: %d %s", s, b)
@@ -145,7 +169,7 @@ func TestEgressLocal(t *testing.T) {
 	reach(t, sb, curlA, "") // deny wins over allow
 
 	// Creates: a bad policy is 400 and makes nothing; NeMo Gym's shape.
-	s, raw := call(t, "POST", g.URL+"/v1/sandboxes", `{"network":{"egress":{"allow":["x y"]}}}`, "Authorization", "Bearer key-a")
+	s, raw = call(t, "POST", g.URL+"/v1/sandboxes", `{"network":{"egress":{"allow":["x y"]}}}`, "Authorization", "Bearer key-a")
 	if s != 400 || !strings.Contains(string(raw), "network.egress.allow[0]") {
 		t.Errorf("bad create: %d %s", s, raw)
 	}
@@ -193,7 +217,7 @@ func TestEgressLocal(t *testing.T) {
 	}
 	g.stop(syscall.SIGTERM)
 	in.Close()
-	if after := hostLinks(t); after != before {
-		t.Errorf("host links %s, were %s", after, before)
+	if added := egresstest.NewLinks(before, hostLinks(t)); len(added) > 0 {
+		t.Errorf("links added to the host: %v", added)
 	}
 }

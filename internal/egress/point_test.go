@@ -193,8 +193,8 @@ func TestPointEnforcesPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.Close()
-	if got := links(t); strings.Join(got, ",") != strings.Join(hostLinks, ",") {
-		t.Errorf("host links changed: %v, were %v", got, hostLinks)
+	if added := egresstest.NewLinks(hostLinks, links(t)); len(added) > 0 {
+		t.Errorf("links added to the host: %v", added)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math"
 	"net/http"
 	"path"
@@ -153,6 +154,18 @@ func info(i sandbox.Info) api.SandboxInfo {
 	}
 	if out.Ports == nil {
 		out.Ports = []int{}
+	}
+	if i.Egress != nil || i.EgressStats != nil {
+		// A copy: i.Extra is the record's.
+		extra := make(map[string]any, len(i.Extra)+2)
+		maps.Copy(extra, i.Extra)
+		if i.Egress != nil {
+			extra["egress"] = i.Egress
+		}
+		if i.EgressStats != nil {
+			extra["egress_connections"] = i.EgressStats
+		}
+		out.Extra = extra
 	}
 	if out.Extra == nil {
 		out.Extra = map[string]any{}

@@ -17,3 +17,10 @@ type Egresser interface {
 	// service restores policies after a gateway restart.
 	SetEgress(ctx context.Context, id string, pol egress.Policy) error
 }
+
+// EgressCounter is implemented by Egressers that count connections per
+// sandbox (allowed and denied since the policy was first applied by this
+// gateway process).
+type EgressCounter interface {
+	EgressStats(id string) egress.Stats
+}

@@ -402,8 +402,13 @@ func (s *Service) Get(ctx context.Context, c Caller, id string) (Info, error) {
 	}
 	s.refresh(ctx, a.box)
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return a.box.info(), nil
+	info := a.box.info()
+	s.mu.Unlock()
+	if ec, ok := s.p.(providers.EgressCounter); ok && info.Egress != nil && !info.Egress.None() {
+		st := ec.EgressStats(id)
+		info.EgressStats = &st
+	}
+	return info, nil
 }
 
 // refresh asks the provider for a live sandbox's state and records a

@@ -385,6 +385,9 @@ const defaultWorkdir = "/workspace"
 type Info struct {
 	Record
 	LastActivity time.Time
+	// EgressStats are the sandbox's connections through the egress point
+	// (Get only, for a sandbox with a policy on a provider that counts).
+	EgressStats *egress.Stats
 }
 
 func (b *box) info() Info { return Info{Record: b.rec, LastActivity: b.lastActive()} }

@@ -19,7 +19,9 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -204,4 +206,17 @@ func Resolve() map[string][]netip.Addr {
 		out[n] = []netip.Addr{a}
 	}
 	return out
+}
+
+// NewLinks are the names in after that were not in before, but for
+// docker's container veths (veth…): other tests' containers come and go on
+// a shared host while a test runs.
+func NewLinks(before, after []string) []string {
+	var added []string
+	for _, n := range after {
+		if !slices.Contains(before, n) && !strings.HasPrefix(n, "veth") {
+			added = append(added, n)
+		}
+	}
+	return added
 }

@@ -10,7 +10,10 @@ import (
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
-var _ providers.Egresser = (*Local)(nil)
+var (
+	_ providers.Egresser      = (*Local)(nil)
+	_ providers.EgressCounter = (*Local)(nil)
+)
 
 // egressPoint is the provider's egress point, made on first use: the
 // router namespace and its servers exist only once a sandbox has a policy.
