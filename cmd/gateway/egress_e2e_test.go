@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/egress/egresstest"
-	"github.com/vishvananda/netlink"
 )
 
 // egressBox creates a local sandbox (the host's view) with the create
@@ -77,24 +76,11 @@ const (
 	resolveB = "getent hosts b.test"
 )
 
-func hostLinks(t *testing.T) []string {
-	t.Helper()
-	ls, err := netlink.LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, l := range ls {
-		names = append(names, l.Attrs().Name)
-	}
-	return names
-}
-
 // TestEgressLocal: a local sandbox's egress policy through the gateway's
 // API, against a test internet in a namespace of its own, from a sandbox
 // whose root tries to get around it.
 func TestEgressLocal(t *testing.T) {
-	before := hostLinks(t)
+	before := egresstest.Links(t)
 	in := egresstest.Start(t)
 	dir := t.TempDir()
 	args := []string{"--api-key", "key-a,key-b", "--egress-netns", in.NetnsPath, "--egress-resolve", egresstest.ResolveFlag()}
@@ -217,7 +203,7 @@ func TestEgressLocal(t *testing.T) {
 	}
 	g.stop(syscall.SIGTERM)
 	in.Close()
-	if added := egresstest.NewLinks(before, hostLinks(t)); len(added) > 0 {
+	if added := egresstest.NewLinks(before, egresstest.Links(t)); len(added) > 0 {
 		t.Errorf("links added to the host: %v", added)
 	}
 }

@@ -90,11 +90,22 @@ func New(opts Options) (*Point, error) {
 	return p, nil
 }
 
-// InNetns runs f on a fresh OS thread switched into ns. The thread is
-// returned to the runtime only if switching back succeeds; otherwise it dies
-// with its goroutine, so no goroutine ever runs in the wrong namespace.
-// Sockets f creates stay in ns.
+// InNetns runs f on a fresh OS thread switched into ns. Sockets f creates
+// stay in ns.
 func InNetns(ns netns.NsHandle, f func() error) error {
+	return onThread(func() error {
+		if err := netns.Set(ns); err != nil {
+			return err
+		}
+		return f()
+	})
+}
+
+// onThread runs f on a fresh locked OS thread, which it may switch to
+// another network namespace. The thread is returned to the runtime only if
+// switching it back succeeds; otherwise it dies with its goroutine, so no
+// goroutine ever runs in the wrong namespace.
+func onThread(f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -104,13 +115,11 @@ func InNetns(ns netns.NsHandle, f func() error) error {
 			return
 		}
 		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
 		ferr := f()
 		if err := netns.Set(orig); err == nil {
 			runtime.UnlockOSThread()
+		} else if ferr == nil {
+			ferr = err
 		}
 		errc <- ferr
 	}()
@@ -168,24 +177,14 @@ func (p *Point) start() error {
 	var dnsUDP net.PacketConn
 	var dnsTCP, proxy net.Listener
 	var router netns.NsHandle = -1
-	errc := make(chan error, 1)
 	// The router namespace is made by unsharing a locked thread, which is
 	// then switched back; the handle keeps the namespace alive.
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
+	err := onThread(func() error {
+		var err error
+		if router, err = netns.New(); err != nil {
+			return fmt.Errorf("new netns: %w", err)
 		}
-		defer orig.Close()
-		router, err = netns.New()
-		if err != nil {
-			errc <- fmt.Errorf("new netns: %w", err)
-			return
-		}
-		err = setupRouter()
-		if err == nil {
+		if err = setupRouter(); err == nil {
 			proxy, err = net.Listen("tcp4", "0.0.0.0:0")
 		}
 		if err == nil {
@@ -194,22 +193,20 @@ func (p *Point) start() error {
 		if err == nil {
 			dnsUDP, err = net.ListenPacket("udp4", fmt.Sprintf("0.0.0.0:%d", dnsTCP.Addr().(*net.TCPAddr).Port))
 		}
-		if serr := netns.Set(orig); serr == nil {
-			runtime.UnlockOSThread()
-		} else if err == nil {
-			err = serr
-		}
-		errc <- err
-	}()
-	err := <-errc
+		return err
+	})
 	if err == nil {
 		err = installRules(router, proxy.Addr().(*net.TCPAddr).Port, dnsTCP.Addr().(*net.TCPAddr).Port)
 	}
 	if err != nil {
-		for _, c := range []interface{ Close() error }{proxy, dnsTCP, dnsUDP} {
-			if c != nil && !isNilCloser(c) {
-				c.Close()
-			}
+		if proxy != nil {
+			proxy.Close()
+		}
+		if dnsTCP != nil {
+			dnsTCP.Close()
+		}
+		if dnsUDP != nil {
+			dnsUDP.Close()
 		}
 		if router >= 0 {
 			router.Close()
@@ -231,16 +228,6 @@ func (p *Point) start() error {
 		}()
 	}
 	return nil
-}
-
-func isNilCloser(c interface{ Close() error }) bool {
-	switch v := c.(type) {
-	case net.Listener:
-		return v == nil
-	case net.PacketConn:
-		return v == nil
-	}
-	return false
 }
 
 // setupRouter runs on a thread inside the new router namespace.

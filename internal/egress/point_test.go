@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sandgate/sandgate/internal/egress"
 	"github.com/sandgate/sandgate/internal/egress/egresstest"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"go.uber.org/goleak"
 )
@@ -99,19 +98,6 @@ func (b *box) get(url, addr string) (string, error) {
 	return strings.TrimSpace(string(body)), err
 }
 
-func links(t *testing.T) []string {
-	t.Helper()
-	ls, err := netlink.LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, l := range ls {
-		names = append(names, l.Attrs().Name)
-	}
-	return names
-}
-
 func mustRules(t *testing.T, allow, deny []string) egress.Policy {
 	t.Helper()
 	p, bad := egress.NewRules(allow, deny)
@@ -122,7 +108,7 @@ func mustRules(t *testing.T, allow, deny []string) egress.Policy {
 }
 
 func TestPointEnforcesPolicy(t *testing.T) {
-	hostLinks := links(t)
+	hostLinks := egresstest.Links(t)
 	in := egresstest.Start(t)
 	reg := prometheus.NewRegistry()
 	p, err := egress.New(egress.Options{Resolve: egresstest.Resolve(), EgressNetns: in.NetnsPath, Registerer: reg})
@@ -193,7 +179,7 @@ func TestPointEnforcesPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.Close()
-	if added := egresstest.NewLinks(hostLinks, links(t)); len(added) > 0 {
+	if added := egresstest.NewLinks(hostLinks, egresstest.Links(t)); len(added) > 0 {
 		t.Errorf("links added to the host: %v", added)
 	}
 }

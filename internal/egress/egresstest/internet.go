@@ -208,6 +208,21 @@ func Resolve() map[string][]netip.Addr {
 	return out
 }
 
+// Links are the names of the links in the test process's network
+// namespace (the host's).
+func Links(t testing.TB) []string {
+	t.Helper()
+	ls, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range ls {
+		names = append(names, l.Attrs().Name)
+	}
+	return names
+}
+
 // NewLinks are the names in after that were not in before, but for
 // docker's container veths (veth…): other tests' containers come and go on
 // a shared host while a test runs.
