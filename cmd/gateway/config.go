@@ -61,6 +61,7 @@ type config struct {
 	DefaultDiskGiB     float64
 	PidsMax            int64
 	Ceilings           ceilingFlags // see ceilings.go
+	Egress             egressFlags  // see egress.go
 	IDBase             uint
 	ShmMiB             int64
 	LocalImages        string
@@ -140,6 +141,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.Float64Var(&c.DefaultDiskGiB, "default-disk-gib", 10, "local: disk limit of a sandbox whose create sets none, in GiB, a filesystem of its own (0 = none: writes land on the state dir's filesystem)")
 	fs.Int64Var(&c.PidsMax, "pids-max", 0, "processes per sandbox (0 = the provider's default: local 1/16 of the host's pid_max or threads-max within 64..4096, all sandboxes together 1/2; docker 1024, at most --max-pids)")
 	c.Ceilings.define(fs)
+	c.Egress.define(fs)
 	fs.UintVar(&c.IDBase, "id-base", 100000, "local: first host uid/gid of the sandboxes' id ranges (65,536 ids each; sandbox root is never host root)")
 	fs.Int64Var(&c.ShmMiB, "shm-mib", 64, "local: size of each sandbox's /dev/shm, in MiB")
 	fs.StringVar(&c.LocalImages, "local-images", "", "local: directory of images a create may name in `image` (root filesystem directories, docker save or OCI tarballs) (default <state-dir>/images)")

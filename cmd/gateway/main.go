@@ -96,12 +96,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	log.Info("ceilings", "memory_mib", ceilings.MemoryMiB, "cpu", ceilings.CPU, "disk_gib", ceilings.DiskGiB, "pids", maxPids, "ttl", ceilings.TTL,
 		"env_bytes", ceilings.EnvBytes, "metadata_bytes", ceilings.MetadataBytes, "files_bytes", ceilings.FilesBytes, "files", ceilings.Files)
 
-	p, err := newProvider(cfg, maxPids, log)
+	reg := prometheus.NewRegistry()
+	p, err := newProvider(cfg, maxPids, log, reg)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	reg := prometheus.NewRegistry()
 	met := metrics.New(reg)
 	var store sandbox.Store
 	if k, ok := p.(*kubernetes.Kubernetes); ok {
@@ -222,7 +222,7 @@ func authMode(cfg config, loopback bool) string {
 
 // newProvider makes the provider cfg names; maxPids is the ceiling on a
 // create's process limit (docker's pids_limit).
-func newProvider(cfg config, maxPids int64, log *slog.Logger) (providers.Provider, error) {
+func newProvider(cfg config, maxPids int64, log *slog.Logger, reg prometheus.Registerer) (providers.Provider, error) {
 	switch cfg.Provider {
 	case "local":
 		images := cfg.LocalImages
@@ -254,6 +254,7 @@ func newProvider(cfg config, maxPids int64, log *slog.Logger) (providers.Provide
 			Images:           images,
 			// The lease key and the store: never inside a sandbox.
 			Private: []string{cfg.StateDir},
+			Egress:  cfg.Egress.options(log, reg),
 		})
 	case "docker":
 		id := cfg.InstanceID

@@ -227,11 +227,12 @@ type CreateSandbox struct {
 
 	// Metadata Returned as is; usable as the `label` filter of the list.
 	Metadata map[string]string `json:"metadata,omitempty"`
+	Network  *Network          `json:"network,omitempty"`
 
 	// Ports Ports to expose through `GET /v1/sandboxes/{id}/endpoints/{port}`.
 	Ports []int `json:"ports,omitempty"`
 
-	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` and `shm_size` are accepted here too (NeMo Gym's form) and mean the top-level fields. So is `volumes` in OpenSandbox's shape (`name`, one source of `host: {path}` or `pvc: {claimName}` naming one of the key's volumes, `mountPath`, `readOnly` or `accessMode: RO|RW`, `subPath`): added to the top-level `volumes`.
+	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` and `shm_size` are accepted here too (NeMo Gym's form) and mean the top-level fields. So is `volumes` in OpenSandbox's shape (`name`, one source of `host: {path}` or `pvc: {claimName}` naming one of the key's volumes, `mountPath`, `readOnly` or `accessMode: RO|RW`, `subPath`): added to the top-level `volumes`. NeMo Gym's egress shapes too, which mean `network.egress` (and may not be combined with it): `network_policy` (`{defaultAction: allow|deny, egress: [{action: allow|deny, target: domain|CIDR}]}`) and `allowed_domains`, `allowed_cidrs`, `blocked_domains`, `blocked_cidrs` (lists of strings).
 	ProviderOptions map[string]interface{} `json:"provider_options,omitempty"`
 
 	// ReadyTimeoutS How long to wait for the sandbox to become ready.
@@ -473,6 +474,12 @@ type LeaseRequest struct {
 
 // LeaseScope `owner`: everything. `operate`: exec, files, PTY, status, endpoints; never delete, pause, renew, mint owner, list or revoke leases.
 type LeaseScope string
+
+// Network defines model for Network.
+type Network struct {
+	// Egress Where the sandbox may connect: `"none"` (the default: loopback only), `"all"`, or `{"allow": [...], "deny": [...]}` whose entries are domains (`pypi.example`, `*.example.org` for every name under it) or CIDRs (v4 or v6; a bare address is its /32 or /128); deny wins over allow, `"*"` in allow means everything else. Names resolve only when allowed; HTTPS (SNI) and HTTP (Host) to an address allowed by a domain must name an allowed domain. A bad entry is 400, each one listed.
+	Egress interface{} `json:"egress,omitempty"`
+}
 
 // Problem An RFC 9457 problem detail.
 type Problem struct {
@@ -896,6 +903,9 @@ type ForkSandboxJSONRequestBody = ForkRequest
 
 // CreateLeaseJSONRequestBody defines body for CreateLease for application/json ContentType.
 type CreateLeaseJSONRequestBody = LeaseRequest
+
+// SetSandboxNetworkJSONRequestBody defines body for SetSandboxNetwork for application/json ContentType.
+type SetSandboxNetworkJSONRequestBody = Network
 
 // CreatePtySessionJSONRequestBody defines body for CreatePtySession for application/json ContentType.
 type CreatePtySessionJSONRequestBody = PtyCreateRequest
@@ -1543,6 +1553,24 @@ type ClientInterface interface {
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
 	RevokeLease(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxNetworkWithBody Replace a sandbox's egress policy (owner)
+	//
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxNetwork Replace a sandbox's egress policy (owner)
+	//
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetwork(ctx context.Context, id SandboxID, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PauseSandbox Freeze all of a sandbox's processes (owner)
 	//
@@ -2408,6 +2436,44 @@ func (c *Client) ReleaseLease(ctx context.Context, id SandboxID, reqEditors ...R
 // Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
 func (c *Client) RevokeLease(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewRevokeLeaseRequest(c.Server, id, leaseID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxNetworkWithBody Replace a sandbox's egress policy (owner)
+//
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *Client) SetSandboxNetworkWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxNetworkRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxNetwork Replace a sandbox's egress policy (owner)
+//
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *Client) SetSandboxNetwork(ctx context.Context, id SandboxID, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxNetworkRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3913,6 +3979,53 @@ func NewRevokeLeaseRequest(server string, id SandboxID, leaseID LeaseID) (*http.
 	return req, nil
 }
 
+// NewSetSandboxNetworkRequest calls the generic SetSandboxNetwork builder with application/json body
+func NewSetSandboxNetworkRequest(server string, id SandboxID, body SetSandboxNetworkJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSetSandboxNetworkRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewSetSandboxNetworkRequestWithBody constructs an http.Request for the SetSandboxNetwork method, with any body, and a specified content type
+func NewSetSandboxNetworkRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/network", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewPauseSandboxRequest constructs an http.Request for the PauseSandbox method
 func NewPauseSandboxRequest(server string, id SandboxID) (*http.Request, error) {
 	var err error
@@ -4996,6 +5109,24 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
 	RevokeLeaseWithResponse(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*RevokeLeaseResponse, error)
+
+	// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy (owner)
+	//
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error)
+
+	// SetSandboxNetworkWithResponse Replace a sandbox's egress policy (owner)
+	//
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+	SetSandboxNetworkWithResponse(ctx context.Context, id SandboxID, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error)
 
 	// PauseSandboxWithResponse Freeze all of a sandbox's processes (owner)
 	//
@@ -7079,6 +7210,96 @@ func (r RevokeLeaseResponse) ContentType() string {
 	return ""
 }
 
+// SetSandboxNetworkResponse503Headers the declared response headers of an HTTP 503 response for SetSandboxNetwork
+type SetSandboxNetworkResponse503Headers struct {
+	RetryAfter *int
+}
+
+type SetSandboxNetworkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SandboxInfo
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *SetSandboxNetworkResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r SetSandboxNetworkResponse) GetJSON200() *SandboxInfo {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r SetSandboxNetworkResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r SetSandboxNetworkResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SetSandboxNetworkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SetSandboxNetworkResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SetSandboxNetworkResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // PauseSandboxResponse503Headers the declared response headers of an HTTP 503 response for PauseSandbox
 type PauseSandboxResponse503Headers struct {
 	RetryAfter *int
@@ -8835,6 +9056,36 @@ func (c *ClientWithResponses) RevokeLeaseWithResponse(ctx context.Context, id Sa
 		return nil, err
 	}
 	return ParseRevokeLeaseResponse(rsp)
+}
+
+// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy (owner)
+//
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *ClientWithResponses) SetSandboxNetworkWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error) {
+	rsp, err := c.SetSandboxNetworkWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxNetworkResponse(rsp)
+}
+
+// SetSandboxNetworkWithResponse Replace a sandbox's egress policy (owner)
+//
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/network (the `SetSandboxNetwork` operationId).
+func (c *ClientWithResponses) SetSandboxNetworkWithResponse(ctx context.Context, id SandboxID, body SetSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxNetworkResponse, error) {
+	rsp, err := c.SetSandboxNetwork(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxNetworkResponse(rsp)
 }
 
 // PauseSandboxWithResponse Freeze all of a sandbox's processes (owner)
@@ -10777,6 +11028,87 @@ func ParseRevokeLeaseResponse(rsp *http.Response) (*RevokeLeaseResponse, error) 
 	return response, nil
 }
 
+// ParseSetSandboxNetworkResponse parses an HTTP response from a SetSandboxNetworkWithResponse call
+func ParseSetSandboxNetworkResponse(rsp *http.Response) (*SetSandboxNetworkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SetSandboxNetworkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SandboxInfo
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers SetSandboxNetworkResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParsePauseSandboxResponse parses an HTTP response from a PauseSandboxWithResponse call
 func ParsePauseSandboxResponse(rsp *http.Response) (*PauseSandboxResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -11803,6 +12135,9 @@ type ServerInterface interface {
 	// RevokeLease Revoke a lease and every lease minted from it (owner)
 	// (DELETE /v1/sandboxes/{id}/leases/{lease_id})
 	RevokeLease(w http.ResponseWriter, r *http.Request, id SandboxID, leaseID LeaseID)
+	// SetSandboxNetwork Replace a sandbox's egress policy (owner)
+	// (PUT /v1/sandboxes/{id}/network)
+	SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// PauseSandbox Freeze all of a sandbox's processes (owner)
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -11995,6 +12330,12 @@ func (_ Unimplemented) ReleaseLease(w http.ResponseWriter, r *http.Request, id S
 // RevokeLease Revoke a lease and every lease minted from it (owner)
 // (DELETE /v1/sandboxes/{id}/leases/{lease_id})
 func (_ Unimplemented) RevokeLease(w http.ResponseWriter, r *http.Request, id SandboxID, leaseID LeaseID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// SetSandboxNetwork Replace a sandbox's egress policy (owner)
+// (PUT /v1/sandboxes/{id}/network)
+func (_ Unimplemented) SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -12853,6 +13194,32 @@ func (siw *ServerInterfaceWrapper) RevokeLease(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// SetSandboxNetwork operation middleware
+func (siw *ServerInterfaceWrapper) SetSandboxNetwork(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetSandboxNetwork(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // PauseSandbox operation middleware
 func (siw *ServerInterfaceWrapper) PauseSandbox(w http.ResponseWriter, r *http.Request) {
 
@@ -13491,6 +13858,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/pause", wrapper.PauseSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/v1/sandboxes/{id}/network", wrapper.SetSandboxNetwork)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/resume", wrapper.ResumeSandbox)
@@ -16037,6 +16407,128 @@ func (response RevokeLease404ApplicationProblemPlusJSONResponse) VisitRevokeLeas
 	return err
 }
 
+type SetSandboxNetworkRequestObject struct {
+	ID   SandboxID `json:"id"`
+	Body *SetSandboxNetworkJSONRequestBody
+}
+
+type SetSandboxNetworkResponseObject interface {
+	VisitSetSandboxNetworkResponse(w http.ResponseWriter) error
+}
+
+type SetSandboxNetwork200JSONResponse SandboxInfo
+
+func (response SetSandboxNetwork200JSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork400ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork401ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork403ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork404ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork409ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxNetwork503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxNetwork503ApplicationProblemPlusJSONResponse) VisitSetSandboxNetworkResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type PauseSandboxRequestObject struct {
 	ID SandboxID `json:"id"`
 }
@@ -17525,6 +18017,9 @@ type StrictServerInterface interface {
 	// RevokeLease Revoke a lease and every lease minted from it (owner)
 	// (DELETE /v1/sandboxes/{id}/leases/{lease_id})
 	RevokeLease(ctx context.Context, request RevokeLeaseRequestObject) (RevokeLeaseResponseObject, error)
+	// SetSandboxNetwork Replace a sandbox's egress policy (owner)
+	// (PUT /v1/sandboxes/{id}/network)
+	SetSandboxNetwork(ctx context.Context, request SetSandboxNetworkRequestObject) (SetSandboxNetworkResponseObject, error)
 	// PauseSandbox Freeze all of a sandbox's processes (owner)
 	// (POST /v1/sandboxes/{id}/pause)
 	PauseSandbox(ctx context.Context, request PauseSandboxRequestObject) (PauseSandboxResponseObject, error)
@@ -18273,6 +18768,39 @@ func (sh *strictHandler) RevokeLease(w http.ResponseWriter, r *http.Request, id 
 	}
 }
 
+// SetSandboxNetwork operation middleware
+func (sh *strictHandler) SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	var request SetSandboxNetworkRequestObject
+
+	request.ID = id
+
+	var body SetSandboxNetworkJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.SetSandboxNetwork(ctx, request.(SetSandboxNetworkRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "SetSandboxNetwork")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(SetSandboxNetworkResponseObject); ok {
+		if err := validResponse.VisitSetSandboxNetworkResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // PauseSandbox operation middleware
 func (sh *strictHandler) PauseSandbox(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	var request PauseSandboxRequestObject
@@ -18760,275 +19288,285 @@ func (sh *strictHandler) GetVolume(w http.ResponseWriter, r *http.Request, volum
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L37cttGmjj6Kl3cX5VJD0hRsuxJqEptOY6ceMcXrSVvNhV6hSbQFHsEdiPdDVGMo6p9iFN13uC8yHmT",
-	"fZJf9fd1NwASICnFUrIz/mMmMgH09btfP3USOc+lYMLozuhTZ8ZoyhT8+ULO51Skr76z/0iZThTPDZei",
-	"M+qczRjhKZFTYmaMpIWik4yRBD8gZkYNUYXQ8FSxXwqmDelqxkisDVXGjRz3Bp2oo5MZm1M7B7um8zxj",
-	"nVEnmaf94f7Bk8Onz/761dd0kqRs2ok6Zpnbp9ooLi46NzdR5z0zavl8aphaX+QpS6RINaH2MVnMeDKD",
-	"BSUZZ8KQOV0SZT+vL2LOBZ8X885oGObjwrALpjo3dsacKjpnZvsZPV89l0ea8DQisd1cTOxB7T8jmVww",
-	"lVDNyIxdk2RGFU3s4KRLxZJIM2PKnjTX5HB4COfF7eA5NbNO1BF0DsfF007UsQfNFUs7I6MKdquDnXPx",
-	"mokLM+uM9puO+SXP2Imdcm2X9lfCheYpg8PVVKQTeX1EFMuo4VeM2KVqQhUrfzIS3l1IdZlyFTb1S8HU",
-	"styV22P7trat+jWjmjVfTWYf4XVkuuk2JlSzJwe1C4nho3OexoQLQkl8int9z6bxI01idm0UjdvuyH+8",
-	"40Vluo+3czHD27rMOhb4jGHKDv5fme7/TPu/HvT/+vHT/rOb/9OIHidSmabt51KZhluLSMqSjCqW2h3G",
-	"9i0dE2pIohg1rGVn9rXN90SvEaWePX365GlUoth+A4pFHXesbXTHrRUvT0+u3e0dDDfdXsvSd74OO4+/",
-	"D/53fyNzUb8T+1a4lINhy6WcMq25FG37Ozn7iWh8hfC0ZeF6y8q3ocapoLmeSYOLqOxT5G37vMMqqkcj",
-	"8q1Hc2PH0rkUmgFxfZ4pRtPlCykES4ydwHIrYZgAoKZ5nvGE2qPby5WcZGz+l79re46fKmv4P4pNO6PO",
-	"v+yVfG4Pn+q9E/wKp17BEYG01zGLmcxSZGf+aizMxYZeMnnFVEwWVBMhDdHMkG6cyJTFlmjHz1+/P37+",
-	"3U/nL969fXv84uz4O0sgbqLOtzR9j4zxIXf1SlzRzLITkRfmiMRMKal0TDKujSbsiqklcZPCKh17eyvN",
-	"S1mIB72AD+JSyIUoSZNUpHC/daUiPMv6U6nmLIVHU6kupDFM9IIYYpEH9iCmGU8e9JxrdEpbYgr8Tklx",
-	"QbShhtn1EjPjuhSP2OBiQHJaaJbaDWkj85ylCC0vpZrwNGXiQVGAGHnJBCyVOnSo3gYlOpG55ebSkt7K",
-	"lmRhmcVN1PkTAA4Ay5RnDNZseRUe6QldZpKmZ1K+puqCPTR0+GufyHRpQSSzi7DnRwWhmeVkCL3/XkhD",
-	"j68TxtKHJYDVRS5kkaXEEjsUoGmWMfVIk+cnr8glWxJLAgklv9i11qgf/HLO3PLjo7GIU2Yoz2JiWQhS",
-	"VHhp5O+L6YjM2VyqZURSri8joh2v0oAW7h9ksjRM9wbklLGxiL8/PiN7V/t7MFY8GFuGVVFlQE3oBz2h",
-	"6Ujc23sVjeIGubW64gn7IOgV5ZmV5x/yFt7Zk01oThNulgDB9sQmNLlkArSCQihGk5ld1+Az7hl43J+N",
-	"7FcloyqUvXj39uz4P8/O3747O3/57sNbz2M/CFqYmVT814dFnTdcay4uIjKnmWdR7Dq3MpLdjmJX8pKl",
-	"VqhOmTCcZtotN1cyYVrbyzwWhpvlH4XwV1xm1Dj8xG+3Sgs3XvID6PuWmmT2kvKsUIAwuZI5U4ajZMdF",
-	"yq7Xxd8fQUd3VoU4kYUwsdM9NOkO+1asT0HBWlUboo5byO4HUBVcf3YrKof5GOaQk7+zxFSkofXtJOWD",
-	"FZk28s+s5ncHE0fUSfLi3PA5O9fr5/Xi5AOxz0i30EyRvxC91IbNe/4IvSSERhlGHHwxTbghC8oNSy3X",
-	"PiJDspjxjBFVCMHFhT1hC7jUdEadVBaW6IWliWI+wSNPCwWweD5vWNsPckEyK+9wQxQVpKslmVIV1Wfq",
-	"WWJPdYEq56o+WlsHF+bZYePVA1ye4++fOjTL3k07o583w8HxNUuO7Xdn9rObj6vYENtzlYWJyWLGhN+E",
-	"LAycLZw5N9qfKLlQsshBCbjkWcbS3hFhmWZEFFlmd2H/i7zD6kh2zdfcnFsStn5yb4ssq5/SEdk/+Oov",
-	"b3EpOAGZLInmF4Jm5K19/DSs0y4utStdn7fp8KZccD1j6Tk1uyylDhrUsL6dr32mEpClnJ/j2it4MpEy",
-	"Y1QAAjN6eY6c/3zOJw2mJkYviWIWSIRxMsIqpDsGCdKUNuF6Pgu4u7ebVw92zXCKjSe0diLapEypc81/",
-	"ZbWP2iFdm1QWJnxRP59vrURkDwTfIpcsNwSxjnTtqViRQU6nVkUNb/V2xDGjCpFQp4Sv6gnaKEbnBCQR",
-	"lpJ4Tq/PZWHywpyDmBYfOUuwlSWptnJdQlXK0gopD2e5Qpgr9DMQ0055GVVMqlGC2pXUwbxOuWokdh0M",
-	"a4Bbv4H6DVbPaAP3eM1R5W/kIMgcDUOCuol+eV50E2aiStFl2/HpTUuqGCJomnJ7MDQ7qaxvSjPNmuSF",
-	"2JJR93lMppxlqSbdSWFIbE/sXIpze9dowIl7gREhcFjBdoA8t5mZ1id8XwhL9WI9I/0kJt0J1TOkerli",
-	"mgmE5Y2Wr6iTLBpG/o5NaZGZVaP0VpLGxFX7oTXIAi0DlheyijhtSA6oXWI6UD74F1OKWCxEhAeE4xV8",
-	"i0gcgDQmmpneEUnd5p8dkjf824hQQ+ZSG7JPvuffNlKHYM/dH/71yV8P9786OKwbdbdzHbgxdcXOrSpj",
-	"madIzzVqWg2bfg4mlBqwbbifGlVOuTifPDts8A4ZKlKqnC0sApPxs8M+E5aUpDtdvxMRmiQzD1H7Xw2P",
-	"QAgg3/iDbuY2VbdTy8QlJ7LS3vqcH6wMaNVq0Jn4LntoJhbNtALEcGeb30oq6igNBo3znCqr7DSI/dzM",
-	"vLgfkUvG8qoQyDSZ05QhpoMVSpMp5RnpesiFOXu7QQTMsr6EN2jb4HYusaxMDfJFaaZDRkaFXjBlMav0",
-	"AoHCA2BZujtujRZMGLXMJcclBkawKyFxLOAeCNOUZ+4qdx2yfr4v7ffESLJQ3DAyYVOpmFPtiGKmUEJH",
-	"4Cok/XExHD5h5MPZy/5XxLDrTYJsuUKeZux8A0aeGpk7VzBcKOgmCwt5QhJ2zZIIrIQWd07OfiJG0emU",
-	"J0BahSTUGJRt7DP0CXwGPOZzetEgyL2QwlAuLITZF0jX46hlf6lMLpnqDUgmE5qNAB4R6aeECveFMzhf",
-	"UMMWdPlI48vuYcoVS4wVnrtxvw9P+vBEx70RoURJaeAsUJss33dW3xiXQDS9YrH96d2LVySjS8uJDFUT",
-	"mmWkK3OEkmxJYru8gaFqpFguR4ZexL0jUrq3YfWAYlMwfsOlHA6H9gEXF7ATXJ/9UzG4k5lcWHCiaUqk",
-	"YKSLGxTsiimSF1mmewPyfGKlArtCexN4VImV/FhKrjhbeOVhJrXZieDPmaEpNfR3IMJ7gHWWEqoJ10ek",
-	"AGuP/RfYPDI6YZmVpDILqG59Gde74QA4bBsUJ/uzPS12nUtt6ZySxcWMBKtpIHd7n3h6s8dECjRI732y",
-	"I94AVQvE6Dbe3C2UKuoUgv9SsFc4tlONcyWveMrUOcLQBrKDQ65s1n3d1zlLuEVhN8xRsCNesqUPSPg7",
-	"OBYbQe6SLQck9vZmcPuDz0/P5iDwxzAETRKW2yEAMo2UpPuWvZHk++X8kbba5hyl3jmjiJNG5v2MXbHM",
-	"icsDcirBinkls2LONAQXvMuZcHzlkSZ6RnNGuoBHcQTwrmWhEsD52ELviHyytPMG0DHOr5IR+ZRklM/f",
-	"0jm7if227JcOpi6ZJQtuzojEc8sXT6iZxRGJFaPpO5EtcTi7Ra3fyJSNyPt3v73/0b6iiwm8bSlGmrLU",
-	"x3SU2wsb2gl0wdO7iX4He5JlIpQb524q/WxGkglL5NxeK02Xn4E8K4bHrHc3K70Pn9x8bLD6eNhpYE/8",
-	"13A3Otx8vJeyqz09m8ekS4mZ51N95DiAfdrv69m8D8AYkRd2NZrZ3wOI9kboJ/H+OiBKdhr4FcGeCuKJ",
-	"NZlwQdWSFIIb0o3HnYNnXx0+eXr49Nm4Yy993Hl2OPd/7l/4v57uH7zh3447cW9A9q0SYe/i2aHVHwD2",
-	"vUYRhwMdlAq2M7BBzBjX5IJfMeFsa0DyLZLVDwW/7R0BwgILWXDNPLkfeUsnUIFHOug3jkV4NccxMf/P",
-	"y2LClGDe5q0KYWHxkW4UK6VgDhbWCN4aA/hor70kIo2KiDJkquQcBZPg4epadK3528DXthC6NyL2gIBH",
-	"R/Annusj7SUGLUkMf8YQ5zZhhNaYYWQ5ToVQWU3RSmSaiVQTbnq7KUAma0LV13zKwETKBdEuCA/2B/Ie",
-	"eG/SUj8aHpEh+QalsJxbKSMIAggYQY4hM2ol7rOz1yRhPAMXS9zvz+l135gsjkA8cgMfHJJZ7zPQAEfE",
-	"GjQGSzCtSIaibJUSgeFJD8hx1UNisQ5dJkBqLazb+z0cDiMnZJqZRU6O6k6N5W6iOP8BC4TVOAuC46b7",
-	"z7brCc7Y0RyIZB/aFVXkRRTYU8KnZI5Ort5uWmaLOomLv6U2icFHa9ovSBKEzmXJv0sOd0Qo+e7tKQH5",
-	"ypICHymWMWOY0hFJ+QU39r9UzxiifemssUKfZqbRiMt/ZecXTfbqVxYvLVnnAkhhd6poAqKI9/AfWdKY",
-	"MaoNGQ6Gzw6eRo4e1aff38E8vaLJwxlVFtek0X/HMmbYe6aLrMEimbIpU6rJ3nta+uNFthyt6umOkrGS",
-	"kGnDs4ywa65NRLREgmWkAk3FkgbG0rEI2J7Z80BWOEe9YC6vWFrK84Hkg5t/XcdPYWONboaVY/JvNh6P",
-	"XIhM0rTtgJxfVjeblywCWfr8SHsOvG5g2maMqYzftMBjJ6a/ElO5vjwvxNe9jjNj8tHe3v7BXwfDwXCw",
-	"Pzr8ev/pkya4rkQS7KzqrCxxZUNhReXgjduqeeYafMTLmscn5UA7Lce2YoelkBmz7zq7m3eLpWgQY8JS",
-	"/p+97c7iiDNpfWw4hIrF8ZZE6p/Zir1u+l9fLBxakAN6o7oXrzAZv7LCH8ms4OiCMN1gIEBMmUlmQEkU",
-	"4CeZLMfC2bwhgtTKwf/Zdx6O/qs07h0Ru95RGLQczS5YkzV/LtKX7TbF2xmz13ZeeuWrZ5CxqSETNuNW",
-	"gFbMu32DNxptZkdjgZsyM7ZE06l3au64+C8m8s9mIkdq0cIt7j+MI6rI24FZLtAuUVGJSEKFJZiGZRnp",
-	"enPi54z4qK5ZUTHaFOIRobyAIoFVhAzKB+yam6hl9U6V8zEWznbmlQRNF4SbBw0dWdPz67EO65KBP50y",
-	"YATMGQsqQPJxsQ3dJr2XZHzOTe/IK3SbL3jQKCB9jlALMCl4A+WmcAsAyzf823sCSSSELaE09qwtJBH7",
-	"GMNkpCCOKDmbiFPaphirNmiLu2CqiZ6cvex/ZTeIYfVoVVEsz2jSKOL5+IHPMdKtIzLYNUucdzl2E3gY",
-	"TDBaaIu07NYejqN++CvRF/UQi82hES85y1JAqXXCCVbS9S3+2+m7t+gvcjAop1MmUquvwhcRgXh6zGH6",
-	"ef9j7ExgIX0P2EDjwc6Z1s4vs5kX4NLKD5q3lrFmAX3eCLFWacyZAu1aCjIBnRTsdJqZgqeR/e8FR2ag",
-	"DU8ul4BgMjE0c0kE487w2eHhuAMoVMnB+XnY/+vHT4dNuTeRXQ6f8ltGMDWr4mdeiWMZmzPhlTm8ru64",
-	"szfuBOutktL0Gq8hb8w3rOhVdKJlVhg3bnP0YKO6vllVR8zoUqKX84yLy0caUjiMJsaSOfNIkwxE811D",
-	"p9w45/h5I7aGmfAdsM4tFDeGiWbcb1GNqLG0l+sjEoOWHKOPOmVWFo3Iy1cv30EQvaWwpqoO2SO1SMst",
-	"VrvldKIODNKgGa0gQjUrzL3rTjpCMK+DVxueNIdGMWGUDxvexSAWMO5m3d7VDlPByHVXwNpAjmvju1Sy",
-	"uVSMuK1h1seCKe8K3ykwzh26P57tNDZjPyJIrZ9x+7nAEZTQSLrhcNbPpXcLjMM4pgqMb0Wk5u3D6I37",
-	"leryrqp7CBEBbQRU8NagjoZltqylWTEI1rOdAbxMO94a/VcO3nRE36PE/Dx13KYZApxc3V/Y26b+XYIS",
-	"mCWUWQYe1d56KF/K9eX5pEgvmGk2kUKeHOTDpVxVYg4eOXL8//+/JO737TB9ecWUFT25iYPDAIfeVXex",
-	"i3Gr2OF1KzHV7madsDsJ2m2wUZD+QeogP+NmdtxHOzvZJLe/wZlwfIMBI/Z+Mn5ViafacaJfClbUrKhV",
-	"nrbpZFaAsH6S1W/DHLVdVa6q6YyjNbBqgu0fGM2Qpq2gm6Gm0HWjqLzcaox1nzXNhFUGnIi3kr0lGB49",
-	"lhvoYngKiBLykokGjHEOllsJYZhapNsD+L8hzprmop6cwhwSJCFZFhyuytsf7xbiH2oc7FDKoEHes7M3",
-	"ukhBoIQjXMwggAXyUuccHHDgNJWCOSOSFyzxJEFYsx+iSY1qpv133vntkhh3MmdBwus2+gwAcQpvroJR",
-	"pQgEDlXddlS9/dq1toJds8SE+9yZn5QAvI2duIFbl3M3fhsOdTfzS/V4IW3HMemOHZMatskxDaCQOfd0",
-	"sDo248WAPHdxC/VQuor7+XfbKW/aTvLUn8lKVpJcCKbiEXqSwWE8ILHbuP05xDHqiJyc/RQRJFwRCTFd",
-	"Ry5IDl1fEWacR0QxwRYR4AaBSSIIOyvzFR32VJUGeM9qCe7gmzwoJ2Va3mqBBfL+5Qvy9eHTvwYXOeYG",
-	"N6UENKnKb2gy44L1FaOpPWOv8jsbShyRWEhzPpWFgH+sp4lGTfUZGoVYXFmjOwSzIm+hngRbR4OCUrKn",
-	"hhQcbjK2we+2rld+eP+KKDZliomEETDm8enSB7j5U7dfk25MJ7Iwo0lGxaWLyRFSsN52R6XT93B5YQvh",
-	"zCK8viaicWKWGAdwV0E92xqRuD3mutVT58yV32AAqjAM3PdWkJqBnRI8d3zq/XYRWqP1bLfYGefCe3jv",
-	"XI5pxfW92nctJUSigS6qb0jOc6ZJt5Jl4lJMaE6V6UWEcawKgZlWhBoiRcKOVoKNyDcksXwbHJ8GDDhK",
-	"GxdTTbrxv+Zm+c0wHuF87hxhKb0ojG1mqCdu92gpufgMYOEdSHeIbQlg3ZAq7PLXnZizRegs323BnjeO",
-	"MHqKbO826thjbCbGZulS+9cX5iPcm9Mb7yaX3iLFdbdkVW8z3Zjh7Y7lJuq4VCrMeWwQK6WhmbP3yalP",
-	"SsuVTIuEpbXUScGuseRE1TyE4+5qBtycPno3sKjmQdY3W8+LdEa4cMe1C22BLQcpzSKmW8PubK8CeluN",
-	"Fn7spoVBPZT19TjxbNsq1iweVmnhc262rh/mfY2vAnVwHoKt33yAN9ckaRzJDxSFDbTu+XVYZoPRVwoW",
-	"irHMKdoYEXBLuTXu96E6Sv9xTKYZvdC9IzLEEiKwGjQ6NhhwbmEzqZkmdjGNV80Iq0GkVZOF84GUcX1o",
-	"OPDFIVq8dj7sNuRS7rIkH922g2WjasloM2CU460tqPWuP3joar+NlVgKri/rVp/ypDbYfna9ye1Gpp2m",
-	"az90qfIZFSw9v9OVrX3dAE7vpmUuh44jYsCQgOYEl0xRKdh1IUWLJ7g0iq2bKPAAfL2SBeUGAnqFq3LE",
-	"ijbv8q5YUEne2BXi11bJlQ9IbAmuQCc8RFj4KPneEaHlSxCq7zz2YCvXZLirK6z9gsqoUrdDiGYCR9xU",
-	"KvDCWRFc0KwMLOVYcy/BUOyWwjAYAdxqf+YKTM2Y2GkxzJWxcjvjBilP7JEv3hGDWgPHMeZ5ZZuD7Q6P",
-	"W5lNN1CdRnxpR8FyJ7WjbKJd71mGVqBmT4fCxy0SpmJzyq0oc16ar7acSBiw4evm9Qm2uJuqGQxKn93c",
-	"876WZLR7+QX/HcYDQYA76FpSee0LwhMg8Uy35MQ0WFryojE+TTdEr3+O9IotLA32til+3iXBhjB6Fz5v",
-	"JRuvfHK9YsALCUFxv+/+RheTxe4ysZZWc2DXMrPkQhyB+9KS+NxOzQ3EELmsquO3705PXngnqVWdD/ef",
-	"hMxL46IYsFSiHjg6OyJMTKVKMM7TZ5W4SPlU8Ssf/2aVYVdweABHCAeF1dD8EPHnuJ8LhIcdvqlQ3Iu8",
-	"CCF1O+TUViWN20zUjE1X8nIDBYLKa82hi5D4X3prNGEiZU6KLn0IEKhYTIxirLcD0fYzNpGjauGAhrgn",
-	"yhvDB7FYQq2iAogzLAgewJ/x852ziGrl2prskg/jpY78tjecV3M01b04zkJKihcNZ1Dl1yWq3d1PBoi7",
-	"La15hwoH68i9FaEzqs052DG5Wd7qtO6U/N6eor5a3KJq6F6N2vEJ4T7cbN0vh/fTbD6pWtV3gNhTfDl8",
-	"dq4Y1U3BET4TpV7oF6skxi4Uz5ILegFRr9XacHQ1k6mzKbtyB2mzksi3xXhUnlTFVF8/4XK4dpekX94a",
-	"WDaAWAV2PAB4HNiA5y2Gp7sSop0cnJvjZSokrdkM4+qZQL4/Fz5J4ygk2pKcKgzbX5e8dqIJK0VVCgXm",
-	"9ylNjPber/KO4oiULQsqEFZuCJ+CN71BY87pLwUjE0aVVfpCKWhMUt4QCbeGrpVQACtaNQaJ1RB4p7r7",
-	"v985H3UgbUedFyrbGPv0SBN27ZTPD+9fEy6SrIBY43jvaj+u54qupdh9NfxquHe137Tk3dG2XGhUx+Hq",
-	"Ha4jso8yKBF6K96dBmLZEITBpyxZJpmP2pLTMoK+6hkGpw2apUsDNdY2B7IDpc19xDiUAYHKHI1Oi1Oo",
-	"cnnH0AL4tjkwR07J6avvX709i+x/z47fv4E//vbq9Wv4498/vMJHP3w4gW4smJ8NziloxzJcSRJ2o2yP",
-	"JcJFNV6B26sXX2+hDz7PFnSpSfzppgHXo851/0L2y3UVifl006k0gvg8EtWODHpDsXxklIZaaiOnpItt",
-	"e1wNg4sWh7RLdG4xegFpriUkYwjuhC2lk+ihVMIWixhc/LB3S0vXOkVr77CxBWwqI67QgGq2t7fabHHw",
-	"+Htv4bJVO91uXNbD0VYWG4betKy7oXtzOsJzzPizvCtnMs/YERGMYdbwhBEsQeQKt4Wk24OvdnL1IrFs",
-	"je19eLlzJ9ly9+DGDzmmwN8tPOMzJ8hHHUyPOPfh6tu63NSiVCqfRtuT6/3GH44Sl7Uwfj8dnqNF/Hyy",
-	"3EhuvbHAVSQxRMhFzWTQps8F1ayd4FfKYuxsLV8jllcyuxuxLMeL1mphrCg1lbNqAgS8lmYyWbHx36JW",
-	"y1YS6YdtX84bn6JwC7C0Mg9eNEhteAZHhF3TxGRLXxvMVe1ytc5mUiPKxOsKS3jWRHHtw0rOSyEsL62U",
-	"H6u5pXHKvpLSxJp0kxlLLlnqijUqpmV2ZSUvl5aEWYvxYBAflUQOxTHyVhoiRaWY06AVO1qW/iOIANwQ",
-	"mueMqtC7J/S189EfEfCPeC/21Xvsm3u5kklE9lJ2RaQie3qp6zLintOC19akGE3PpciWTadpH/btQ3eB",
-	"XerqaFYNzu/fvTzt4aoomcuUNef+6mLSsvU3CBx2GtDxyuurpPrgXY1CLz87obuMkDFnT4IbJC0Zo6kO",
-	"dfPDAE31Hhvv6ipQxUYJvlYeK1SzmyxDkj/fodJKBR4+NhUx0SwpFDfLU4vGzlGT87+xZWNUq4/DoJrE",
-	"z13/EciEHZFvUZeGAqfJJVtipdN4QN5CfxyoX1KaEDKuzRGhmZYEk4KlGAvXdYOpvmf/4EKoaWLBtejo",
-	"HJaCACIEwACrKE/FKqzBGoBLbG+ZiHaAbXuDt/zudp77B6gKs23uUF8Rar1QwycZI1hQpuy9iP8uO9X9",
-	"Z99+1f9+Oe87casPloByJe5G62s52LKYDfNtmcbCFW9MGrGXaMkjpG4K8sPZ2UmobWBlWCsd9dk1Swqo",
-	"XVKGWhCLE15x6QtWGEUzAEfszzQWrkgqnTOd04SRv1OeRYSS77AWHhMXXDDMk/5bWQ8vyQptmBqR98en",
-	"Z7CEYAaAYpR9K7CPhV0SwC24zY7Ij2xyCnmm2n1zxYhhas4FzUj35Oynnm/mo10chgvAA9IABXAxyzmh",
-	"YiwmDLPhl4ExUKKYq+EyGIuxeAFFYjRJpJjyi0IxEpdWE/INcXaZH96dno1O3r0/27vaj49cSbY6LkFM",
-	"VMrUWMSfyiFuVsqkxgNyZskk+PG4L94ijKKJK0L4vYTYamRYMLQiXIxF7CMZ9mjOsYzoBRMMC9O6chhR",
-	"qPYR6lrYlUBAAjWudKvMmaA5HyzpPIvhEP7lX4jFSyaM6xNkf3xMHj92VOnxY/I///3/7E6Y3vvKw3XS",
-	"ZCRmB5TANxaE/I0t7fHPXQ2wuN+nOe9fsmVM9kh8+vztd98/Pzs+f37y6vxvxz+dxqQLsdd9zXIKm+8N",
-	"yI+uIjOQL3+TqR29ehZYddUerBTLuSxCfW6sSRaq5NhFMmF/JJmU+YQml9APDpoTW75jB477fS6AxrO+",
-	"kH1amFncG5AqKbc0eCHVJYy0Ewnmxg5dEmB7B69LwuHuQVWqAccVS15Dh1nSnSyrVzBZwtpP3p021vBF",
-	"H6bdxzuxvlYNhR4hV1zAMG30Ee8IqCzPuFn2Ivtu/RWorNAMUTHAxbdKLjRTmlh4tZIcLYlD5Bozu3gi",
-	"zYyj5ToKa3R5OeEbO6YuJrmSRiYyI7EnmQPY9WCdB/m+MNBhuFIDAs88hvvxhB2LTD5+DKbTx49HxCXd",
-	"kG6ZdBNVTMC1RJo9xXQxD/k0dqVzLiBIAEZxvmVMroGjsKSBXUmotIgPe3CePqmHdFuTeuzoIa8nKifC",
-	"L70bG2ew/4BoNKNZNt0hCYgCYFQW3ZIQhJhSmxOMZjiBnFhCDjVmy5HguF/j6qxuSCgxiqFQ6ZbpZ0Fo",
-	"ce53i4U4t+8+hg9cQp+nnEAsFBWaWwE1WyIppf41l0jIzcxKpTG4sWLXn02XYaaOy4N6jB9yAws/s3CF",
-	"dWkluEgGZMeGbwCRI/L48eFw//HjAak02LRr3r3HposbwaGewFAiVLeW/lpTP9LIjm5fPXz82F5yLiGj",
-	"Aiilr4jvpSsL/RPGBLliCgo2YMXGVHsMnWDiEEstZUmYFStI1RTl58YLKt1GFo+hbQJ0MvfMChKhtP0H",
-	"FksFIxaEsbT1uotJ1+eN9VxonmWycURiyECC4tSAH3FUaTfZnRVzKkKu2BF5SbV5fvKqr80y8z3hNWha",
-	"hBus2e1aDHbnjYlmwMebM80S13L2FllnFo2woLEihwcHY9HQZM8rPL5Ln0u3Ka1/GoWA3wjaEslv5A2j",
-	"QHF/G4vf+v0+/M++YGf6LVQbgvpuoxJ6yb+dvnsbuX61IMJEAbywanlEJjR1Fjv82wJVBAV2AIGoIUwn",
-	"NGf1XGM3+T75zReQBSXNraPSEdG/+YT8tqUNbR1B3GeH5Lew4rLSGHSBhd7nrsuD7ybpvvqa/FZr0os+",
-	"fBBspYC9rXTnrZgFYDyKHatDu4ieG3nfbgNavcI6qbpg7snBAfnNdVh0XRfL9RzY9VArBiWFUkwkrvhX",
-	"6AO6rRHrSvvVyNeB5+aIaMbIStvU3hFJqIKKJHGle2iMy3kKd+F7kdol+DakRdkbdcsIQ9jQpLg4Ipm8",
-	"uLAHCPJ1X/OUuSgmrPV4YfUGK05NGXH1lewgY/GcCCn6vzIlsbIXtr1AfYilZfNn+7WQak4z3zhIF5nF",
-	"SGRMXrMCvEEFOeMJE5qVjoTO89zeYv9gMOxEHXASg8KqR3t7i8ViQOHxQKqLPfet3nv96sXx29Nj+KbM",
-	"2QxKXSfqXDGFGVid4WAf33JyfGfUeTIYDp5g1aYZGBr2OqNPN1Fnbwb1DH51/5ozo3ii3b+qaoD7CcDQ",
-	"v+0vGBJlGhOhZj6MdM2m4iGrOyTflJkivg2Ol77xdZSAnYw+Fp7FQrsFV+76ki2Rti5craJCMz1aSRoo",
-	"mbCrnIF1XvUlVLkcC8w8gMg8ripV5eOAGOuhrroXhQA5jJ5GsaBsLjyBkQthnHhtKlkn23IFSDcO8dOP",
-	"4yNkgi7Pdu4Ujfi749fHZ8corPtZ9z5pq0pCDWSglFwh9vYGJHYnGVe6zzcXYxkLV43FMhGnI1R7JQM5",
-	"XmnivEYuAnc++HosVklHtTEGPEKUQbGPS/Eq7YwsbGF61kof/4PhcEMj29s1sMUJWtrXVgvlQ46QNBQF",
-	"YEizgi67h8P9tjnCovdqnYOrJkCoTuCNfz9/vPkYdXQxn1O1XF3C6uSdqGPohV6JMrpx+FkLa3I4Wj9c",
-	"Kw+cVgIlgxKjYU2r1tGs2sQKbNhcI1cLNitQhkqTVQgG2+0iVryWN9GWNSD6xD4SLAZJ0wJhfBkjml3R",
-	"rGAkvooj1wXCKsWX31zFbSuGYu61BZeGdsPo/BuIlqkWwPuvbz7+5ZvB44YCePYm7w1oqxFtLaBbyXTj",
-	"omyUIFXKlIPb4Xa4/bb01d4vqL+uWX9aYDvq5FI3sJsXjg6X1hLUUaGisRNpIcMIinrTev1bS78wNJ90",
-	"LZfjgmmNKkkvGgupnFPEFXy5Yjq0VsBqygMSgy6Nhjdf16zSxsGfzYDUuq+PRdc1mwh7LBnOKqOCMPEA",
-	"+45huYATYJ0l6cZCRr2aZL+gEJVSyRwD8bfIiZEkRgp/Dr+XkZdx2VXj2XBozwKyBDxZt+IbqktVwWxA",
-	"zsIMHPrqKUITJXXg/BoyIRSzslomDbmQ0MgNi237HDeLx4FpT9nC7iFbSeC0ZwOtKZE4W8ncM2QKnUfU",
-	"FVQItndogb5kZZhwBuwLhbcpx4AePLqKXjksSxBg85Q1vjcWq4wvAkF7jeF1mwRkPK5gtSsNRqCEjIUz",
-	"FYEWVu1qaOF5Ti+Dv72hx6A9q/m6bodwj/ujY1HvNjiC4l5SBQjvUl/H1unhKDVI4ZszVIcLlRjGAqTg",
-	"HkDzoiG/oD4IXqWFR7hOjNiH80agTRkg9Fh4tbVrBXRQ7EvjrLDvLyiO2IMDqwdcIvezUozVBFzBHU26",
-	"kLrs2748rjd9SZniV94S5Du79cZCipbeQ1H19yQv6j+ElL8omIm66MmGJjRj4VZF4mEcVRvYlM7NHio1",
-	"ocZAzITlb/avkhO69q2OLI1FFzw08DPwRB0yHHE0FPYqn+CN+L5QYxGvtlAb5DzVLknIIpaHMsQDsURf",
-	"kwULlgIaefMk3LAuktlYYDoZgAcvb4R043mhwSzk2zy9Xc08d6/24l5zq5sGUTKpdRtFdy3T5luZLj8b",
-	"V653NL2pe4VdIe8VkWD/VpOXbaJ2TpTZ6VXMGLr52CBKuLojjqHSdGlJQp1olFktHgosAXOEqveAskbU",
-	"Odx/sv2jE7rMJE3PpHxN1QVEzxweHOwymStHTicZOxbGijTw7dfbvwUt49jxAvvV0+EOKz3Fng8fSnPI",
-	"7gLVC+fZ8WxhR3UBnD0oYVly39z21PsA5vJqxRwHPFmkkFAJWF3xGVTsY3pAXqVsnksDeaUo84wFmvS5",
-	"IGw6ZYmxggK2H3DMp2rw9XaXp8NhE77jB1V8vydRvNb0qAGB8Hk6uDtM7wIpL6Wa8DRlAr843P7FW2le",
-	"ykI0iOi10ImfP1oaUo9gqPzmozvwpzZY/M7dXlkhEm661yrmNyqsF8w8wH3Wsns2qlb/5FdqT2WyncCs",
-	"GRaa9lC+Es7/O+x02OCJdtqbbrU+oufHK3n1NGvMnUP7V9fHmoC11yoh0oqsWWp5GAiygzW6YuWYF34B",
-	"9wiGbo5NGr4/hz8xHNoPduCOL5x767Myxs8P82CjqINTWihot5yUIOGRIPz0+3CgzeYBXT5BzIJpYjBu",
-	"7VlAjp2GWtP0UPuLqu1+QqU0UoGmseCazKxgPlk2oQ7Gg7pnPnrGe4/A0/JIVzphQV/RsXCBWF3XTI15",
-	"w8OcXrsGIphmEpMcqv8pRucRuWQ5BMFWbCFggZACxYVa8QQwk0ResSH0gnIBRRQ0GlCwy01IuXdNvqAR",
-	"lp2mEIZnYxH3++4g+opZLObgIA7dRcms5zzc3GA+P+i48DV2Sgj+6no34bFg2EVJLCHujCd0JXS5jMeK",
-	"MDLBR6X554pBFtyAvJRWmfaVZMYiHgwGewvKwT1s/3Y9Wdy/MD3M/gsdBlVrwnOIexpBV/w9dsWE6ePp",
-	"x65UBFUmBI5NYV6IoFCgvnuBf4T3gcCGnrKD4ZDAeL5zDJprsVAjPoDaElfQYRfmsSvk6YgMI6v9xlaV",
-	"HcU4sqOGR3j/PsLcrgkGQE34++MzUtk9apanp8eovWMZOzIkXXwejcUlYzmFStYRidk1t9oKeeVsJ7hq",
-	"Dq1sopbBQ3PJGJp5W0X5NdWmfwwH+eq7mGD0DiToutCEWn9XPF7FSl2Z6hBJAuEhawwIvnHncV96LI4e",
-	"lLFdFNlVzrcGUPXpV43lawzuFKt0etMQlmch4P+ow1XXwbA9/0vX9sq1G650nKw27mvbvnvdb99SX7uu",
-	"2yrpO5zshg0/rLr8J+T/f4QK/yeWObCZN10VNJrljM3y8t6nZItu/zdoW1npyfaobGBpFGOETy3Xwfa7",
-	"qhA6QoI8lQrCK7gJ/BXp5KBFL6/Sry96+QouwNH8o8rQFsS8uR9cLbtBdrtJ4AFAaQPVrkjOXyDpYSGp",
-	"YoHYEYTurIRFW1+uyAwfd6HCTo7EVll/nlWV5S0eaFWt2i0YkUFGhiVZbbGZL2FjZfK8Yu+hJsRNYsk1",
-	"V9bTew3XuRJOcr9Sdb3syJ2E6t8/eRs3PGXC/COInp+D5v2jSpKISJ9RlASbQ6sV9kcIOXGGnkpQSein",
-	"5PFVWiwdkGOLqiPy+PHBcPj4cekXrgbbgiN4LLydS89ozo5IjP0kXIo5dpTAYBy09LjUP2eEwhWZlWJM",
-	"LAlWqoTmEYlD88MYcojAxwk9FhdUlyX9pQLzUW9Q22JOtbaqKFfajMbCbunAb8lOHL/wRrtu7IxwI+gl",
-	"H2PgwuPHPzCqzIRR8/jxqPSvlgYWS86QwtlBIbdryha+WfeKvxzMWjM/YhyF8IYDol0EAMbqkYwLCNuB",
-	"gh9Uh8uoBo9IwQhke44F6uU+qaC2gH87ffe2n7ELmkHGNhcXZDHjBvNEe85gVu4JkkKgJPQ1tN2nhiSF",
-	"1ShSAFRvTtTO6QfPfLyQJf72v0j5QSGxd4FJ4pXYlLHYcO4YG0UNORgOB8SnfkKhHshlWUgykSlnGluV",
-	"kMmS+CHiseiGli0A0aqARNZs6bLu/LS9mvUUz3xAfnQxT6nE0DLsuk8xLBmMuBm/YiNCK7sE9sioysAf",
-	"n0ltKqfU83Fq3NSb99eZnh2tZHkbwz9P3bUaCWsoIejJMAphGk8w474psLJaza9kWA2lZH2HlSfDYb2w",
-	"7Grh498bXblbKEWlAf+2UIqgJHzcrCb4KrBU1CgbxEpFweYbsDWqaNsQehFAGOOqPAwC0GGwxcHw4CFU",
-	"nwaCVzFt1nb7RbL402tTlghhRtSqfEC60Msul1nW+1NqVqlciEzStFUSee8Cgc1KhajVAlHkBYUcrDLs",
-	"1Rf/LrTlHj52c2V+F/wLNQkgEQt+sFzJZ6T5jH7MU1y3ibkNvMSe2Rsp8UlzB+mjUD8F8uUwAjb85OQd",
-	"V7OxjUgrNpeG+YJWdd2kSrY3F8m6z7D379xBtesxlSJgviLXF4v6nSzq909y3jOa+sh76pFxpTwA5iX3",
-	"Hiy2JGS/733KpTI3W2kKhfqtIJMpRpMZ0yS2X8YNSOryxsXSVyQg1GcnQsirZiLFLDfwF0K+C1Q3JilL",
-	"Mqogmh2H1zGplAdWjLDrXGqWugpWiP8t5OaCmWO3zfu0mvo5NkVS+eP+J8fR+8e1H+TCcgEAUatnSWVK",
-	"oAqQ9PnRbDt/P5HKtKPjNUt+lzWy1cD43srTZfAMCtN6RvpJ7Bpxgtbt9LpeLaGo4t8iq9nDXI9FyBPG",
-	"IBOomOKE5RUj5mImM1Y3ZVo5Acu6h7gLF6tih45xDedYSGD/4GnkMvWhP0YcrBBxpb+ZM2tg98EywMGX",
-	"b7Gq+Nwq85DlVJvPTkD2sBzKRF5Xoh6wlCiQI29v6UplKc7e4fDrYLEIMTqwK0ieN5JMmE937w3IMSQE",
-	"lNEWKIJRg8FBFgDOfcwFCm1eOhuL/WdWPDuq2Wqsxq6hcF81E5ykjKZg3MB0fzOz6ldVgckKS40vFNg1",
-	"cqa4TEMOSS0FfE06hrSealRG3BuFnLNKs9GQBvZIj4Wzt3QPhsMyJimuRinEjkm4XCZhajFcInLdLlHF",
-	"11A3ayywCtdtzTFV4wup217GosX4QjEdy95Pz3mBS9BZM8eDueKXgieX2RIy8THbywdhZVKwAJgNUWT2",
-	"5DPfONsPjN28nP5rwQrQciHGwuPaaqyXCDZAe6ZTZpIZNpvjKemGCJ8GGycU/qhE/xxhzBhUgCksAw71",
-	"w2CiBYUoMH7FFBRuyTQjjYFlvWgsCpFZ3I8tzp9LcZ5y7TYO3Xegjy6Y82RmFewZveKyUCPfXcy9CyQD",
-	"KZOjJmMB5KQX4o6gmMh69BEYmzBP3APl4XAYYYj94fBryGaLyNPhk16TMGEB4H79Jmgk+UO8JlXzz2aj",
-	"jqKCdBczagBD7DUAN7Bk+jOGIn3RYr7EBXnlqRBgia94UVxwrQXOW+T6oPmiVc85Bc5c2k6AM2MB32YD",
-	"x5HlkWWhV+0Lsa7pIM7acQvklYlhzeGEwZI84YKCTWNrgOFqufAVLH2BS+h7S8eGauOa/wolk8IwDevy",
-	"df0bTNplp6+bL0rQQxocKFF0Abfm5M8/Qv2xWHBCzQxVlWILBvoES6j8xIWz69XxElqLuBakcVKojPTP",
-	"Yl+sBpsLKibMWHgs5aGmX57RBGsIWvaFCbt2cMwQwEm9FAg5AmVwPmgyTQJCXpSYvotw8DuR/OGEA7ur",
-	"H7HYQxN9cY++WB//pNbHH6HeuaMGkCGwKz3YwEb3fAXmRl7qI9aauCkWbLUSeAyO4FG1+rlVJ/DTFD3I",
-	"ISC+C+k12IoCakfxKyZ6t/A92Blvz4lvjymbrIBAYr5YAB8sXHKK9/1H8rpNOJS51hg74BATBtiXy6Qq",
-	"5c4KN8RQmaRQGoq39iKisVypK+ofYeKOxdw44Jl2xzQgz110w9NoOByGCbtTtmAq2Lm4Iq7EhmIkk+Ki",
-	"dzQWtRAiuoQVK0YW9v/mUrEqlq5IzIeRp0yHzent9oxeguB+z3i7KQE1LPqR9gfzBY0fIge1omH9OfFY",
-	"qsv7Mds/L2sQ1jtolyxxsgxFknw5qLIEfq260cjVG5LqEiyyylQqRWLNnkdYjl9b9uwndAtAbx60TYHK",
-	"WlYbh5hDccU19JBA8XwsvEsO1fRycGf8tvNDyRRnwKxWtkbTX1iLq6aRSruFsVjYL6Ug3PgwPv8i9J/D",
-	"BaLTn3R9R3BvFWXiiisp5hC2BvZMv/exgD27MX0wRChjBCOcnb3GA5gwS+90fWdlnU9UHfyZQXaxb1Yw",
-	"ItxV/6onU9rzaKJ59vf7LeDzUqrLiqnx95br2T5Vm2nRPv2SC/i/uSzP56f8FiY2l1ApGyG26ChIPrbU",
-	"zSg71q+Q2HppjKiM0IZadVFrkfux6MZocziH0uaiyDKIlrIUE4rIlY0opPLfweg0tMwovWSuV7ormz8W",
-	"luaiSSKU0auGP6+E1ZoZm/cG5NgV0w/dEnzxPRThgLpCr4+0TfrCdgP3KX7BDJvkr/Km9D91LZqGuhyV",
-	"o9labOgeggtCcFCt4QqCNBFsUe/NglUhXOsJuvTtMiotO+DZ0VhghwUROog4GcFnVHgLX8CZ+miVb5At",
-	"25XgEBi2kMx4llYrdoceIqSKwr2Rq36hvQKEfdm068IGf1YbVURjgf3HsHgqaEjeC88N6fpiiEAZpHId",
-	"R0dW6ILYU7peZKyywrGACXsVK6Vr7yvn3BgXbF1rKNJrLxHo22vdh3wBYz+QgFGtArhOPt4Akf2HEzDu",
-	"LC/cP5F6A2hYQTnfYX13EyPSsz2HYJsS+d+7pjYlS8byK67ZXtnQC0JTeOh25YrqbmqFU22Eg4wWg5h0",
-	"MTGKsd5RDVVrQRoDEis2p9z+fe76SWHBHr1a0KdKvyG6YkFVqgfkBYXIqBXhgHQtUXGn6glQr9IhZiwO",
-	"h1834bx7t0T6e+Ll73GedonfvZAOvlhDVpFqxYcHraLWGNSDRQg7JPyEDHxLQY1jn8XsGk5tRi6yDbei",
-	"kIhXdu70xaQgtBgLbbtCUfrImSaNazCF2YOHw/1Qz1gQKQArgU17ZMTgrCoK+iAulg5CWzPuYrt8cvWa",
-	"4sB1qazAYscCNxyttt15pKOQse2lcal8x6tetewnNnCcUXFR1mG38pMvHjqnfohgTnECj2+X8T///f+t",
-	"UNLYRfbx6ZRZGcc3w+LGdwfDE1mRiALN4SmZU4Ox337IXjO1saM9ALGx02yiNXDE/1jc/yHCBwCs6E7I",
-	"fH9ax3b7LADYBhIGXac+l312xdtvh/7jq7SeQF+tL4UxH8o0pRj7laF1vdKztKzSsVULbwFUJa+XLhNn",
-	"71NOzezmnmuTYDZC1BTtpaC+PerGH96/jshUglSKZemgriY1M1ecsnoEUpkj7NewhMKzRGdUzyxT6cat",
-	"m/5q+NVwj+Z8jxs21//6yzf7cdmSNl554pgNJPW59D2X07c1mW8tfa/lJsxyYyOhE7M8daW97xPty2k2",
-	"tr7xRca/GMVqkBiaZevyqjwy2gu+H2MYFhrNzTL2/WcmMl1GxDncqgVpvXTrDGUnZz+RbuzqM/hOIjnP",
-	"EXWmNLNyFiQvuLB+4L0uwp0K3zWx1v+7G9xM++QN/7bS7CNy1VTpRMusMNhjw5UN1a6RNDR4ha10qSbv",
-	"cibcCUAiRPpIh76fzp7tTxp9aWNvevCbx3oVripqaEfs1h3585rL1NnU3YaovsQe6N34X3Oz/GYYj8YC",
-	"Dsbl/y24FVDsAfaOylobjjK5FpVcYzdrp03Hrg4vbjgmw8FYVIoLO4tcHaDAk0cTyDHWM5ZlLnWKT0ko",
-	"iAHZD3q2Yp2D/uvOPNduiyvR/Z4McidmiX0SHsgoF+b7UgL0n7AAkyvluUqG16hwKwvG5o67VfB0g69W",
-	"SotIkknsyFF2lfVZyGVdxtoYbVU8V9DzSyHPFSCDo3lInr9eXHMrrLUX1nyY263Mslma+3K/tRjOHS72",
-	"HtUkt/dNNgZPrfYW+p51tu2LUUywxf0EpJ16WolhCcRIIuSC/KVs8BYP41HZy+1ozclZF6mwMbcZC/d9",
-	"u1dzQJ6HSaDtWr2k3dnZ60pLtaEVvpOsSMEZ68NWFXNtlHtoAT0cDqt9ed3nzZZMwRb3G4z13k6xUS57",
-	"MHMSLOWLYPan9q8eXxsm0prxKeNTZvic3cn2hJ0b7sdKimP/8WbS9y55HpqlfLGWPpAecDajC0IJmMrT",
-	"HVuiNcNoGfF3L7ztBc1Noeod/nxA9FIbNicQtIwewMVGx7+DtGAAYdg6gKtqcx+ZM1Er9ulC8UiCC0lH",
-	"lfhHCBz0fsyxCGHhzrIyVUzPKuZnZ5b1I/kabdXgZMizctU90JM6Fiu9dzD22d5U6I/kQxCwbobrllk9",
-	"iS4VUiznsoBF0HJM3+flki21a2TqgiGqzYvC6lz/9y6842KvoSDKAhi5Ny9Bm1bodW1YlvlKq64pUa2z",
-	"UHWRXJMLKdhovZFxQ+t+bLlaO7dLlpsBOXHTO4dxQoW9vfBecEDbQYU057rIc8jFiTe0bHVf31dVbjf8",
-	"Q0Vl+d00mX/csy8moIeP/H4A60/AgmZSepd4bizY0uqYKRtmnuKL9ylpwAybi6XY5bJ/aqfMWY2Rwnk8",
-	"WOBSkfsiqffg48EsKEwXgmKqJPb1N88nzw5jLAIPacrnLi9ze8FSTHBKuVqvXkAqxQvq1QmSzTVcTz7c",
-	"poZrA1fCY7xVSYPbYdKHHEuc/iEVj/zkbWj8parBH1WN6I+oiHCHkqye9lQ1k9aogdPw1n1yJjfJxogB",
-	"v5AQWMrUIw1yvVxAdb1aU+C7QfKunduD5z6sQ1fOaZN04H/a7icqu69HVol7y95I8v1y/kiTGD8594PF",
-	"hF3nLDFYkSKI/Kjj2AMK+VUzmaVj0S0EFHosIzqD7iFVCPy8ZMtHGmoYon8+Y1NXB7CM9jwYDn2DUzfE",
-	"iKDTf0B+hOKHAfDq2mC5TKhi49NYofEsVtPXRWIlPz0WLuRgVP/O9U9wW3yEnvKIXDAThaRiqwXVlbOx",
-	"6IYa4fBD7NNywzohB81yNS4uopDSpo1U9AKMsVPFWFp2/IBIBTmF+NM5BjLM5RXyt9Bm1sXJHsEBmxU7",
-	"sGDXTil23fugOiFU4pwx0TvC0FanmkGZgjhlU6ZA3YbYiwGpZ12XOriP/72AniDGflxTNwcQd09WdD1Q",
-	"g0lQVb0aHKB3Qzv/qi74x7obwcrf9YCJ7Rt8gQcaIpOtIIOv/B6x93cF3W/vyV8eahNt2dCM/wFuY5O+",
-	"XCXcv+d4f5eOsEt//G0HfEt53H1bFfWvZFbM2WZm+x/unXu8LZxiE6N1C/1zstmrcEL+nvwvcEuNms8b",
-	"esmwKfE8N0s3BLSj1vxXdn7BJ3HdXhhmC7lLdfugJ91YCD7YBwfkNDARCEKl8IDMZSEMZDqFcvDd2C07",
-	"Dqmc8ABIlOX0Y+FYvafB5xK2owfhQwwJy6+SQZJRPn9L5yz2rkFuehDPKguDGZ3Am1xSZjBvPirzUFaY",
-	"AnmOVTNITr2Nk//KCNafhomP3747PXkxIN/S5BLqdGQyoVlEqKtMgRYTOQ0pHl1KdE6VZlj4IiKZlHl/",
-	"jr3ge0cEa19EhEKZntRf0wRK4oKySc1YaDpnFZPMEbksJkwJZpi2n54wpbm2WIJw/sKeDOniIP52s0Ib",
-	"uF44W82lYKo3GItXfpsrJt5SxIAu9SA2VDLr/Z0/gsfa2We5aTHNQj1yuwsvnHkZrMCQH59G83W7vRX3",
-	"dl+dxatT7KTa7n9m4tREmFxI3gMrtbe2iP5+q2YbKXzh+kg4vGgkgHVOs/cJ/7jZnIU6BRcXgDOWhYea",
-	"d6UPB3GBGy/OEgNpqkD/e21hZxUI/d8bcvawmZdbhUBHEFcUkhZO2CYQ3v/FtONwKVxUOh+UehdWJHG8",
-	"8s8sLG7AwC2docoTsFqfZQJSEW7ZbVXn9jftsjahKPygOXfkqsoJWlpB0WtfIPnZYUMvqG0nAB0acDOF",
-	"yjqjzh4Ymd3e12KtHNnI+JQlyySDJous7zR9lkTIvKOQOI7957Chz6DcWGmvWs/0eVnKF6VRyIVUXtYG",
-	"CSL8+iBO1EZlecqvWQq8PyolwTJ3PULYrJgyAEqDODdYvZCmCb+rN6XQEZbn9Y0mg8eBXoDFZ0E5pCpK",
-	"FUEXUfsixv2jVQM6xWY+mZGKZcUrX1lPaAHXnDDlkjLAXIhHsdI7I4KCq1KR09Nj0nXSml3LDAuLhf5J",
-	"F0xA8Y4UB1O96j1geeSmNfgQye7J2U92mpznrBdSMlxJBLfKWo7IWmIH8RbQjFXnzsHh2LT31VyO6inY",
-	"1fgkjLvuesEmGsZvTVaziMV8Tw8ZWC72k7rrtDBcw5Q/MJqZGQITF0zriMyZUTyBMA+urQBezH2IOeQA",
-	"KbnQTJVxrF0gBmFF1Vllrq2q+38DAAD//w==",
+	"7L39cttGti/6Kl3cp8qkB6QoWfYkVKV2ObaceI8t61jyyZ4KfYQm0BR7BHYj3Q1RjKOq8xC36r7BfZH7",
+	"JvtJTvVa3Q2ABEjKsZTsGf8xE4sA+nutXp+/9amTyHkuBRNGd0afOjNGU6bgny/kfE5F+vql/SNlOlE8",
+	"N1yKzqhzPmOEp0ROiZkxkhaKTjJGEvyAmBk1RBVCw1PFfimYNqSrGSOxNlQZ13LcG3Sijk5mbE5tH+yG",
+	"zvOMdUadZJ72h/sHTw6fPvvrN9/SSZKyaSfqmGVun2qjuLjs3N5GnffMqOXzqWFqfZBnLJEi1YTax2Qx",
+	"48kMBpRknAlD5nRJlP28Pog5F3xezDujYeiPC8Mumerc2h5zquicme1r9Hx1XR5pwtOIxHZyMbELtf+M",
+	"ZHLBVEI1IzN2Q5IZVTSxjZMuFUsizYwpu9Jck8PhIawXt43n1Mw6UUfQOSwXTztRxy40VyztjIwq2J0W",
+	"ds7FGyYuzawz2m9a5lc8Y6e2y7VZ2l8JF5qnDBZXU5FO5M0RUSyjhl8zYoeqCVWs/MlIeHch1VXKVZjU",
+	"LwVTy3JWbo7t09o26jeMata8NZl9hNuR6abdmFDNnhzUNiSGjy54GhMuCCXxGc71PZvGjzSJ2Y1RNG7b",
+	"I//xjhuV6T7uzuUMd+sq69jDZwxTtvH/nen+z7T/60H/rx8/7T+7/R+N5HEqlWmafi6Vadi1iKQsyahi",
+	"qZ1hbN/SMaGGJIpRw1pmZl/bvE/0Bknq2dOnT55GJYntN5BY1HHL2sZ33Fhx8/Tkxu3ewXDT7rUMfeft",
+	"sP34/eD/8DsyF/U9sW+FTTkYtmzKGdOaS9E2v9PzvxONrxCetgxcbxn5NtI4EzTXM2lwEJV5irxtnp8x",
+	"iurSiHzr0tzatnQuhWbAXJ9nitF0+UIKwRJjO7C3lTBMwKGmeZ7xhNql28uVnGRs/pd/aLuOnypj+B+K",
+	"TTujzr/tlffcHj7Ve6f4FXa9QiMCea+7LGYyS/E681tjz1xs6BWT10zFZEE1EdIQzQzpxolMWWyZdvz8",
+	"zfvj5y//fvHi3cnJ8Yvz45eWQdxGne9p+h4vxoec1WtxTTN7nYi8MEckZkpJpWOScW00YddMLYnrFEbp",
+	"rrcTaV7JQjzoBnwQV0IuRMmapCKF+60rFeFZ1p9KNWcpPJpKdSmNYaIXxBBLPDAHMc148qDrXONT2jJT",
+	"uO+UFJdEG2qYHS8xM65L8YgNLgckp4VmqZ2QNjLPWYqn5ZVUE56mTDwoCRAjr5iAoVJHDtXdoEQnMre3",
+	"ubSstzIlWdjL4jbq/AkODhyWKc8YjNneVbikp3SZSZqeS/mGqkv20KfDb/tEpkt7RDI7CLt+VBCa2ZsM",
+	"T+//LKShxzcJY+nDMsDqIBeyyFJimR0K0DTLmHqkyfPT1+SKLYllgYSSX+xYa9wPfrlgbvjx0VjEKTOU",
+	"ZzGxVwhyVHhp5PeL6YjM2VyqZURSrq8iot1dpYEs3B9ksjRM9wbkjLGxiH84Pid71/t70FY8GNsLq6LK",
+	"gJrQD3pC05K4t/cqGsUt3tbqmifsg6DXlGdWnn/IXXhnVzahOU24WcIJtis2ockVE6AVFEIxmszsuAZf",
+	"cM5wx/3Z2H5VMqqeshfvTs6P//P84uTd+cWrdx9O/B37QdDCzKTivz4s6bzlWnNxGZE5zfwVxW5yKyPZ",
+	"6Sh2La9YaoXqlAnDaabdcHMlE6a13cxjYbhZ/lEEf81lRo2jT/x2q7Rw6yU/OH3fU5PMXlGeFQoIJlcy",
+	"Z8pwlOy4SNnNuvj7E+jozqoQJ7IQJna6hybdYd+K9SkoWKtqQ9RxA9l9AaqC689uRGUzH0MfcvIPlpiK",
+	"NLQ+naR8sCLTRv6Z1fw+w8QRdZK8uDB8zi70+nq9OP1A7DPSLTRT5C9EL7Vh855fQi8JoVGGEXe+mCbc",
+	"kAXlhqX21j4iQ7KY8YwRVQjBxaVdYXtwqemMOqksLNMLQxPFfIJLnhYKzuLFvGFsP8oFyay8ww1RVJCu",
+	"lmRKVVTvqWeZPdUFqpyr+mhtHFyYZ4eNWw/n8gJ//9ShWfZu2hn9vPkcHN+w5Nh+d24/u/24Sg2xXVdZ",
+	"mJgsZkz4ScjCwNrCmnOj/YqSSyWLHJSAK55lLO0dEZZpRkSRZXYW9r94d1gdyY75hpsLy8LWV+6kyLL6",
+	"Kh2R/YNv/nKCQ8EOyGRJNL8UNCMn9vHTME47uNSOdL3fpsWbcsH1jKUX1OwylPrRoIb1bX/tPZUHWcr5",
+	"BY69QicTKTNGBRAwo1cXePNfzPmkwdTE6BVRzB4SYZyMsHrS3QUJ0pQ2YXu+yHF3bzePHuyaYRUbV2ht",
+	"RbRJmVIXmv/Kah+1n3RtUlmY8EV9fb63EpFdEHyLXLHcEKQ60rWrYkUGOZ1aFTW81duRxowqREKdEr6q",
+	"J2ijGJ0TkERYSuI5vbmQhckLcwFiWnzkLMFWlqTaynUJVSlLK6w8rOUKY67wz8BMO+VmVCmpxglqW1I/",
+	"5nXOVWOx68ewdnDrO1Dfweoabbg93nBU+RtvELwcDUOGuol/+bvoNvRElaLLtuXTm4ZUMUTQNOV2YWh2",
+	"WhnflGaaNckLsWWj7vOYTDnLUk26k8KQ2K7YhRQXdq/RgBP3wkWEh8MKtgO8c5sv03qH7wthuV6sZ6Sf",
+	"xKQ7oXqGXC9XTDOBZ3mj5SvqJIuGll+yKS0ys2qU3srSmLhuX7QGWaClwXJDVgmnjciBtEtKB84HfzGl",
+	"iKVCJHggOF6ht4jE4ZDGRDPTOyKpm/yzQ/KWfx8RashcakP2yQ/8+0buEOy5+8O/Pvnr4f43B4d1o+72",
+	"Wwd2TF2zC6vK2MtTpBcaNa2GST8HE0rtsG3YnxpXTrm4mDw7bPAOGSpSqpwtLAKT8bPDPhOWlaQ7bb8T",
+	"EZokM3+i9r8ZHoEQQL7zC91821TdTi0dlzeRlfbW+/xgZUCrVoPOxHeZQzOzaOYVIIY72/xWVlEnaTBo",
+	"XORUWWWnQeznZubF/YhcMZZXhUCmyZymDCkdrFCaTCnPSNefXOizt9uJgF7Wh/AWbRvc9iWWla5BvijN",
+	"dHiRUaEXTFnKKr1AoPDAsSzdHXcmCyaMWuaS4xDDRbArI3FXwD0wpinP3Fbu2mR9fV/Z74mRZKG4YWTC",
+	"plIxp9oRxUyhhI7AVUj642I4fMLIh/NX/W+IYTebBNlyhDzN2MUGijwzMneuYNhQ0E0W9uQJSdgNSyKw",
+	"ElraOT3/OzGKTqc8AdYqJKHGoGxjn6FP4AvQMZ/TywZB7oUUhnJhT5h9gXQ9jdrrL5XJFVO9AclkQrMR",
+	"nEck+imhwn3hDM6X1LAFXT7S+LJ7mHLFEmOF527c78OTPjzRcW9EKFFSGlgL1CbL953VN8YhEE2vWWx/",
+	"evfiNcno0t5EhqoJzTLSlTmekmxJYju8gaFqpFguR4Zexr0jUrq3YfRAYlMwfsOmHA6H9gEXlzATHJ/9",
+	"p2KwJzO5sMeJpimRgpEuTlCwa6ZIXmSZ7g3I84mVCuwI7U7gUiVW8mMpueZs4ZWHmdRmJ4Y/Z4am1NDf",
+	"QQjv4ayzlFBNuD4iBVh77F9g88johGVWksrsQXXjy7jejQYEM1Z82SY7nrjX7D0slWkgllP7s11fdpNL",
+	"bTmjksXljAQ7a2CQe594ervHRApcS+99si3eAh8M7Osu/t8tvC3qFIL/UrDX2LZTpnMlr3nK1AWeug2M",
+	"Cptcmaz7uq9zlnBL9K6Zo2B5vGJLH8LwD3BFNh7SK7YckNhbqCFQALyEejYHFSGGJmiSsNw2AWfZSEm6",
+	"J+ytJD8s54+01U/nKCfPGUUqNjLvZ+yaZU7AHpAzCXbPa5kVc6YhHOFdzoS7iR5pomc0Z6QLlBdHQCFa",
+	"FioBLhHb8z4inyy3vQUCjvPrZEQ+JRnl8xM6Z7exn5b90p3CK2YZieszIvHc3qSn1MziiMSK0fSdyJbY",
+	"nJ2i1m9lykbk/bvf3v9kX9HFBN62PCZNWeqjQMrphQkNSGVF2KWyKjxMyZ5JGblYHlig2J35Ab4Wky6s",
+	"HV2CN3YCloEJF37HuOmNwjcXucx4soxJN/7kZInnid35EbpgfkuZWEZuACPy8yfa8NRQdcnMiKRyTrn4",
+	"7cXrl+9vP946XSd2rpwLfKrtOvifEp4q+GGSWX5ae8f/hO+QLlpcQcS3bEX3dmIH4D3fdCcGG529mCk3",
+	"zoVX+i6NJBOWyLk9+DRdfoErTzE8iHp3U9378MntxwZLmqeuhiuf/xpOrw60Ee+l7HpPz+b2rBAzz6f6",
+	"yN2q9mm/r2fzPpBrRF7Y0Whmfw9E3Buh78n7QGFHbDfwKx4zKoi/AMmEC6qWpBDckG487hw8++bwydPD",
+	"p8/GHbvV486zw7n/5/6l/9fT/YO3/PtxJ+4NyL5VzOxePDu0OhmcLK+lxWFBB6XRwhktIQ6Pa3LJr5lw",
+	"9kq4Ri0bqi8Kfts7ApYG1/KCa+av0JG3HgOffKSDzuiuXa86OsHA/3lVTJgSzPsRVCHsWXzUfHqlYO4s",
+	"rF0Ja5fqR7vtJZttVO6UIVMl5yjsBa9h1zK0mg8T/JcLoXsjYhcI5J4I/onr+kh7KUxLEsM/Y+AvE0Zo",
+	"TcCI7C1eYVxW+7ZSrmYi1Zbz7KZUmqyJVN/wKQOzMxdEu8BGmB/I0OARS0udc3hEhuQ7lGxzbiW3IFzh",
+	"wQiyIZlRq8Wcn78hCeMZuK3ifn9Ob/rGZHEEIqdr+OCQzHpfgAc4Nt+ghdkrxYq5qB5UOREY8/SAHFe9",
+	"Tpbq0A0Fl5E963Z/D4fDyAnuZmaJk6MKWRNKNnGc/wUDhNE4q4yTN/afbde9nAGpObjLPrQjqsjgqASl",
+	"hE/JHB2Hvd009xYVHQd/Rw0dA7rWLAogaxE6l6WEU8oAR4SSlydnBGRWywp89F3GjGFKRyTll9zY/1I9",
+	"Y0j2pQPMCtKamUbDOP+VXVw2+QBeW7q0bJ0LYIXdqcJLWfuoiSPLGjNGtSHDwfDZwdPI8aN69/s7mPxX",
+	"rCOwRpXBNVlJXrKMGfae6SJrsPKmbMqUarKhn5UxDiJbjlZtH46TsZKRacOzjLAbrk1EtESGZaQC7c+y",
+	"BsbSsQjUntn1wKtwjrrWXF6ztNSRAsuH0Il1u0kKE2t03awsk3+zcXnkQmSSpm0L5HzdutlkZwnI8udH",
+	"2t/A60a7bQauSvtNAzx2isxrMZXrw/NqTt2TOzMmH+3t7R/8dTAcDAf7o8Nv958+aTrXleiMndXHlSGu",
+	"TCiMqGy8cVo1b2eD331Z86KlHHinvbGt2GE5ZMbsu86W6V2NKRoZmbCc/2dvD7U04syEHxsWoWLFvSOT",
+	"+lf2DKy7U9YHC4sW5IDeqO4ZLUzGr63wRzIrOLrAVtcYCBBTZpIZcBIF9Ekmy7FwfgSIyrVy8H/2ndeo",
+	"/zqNe0fEjncUGi1bswPWZM1Hjvxlu532bg6CtZmXkQ7VNcjY1OqEM24FaMW8Kz14+NEOeTQWOCkzY0s0",
+	"R3tH8Y6D/+p2+GJuB+QWLbfF/YfGRBV5O1yWC7TcVFQiklBhGaZhWUa63kT7JaNoqmNWVIw2hc1EKC+g",
+	"SGAVIYPyAbvhJmoZvVPlfNyKs0d6JUHTBeHmQcNx1vT8evzIumTgV6cMwgFzxoIKkHxcvEi3Se8lGZ9z",
+	"0zvyCt3mDR40CkhfInwFTAre6LsphAWO5Vv+/T0dSWSELeFJdq3tSSL2MYYeSUEcU3I2Eae0TTH+b9AW",
+	"y8JUEz85f9X/xk4QUxXQqqJYntGkUcTzMRlfoqU7R7mwG5Y4j33sOvBnMMEIrC3Ssht7WI764q9EtNTD",
+	"VjaHm7ziLEuBpNYZJ9iR16f4H2fvTtAH586gnE6ZSK2+Cl9EBHIUMC/s5/2PsTOBhZRIuAYaF3bOtHa+",
+	"rs13AQ6t/KB5ahlrFtDnjSfWKo05U6BdS0EmoJOCnU4zU/A0sv+95HgZaMOTqyUQmEwMzVxixrgzfHZ4",
+	"OO4ACVXymn4e9v/68dNhUz5TZIfDp/yOUWHNqvi5V+JYxuZMeGUOt6s77uyNO8F6q6Q0vcZtyBtzOCt6",
+	"FZ1omRXGtdsckdmorm9W1ZEyupTo5Tzj4uqRhrQYo535/JEmGYjmu4ajuXYu8PNGag094TtgnVsobgwT",
+	"zbTfohpRY3kv10ckBi05Rr9/yqwsGpFXr1+9g8QEy2FNVR2yS2qJlluqdsPpRB1opEEzWiGEaqade9et",
+	"dITHvH682uikOdyMCaN8KPYuBrFAcbfr9q72MxWMXJ97sDaw41r7Lj1vLhUjbmqYSbNgyocX7BRs6Bbd",
+	"L892Hpuxn/BIra9x+7rAEpSnkXTD4qyvS+8OFIexYZUzvpWQmqcPrTfOV6qrz1XdQ9gNaCOggrcGyjQM",
+	"s2UszYpBsJ7tfMDLVO6tEZVl401L9ANKzM9Td9s0nwAnV/cXdrepf5egBGYZZZaBz7m3Hh6Zcn11MSnS",
+	"S2aaTaSQewg5hilXlTiOR44d////L4n7fdtMX14zZUVPbuLgMMCmd9Vd7GDcKHZ43UpMtb1ZZ+xOgnYT",
+	"bBSkf5Q6yM84mR3n0X6dbJLb32JP2L7BIBy7Pxm/rsSo7djRLwUralbU6p22aWVWDmF9Javfhj5qs6ps",
+	"VdMaR2vHquls/8hohjxthdwMNYWuG0Xl1VZjrPusqSdEbnAi3kpGnGC49Ajh0MWQHxAl5BUTDRTjHCx3",
+	"EsIwXUu3J0V8R5w1zUWSOYU5JJ1CAjI4XJW3P35e2kTAjdgBHqJB3rO9N7pIQaCEJVzMIMQHcn3nHBxw",
+	"4DSVgjkjkhcscSVBWLMfokmNaqb9d9757RJDdzJnQRLxNv4MB+IM3lw9RhVgDWyqOu2ouvu1bW09ds0S",
+	"E85z5/ukPMDbrhPXcOtwPu++DYu6m/mluryQCuUu6Y5tkxq2yTENRyFz7ulgdWymiwF57uIW6uGJFffz",
+	"77ZT3rat5Jlfk5VML7kQTMUj9CSDw3hAYjdx+3OIDdUROT3/e0SQcUUkRL0ducBDdH1FmMUfEcUEW0RA",
+	"GwQ6iSCUr8wBddRTVRrgPasluIVv8qCclGF+q2uxIuZD5FKTUsNW3OtzuvTG+xGJxx0hBRt3YjSXueMw",
+	"IpmU+YQmV+Ck7EGcCs0yCFmRisSfxhjpPe6MyM+DweBjRMadlIll+OE2dtzGS+lUMRc5pUk3zpc5Hzgm",
+	"F0ckfuz/GEh1GQMbQnc/mJsLkQLn79nOX7x++V6T7vWh/eP62RGhZALRdmkK4WNO3dx7cmBf2Ns/+AZS",
+	"H8SSLGzfmMFuBw+zemznzl0mPgSa6crxABPpgJxABrtiWmbXDJYEPQnBEf3j+fnpGemenbzGaDD7N+la",
+	"8aUHsasijM59AqKFWw8yL7TBiZaQAO7ZgDwnE5rCKi4RG2oYYd6HFBgvCvABTaRwWubJriKekPevXpBv",
+	"D5/+NcRXYLJ+U45Ok53lLU1mXLC+YjS1h9Lbi5wBzu6okOZiKgsBf6znbUdNgCmNGhCOrNGXhmnKd9Bt",
+	"g6GsQbstZZuGnDhuMrbBabtulPjw/jVRbMoUEwkjYAnm06WPH/Wrbr8m3ZhOZGFGk4yKKxfQZamyt93L",
+	"7YwFOLwwhbBmEW5f041zapYYRPK5Wl62NeB3exJEq5vX2bq/w4hwYRjEflgpfAZGbnD78ql3+kboytCz",
+	"3QKvnP/34V27Oeb51+dq37XXKN446N/8juQ8Z5p0K2lfLueL5lSZXkQYR5gWTH0k1BApEna0EqlGviOJ",
+	"ZcPgNTdg/VPauCQH0o3/PTfL74bxCPtz6whD6UWhbTNDI8N2d6iSiy9wLLz38TMCo8Kxbsjdd4ASTkbe",
+	"orGU77ZQz1vHGP11bvc26thlbLzJT83SYW2sD8ynnDTnG3+eUnOHnPPdsse9wX0j5IJbltuo43IbMQm5",
+	"QSeRhmbOWCynPks0VzItEpbWcpkFu0EMmKptEdvd1Ya8OZ/7845FNTG5Ptl6orKz4IY9rm1oy9lyJ6VZ",
+	"P3Fj2P3aqxy9rRYv33bTwACgaH08TrbfNoo1c5nVePmcm63jh37f4KvAHZx7aes3H+DNNTUMW/INRWEC",
+	"rXN+E4bZ4DGwYphHR7Ky9UxmKR7cUumJ+32AK+o/jsk0o5e6d0SGiOkDo0GLdYP17w4Gt5pdaxe/StUG",
+	"tRqBXLV3OQdaGRSKVieP1tLi8vUx2yG5eZch+dDIHcxiVTNYm/WrbG9tQK17/cGfrvbdWAnE4fqqbjIs",
+	"V2qD4XDXndxuodypu/ZFlyqfUcHSi8/asrWvG47Tu2mZKqXjiBjQC1E7dLlKFQS9SylawghKi+q6fQsX",
+	"wAMILSg3EA0uHOwYK9pCE3algkpu1K4nfm2UXPlo1pbIHIzggPAcn2LRs/pteAnyPFy4BzhaNBnu6kdt",
+	"36AyJNnNEELhwIs7lQpcuFYEFzQro5I5gmAmGMffgtSE4eOtzguuwE+BmdaWwhyunJsZN8h5Yk988Y4U",
+	"1Jp1gAHzK9McbPeW3cnmvoHrNNJLOwmWM6ktZRPves8yNCE2u8kUPm6RMBWbU25FmYvS9rllRUKDDV83",
+	"j0+wxeepmsEa+cVthe9rGWq746H47zCYDLIjQNeSymtfENvirEnNCVUNlpa8aAxu1A2pD18iN2fLlQZz",
+	"25R84bLSQw6Gy72wko1XPrlesf6GbLK433f/Rv+kpe4y051Wk9LX0vrkQhyB79uy+Nx2zQ0EoLmUvOOT",
+	"d2enL7yH3arOh/tPQmKzcSEwiF2qB47PjggTU6kSDBL2NlOXZpEqfu2DJ60y7BDAB7CEsFAIT+ibiL/E",
+	"/lziedjhmwrHvcyLEI+5Q5J7VdK4S0fN1HQtrzZwIIBCbI57BSSO0tWnCRMpc1J06YCCKNdiYhRjvR2Y",
+	"tu+xiR1VkTwaguYob4w9RfSSGsQJiDMsCB5wP+PnO6eg1fATm+ySDxPiEPlpb1iv5lC8e/G6hnwmLxrO",
+	"AHbbZTl+vpMVCHcbasAOkCPrxL2VoDOqzQXYMblZ3mm1PguNYt366BEgVtFmqobu1ZAvj7fgYxXXnbq4",
+	"P83mk6pVfYcTe4Yvh88uFKO6KbLGpzHVkbcRtjR2cZyWXdBLCJmugjXS1TS4zqbU3B2kzUoW6BbjUblS",
+	"FVN9fYXL5tr92X54a8ey4YhVzo4/AJ4GNtB5i+HpcxnRTt7xzcFWFZbWbIZxAEMACcGFz/A5ClnaJKcK",
+	"cz7WJa+deMIKylGhwPw+pYnR3vtV7lEckbKGSOWElRPCpxCK0aAx5/SXgpEJo8oqfQGbHTPcN4RRrpFr",
+	"JY7EilaNEYY1At6pEMbvj+yIOpDzpS4KlW0MnHukCbtxyueH928IF0lWQKB6vHe9H9cTjdfyM78ZfjPc",
+	"u95vGvLuZFsONKrTcHUP1wnZh6iUBL2V7s4Cs2yI4OFTliyTzIf8yWmZflENKwCnDZqlSwM1FhsAtgO1",
+	"Bny6AaDsAPBNo9PiDGBnPzMuBb5tjuqSU3L2+ofXJ+eR/e/58fu38I+/vX7zBv7xPz+8xkc/fjiF8kil",
+	"M975wFcyzF0r2wPRcFCNW+Dm6sXXO+iDz7MFXWoSf7ptoPWoc9O/lP1yXEViPt12KpVZvoxEteMFvaF6",
+	"BV6UhlpuI6ek67B3EADjssUh7bLkW4xewJpr2ewYvz1hS+kkesDZ2GIRg40f9u5o6VrnaO0lb7Ycm0qL",
+	"KzygChXgrTZbHDx+31tu2aqdbrdb1p+jrVdsaHrTsD6P3JtzWZ5jWIu9u3Im84wdEcFY6hGbEOHLISmG",
+	"jO2Db3Zy9SKzbA0Mf3i5cyfZcvfI2A854id8XnjGF0ZXiDqYW3Phcx22lZ2qRalUPo22IzP4iT8cJy6B",
+	"VH4/H56jRfxistzIbr2xwMHZGCLkomYyaNPngmrWzvArmCo7W8vXmOW1zD6PWZbtRWtAKitKTWWtmg4C",
+	"bkszm6zY+O8A9LOVRfpm24fz1ue33OFYWpkHNxqkNlyDI8JuaGKypYfec6B4DkpwJjWSTLyusIRnTRzX",
+	"PqwkTGHsZAXdr+aWxi77SkoTa9JNZiy5YqlDT8WARyt5uZw2THmNB4P4qGRyKI6RE2mIFBUksEErdbQM",
+	"HWNVuSE0zxlVoZhWKDTpoz8iuD/ivdhDP9k393Ilk4jspewa4j71UtdlxD2nBa+NSTGaXkiRLZtW0z7s",
+	"Q8QnbmCXOmDbqsH5/btXZz0cFSVzmbLmxHFdTFqm/hYPh+0GdLxy+yp5YrhXo1Bc03boNiOkW9qV4AZZ",
+	"S8ZoqkMhi9BAEwBr415dB67YKMHXsNUCWORkGRAi+A4wPZXz8LEJAUezpFDcLM8sGTtHTc7/xpaNUa0+",
+	"DoNqEj93BYEoAjl+j7o0IA4nV2yJ0MOAP8kcRGXFhJBxbY4IzbQkmFEuxVi4MjhM9f31Dy6EmiYWXIuO",
+	"zyGOCDAhOAwwinJVrMIarAE4xPYapmgH2DY3eMvPbue+fwRIoW19B/hSAAqihk8yRhCNqCyGin+XpSP/",
+	"s2+/6v+wnPeduNUHS0A5Erej9bEcbBnMhv62dGPPFW/MOLKbaNkj5P0KjOL2wBhWhrXSUZ/dsKQA4Jsy",
+	"1IJYmvCKS1+wwiiawXHEcPOxcKjFdM50ThNG/kF5FhFKXiKQIhOXXDBMsv9bCaaYZIU2TI3I++OzcxhC",
+	"MAMA1mvfCuxjYYcE5xbcZkfkJzY5gyRl7b65ZsQwNeeCZqR7ev73nq+upV0chgvAA9YAiNSYIp9QMRYT",
+	"hlAKy3AxUKKYyyEYjMVYvACEIU0SKab8slCMxKXVhHxHnF3mx3dn56PTd+/P96734yMX4F+nJYiJSpka",
+	"i/hT2cTtCgpxPCDnlk2CH4975B9hFE0cguUPEmKr8cKCphXhYixiH8mwR3OOKL2XTDBEinZYKlGAigmg",
+	"KHYkEJBAjUNGljkTNOeDJZ1nMSzCv/0bsXTJhHGFu+yPj8njx44rPX5M/uv//D+7M6b3Hgq8zpqMxNSS",
+	"8vCNBSF/Y0u7/HMHIBf3+zTn/Su2jMkeic+en7z84fn58cXz09cXfzv++1lMuhB73dcspzD53oD85CDS",
+	"gX35nUxt69W1QFBju7BSLOeyCID5upIYwQ2mJgj7Y5lM0pUKq4Xbe8c2HPf7XACPZ30h+7Qws7g3IFVW",
+	"bnnwQqoraGknFsyNbbpkwHYP3pSMw+2DqsBzxxVLXkPJZ9KdLKtbMFnC2E/fnTVCZKMP087jnVgfqwaU",
+	"UAAaENBMG3/EPQIuyzNuIAtnhbe5bJzGExXDufheyYVmShN7Xq0kR0vm4NGVXTyRZsbxch2FMbqkrvCN",
+	"bVMXk1xJIxOZkdizzAHMerB+B/lCTVDyuwIggmsew/54xo4IpY8fg+n08eMRcRlbpFum5EQVE3AtC2tP",
+	"MV3MQzKWHemcCwgSgFacbxkzs2ApLGtg1xJgOvEhJBiFjDDSbc0Is62HpLCo7Ai/9G5s7MH+AdFoRrNs",
+	"ukMGGYWDURl0SzYZUkqtTzCaYQdyYhk5ABSXLcFyv8HRWd2QUGIUQ6HSDdP3gqfFud8tFWLfvhwgPnDZ",
+	"oJ5zArNQVGhuBdRsiayU+tdcFio3MyuVxuDGil3BRF2GmbpbHtRj/JAbGPi5PVeYSibBRTIgO1ZghBM5",
+	"Io8fHw73Hz8ekErFWzvm3YveurgRbOoJNCUCeLz025r6lka2dfvq4ePHdpNzCRkVwCl9iQovXdnTP2FM",
+	"kGumAO0D4T5T7Sl0golDLLWcJWFWrCBVU5TvGzeodBtZOoY6JpocDg/9ZQWJUNr+gUi7YMSCMJa24pMx",
+	"6fq8sZ4LzbOXbByRGDKQAPsd6COOKvVfu7NiTkXIFTsir6g2z09f97VZZszBE2rQtCDHD3RMrPnZnTcm",
+	"msE93pxplrga0HfIOrNkhGjYihweHIxFQ9VLr/D4spku3aa0/mkUAn4jaEskv5G3jALH/W0sfuv3+/A/",
+	"+4Lt6bcAVQXggKPy9JL/OHt3ErkC0iDCROF4YVGACBIC0WKH/7aHKgJ0JiAgagjTCWLoV2yVrvN98ptH",
+	"HwYlzY2jUqLUv/mE/LalLnSdQNxnh+S3MOISpg7KMtuB+rIrvryr++pb8lutajb68EGwlQLmtlIuu2IW",
+	"gPYolpAP9Vt6ruV9Ow2ovQzjpOqSuScHB+Q3V/LUlUEtx3Ngx0OtGJQUSjGROOS4UJh3W2XklXrIkS+z",
+	"wM0R0YyRlTrGvSOSUAWJsnGlnG+Mw3kKe+GLA9sh+LrARVmseEsLQ5jQpLg8Ipm8vLQLCPJ1X/OUuSgm",
+	"BAq9tHqDFaemjDhwLtvIWDwnQor+r0xJhIXDOjSoD7G0rMZuvxZSzWnmK3npIrMUiReT16yAblBBznjC",
+	"hGalI6HzPLe72D8YDDtRB5zEoLDq0d7eYrEYUHg8kOpyz32r9968fnF8cnYM35Q5m0Gp60Sda6YwA6sz",
+	"HOzjW06O74w6TwbDwROE/JqBoWGvM/p0G3X2ZgCG8av7a86M4ol2f1XVAPcTHEP/tt9gSJRpTISa+TDS",
+	"NZuKP1ndIfmuzBTxdam89I2vowTsZPSx8FcsVDNxWOlXbIm8deGArgrN9GglaaC8hB3sCoIE6yuASB0L",
+	"zDyAyDyuKiUJ4kAY66GuuheFADmMnkaxoKz2PYGWC2GceG0qWSfbcgVINw7x04/jI7wEXZ7t3Cka8cvj",
+	"N8fnxyis+173PmmrSgKANnBKrpB6ewMSu5WMnb/StCL5jIWD8rGXiNMRqsXLgR2vVFVfYxfhdj74dixW",
+	"WUe17gw8QpJBsY9L8TrtjOzZwvQsqLsBEL5whg+Gww2Vpe9WURo7aKknXa2yADlC0lAUgCHNCspeHw73",
+	"2/oIg96rlfKumgAB2sIb/37+ePsx6uhiPqdquTqE1c47UcfQS70SZXTr6LMW1uRotL64Vh44qwRKBiVG",
+	"w5hWraNZtaoc2LC5xlst2KxAGSpNViEYbLeNWPFa3kZbxoDkE/tIsBgkTXsI46sYyeyaZgUj8XUcuRIi",
+	"Vim++u46bhsxVAKoDbg0tBtG599BtEwVPfF/f/fxL98NHjegJ9qdvLdDW41oazm6lUw3LsoqG1KlTLlz",
+	"O9x+br8vfbX3e9Tf1Kw/LWc76uRSN1w3LxwfLq0lqKMCHLYTaSHDCBDhaR082fIvDM0nXXvLccG0RpWk",
+	"F42FVM4p4tCCrpkOdTkQintAYtCl0fDmQfEqNUD82gzIOwy4R4lnLLquUkmYY3nhrF5UECYezr67sFzA",
+	"CVydJetGFKxeTbJfUIhKqWSOgfhb5MRIEiOHv4Dfy8jLuCzJ8mw4tGsBWQKerVvxDdWlqmA2IOehBw6F",
+	"LhWhiZI63PwaMiEUs7JaJg25lFAWC5HafY6bpeNwaU/Zws4hW0ngtGsDmCHInK1k7i9kCmVr1DXAS9s9",
+	"tIe+vMow4QyuLxTephwDenDpKnrlsIQgwMo7a/feWKxefBEI2msXXrdJQMblCla70mAESshYOFMRaGHV",
+	"MqP2PM/pVfC3NxT9tGs1X9ft8Nzj/OhY1Mt/QmkwSHRxJ7xLPQiy08NRapDCV/aoNheQGMYCpOAenOZF",
+	"Q35BvRHcSkDHsduJEfuw3nhoUwYEPRZebe1aAR0U+9I4K+z7C4ot9mDB6gGXePtZKcZqAg6tSZMupC77",
+	"mkGP6xWDUqb4tbcE+VKLvbGQoqVwVVT9PcmL+g8h5S8KZqIuerKhgtFYuFGReBhH1epHpXOzh0pNwBiI",
+	"mbD3m/1XeRO6esqOLY1FFzw08DPciTpkOGJrKOxVPsEd8UXFxiJerVA4yHmqXZKQJSx/ypAOxBJ9TfZY",
+	"sBTIyJsnYYd1kczGAtPJXFm7sCOkGwNy0ISFGmEnq5nn7tVe3Guuk9QgSia18r/ormXafC/T5Re7lesl",
+	"hm/rXmGHAr8iEuzfqfOyxtjOiTI7vYoZQ7cfG0QJhzviLlSaLi1LqDONMqvFnwLLwByj6j2grBF1Dvef",
+	"bP/olC4zSdNzKd9QdQnRM4cHB7t05rDs6SRjx8JYkQa+/Xb7t6BlHLu7wH71dLjDSM+wYMiH0hyyu0D1",
+	"wnl2/LWwo7oAzh6UsCy7b65D7H0Ac3m9Yo6DO1mkkFAJVF3xGVTsY3pAXqdsnksDeaUo84wFmvS5IGw6",
+	"BSQ36mpXuMunavD1dpenw2ETveMHVXq/J1G8VjGrgYDweTr4/DO9y0l5JdWEpykT+MXh9i9OpHklC9Eg",
+	"otdCJ37+aHlIPYKh8puP7sCf2s7iS7d7Jbwo7HSvVcxvVFgvmXmA/axl92xUrf7Ft9SuymQ7g1kzLDTN",
+	"oXwlrP9LLJPZ4Il22ptutT6i58crefU0a8ydQ/tX18eagLUXavNakTVL7R0Gguxgja9YOeaFH8A9HkPX",
+	"xyYN36/Dn/gc2g92uB1fOPfWF70Yv/yZBxtF/TilhYL650l5JDwRhJ9+Hw202TygRCyIWdBNDMatPXuQ",
+	"Y6eh1jQ91P6iaq2ogJRGKqdpLLgmMyuYT5ZNpIPxoO6Zj57x3iPwtDzSlTJqUJR2LFwgVtdV4mPe8DCn",
+	"N676DKaZxCQH9D/F6DwiVyyHINiKLQQsEFKguFADTwAzSeQVG0IvKRcAoqDRgIIlkkLKvasQB1XUbDeF",
+	"MDwbi7jfdwvRV8xSMQcHcShNS2Y95+HmBvP5QceFr7HMRvBX10tRjwXDElxiCXFnPKEroctlPFaEkQk+",
+	"Ks0/Vwyy4AbklQRYV4ckMxbxYDDYW1AO7mH7b1fQx/2F6WH2L3QYVK0JzyHuaUQMuzF77JoJ08fVjx1U",
+	"BFUmBI5NoV+IoFCgvnuBf4T7gYcNPWUHwyGB9nzZITTXIlAjPgBsiWsozwz92BHydESGkdV+Y6vKjmJs",
+	"2XHDI9x/H2FuxwQNoCb8w/E5qcweNcuzs2PU3hHGjgxJF59HY3HFWE4BBj0iMbvhVlshr53tBEfNoQ5S",
+	"1NJ4qEwaQ618qyi/odr0j2EhX7+MCUbvQIKuC02oFQfG5VWs1JWpDpEkEB6ydgHBN2497kuPxdaDMraL",
+	"Irt6860dqHr3q8bytQvuDFE6vWnIwQeD/6N+rrruDNv1v3I101yt6kq50mrVx7bpu9f99C33teO6q5K+",
+	"w8pumPDDqst/wvv/j1Dh/8QyB1aCp6uCRrOcsVle3vuUbNHt/wY1TysF/R6V1U+NYozwqb11sHazKoSO",
+	"kCFPpYLwCm7C/Yp8ctCil1f511e9fIUWYGn+WWVoe8S8uR9cLbud7HaTwAMcpQ1cuyI5fz1JD3uSKhaI",
+	"HY/QZyth0daXKzLDx124sJMjsc7an2dUJbzFA42qVbsFIzLIyDAkqy0230tYlZs8r9h7qAlxkwi55mA9",
+	"vddw/VbCTu5Xqq7DjnyWUP37O2+7Dc+YMP8MoueX4Hn/rJIkEtIXFCXB5tBqhf0JQk6coacSVBKKcXl6",
+	"lZZKB+TYkuqIPH58MBw+flz6havBtuAIHgtv59IzmrMjEmM9CZdijhUlMBgHLT0u9c8ZoXBEZgWMiSXB",
+	"SpXQPCJxqJwZQw4R+DihQOeC6hLSXyowH/UGtSnmVGurinKlzWgs7JQO/JRsx/ELb7Trxs4INyKWBcQY",
+	"uPD48Y+MKjNh1Dx+PCr9q6WBxbIz5HC2UcjtmrKFr/S+4i8Hs9bMtxhHIbzhgGgXAYCxeiTjAsJ2APCD",
+	"6rAZ1eARKRiBbM+xQL3cJxXUBvAfZ+9O+hm7pBlkbHNxSRYzbjBPtOcMZuWcICkEIKFvlmOB8TmF1ShS",
+	"OKjenKid0w+e+Xghy/ztf5Hzg0Ji9wKTxCuxKWOxYd0xNooacjAcDohP/QSgHshlWUgykSmUfMqtRjZZ",
+	"Et9EPBbdULIFTrQqIJE1W7qsO99tr2Y9xTUfkJ9czFMqMbQMAJwJxbBkMOJm/JqNCK3MEq5HRlUG/vhM",
+	"alNZpZ6PU+Mm2HgbLEm2tfLK2xj+eea21UgYQ3mCngyjEKbxBDPumwIrq2h+5YXVACXrK6w8GQ7rwLKr",
+	"wMe/N7pyt1CKkvVsDaUISsLHzWqCR4GlosbZIFYqCjbfQK1RRduG0ItwhDGuyp9BOHQYbHEwPHgI1aeB",
+	"4VVMm7XZfpUs/vTalGVCmBG1Kh+QLhRCzGWW9f6UmlUqFyKTNG2VRN67QGCzghC1ChBFXlDIwSrDXj34",
+	"d6Ht7eFjN1f6d8G/gEkAiVjwg72VfEaaz+jHPMV1m5ibwCssuL6RE582lx8/CvgpkC+HEbDhJyfvOMzG",
+	"Niat2Fwa5gGt6rpJlW1vBsm6z7D3l26h2vWYCgiYR+T6alH/LIv6/bOc94ymPvKeemJcgQfAvOTeg8WW",
+	"hOz3vU+5VOZ2K0+hgN8KMpliNJkxTWL7ZdxApC5vXCw9IgGhPjsRQl41EylmuYG/EPJdAN2YpCzJqIJo",
+	"dmxex6QCD6wYYTe51Cx1CFZI/y3s5pKZYzfN+7Sa+j42RVL55f4Xp9H7p7Uf5cLeAnBErZ4llSkPVThJ",
+	"X57Mtt/vp1KZdnK8Ycnvska2GhjfW3m6DJ5BYVrPSD+JXSFO0LqdXterJRRV/FtkNXuY67EIecIYZAKI",
+	"KU5YXjFiLmYyY3VTppUTENY9xF24WBXbdIxjuEAggf2Dp5HL1If6GHGwQsSV+mbOrIHVB8sABw/fYlXx",
+	"uVXmIcup1p/tgOwhHMpE3lSiHhBKFNiRt7d0pbIcZ+9w+G2wWIQYHZgVJM8bSSbMp7v3BuQYEgLKaAsU",
+	"wajB4CB7AC58zAUKbV46G4v9Z1Y8O6rZaqzGrgG4r5oJTlJGUzBuYLq/mVn1q6rAZIXlxpcK7Bo5U1ym",
+	"IYeklgK+Jh1DWk81KiPujULOWaXYaEgDe6THwtlbugfDYRmTFFejFGJ3SbhcJmFqMVwictUuUcXXgJs1",
+	"FojCdVdzTNX4Quq2l7FoMb5QTMey+9NzXuDy6KyZ48Fc8UvBk6tsCZn4mO3lg7AyKVg4mA1RZHblM191",
+	"3TeM1byc/muPFZDlQoyFp7XVWC8RbIB2TafMJDMsNsdT0g0RPg02TgD+qET/HGHMGCDAFPYCDvhh0NGC",
+	"QhQYv2YKgFsyzUhjYFkvGotCZJb2Y0vzF1JcpFy7iUP1HaijC+Y8mVkFe0avuSzUyFcXc+8Cy0DO5LjJ",
+	"WAA76YW4IwATWY8+AmMT5on7QwnVuCHE/nD4LWSzReTp8EmvSZiwB+B+/SZoJPlDvCZV889mo46ignQX",
+	"M2qAQuw2wG1g2fQXDEX6qsV8jQvyylMhwBJf8aK44Fp7OO+Q64Pmi1Y95wxu5tJ2AjczAvg2GziO7B1Z",
+	"Ar1qD8S6poM4a8cdiFcmhjWHEwZL8oQLCjaNrQGGq3DhK1T6AofQ95aODWjjmv8KkEmhmYZxeVz/BpN2",
+	"Wenr9qsS9JAGB0oUXcCuOfnzj1B/LBWcUjNDVaXYQoE+wRKQn7hwdr06XUJpEVeCNE4KlZH+eezBarC4",
+	"oGLCjIWnUh4w/fKMJoghaK8vTNi1jWOGAHbqpUDIESiD80GTaRIQ8qKk9F2Eg99J5A8nHNhZ/YRgD038",
+	"xT36an38k1offwK8c8cNIENgV36w4Rrd8wjMjXepj1hruk0RsNVK4DE4gkdV9HOrTuCnKXqQQ0B8F9Jr",
+	"sBQFYEfxayZ6d/A92B7vfhPfnVI2WQGBxXy1AD5YuOQU9/uPvOs20VDmSmPsQENMGLi+XCZVKXdWbkMM",
+	"lUkKpQG8tRcRjXClDtQ/wsQdS7lxoDPtlmlAnrvohqfRcDgMHXanbMFUsHNxRRzEhmIkk+KydzQWtRAi",
+	"uoQRK0YW9v/mUrEqla5IzIeR50yHzentdo1egeB+z3S7KQE1DPqR9gvzlYwfIge1omH9OelYqqv7Mds/",
+	"LzEI6xW0yytxsgwgSR4OqoTAr6EbjRzekFRXYJFVpoIUiZg9jxCOX9vr2XfoBoDePCibAshaVhuHmENx",
+	"zTXUkEDxfCy8Sw7V9LJxZ/y2/QNkijNgVpGt0fQXxuLQNFJppzAWC/ulFIQbH8bnX4T6czhAdPqTrq8I",
+	"7q2iTFxzJcUcwtbAnunnPhYwZ9emD4YIMEbQwvn5G1yACbP8TtdnVuJ8ourg1wyyi32xghHhDv2rnkxp",
+	"16OJ59nf7xfA55VUVxVT4++F69neVZtp0T79mgv43xmW58tzfnsmNkOolIUQW3QUZB9bcDPKivUrLLYO",
+	"jRGVEdqAVRe1gtyPRTdGm8MFQJuLIssgWspyTACRKwtRSOW/g9ZpKJlReslcrXQHmz8WlueiSSLA6FXD",
+	"n1fCas2MzXsDcuzA9EO1BA++hyIccFeo9ZG2SV9YbuA+xS/oYZP8Ve6U/pfGomnA5agszVawoXsILgjB",
+	"QbWCK3ikiWCLem0WRIVwpSfo0pfLqJTsgGdHY4EVFkSoIOJkBJ9R4S18gWbqrVW+wWvZjgSbwLCFZMaz",
+	"tIrYHWqIkCoJ90YO/UJ7BQjrsmlXhQ3+WS1UEY0F1h9D8FTQkLwXnhvS9WCIwBmkchVHR1bogthTug4y",
+	"VhnhWECHvYqV0pX3lXNujAu2rhUU6bVDBPryWvchX0DbDyRgVFEA19nHW2Cy/3QCxmfLC/fPpN4CGVZI",
+	"zldY393EiPxszxHYpkT+966oTXklI/yKK7ZXFvSC0BQeql05UN1NpXCqhXDwosUgJl1MjGKsd1Qj1VqQ",
+	"xoDEis0pt/++cPWkELBHrwL6VPk3RFcsqEr1gLygEBm1IhyQrmUqblU9A+pVKsSMxeHw2yaad++WRH9P",
+	"d/l77Kdd4ncvpIOv1pBVolrx4UGpqLUL6sEihB0RfsILfAugxrHPYnYFpzYTF9lGW1FIxCsrd3owKQgt",
+	"RqBtBxSlj5xp0rgCU5g9eDjcD3jGgkgBVAnXtCdGDM6qkqAP4mLpIJQ14y62yydXrykOXJfKCgx2LHDC",
+	"0WrZnUc6ChnbXhqXyle86lVhP7GA44yKyxKH3cpPHjx0Tn0TwZziBB5fLuO//s//t8JJYxfZx6dTZmUc",
+	"XwyLG18dDFdkRSIKPIenZE4Nxn77JnvN3Ma29gDMxnazidfAEv9z3f4PET4Ax4ruRMz3p3Vst8/CAdvA",
+	"wgQziy9hoW2KVjgG5F7LCayGb6WdagCpXbOXJ2cEzpIr1OoiRy1xhQjrrsyZqH2pDV32fNwlsrkVXDzI",
+	"uMplxpNlLcpXSMFiV27LoZi7IFesP8fEVCqM1gXfy7dYe00XOZa1i0nXyJQuR6Qs10gmhSFY/BZEkVAB",
+	"V/cawCUCbu2JW/j70S586w8NLbEdMNftCth+Hbbzv7xt888cWwiBQBVo30easEsFZVFwJzczt2auA7Xu",
+	"vpRXaCXGyDb9x2NDn0I1v69wvA9lEFeM/crQpzetHVan4G+1/bUcVCVvli7/b+9TTs3s9p4RkTAHKmqK",
+	"MVVQVQMtch/ev4nstWp1YQTDBDRfamYOEre6BFKZI6wSswS4a6IzqmdWlO3GrZP+ZvjNcI/mfI8bNtf/",
+	"/st3+3FZCDteeeJEXEgldknDLpN4awrxWtJwy06Y5cbyZadmeeYKCtwn2ZfdbCy45UsbfDXF105iKNGv",
+	"y63yxGg3+H5M8AhvnJtl7KteTWS6jIhz81dhsL1O7czzp+d/J93YocL4+kU5z5F0pjSz2h2kTLlkIpD4",
+	"XV4NFb5WK5rCHfRQNzi398lb/n2lxFDkMJzpRMusMFjZx4EVa1e+HspKw1S6VJN3ORNuBSD9Kn2kQ7Vh",
+	"50XzK40e/LE3ePrJI0qOw2IORdDduCO/XnOZOk+emxDVV1Bem3Tjf8/N8rthPBoLWBiXdbzgVi2yC9g7",
+	"KhF+HGdyhXG5xhr6zoYXO/RvnHBMhoOxqECaOz9A/UBB/ABFJUPPWJa5hE0+JQGGB3Ku9GzFJzAWpVOg",
+	"3QNQkvs9CeqnZonVWR7IFRD6+wo8/C8I++YAhFfZ8BoXbr2CsaTsbrjBrvFVfMaIJJnEOkBlLWuPfVCi",
+	"wdbaaMMOXiHPr/DBK4cMluYh7/x1SN+tZ60dzvdhdrfSy2Zp7uv+1iLHd9jYe1ST3Nw3WDYDt9pb6HvW",
+	"2bYPRjHBFvcTBnvmeSUGQxEjiZAL8peyrGQ8jEdlBcmjtdCKukiVFApzwtz37bEUA/I8dALFHutAmufn",
+	"byqFHIdW+E6yIoUQEG/qVcwVb++h3+VwOKxWA3efN/tPBFvcbwjoe9vFRrnswcxJMJSvgtmfOqrj+MYw",
+	"kdaMTxmfMsPn7LNsT1gv5n6spNj2H28mfe8gO6BE01dr6QPpAeczuiCUgKk83bEQY/MZLeOM7+Vue0Fz",
+	"U6h6XVGfhrHUhs0JpEpg3MFiY7iRO2nBAMKwYAlX1ZJia65GFwBMEhxIOqpEXUO4so+eGIuQjOIsK1PF",
+	"9Kxifpbet4kteWTIakoEZHc6TCF0bI7FqmcTx7kQLFRl84FP6Mh0NXqrK9GlQorlXBYwCFq26atLXbGl",
+	"duWTXQhWtWRaGB3UKdekC++4jA+AYVrARe7NS+hWTagAACaP7+xKodXqmVUHyTW5lIKN1sunj8Va/XQs",
+	"9FxbtyuWmwE5dd3rmls3vBfCXmyjdc/uhkLR7uv7qgXgmn+oWFA/mybzj3v21QT08PkmD2D9CVTQzEo/",
+	"J4sEYaJaHTNlmd4zfPE+JQ3oYTNEkx0u+5d2ypzXLlJYjwcLlyxyD818Dz4ezL3EJEWAcCaxR/29mDw7",
+	"jLH0BIAjXLhs8O0wyZhWmXK1jplCKpApdUyUZDNy9OmHuyBHN9xKuIx3AlK5GyV9yBFY+Q/BWfOdt5Hx",
+	"VyyVPwoD7Y/AYfkMIGjPe6qaSWvUwFl46z5vJtfJxogBP5AQAMnUIw1yvVwApmetFPnnneTVHdzquQ/j",
+	"0JV12iQd+J+2+4lep2yeS4OFUjQ5YW8l+WE5f6RJjJ9c+MZiwm5ylhjEwQkiP+o4doFCVudMZulYdAsB",
+	"8LJlHHnQPaQK4eZXbPlIA3Iq+uczNnXoo2WM+cFw6MsquyZGBJ3+A/ITQK6Gg1fXBsthAnaWT56HctdY",
+	"w0MXiZX89Fi4kINR/TtXtcVN8RF6yiNyyUwUoAysFlRXzsaiGyoTwA+xBwMI44TMV3urcXEZhURabaSi",
+	"l2CMnSrG0jIWFyIV5BSi3ucYyDCX13i/heLWLjr/CBbYrNiBBbtxSrGrGQqYqID/O2Oid4QB9U41A3CU",
+	"OGVTpkDdhtiLAaljPZQ6uM86uIRKRMZ+XFM3B5DtsxbFW48A9mpwOL2NhRmgwZou+Me6G8HK3/UHE4vG",
+	"eFgZGvIhrCCDr/wesfd3pfq0+5KAHkqabuEt7Q7Ch9iNTfpylXH/nuX9XTrCDq66rQt8R3ncfVsV9a9l",
+	"VszZ5sv2f7l37nG3sItNF60b6J/zmr0OK+T3yf8Cu9So+bylVwxLoc9zs3RNQBF8zX9lF5d8EtfthaG3",
+	"kDFZtw961o3lJ4J9cEDOwiUCQagUHpC5LISB/MpQhKIbu2HHIYEcHgCLsjf9WLir3vPgCwnT0YPwIYaE",
+	"5dfJIMkon5/QOYu9a5CbHsSzysJgHjncTS4VPJg3H5XZbyuXAnmOWD0kp97GyX9lBFHvoePjk3dnpy8G",
+	"5HuaXAE6ECR4RIQ6PBy0mMhpSCzrUqJzqjRDuJ2IZFLmfVgblvaOCCLuRIRCfkjqt2kCQNygbFIzFprO",
+	"WcUkc0SuiglTghmm7aenTGmuLZXgOX9hV4Z0sRG/u1mhDWwvrK3mUjDVG4zFaz/NFRNvKWKkXF+hHFHB",
+	"8/B7/ggea2ef5abFNAtVEOwsvHDmZbACQ3588t637fZWnNs96bYvql3spNruf2Hm1MSYXEjeAyu1d7aI",
+	"/n6rZhsrfOGq1zi6aGSA9Ztm7xP+43Zz7vsUXFxwnLEYBSBtlj4cpAVuvDhLDCTHA//vtYWdVU7of9+Q",
+	"s4fN994qBDqGuKKQtNyEbQLh/W9MOw2XwkWl3kqpdyEOkrsr/8zC4gYK3FKPrlwBq/XZS0Aqwu11W9W5",
+	"/U67XHEoRTFozh25rt4ELQXo6I2HZX922FCBbtsKQF0YnEyhss6oswdGZjf3tVgrxzYyPmXJMsmgtCvr",
+	"O02fJRFe3lGAq8Cql1hGbFBOrLRXrWf6vCrli9Io5EIqr2qNBBF+vREnaqOyPOU3LIW7PyolwRIxI8Kz",
+	"WTFlwCkN4txgdUOaOnxZL4WjIwQF9+Vtg8eBXoLFZ0E5JEhLFUHtYvsixv2jVQPqU2c+hZqKZcUrXxlP",
+	"KDzZnDDlkjLAXIhLsVKxJwKYZ6nI2dkx6TppzY5lhnCGoWrbJRMAGZRiY6pX3QcEZW8agw+R7J6e/912",
+	"k/Oc9UJKhgNicaOs5YisJXYQbwHNWLXvHByOTXNfzeWoroIdjU/C+NxZL9hEQ/utyWqWsJivJCTDlYtV",
+	"7D63W2iuocsfGc3MDA8TF0zriMyZUTyBMA+urQBezH2IOeQAKbnQTJVxrF1gBmFE1V5lrq2q+38DAAD/",
+	"/w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math"
 	"net/http"
 	"path"
@@ -69,6 +70,10 @@ func (s *server) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest
 		ProviderOptions: b.ProviderOptions,
 		SnapshotID:      deref(b.SnapshotID),
 		Volumes:         volumeRequests(b.Volumes),
+	}
+	var bad providers.InvalidFields
+	if cr.Egress, cr.ProviderOptions, bad = createEgress(b.Network, b.ProviderOptions); len(bad) > 0 {
+		return nil, bad
 	}
 	if r := b.Resources; r != nil {
 		cr.Resources = providers.Resources{CPU: r.CPU, MemoryMiB: int64p(r.MemoryMib), DiskGiB: r.DiskGib, GPU: int64p(r.GPU), GPUType: r.GPUType}
@@ -161,6 +166,18 @@ func info(i sandbox.Info) api.SandboxInfo {
 	}
 	if out.Ports == nil {
 		out.Ports = []int{}
+	}
+	if i.Egress != nil || i.EgressStats != nil {
+		// A copy: i.Extra is the record's.
+		extra := make(map[string]any, len(i.Extra)+2)
+		maps.Copy(extra, i.Extra)
+		if i.Egress != nil {
+			extra["egress"] = i.Egress
+		}
+		if i.EgressStats != nil {
+			extra["egress_connections"] = i.EgressStats
+		}
+		out.Extra = extra
 	}
 	if out.Extra == nil {
 		out.Extra = map[string]any{}

@@ -213,6 +213,9 @@ func (s *Service) createFor(ctx context.Context, creator string, req CreateReque
 	if err := req.validate(s.opts.Ceilings); err != nil {
 		return Ref{}, err
 	}
+	if err := s.checkEgress(req.Egress); err != nil {
+		return Ref{}, err
+	}
 	d := s.demandOf(creator, req.Resources)
 	if err := s.slots.acquire(ctx, d, s.opts.QueueTimeout); err != nil {
 		outcome := "unavailable"
@@ -307,10 +310,17 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 		}
 		return Ref{}, fmt.Errorf("create sandbox: %w", err)
 	}
+	if pol := req.Egress; pol != nil && !pol.None() {
+		if err = s.p.(providers.Egresser).SetEgress(ctx, id, *pol); err != nil {
+			err = fmt.Errorf("egress policy: %w", err)
+		}
+	}
 	for _, p := range sortedKeys(req.Files) {
+		if err != nil {
+			break
+		}
 		if _, err = s.p.WriteFile(ctx, id, resolve(sb.Workdir, p), strings.NewReader(req.Files[p])); err != nil {
 			err = fmt.Errorf("write file %q: %w", p, err)
-			break
 		}
 	}
 	now := s.opts.Clock.Now()
@@ -329,6 +339,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 		Snapshot:  req.SnapshotID,
 		Resources: req.Resources,
 		Volumes:   req.volumeIDs,
+		Egress:    req.Egress,
 	}
 	if claimed {
 		rec.Env = req.Env // a pool's sandbox started without it: every command gets it
@@ -427,8 +438,13 @@ func (s *Service) Get(ctx context.Context, c Caller, id string) (Info, error) {
 	}
 	s.refresh(ctx, a.box)
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return a.box.info(), nil
+	info := a.box.info()
+	s.mu.Unlock()
+	if ec, ok := s.p.(providers.EgressCounter); ok && info.Egress != nil && !info.Egress.None() {
+		st := ec.EgressStats(id)
+		info.EgressStats = &st
+	}
+	return info, nil
 }
 
 // refresh asks the provider for a live sandbox's state and records a

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sandgate/sandgate/internal/egress"
 	"io"
 	"log/slog"
 	"path"
@@ -327,6 +328,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 			s.leases[l.ID] = l
 		}
 	}
+	s.restoreEgress(ctx)
 	for id := range have {
 		s.log.Info("deleting orphan sandbox with no record", "sandbox", id)
 		if err := s.p.Delete(ctx, id); err != nil && !errors.Is(err, providers.ErrNotFound) {
@@ -380,6 +382,10 @@ type CreateRequest struct {
 
 	mounts    []providers.VolumeMount // Volumes resolved by prepare
 	volumeIDs []string                // the volumes they use
+
+	// Egress is the sandbox's egress policy (nil or none: no network
+	// beyond what the provider gives without one).
+	Egress *egress.Policy
 }
 
 // Ref is what create and mint return: a sandbox and one token for it.
@@ -400,6 +406,9 @@ const defaultWorkdir = "/workspace"
 type Info struct {
 	Record
 	LastActivity time.Time
+	// EgressStats are the sandbox's connections through the egress point
+	// (Get only, for a sandbox with a policy on a provider that counts).
+	EgressStats *egress.Stats
 }
 
 func (b *box) info() Info { return Info{Record: b.rec, LastActivity: b.lastActive()} }

@@ -8,6 +8,7 @@ package store
 
 import (
 	"context"
+	"github.com/sandgate/sandgate/internal/egress"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/providers"
@@ -45,6 +46,8 @@ type Record struct {
 	// ActiveAt is the last activity a replica recorded in a SharedStore
 	// (not kept by the default store).
 	ActiveAt time.Time `json:"active_at,omitempty"`
+	// Egress is the sandbox's egress policy; nil: none.
+	Egress *egress.Policy `json:"egress,omitempty"`
 }
 
 // Scope is what a lease allows.

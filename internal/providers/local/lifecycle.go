@@ -110,6 +110,7 @@ func (l *Local) Delete(ctx context.Context, id string) error {
 		return fmt.Errorf("delete %s: %w", id, err)
 	}
 	l.forget(sb)
+	l.detachEgress(id)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteTimeout)
 	defer cancel()
 	if err := destroy(ctx, trash, sb.st); err != nil {

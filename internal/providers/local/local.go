@@ -37,6 +37,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sandgate/sandgate/internal/egress"
 	"io"
 	"log/slog"
 	"os"
@@ -128,10 +129,14 @@ type Options struct {
 	// are under a directory it gets (/usr, /opt, /etc); there they are
 	// covered by an empty read-only directory.
 	Private []string
+	// Egress configures the egress point sandboxes with a policy other
+	// than none go out through (package egress); made on first use.
+	Egress egress.Options
 }
 
 // Local is the local provider. It is safe for concurrent use. It holds no
-// goroutines and no processes of its own: sandboxes outlive it.
+// processes of its own (sandboxes outlive it) and no goroutines but its
+// egress point's, which Close ends.
 type Local struct {
 	stateDir  string // absolute, symlinks resolved
 	boxesDir  string // <stateDir>/sandboxes
@@ -157,6 +162,8 @@ type Local struct {
 	creating map[string]bool     // ids whose Create is in progress
 	ranges   map[int]string      // id ranges in use (index -> sandbox id), see idmap.go
 	closed   bool
+
+	egress *egressPoint // egress.go
 }
 
 var (
@@ -236,6 +243,7 @@ func New(opts Options) (*Local, error) {
 		stateDir:  dir,
 		boxesDir:  dir + "/sandboxes",
 		isolation: opts.Isolation,
+		egress:    &egressPoint{opts: opts.Egress},
 		log:       opts.Logger,
 		idBase:    opts.IDBase,
 		initBin:   bin,
@@ -527,6 +535,9 @@ func (l *Local) Close() error {
 		sb.dropHost()
 		sb.unwatch()
 	}
+	// The egress point goes with the provider: sandboxes keep running
+	// without a way out until a new gateway restores their policies.
+	l.egress.close()
 	return nil
 }
 

@@ -1,0 +1,237 @@
+// Package egresstest is a test "internet": HTTP and HTTPS servers on
+// documentation addresses inside a network namespace the test makes and
+// tears down, for the egress point's tests and benchmarks.
+package egresstest
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/netip"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/egress"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Hosts are the internet's names and addresses; CIDRHost has no name.
+var (
+	A        = netip.MustParseAddr("198.51.100.1")
+	B        = netip.MustParseAddr("198.51.100.2")
+	CIDRHost = netip.MustParseAddr("203.0.113.5")
+	Names    = map[string]netip.Addr{"a.test": A, "b.test": B}
+)
+
+// Internet is a running test internet. Every server answers
+// GET /who with "<server name> <local address>" (the name is the TLS SNI
+// on HTTPS, the Host on HTTP) and GET /bytes?n=N with N zero bytes.
+type Internet struct {
+	// NetnsPath is the namespace's file (/proc/PID/ns/net), for
+	// --egress-netns.
+	NetnsPath string
+	// CertPEM is the self-signed certificate every HTTPS server presents
+	// (SANs a.test, b.test and the three addresses).
+	CertPEM []byte
+
+	cmd     *exec.Cmd
+	ns      netns.NsHandle
+	servers []*http.Server
+	wg      sync.WaitGroup
+}
+
+// ResolveFlag is the --egress-resolve value naming a.test and b.test.
+func ResolveFlag() string { return "a.test=" + A.String() + ",b.test=" + B.String() }
+
+// Start makes the namespace (a sleeping child in its own CLONE_NEWNET,
+// killed by Close), its loopback holding the three addresses, and the
+// servers on ports 80 and 443 of each. Close is registered with t.Cleanup.
+func Start(t testing.TB) *Internet {
+	t.Helper()
+	cmd, path := Netns(t)
+	in := &Internet{cmd: cmd, NetnsPath: path, ns: -1}
+	t.Cleanup(in.Close)
+	ns, err := netns.GetFromPath(in.NetnsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.ns = ns
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err == nil {
+		err = h.LinkSetUp(lo)
+	}
+	// The addresses sit on lo: the namespace has no other link, and
+	// connections dialled from it (the egress point's) reach them there.
+	for _, a := range []netip.Addr{A, B, CIDRHost} {
+		if err == nil {
+			err = h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+		}
+	}
+	if err != nil {
+		t.Fatalf("internet links: %v", err)
+	}
+	cert, pemBytes := selfSigned(t)
+	in.CertPEM = pemBytes
+	var lns []net.Listener
+	err = egress.InNetns(ns, func() error {
+		for _, port := range []int{80, 443} {
+			ln, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port))
+			if err != nil {
+				return err
+			}
+			lns = append(lns, ln)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("internet listeners: %v", err)
+	}
+	plain := &http.Server{Handler: handler(func(r *http.Request) string { return r.Host }), ReadHeaderTimeout: 10 * time.Second}
+	secure := &http.Server{
+		Handler:           handler(func(r *http.Request) string { return r.TLS.ServerName }),
+		ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}},
+	}
+	in.servers = []*http.Server{plain, secure}
+	in.wg.Add(2)
+	go func() { defer in.wg.Done(); _ = plain.Serve(lns[0]) }()
+	go func() { defer in.wg.Done(); _ = secure.ServeTLS(lns[1], "", "") }()
+	return in
+}
+
+// Netns starts a sleeping child in a new network namespace (only lo, down)
+// and returns it and its namespace file. The caller kills and waits for it
+// (Start's Close does); it also dies with the test process.
+func Netns(t testing.TB) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command("sleep", "3600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	return cmd, "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/net"
+}
+
+func handler(name func(*http.Request) string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /who", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s\n", name(r), r.Context().Value(http.LocalAddrContextKey).(net.Addr).String())
+	})
+	mux.HandleFunc("GET /bytes", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
+		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+		_, _ = io.CopyN(w, zeros{}, n)
+	})
+	return mux
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// Close stops the servers and kills the namespace's process; the namespace
+// goes with it. Safe to call twice.
+func (in *Internet) Close() {
+	for _, s := range in.servers {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = s.Shutdown(ctx)
+		_ = s.Close()
+		cancel()
+	}
+	in.servers = nil
+	in.wg.Wait()
+	if in.ns >= 0 {
+		in.ns.Close()
+		in.ns = -1
+	}
+	if in.cmd != nil {
+		_ = in.cmd.Process.Kill()
+		_ = in.cmd.Wait()
+		in.cmd = nil
+	}
+}
+
+func selfSigned(t testing.TB) (tls.Certificate, []byte) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "sandgate egress test"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		DNSNames:     []string{"a.test", "b.test"},
+		IPAddresses:  []net.IP{A.AsSlice(), B.AsSlice(), CIDRHost.AsSlice()},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA:         true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// Resolve is Names in the form egress.Options.Resolve takes.
+func Resolve() map[string][]netip.Addr {
+	out := make(map[string][]netip.Addr, len(Names))
+	for n, a := range Names {
+		out[n] = []netip.Addr{a}
+	}
+	return out
+}
+
+// Links are the names of the links in the test process's network
+// namespace (the host's).
+func Links(t testing.TB) []string {
+	t.Helper()
+	ls, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range ls {
+		names = append(names, l.Attrs().Name)
+	}
+	return names
+}
+
+// NewLinks are the names in after that were not in before, but for
+// docker's container veths (veth…): other tests' containers come and go on
+// a shared host while a test runs.
+func NewLinks(before, after []string) []string {
+	var added []string
+	for _, n := range after {
+		if !slices.Contains(before, n) && !strings.HasPrefix(n, "veth") {
+			added = append(added, n)
+		}
+	}
+	return added
+}

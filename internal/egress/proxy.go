@@ -1,0 +1,190 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+)
+
+const (
+	// peekTimeout bounds the wait for a client's first bytes (ClientHello,
+	// request head) when its server name must be checked.
+	peekTimeout = 10 * time.Second
+	// peekMax bounds what is read ahead of the decision.
+	peekMax = 16 << 10
+	// dialTimeout bounds the connection to an admitted destination.
+	dialTimeout = 30 * time.Second
+)
+
+// serveTCP accepts redirected connections from ln until it is closed.
+func (e *engine) serveTCP(ln net.Listener) {
+	defer e.wg.Done()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.proxy(c)
+		}()
+	}
+}
+
+// proxy decides one connection and, when admitted, joins it to its
+// destination until either side is done or the engine closes.
+func (e *engine) proxy(c net.Conn) {
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	defer c.Close()
+
+	src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	m := e.member(src.Addr())
+	if m == nil {
+		refuse(c)
+		return
+	}
+	dst, err := e.origDst(c)
+	if err != nil {
+		e.log.Warn("egress: no original destination", "sandbox", m.id, "err", err)
+		refuse(c)
+		return
+	}
+	pol := m.policy.Load()
+	adm := Admission{Reason: ReasonReserved}
+	if !e.pool.Contains(dst.Addr()) {
+		adm = pol.Admit(dst.Addr(), m.namesFor(dst.Addr()))
+	}
+	var head []byte
+	if adm.Allowed && (adm.ByName || pol.denysNames()) {
+		var name string
+		head, name = peekServerName(c, dst.Port())
+		adm = pol.CheckServerName(adm, name)
+	}
+	if !adm.Allowed {
+		m.denied.Add(1)
+		e.metrics.conns.WithLabelValues("denied").Inc()
+		e.log.Info("egress: connection denied", "sandbox", m.id, "target", dst.String(), "reason", adm.Reason)
+		refuse(c)
+		return
+	}
+	m.allowed.Add(1)
+	e.metrics.conns.WithLabelValues("allowed").Inc()
+
+	dctx, dcancel := context.WithTimeout(ctx, dialTimeout)
+	up, err := e.dial(dctx, dst)
+	dcancel()
+	if err != nil {
+		e.log.Debug("egress: dial", "sandbox", m.id, "target", dst.String(), "err", err)
+		refuse(c)
+		return
+	}
+	defer up.Close()
+	stopUp := context.AfterFunc(ctx, func() { up.Close() })
+	defer stopUp()
+	if len(head) > 0 {
+		if _, err := up.Write(head); err != nil {
+			return
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Both ends are *net.TCPConn, so io.Copy splices in the kernel.
+		_, _ = io.Copy(up, c)
+		closeWrite(up)
+	}()
+	_, _ = io.Copy(c, up)
+	closeWrite(c)
+	<-done
+}
+
+func closeWrite(c net.Conn) {
+	if tc, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = tc.CloseWrite()
+	}
+}
+
+// refuse closes c with a reset, as a closed port would.
+func refuse(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+// denysNames reports whether p has a domain in its deny list: then every
+// connection's server name is checked, whatever admitted it.
+func (p *Policy) denysNames() bool {
+	for _, r := range p.Deny {
+		if r.Domain != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// peekServerName reads the start of what the client sends to port 443 (a
+// TLS ClientHello) or 80 (an HTTP request head) and returns the bytes read,
+// to be replayed, and the server name found ("" when none: other ports,
+// other protocols, a client that sends nothing in time).
+func peekServerName(c net.Conn, port uint16) ([]byte, string) {
+	if port != 443 && port != 80 {
+		return nil, ""
+	}
+	_ = c.SetReadDeadline(time.Now().Add(peekTimeout))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	var rec bytes.Buffer
+	r := io.TeeReader(io.LimitReader(c, peekMax), &rec)
+	if port == 443 {
+		sni := clientHelloSNI(r)
+		return rec.Bytes(), sni
+	}
+	req, err := http.ReadRequest(bufio.NewReader(r))
+	if err != nil {
+		return rec.Bytes(), ""
+	}
+	host := req.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return rec.Bytes(), host
+}
+
+var errHelloRead = errors.New("client hello read")
+
+// clientHelloSNI parses a TLS ClientHello from r with crypto/tls, stopping
+// the handshake as soon as the hello is parsed.
+func clientHelloSNI(r io.Reader) string {
+	var sni string
+	_ = tls.Server(readOnlyConn{r: r}, &tls.Config{
+		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			sni = h.ServerName
+			return nil, errHelloRead
+		},
+	}).Handshake()
+	return sni
+}
+
+// readOnlyConn lets crypto/tls read a ClientHello and nothing more: its
+// writes (an alert) go nowhere.
+type readOnlyConn struct{ r io.Reader }
+
+func (c readOnlyConn) Read(p []byte) (int, error)     { return c.r.Read(p) }
+func (readOnlyConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (readOnlyConn) Close() error                     { return nil }
+func (readOnlyConn) LocalAddr() net.Addr              { return nil }
+func (readOnlyConn) RemoteAddr() net.Addr             { return nil }
+func (readOnlyConn) SetDeadline(time.Time) error      { return nil }
+func (readOnlyConn) SetReadDeadline(time.Time) error  { return nil }
+func (readOnlyConn) SetWriteDeadline(time.Time) error { return nil }

@@ -1,0 +1,110 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/sandgate/sandgate/internal/egress"
+	"github.com/sandgate/sandgate/internal/procfs"
+	"github.com/sandgate/sandgate/internal/providers"
+)
+
+var (
+	_ providers.Egresser      = (*Local)(nil)
+	_ providers.EgressCounter = (*Local)(nil)
+)
+
+// egressPoint is the provider's egress point, made on first use: the
+// router namespace and its servers exist only once a sandbox has a policy.
+type egressPoint struct {
+	opts egress.Options
+
+	mu     sync.Mutex
+	pt     *egress.Point // guarded by mu; nil until the first get
+	closed bool          // guarded by mu
+}
+
+func (e *egressPoint) get() (*egress.Point, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, providers.Errorf(providers.ErrUnavailable, "the provider is closed")
+	}
+	if e.pt == nil {
+		pt, err := egress.New(e.opts)
+		if err != nil {
+			return nil, err
+		}
+		e.pt = pt
+	}
+	return e.pt, nil
+}
+
+// made is the point if get made it, else nil.
+func (e *egressPoint) made() *egress.Point {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pt
+}
+
+// close closes the point if it was made; later gets fail.
+func (e *egressPoint) close() {
+	e.mu.Lock()
+	pt := e.pt
+	e.closed, e.pt = true, nil
+	e.mu.Unlock()
+	if pt != nil {
+		_ = pt.Close()
+	}
+}
+
+// SetEgress gives sandbox id the policy pol. The first policy other than
+// none attaches its network namespace (where it has only lo) to the egress
+// point: eth0 with an address of the pool and a default route through the
+// point. Isolation none has no namespace to attach: ErrUnsupported.
+func (l *Local) SetEgress(ctx context.Context, id string, pol egress.Policy) error {
+	if l.isolation != IsolationNamespaces {
+		return providers.Errorf(providers.ErrUnsupported, "egress policies need isolation %q", IsolationNamespaces)
+	}
+	sb, err := l.lookup(id)
+	if err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.deleted {
+		return providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
+	}
+	pt, err := l.egress.get()
+	if err != nil {
+		return err
+	}
+	if pt.SetPolicy(id, pol) || pol.None() {
+		return nil
+	}
+	// init's pid names the namespace; its start time tells it is still
+	// that sandbox's init and not a reused pid.
+	if ps, err := procfs.ReadStat("/proc", sb.st.Pid); err != nil || ps.StartTime != sb.st.StartTime {
+		return providers.Errorf(providers.ErrConflict, "sandbox %s is not running", id)
+	}
+	if _, err := pt.Attach(id, fmt.Sprintf("/proc/%d/ns/net", sb.st.Pid), pol); err != nil {
+		return err
+	}
+	return nil
+}
+
+// EgressStats are sandbox id's connection counts through the egress point.
+func (l *Local) EgressStats(id string) egress.Stats {
+	if pt := l.egress.made(); pt != nil {
+		return pt.Stats(id)
+	}
+	return egress.Stats{}
+}
+
+// detachEgress removes id's way out, if it had one.
+func (l *Local) detachEgress(id string) {
+	if pt := l.egress.made(); pt != nil {
+		pt.Detach(id)
+	}
+}
