@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/sandgate/sandgate/internal/egress"
+	"github.com/sandgate/sandgate/internal/egress/point"
 )
 
 // egressFlags configure the local provider's egress point.
@@ -37,6 +37,6 @@ func (e *egressFlags) define(fs *flag.FlagSet) {
 	fs.StringVar(&e.Netns, "egress-netns", "", "local: network namespace file (e.g. /proc/PID/ns/net) from which the egress point dials admitted connections (default: the gateway's own)")
 }
 
-func (e egressFlags) options(log *slog.Logger, reg prometheus.Registerer) egress.Options {
-	return egress.Options{Resolve: e.Resolve, EgressNetns: e.Netns, Logger: log.With("component", "egress"), Registerer: reg}
+func (e egressFlags) options(log *slog.Logger, reg prometheus.Registerer) point.Options {
+	return point.Options{Resolve: e.Resolve, EgressNetns: e.Netns, Logger: log.With("component", "egress"), Registerer: reg}
 }

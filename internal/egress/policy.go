@@ -1,10 +1,11 @@
-// Package egress decides and enforces where a sandbox's network traffic may
-// go. A Policy says which domains and address ranges a sandbox may reach; a
-// Point (point.go) is the one way out of an attached sandbox's network
-// namespace: its DNS server answers only allowed names and its TCP proxy
-// admits only connections the policy allows, dialling them from the
-// gateway's side. Nothing else leaves: every packet a sandbox sends ends in
-// a socket of the Point or is dropped outside the sandbox's reach.
+// Package egress says where a sandbox's network traffic may go: a Policy
+// names the domains and address ranges a sandbox may reach. It is a leaf
+// (the providers' interface and the store hold policies); package
+// egress/point enforces them: its Point is the one way out of an attached
+// sandbox's network namespace, its DNS server answers only allowed names
+// and its TCP proxy admits only connections the policy allows, dialling
+// them from the gateway's side. Nothing else leaves: every packet a sandbox
+// sends ends in a socket of the Point or is dropped outside its reach.
 package egress
 
 import (
@@ -218,14 +219,16 @@ func (r Rule) matchName(name string) bool {
 	return name == r.Domain
 }
 
-func normName(name string) string {
+// NormName is name as rules and answers compare it: lower case, no
+// trailing dot.
+func NormName(name string) string {
 	return strings.ToLower(strings.TrimSuffix(name, "."))
 }
 
 // AllowsName reports whether the sandbox may resolve name (and reach it,
 // as far as names go): deny wins over allow.
 func (p Policy) AllowsName(name string) bool {
-	name = normName(name)
+	name = NormName(name)
 	switch {
 	case p.None():
 		return false
@@ -304,7 +307,7 @@ func (p Policy) CheckServerName(a Admission, name string) Admission {
 	if !a.Allowed || name == "" {
 		return a
 	}
-	n := normName(name)
+	n := NormName(name)
 	if slices.ContainsFunc(p.Deny, func(r Rule) bool { return r.matchName(n) }) {
 		return Admission{Reason: ReasonName}
 	}
@@ -312,4 +315,21 @@ func (p Policy) CheckServerName(a Admission, name string) Admission {
 		return Admission{Reason: ReasonName}
 	}
 	return a
+}
+
+// Stats are one sandbox's connection counts since it was attached.
+type Stats struct {
+	Allowed int64 `json:"allowed"`
+	Denied  int64 `json:"denied"`
+}
+
+// DeniesNames reports whether p has a domain in its deny list: then every
+// connection's server name is checked, whatever admitted it.
+func (p *Policy) DeniesNames() bool {
+	for _, r := range p.Deny {
+		if r.Domain != "" {
+			return true
+		}
+	}
+	return false
 }

@@ -27,7 +27,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/egress"
+	"github.com/sandgate/sandgate/internal/egress/point"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -95,7 +95,7 @@ func Start(t testing.TB) *Internet {
 	cert, pemBytes := selfSigned(t)
 	in.CertPEM = pemBytes
 	var lns []net.Listener
-	err = egress.InNetns(ns, func() error {
+	err = point.InNetns(ns, func() error {
 		for _, port := range []int{80, 443} {
 			ln, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port))
 			if err != nil {
@@ -199,7 +199,7 @@ func selfSigned(t testing.TB) (tls.Certificate, []byte) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
-// Resolve is Names in the form egress.Options.Resolve takes.
+// Resolve is Names in the form point.Options.Resolve takes.
 func Resolve() map[string][]netip.Addr {
 	out := make(map[string][]netip.Addr, len(Names))
 	for n, a := range Names {

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/sandgate/sandgate/internal/egress"
+	"github.com/sandgate/sandgate/internal/egress/point"
 	"github.com/sandgate/sandgate/internal/procfs"
 	"github.com/sandgate/sandgate/internal/providers"
 )
@@ -18,21 +19,21 @@ var (
 // egressPoint is the provider's egress point, made on first use: the
 // router namespace and its servers exist only once a sandbox has a policy.
 type egressPoint struct {
-	opts egress.Options
+	opts point.Options
 
 	mu     sync.Mutex
-	pt     *egress.Point // guarded by mu; nil until the first get
-	closed bool          // guarded by mu
+	pt     *point.Point // guarded by mu; nil until the first get
+	closed bool         // guarded by mu
 }
 
-func (e *egressPoint) get() (*egress.Point, error) {
+func (e *egressPoint) get() (*point.Point, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return nil, providers.Errorf(providers.ErrUnavailable, "the provider is closed")
 	}
 	if e.pt == nil {
-		pt, err := egress.New(e.opts)
+		pt, err := point.New(e.opts)
 		if err != nil {
 			return nil, err
 		}
@@ -42,7 +43,7 @@ func (e *egressPoint) get() (*egress.Point, error) {
 }
 
 // made is the point if get made it, else nil.
-func (e *egressPoint) made() *egress.Point {
+func (e *egressPoint) made() *point.Point {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.pt

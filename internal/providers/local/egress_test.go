@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/egress"
 	"github.com/sandgate/sandgate/internal/egress/egresstest"
+	"github.com/sandgate/sandgate/internal/egress/point"
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
@@ -16,7 +17,7 @@ import (
 // isolation none has no namespace to attach.
 func TestSetEgress(t *testing.T) {
 	in := egresstest.Start(t)
-	l := newLocal(t, Options{Egress: egress.Options{Resolve: egresstest.Resolve(), EgressNetns: in.NetnsPath}})
+	l := newLocal(t, Options{Egress: point.Options{Resolve: egresstest.Resolve(), EgressNetns: in.NetnsPath}})
 	id := create(t, l, providers.CreateSpec{})
 	if err := l.SetEgress(ctxT(t), id, egress.Policy{}); err != nil {
 		t.Fatal(err)

@@ -37,7 +37,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sandgate/sandgate/internal/egress"
+	"github.com/sandgate/sandgate/internal/egress/point"
 	"io"
 	"log/slog"
 	"os"
@@ -131,7 +131,7 @@ type Options struct {
 	Private []string
 	// Egress configures the egress point sandboxes with a policy other
 	// than none go out through (package egress); made on first use.
-	Egress egress.Options
+	Egress point.Options
 }
 
 // Local is the local provider. It is safe for concurrent use. It holds no

@@ -1,4 +1,4 @@
-package egress
+package point
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/sandgate/sandgate/internal/egress"
 )
 
 // dnsTTL is the TTL of every answer: short, so a policy change or a moved
@@ -28,7 +30,7 @@ func (e *engine) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 		return
 	}
 	question := q.Question[0]
-	name := normName(question.Name)
+	name := egress.NormName(question.Name)
 	var m *member
 	if ap, err := netip.ParseAddrPort(w.RemoteAddr().String()); err == nil {
 		m = e.member(ap.Addr())

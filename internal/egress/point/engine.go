@@ -1,4 +1,4 @@
-package egress
+package point
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandgate/sandgate/internal/egress"
 )
 
 // maxNames bounds how many addresses the DNS remembers per sandbox; past it
@@ -20,7 +22,7 @@ const maxNames = 4096
 type member struct {
 	id     string
 	addr   netip.Addr // its address in the pool: how its packets are told apart
-	policy atomic.Pointer[Policy]
+	policy atomic.Pointer[egress.Policy]
 
 	mu    sync.Mutex
 	names map[netip.Addr][]string // guarded by mu: which allowed names the DNS answered with an address
@@ -56,14 +58,8 @@ func containsStr(ss []string, s string) bool {
 	return false
 }
 
-// Stats are one sandbox's connection counts since it was attached.
-type Stats struct {
-	Allowed int64 `json:"allowed"`
-	Denied  int64 `json:"denied"`
-}
-
 // metrics are the egress point's Prometheus collectors. Labels stay
-// bounded: per-sandbox counts are in Stats, not in labels.
+// bounded: per-sandbox counts are in egress.Stats, not in labels.
 type metrics struct {
 	conns   *prometheus.CounterVec // result=allowed|denied
 	queries *prometheus.CounterVec // result=answered|refused|failed

@@ -1,4 +1,4 @@
-package egress
+package point
 
 import (
 	"bufio"
@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/netip"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/egress"
 )
 
 const (
@@ -61,12 +63,12 @@ func (e *engine) proxy(c net.Conn) {
 		return
 	}
 	pol := m.policy.Load()
-	adm := Admission{Reason: ReasonReserved}
+	adm := egress.Admission{Reason: egress.ReasonReserved}
 	if !e.pool.Contains(dst.Addr()) {
 		adm = pol.Admit(dst.Addr(), m.namesFor(dst.Addr()))
 	}
 	var head []byte
-	if adm.Allowed && (adm.ByName || pol.denysNames()) {
+	if adm.Allowed && (adm.ByName || pol.DeniesNames()) {
 		var name string
 		head, name = peekServerName(c, dst.Port())
 		adm = pol.CheckServerName(adm, name)
@@ -121,17 +123,6 @@ func refuse(c net.Conn) {
 		_ = tc.SetLinger(0)
 	}
 	_ = c.Close()
-}
-
-// denysNames reports whether p has a domain in its deny list: then every
-// connection's server name is checked, whatever admitted it.
-func (p *Policy) denysNames() bool {
-	for _, r := range p.Deny {
-		if r.Domain != "" {
-			return true
-		}
-	}
-	return false
 }
 
 // peekServerName reads the start of what the client sends to port 443 (a

@@ -1,4 +1,4 @@
-package egress_test
+package point_test
 
 import (
 	"bufio"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/egress"
 	"github.com/sandgate/sandgate/internal/egress/egresstest"
+	"github.com/sandgate/sandgate/internal/egress/point"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -84,7 +85,7 @@ func roundTrip(sb *box, addr, path string) (int64, error) {
 // The point admits a.test by name (so port 80's Host is checked).
 func BenchmarkEgress(b *testing.B) {
 	in := egresstest.Start(b)
-	p, err := egress.New(egress.Options{Resolve: egresstest.Resolve(), EgressNetns: in.NetnsPath})
+	p, err := point.New(point.Options{Resolve: egresstest.Resolve(), EgressNetns: in.NetnsPath})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package egress_test
+package point_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sandgate/sandgate/internal/egress"
 	"github.com/sandgate/sandgate/internal/egress/egresstest"
+	"github.com/sandgate/sandgate/internal/egress/point"
 	"github.com/vishvananda/netns"
 	"go.uber.org/goleak"
 )
@@ -42,7 +43,7 @@ func newBox(t testing.TB) *box {
 
 func (b *box) dial(ctx context.Context, addr string) (net.Conn, error) {
 	var c net.Conn
-	err := egress.InNetns(b.ns, func() (err error) {
+	err := point.InNetns(b.ns, func() (err error) {
 		c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp4", addr)
 		return err
 	})
@@ -54,7 +55,7 @@ func (b *box) dial(ctx context.Context, addr string) (net.Conn, error) {
 func (b *box) resolve(t testing.TB, name string) (int, []netip.Addr) {
 	t.Helper()
 	var resp *dns.Msg
-	err := egress.InNetns(b.ns, func() (err error) {
+	err := point.InNetns(b.ns, func() (err error) {
 		q := new(dns.Msg)
 		q.SetQuestion(dns.Fqdn(name), dns.TypeA)
 		resp, err = dns.Exchange(q, "192.0.2.53:53")
@@ -111,7 +112,7 @@ func TestPointEnforcesPolicy(t *testing.T) {
 	hostLinks := egresstest.Links(t)
 	in := egresstest.Start(t)
 	reg := prometheus.NewRegistry()
-	p, err := egress.New(egress.Options{Resolve: egresstest.Resolve(), EgressNetns: in.NetnsPath, Registerer: reg})
+	p, err := point.New(point.Options{Resolve: egresstest.Resolve(), EgressNetns: in.NetnsPath, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package egress
+package point
 
 import (
 	"encoding/binary"

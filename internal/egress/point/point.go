@@ -1,4 +1,10 @@
-package egress
+// Package point enforces egress policies (package egress): a Point is a
+// network namespace of the gateway's own (the router) with a veth into
+// each attached sandbox's namespace, nftables rules that send every packet
+// from a sandbox to the Point's DNS server or TCP proxy or drop it, and
+// those servers, which answer and admit only what the sandbox's policy
+// allows and dial from the gateway's side.
+package point
 
 import (
 	"context"
@@ -17,6 +23,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/egress"
 )
 
 // DefaultPool is where sandboxes' addresses come from: the shared address
@@ -256,7 +264,7 @@ func setupRouter() error {
 // sandbox's nameserver address (its resolv.conf must point there, or
 // anywhere off loopback: all port 53 traffic reaches the Point's DNS).
 // Attaching an attached sandbox only sets its policy.
-func (p *Point) Attach(id, nsPath string, pol Policy) (netip.Addr, error) {
+func (p *Point) Attach(id, nsPath string, pol egress.Policy) (netip.Addr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -373,7 +381,7 @@ func plumb(router, sbns netns.NsHandle, name string, rAddr, sAddr netip.Addr) er
 
 // SetPolicy replaces an attached sandbox's policy; connections and
 // questions from then on are judged by it (open connections stay).
-func (p *Point) SetPolicy(id string, pol Policy) bool {
+func (p *Point) SetPolicy(id string, pol egress.Policy) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	a, ok := p.attached[id]
@@ -392,14 +400,14 @@ func (p *Point) Attached(id string) bool {
 }
 
 // Stats are id's connection counts (zero when not attached).
-func (p *Point) Stats(id string) Stats {
+func (p *Point) Stats(id string) egress.Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	a, ok := p.attached[id]
 	if !ok {
-		return Stats{}
+		return egress.Stats{}
 	}
-	return Stats{Allowed: a.m.allowed.Load(), Denied: a.m.denied.Load()}
+	return egress.Stats{Allowed: a.m.allowed.Load(), Denied: a.m.denied.Load()}
 }
 
 // Detach removes id's veth (its namespace loses eth0) and forgets it. A
