@@ -190,6 +190,7 @@ var gatewayRole = []rbacv1.PolicyRule{
 	{APIGroups: []string{""}, Resources: []string{"pods/exec", "pods/portforward"}, Verbs: []string{"get", "create"}},
 	{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "create", "update", "delete"}},
 	{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "list", "create", "patch", "delete"}},
+	{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: []string{"get", "list", "create", "patch", "delete"}},
 }
 
 // roleWith is gatewayRole with verbs on resource (none: without the rule).
