@@ -68,15 +68,11 @@ func (l *Local) SetEgress(ctx context.Context, id string, pol egress.Policy) err
 	if l.isolation != IsolationNamespaces {
 		return providers.Errorf(providers.ErrUnsupported, "egress policies need isolation %q", IsolationNamespaces)
 	}
-	sb, err := l.lookup(id)
+	sb, err := l.locked(id)
 	if err != nil {
 		return err
 	}
-	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.deleted {
-		return providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
-	}
 	pt, err := l.egress.get()
 	if err != nil {
 		return err

@@ -90,15 +90,11 @@ func (l *Local) setPaused(ctx context.Context, id string, pause bool) error {
 // directory. ErrNotFound if there is no such sandbox (also the second
 // time).
 func (l *Local) Delete(ctx context.Context, id string) error {
-	sb, err := l.lookup(id)
+	sb, err := l.locked(id)
 	if err != nil {
 		return err
 	}
-	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.deleted {
-		return providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
-	}
 	// Renaming claims the directory: from here on nobody finds the
 	// sandbox, and a crash halfway leaves a .trash entry New cleans up.
 	trash := filepath.Join(l.boxesDir, ".trash-"+id+"-"+randHex())

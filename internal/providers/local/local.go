@@ -404,6 +404,21 @@ func (l *Local) Name() string { return "local" }
 
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
+// locked is lookup with the sandbox's lock held, ErrNotFound once it was
+// deleted. The caller unlocks sb.mu.
+func (l *Local) locked(id string) (*sandbox, error) {
+	sb, err := l.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	if sb.deleted {
+		sb.mu.Unlock()
+		return nil, providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
+	}
+	return sb, nil
+}
+
 // lookup returns the sandbox id, adopting it from disk if this process has
 // not seen it. ErrNotFound if there is none.
 func (l *Local) lookup(id string) (*sandbox, error) {

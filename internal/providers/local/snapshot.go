@@ -82,15 +82,11 @@ func (l *Local) Snapshot(ctx context.Context, id, sid string) (int64, error) {
 	if !idPattern.MatchString(sid) {
 		return 0, providers.Errorf(providers.ErrInvalid, "invalid snapshot id %q", sid)
 	}
-	sb, err := l.lookup(id)
+	sb, err := l.locked(id)
 	if err != nil {
 		return 0, err
 	}
-	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.deleted {
-		return 0, providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
-	}
 	switch {
 	case sb.st.Isolation != IsolationNamespaces:
 		return 0, providers.Errorf(providers.ErrUnsupported, "snapshots need isolation %q", IsolationNamespaces)
