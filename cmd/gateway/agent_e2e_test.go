@@ -139,7 +139,9 @@ func ptyList(t *testing.T, sb dkBox) map[string]sessionView {
 // one exited): a re-attach with since gets exactly the bytes it missed,
 // the exit code is kept, and the attached shell takes input again.
 func TestTerminalsSurviveGatewayKill(t *testing.T) {
+	t.Parallel()
 	t.Run("local", func(t *testing.T) {
+		t.Parallel()
 		terminalsSurviveGatewayKill(t, func(state string) *proc { return startGateway(t, state, nil) }, func(g *proc) dkBox {
 			s, b := call(t, "POST", g.URL+"/v1/sandboxes", `{}`)
 			var ref struct {
@@ -153,6 +155,7 @@ func TestTerminalsSurviveGatewayKill(t *testing.T) {
 		})
 	})
 	t.Run("docker", func(t *testing.T) {
+		t.Parallel()
 		terminalsSurviveGatewayKill(t, func(state string) *proc { return startDockerGateway(t, state) }, func(g *proc) dkBox { return dkCreate(t, g, "") })
 	})
 }
@@ -232,6 +235,7 @@ func terminalsSurviveGatewayKill(t *testing.T, start func(state string) *proc, c
 // a sandbox in error (with the reason) whose calls answer 409 at once,
 // not a hang; the sandbox can still be deleted.
 func TestDockerAgentKilled(t *testing.T) {
+	t.Parallel()
 	g := startDockerGateway(t, t.TempDir())
 	sb := dkCreate(t, g, "")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -22,6 +22,7 @@ import (
 // derived from the host; three creates with 40 MiB of metadata each are
 // 400s naming the metadata ceiling; nothing is created.
 func TestCeilingsGateway(t *testing.T) {
+	t.Parallel()
 	// A JSON body cap of 64 MiB: the body cap is not what refuses the
 	// metadata here.
 	g := startGateway(t, t.TempDir(), nil, "--max-memory-mib", "512", "--max-ttl", "1h", "--max-json-body", strconv.Itoa(64<<20))
@@ -96,6 +97,7 @@ func (xs) Read(p []byte) (int, error) {
 // expiry under a TTL ceiling and a --pids-max over the process ceiling
 // each stop the gateway at start-up with a message saying why.
 func TestCeilingsRefuseStart(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		args    []string
 		mention string

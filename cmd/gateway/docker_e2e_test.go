@@ -183,6 +183,7 @@ func dkPattern(n int) []byte {
 // through the streaming file routes, upload/download, pause/resume and
 // delete, each checked against the container itself.
 func TestDockerLifecycle(t *testing.T) {
+	t.Parallel()
 	state := t.TempDir()
 	g := startDockerGateway(t, state)
 	sb := dkCreate(t, g, `"workdir":"/work","env":{"GREETING":"hi"},"files":{"seed.txt":"seeded"}`)
@@ -283,6 +284,7 @@ func TestDockerLifecycle(t *testing.T) {
 // port is reachable at the 127.0.0.1 endpoint and through the gateway's
 // lease-checked proxy; without a valid lease the proxy refuses.
 func TestDockerProxyAndEndpoint(t *testing.T) {
+	t.Parallel()
 	g := startDockerGateway(t, t.TempDir())
 	sb := dkCreate(t, g, `"ports":[8080]`)
 	other := dkCreate(t, g, "")
@@ -544,6 +546,7 @@ func dkNetworkExists(t *testing.T, netID string) bool {
 // orphan) is removed at start-up, and so is a labelled network with
 // neither container nor record; those of another instance are left alone.
 func TestDockerGatewayKilledAndRestarted(t *testing.T) {
+	t.Parallel()
 	state := t.TempDir()
 	g := startDockerGateway(t, state)
 	instance := dockerInstanceID(state)
@@ -651,6 +654,7 @@ func dkExecInFlight(t *testing.T, ctx context.Context, sb dkBox, cmd string) <-c
 // bridge); B's service still answers through the gateway's proxy and at
 // its 127.0.0.1 endpoint.
 func TestDockerTenantNetworks(t *testing.T) {
+	t.Parallel()
 	g := startDockerGateway(t, t.TempDir(), "--api-key", "key-a,key-b")
 	create := func(key string) dkBox {
 		s, b := call(t, "POST", g.URL+"/v1/sandboxes", `{"image":"`+dockertest.ImageRef+`","ports":[8080]}`, "Authorization", "Bearer "+key)

@@ -83,6 +83,7 @@ func seqOutput(n int) string {
 // commands run; a new one on the same state serves every record, byte
 // and exit code exactly.
 func TestCommandsSurviveGatewayKill(t *testing.T) {
+	t.Parallel()
 	state := t.TempDir()
 	g := startGateway(t, state, nil)
 	id, lease := newSandbox(t, g.URL)
@@ -159,6 +160,7 @@ func TestCommandsSurviveGatewayKill(t *testing.T) {
 // command that prints every 7 s: the gateway's heartbeats keep both
 // alive, and every byte arrives once.
 func TestQuietCommandsThroughAnIdleCuttingProxy(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil)
 	id, lease := newSandbox(t, g.URL)
 	px := testkit.NewIdleProxy(t, "tcp", strings.TrimPrefix(g.URL, "http://"), 5*time.Second)
@@ -236,6 +238,7 @@ func parseSSE(t *testing.T, s string) (stdout, exit string) {
 // over the event stream; a connection severed mid-command is re-opened
 // from the last offsets, and the output is whole, each byte once.
 func TestExecCommandReattaches(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil)
 	id, lease := newSandbox(t, g.URL)
 	px := testkit.NewProxy(t, "tcp", strings.TrimPrefix(g.URL, "http://"))

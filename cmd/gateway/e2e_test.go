@@ -36,6 +36,7 @@ func readme(t *testing.T) string {
 // TestReadmeWalkthrough runs the README's walkthrough block against a real
 // gateway on the local provider and checks every "# ->" line in order.
 func TestReadmeWalkthrough(t *testing.T) {
+	t.Parallel()
 	for _, tool := range []string{"bash", "curl", "jq", "base64", "cmp"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("the walkthrough needs %s (.ci/run installs it): %v", tool, err)
@@ -137,6 +138,7 @@ func leaseEditor(tok string) api.ClientOption {
 // TestLifecycle drives the whole lifecycle over real HTTP with the
 // generated client against a real gateway on the local provider.
 func TestLifecycle(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil, "--api-key", "k-test")
 	ctx := context.Background()
 	keyed, err := api.NewClientWithResponses(g.URL, api.WithRequestEditorFn(func(ctx context.Context, req *http.Request) error {
@@ -243,6 +245,7 @@ func ptr[T any](v T) *T { return &v }
 // TestNeMoGymShapes speaks exactly the JSON NeMo Gym's remote sandbox
 // provider sends and reads.
 func TestNeMoGymShapes(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil)
 	base := g.URL + "/v1"
 	const hdr = "X-NeMo-Gym-Sandbox-Lease"
@@ -328,8 +331,10 @@ func decodeSnake(t *testing.T, b []byte, v any) {
 // TestRestart: the gateway stopped (SIGTERM) or killed (SIGKILL) and
 // started again on the same state dir keeps its sandboxes and leases.
 func TestRestart(t *testing.T) {
+	t.Parallel()
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
 			state := t.TempDir()
 			g := startGateway(t, state, nil)
 			base := g.URL + "/v1"
@@ -380,6 +385,7 @@ func TestRestart(t *testing.T) {
 // TestStreamingFilesBoundedMemory moves 1 GiB each way through a gateway
 // whose Go heap is limited to 64 MiB, and checks its peak RSS stays small.
 func TestStreamingFilesBoundedMemory(t *testing.T) {
+	t.Parallel()
 	const size = 1 << 30
 	g := startGateway(t, t.TempDir(), []string{"GOMEMLIMIT=64MiB"})
 	_, body := call(t, "POST", g.URL+"/v1/sandboxes", `{}`)
@@ -466,6 +472,7 @@ func procStatusKiB(t *testing.T, pid int, field string) int {
 // its client gets the whole result; the gateway then exits cleanly, and
 // new connections are refused.
 func TestSIGTERMDrains(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil)
 	id, tok := newLocalSandbox(t, g)
 	sb := g.URL + "/v1/sandboxes/" + id
@@ -509,6 +516,7 @@ func waitStarted(t *testing.T, sb, tok string) {
 // by a signal halfway (a second SIGTERM once arrived during the closing of
 // the provider and killed the process).
 func TestSecondSignalCutsDrain(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil)
 	id, tok := newLocalSandbox(t, g)
 	sb := g.URL + "/v1/sandboxes/" + id

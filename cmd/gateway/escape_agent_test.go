@@ -29,6 +29,7 @@ import (
 // error with the violation as its reason, and another sandbox is served
 // as before.
 func TestEscapeDockerAgentLiar(t *testing.T) {
+	t.Parallel()
 	g := startDockerGateway(t, t.TempDir())
 	liarBin, err := os.ReadFile(testkit.Binary(t, "cmd/gateway/testdata/agentliar", "agentliar", ""))
 	if err != nil {

@@ -91,7 +91,10 @@ func (b *escBox) state(stateDir string) (pid int, cgroups map[string]string) {
 // host root; and a token forged with the signing key gets nothing more
 // than the lease it names.
 func TestEscapeHostSecrets(t *testing.T) {
+	t.Parallel()
 	for _, parent := range []string{"/root", "/opt"} {
+		// One after the other: the sandbox's root shows the host's /opt,
+		// where the other one's gateway would keep its lease key.
 		t.Run(strings.TrimPrefix(parent, "/"), func(t *testing.T) {
 			stateDir, err := os.MkdirTemp(parent, "sandgate-escape-")
 			if err != nil {
@@ -178,6 +181,7 @@ func forgeToken(t *testing.T, stateDir, sandbox, leaseID, scope string) string {
 // filesystem type, whatever the path), so an operate lease cannot read
 // kernel addresses or reach a kernel parser; the sandbox's own files work.
 func TestEscapeKernelFiles(t *testing.T) {
+	t.Parallel()
 	stateDir := t.TempDir()
 	g := startGateway(t, stateDir, nil)
 	b := escCreate(t, g, `{}`)
@@ -218,6 +222,7 @@ func TestEscapeKernelFiles(t *testing.T) {
 // changing their mode or owner from inside fails and the host's nodes are
 // untouched; no new device can be made.
 func TestEscapeDevNodes(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil)
 	b := escCreate(t, g, `{}`)
 	before := devModes(t)
@@ -251,6 +256,7 @@ func devModes(t *testing.T) string {
 // limits), the sandbox sees only its own cgroup root, every command runs
 // under seccomp, and the limits stay; delete is clean afterwards.
 func TestEscapeNestedUsernsAndCgroups(t *testing.T) {
+	t.Parallel()
 	stateDir := t.TempDir()
 	g := startGateway(t, stateDir, nil)
 	b := escCreate(t, g, `{}`)
@@ -304,6 +310,8 @@ func TestEscapeNestedUsernsAndCgroups(t *testing.T) {
 // ENOSPC and leaves the host as it was once deleted; a fork bomb is held
 // by the sandbox's pids limit while the host forks on.
 func TestEscapeDiskAndProcesses(t *testing.T) {
+	// Serial: the fork bomb needs the CPU to reach the pids limit within
+	// its exec, and starves any test beside it.
 	stateDir := t.TempDir()
 	g := startGateway(t, stateDir, nil)
 	b := escCreate(t, g, `{"resources":{"disk_gib":0.5}}`)
@@ -368,6 +376,7 @@ func TestEscapeDiskAndProcesses(t *testing.T) {
 // TestEscapeOperateMintsLongerLease: a short operate lease cannot mint a
 // lease that outlives it, nor an owner lease.
 func TestEscapeOperateMintsLongerLease(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil)
 	b := escCreate(t, g, `{}`)
 	s, data := call(t, "POST", b.url("/leases"), `{"scope":"operate","ttl_s":20}`, "X-Sandbox-Lease", b.Tok)
@@ -407,6 +416,7 @@ func TestEscapeOperateMintsLongerLease(t *testing.T) {
 // filesystem itself (mount, the block device, the loop device); its
 // sibling and the source see none of it.
 func TestEscapeThroughSharedSnapshot(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil)
 	src := escCreate(t, g, `{}`)
 	if out, code := src.sh(`set -e; cd /workspace; echo shared > f; cp /bin/sh ./prog; mkdir d; echo x > d/x`); code != 0 {
@@ -447,6 +457,7 @@ func TestEscapeThroughSharedSnapshot(t *testing.T) {
 // the sandbox itself cannot read) as reads do, and describe what the
 // sandbox sees: a symlink's target is readlink's inside.
 func TestEscapeProcListing(t *testing.T) {
+	t.Parallel()
 	stateDir := t.TempDir()
 	g := startGateway(t, stateDir, nil)
 	b := escCreate(t, g, `{}`)
@@ -484,6 +495,7 @@ func TestEscapeProcListing(t *testing.T) {
 // sandbox, which then reads error with the signal named, not stopped; it
 // is deleted as any other.
 func TestEscapeInitKilled(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil)
 	b := escCreate(t, g, `{}`)
 	body, _ := json.Marshal(map[string]any{"command": "kill -SEGV 1; sleep 60", "timeout_s": 60})
@@ -515,6 +527,7 @@ func TestEscapeInitKilled(t *testing.T) {
 // images it has and how to add one, and nothing is made, where it used to
 // run the host's view; a warm pool of such an image stops the start.
 func TestEscapeUnknownLocalImage(t *testing.T) {
+	t.Parallel()
 	stateDir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(stateDir, "images", "mini", "bin"), 0o755); err != nil {
 		t.Fatal(err)

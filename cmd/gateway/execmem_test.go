@@ -71,9 +71,12 @@ func allNUL(s string) bool { return strings.Trim(s, "\x00") == "" }
 // never holds the reply: its peak RSS stays far below the reply's size.
 // (Rendered in one buffer as before, the same exec took it past 900 MB.)
 func TestExecOutputBoundedMemory(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil)
 	id, tok := newLocalSandbox(t, g)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// Catches a hang only: decoding the reply under -race takes a minute
+	// or more on a loaded 2-core machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	status, res, err := execJSON(ctx, g.URL, id, tok, nulFlood)
 	if err != nil || status != 200 {
@@ -97,6 +100,7 @@ func TestExecOutputBoundedMemory(t *testing.T) {
 // budget), and the gateway's memory stays bounded. The budget and a
 // memory limit given through the environment both reach the gateway.
 func TestExecOutputBudget(t *testing.T) {
+	t.Parallel()
 	const total, floor, n = 8 << 20, 64 << 10, 8
 	g := startGateway(t, t.TempDir(), []string{"SANDGATE_MEMORY_LIMIT=1GiB"}, "--max-exec-output-total", "8388608")
 	// The log is copied from the process's pipe.
@@ -107,7 +111,8 @@ func TestExecOutputBudget(t *testing.T) {
 		return nil
 	})
 	id, tok := newLocalSandbox(t, g)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// Catches a hang only, as in TestExecOutputBoundedMemory.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	type answer struct {
 		status int

@@ -65,6 +65,7 @@ func (sb dkBox) on(g *proc) dkBox {
 // other; a lease released on one is refused by the other at once; a
 // replica SIGKILLed mid-traffic loses nothing.
 func TestKubernetesReplicas(t *testing.T) {
+	t.Parallel()
 	k8stest.Require(t)
 	instance, secret := "k8se2e-"+strings.ToLower(rand.Text()[:8]), rand.Text()
 	stateA := t.TempDir()

@@ -34,6 +34,9 @@ func agentBin() string { return filepath.Join(filepath.Dir(gatewayBin), "sandgat
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	// The tests wait on gateways, sandboxes, daemons, the cluster and a
+	// browser: six at once keep two cores busy.
+	testkit.WaitingParallel(6)
 	var err error
 	if gatewayBin, err = testkit.BuildGateway(); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -20,6 +20,7 @@ import (
 // /metrics reports each metric, that no label holds an id, and that the
 // JSON log has one line per request with no credential in it.
 func TestMetricsAndLogs(t *testing.T) {
+	t.Parallel()
 	const key = "k-metrics-test-secret"
 	g := startGateway(t, t.TempDir(), nil, "--api-key", key, "--log-format", "json")
 	var ref struct {

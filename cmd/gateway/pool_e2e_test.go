@@ -40,6 +40,7 @@ func localSandboxes(t *testing.T, stateDir string) []string {
 // are never listed, a SIGKILLed gateway's pool is deleted at the restart
 // (orphans) and made anew, and a SIGTERM deletes it.
 func TestWarmPool(t *testing.T) {
+	t.Parallel()
 	state := t.TempDir()
 	g := startGateway(t, state, nil, "--pool", "workdir=/srv/app=2")
 	metric := func(g *proc) string {

@@ -18,6 +18,7 @@ import (
 // A create without a key is refused the same way; a create with a key
 // and a 2 MiB body gets 413.
 func TestPreAuthBodiesBoundedRSS(t *testing.T) {
+	t.Parallel()
 	const size = 60 << 20
 	g := startGateway(t, t.TempDir(), []string{"SANDGATE_API_KEYS=preauth-key"})
 	forged := "sgl1.c2J4LWFhYWFhYWFhYWFhYWFhYWFhYWFhfGxzLXh8b3duZXJ8MA.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"

@@ -17,6 +17,7 @@ import (
 // attached terminal client with 1001 before it exits (http.Server.Shutdown
 // alone would not wait for the hijacked connection).
 func TestSIGTERMClosesWebSocketsWith1001(t *testing.T) {
+	t.Parallel()
 	g := startGateway(t, t.TempDir(), nil)
 	post := func(path, tok, body string, out any) {
 		t.Helper()

@@ -13,6 +13,7 @@ import (
 // with their bytes and key B none; a fourth snapshot is 429
 // quota_exceeded and leaves nothing; deleting the snapshots frees it all.
 func TestDockerSnapshotQuota(t *testing.T) {
+	t.Parallel()
 	g := startDockerGateway(t, t.TempDir(), "--api-key", "key-a,key-b", "--quota-snapshots", "3")
 	keyA := []string{"Authorization", "Bearer key-a"}
 	keyB := []string{"Authorization", "Bearer key-b"}

@@ -169,6 +169,7 @@ func (p *shellProc) exitStatus(t *testing.T) int {
 // of): type, read, resize, have the connection cut, and find the terminal
 // mode as it was when the shell ends.
 func TestShellCommand(t *testing.T) {
+	t.Parallel()
 	gw := startGateway(t, t.TempDir(), nil)
 	proxy := testkit.NewProxy(t, "tcp", strings.TrimPrefix(gw.URL, "http://"))
 	id, lease := newSandbox(t, gw.URL)
@@ -251,6 +252,7 @@ func TestShellCommand(t *testing.T) {
 // A second `gateway shell --takeover` evicts the first, which says so,
 // exits and does not re-dial.
 func TestShellTakeover(t *testing.T) {
+	t.Parallel()
 	gw := startGateway(t, t.TempDir(), nil)
 	id, lease := newSandbox(t, gw.URL)
 	flags := []string{"--url", gw.URL, "--lease", lease}
@@ -279,6 +281,7 @@ func TestShellTakeover(t *testing.T) {
 }
 
 func TestExecCommand(t *testing.T) {
+	t.Parallel()
 	gw := startGateway(t, t.TempDir(), nil)
 	id, lease := newSandbox(t, gw.URL)
 	run := func(env []string, args ...string) (stdout, stderr string, code int) {

@@ -13,6 +13,7 @@ import (
 // a named snapshot survives a gateway restart, makes sandboxes, and its
 // delete while one of them lives is deferred.
 func TestDockerSnapshotFork(t *testing.T) {
+	t.Parallel()
 	snapshotFork(t, func(state string) *proc { return startDockerGateway(t, state) },
 		func(g *proc, members string) dkBox { return dkCreate(t, g, members) })
 }
@@ -20,6 +21,7 @@ func TestDockerSnapshotFork(t *testing.T) {
 // TestLocalSnapshotFork is TestDockerSnapshotFork on the local provider
 // (btrfs snapshot layers).
 func TestLocalSnapshotFork(t *testing.T) {
+	t.Parallel()
 	snapshotFork(t, func(state string) *proc { return startGateway(t, state, nil) },
 		func(g *proc, members string) dkBox { return createFrom(t, g, members) })
 }

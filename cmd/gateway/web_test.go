@@ -186,6 +186,7 @@ func (tb *tab) screenshot(t *testing.T, dir, name string) string {
 }
 
 func TestBrowserTerminal(t *testing.T) {
+	t.Parallel()
 	chromium := findChromium(t)
 	gw := startGateway(t, t.TempDir(), nil)
 	proxy := testkit.NewProxy(t, "tcp", strings.TrimPrefix(gw.URL, "http://"))

@@ -11,7 +11,9 @@ package testkit
 
 import (
 	"context"
+	"flag"
 	"os"
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -56,4 +58,18 @@ func Context(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// WaitingParallel sets how many of a package's parallel tests run at once
+// (-test.parallel) to n, unless the command line set it. Call it from
+// TestMain after flag.Parse, in packages whose tests spend their time
+// waiting on processes, sandboxes, daemons or the cluster rather than the
+// CPU: go test's default, GOMAXPROCS (2 on the CI machine), leaves the
+// cores idle while they wait.
+func WaitingParallel(n int) {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		flag.Set("test.parallel", strconv.Itoa(max(n, runtime.GOMAXPROCS(0))))
+	}
 }

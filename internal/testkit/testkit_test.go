@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -301,5 +302,23 @@ func TestWantFields(t *testing.T) {
 		if strings.Join(e.msgs, "\n") != strings.Join(c.msgs, "\n") {
 			t.Errorf("want %v: reported %q, want %q", c.want, e.msgs, c.msgs)
 		}
+	}
+}
+
+// TestWaitingParallel: the package's -test.parallel becomes n, unless the
+// command line set it.
+func TestWaitingParallel(t *testing.T) {
+	f := flag.Lookup("test.parallel")
+	before := f.Value.String()
+	t.Cleanup(func() { f.Value.Set(before) })
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	WaitingParallel(64)
+	want := "64"
+	if explicit {
+		want = before
+	}
+	if got := f.Value.String(); got != want {
+		t.Fatalf("-test.parallel %s after WaitingParallel(64) (was %s, set on the command line: %v), want %s", got, before, explicit, want)
 	}
 }

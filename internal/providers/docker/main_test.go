@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"flag"
 	"io"
 	"log/slog"
 	"testing"
@@ -8,9 +9,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// The tests wait on the daemon and their containers: four at once.
+	testkit.WaitingParallel(4)
 	goleak.VerifyTestMain(m)
 }
 

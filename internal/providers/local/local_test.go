@@ -138,13 +138,17 @@ func sh(t testing.TB, l *Local, id, cmd string) (string, int) {
 	return string(res.Stdout) + string(res.Stderr), res.ExitCode
 }
 
+// TestConformance and TestTerminals, the two suites, run side by
+// side (each on a provider of its own) once the serial tests are done.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	providertest.Run(t, newLocal(t, Options{}), providers.CreateSpec{})
 }
 
 // TestTerminals: the terminal-session suite through the gateway's stack,
 // sessions held by the sandboxes' init.
 func TestTerminals(t *testing.T) {
+	t.Parallel()
 	terminals.Run(t, newLocal(t, Options{}), nil)
 }
 
