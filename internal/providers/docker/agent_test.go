@@ -18,7 +18,6 @@ import (
 // caller gives up, setsid leftovers included: the agent finds them by
 // the marker in their environment, which a new session keeps.
 func TestExecKillsSetsidLeftovers(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{})
 	ctx := ctxFor(t, 2*time.Minute)
@@ -62,7 +61,6 @@ func TestExecKillsSetsidLeftovers(t *testing.T) {
 // protocol version is refused at create with an error naming both, and
 // nothing is left behind.
 func TestAgentProtocolMismatch(t *testing.T) {
-	t.Parallel()
 	dockertest.Require(t)
 	bin := testkit.Binary(t, "cmd/sandgate-agent", "sandgate-agent", "-X github.com/sandgate/sandgate/internal/agentwire.Version=99")
 	p := newProvider(t, func(o *Options) { o.AgentBinary = bin })
@@ -85,7 +83,6 @@ func TestAgentProtocolMismatch(t *testing.T) {
 // from inside the sandbox: the Go runtime's dump) leaves the sandbox in
 // error with its last words in the reason.
 func TestAgentCrashReason(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{})
 	ctx := ctxFor(t, time.Minute)

@@ -10,7 +10,6 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	providertest.Run(t, p, providers.CreateSpec{Image: dockertest.ImageRef})
 }
@@ -18,6 +17,5 @@ func TestConformance(t *testing.T) {
 // TestTerminals: the terminal-session suite through the gateway's stack,
 // sessions held by the containers' agents.
 func TestTerminals(t *testing.T) {
-	t.Parallel()
 	terminals.Run(t, newProvider(t), map[string]any{"image": dockertest.Image(t)})
 }

@@ -62,7 +62,6 @@ func run(t testing.TB, p *Docker, id, cmd string) providers.ExecResult {
 }
 
 func TestCreateErrors(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	ctx := ctxFor(t, time.Minute)
 	gpu := int64(1)
@@ -95,7 +94,6 @@ func TestCreateErrors(t *testing.T) {
 // TestEndpoint publishes a port on 127.0.0.1 and reaches busybox httpd
 // through it.
 func TestEndpoint(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{Ports: []int{8080}})
 	res, err := p.Exec(ctxFor(t, time.Minute), id, providers.ExecRequest{
@@ -131,7 +129,6 @@ func TestEndpoint(t *testing.T) {
 }
 
 func TestLimits(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	mem := int64(64)
 	cpu := 0.5
@@ -232,7 +229,6 @@ func TestKillMidExec(t *testing.T) {
 // serves the first one's sandboxes, and a labelled container that no
 // provider made (an orphan) is listed too; another instance's are not.
 func TestAdoption(t *testing.T) {
-	t.Parallel()
 	p1 := newProvider(t)
 	id := create(t, p1, providers.CreateSpec{})
 	run(t, p1, id, "echo kept > /workspace/f")
@@ -276,7 +272,6 @@ func TestAdoption(t *testing.T) {
 // TestStatusMapping covers the states the conformance suite does not
 // reach: created (starting) and exited (stopped).
 func TestStatusMapping(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{})
 	ctx := ctxFor(t, time.Minute)

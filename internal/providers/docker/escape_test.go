@@ -23,7 +23,6 @@ import (
 // profile apply to every exec, as root and as another user, and the
 // dropped capabilities are gone from the bounding set.
 func TestEscapePrivileges(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{})
 	info, err := p.cli.ContainerInspect(ctxFor(t, time.Minute), id)
@@ -68,7 +67,6 @@ func TestEscapePrivileges(t *testing.T) {
 // (userns-remap), root in a sandbox is not root on the host; elsewhere
 // the test only logs the map.
 func TestEscapeUserNamespace(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{})
 	info, err := p.cli.Info(ctxFor(t, time.Minute))
@@ -102,7 +100,6 @@ func procStatus(s string) map[string]string {
 // mount namespace or mount; the daemon's seccomp profile and the missing
 // CAP_SYS_ADMIN refuse them all.
 func TestEscapeNamespaces(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{})
 	for _, cmd := range []string{
@@ -308,8 +305,6 @@ func hostProcs(cid string) (all, in int64) {
 // seen inside; an allocation under it works and one of 3 GiB is
 // OOM-killed, leaving the sandbox alive.
 func TestEscapeMemory(t *testing.T) {
-	// Serial: its gigabyte allocations need the host's memory to
-	// themselves.
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{})
 	info, err := p.cli.ContainerInspect(ctxFor(t, time.Minute), id)
@@ -347,7 +342,6 @@ func TestEscapeMemory(t *testing.T) {
 // and /dev/full inside changes nothing on the host, and no device node can
 // be made.
 func TestEscapeDevNodes(t *testing.T) {
-	t.Parallel()
 	type node struct {
 		mode os.FileMode
 		rdev uint64
@@ -394,7 +388,6 @@ func TestEscapeDevNodes(t *testing.T) {
 // among them) are masked and its read-only paths (/proc/sys among them)
 // are read-only: the provider passes no list that would clear them.
 func TestEscapeProcMasks(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{})
 	info, err := p.cli.ContainerInspect(ctxFor(t, time.Minute), id)
@@ -455,7 +448,6 @@ func TestEscapeProcMasks(t *testing.T) {
 // reachable by path, through /proc/<pid>/root or by search, and pid 1 is
 // the container's init.
 func TestEscapeHostFiles(t *testing.T) {
-	t.Parallel()
 	secret := "sandgate-escape-" + newNonce()
 	planted := filepath.Join(t.TempDir(), secret)
 	if err := os.WriteFile(planted, []byte(secret+"\n"), 0o644); err != nil {

@@ -49,8 +49,6 @@ func heapPeak() (stop func() uint64) {
 
 // TestLargeFile streams 1 GiB in and out with a bounded heap.
 func TestLargeFile(t *testing.T) {
-	// Serial: it reads this process's heap peak, which tests beside it
-	// would raise.
 	if testing.Short() {
 		t.Skip("1 GiB round trip")
 	}

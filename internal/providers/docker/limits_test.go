@@ -18,7 +18,6 @@ import (
 // defaults; Options change them; <0 turns one off; a request's resources
 // override them.
 func TestDefaultLimits(t *testing.T) {
-	t.Parallel()
 	ncpu := func(p *Docker) int64 {
 		f, err := p.daemonFacts(ctxFor(t, time.Minute))
 		if err != nil {
@@ -87,7 +86,6 @@ func TestDefaultLimitsInvalid(t *testing.T) {
 // can (StorageOpt size) and otherwise accepted and reported as not
 // enforced in Extra; a create without it says nothing about disk.
 func TestDiskLimit(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t)
 	ctx := ctxFor(t, time.Minute)
 	f, err := p.daemonFacts(ctx)
@@ -167,7 +165,6 @@ func ptr[T any](v T) *T { return &v }
 // and the ceiling, and makes no container; one at the ceiling gets it; the
 // default is lowered to the ceiling, and a default above it fails New.
 func TestPidsLimitCeiling(t *testing.T) {
-	t.Parallel()
 	const ceiling = 100
 	p := newProvider(t, func(o *Options) { o.MaxPidsLimit = ceiling })
 	if p.opts.PidsLimit != ceiling {

@@ -1,7 +1,6 @@
 package docker
 
 import (
-	"flag"
 	"io"
 	"log/slog"
 	"testing"
@@ -9,13 +8,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
-	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	// The tests wait on the daemon and their containers: four at once.
-	testkit.WaitingParallel(4)
 	goleak.VerifyTestMain(m)
 }
 

@@ -117,7 +117,6 @@ func hostIPv4s(t *testing.T) []string {
 // Deleting them removes their networks and bridges; closing the provider
 // removes its firewall rules.
 func TestSandboxNetworkIsolation(t *testing.T) {
-	t.Parallel()
 	fw := testFirewall(t)
 	p := newProvider(t, func(o *Options) { o.Firewall = fw })
 	if p.fw == nil {
@@ -230,7 +229,6 @@ func TestSandboxNetworkIsolation(t *testing.T) {
 
 // TestSandboxWithoutPortsHasNoNetwork: no ports, no network.
 func TestSandboxWithoutPortsHasNoNetwork(t *testing.T) {
-	t.Parallel()
 	p := newProvider(t, func(o *Options) { o.Firewall = testFirewall(t) })
 	id := create(t, p, providers.CreateSpec{})
 	info, err := dockertest.Client(t).ContainerInspect(ctxFor(t, time.Minute), id)
@@ -246,7 +244,6 @@ func TestSandboxWithoutPortsHasNoNetwork(t *testing.T) {
 // with ports is refused naming ports and leaves nothing behind, unless
 // Options.UnisolatedNetworks allows it.
 func TestPortsWithoutFirewall(t *testing.T) {
-	t.Parallel()
 	file := filepath.Join(t.TempDir(), "file")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -280,7 +277,6 @@ func TestPortsWithoutFirewall(t *testing.T) {
 // cut short) is listed as a stopped sandbox, so that reconciliation
 // deletes it unless a record holds it; Delete removes it.
 func TestOrphanNetwork(t *testing.T) {
-	t.Parallel()
 	fw := testFirewall(t)
 	p := newProvider(t, func(o *Options) { o.Firewall = fw })
 	id := create(t, p, providers.CreateSpec{Ports: []int{8080}})
