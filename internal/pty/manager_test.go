@@ -212,8 +212,16 @@ func TestAttachEcho(t *testing.T) {
 	c.stdin("hel" + "lo\n")
 	c.waitOutput("hello")
 	c.ws.Close(websocket.StatusNormalClosure, "")
-	testkit.Eventually(t, "the client to be detached", 30*time.Second, func() bool {
-		info, err := e.m.Get(t.Context(), sandbox.Caller{}, "sb", sid)
+	e.waitDetached(sid)
+}
+
+// waitDetached waits until session sid is running with no client: the
+// server ends an attachment after the client's close handshake, so a
+// client that attaches again at once could still find it held (409).
+func (e *ptyEnv) waitDetached(sid string) {
+	e.t.Helper()
+	testkit.Eventually(e.t, "the client to be detached", 30*time.Second, func() bool {
+		info, err := e.m.Get(e.t.Context(), sandbox.Caller{}, "sb", sid)
 		return err == nil && info.Running && !info.Attached
 	})
 }
@@ -254,6 +262,7 @@ func TestReplaySince(t *testing.T) {
 	a.waitOutput("two\r\ntwo\r\n")
 	a.ws.Close(websocket.StatusNormalClosure, "")
 	a.closeStatus()
+	e.waitDetached(sid)
 
 	b := e.attach(sid, "since="+strconv.FormatInt(mark, 10))
 	b.waitOutput("two\r\ntwo\r\n")
@@ -280,6 +289,7 @@ func TestReplaySince(t *testing.T) {
 	}
 	b.ws.Close(websocket.StatusNormalClosure, "")
 	b.closeStatus()
+	e.waitDetached(sid)
 
 	c := e.attach(sid, "since=0")
 	testkit.Eventually(t, "the replay", 30*time.Second, func() bool { return strings.Count(c.output(), "end\r\n") == 2 })
