@@ -2,6 +2,7 @@ package providers
 
 import (
 	"context"
+	"net/netip"
 
 	"github.com/sandgate/sandgate/internal/egress"
 )
@@ -23,4 +24,18 @@ type Egresser interface {
 // gateway process).
 type EgressCounter interface {
 	EgressStats(id string) egress.Stats
+}
+
+// Grouper is implemented by providers that connect the sandboxes of a
+// group: members reach each other at their addresses on every port and
+// protocol, and no one else reaches them (other groups, other keys,
+// ungrouped sandboxes, the host). Without it, a create with a group is
+// ErrUnsupported.
+type Grouper interface {
+	// JoinGroup connects sandbox id to group, an opaque id the service
+	// derives from the API key and the group's name (one sandbox joins
+	// one group, once). It returns the address the other members reach id
+	// at. It is also how the service restores membership after a gateway
+	// restart (the address may change then). Delete leaves the group.
+	JoinGroup(ctx context.Context, id, group string) (netip.Addr, error)
 }

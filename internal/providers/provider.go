@@ -70,6 +70,13 @@ type CreateSpec struct {
 	// Volumes are mounted into the sandbox before it starts (see
 	// VolumeMount); a provider that is no Volumer refuses volume mounts.
 	Volumes []VolumeMount
+	// Hostname is the sandbox's host name (a DNS label, validated); "":
+	// the provider's default ("sandbox").
+	Hostname string
+	// CapAdd are capabilities (names without CAP_, upper case, validated
+	// against the operator's allow-list) the sandbox's processes keep,
+	// effective inside the sandbox's own namespaces only.
+	CapAdd []string
 }
 
 // MaxShmBytes is the largest /dev/shm a create may ask for.
