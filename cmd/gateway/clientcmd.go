@@ -31,16 +31,21 @@ func runClientCommand(args []string) (code int, handled bool) {
 		return runShell(context.Background(), args[1:], os.LookupEnv, os.Stdin, os.Stdout, os.Stderr), true
 	case "exec":
 		return runExec(context.Background(), args[1:], os.LookupEnv, os.Stdout, os.Stderr), true
+	case "-h", "-help", "--help":
+		if len(args) == 1 {
+			// The server's flags follow the commands (parseConfig).
+			return 0, false
+		}
 	}
-	return 0, false
+	return runCLI(context.Background(), args, os.LookupEnv, os.Stdin, os.Stdout, os.Stderr)
 }
 
 // clientFlags are the flags every client subcommand has. Their
 // environment twins are read after parsing, never as flag defaults, so
 // that a usage text never prints a token.
 type clientFlags struct {
-	url, lease string
-	env        func(string) (string, bool)
+	url, lease, key string
+	env             func(string) (string, bool)
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet, env func(string) (string, bool)) {
@@ -49,20 +54,57 @@ func (c *clientFlags) register(fs *flag.FlagSet, env func(string) (string, bool)
 	fs.StringVar(&c.lease, "lease", "", "lease token of the sandbox, or an API key that created it (default: env SANDGATE_LEASE)")
 }
 
-func (c *clientFlags) client() (*client.Client, error) {
-	if c.url == "" {
-		c.url, _ = c.env("SANDGATE_URL")
+// registerKey adds --key, for the commands that create or list.
+func (c *clientFlags) registerKey(fs *flag.FlagSet) {
+	fs.StringVar(&c.key, "key", "", "API key, to create and list (default: env SANDGATE_API_KEY; none on a loopback gateway without keys)")
+}
+
+func (c *clientFlags) fill() error {
+	for _, f := range []struct {
+		v   *string
+		env string
+	}{{&c.url, "SANDGATE_URL"}, {&c.lease, "SANDGATE_LEASE"}, {&c.key, "SANDGATE_API_KEY"}} {
+		if *f.v == "" {
+			*f.v, _ = c.env(f.env)
+		}
 	}
+	if c.url == "" {
+		return errors.New("no gateway URL: give --url or set SANDGATE_URL")
+	}
+	return nil
+}
+
+// leaseToken is the lease the flags or the environment give.
+func (c *clientFlags) leaseToken() string {
 	if c.lease == "" {
 		c.lease, _ = c.env("SANDGATE_LEASE")
 	}
-	if c.url == "" {
-		return nil, errors.New("no gateway URL: give --url or set SANDGATE_URL")
+	return c.lease
+}
+
+// client is a client of one sandbox: it authenticates with the lease, or
+// with the API key that created the sandbox.
+func (c *clientFlags) client() (*client.Client, error) {
+	if err := c.fill(); err != nil {
+		return nil, err
 	}
-	if c.lease == "" {
-		return nil, errors.New("no lease: give --lease or set SANDGATE_LEASE")
+	token := c.lease
+	if token == "" {
+		token = c.key
 	}
-	return client.New(c.url, c.lease, nil)
+	if token == "" {
+		return nil, errors.New("no lease: give --lease or set SANDGATE_LEASE (or the API key that made the sandbox: --key, SANDGATE_API_KEY)")
+	}
+	return client.New(c.url, token, nil)
+}
+
+// keyClient authenticates with the API key; without one it is anonymous,
+// which a gateway on loopback with no keys accepts.
+func (c *clientFlags) keyClient() (*client.Client, error) {
+	if err := c.fill(); err != nil {
+		return nil, err
+	}
+	return client.New(c.url, c.key, nil)
 }
 
 // parseInterleaved parses flags that may come before or after the

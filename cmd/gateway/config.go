@@ -102,6 +102,11 @@ func defaultStateDir() string {
 func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, commandsUsage)
+		fmt.Fprint(stderr, "\nFlags of `gateway [serve]` (each also from its SANDGATE_* environment variable):\n")
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "address to listen on")
 	fs.StringVar(&c.PublicURL, "public-url", "", "external base URL of the gateway (default http://<listen address>)")
 	fs.StringVar(&c.Provider, "provider", "local", "sandbox backend: local, docker or kubernetes")

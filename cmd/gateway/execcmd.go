@@ -12,7 +12,7 @@ import (
 	"github.com/sandgate/sandgate/internal/client"
 )
 
-const execUsage = "--url URL --lease TOKEN [--cwd DIR] [--timeout SECONDS] SANDBOX -- CMD [ARG...]"
+const execUsage = "--url URL --lease TOKEN [--cwd DIR] [--timeout SECONDS] SANDBOX -- CMD [ARG...]\n       gateway exec --url URL [--key KEY] [--image IMAGE] [--keep] -- CMD [ARG...]   (in a new sandbox)"
 
 // runExec is `gateway exec`: one command in a sandbox, its stdout and
 // stderr copied to the local ones as it writes them. It runs as a durable
@@ -29,13 +29,25 @@ func runExec(ctx context.Context, args []string, env func(string) (string, bool)
 	cf.register(fs, env)
 	cwd := fs.String("cwd", "", "working directory (default: the sandbox's workdir)")
 	timeout := fs.Float64("timeout", 0, "seconds before the command is killed (default: the gateway's, 180)")
+	cf.registerKey(fs)
+	var sc scratch
+	sc.define(fs)
 	pos, argv, err := parseInterleaved(fs, args)
 	if err != nil {
 		return exitUsage
 	}
-	if len(pos) != 1 || len(argv) == 0 {
+	if len(pos) > 1 || len(argv) == 0 {
 		fs.Usage()
 		return exitUsage
+	}
+	if len(pos) == 0 {
+		id, done, err := sc.make(ctx, &cf, "command", stderr)
+		if err != nil {
+			fmt.Fprintln(stderr, "gateway exec:", err)
+			return exitFailed
+		}
+		defer done()
+		pos = []string{id}
 	}
 	cl, err := cf.client()
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 	"github.com/sandgate/sandgate/internal/client"
 )
 
-const shellUsage = "--url URL --lease TOKEN [--session SID] [--takeover] SANDBOX"
+const shellUsage = "--url URL --lease TOKEN [--session SID] [--takeover] SANDBOX\n       gateway shell --url URL [--key KEY] [--image IMAGE] [--keep]   (in a new sandbox)"
 
 // runShell is `gateway shell`: the local terminal attached to a terminal
 // session in a sandbox (a new interactive shell unless --session names
@@ -31,13 +31,25 @@ func runShell(ctx context.Context, args []string, env func(string) (string, bool
 	cf.register(fs, env)
 	session := fs.String("session", "", "attach to this session instead of starting a new shell")
 	takeover := fs.Bool("takeover", false, "evict a client that holds the session")
+	cf.registerKey(fs)
+	var sc scratch
+	sc.define(fs)
 	pos, rest, err := parseInterleaved(fs, args)
 	if err != nil {
 		return exitUsage
 	}
-	if len(pos) != 1 || len(rest) > 0 {
+	if len(pos) > 1 || len(rest) > 0 || (len(pos) == 0 && *session != "") {
 		fs.Usage()
 		return exitUsage
+	}
+	if len(pos) == 0 {
+		id, done, err := sc.make(ctx, &cf, "shell", stderr)
+		if err != nil {
+			fmt.Fprintln(stderr, "gateway shell:", err)
+			return exitFailed
+		}
+		defer done()
+		pos = []string{id}
 	}
 	sandboxID := pos[0]
 	cl, err := cf.client()
