@@ -144,8 +144,12 @@ func (s *server) admitBody(next http.Handler) http.Handler {
 			limit = s.maxUpload
 		}
 		if r.ContentLength > limit {
+			hint := ""
+			if isUpload(r) {
+				hint = "; send large files as raw bytes to PUT /v1/sandboxes/{id}/files?path=… (curl -T FILE), which streams any size"
+			}
 			s.refuseUnread(w, r, providers.Errorf(providers.ErrTooLarge,
-				"request body too large: %d bytes, this route takes at most %d", r.ContentLength, limit))
+				"request body too large: %d bytes, this route takes at most %d%s", r.ContentLength, limit, hint))
 			return
 		}
 		body := &admittedBody{rc: r.Body, b: s.bodies, key: apiKeyFrom(r.Context()), ctl: http.NewResponseController(w)}

@@ -82,6 +82,9 @@ func TestBadInput(t *testing.T) {
 		{"wait too long", "GET", cmds + cmd.CommandID + "/wait?timeout_s=301", nil, own, 400, "invalid_input", "timeout_s"},
 		{"command output cap too big", "POST", "/v1/sandboxes/" + id + "/commands", raw(`{"command": "true", "max_output_bytes": 1073741825}`), own, 422, "schema_violation", "max_output_bytes"},
 		{"command bad base64 stdin", "POST", "/v1/sandboxes/" + id + "/commands", raw(`{"command": "cat", "stdin_b64": "***"}`), own, 400, "invalid_input", "stdin_b64"},
+		{"exec negative timeout", "POST", "/v1/sandboxes/" + id + "/exec", raw(`{"command": "true", "timeout_s": -1}`), own, 422, "schema_violation", "timeout_s"},
+		{"form content type", "POST", "/v1/sandboxes", raw(`{"ttl_s": 5}`), withHdr(key(), "Content-Type", "application/x-www-form-urlencoded"), 400, "invalid_input", "-H 'Content-Type: application/json'"},
+		{"text content type", "POST", "/v1/sandboxes/" + id + "/exec", raw(`{"command": "true"}`), withHdr(own, "Content-Type", "text/plain"), 400, "invalid_input", `Content-Type: application/json (got \"text/plain\")`},
 		{"unknown route", "GET", "/v1/nothing", nil, nil, 404, "not_found", "/v1/nothing"},
 		{"wrong method", "PATCH", "/v1/sandboxes/" + id, nil, own, 405, "method_not_allowed", "PATCH"},
 	}
@@ -111,6 +114,15 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withHdr is hdr plus one header.
+func withHdr(hdr map[string]string, k, v string) map[string]string {
+	out := map[string]string{k: v}
+	for hk, hv := range hdr {
+		out[hk] = hv
+	}
+	return out
 }
 
 // snapshot describes the gateway's observable state: the sandboxes and
@@ -161,5 +173,31 @@ func TestAllProblemsAtOnce(t *testing.T) {
 	}
 	if len(p.Errors) != 4 {
 		t.Errorf("%d problems, want 4: %s", len(p.Errors), r.body)
+	}
+}
+
+// TestUploadTooLargeSaysHowToStream: the base64 route's 413 names the
+// streaming route that takes any size, and writes nothing.
+func TestUploadTooLargeSaysHowToStream(t *testing.T) {
+	g := newGatewayOpts(t, Options{MaxJSONBody: 4096, MaxUploadBody: 64 << 10})
+	a := g.create(map[string]any{})
+	body := `{"target_path": "big.bin", "contents_b64": "` + strings.Repeat("A", 128<<10) + `"}`
+	r := g.do("POST", "/v1/sandboxes/"+a.SandboxID+"/upload", body, lease(a.Token))
+	if r.status != 413 || !strings.Contains(string(r.body), "PUT /v1/sandboxes/{id}/files") || !strings.Contains(string(r.body), "curl -T") {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if r := g.do("GET", "/v1/sandboxes/"+a.SandboxID+"/files/info?path=big.bin", nil, lease(a.Token)); r.status != 404 || !strings.Contains(string(r.body), "big.bin") {
+		t.Fatalf("after the refusal: %d %s", r.status, r.body)
+	}
+}
+
+// TestExecTimeoutZeroIsTheDefault: timeout_s 0, which the contract
+// allows, runs with the gateway's default like null.
+func TestExecTimeoutZeroIsTheDefault(t *testing.T) {
+	g := newGateway(t, 4096)
+	a := g.create(map[string]any{})
+	r := g.do("POST", "/v1/sandboxes/"+a.SandboxID+"/exec", `{"command": "echo ran", "timeout_s": 0}`, lease(a.Token))
+	if r.status != 200 || !strings.Contains(string(r.body), `"return_code":0`) {
+		t.Fatalf("%d %s", r.status, r.body)
 	}
 }

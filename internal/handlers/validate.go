@@ -3,6 +3,7 @@ package handlers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -106,6 +107,11 @@ func (s *server) validationError(ctx context.Context, err error, w http.Response
 	schemaOnly := true
 	for _, e := range errs {
 		fs, isSchema := describe(e)
+		for i, f := range fs {
+			if f.Field == "body" && strings.Contains(f.Message, "header Content-Type has unexpected value") {
+				fs[i].Message = contentTypeHint(r.Header.Get("Content-Type"))
+			}
+		}
 		schemaOnly = schemaOnly && isSchema
 		p.Errors = append(p.Errors, fs...)
 	}
@@ -118,6 +124,15 @@ func (s *server) validationError(ctx context.Context, err error, w http.Response
 	}
 	p.Detail = strings.Join(msgs, "; ")
 	writeProblem(w, p)
+}
+
+// contentTypeHint says what to send instead of the Content-Type got.
+func contentTypeHint(got string) string {
+	msg := fmt.Sprintf("send the JSON body with Content-Type: application/json (got %q)", got)
+	if strings.HasPrefix(got, "application/x-www-form-urlencoded") {
+		msg += "; curl -d sends that type unless told: add -H 'Content-Type: application/json'"
+	}
+	return msg
 }
 
 // describe turns one validation error into field problems and says

@@ -152,9 +152,11 @@ func (s *Service) checkExec(req ExecRequest, bad *providers.InvalidFields) (time
 		}
 	}
 	timeout := s.opts.DefaultExecTimeout
-	if req.Timeout != nil {
-		if *req.Timeout <= 0 {
-			bad.Add("timeout_s", "must be positive")
+	// 0, like null, is the default (the contract's minimum is 0; no exec
+	// runs without a deadline).
+	if req.Timeout != nil && *req.Timeout != 0 {
+		if *req.Timeout < 0 {
+			bad.Add("timeout_s", "must not be negative (0 or null: the default, %s)", s.opts.DefaultExecTimeout)
 		}
 		timeout = *req.Timeout
 	}
@@ -252,7 +254,7 @@ func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Re
 	defer end()
 	n, err := s.p.WriteFile(ctx, id, abs, r)
 	if err != nil {
-		return "", 0, fmt.Errorf("write %s: %w", p, err)
+		return "", 0, fileErr("write", p, err)
 	}
 	s.touch(a.box)
 	return abs, n, nil
@@ -270,7 +272,7 @@ func (s *Service) ReadFile(ctx context.Context, c Caller, id, p string, limit in
 	rc, size, err := s.p.ReadFile(ctx, id, abs)
 	if err != nil {
 		end()
-		return nil, 0, fmt.Errorf("read %s: %w", p, err)
+		return nil, 0, fileErr("read", p, err)
 	}
 	if limit > 0 && size > limit {
 		rc.Close()
@@ -294,7 +296,7 @@ func (s *Service) StatFile(ctx context.Context, c Caller, id, p string) (string,
 	defer end()
 	fi, err := fl.StatFile(ctx, id, abs)
 	if err != nil {
-		return "", providers.FileInfo{}, fmt.Errorf("stat %s: %w", p, err)
+		return "", providers.FileInfo{}, fileErr("stat", p, err)
 	}
 	s.touch(a.box)
 	return abs, fi, nil
@@ -314,10 +316,23 @@ func (s *Service) ListDir(ctx context.Context, c Caller, id, p string) (string, 
 	defer end()
 	entries, truncated, err := fl.ListDir(ctx, id, abs)
 	if err != nil {
-		return "", nil, false, fmt.Errorf("list %s: %w", p, err)
+		return "", nil, false, fileErr("list", p, err)
 	}
 	s.touch(a.box)
 	return abs, entries, truncated, nil
+}
+
+// fileErr names the path in a provider's refusal ("no such file" alone
+// does not say which), keeping its kind.
+func fileErr(op, p string, err error) error {
+	var f providers.InvalidFields
+	if errors.As(err, &f) {
+		return err
+	}
+	if k := providers.Kind(err); k != nil {
+		return providers.Wrap(k, err, fmt.Sprintf("%s: %s", p, providers.Message(err)))
+	}
+	return fmt.Errorf("%s %s: %w", op, p, err)
 }
 
 // fileLister is the provider as a providers.FileLister, or ErrUnsupported.
