@@ -47,6 +47,26 @@ func main() {
 	}
 }
 
+// tryLine is the first request make run suggests: one that works on this
+// gateway (an image where the provider needs one, the key header where
+// keys are required; the key itself is never printed).
+func tryLine(url, provider string, keys bool) string {
+	body, auth, note := "{}", "", ""
+	if provider != "local" {
+		body = `{"image": "IMAGE"}`
+		note = "  (IMAGE: an image the " + provider + " provider can run"
+		if provider == "docker" {
+			note += ", e.g. one `docker images` lists"
+		}
+		note += ")\n"
+	}
+	if keys {
+		auth = ` -H "Authorization: Bearer $SANDGATE_API_KEY"`
+		note += "  (SANDGATE_API_KEY: one of the gateway's --api-key keys)\n"
+	}
+	return fmt.Sprintf("try:\n  curl -s -X POST %s/v1/sandboxes -H 'Content-Type: application/json'%s -d '%s'\n%s", url, auth, body, note)
+}
+
 // run parses args and serves until ctx ends or SIGTERM/SIGINT arrives.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 {
@@ -172,7 +192,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	log.Info("sandgate listening", "url", publicURL, "provider", p.Name(), "state_dir", cfg.StateDir, "auth", authMode(cfg, loopback), "memory_limit", memoryLimit())
 	fmt.Fprintf(stdout, "sandgate is listening on %s (provider %s)\n", publicURL, p.Name())
-	fmt.Fprintf(stdout, "try:\n  curl -s -X POST %s/v1/sandboxes -H 'Content-Type: application/json' -d '{}'\n", publicURL)
+	fmt.Fprint(stdout, tryLine(publicURL, p.Name(), len(cfg.APIKeys) > 0))
 
 	select {
 	case err := <-served:
@@ -240,7 +260,7 @@ func newProvider(cfg config, maxPids int64, log *slog.Logger, reg prometheus.Reg
 				}
 			}
 		}
-		return local.New(local.Options{
+		l, err := local.New(local.Options{
 			StateDir:         filepath.Join(cfg.StateDir, "local"),
 			InitBinary:       initBin,
 			Isolation:        cfg.LocalIsolation,
@@ -256,6 +276,13 @@ func newProvider(cfg config, maxPids int64, log *slog.Logger, reg prometheus.Reg
 			Private: []string{cfg.StateDir},
 			Egress:  cfg.Egress.options(log, reg),
 		})
+		if errors.Is(err, local.ErrNoNamespaces) {
+			err = fmt.Errorf("%w\nRun the gateway as root (the local provider's isolation needs it), or give --local-isolation none (SANDGATE_LOCAL_ISOLATION=none) to run sandboxes as plain host processes of your user, with no isolation: for one trusted user only", err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
 	case "docker":
 		id := cfg.InstanceID
 		if id == "" {

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -120,5 +124,58 @@ func TestHelpListsEveryCommand(t *testing.T) {
 	var errb bytes.Buffer
 	if _, err := parseConfig([]string{"--help"}, func(string) (string, bool) { return "", false }, &errb); err == nil || !strings.Contains(errb.String(), "sandbox create") || !strings.Contains(errb.String(), "-listen") {
 		t.Errorf("--help: %v\n%s", err, errb.String())
+	}
+}
+
+// TestTryLine: the curl make run prints fits the gateway: an image where
+// the provider needs one, the key header (never a key) where keys are
+// required.
+func TestTryLine(t *testing.T) {
+	for _, tc := range []struct {
+		provider string
+		keys     bool
+		want     []string
+		not      []string
+	}{
+		{"local", false, []string{`-d '{}'`}, []string{"Authorization", "IMAGE"}},
+		{"docker", false, []string{`"image": "IMAGE"`, "docker images"}, []string{"Authorization"}},
+		{"kubernetes", true, []string{`"image": "IMAGE"`, `Authorization: Bearer $SANDGATE_API_KEY`}, []string{"docker images"}},
+	} {
+		got := tryLine("http://127.0.0.1:8080", tc.provider, tc.keys)
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s keys=%v: lacks %q:\n%s", tc.provider, tc.keys, w, got)
+			}
+		}
+		for _, n := range tc.not {
+			if strings.Contains(got, n) {
+				t.Errorf("%s keys=%v: has %q:\n%s", tc.provider, tc.keys, n, got)
+			}
+		}
+	}
+}
+
+// TestNonRootNamesTheWayOut: started by a user who cannot make the
+// sandbox namespaces, the gateway refuses and names both ways on: root,
+// or --local-isolation none.
+func TestNonRootNamesTheWayOut(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to start the gateway as another user")
+	}
+	// Not t.TempDir: its parent is private to root.
+	dir, err := os.MkdirTemp("", "sandgate-nonroot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(gatewayBin, "serve", "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(dir, "state"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + dir}
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--local-isolation none") || !strings.Contains(string(out), "as root") {
+		t.Fatalf("as uid 65534: %v\n%s", err, out)
 	}
 }

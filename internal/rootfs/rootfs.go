@@ -24,11 +24,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
@@ -87,6 +89,8 @@ type ImageConfig struct {
 // unpack in progress.
 type Store struct {
 	dir string
+	// Log gets a line when an unpack starts and ends; nil: slog.Default.
+	Log *slog.Logger
 
 	mu      sync.Mutex
 	flights map[string]*flight // by config digest hex; guarded by mu
@@ -248,7 +252,23 @@ func (s *Store) resolveTar(ctx context.Context, image string, r ref) (Image, err
 		return Image{}, err
 	}
 	key := img.digest.Hex
-	if err := s.ensure(ctx, key, func(dst string) error { return unpackImage(ctx, image, img, dst) }); err != nil {
+	if err := s.ensure(ctx, key, func(dst string) error {
+		// The first create of an image waits for its unpack, which can
+		// take seconds for a large one: say so, and how long it took.
+		log := s.Log
+		if log == nil {
+			log = slog.Default()
+		}
+		start := time.Now()
+		log.Info("unpacking image (creates of it wait)", "image", filepath.Base(image), "digest", key)
+		err := unpackImage(ctx, image, img, dst)
+		if err != nil {
+			log.Warn("unpack image failed", "image", filepath.Base(image), "digest", key, "after", time.Since(start).Round(time.Millisecond), "err", err)
+		} else {
+			log.Info("image unpacked", "image", filepath.Base(image), "digest", key, "duration", time.Since(start).Round(time.Millisecond))
+		}
+		return err
+	}); err != nil {
 		return Image{}, err
 	}
 	c := img.config.Config

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -170,9 +171,15 @@ func TestResolveCachesByConfigDigest(t *testing.T) {
 	requireRoot(t)
 	img := layeredImage(t)
 	s := openStore(t)
+	var logged bytes.Buffer
+	s.Log = slog.New(slog.NewTextHandler(&logged, nil))
 	first, err := s.Resolve(ctxT(t), writeDocker(t, map[string]v1.Image{"test/a:1": img}))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// An unpack says it started (creates wait on it) and how long it took.
+	if l := logged.String(); !strings.Contains(l, "unpacking image") || !strings.Contains(l, "image unpacked") || !strings.Contains(l, "duration=") {
+		t.Errorf("unpack log:\n%s", l)
 	}
 	before := ino(t, first.Dir)
 	// The same image in another tarball, in the other format.

@@ -59,6 +59,11 @@ import (
 	"github.com/sandgate/sandgate/internal/seccomp"
 )
 
+// ErrNoNamespaces is why a start with IsolationNamespaces fails where the
+// gateway cannot make a sandbox's namespaces (not root, user namespaces
+// off).
+var ErrNoNamespaces = errors.New("the sandbox namespaces cannot be made here")
+
 // Isolation modes.
 const (
 	IsolationNamespaces = jail.IsolationNamespaces // namespaces, cgroups, seccomp: a sandbox of its own
@@ -236,7 +241,7 @@ func New(opts Options) (*Local, error) {
 	}
 	if opts.Isolation == IsolationNamespaces {
 		if err := probeNamespaces(bin, opts.IDBase); err != nil {
-			return nil, fmt.Errorf("local: namespaces unavailable (use isolation %q to run without): %w", IsolationNone, err)
+			return nil, fmt.Errorf("local: %w (isolation %q runs without them): %w", ErrNoNamespaces, IsolationNone, err)
 		}
 	}
 	l := &Local{
@@ -279,6 +284,7 @@ func New(opts Options) (*Local, error) {
 		if l.store, err = rootfs.Open(dir + "/image-cache"); err != nil {
 			return nil, fmt.Errorf("local: %w", err)
 		}
+		l.store.Log = l.log
 	}
 	if l.isolation == IsolationNamespaces {
 		if l.seccomp, err = seccomp.Compile(); err != nil {
