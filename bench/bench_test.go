@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,5 +120,24 @@ func TestSoakShort(t *testing.T) {
 	}
 	if !res.MemoryFlat {
 		t.Errorf("heap grew from %.1f MiB after warm-up to %.1f MiB", res.HeapWarm/(1<<20), res.HeapEnd/(1<<20))
+	}
+}
+
+// TestQuickWritesAside: -quick without -out never writes the committed
+// bench/results; with -out it writes where told.
+func TestQuickWritesAside(t *testing.T) {
+	o, err := parseFlags([]string{"-quick"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(o.out)
+	if o.out == "bench/results" || !strings.Contains(o.out, "sandgate-bench-quick-") {
+		t.Errorf("-quick writes to %s", o.out)
+	}
+	if o, err := parseFlags([]string{"-quick", "-out", "x"}); err != nil || o.out != "x" {
+		t.Errorf("-quick -out x: %v, %s", err, o.out)
+	}
+	if o, err := parseFlags(nil); err != nil || o.out != "bench/results" {
+		t.Errorf("full run: %v, %s", err, o.out)
 	}
 }

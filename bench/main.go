@@ -112,7 +112,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&fileMiB, "file-mib", 1024, "file size for the transfer scenario, in MiB")
 	fs.StringVar(&localRollouts, "rollouts-local", "100,500,1000", "concurrent rollouts on the local provider")
 	fs.StringVar(&dockerRollouts, "rollouts-docker", "100", "concurrent rollouts on the docker provider")
-	fs.StringVar(&o.out, "out", "bench/results", "directory for results.json and results.svg")
+	fs.StringVar(&o.out, "out", "bench/results", "directory for results.json and results.svg (with -quick: a new temporary directory unless given)")
 	fs.DurationVar(&o.soak, "soak", 0, "instead of the benchmarks, a soak of this long on the local provider (make soak: 10m)")
 	fs.IntVar(&o.soakRate, "soak-rate", 10, "soak operations started per second")
 	fs.BoolVar(&o.merge, "merge", false, "keep the results already in -out, replacing those of the scenarios measured again (a provider or scenario re-run alone)")
@@ -122,6 +122,17 @@ func parseFlags(args []string) (options, error) {
 		return o, err
 	}
 	if quick {
+		// A quick run checks the harness: its numbers are not results, so
+		// they go to a directory of their own unless -out says where.
+		outGiven := false
+		fs.Visit(func(f *flag.Flag) { outGiven = outGiven || f.Name == "out" })
+		if !outGiven {
+			dir, err := os.MkdirTemp("", "sandgate-bench-quick-")
+			if err != nil {
+				return o, err
+			}
+			o.out = dir
+		}
 		o.rounds, o.n, o.concurrency, o.idleSessions, o.streams = 2, 3, 20, 20, 5
 		o.heldCommands, o.heldFor = 20, 8*time.Second
 		streamMiB, fileMiB, localRollouts, dockerRollouts = 1, 8, "5", "3"
