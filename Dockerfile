@@ -2,8 +2,9 @@
 # as a non-root user. Base images are build arguments because no registry
 # is reachable where sandgate is tested: pass locally made ones, e.g.
 #   docker build --build-arg BUILDER=my/go:1.26 --build-arg RUNTIME=scratch .
-# Run `make web` first: the terminal page's vendored xterm files are part of
-# the build context (web/static/vendor).
+# `make image` builds it from a context made aside (scripts/image-context.sh:
+# the checkout, the terminal page's xterm files, the module vendor tree), so
+# no network is needed and the checkout never gets a vendor/ directory.
 ARG BUILDER=golang:1.26-bookworm
 ARG RUNTIME=gcr.io/distroless/static-debian12:nonroot
 

@@ -8,11 +8,22 @@ STATE   ?= $(CURDIR)/.state
 # all threads, which the Go runtime only allows in a cgo-free binary.
 export CGO_ENABLED ?= 0
 
-.PHONY: build run test check check-generated generate vet bench soak bench-go clean web agent-image k8s-up k8s-down fuzz
+.PHONY: build image run test check check-generated generate vet bench soak bench-go clean web agent-image k8s-up k8s-down fuzz
 
 build: web
 	$(GO) build -o $(BIN) ./cmd/gateway
 	$(GO) build -o $(dir $(BIN))sandgate-agent ./cmd/sandgate-agent
+
+# The gateway's container image (Dockerfile), built from a context made
+# aside with the module vendor tree (scripts/image-context.sh), so the
+# build needs no network and the checkout gets no vendor/. No registry is
+# assumed: pass base images you have, e.g.
+#   make image IMAGE_ARGS='--build-arg BUILDER=golang:1.26-bookworm --build-arg RUNTIME=scratch'
+IMAGE      ?= sandgate/gateway:dev
+IMAGE_ARGS ?=
+image: web
+	@ctx=$$(mktemp -d) && trap 'rm -rf "$$ctx"' EXIT && scripts/image-context.sh "$$ctx" && \
+	  docker build $(IMAGE_ARGS) -t $(IMAGE) "$$ctx" && echo "built $(IMAGE)"
 
 # The kubernetes provider's agent image (--k8s-agent-image): the static
 # agent alone, as a docker-archive to load into a registry or a node

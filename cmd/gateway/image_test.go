@@ -321,36 +321,10 @@ func importBuilder(ctx context.Context, tag string) error {
 // vendor files, if built) into dir with a vendor/ tree, so the image
 // builds offline.
 func buildContext(ctx context.Context, dir string) error {
-	files, err := exec.CommandContext(ctx, "git", "-C", "../..", "ls-files", "-co", "--exclude-standard").Output()
-	if err != nil {
-		return fmt.Errorf("git ls-files: %v", err)
-	}
-	list := strings.Fields(string(files))
-	if vendored, _ := filepath.Glob("../../web/static/vendor/*"); len(vendored) > 0 {
-		for _, v := range vendored {
-			list = append(list, strings.TrimPrefix(v, "../../"))
-		}
-	}
-	for _, f := range list {
-		src := filepath.Join("../..", f)
-		info, err := os.Lstat(src)
-		if err != nil || !info.Mode().IsRegular() {
-			continue
-		}
-		data, err := os.ReadFile(src)
-		if err != nil {
-			return err
-		}
-		dst := filepath.Join(dir, f)
-		os.MkdirAll(filepath.Dir(dst), 0o755)
-		if err := os.WriteFile(dst, data, info.Mode().Perm()); err != nil {
-			return err
-		}
-	}
-	vendor := exec.CommandContext(ctx, "go", "mod", "vendor")
-	vendor.Dir = dir
-	if out, err := vendor.CombinedOutput(); err != nil {
-		return fmt.Errorf("go mod vendor: %v\n%s", err, out)
+	// The same context make image builds from.
+	cmd := exec.CommandContext(ctx, "../../scripts/image-context.sh", dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("image-context.sh: %v\n%s", err, out)
 	}
 	return nil
 }

@@ -21,6 +21,9 @@ done
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+if [ ! -x "$BIN/kube-apiserver" ] || [ ! -x "$BIN/kubelet" ]; then
+  echo "k8s-up: first start: building Kubernetes v1.37.2 from the Go module proxy into $K8S_WORK (about 9 minutes on 2 cores; later starts take seconds)" >&2
+fi
 BIN=$BIN "$HERE/build.sh" >/dev/null
 KSRC=${KSRC:-$(cd "$K8S_WORK/mod-v1.37.2" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)}   # for build/pause/linux/pause.c
 t0=$(date +%s%N); ts() { echo "[$(( ($(date +%s%N)-t0)/1000000 ))ms] $*"; }
