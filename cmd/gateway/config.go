@@ -65,6 +65,7 @@ type config struct {
 	IDBase             uint
 	ShmMiB             int64
 	LocalImages        string
+	LocalDockerImages  bool
 	AgentBinary        string
 	DockerHost         string
 	DockerUnisolated   bool
@@ -149,6 +150,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	c.Egress.define(fs)
 	fs.UintVar(&c.IDBase, "id-base", 100000, "local: first host uid/gid of the sandboxes' id ranges (65,536 ids each; sandbox root is never host root)")
 	fs.Int64Var(&c.ShmMiB, "shm-mib", 64, "local: size of each sandbox's /dev/shm, in MiB")
+	fs.BoolVar(&c.LocalDockerImages, "local-docker-images", true, "local: an image the image directory lacks is taken from the local docker daemon's store (DOCKER_HOST, else its socket) when it has one: exported once, cached by id")
 	fs.StringVar(&c.LocalImages, "local-images", "", "local: directory of images a create may name in `image` (root filesystem directories, docker save or OCI tarballs) (default <state-dir>/images)")
 	fs.IntVar(&c.PTYRingBytes, "pty-ring-bytes", 1<<20, "output retained per terminal session for replay, in bytes")
 	fs.Func("allowed-origins", "comma-separated browser origins allowed to attach to terminals besides the gateway's own: host patterns (*.example.com) or scheme://host", func(v string) error {

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
+	"github.com/sandgate/sandgate/internal/dockerimages"
 	"github.com/sandgate/sandgate/internal/handlers"
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/providers"
@@ -260,6 +261,13 @@ func newProvider(cfg config, maxPids int64, log *slog.Logger, reg prometheus.Reg
 				}
 			}
 		}
+		var daemon *dockerimages.Daemon
+		if cfg.LocalDockerImages {
+			var err error
+			if daemon, err = dockerimages.Open(""); err != nil {
+				log.Warn("the docker daemon's images are out of reach", "err", err)
+			}
+		}
 		l, err := local.New(local.Options{
 			StateDir:         filepath.Join(cfg.StateDir, "local"),
 			InitBinary:       initBin,
@@ -272,6 +280,7 @@ func newProvider(cfg config, maxPids int64, log *slog.Logger, reg prometheus.Reg
 			PidsMax:          cfg.PidsMax,
 			ShmMiB:           cfg.ShmMiB,
 			Images:           images,
+			DockerImages:     daemon,
 			// The lease key and the store: never inside a sandbox.
 			Private: []string{cfg.StateDir},
 			Egress:  cfg.Egress.options(log, reg),

@@ -65,6 +65,24 @@ func (e FileInfoType) Valid() bool {
 	}
 }
 
+// Defines values for ImageInfoSource.
+const (
+	ImageInfoSourceDirectory ImageInfoSource = "directory"
+	ImageInfoSourceDocker    ImageInfoSource = "docker"
+)
+
+// Valid indicates whether the value is a known member of the ImageInfoSource enum.
+func (e ImageInfoSource) Valid() bool {
+	switch e {
+	case ImageInfoSourceDirectory:
+		return true
+	case ImageInfoSourceDocker:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for LeaseScope.
 const (
 	LeaseScopeOperate LeaseScope = "operate"
@@ -440,6 +458,30 @@ type GatewayAdmission struct {
 type Health struct {
 	// Status Example: ok
 	Status string `json:"status"`
+}
+
+// ImageInfo defines model for ImageInfo.
+type ImageInfo struct {
+	// Name What a create gives as `image`.
+	Name string `json:"name"`
+
+	// SizeBytes The image's size where the source tells it.
+	SizeBytes *int64 `json:"size_bytes,omitempty"`
+
+	// Source `directory`: the local provider's image directory; `docker`: the docker daemon's store.
+	Source ImageInfoSource `json:"source"`
+}
+
+// ImageInfoSource `directory`: the local provider's image directory; `docker`: the docker daemon's store.
+type ImageInfoSource string
+
+// ImageList defines model for ImageList.
+type ImageList struct {
+	// Complete False when the provider can run images it cannot list (see `note`).
+	Complete     bool        `json:"complete"`
+	Images       []ImageInfo `json:"images"`
+	Note         *string     `json:"note,omitempty"`
+	ProviderName string      `json:"provider_name"`
 }
 
 // LeaseInfo One live lease (never its token).
@@ -1182,6 +1224,13 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 // The interface specification for the client above.
 type ClientInterface interface {
 
+	// ListImages The images a create may name
+	//
+	// What the gateway's provider can run without pulling, by the names a create takes in `image`. local: its image directory's entries (`source` `directory`), then the local docker daemon's tagged images (`docker`, exported on first use) unless `--local-docker-images=false`. docker: the daemon's tagged images. kubernetes: whatever its nodes can pull, which it cannot list (`complete` false, `note` says so).
+	//
+	// Corresponds with GET /v1/images (the `ListImages` operationId).
+	ListImages(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetQuota The caller's quotas and usage
 	//
 	// The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
@@ -1782,6 +1831,23 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/volumes/{volume} (the `GetVolume` operationId).
 	GetVolume(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*http.Response, error)
+}
+
+// ListImages The images a create may name
+//
+// What the gateway's provider can run without pulling, by the names a create takes in `image`. local: its image directory's entries (`source` `directory`), then the local docker daemon's tagged images (`docker`, exported on first use) unless `--local-docker-images=false`. docker: the daemon's tagged images. kubernetes: whatever its nodes can pull, which it cannot list (`complete` false, `note` says so).
+//
+// Corresponds with GET /v1/images (the `ListImages` operationId).
+func (c *Client) ListImages(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListImagesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
 }
 
 // GetQuota The caller's quotas and usage
@@ -2913,6 +2979,33 @@ func (c *Client) GetVolume(ctx context.Context, volume string, reqEditors ...Req
 		return nil, err
 	}
 	return c.Client.Do(req)
+}
+
+// NewListImagesRequest constructs an http.Request for the ListImages method
+func NewListImagesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/images")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
 }
 
 // NewGetQuotaRequest constructs an http.Request for the GetQuota method
@@ -4706,6 +4799,15 @@ func WithBaseURL(baseURL string) ClientOption {
 // ClientWithResponsesInterface is the interface specification for the client with responses above.
 type ClientWithResponsesInterface interface {
 
+	// ListImagesWithResponse The images a create may name
+	//
+	// What the gateway's provider can run without pulling, by the names a create takes in `image`. local: its image directory's entries (`source` `directory`), then the local docker daemon's tagged images (`docker`, exported on first use) unless `--local-docker-images=false`. docker: the daemon's tagged images. kubernetes: whatever its nodes can pull, which it cannot list (`complete` false, `note` says so).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/images (the `ListImages` operationId).
+	ListImagesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListImagesResponse, error)
+
 	// GetQuotaWithResponse The caller's quotas and usage
 	//
 	// The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
@@ -5362,6 +5464,68 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/volumes/{volume} (the `GetVolume` operationId).
 	GetVolumeWithResponse(ctx context.Context, volume string, reqEditors ...RequestEditorFn) (*GetVolumeResponse, error)
+}
+
+// ListImagesResponse503Headers the declared response headers of an HTTP 503 response for ListImages
+type ListImagesResponse503Headers struct {
+	RetryAfter *int
+}
+
+type ListImagesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ImageList
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListImagesResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListImagesResponse) GetJSON200() *ImageList {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListImagesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListImagesResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListImagesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListImagesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListImagesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListImagesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
 }
 
 type GetQuotaResponse struct {
@@ -8480,6 +8644,21 @@ func (r GetVolumeResponse) ContentType() string {
 	return ""
 }
 
+// ListImagesWithResponse The images a create may name
+//
+// What the gateway's provider can run without pulling, by the names a create takes in `image`. local: its image directory's entries (`source` `directory`), then the local docker daemon's tagged images (`docker`, exported on first use) unless `--local-docker-images=false`. docker: the daemon's tagged images. kubernetes: whatever its nodes can pull, which it cannot list (`complete` false, `note` says so).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/images (the `ListImages` operationId).
+func (c *ClientWithResponses) ListImagesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListImagesResponse, error) {
+	rsp, err := c.ListImages(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListImagesResponse(rsp)
+}
+
 // GetQuotaWithResponse The caller's quotas and usage
 //
 // The limits of the caller's API key (0 = unlimited; the anonymous caller of a gateway
@@ -9453,6 +9632,59 @@ func (c *ClientWithResponses) GetVolumeWithResponse(ctx context.Context, volume 
 		return nil, err
 	}
 	return ParseGetVolumeResponse(rsp)
+}
+
+// ParseListImagesResponse parses an HTTP response from a ListImagesWithResponse call
+func ParseListImagesResponse(rsp *http.Response) (*ListImagesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListImagesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ImageList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers ListImagesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
 }
 
 // ParseGetQuotaResponse parses an HTTP response from a GetQuotaWithResponse call
@@ -12066,6 +12298,9 @@ func ParseGetVolumeResponse(rsp *http.Response) (*GetVolumeResponse, error) {
 
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
+	// ListImages The images a create may name
+	// (GET /v1/images)
+	ListImages(w http.ResponseWriter, r *http.Request)
 	// GetQuota The caller's quotas and usage
 	// (GET /v1/quota)
 	GetQuota(w http.ResponseWriter, r *http.Request)
@@ -12194,6 +12429,12 @@ type ServerInterface interface {
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
 
 type Unimplemented struct{}
+
+// ListImages The images a create may name
+// (GET /v1/images)
+func (_ Unimplemented) ListImages(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
 
 // GetQuota The caller's quotas and usage
 // (GET /v1/quota)
@@ -12449,6 +12690,20 @@ type ServerInterfaceWrapper struct {
 }
 
 type MiddlewareFunc func(http.Handler) http.Handler
+
+// ListImages operation middleware
+func (siw *ServerInterfaceWrapper) ListImages(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListImages(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
 
 // GetQuota operation middleware
 func (siw *ServerInterfaceWrapper) GetQuota(w http.ResponseWriter, r *http.Request) {
@@ -13830,6 +14085,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/fork", wrapper.ForkSandbox)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/images", wrapper.ListImages)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/snapshots", wrapper.ListSnapshots)
 	})
 	r.Group(func(r chi.Router) {
@@ -13921,6 +14179,62 @@ type SessionNotFoundApplicationProblemPlusJSONResponse Problem
 type UnauthorizedApplicationProblemPlusJSONResponse Problem
 
 type UnprocessableEntityApplicationProblemPlusJSONResponse Problem
+
+type ListImagesRequestObject struct {
+}
+
+type ListImagesResponseObject interface {
+	VisitListImagesResponse(w http.ResponseWriter) error
+}
+
+type ListImages200JSONResponse ImageList
+
+func (response ListImages200JSONResponse) VisitListImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListImages401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListImages401ApplicationProblemPlusJSONResponse) VisitListImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListImages503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ListImages503ApplicationProblemPlusJSONResponse) VisitListImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
 
 type GetQuotaRequestObject struct {
 }
@@ -17948,6 +18262,9 @@ func (response GetVolume404ApplicationProblemPlusJSONResponse) VisitGetVolumeRes
 
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
+	// ListImages The images a create may name
+	// (GET /v1/images)
+	ListImages(ctx context.Context, request ListImagesRequestObject) (ListImagesResponseObject, error)
 	// GetQuota The caller's quotas and usage
 	// (GET /v1/quota)
 	GetQuota(ctx context.Context, request GetQuotaRequestObject) (GetQuotaResponseObject, error)
@@ -18110,6 +18427,30 @@ type strictHandler struct {
 	ssi         StrictServerInterface
 	middlewares []StrictMiddlewareFunc
 	options     StrictHTTPServerOptions
+}
+
+// ListImages operation middleware
+func (sh *strictHandler) ListImages(w http.ResponseWriter, r *http.Request) {
+	var request ListImagesRequestObject
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListImages(ctx, request.(ListImagesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListImages")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListImagesResponseObject); ok {
+		if err := validResponse.VisitListImagesResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
 }
 
 // GetQuota operation middleware
@@ -19288,285 +19629,291 @@ func (sh *strictHandler) GetVolume(w http.ResponseWriter, r *http.Request, volum
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L39cttGti/6Kl3cp8qkB6QoWfYkVKV2ObaceI8t61jyyZ4KfYQm0BR7BHYj3Q1RjKOq8xC36r7BfZH7",
-	"JvtJTvVa3Q2ABEjKsZTsGf8xE4sA+nutXp+/9amTyHkuBRNGd0afOjNGU6bgny/kfE5F+vql/SNlOlE8",
-	"N1yKzqhzPmOEp0ROiZkxkhaKTjJGEvyAmBk1RBVCw1PFfimYNqSrGSOxNlQZ13LcG3Sijk5mbE5tH+yG",
-	"zvOMdUadZJ72h/sHTw6fPvvrN9/SSZKyaSfqmGVun2qjuLjs3N5GnffMqOXzqWFqfZBnLJEi1YTax2Qx",
-	"48kMBpRknAlD5nRJlP28Pog5F3xezDujYeiPC8Mumerc2h5zquicme1r9Hx1XR5pwtOIxHZyMbELtf+M",
-	"ZHLBVEI1IzN2Q5IZVTSxjZMuFUsizYwpu9Jck8PhIawXt43n1Mw6UUfQOSwXTztRxy40VyztjIwq2J0W",
-	"ds7FGyYuzawz2m9a5lc8Y6e2y7VZ2l8JF5qnDBZXU5FO5M0RUSyjhl8zYoeqCVWs/MlIeHch1VXKVZjU",
-	"LwVTy3JWbo7t09o26jeMata8NZl9hNuR6abdmFDNnhzUNiSGjy54GhMuCCXxGc71PZvGjzSJ2Y1RNG7b",
-	"I//xjhuV6T7uzuUMd+sq69jDZwxTtvH/nen+z7T/60H/rx8/7T+7/R+N5HEqlWmafi6Vadi1iKQsyahi",
-	"qZ1hbN/SMaGGJIpRw1pmZl/bvE/0Bknq2dOnT55GJYntN5BY1HHL2sZ33Fhx8/Tkxu3ewXDT7rUMfeft",
-	"sP34/eD/8DsyF/U9sW+FTTkYtmzKGdOaS9E2v9PzvxONrxCetgxcbxn5NtI4EzTXM2lwEJV5irxtnp8x",
-	"iurSiHzr0tzatnQuhWbAXJ9nitF0+UIKwRJjO7C3lTBMwKGmeZ7xhNql28uVnGRs/pd/aLuOnypj+B+K",
-	"TTujzr/tlffcHj7Ve6f4FXa9QiMCea+7LGYyS/E681tjz1xs6BWT10zFZEE1EdIQzQzpxolMWWyZdvz8",
-	"zfvj5y//fvHi3cnJ8Yvz45eWQdxGne9p+h4vxoec1WtxTTN7nYi8MEckZkpJpWOScW00YddMLYnrFEbp",
-	"rrcTaV7JQjzoBnwQV0IuRMmapCKF+60rFeFZ1p9KNWcpPJpKdSmNYaIXxBBLPDAHMc148qDrXONT2jJT",
-	"uO+UFJdEG2qYHS8xM65L8YgNLgckp4VmqZ2QNjLPWYqn5ZVUE56mTDwoCRAjr5iAoVJHDtXdoEQnMre3",
-	"ubSstzIlWdjL4jbq/AkODhyWKc8YjNneVbikp3SZSZqeS/mGqkv20KfDb/tEpkt7RDI7CLt+VBCa2ZsM",
-	"T+//LKShxzcJY+nDMsDqIBeyyFJimR0K0DTLmHqkyfPT1+SKLYllgYSSX+xYa9wPfrlgbvjx0VjEKTOU",
-	"ZzGxVwhyVHhp5PeL6YjM2VyqZURSrq8iot1dpYEs3B9ksjRM9wbkjLGxiH84Pid71/t70FY8GNsLq6LK",
-	"gJrQD3pC05K4t/cqGsUt3tbqmifsg6DXlGdWnn/IXXhnVzahOU24WcIJtis2ockVE6AVFEIxmszsuAZf",
-	"cM5wx/3Z2H5VMqqeshfvTs6P//P84uTd+cWrdx9O/B37QdDCzKTivz4s6bzlWnNxGZE5zfwVxW5yKyPZ",
-	"6Sh2La9YaoXqlAnDaabdcHMlE6a13cxjYbhZ/lEEf81lRo2jT/x2q7Rw6yU/OH3fU5PMXlGeFQoIJlcy",
-	"Z8pwlOy4SNnNuvj7E+jozqoQJ7IQJna6hybdYd+K9SkoWKtqQ9RxA9l9AaqC689uRGUzH0MfcvIPlpiK",
-	"NLQ+naR8sCLTRv6Z1fw+w8QRdZK8uDB8zi70+nq9OP1A7DPSLTRT5C9EL7Vh855fQi8JoVGGEXe+mCbc",
-	"kAXlhqX21j4iQ7KY8YwRVQjBxaVdYXtwqemMOqksLNMLQxPFfIJLnhYKzuLFvGFsP8oFyay8ww1RVJCu",
-	"lmRKVVTvqWeZPdUFqpyr+mhtHFyYZ4eNWw/n8gJ//9ShWfZu2hn9vPkcHN+w5Nh+d24/u/24Sg2xXVdZ",
-	"mJgsZkz4ScjCwNrCmnOj/YqSSyWLHJSAK55lLO0dEZZpRkSRZXYW9r94d1gdyY75hpsLy8LWV+6kyLL6",
-	"Kh2R/YNv/nKCQ8EOyGRJNL8UNCMn9vHTME47uNSOdL3fpsWbcsH1jKUX1OwylPrRoIb1bX/tPZUHWcr5",
-	"BY69QicTKTNGBRAwo1cXePNfzPmkwdTE6BVRzB4SYZyMsHrS3QUJ0pQ2YXu+yHF3bzePHuyaYRUbV2ht",
-	"RbRJmVIXmv/Kah+1n3RtUlmY8EV9fb63EpFdEHyLXLHcEKQ60rWrYkUGOZ1aFTW81duRxowqREKdEr6q",
-	"J2ijGJ0TkERYSuI5vbmQhckLcwFiWnzkLMFWlqTaynUJVSlLK6w8rOUKY67wz8BMO+VmVCmpxglqW1I/",
-	"5nXOVWOx68ewdnDrO1Dfweoabbg93nBU+RtvELwcDUOGuol/+bvoNvRElaLLtuXTm4ZUMUTQNOV2YWh2",
-	"WhnflGaaNckLsWWj7vOYTDnLUk26k8KQ2K7YhRQXdq/RgBP3wkWEh8MKtgO8c5sv03qH7wthuV6sZ6Sf",
-	"xKQ7oXqGXC9XTDOBZ3mj5SvqJIuGll+yKS0ys2qU3srSmLhuX7QGWaClwXJDVgmnjciBtEtKB84HfzGl",
-	"iKVCJHggOF6ht4jE4ZDGRDPTOyKpm/yzQ/KWfx8RashcakP2yQ/8+0buEOy5+8O/Pvnr4f43B4d1o+72",
-	"Wwd2TF2zC6vK2MtTpBcaNa2GST8HE0rtsG3YnxpXTrm4mDw7bPAOGSpSqpwtLAKT8bPDPhOWlaQ7bb8T",
-	"EZokM+97mrCpVKx6RT1aFRq4lxnsvSQViAzkO/jkkhq2oMtHOmxSd/+bYa/5vqo6rlqGXt5lVl5cH/UH",
-	"K0VaxRy0Lr7LKjSzm2ZuA4K8s+5vZTZ1pgAmkYucKqsuNSgO3My8whCRK8byqhjJNJnTlCGvADuWJlPK",
-	"M9L1ywp99nY7U9DL+hDeonWE277EstI1SCiloQ+vQir0gim796UfCVQmONilw+TOhMWEUctcchxiuEp2",
-	"ZUXuErkH1jblmdvKXZusr+8r+z0xkiwUN8wTFiqHRDFTKKEjcDaS/rgYDp8w8uH8Vf8bYtjNJlG4HCFP",
-	"M3axiaaNzJ0zGTYUtJuFPXlCEnbDkgjsjJZ2Ts//Toyi0ylPgDkLSagxKB3ZZ+hV+AJ0zOf0skEUfCGF",
-	"oVzYE2ZfIF1Po/YCTWVyxVRvQDKZ0GwE5xGJfkqocF84k3XJgeBl9zDliiXGit/duN+HJ314ouPeiFCi",
-	"pDSwFqiPlu87u3GMQyCaXrPY/vTuxWuS0aW9ywxVE5plpCtzPCXZksR2eAND1UixXI4MvYx7R6R0kMPo",
-	"gcSmYD6HTTkcDu0DLi5hJjg++0/FYE9mcmGPE01TIgUjXZygYNdMkbzIMt0bkOcTK1d4roxLlVjZkaXk",
-	"mrOFVz9mUpudrow5MzSlhv4OQngPZ52lhGrC9REpwF5k/wKrSUYnLLOyWGYPqhtfxvVuNCCYsQLQNunz",
-	"xL1mb3KpTAOxnNqf7fqym1xqyxmVLC5nJFhqA4Pc+8TT2z0mUuBaeu+TbfEW+GBgX3fxIG/hbVGnEPyX",
-	"gr3Gtp06nit5zVOmLvDUbWBU2OTKZN3XfZ2zhFuid80cBdvlFVv6IIh/gDOz8ZBeseWAxN7GDaEG4GfU",
-	"szkoGTE0QZOE5bYJOMtGStI9YW8l+WE5f6SthjtHSXvOKFKxkXk/Y9cscyL6gJxJsJxey6yYMw0BDe9y",
-	"JtxN9EgTPaM5I12gvDgCCtGyUAlwidie9xH5ZLntLRBwnF8nI/IpySifn9A5u439tOyX7hReMctIXJ8R",
-	"ief2Jj2lZhZHJFaMpu9EtsTm7BS1fitTNiLv3/32/if7ii4m8LblMWnKUh9HUk4vTGhAKivCLpUVt2BK",
-	"9kzKyEUDwQLF7swP8LWYdGHt6BL8uRMQ3CZc+B3jpjcK31zkMuPJMibd+JOTJZ4ndudH6MT5LWViGbkB",
-	"jMjPn2jDU0PVJTMjkso55eK3F69fvr/9eOu0pdg5gy7wqbbr4H9KeKrgh0lm+WntHf8TvkO6aLMFJcGy",
-	"Fd3biR2A/33TnRisfPZiptw4J2Dp/TSSTFgi5/bg03T5Ba48xfAg6t2Nfe/DJ7cfG2xxnroarnz+azi9",
-	"OtBGvJey6z09m9uzQsw8n+ojd6vap/2+ns37QK4ReWFHo5n9PRBxb4TeK+9FhR2x3cCveMyoIP4CJBMu",
-	"qFqSQnBDuvG4c/Dsm8MnTw+fPht37FaPO88O5/6f+5f+X0/3D97y78eduDcg+1a1s3vx7NBqdXCyvJ4X",
-	"hwUdlGYPZ/aESD6uySW/ZsJZPOEapYqtLAp+2zsClgbX8oJr5q/Qkbc/A5+sKjR47Xrl0wkG/s+rYsKU",
-	"YN4ToQphz+Kj5tMrBXNnYe1KWLtUP9ptL9lso3qoDJkqOUdhL/gdu5ah1byg4AFdCN0bEbtAIPdE8E9c",
-	"10faS2Fakhj+GQN/mTBCawJGZG/xCuOy+ruVcjWzuiQ3vd3UUpM1keobPmVguOaCaKeewvxAhgafmt+U",
-	"/W+GQ6uNfoeSbc6t5BaEKzwYQTYkM2q1mPPzNyRhPAPHV9zvz+lN35gsjkDkdA0fHJLZl1BfHZtv0MLs",
-	"lWLF3FLv9pwIzIF6QI6rfitLdejIgsvInnW7v4fDYeQEdzOzxMlRhawJJZs4zv+CAcJonF3HyRv7z7br",
-	"Xs4E1RweZh/aEVVkcFSCUsKnZI6ux95umnuLio6Dv6OGjiFhaxYFkLUInctSwillgCNCycuTMwIyq2UF",
-	"Pn4vY8YwpSOS8ktu7H+pnjEk+9KFZgVpzUyjaZ3/yi4um7wIry1dWrbOBbDC7lThpax93MWRZY0Zo9qQ",
-	"4WD47OBp5PhRvfv9HZwGK9YRWKPK4JqsJC9Zxgx7z3SRNdiJUzZlSjVZ4c/KKAmRLUertg/HyVjJyLTh",
-	"WUbYDdcmIloiwzJSgfZnWQNj6VgEas/seuBVOEdday6vWVrqSIHlQ/DFut0khYk1On9Wlsm/2bg8ciEy",
-	"SdO2BXLect1s9LMEZPnzI+1v4HWz3zYDV6X9pgEeO0XmtZjK9eF5NafuC54Zk4/29vYP/joYDoaD/dHh",
-	"t/tPnzSd60p8x87q48oQVyYURlQ23jitmr+0wXO/rPnhUg68097YVuywHDJj9t0jtG96Z2WKRkYmLOf/",
-	"2VtULY04M+HHhkWo2IHvyKT+lX0L6w6Z9cHCogU5oDeq+1YLk/FrK/yRzAqOLjTWNQYCxJSZZAacRAF9",
-	"kslyLJwnAuJ6rRz8n33nd+q/TuPeEbHjHYVGy9bsgDVZ87Ijf9lup72bi2Ft5mWsRHUNMja1OuGMWwFa",
-	"Me+MDzECaIc8GguclJmxJZqjvat5x8F/dVz8iRwXyG9a7pv7D8+JKhJ7uG4XaPupKFUkocKyXMOyjHS9",
-	"kfdLRvJUx6yoGG0K3YlQ4kChwqpSBiUMdsNN1DJ6pwz62Bln0fRqhqYLws2DhgStWQrqMSzrsoVfnTIQ",
-	"CAwiCypAdnIxK90mzZlkfM5N78irhJs3eNAoYn2JEBowSniz8aYwGjiWb/n393QkkZW2hEjZtbYnidjH",
-	"GP4kBXFszVlVnNo3xRjEQVs8DVNN/OT8Vf8bO0FMl0C7jGJ5RpNGIdHHhXyJlu4cacNuWOKiBmLXgT+D",
-	"CUaBbZG33djDctQXfyWqph46sznk5RVnWQoktc44wRK9PsX/OHt3gl48dwbldMpEajVe+CIikCeBuWk/",
-	"73+MnREtpGXCNdC4sHOmtfOWbb4LcGjlB81Ty1iziD9vPLFW7cyZAv1cCjIBrRYsfZqZgqeR/e8lx8tA",
-	"G55cLYHAZGJo5pJDxp3hs8PDcQdIqJJb9fOw/9ePnw6bcqoiOxw+5XeMTGtW5s+9GsgyNmfCq4O4Xd1x",
-	"Z2/cCfZfJaXpNW5D3phHWtHM6ETLrDCu3eao0EaFf7Oyj5TRpUQv5xkXV480pOYY7QzwjzTJQLjfNSTO",
-	"tXOBnzdSa+gJ3wH73kJxY5hopv0W5Yoay3u5PiIx6NkxRg6kzEqzEXn1+tU7SI6wHNZUFSq7pJZouaVq",
-	"N5xO1IFGGnSrFUKoZvu5d91KR3jM68erjU6aQ96YMMqHg+9iUgsUd7tuMWs/U8FM9rkHawM7rrXvUgTn",
-	"Vmp2U8NsngVTPkBhp4BHt+h+ebbz2Iz9hEdqfY3b1wWWoDyNpBsWZ31denegOIxPq5zxrYTUPH1ovXG+",
-	"Ul19rvIfAndAJwElvjXUpmGYLWNpVgyC/W3nA16mk2+N6iwbb1qiH1Bifp6626b5BDi5ur+wu039uwQl",
-	"MMsoswy81r31EM2U66uLSZFeMtNsZIX8R8hzTLmqRII8cuz4//9/Sdzv22b68popK3pyEweXAza9q+5i",
-	"B+NGscPrVmKq7c06Y3cStJtgoyD9o9RBfsbJ7DiP9utkk9z+FnvC9g2G8dj9yfh1Jcptx45+KVhRs8NW",
-	"77RNK7NyCOsrWf029FGbVWWrmtY4WjtWTWf7R0Yz5Gkr5GaoKXTdrCqvtppz3WdNPSF6hBPxVrLyBMOl",
-	"RxiJLgYNgSghr5hooBjnormTEIYpY7o9MeM74uxxLhbNKcwh8RWSoMFlq7wF8/NSNwJ2xQ4QFQ3ynu29",
-	"0ckKAiUs4WIGQUKQbzzn4MIDt6sUzFmMvWCJKwnCmv0QjXJUM+2/8+5zl5y6k0EMEpm38Wc4EGfw5uox",
-	"qoB7YFPVaUfV3a9ta+uxa5aYcJ473yflAd52nbiGW4fzefdtWNTdzC/V5YV0LHdJd2yb1LBNrm04Cplz",
-	"cB95S2QzXQzIcxf5ULdUVhzYv9tOedu2kmd+TVayzeRCMBWP0BcNLucBid3E7c8hulRH5PT87xFBxhWR",
-	"EDd35EIX0XkWIZJARBQTbBEBbRDoJIJgwDIP1VFPVWmA96yW4Ba+yQdzUgYKrq7FipgPsU9NSg1bcdDP",
-	"6dKb/0ckHneEFGzcidFc5o7DiGRS5hOaXIGbsweRLjTLIOhFKhJ/GmOs+LgzIj8PBoOPERl3UiaW4Yfb",
-	"2HEbL6VTxVzslSbdOF/mfOCYXByR+LH/YyDVZQxsCAMGwNxciBQ4f892/uL1y/eadK8P7R/Xz44IJROI",
-	"10tTCEBz6ubekwP7wt7+wTeQfiGWZGH7xix6O3iY1WM7d+7QACBUTVeOB5hIB+QEsugV0zK7ZrAk6IsI",
-	"ruwfz89Pz0j37OQ1xpPZv0nXii89iH4VYXTuExAt3HqQeaENTrSEJXDPBuQ5mdAUVnGJ+FTDCHNPpMCI",
-	"U4AwaCKF0zJXdxV1hbx/9YJ8e/j0ryFCAwEDmvKEmuwsb2ky44L1FaOpPZTeXuQMcHZHhTQXU1kI+GM9",
-	"dzxqAm1p1IBwZI3eOEyVvoNuGwxlDdptKds05OVxk7ENbt91o8SH96+JYlOmmEgYAUswny59BKpfdfs1",
-	"6cZ0IgszmmRUXLmQMEuVve1+cmcswOGFKYQ1i3D7mm6cU7PEMJTP1fKyrSHD29MoWh3FztaNbi77AUSP",
-	"WCl8BkZucBzzqXcbR+jK0LPdQrecB/nhncM5Yg3U52rftdco3jjoIf2O5DxnmnQrqWcu74zmVJleRBhH",
-	"qBhMvyTUECkSdrQS60a+I4llw+B3N2D9U9q4NAnSjf89N8vvhvEI+3PrCEPpRaFtM0Mjw3aHqpKLL3As",
-	"vPfxM0KrwrFuwA9woBZORt6isZTvtlDPW8cY/XVu9zbq2GVsvMlPzdLhfawPzCetNOc8f55Sc4e8990y",
-	"2L3BfSPsg1uW26jj8isxEbpBJ5GGZs5YLKc+UzVXMi0SltbyqQW7QRyaqm0R293Vhrw5p/zzjkU1Obo+",
-	"2XqytLPghj2ubWjL2XInpVk/cWPY/dqrHL2tFi/fdtPAACRpfTxOtt82ijVzmdV4+ZybreOHft/gq8Ad",
-	"nHtp6zcf4M01NQxb8g1FYQKtc34ThtngMbBimEdosrL1TGYpHtxS6Yn7fYBM6j+OyTSjl7p3RIaIKwSj",
-	"QYt1g/XvDga3ml1rF79K1Qa1GsNctXc5B1oZVopWJ48Y0+Ly9VHfIcF6lyH54ModzGJVM1ib9atsb21A",
-	"rXv9wZ+u9t1YiTzj+qpuMixXaoPhcNed3G6h3Km79kWXKp9RwdKLz9qyta8bjtO7aZlspeOIGNALUTt0",
-	"2U4VFL9LKVrCCEqL6rp9CxfAgxgtKDcQTy4c9Bkr2kITdqWCSnbVrid+bZRc+XjYlsgcjOCA8ByfpNGz",
-	"+m14CTJFXLgHOFo0Ge7qR23foDKo2c0QgunAizuVCly4VgQXNCvjmjkCcSaYCdCCFoUB6K3OC67AT4G5",
-	"2pbCHLadmxk3yHliT3zxjhTUmreAIfcr0xxs95bdyea+ges00ks7CZYzqS1lE+96zzI0ITa7yRQ+bpEw",
-	"FZtTbkWZi9L2uWVFQoMNXzePT7DF56mawRr5xW2F72s5brtjsvjvMJgM8itA15LKa18Q2+KsSc0pWQ2W",
-	"lrxoDG7UDckTXyLGc8uVBnPblL7h8tpDFofL3qiGqXLdFqca9/vu3+iftNRd5srTalr7WmKgXIgj8H1b",
-	"Fp/brrmBADSX1Hd88u7s9IX3sFvV+XD/SUiNNi4EBvFT9cDx2RFhYipVgmHG3mbqEjVSxa998KRVhh0K",
-	"+QCWEBYKIRJ9E/GX2J9LPA87fFPhuJd5EeIxd0iTr0oad+momZqu5dUGDgRwjM1xr4DlUbr6NGEiZU6K",
-	"Lh1QEOVaTIxirLcD0/Y9NrGjKhZIQ9Ac5Y2xp4h/UgNJAXGGBcED7mf8fOckthqGY5Nd8mFCHCI/7Q3r",
-	"1RyKdy9e15AR5UXDGUB/uzzJz3eyAuFuwx3YAbRknbi3EnRGtbkAOyY3yzut1mfhWaxbHz2GxCpeTdXQ",
-	"vRry5REbfKziulMX96fZfFK1qu9wYs/w5fDZhWJUN0XW+ESoOvo3QqfGLo7Tsgt6CSHTVcBIuppI19mU",
-	"3LuDtFnJI91iPCpXqmKqr69w2Vy7P9sPb+1YNhyxytnxB8DTwAY6bzE8fS4j2sk7vjnYqsLSms0wDqII",
-	"QCW48DlCRyHPm+RUYc7HuuS1E09YwUkqFJjfpzQx2nu/yj2KI1LWMamcsHJC+BRCMRo05pz+UjAyYVRZ",
-	"pS/gw2OO/IYwyjVyrcSRWNGqMcKwRsA7FeP4/ZEdUQeyxtRFobKNgXOPNGE3Tvn88P4N4SLJCghUj/eu",
-	"9+N6qvJahuc3w2+Ge9f7TUPenWzLgUZ1Gq7u4Toh+xCVkqC30t1ZYJYNETx8ypJlkvmQPzkt0y+qYQXg",
-	"tEGzdGmgxoIHwHag3oFPNwCcHoDOaXRanAH07WfGpcC3zVFdckrOXv/w+uQ8sv89P37/Fv7xt9dv3sA/",
-	"/ueH1/joxw+nUKKpdMY7H/hKjrprZXsgGg6qcQvcXL34egd98Hm2oEtN4k+3DbQedW76l7JfjqtIzKfb",
-	"TqU6zJeRqHa8oDdU0MCL0lDLbeSUdB16D0JoXLY4pF2efYvRC1hzLR8e47cnbCmdRA9IHVssYrDxw94d",
-	"LV3rHK297M6WY1NpcYUHVMEGvNVmi4PH73vLLVu10+12y/pztPWKDU1vGtbnkXtzLstzDGuxd1fOZJ6x",
-	"IyIYSz3mE2KEOSzGkPN98M1Orl5klq2B4Q8vd+4kW+4eGfshRwSGzwvP+ML4DFEHc2sufK7DttJXtSiV",
-	"yqfRdmwHP/GH48QlFMvv58NztIhfTJYb2a03FjhAHEOEXNRMBm36XFDN2hl+BZVlZ2v5GrO8ltnnMcuy",
-	"vWgNimVFqamsVdNBwG1pZpMVG/8doIK2skjfbPtw3vr8ljscSyvz4EaD1IZrcETYDU1MtvTgfQ5Wz4ER",
-	"zqRGkonXFZbwrInj2oeVhCmMnazgA9bc0thlX0lpYk26yYwlVyx1+KsY8GglL5fThimv8WAQH5VMDsUx",
-	"ciINkaKCJTZopY6WoWOsKjeE5jmjKhT0CsUuffRHBPdHvBd78Cj75l6uZBKRvZRdQ9ynXuq6jLjntOC1",
-	"MSlG0wspsmXTatqHfYj4xA3sUgeNWzU4v3/36qyHo6JkLlPWnDiui0nL1N/i4bDdgI5Xbl8lTwz3ahQK",
-	"fNoO3WaEdEu7Etwga8kYTXUophEaaIJwbdyr68AVGyX4GjpbgJucLANCBN8B6KdyHj42YeholhSKm+WZ",
-	"JWPnqMn539iyMarVx2FQTeLnrigRRSjI71GXBszi5IotEbwYECyZA7msmBAyrs0RoZmWBDPKpRgLV4qH",
-	"qb6//sGFUNPEgmvR8TlEIgEmBIcBRlGuilVYgzUAh9heRxXtANvmBm/52e3c948ASrSt7wCAClBD1PBJ",
-	"xgjiGZUFWfHvsnzlf/btV/0flvO+E7f6YAkoR+J2tD6Wgy2D2dDflm7sueKNGUd2Ey17hLxfgVHcHhjD",
-	"yrBWOuqzG5YUAJ1ThloQSxNecekLVhhFMziOGG4+Fg73mM6ZzmnCyD8ozyJCyUuEYmTikguGSfZ/K+EY",
-	"k6zQhqkReX98dg5DCGYAQIvtW4F9LOyQ4NyC2+yI/MQmZ5CkrN0314wYpuZc0Ix0T8//3vMVvrSLw3AB",
-	"eMAaANMaU+QTKsZiwhBKYRkuBkoUczkEg7EYixeAUaRJIsWUXxaKkbi0mpDviLPL/Pju7Hx0+u79+d71",
-	"fnzkAvzrtAQxUSlTYxF/Kpu4XcExjgfk3LJJ8ONxjx0kjKKJw8D8QUJsNV5Y0LQiXIxF7CMZ9mjOEef3",
-	"kgmGWNMOSyUKUDEBFMWOBAISqHHYyjJnguZ8sKTzLIZF+Ld/I5YumTCueJj98TF5/NhxpcePyX/9n/9n",
-	"d8b03oOJ11mTkZhaUh6+sSDkb2xpl3/uIOjifp/mvH/FljHZI/HZ85OXPzw/P754fvr64m/Hfz+LSRdi",
-	"r/ua5RQm3xuQnxzIOrAvv5Opbb26FgiLbBdWiuVcFgFyX1cSI7jB1ARhfyyTSbpSYcVye+/YhuN+nwvg",
-	"8awvZJ8WZhb3BqTKyi0PXkh1BS3txIK5sU2XDNjuwZuScbh9UBWA77hiyWsoO026k2V1CyZLGPvpu7NG",
-	"kG30Ydp5vBPrY9WAMwpAAwKaaeOPuEfAZXnGDWThrPA2l43TeKJiOBffK7nQTGliz6uV5GjJHDw+s4sn",
-	"0sw4Xq6jMEaX1BW+sW3qYpIraWQiMxJ7ljmAWQ/W7yBfLArKjlcARHDNY9gfz9gR4/TxYzCdPn48Ii5j",
-	"i3TLlJyoYgKuZWHtKaaLeUjGsiOdcwFBAtCK8y1jZhYshWUN7FoC0Cc+hASjkBFGuq0ZYbb1kBQWlR3h",
-	"l96NjT3YPyAazWiWTXfIIKNwMCqDbskmQ0qp9QlGM+xATiwjB4jjsiVY7jc4OqsbEkqMYihUumH6XvC0",
-	"OPe7pULs25ckxAcuG9RzTmAWigrNrYCaLZGVUv+ay0LlZmal0hjcWLEr2qjLMFN3y4N6jB9yAwM/t+cK",
-	"U8kkuEgGZMcqkHAiR+Tx48Ph/uPHA1KpumvHvHvhXRc3gk09gaZEgJ+XfltT39LItm5fPXz82G5yLiGj",
-	"AjilL3LhpSt7+ieMCXLNFKB9IGBoqj2FTjBxiKWWsyTMihWkaoryfeMGlW4jS8dQCUWTw+Ghv6wgEUrb",
-	"PxCrF4xYEMbSVgAzJl2fN9ZzoXn2ko0jEkMGEqDHA33EUaUGbXdWzKkIuWJH5BXV5vnp6742y4w5gEMN",
-	"mhbk+IGOiXVHu/PGRDO4x5szzRJXh/oOWWeWjBBPW5HDg4OxaKi86RUeX7rTpduU1j+NQsBvBG2J5Dfy",
-	"llHguL+NxW/9fh/+Z1+wPf0WoKoAXnBUnl7yH2fvTiJXxBpEmCgcLywrEEFCIFrs8N/2UEWAzgQERA1h",
-	"OkEU/oqt0nW+T37z+MWgpLlxVMqk+jefkN+21KauE4j77JD8FkZcwtRBaWg7UF+4xZeYdV99S36rVe5G",
-	"Hz4ItlLA3FZKdlfMAtAexTL2oQJMz7W8b6cB9Z9hnFRdMvfk4ID85squulKs5XgO7HioFYOSQikmEocc",
-	"F4oDb6vOvFKTOfKFGrg5IpoxslJLuXdEEqogUTaulBSOcThPYS98gWI7BF+buCgLJm9pYQgTmhSXRyST",
-	"l5d2AUG+7mueMhfFhFCjl1ZvsOLUlBEHzmUbGYvnREjR/5UpibBwWMkG9SGWlhXh7ddCqjnNfDUxXWSW",
-	"IvFi8poV0A0qyBlPmNCsdCR0nud2F/sHg2En6oCTGBRWPdrbWywWAwqPB1Jd7rlv9d6b1y+OT86O4Zsy",
-	"ZzModZ2oc80UZmB1hoN9fMvJ8Z1R58lgOHiCkF8zMDTsdUafbqPO3gzAMH51f82ZUTzR7q+qGuB+gmPo",
-	"3/YbDIkyjYlQMx9GumZT8SerOyTflZkivrKVl77xdZSAnYw+Fv6KhXooDm39ii2Rty4c0FWhmR6tJA2U",
-	"l7CDXUGYYX0FIKtjgZkHEJnHVaWoQRwIYz3UVfeiECCH0dMoFpQVxyfQciGME69NJetkW64A6cYhfvpx",
-	"fISXoMuznTtFI355/Ob4/BiFdd/r3idtVUmA4AZOyRVSb29AYreSsfNXmlYkn7FwUD72EnE6QrWAOrDj",
-	"lcrua+wi3M4H347FKuuoVq6BR0gyKPZxKV6nnZE9W5ieBZU7AAQYzvDBcLihuvXdqlpjBy01rat1GiBH",
-	"SBqKAjCkWUHp7cPhflsfYdB7tXLiVRMgQFt449/PH28/Rh1dzOdULVeHsNp5J+oYeqlXooxuHX3Wwpoc",
-	"jdYX18oDZ5VAyaDEaBjTqnU0q9alAxs213irBZsVKEOlySoEg+22EStey9toyxiQfGIfCRaDpGkPYXwV",
-	"I5ld06xgJL6OI1eExCrFV99dx20jhloCtQGXhnbD6Pw7iJapoif+7+8+/uW7weMG9ES7k/d2aKsRbS1H",
-	"t5LpxkVZp0OqlCl3bofbz+33pa/2fo/6m5r1p+VsR51c6obr5oXjw6W1BHVUANR2Ii1kGAGmPK2DJ1v+",
-	"haH5pGtvOS6Y1qiS9KKxkMo5RRxa0DXTobIHgnkPSAy6NBrePCheBQTbr82AvMOAe5R4xqLrap2EOZYX",
-	"zupFBWHi4ey7C8sFnMDVWbJuRMHq1ST7BYWolErmGIi/RU6MJDFy+Av4vYy8jMuiLs+GQ7sWkCXg2boV",
-	"31BdqgpmA3IeeuBQKlMRmiipw82vIRNCMSurZdKQSwmFtRDr3ee4WToOl/aULewcspUETrs2gBmCzNlK",
-	"5v5CplD4Rl0DvLTdQ3voy6sME87g+kLhbcoxoAeXrqJXDksIAqzds3bvjcXqxReBoL124XWbBGRcrmC1",
-	"Kw1GoISMhTMVgRZWLVRqz/OcXgV/e0PZULtW83XdDs89zo+ORb2AKBQXg0QXd8K71IMgOz0cpQYpfG2Q",
-	"anMBiWEsQAruwWleNOQX1BvBrQR0HLudGLEP642HNmVA0GPh1dauFdBBsS+Ns8K+v6DYYg8WrB5wibef",
-	"lWKsJuDQmjTpQuqyrzr0uF5zKGWKX3tLkC/W2BsLKVpKX0XV35O8qP8QUv6iYCbqoicbaiCNhRsViYdx",
-	"VK2fVDo3e6jUBIyBmAl7v9l/lTehq+ns2NJYdMFDAz/DnahDhiO2hsJe5RPcEV+WbCzi1RqHg5yn2iUJ",
-	"WcLypwzpQCzR12SPBUuBjLx5EnZYF8lsLDCdzBXGCztCujEgB01YqDJ2spp57l7txb3mSksNomRSKyCM",
-	"7lqmzfcyXX6xW7lepPi27hV2KPArIsH+nTovq5TtnCiz06uYMXT7sUGUcLgj7kKl6dKyhDrTKLNa/Cmw",
-	"DMwxqt4DyhpR53D/yfaPTukykzQ9l/INVZcQPXN4cLBLZw7Lnk4ydiyMFWng22+3fwtaxrG7C+xXT4c7",
-	"jPQMS458KM0huwtUL5xnx18LO6oL4OxBCcuy++ZKxt4HMJfXK+Y4uJNFCgmVQNUVn0HFPqYH5HXK5rk0",
-	"kFeKMs9YoEmfC8KmU0Byo652hbt8qgZfb3d5Ohw20Tt+UKX3exLFazW3GggIn6eDzz/Tu5yUV1JNeJoy",
-	"gV8cbv/iRJpXshANInotdOLnj5aH1CMYKr/56A78qe0svnS7V8KLwk73WsX8RoX1kpkH2M9ads9G1epf",
-	"fEvtqky2M5g1w0LTHMpXwvq/xEKbDZ5op73pVusjen68kldPs8bcObR/dX2sCVh7obqvFVmz1N5hIMgO",
-	"1viKlWNe+AHc4zF0fWzS8P06/InPof1gh9vxhXNvfdGL8cufebBR1I9TWiiooJ6UR8ITQfjp99FAm80D",
-	"isyCmAXdxGDc2rMHOXYaak3TQ+0vqtaKCkhppHKaxoJrMrOC+WTZRDoYD+qe+egZ7z0CT8sjXSnEBmVt",
-	"x8IFYnVdLT/mDQ9zeuOqz2CaSUxyQP9TjM4jcsVyCIKt2ELAAiEFigs18AQwk0ResSH0knIBIAoaDShY",
-	"Iimk3Lsac1CHzXZTCMOzsYj7fbcQfcUsFXNwEIfitmTWcx5ubjCfH3Rc+BrLbAR/db2Y9VgwLMEllhB3",
-	"xhO6ErpcxmNFGJngo9L8c8UgC25AXkmAdXVIMmMRDwaDvQXl4B62/3YFfdxfmB5m/0KHQdWa8BzinkbE",
-	"sBuzx66ZMH1c/dhBRVBlQuDYFPqFCAoF6rsX+Ee4H3jY0FN2MBwSaM+XHUJzLQI14gPAlriGAs/Qjx0h",
-	"T0dkGFntN7aq7CjGlh03PML99xHmdkzQAGrCPxyfk8rsUbM8OztG7R1h7MiQdPF5NBZXjOUUYNAjErMb",
-	"brUV8trZTnDUHOogRS2Nh9qmMVTbt4ryG6pN/xgW8vXLmGD0DiToutCEWnlhXF7FSl2Z6hBJAuEhaxcQ",
-	"fOPW4770WGw9KGO7KLKrN9/agap3v2osX7vgzhCl05uGHHww+D/q56rrzrBd/ytXM81Vu64UPK3WjWyb",
-	"vnvdT99yXzuuuyrpO6zshgk/rLr8J7z//wgV/k8sc2AteboqaDTLGZvl5b1PyRbd/m9QNbW5bqdRjBE+",
-	"tbcOVn9WhdARMuSpVBBewU24X5FPDlr08ir/+qqXr9ACLM0/qwxtj5g394OrZbeT3W4SeICjtIFrVyTn",
-	"ryfpYU9SxQKx4xH6bCUs2vpyRWb4uAsXdnIk1ln784yqhLd4oFG1ardgRAYZGYZktcUN9aTBtxvsPdSE",
-	"uEmEXHOwnt5ruH4rYSf3K1XXYUc+S6j+/Z233YZnTJh/BtHzS/C8f1ZJEgnpC4qSYHNotcL+BCEnztBT",
-	"CSoJxbg8vUpLpQNybEl1RB4/PhgOHz8u/cLVYFtwBI+Ft3PpGc3ZEYmxnoRLMceKEhiMg5Yel/rnjFA4",
-	"IrMCxsSSYKVKaB6ROFTOjCGHCHycUKBzQXUJ6S8VmI96g9oUc6q1VUW50mY0FnZKB35KtuP4hTfadWNn",
-	"hBsRywJiDFx4/PhHRpWZMGoePx6V/tXSwGLZGXI42yjkdk3Zwld6X/GXg1lr5luMoxDecEC0iwDAWD2S",
-	"cQFhOwD4QXXYjGrwiBSMQLbnWKBe7pMKagP4j7N3J/2MXdIMMra5uCSLGTeYJ9pzBrNyTpAUApDQN8ux",
-	"wPicwmoUKRxUb07UzukHz3y8kGX+9r/I+UEhsXuBSeKV2JSx2LDuGBtFDTkYDgfEp34CUA/ksiwkmcgU",
-	"Sj7lViObLIlvIh6LbijZAidaFZDImi1d1p3vtleznuKaD8hPLuYplRhaBgDOhGJYMhhxM37NRoRWZgnX",
-	"I6MqA398JrWprFLPx6lxE2y8DZYk21p55W0M/zxz22okjKE8QU+GUQjTeIIZ902BlVU0v/LCaoCS9RVW",
-	"ngyHdWDZVeDj3xtduVsoRcl6toZSBCXh42Y1waPAUlHjbBArFQWbb6DWqKJtQ+hFOMIYV+XPIBw6DLY4",
-	"GB48hOrTwPAqps3abL9KFn96bcoyIcyIWpUPSBcKIeYyy3p/Ss0qlQuRSZq2SiLvXSCwWUGIWgWIIi8o",
-	"5GCVYa8e/LvQ9vbwsZsr/bvgX8AkgEQs+MHeSj4jzWf0Y57iuk3MTeAVFlzfyIlPm8uPHwX8FMiXwwjY",
-	"8JOTdxxmYxuTVmwuDfOAVnXdpMq2N4Nk3WfY+0u3UO16TAUEzCNyfbWof5ZF/f5ZzntGUx95Tz0xrsAD",
-	"YF5y78FiS0L2+96nXCpzu5WnUMBvBZlMMZrMmCax/TJuIFKXNy6WHpGAUJ+dCCGvmokUs9zAXwj5LoBu",
-	"TFKWZFRBNDs2r2NSgQdWjLCbXGqWOgQrpP8WdnPJzLGb5n1aTX0fmyKp/HL/i9Po/dPaj3JhbwE4olbP",
-	"ksqUhyqcpC9PZtvv91OpTDs53rDkd1kjWw2M7608XQbPoDCtZ6SfxK4QJ2jdTq/r1RKKKv4tspo9zPVY",
-	"hDxhDDIBxBQnLK8YMRczmbG6KdPKCQjrHuIuXKyKbTrGMVwgkMD+wdPIZepDfYw4WCHiSn0zZ9bA6oNl",
-	"gIOHb7Gq+Nwq85DlVOvPdkD2EA5lIm8qUQ8IJQrsyNtbulJZjrN3OPw2WCxCjA7MCpLnjSQT5tPdewNy",
-	"DAkBZbQFimDUYHCQPQAXPuYChTYvnY3F/jMrnh3VbDVWY9cA3FfNBCcpoykYNzDd38ys+lVVYLLCcuNL",
-	"BXaNnCku05BDUksBX5OOIa2nGpUR90Yh56xSbDSkgT3SY+HsLd2D4bCMSYqrUQqxuyRcLpMwtRguEblq",
-	"l6jia8DNGgtE4bqrOaZqfCF128tYtBhfKKZj2f3pOS9weXTWzPFgrvil4MlVtoRMfMz28kFYmRQsHMyG",
-	"KDK78pmvuu4bxmpeTv+1xwrIciHGwtPaaqyXCDZAu6ZTZpIZFpvjKemGCJ8GGycAf1Sif44wZgwQYAp7",
-	"AQf8MOhoQSEKjF8zBcAtmWakMbCsF41FITJL+7Gl+QspLlKu3cSh+g7U0QVznsysgj2j11wWauSri7l3",
-	"gWUgZ3LcZCyAnfRC3BGAiaxHH4GxCfPE/aGEatwQYn84/Bay2SLydPik1yRM2ANwv34TNJL8IV6Tqvln",
-	"s1FHUUG6ixk1QCF2G+A2sGz6C4YifdVivsYFeeWpEGCJr3hRXHCtPZx3yPVB80WrnnMGN3NpO4GbGQF8",
-	"mw0cR/aOLIFetQdiXdNBnLXjDsQrE8OawwmDJXnCBQWbxtYAw1W48BUqfYFD6HtLxwa0cc1/Bcik0EzD",
-	"uDyuf4NJu6z0dftVCXpIgwMlii5g15z8+UeoP5YKTqmZoapSbKFAn2AJyE9cOLtenS6htIgrQRonhcpI",
-	"/zz2YDVYXFAxYcbCUykPmH55RhPEELTXFybs2sYxQwA79VIg5AiUwfmgyTQJCHlRUvouwsHvJPKHEw7s",
-	"rH5CsIcm/uIefbU+/kmtjz8B3rnjBpAhsCs/2HCN7nkE5sa71EesNd2mCNhqJfAYHMGjKvq5VSfw0xQ9",
-	"yCEgvgvpNViKArCj+DUTvTv4HmyPd7+J704pm6yAwGK+WgAfLFxyivv9R951m2goc6UxdqAhJgxcXy6T",
-	"qpQ7K7chhsokhdIA3tqLiEa4UgfqH2HijqXcONCZdss0IM9ddMPTaDgchg67U7ZgKti5uCIOYkMxkklx",
-	"2Tsai1oIEV3CiBUjC/t/c6lYlUpXJObDyHOmw+b0drtGr0Bwv2e63ZSAGgb9SPuF+UrGD5GDWtGw/px0",
-	"LNXV/Zjtn5cYhPUK2uWVOFkGkCQPB1VC4NfQjUYOb0iqK7DIKlNBikTMnkcIx6/t9ew7dANAbx6UTQFk",
-	"LauNQ8yhuOYaakigeD4W3iWHanrZuDN+2/4BMsUZMKvI1mj6C2NxaBqptFMYi4X9UgrCjQ/j8y9C/Tkc",
-	"IDr9SddXBPdWUSauuZJiDmFrYM/0cx8LmLNr0wdDBBgjaOH8/A0uwIRZfqfrMytxPlF18GsG2cW+WMGI",
-	"cIf+VU+mtOvRxPPs7/cL4PNKqquKqfH3wvVs76rNtGiffs0F/O8My/PlOb89E5shVMpCiC06CrKPLbgZ",
-	"ZcX6FRZbh8aIyghtwKqLWkHux6Ibo83hAqDNRZFlEC1lOSaAyJWFKKTy30HrNJTMKL1krla6g80fC8tz",
-	"0SQRYPSq4c8rYbVmxua9ATl2YPqhWoIH30MRDrgr1PpI26QvLDdwn+IX9LBJ/ip3Sv9LY9E04HJUlmYr",
-	"2NA9BBeE4KBawRU80kSwRb02C6JCuNITdOnLZVRKdsCzo7HACgsiVBBxMoLPqPAWvkAz9dYq3+C1bEeC",
-	"TWDYQjLjWVpF7A41REiVhHsjh36hvQKEddm0q8IG/6wWqojGAuuPIXgqaEjeC88N6XowROAMUrmKoyMr",
-	"dEHsKV0HGauMcCygw17FSunK+8o5N8YFW9cKivTaIQJ9ea37kC+g7QcSMKoogOvs4y0w2X86AeOz5YX7",
-	"Z1JvgQwrJOcrrO9uYkR+tucIbFMi/3tX1Ka8khF+xRXbKwt6QWgKD9WuHKjuplI41UI4eNFiEJMuJkYx",
-	"1juqkWotSGNAYsXmlNt/X7h6UgjYo1cBfar8G6IrFlSlekBeUIiMWhEOSNcyFbeqngH1KhVixuJw+G0T",
-	"zbt3S6K/p7v8PfbTLvG7F9LBV2vIKlGt+PCgVNTaBfVgEcKOCD/hBb4FUOPYZzG7glObiYtso60oJOKV",
-	"lTs9mBSEFiPQtgOK0kfONGlcgSnMHjwc7gc8Y0GkAKqEa9oTIwZnVUnQB3GxdBDKmnEX2+WTq9cUB65L",
-	"ZQUGOxY44Wi17M4jHYWMbS+NS+UrXvWqsJ9YwHFGxWWJw27lJw8eOqe+iWBOcQKPL5fxX//n/1vhpLGL",
-	"7OPTKbMyji+GxY2vDoYrsiIRBZ7DUzKnBmO/fZO9Zm5jW3sAZmO72cRrYIn/uW7/hwgfgGNFdyLm+9M6",
-	"tttn4YBtYGGCmcWXsNA2RSscA3Kv5QRWw7fSTjWA1K7Zy5MzAmfJFWp1kaOWuEKEdVfmTNS+1IYuez7u",
-	"EtncCi4eZFzlMuPJshblK6RgsSu35VDMXZAr1p9jYioVRuuC7+VbrL2mixzL2sWka2RKlyNSlmskk8IQ",
-	"LH4LokiogKt7DeASAbf2xC38/WgXvvWHhpbYDpjrdgVsvw7b+V/etvlnji2EQKAKtO8jTdilgrIouJOb",
-	"mVsz14Fad1/KK7QSY2Sb/uOxoU+hmt9XON6HMogrxn5l6NOb1g6rU/C32v5aDqqSN0uX/7f3KadmdnvP",
-	"iEiYAxU1xZgqqKqBFrkP799E9lq1ujCCYQKaLzUzB4lbXQKpzBFWiVkC3DXRGdUzK8p249ZJfzP8ZrhH",
-	"c77HDZvrf//lu/24LIQdrzxxIi6kErukYZdJvDWFeC1puGUnzHJj+bJTszxzBQXuk+zLbjYW3PKlDb6a",
-	"4msnMZTo1+VWeWK0G3w/JniEN87NMvZVryYyXUbEufmrMNhep3bm+dPzv5Nu7FBhfP2inOdIOlOaWe0O",
-	"UqZcMhFI/C6vhgpfqxVN4Q56qBuc2/vkLf++UmIochjOdKJlVhis7OPAirUrXw9lpWEqXarJu5wJtwKQ",
-	"fpU+0qHasPOi+ZVGD/7YGzz95BElx2ExhyLobtyRX6+5TJ0nz02I6isor0268b/nZvndMB6NBSyMyzpe",
-	"cKsW2QXsHZUIP44zucK4XGMNfWfDix36N044JsPBWFQgzZ0foH6gIH6AopKhZyzLXMImn5IAwwM5V3q2",
-	"4hMYi9Ip0O4BKMn9ngT1U7PE6iwP5AoI/X0FHv4XhH1zAMKrbHiNC7dewVhSdjfcYNf4Kj5jRJJMYh2g",
-	"spa1xz4o0WBrbbRhB6+Q51f44JVDBkvzkHf+OqTv1rPWDuf7MLtb6WWzNPd1f2uR4zts7D2qSW7uGyyb",
-	"gVvtLfQ962zbB6OYYIv7CYM987wSg6GIkUTIBflLWVYyHsajsoLk0VpoRV2kSgqFOWHu+/ZYigF5HjqB",
-	"Yo91IM3z8zeVQo5DK3wnWZFCCIg39Srmirf30O9yOBxWq4G7z5v9J4It7jcE9L3tYqNc9mDmJBjKV8Hs",
-	"Tx3VcXxjmEhrxqeMT5nhc/ZZtiesF3M/VlJs+483k753kB1QoumrtfSB9IDzGV0QSsBUnu5YiLH5jJZx",
-	"xvdyt72guSlUva6oT8NYasPmBFIlMO5gsTHcyJ20YABhWLCEq2pJsTVXowsAJgkOJB1Voq4hXNlHT4xF",
-	"SEZxlpWpYnpWMT9L79vEljwyZDUlArI7HaYQOjbHYtWzieNcCBaqsvnAJ3Rkuhq91ZXoUiHFci4LGAQt",
-	"2/TVpa7YUrvyyS4Eq1oyLYwO6pRr0oV3XMYHwDAt4CL35iV0qyZUAACTx3d2pdBq9cyqg+SaXErBRuvl",
-	"08dirX46FnqurdsVy82AnLrudc2tG94LYS+20bpnd0OhaPf1fdUCcM0/VCyon02T+cc9+2oCevh8kwew",
-	"/gQqaGaln5NFgjBRrY6ZskzvGb54n5IG9LAZoskOl/1LO2XOaxcprMeDhUsWuYdmvgcfD+ZeYpIiQDiT",
-	"2KP+XkyeHcZYegLAES5cNvh2mGRMq0y5WsdMIRXIlDomSrIZOfr0w12QoxtuJVzGOwGp3I2SPuQIrPyH",
-	"4Kz5ztvI+CuWyh+FgfZH4LB8BhC05z1VzaQ1auAsvHWfN5PrZGPEgB9ICIBk6pEGuV4uANOzVor8807y",
-	"6g5u9dyHcejKOm2SDvxP2/1Er1M2z6XBQimanLC3kvywnD/SJMZPLnxjMWE3OUsM4uAEkR91HLtAIatz",
-	"JrN0LLqFAHjZMo486B5ShXDzK7Z8pAE5Ff3zGZs69NEyxvxgOPRllV0TI4JO/wH5CSBXw8Gra4PlMAE7",
-	"yyfPQ7lrrOGhi8RKfnosXMjBqP6dq9ripvgIPeURuWQmClAGVguqK2dj0Q2VCeCH2IMBhHFC5qu91bi4",
-	"jEIirTZS0Uswxk4VY2kZiwuRCnIKUe9zDGSYy2u830JxaxedfwQLbFbswILdOKXY1QwFTFTA/50x0TvC",
-	"gHqnmgE4SpyyKVOgbkPsxYDUsR5KHdxnHVxCJSJjP66pmwPI9lmL4q1HAHs1OJzexsIM0GBNF/xj3Y1g",
-	"5e/6g4lFYzysDA35EFaQwVd+j9j7u1J92n1JQA8lTbfwlnYH4UPsxiZ9ucq4f8/y/i4dYQdX3dYFvqM8",
-	"7r6tivrXMivmbPNl+7/cO/e4W9jFpovWDfTPec1ehxXy++R/gV1q1Hze0iuGpdDnuVm6JqAIvua/sotL",
-	"Ponr9sLQW8iYrNsHPevG8hPBPjggZ+ESgSBUCg/IXBbCQH5lKELRjd2w45BADg+ARdmbfizcVe958IWE",
-	"6ehB+BBDwvLrZJBklM9P6JzF3jXITQ/iWWVhMI8c7iaXCh7Mm4/K7LeVS4E8R6weklNv4+S/MoKo99Dx",
-	"8cm7s9MXA/I9Ta4AHQgSPCJCHR4OWkzkNCSWdSnROVWaIdxORDIp8z6sDUt7RwQRdyJCIT8k9ds0ASBu",
-	"UDapGQtN56xikjkiV8WEKcEM0/bTU6Y015ZK8Jy/sCtDutiI392s0Aa2F9ZWcymY6g3G4rWf5oqJtxQx",
-	"Uq6vUI6o4Hn4PX8Ej7Wzz3LTYpqFKgh2Fl448zJYgSE/Pnnv23Z7K87tnnTbF9UudlJt978wc2piTC4k",
-	"74GV2jtbRH+/VbONFb5w1WscXTQywPpNs/cJ/3G7Ofd9Ci4uOM5YjAKQNksfDtICN16cJQaS44H/99rC",
-	"zion9L9vyNnD5ntvFQIdQ1xRSFpuwjaB8P43pp2GS+GiUm+l1LsQB8ndlX9mYXEDBW6pR1eugNX67CUg",
-	"FeH2uq3q3H6nXa44lKIYNOeOXFdvgpYCdPTGw7I/O2yoQLdtBaAuDE6mUFln1NkDI7Ob+1qslWMbGZ+y",
-	"ZJlkUNqV9Z2mz5IIL+8owFVg1UssIzYoJ1baq9YzfV6V8kVpFHIhlVe1RoIIv96IE7VRWZ7yG5bC3R+V",
-	"kmCJmBHh2ayYMuCUBnFusLohTR2+rJfC0RGCgvvytsHjQC/B4rOgHBKkpYqgdrF9EeP+0aoB9akzn0JN",
-	"xbLila+MJxSebE6YckkZYC7EpVip2BMBzLNU5OzsmHSdtGbHMkM4w1C17ZIJgAxKsTHVq+4DgrI3jcGH",
-	"SHZPz/9uu8l5znohJcMBsbhR1nJE1hI7iLeAZqzadw4Ox6a5r+ZyVFfBjsYnYXzurBdsoqH91mQ1S1jM",
-	"VxKS4crFKnaf2y0019Dlj4xmZoaHiQumdUTmzCieQJgH11YAL+Y+xBxygJRcaKbKONYuMIMwomqvMtdW",
-	"1f2/AQAA//8=",
+	"7L39cttGti/6Kl3cp8qkB6QoWfEkVKV2OY6ceI8/dCz5ZE+FPkITaJI9AruR7oYoxlHVeYhbdd/gvsh9",
+	"k/0kp3qt7gZAAiTlWEr2jP+YiUUA/b1Wr8/f+thJ5CKXggmjO6OPnTmjKVPwz+dysaAiffm9/SNlOlE8",
+	"N1yKzqhzMWeEp0ROiZkzkhaKTjJGEvyAmDk1RBVCw1PFfimYNqSrGSOxNlQZ13LcG3Sijk7mbEFtH+yG",
+	"LvKMdUadZJH2h4dHT46/evrXr7+hkyRl007UMavcPtVGcTHr3N5GnXfMqNWzqWFqc5DnLJEi1YTax2Q5",
+	"58kcBpRknAlDFnRFlP28PogFF3xRLDqjYeiPC8NmTHVubY85VXTBzO41era+Lo804WlEYju5mNiFOnxK",
+	"MrlkKqGakTm7IcmcKprYxkmXihWRZs6UXWmuyfHwGNaL28ZzauadqCPoApaLp52oYxeaK5Z2RkYV7E4L",
+	"u+DiFRMzM++MDpuW+QXP2JntcmOW9lfCheYpg8XVVKQTeXNCFMuo4deM2KFqQhUrfzIS3l1KdZVyFSb1",
+	"S8HUqpyVm2P7tHaN+hWjmjVvTWYf4XZkumk3JlSzJ0e1DYnho0uexoQLQkl8jnN9x6bxI01idmMUjdv2",
+	"yH+850Zluo+7M5vjbl1lHXv4jGHKNv6/M93/mfZ/Per/9cPHw6e3/6ORPM6kMk3Tz6UyDbsWkZQlGVUs",
+	"tTOM7Vs6JtSQRDFqWMvM7Gvb94neIEk9/eqrJ19FJYkdNpBY1HHL2sZ33Fhx8/Tkxu3e0XDb7rUMfe/t",
+	"sP34/eD/8DuyEPU9sW+FTTkatmzKOdOaS9E2v7OLvxONrxCetgxc7xj5LtI4FzTXc2lwEJV5irxtnp8w",
+	"iurSiHzn0tzatnQuhWbAXJ9litF09VwKwRJjO7C3lTBMwKGmeZ7xhNqlO8iVnGRs8Zd/aLuOHytj+B+K",
+	"TTujzr8dlPfcAT7VB2f4FXa9RiMCea+7LOYyS/E681tjz1xs6BWT10zFZEk1EdIQzQzpxolMWWyZdvzs",
+	"1bvTZ9///fL52zdvTp9fnH5vGcRt1PmOpu/wYnzIWb0U1zSz14nIC3NCYqaUVDomGddGE3bN1Iq4TmGU",
+	"7np7I80LWYgH3YD34krIpShZk1SkcL91pSI8y/pTqRYshUdTqWbSGCZ6QQyxxANzENOMJw+6zjU+pS0z",
+	"hftOSTEj2lDD7HiJmXNdikdsMBuQnBaapXZC2sg8ZymelhdSTXiaMvGgJECMvGIChkodOVR3gxKdyNze",
+	"5tKy3sqUZGEvi9uo8yc4OHBYpjxjMGZ7V+GSntFVJml6IeUrqmbsoU+H3/aJTFf2iGR2EHb9qCA0szcZ",
+	"nt7/WUhDT28SxtKHZYDVQS5lkaXEMjsUoGmWMfVIk2dnL8kVWxHLAgklv9ix1rgf/HLJ3PDjk7GIU2Yo",
+	"z2JirxDkqPDSyO8X0xFZsIVUq4ikXF9FRLu7SgNZuD/IZGWY7g3IOWNjEf9wekEOrg8PoK14MLYXVkWV",
+	"ATWhH/SEpiVxbx9UNIpbvK3VNU/Ye0GvKc+sPP+Qu/DWrmxCc5pws4ITbFdsQpMrJkArKIRiNJnbcQ0+",
+	"45zhjvuzsf2qZFQ9Zc/fvrk4/c+LyzdvLy5fvH3/xt+x7wUtzFwq/uvDks5rrjUXs4gsaOavKHaTWxnJ",
+	"Tkexa3nFUitUp0wYTjPthpsrmTCt7WaeCsPN6o8i+GsuM2ocfeK3O6WFWy/5wen7jppk/oLyrFBAMLmS",
+	"OVOGo2THRcpuNsXfn0BHd1aFOJGFMLHTPTTpDvtWrE9BwVpXG6KOG8j+C1AVXH92Iyqb+RD6kJN/sMRU",
+	"pKHN6STlgzWZNvLPrOb3CSaOqJPkxaXhC3apN9fr+dl7Yp+RbqGZIn8heqUNW/T8EnpJCI0yjLjzxTTh",
+	"hiwpNyy1t/YJGZLlnGeMqEIILmZ2he3BpaYz6qSysEwvDE0UiwkueVooOIuXi4ax/SiXJLPyDjdEUUG6",
+	"WpIpVVG9p55l9lQXqHKu66O1cXBhnh43bj2cy0v8/WOHZtnbaWf08/ZzcHrDklP73YX97PbDOjXEdl1l",
+	"YWKynDPhJyELA2sLa86N9itKZkoWOSgBVzzLWNo7ISzTjIgiy+ws7H/x7rA6kh3zDTeXloVtrtybIsvq",
+	"q3RCDo++/ssbHAp2QCYrovlM0Iy8sY+/CuO0g0vtSDf7bVq8KRdcz1l6Sc0+Q6kfDWpY3/bX3lN5kKVc",
+	"XOLYK3QykTJjVAABM3p1iTf/5YJPGkxNjF4RxewhEcbJCOsn3V2QIE1pE7bnsxx393bz6MGuGVaxcYU2",
+	"VkSblCl1qfmvrPZR+0nXJpWFCV/U1+c7KxHZBcG3yBXLDUGqI127KlZkkNOpVVHDW709acyoQiTUKeHr",
+	"eoI2itEFAUmEpSRe0JtLWZi8MJcgpsUnzhJsZUmqrVyXUJWytMLKw1quMeYK/wzMtFNuRpWSapygtiX1",
+	"Y17nXDUWu3kMawe3vgP1Hayu0Zbb4xVHlb/xBsHL0TBkqNv4l7+LbkNPVCm6als+vW1IFUMETVNuF4Zm",
+	"Z5XxTWmmWZO8EFs26j6PyZSzLNWkOykMie2KXUpxafcaDThxL1xEeDisYDvAO7f5Mq13+K4QluvFek76",
+	"SUy6E6rnyPVyxTQTeJa3Wr6iTrJsaPl7NqVFZtaN0jtZGhPX7YvWIAu0NFhuyDrhtBE5kHZJ6cD54C+m",
+	"FLFUiAQPBMcr9BaROBzSmGhmeickdZN/ekxe8+8iQg1ZSG3IIfmBf9fIHYI993D41yd/PT78+ui4btTd",
+	"fevAjqlrdmlVGXt5ivRSo6bVMOlnYEKpHbYt+1PjyikXl5Onxw3eIUNFSpWzhUVgMn563GfCspJ0r+13",
+	"IkKTZOZ9TxM2lYpVr6hH60ID9zKDvZekApGBfAufzKhhS7p6pMMmdQ+/Hvaa76uq46pl6OVdZuXFzVG/",
+	"t1KkVcxB6+L7rEIzu2nmNiDIO+v+TmZTZwpgErnMqbLqUoPiwM3cKwwRuWIsr4qRTJMFTRnyCrBjaTKl",
+	"PCNdv6zQZ2+/MwW9bA7hNVpHuO1LrCpdg4RSGvrwKqRCL5mye1/6kUBlgoNdOkzuTFhMGLXKJcchhqtk",
+	"X1bkLpF7YG1Tnrmt3LfJ+vq+sN8TI8lSccM8YaFySBQzhRI6Amcj6Y+L4fAJI+8vXvS/JobdbBOFyxHy",
+	"NGOX22jayNw5k2FDQbtZ2pMnJGE3LInAzmhp5+zi78QoOp3yBJizkIQag9KRfYZehc9Ax3xBZw2i4HMp",
+	"DOXCnjD7Aul6GrUXaCqTK6Z6A5LJhGYjOI9I9FNChfvCmaxLDgQvu4cpVywxVvzuxv0+POnDEx33RoQS",
+	"JaWBtUB9tHzf2Y1jHALR9JrF9qe3z1+SjK7sXWaomtAsI12Z4ynJViS2wxsYqkaK5XJk6CzunZDSQQ6j",
+	"BxKbgvkcNuV4OLQPuJjBTHB89p+KwZ7M5dIeJ5qmRApGujhBwa6ZInmRZbo3IM8mVq7wXBmXKrGyI0vJ",
+	"NWdLr37MpTZ7XRkLZmhKDf0dhPAOzjpLCdWE6xNSgL3I/gVWk4xOWGZlscweVDe+jOv9aEAwYwWgXdLn",
+	"G/eavcmlMg3EcmZ/tuvLbnKpLWdUspjNSbDUBgZ58JGntwdMpMC19MFH2+It8MHAvu7iQd7B26JOIfgv",
+	"BXuJbTt1PFfymqdMXeKp28KosMm1ybqv+zpnCbdE75o5CbbLK7byQRD/AGdm4yG9YqsBib2NG0INwM+o",
+	"5wtQMmJogiYJy20TcJaNlKT7hr2W5IfV4pG2Gu4CJe0Fo0jFRub9jF2zzInoA3IuwXJ6LbNiwTQENLzN",
+	"mXA30SNN9JzmjHSB8uIIKETLQiXAJWJ73kfko+W2t0DAcX6djMjHJKN88YYu2G3sp2W/dKfwillG4vqM",
+	"SLywN+kZNfM4IrFiNH0rshU2Z6eo9WuZshF59/a3dz/ZV3Qxgbctj0lTlvo4knJ6YUIDUlkRNlNW3IIp",
+	"2TMpIxcNBAsUuzM/wNdi0oW1oyvw505AcJtw4XeMm94ofHOZy4wnq5h0449OlniW2J0foRPnt5SJVeQG",
+	"MCI/f6QNTw1VM2ZGJJULysVvz19+/+72w63TlmLnDLrEp9qug/8p4amCHyaZ5ae1d/xP+A7pos0WlATL",
+	"VnRvL3YA/vdtd2Kw8tmLmXLjnICl99NIMmGJXNiDT9PVZ7jyFMODqPc39r0Ln9x+aLDFeepquPL5r+H0",
+	"6kAb8UHKrg/0fGHPCjGLfKpP3K1qn/b7er7oA7lG5LkdjWb290DEvRF6r7wXFXbEdgO/4jGjgvgLkEy4",
+	"oGpFCsEN6cbjztHTr4+ffHX81dNxx271uPP0eOH/eTjz//rq8Og1/27ciXsDcmhVO7sXT4+tVgcny+t5",
+	"cVjQQWn2cGZPiOTjmsz4NRPO4gnXKFVsbVHw294JsDS4lpdcM3+Fjrz9GfhkVaHBa9crn04w8H9eFROm",
+	"BPOeCFUIexYfNZ9eKZg7CxtXwsal+sFue8lmG9VDZchUyQUKe8Hv2LUMreYFBQ/oUujeiNgFArkngn/i",
+	"uj7SXgrTksTwzxj4y4QRWhMwInuLVxiX1d+tlKuZ1SW56e2nlpqsiVRf8SkDwzUXRDv1FOYHMjT41Pym",
+	"HH49HFpt9FuUbHNuJbcgXOHBCLIhmVOrxVxcvCIJ4xk4vuJ+f0Fv+sZkcQQip2v46JjMP4f66th8gxZm",
+	"rxQr5pZ6t+dEYA7UA3Ja9VtZqkNHFlxG9qzb/T0eDiMnuJu5JU6OKmRNKNnGcf4XDBBG4+w6Tt44fLpb",
+	"93ImqObwMPvQjqgig6MSlBI+JQt0Pfb209xbVHQc/B01dAwJ27AogKxF6EKWEk4pA5wQSr5/c05AZrWs",
+	"wMfvZcwYpnREUj7jxv6X6jlDsi9daFaQ1sw0mtb5r+xy1uRFeGnp0rJ1LoAVdqcKL2Xt4y5OLGvMGNWG",
+	"DAfDp0dfRY4f1bs/3MNpsGYdgTWqDK7JSvI9y5hh75gusgY7ccqmTKkmK/x5GSUhstVo3fbhOBkrGZk2",
+	"PMsIu+HaRERLZFhGKtD+LGtgLB2LQO2ZXQ+8Cheoay3kNUtLHSmwfAi+2LSbpDCxRufP2jL5NxuXRy5F",
+	"JmnatkDOW66bjX6WgCx/fqT9Dbxp9ttl4Kq03zTAU6fIvBRTuTk8r+bUfcFzY/LRwcHh0V8Hw8FwcDg6",
+	"/ubwqydN57oS37G3+rg2xLUJhRGVjTdOq+YvbfDcr2p+uJQD77Q3thU7LIfMmH33BO2b3lmZopGRCcv5",
+	"f/YWVUsjzkz4oWERKnbgOzKpf2XfwqZDZnOwsGhBDuiN6r7VwmT82gp/JLOCowuNdY2BADFlJpkDJ1FA",
+	"n2SyGgvniYC4XisH/2ff+Z36L9O4d0LseEeh0bI1O2BNNrzsyF9222nv5mLYmHkZK1Fdg4xNrU4451aA",
+	"Vsw740OMANohT8YCJ2XmbIXmaO9q3nPwXxwXfyLHBfKblvvm/sNzoorEHq7bJdp+KkoVSaiwLNewLCNd",
+	"b+T9nJE81TErKkbbQncilDhQqLCqlEEJg91wE7WM3imDPnbGWTS9mqHpknDzoCFBG5aCegzLpmzhV6cM",
+	"BAKDyJIKkJ1czEq3SXMmGV9w0zvxKuH2DR40ilifI4QGjBLebLwtjAaO5Wv+3T0dSWSlLSFSdq3tSSL2",
+	"MYY/SUEcW3NWFaf2TTEGcdAWT8NUEz+5eNH/2k4Q0yXQLqNYntGkUUj0cSGfo6U7R9qwG5a4qIHYdeDP",
+	"YIJRYDvkbTf2sBz1xV+LqqmHzmwPeXnBWZYCSW0yTrBEb07xP87fvkEvnjuDcjplIrUaL3wREciTwNy0",
+	"nw8/xM6IFtIy4RpoXNgF09p5y7bfBTi08oPmqWWsWcRfNJ5Yq3bmTIF+LgWZgFYLlj7NTMHTyP53xvEy",
+	"0IYnVysgMJkYmrnkkHFn+PT4eNwBEqrkVv087P/1w8fjppyqyA6HT/kdI9OalfkLrwayjC2Y8Oogbld3",
+	"3DkYd4L9V0lpeo3bkDfmkVY0MzrRMiuMa7c5KrRR4d+u7CNldCnRq0XGxdUjDak5RjsD/CNNMhDu9w2J",
+	"c+1c4ueN1Bp6wnfAvrdU3Bgmmmm/RbmixvJerk9IDHp2jJEDKbPSbERevHzxFpIjLIc1VYXKLqklWm6p",
+	"2g2nE3WgkQbdao0Qqtl+7l230hEe8/rxaqOT5pA3Jozy4eD7mNQCxd1uWszaz1Qwk33qwdrCjmvtuxTB",
+	"hZWa3dQwm2fJlA9Q2Cvg0S26X57dPDZjP+GR2lzj9nWBJShPI+mGxdlcl94dKA7j0ypnfCchNU8fWm+c",
+	"r1RXn6r8h8Ad0ElAiW8NtWkYZstYmhWDYH/b+4CX6eQ7ozrLxpuW6AeUmJ+l7rZpPgFOru4v7W5T/y5B",
+	"CcwyyiwDr3VvM0Qz5frqclKkM2aajayQ/wh5jilXlUiQR44d////L4n7fdtMX14zZUVPbuLgcsCm99Vd",
+	"7GDcKPZ43UpMtb3ZZOxOgnYTbBSkf5Q6yM84mT3n0X6dbJPbX2NP2L7BMB67Pxm/rkS57dnRLwUranbY",
+	"6p22bWXWDmF9Javfhj5qs6psVdMaRxvHquls/8hohjxtjdwMNYWum1Xl1U5zrvusqaeXCzprEfGaxSO4",
+	"pqkPSZuhqUx7j18rD22L9L3wQUueaEr9ykViWLVKt+nEu0MFsZXNjuNwp8VoAEQXbcV5uxYFduIDutz7",
+	"zombUraQ4hF6FVhVKglf2k2Hl3fLIt53goNu3bDW8Po8Y6Zhsi/A7he8HDVzhCqEDxuzqibqshkPWDZC",
+	"Ghb3mlVx/G5v3l8etgbpxvYDx26XXS9EMfkDukO8q70exhyVy9W0zIiq4uhiLVtVMGRJCK/SxWA6ELHl",
+	"FRMNN4lzXd5JOcFUSt2esPQtyTzxgd3KGZJCQjiAA0Aog/KW/U9LaQqYLntAtzToQbb3xuADULRgCZdz",
+	"CJ6DPPwFB9c2hCNIwZwnxStcuJKgxNgP0VhNNdP+Ox9W4pK29zIUQ4L/rrMLB+Ic3lw/YRXQG2yqOu2o",
+	"uvu1bW09ds3UjfPcm9bKA7xLzHINtw7n0+TQsKj7mSWrywtpik547dg2qWHbQj7gKGQu8OPEW+ib6WJA",
+	"nrmIoLoFvxLY8bvt97dtK3nu12TtKpJLAdcKxGhAKMaAxG7i9ucQda0jcnbx94jghR6REE964kJ60akc",
+	"IcJGRBQTbBkBbRDoJELOHvKzHfVUry14z2rPbuGbfJNvygDa9bVYU38hJrBJimBrgSsLuvJusRGJxx0h",
+	"BRt3YjQju+MwIpmU+YQmV+D+70EEGM0yCAaTisQfx5hDMe6MyM+DweBDRMadlIlV+OE2dtzGa69UMReT",
+	"qEk3zlc5HzgmF0ckfuz/GEg1i4ENYSANuGEKkQLn79nOn7/8/p0m3etj+8f10xNCyQTiWNMUAjOdGebg",
+	"yZF94eDw6GtISxIrsrR9I7qEHTzM6rGdO3coGRDCqSvHA1wHA/IG0CUU0zK7ZrAkeMeHEI8fLy7Ozkn3",
+	"/M1LjLO0f5OuFet7EBUuwujcJyByu/Ugi0IbnGgJ1+GeDcgzMqEprOIKcduGEeZkSYGR2ADt0UQKZ2UO",
+	"+zoaEXn34jn55virv4bIJQTSaMqfa7I/vqbJnAvWV4ym9lB6O6ozTNsdFdJcTmUh4I9NTIWoCcyoUarF",
+	"kTV6qRFC4A42n2BAbpCLSpm/IV+Vm4xtCYfYNNa9f/eSKDZliomEEfCQ8OnKR2b7Vbdfk25MJ7Iwo0lG",
+	"xZULlbRU2dsdP+KMaDi8MIWwZhFuX9ONc2ZWGJ71qdaPbGco/W6doTWAwvmA0P1rP4CoKqudzsH5AwEV",
+	"fOrDKSJ08en5fiGNLrLi4YMmcsTgqM/VvmuvUbxxMHLgW5LznGnSraRkunxMmlNlehFhHCGUMC2ZUEOk",
+	"SNjJWgwo+ZYklg1DPIoBq7jSxqUPkW7877lZfTuMR9ifW0cYSi8KbZs5Gt92BxooufwMx8J75T8h5DAc",
+	"6wZcDQf24mTkHZp8+W4L9bx2jNFf53Zvo45dxsab/MysHA7O5sB8MlczFsCnKTV3wIPYD9nBO6K2wqG4",
+	"ZbmNOi7vGAECGnQSaWjmnChy6jO4cyXTImFpDWdAsBvEZ6ra3LHdfX0r27EWPu1YVEED6pOtgwg4z0bY",
+	"49qGtpwtd1Ka9RM3hv2vvcrR22kJ9m03DQzAwzbH42T7XaPYMCNbjZcvuNk5fuj3Fb4K3MG5XXd+8x7e",
+	"3FDDsCXfUBQm0DrnV2GYDSY6K4Z55DIrW89lluLBLZWeuN8HKLH+45hMMzrTvRMyRLwtGA16chqs4ncw",
+	"RNfsvfv4G6u22fXY/qod2DmWy3BrtMZ6JKWWUAifDRHMkfsMyQcd72EurpqH26zCZXsbA2rd6/f+dLXv",
+	"xlpEJtdXdVN6uVJbDOr77uRuy/1e3bUvulT5nAqWXn7Slm183XCc3k7LJEQdR8SAXojaobM9V9AtZ1K0",
+	"hNeUnoZN+xYugAf3WlJuIM9COEhAVrSF7OxLBZWsw31P/MYoufJx4i0RaxjZBAZyn7zUs/pteAkyqJzp",
+	"GByQmgz3jS9o36Ay2N/NEIJMIbphKhWENlgRXNCsjPfnCFCbYIZMC4oaJma0OvW4AlcEYhhYCnOYj25m",
+	"3CDniT3xxXtSUGs+D6airE1zsNuLfCdf1Bau00gv7SRYzqS2lE286x3L0ITY7D5W+LhFwlRsQbkVZS5L",
+	"2+eOFQkNNnzdPD7Blp+magZr5Ge3Fb6r5X7uj1Xkv8MgS8g7Al1LKq99QcyXsyY1pyo2WFryojHoVzck",
+	"FX2O2OcdVxrMbVtak8N7CNlNLqupGr7NdVv8dtzvu3+j395Sd4khQatwDxsJs3IpTiAmxLL43HbNDQRm",
+	"umTX0zdvz8+e+8gTqzofHz4JkAHGhYYhrrAeOD47IkxMpUow/N7bTF0CU6r4tQ8qtsqwQ+cfwBLCQiF0",
+	"qG8i/hz7M8PzsMc3FY47y4sQp7wHfERV0rhLR83UdC2vtnAggCltjgcHjJvS1acJEylzUnTpgILo72Ji",
+	"FGO9PZi277GJHVUxchqCSSlvjMlGXKAaeBCIMywIHnA/4+d7J3fWsE2b7JIPE/oT+WlvWa/m+IV78boG",
+	"H7oXDecAie/yhz/dyQqEuwuPYw8wn03i3knQGdXmEuyY3KzutFqfhPOyaX302CrrOE5VQ/d6KOSOGIBw",
+	"PJvNJ1Wr+h4n9hxfDp9dKkZ1U8SZTxCso+IjpHDs4pstu6AzSCWoAqnS9QTTzrak9z2kzUp+9Q7jUblS",
+	"FVP9etiEb67dn+2Ht3EsG45Y5ez4A+BpYAudtxiePpUR7eUd3x6EWGFpzWYYFycFYCtc+Ny5k4B/QHKq",
+	"MBdqU/LaiyesBfoUCszvU5oY7b1f5R7FESnr+1ROWDkhfAqhGA0ac05/KRiZMKqs0hfqJiB2xJbw4g1y",
+	"rcSRWNGqMWqsRsB7Fan5/ZEdUQeyKdVlobKtAaWPNGE3Tvl8/+4V4SLJCkjgiA+uD+N6Cv9G5vPXw6+H",
+	"B9eHTUPen2zLgUZ1Gq7u4SYh+xCVkqB30t15YJYNETx8ypJVkvlQWDkt05KqYQXgtEGzdGmgxkIgwHag",
+	"DohPwwH8KoCUanRanAMk9CfGpcC3zVFdckrOX/7w8s1FZP97cfruNfzjby9fvYJ//M/3L/HRj+/PoHRZ",
+	"6Yx3PvA17AbXyu4ATRxU4xa4uXrx9Q764LNsSVeaxB9vG2g96tz0Z7JfjqtIzMfbTqVq0ueRqPa8oLdU",
+	"lsGL0lDLbeSUdB2qFULLzFoc0tujToE113AiMK9hwlbSSfQQJrjDIgYbP+zd0dK1ydHay1HtODaVFtd4",
+	"QBWEw1ttdjh4/L633LJVO91+t6w/Rzuv2ND0tmF9Grk3BzE/w7AWe3flTOYZOyGCsdRjoSF2nsMoDVgI",
+	"R1/v5epFZtmaMPHwcudesuX+EePvc0Qm+bTwjM+MWxJ1MOfs0ucA7SoJV4tSqXwa7cY88RN/OE5cQhT9",
+	"fj68QIv45WS1ld16Y4EDijJEyGXNZNCmz5Vx3K0Mv4JWtLe1fINZXsvs05hl2V60AVG0ptRU1qrpIOC2",
+	"NLPJio3/DhBaO1mkb7Z9OK993tcdjqWVeXCjQWrDNTgh7IYmJlt5UEsHN+lAOudSI8nEmwpLeNbEce3D",
+	"SiIhxk5WcDNrbmnssq+kNLEm3WTOkiuWOlxiDHi0kpfL9cRU8HgwiE9KJofiGHkjDZGigrE3aKWOlqFj",
+	"rCo3hOY5oyoUugtFYH30RwT3R3wQe1A1++ZBrmQSkYOUXUPcp17puox44LTgjTEpRtNLKbJV02rah32I",
+	"+MQN7FIHGV01OL97++K8h6OiZCFT1pzFoYtJy9Rf4+Gw3YCOV25fJX8S92oUCt/aDt1mhDRkuxLcIGvJ",
+	"GE11KDITGmiCNm7cq+vAFRsl+BpqYYBhnawCcgrfAwCrch4+NGFLaZYUipvVuSVj56jJ+d/YqjGq1cdh",
+	"UE3iZ65YF0WI1O9QlwYs7+SKrRDUG5BdmQN/rZgQMq7NCaGZlgSRFqQYC1eiiqm+v/7BhVDTxIJr0fE5",
+	"ROgBJgSHAUZRropVWIM1AIfYXl8Y7QC75gZv+dnt3fePANa1q+8ADAwQXNTwScYI4nyVhYrx77Ks63/2",
+	"7Vf9H1aLvhO3+mAJKEfidrQ+lqMdg9nS345u7LnijRlHdhMte4R8eIFR3B4wxsqwVjrqsxuWFAApVYZa",
+	"EEsTXnHpC1YYRTM4jhhuPhYOD5wumM5pwsg/KM8iQsn3mN3GxIwLhuATfythSpOs0IapEXl3en4BQwhm",
+	"AEBR7luBfSzskODcgtvshPzEJueQvK/dN9eMGKYWXNCMdM8u/t7zle+0i8NwAXjAGgDrHaEjEirGYsIQ",
+	"YmQVLgZKFHM5BIOxGIvngN2lSSLFlM8KxUhcWk3It8TZZX58e34xOnv77uLg+jA+cQH+dVqCmKiUqbGI",
+	"P5ZN3K7he8cDcmHZJPjxuMfUEkbRxGHD/iAhthovLGhaES7GIvaRDAc054h/PWOCIQa7wxiKAoRSAAuy",
+	"I4GABGoc5rjMmaA5H6zoIothEf7t34ilSyaMK6pnf3xMHj92XOnxY/Jf/+f/2Z8xvfMg+3XWZCSmlpSH",
+	"bywI+Rtb2eVfOGjGuN+nOe9fsVVMDkh8/uzN9z88uzi9fHb28vJvp38/j0kXYq/7muUUJt8bkJ9c8QFg",
+	"X34nU9t6dS0QLtwurBSrhSxCKQpdSYzgmNnIhP2xTCbpSoWV/O29YxuO+30ugMezvpB9Wph53BuQKiu3",
+	"PHgp1RW0tBcL5sY2XTJguwevSsbh9kFVgO/jiiWvoRw76U5W1S2YrGDsZ2/PG8Hn0Ydp5/FWbI5VA/4u",
+	"AHAIaKaNP+IeAZflGTeQhbPG21w2TuOJiuFcfKfkUjOliT2vVpKjJXPwuOUunkgz43i5jsIYXVJX+Ma2",
+	"qYtJrqSRicxI7FnmAGY92LyDfBE1KMdfAdbBNY9hfzxjR+zfx4/BdPr48Yi4jC3SLVNyoooJuJaFdaCY",
+	"LhYhGcuOdMEFBAlAK863jJlZsBSWNbBrCQC4+BASjEJGGOm2ZoTZ1kNSWFR2hF96Nzb2YP+AaDSjWTbd",
+	"I4OMwsGoDLolmwwppdYnGM2wAzmxjBygv8uWYLlf4eisbkgoMYqhUOmG6XvB0+Lc75YKsW9fqhMfuGxQ",
+	"zzmBWSgqNLcCarZCVkr9ay4LlZu5lUpjcGPFrpipLsNM3S0P6jF+yA0M/MKeK0wlk+AiGZA9q6PCiRyR",
+	"x4+Ph4ePHw9IpRq1HfP+Bald3Ag29QSaEqEsg/TbmvqWRrZ1++rx48d2k3MJGRXAKX3xFy9d2dM/YUyQ",
+	"a6YABQeBdFPtKXSCiUMstZwlYVasIFVTlO8bN6h0G1k6hgpBmhwPj/1lBYlQ2v6BGNZgxIIwlrbCsDHp",
+	"+ryxngvNs5dsHJEYMpCgqgLQRxxVajN358WCipArdkJeUG2enb3sa7PKmAP+1KBpQY4f6JhYj7e7aEw0",
+	"g3u8OdMscfXZ75B1ZskIceYVOT46GouGirRe4fElbV26TWn90ygE/EbQlkh+I68ZBY7721j81u/34X/2",
+	"BdvTbwHCDWA3R+XpJf9x/vZN5Iq7gwgTheOF5TYiSAhEix3+2x6qCFDLgICoIUwnWJ2iYqt0nR+S3zyu",
+	"NyhpbhyV8sH+zSfktx012+sE4j47Jr+FEZfwjVAy3Q7UFzTypZfdV9+Q32oV7dGHD4KtFDC3tVL2FbMA",
+	"tEczKAkRKiP1XMuHdhpQFx3GSdWMuSdHR+Q3V47YlSgux3Nkx0OtGJQUSjGROETFUDR7V9XytVrlkS9g",
+	"ws0JAbiHeo3x3glJqIJE2bhSajvG4XwFe+ELd9sh+JrdRVlIfEcLQ5jQpJidkEzOZnYBQb7ua54yF8WE",
+	"ELwzqzdYcWrKiAOts42MxTMipOj/ypREuESs8IT6EEsDXCWAiQmpFjTzVfZ0kVmKxIvJa1ZAN6ggZzxh",
+	"QrPSkdB5lttd7B8Nhp2oA05iUFj16OBguVwOKDweSDU7cN/qg1cvn5++OT+Fb8qczaDUdaLONVOYgdUZ",
+	"Dg7xLSfHd0adJ4Ph4AlC4c3B0HDQGX28jToHcwCJ+dX9tWBG8US7v6pqgPsJjqF/+/rwoMTuaMR1Cy6y",
+	"0i63ARvib8y8yLAiggv7x6r3ASTGUHs9W5bkQGJ8PGXws9UAzHxmdjfGcNaYVLBaenAkRAWxZR2HxVA4",
+	"RQ7SpOtBW+D69becSzcsNOuRQmRMg9ERS3zh+67S17dgN43LaEwICW/salCxMY7Ick5NwAURMmVwW8JK",
+	"efl2HW0l9oAkMWZbRg57hWi60kRLMGWgVMWleJl2Rh374UuPZ+LRp2FPj4bDLWXV71ZOvYScaSmojgsQ",
+	"jGxQ5/14eNjWbhjoQa12/W3U+Wr4ZPdH5whv/b5kMTWTHEBNeGPczx9uP0QdXSwWVK1qoy2PJxRBcuB/",
+	"dKbXgn5uHbn84rPMGqkFIyEW3OgNE6RnxN0h+bZMrPIFEr2yiq+jwugobiw8fUFZLVe044qtUBRZOrzE",
+	"QtvzVs+xKWVWh96FaPX6CrC6xwITdSCQlatKbZw43CObkeG6F4V4Ukw2QCk6eG9B/4QcCaeNmkqS1q7U",
+	"GtKNQ7rB4/gEZUaXlr5wenn8/emr04tT1G19rwcfNU9vY6jkAIIFV3jZ9QYkdisZO/e+aQWEGwuHCGdl",
+	"Lncu7J3uwwNAelnKIkuBmwVzau12DcLs0TdjsX7TVgugwSO8Yer0PGMGsxnvkZqxgxZKrpb7gZQ6aSjq",
+	"i5CV+KmUfRfyDENY73w7fdaiAB2NbjLL80pccdD5NYxp3ZmQVcubgsuHaxQCg4kXbAelhTfETu63EWtO",
+	"/ttoxxiQfGIfOBmDYmYPYXwVI5ld06xgJL6OI1fLimoSX317HbeNGErS1AZc+qUMo4tvIbisCsL7v7/9",
+	"8JdvB48bQHjtTt7boa0GgLYc3UpiKBdluSepUqbcuR3uPrfflaEN93vUX9WMpS1nO+rkUjdcN88dHy6N",
+	"i2jSgboMTgM0QUyjdQx+y78wk4V0rVDIhZV/QIPvRWMhlfMhOnCta6ZDgSisCTEgMZie0E7tsVUrtRT8",
+	"2gzIW8xPQQVhLLquZFaYY3nhrF9UkFURzr67sFx8FlydJetGMMVeTRFeUhAuK4mWoC0WOTGSxMjhL+H3",
+	"MlA5LmuDPR0O7VqAqOnZutV20LpQ1WMG5CL0wKHisiI0UVKHm19D4pBiVrXJpCEzCfUZsWSITwm1dBwu",
+	"7Slb2jlka/nOdm0AYgeZs1Vk/YVMoX6auoYqBXYP7aEvrzLMz4TrC3WdKUfhHpeuYoYZlogdWAJu494b",
+	"i/WLLwK9dOPC6zbpk7hcwchd2ldBZx8LZ1kFo0W13rU9zwvQI9D+1lB92q7VYtMUguce50fHol6HGmpU",
+	"Ql6YO+Fd6rH0ndkKpQYpfImpanMBuGQsQGnswWleNqTj1BvBrQQwKbudmOAC642HNmVA0GPhrTxdq8+C",
+	"Haz0ZQj7/pJiiz1YsHp8Mt5+VoqxirMDN9OkC5n+vnjd43rpupQpfu0Np77mb28spGipoBhVf0/yov5D",
+	"yJCNglW1i4EfUEpvLNyoSDyMo2oZvjIWABW+EpIjZsLeb/Zf5U0IhXumni2NRddpoCLFO1GHhGBsDYW9",
+	"yie4I7665VjE66VyBzlPtcups4TlTxnSgViha9YeC5YCGXlrPuywLpL5WGD2pauvGnaEdGMA2pqwUKzy",
+	"zTpQg3u1Z9XfpoJ9DaJkUqtDj9ENTJvvZLr6bLdyvdb9bT2IwhUTWRMJDu/UeVnscu+8sr1exQS72w8N",
+	"ooSD6XEXKk1XliXUmUaZBOZPgWVgjlH1HlDWiDrHh3sozGd0lUmaXkj5iqoZBJsdHx3t05kriWJ17FNh",
+	"rEgD336z+1vQMk7dXfAgqv1z5wj118Ke6gL4RlHCasbOPTcy9y6zhbxes17DnSxSyD8Gqq642CrmZD0g",
+	"L1O2yKWBNGyUecYCPWBcEDadAvAhdSWQ3OVT9Y94M+VXw2ETveMHVXq/J1G8VrqxgYDwefrpRqDjfU7K",
+	"C6kmPE2ZwC+Od3/xRpoXshANInot0ujnD5aH1AN+Kr/5YCj8qe0sfu92r0TjhZ3utYr5jQrrjJkH2M9a",
+	"MtxW1epffEvtqkx2M5gNw0LTHMpXwvp/j/WaGwI3nPbWbqtHR6lX8uqoBJhqivavrg/NAucIFIm3ImuW",
+	"2jsMBNlmE/NzP4B7PIauj20avl+HP/E5tB/scTs+d97gz3oxfv4zDzaK+nFKC2V7D3tRIYLw0++jgTab",
+	"B9QqBzELuonBuHVgD3LsNNSapofaX1QtORiABUnlNI0F12RuBfPJqol0MHzaPfPBZt7ZCo7JR7pSzxOc",
+	"WmPh4ha73qXjDQ8LeuOKmGFWVkxyAMtUjC4icsVyiBmv2ELAAiEFigs1rBEwk0ResSF0RrkAzBGNBhSs",
+	"tBcQKlypUijnabsphOHZWMT9vluIvmKWijnEU4Qa6WTecwEh3CD8Bei48DVWawrhHW5R3CDHgmElR7GC",
+	"ME2e0LVI/zJ8McJAHh/E6Z8rBkmjA/JCAgqyA14ai3gwGBwsKYdoCvtvVxfO/YXZlPYvdBhUrQnPIExw",
+	"RAy7MQfsmgnTx9WPHbIKVSbEWU6hXwg4UqC+e4F/hPuBhw0dy0fDIYH2fPU6NNeioxEfABSL/dcI+7Ej",
+	"5OmIDCOr/cZWlR3F2LLjhie4/z4hw44JGkBN+IfTC1KZPWqW5+enqL0j6iMZki4+j8biirGcQtWAiMTs",
+	"hltthbx0thMcNYdyelFL46FEdsyBAMcifkW16Z/CQr78PiYY7Ab57C6Sp1alHpdXsVJXpjq4kSGaauMC",
+	"gm/cetyXHoutB2VsH0V2/ebbOFD17teN5RsX3DmC2nrTkEPbBv9H/Vx13Rm263/lSm9yhByt1M2ulh9u",
+	"m7573U/fcl87rrsq6Xus7JYJP6y6/Ce8//8IFf5PLHOcI4tYFzSa5Yzt8vLBx2SHbv83KL7dXP7ZKMYI",
+	"n9pbRxueZRAh7qJPplJBNBI34X5FPjlo0cur/OuLXr5GC7A0/6wytD1i3twPrpb9Tna7SeABjtIWrl2R",
+	"nL+cpIc9SRULxJ5H6JOVsGjnyxWZ4cM+XNjJkViu888zqhIN5oFG1ardghEZZGQYktUWm++lmZJFDr7d",
+	"YO+hJoQZI0KhQ8H1XsPNWwk7uV+puo7S80lC9e/vvO02PGfC/DOInp+D5/2zSpJISJ9RlASbQ3vENISc",
+	"OENPJagk1K7z9CotlQ7IqSXVEXn8+Gg4fPy49AtXY9PBETwW3s6l5zRnJyTG8isOkQELsGAwDlp6XKas",
+	"M0LhiMwadhlLgpUqoXlE4lCAOYaUO/BxQp3nJdVlBQypwHzUG9SmmFOtrSrKlTajsbBTOvJTsh3Hz73R",
+	"rhs7I9yIWBYQY+DC48c/MqrMhFHz+PGo9K+WBhbLzpDD2UYhFXLKls5bptf85WDWmvsW4yiENxwR7SIA",
+	"MFaPZFxA2A7g41AdNqMaPCIFI5AcPRaol/scnNoA/uP87Zt+xmY0A4ADLmZkOecG06p7zmBWzglyqABB",
+	"/WY1FhifU1iNIoWD6s2J2jn94JmPF7LM3/4XOT+Gw/MFQ0yFSmzKWGxZd4yNooYcDYcD4jOlAdcKUr+W",
+	"kkxkChXScquRTVbENxGPRTdUOIITrQrI+85WLknVd9urWU9xzQfkJxfzlEoMLQO8c0IxLBmMuBm/ZiNC",
+	"K7OE65FRlYE/PpPaVFap5+PUuAk23gZLkm2tvPK2hn+eu201EsZQnqAnwyiEaTxBgIqmwMoq+GV5YTUg",
+	"L/uCRE+GwzoO8zpO+O+NrtwvlKJkPTtDKYKS8GG7muBBk6mocTaIlYqCzTdQa1TRtiH0IhxhjKvyZxAO",
+	"HQZbHA2PHkL1aWB4FdNmbbZfJIs/vTZlmRAmEK7LB6QLdUNzmWW9P6VmlcqlyCRNWyWRdy4Q2KwBqq3j",
+	"qZHnFFIWy7BXj5VfaHt7+NjNtf5d8C9AeEDeIvxgbyWfwOkBMDCtd9Mm5ibwgmdsFyc+o1YsKtGGQnql",
+	"hxuC9FKMgA0/OXnHQZy2MWnFFtIwj/9W102qbHs7ptx9hr1/7xaqXY+pYOZ5ALsvFvVPsqjfP8t5x2jq",
+	"I++pJ8Y1NA1M4+89WGxJAIs4+JhLZW538hQKcMcgkylGkznTJLZfxg1E6mAWxMoDeBDqk3kh5FUzkWKW",
+	"G/gLId8FwMBJypKMKohmx+Z1TCpo2opBNqdmqQN8Q/pvYTczZk7dNO/Taur72BZJ5Zf7X5xG75/WfpRL",
+	"ewvAEbV6llSmPFThJH1+Mtt9v59JZdrJ8YYlv8sa2WpgfGfl6TJ4BoVpPSf9JHZ1a0Hrdnpdr5ZQVPFv",
+	"kfVke67HIqTVY5AJAAw5YXnNiLmcy4zVTZlWTsAqCCHuwsWq2KZjHMMl4m4cHn0VOWALKCcTBytEXCkH",
+	"6MwaWKyzDHDwaEdWFV9YZR6ynGr92Q7IAaIHTeRNJeoBkXeBHXl7S1cqy3EOjoffBItFiNGBWQHWhJFk",
+	"wjw6RG9ATiEhoIy2QBGMGgwOsgfg0sdcoNDmpbOxOHxqxbOTmq3GauwacC6rwAkkZTQF4waiY5i5Vb+q",
+	"CkxWWG48U2DXyJniMg05JDXEhA3pGNJ6qlEZcW8Ucs4qtXlDGtgjPRbO3tI9Gg7LmKS4GqUQu0vC5TIJ",
+	"U4vhEpErDosqvgaYubFA0Lq7mmOqxhdSt72MRYvxhWI6lt2fKgaBP/Fr5ngwV/xS8OQqWwFwBWZ7+SCs",
+	"TAoWDmZDFJldebBxVDVLLH7n9F97rIAsl2IsPK2tx3qJYAO0azplJpljbUaekm6I8GmwcQJOTiX65wRj",
+	"xgAwqbAXcIDbg46WFKLA+DVTgHOUaUYaA8t60Vh4vAVL85dSXKZcu4lDsSooOw3mPJlZBXtOr7ksPPJC",
+	"eBdYBnImx03GAthJL8QdAfbOZvQRGJswT9wfSiheDyH2x8NvIJstIl8Nn/SahAl7AO7Xb4JGkj/Ea1I1",
+	"/2w36igqSLcGcgG3gWXTnzEU6YsW8yUuyCtPhQBLfMWL4oJr7eG8Q64Pmi9a9ZxzuJlL2wnczIh33Wzg",
+	"OLF3ZImLrD1u8YYO4qwddyBemRjWHE4YLMkTLijYNHYGGK6j669R6XMcQt9bOraA82v+KyCMhWYaxuXL",
+	"YDSYtMvCeLdflKCHNDhQougSds3Jn3+E+mOp4IyaOaoqxQ4K9AmWAJTGhbPr1ekSKvG4ir1xUqiM9C9i",
+	"D1aDtTgVE2YsPJXyAIGZZzRByE17fWHCrm0cMwSwUy8FQo5AGZwPmkyTgJAXJaXvIxz8TiJ/OOHAzuon",
+	"BHto4i/u0Rfr45/U+vgTlAdw3AAyBPblB1uu0QMPWN54l/qItabbFPGNrQQegyN4VC0WYNUJ/DRFD3II",
+	"iO9Ceg1WbgHsKH7NRO8Ovgfb491v4rtTyjYrILCYLxbABwuXnOJ+/5F33TYaylwlmT1oyGMjukyqUu6s",
+	"3IYYKpMUSgPWcS8iGnEPHTxfhIk7lnLjQGfaLdOAPHPRDV9Fw+GwBGOcsiVTwc7FlQd5VIxkUsx6J2NR",
+	"CyGiKxixYmRp/28hFatS6ZrEfBx5znTcnN5u1+gFCO73TLfbElAbUCq/kPFD5KBWNKw/Jx1LdXU/Zvtn",
+	"JQZhveB8eSVOVgEkycNBlRUjauhGI4c3JNUVWGSVqSBFImbPI6xeoe317Dt0A0BvHlQZAmQtq41DzKG4",
+	"5hpKrqB4PhbeJYdqetm4M37b/gEyxRkwq0DwaPoLY3FoGqm0UxiLpf1SCsKND+PzLyKMLAwQnf6k6yFb",
+	"vVWUiWuupFhA2BrYM/3cxwLm7Nr0wRABxghauLh4hQswYZbf6frMSpxPVB38mkF2sa/tMSLcoX/Vkynt",
+	"ejTxPPv7/QL4vJDqqmJq/L1wPbu7ajMt2qdfcgH/O8PyfH7Ob8/EdgiVsm5oi46C7GMHbgb4dZD51Fls",
+	"HRojKiO0Aasuaq0JMRbdGG0Ol1AJQBRZBtFSlmMCiFxZt0Uq/x20TkOFmdJLhphoA1dlYiwsz0WTRIDR",
+	"q4Y/r4XVmjlb9Abk1NWeCMVFPPgeinDAXaE0TtomfWF1jvsUv6CHbfJXuVP6XxqLpgGXo7I0O8GG7iG4",
+	"IAQH1eoT4ZEmgi3rpYwQFcJVaqErX12mUuEGnp2MBRYkEaHgjpMRfEaFt/AFmqm3VvkGr2U7EmwCwxaS",
+	"Oc/SKmJ3KLlDqiTcGzn0C+0VICxjqF3RQvhnta5LNBZYrg/BU0FD8l54bkjXgyECZ5DKFegdWaELYk/p",
+	"JshYZYRjAR32KlZKVw1bLrgxLti6Vn+n1w4R6KvR3Yd8AW0/kIBRRQHcZB+vgcn+0wkYnywv3D+Teg1k",
+	"WCE5oP07mRiRnx04AtuWyP/O1YAqr2SEX3G1Kcv6dxCawkNxOAequ61yVLVuFF60GMSki4lRjPVOaqRa",
+	"C9IYkFixBeX235eu/BoC9uh1QJ8q/4boiiVVqR6Q5xQio9aEA9K1TMWtqmdAvUpBpbE4Hn7TRPPu3ZLo",
+	"7+kuf4f9tEv87oV08MUask5Uaz48qKy2cUE9WISwI8KPeIHvANQ49VnMrj7bduIiu2grCol4ZaFbDyYF",
+	"ocUItO2AovSJM00aV48NswePh4cBz1gQKYAq4Zr2xIjBWVUS9EFcLB2EKoDcxXb55OoNxYHrUlmBwY4F",
+	"Tjhar1L1SEchY9tL41L5AnG9Kuwn1judUzErcdit/OTBQxfUNxHMKU7g8eUy/uv//H9rnDR2kX18OmVW",
+	"xvG147jxxfRwRdYkosBzeEoW1GDst2+y18xtbGsPwGxsN9t4DSzxP9ft/xDhA3Cs6F7EfH9ax277LByw",
+	"LSxMMLP8HBbapmiFU0DutZzAavhW2qkGkNo1+/7NOYGz5Ooau8hRS1whwrorcyZqX2pDVz0fd4lsbg0X",
+	"DzKucpnxZFWL8hVSsNhVp/MVuzDIFatNMTGVCqN1wffyDZYq1EWO9bFi0jUypasRKaubkklhXL0tEEVC",
+	"wWjdUJVKB9zaN27h70e78K0/NLTEbsBctytg+3XYzv/yts0/c2whBAJVoH0facJmCsqi4E5uZ27NXAdK",
+	"Q34ur9BajJFt+o/Hhj6D4pdf4HgfyiCuGPuVoU9vWjusTsHfaftrOahK3qxc/t/Bx5ya+e09IyJhDlTU",
+	"FGOqoKoGWuTev3sV2WvV6sIIhglovtTMHSRudQmkMidYJWYFcNdEZ1TPrSjbjVsn/fXw6+EBzfkBN2yh",
+	"//2Xbw/jsm58vPbEibiQSuyShl0m8c4U4o2k4ZadMKut5cvOzOrcFRS4T7Ivu9lacMuXNvhiiq+dRMPU",
+	"gguahQWqEKPd4PsxwSO8cW5Wsa96NZHpKiLOzV+FwfY6tTPPn138nXRjhwrj6xflPEfSwQKoEETkk4lA",
+	"4nd5NVT40sZoCnfQQ93g3D4kr/l3lRJDkcNwphMts8JgZR8HVqx7A/KTr8IOU+lSTd7mTLgVgPSr9JEO",
+	"xbmdF82vNHrwx97g6SfvKtkiFvNPbHIukytm3Lgjv14LmTpPnpsQ1VdQjZ5043/PzerbYTwaC1gYl3W8",
+	"5FYtsgvYOykRfhxncnWkuSboV3Mplw79Gycck+FgLCqQ5s4PUD9QED9AUcnQc5ZlLmGTT0mA4YGcKz1f",
+	"8wmMRekUaPcAlOR+T4L6mVlhdZYHcgWE/r4AD/8Lwr45AOF1NrzBhVuvYCwpux9usGt8HZ8xIkkmsQ5Q",
+	"WfrdYx+UaLC1Ntqwg9fI8wt88Nohg6V5yDt/E9J351lrh/N9mN2t9LJdmvuyv7XI8T029h7VJDf3LZbN",
+	"wK0Olvqedbbdg1FMsOX9hMGee16JwVDESCLkkvylLCsZD+NRWUHyZCO0oi5SJYXCnDD3fXssxYA8C51A",
+	"scc6kObFxatKIcehFb6TrEghBMSbehVzxdt76Hc5Hg6r1cDd583+E8GW9xsC+s52sVUuezBzEgzli2D2",
+	"p47qOL0xTKQ141PGp8zwBfsk2xPWi7kfKym2/cebSd85yA4o0fTFWvpAesDFnC4JJWAqT/csxNh8Rss4",
+	"43u5257T3BSqXlfUp2GstGELAqkSGHew3Bpu5E5aMIAwLFjCVbWk2Iar0QUAkwQHko4qUdcQruyjJ8Yi",
+	"JKM4y8pUMT2vmJ+l921iSx4ZspoSAdmdDlMIHZtjse7ZxHEuBQtV2XzgEzoyXY3e6kp0qZBitZAFDIKW",
+	"bfrqUldspV35ZBeCVS2ZFkYHdco16cI7LuMDYJiWcJF78xK6VRMqAIDJ4zu7Umi1embVQXJNZlKw0Wb5",
+	"9LHYqJ+OhZ5r63bFcjMgZ657XXPrhvdC2ItttO7Z3VIo2n19X7UAXPMPFQvqZ9Nk/nHPvpiAHj7f5AGs",
+	"P4EKmlnpp2SRIExUq2OmLNN7ji/ep6QBPWyHaLLDZf/STpmL2kUK6/Fg4ZJF7qGZ78HHg7mXmKQIEM4k",
+	"9qi/l5OnxzGWngBwhEuXDb4bJhnTKlOuNjFTSAUypY6JkmxHjj57fxfk6IZbCZfxTkAqd6Ok9zkCK/8h",
+	"OGu+8zYy/oKl8kdhoP0ROCyfAATteU9VM2mNGjgPb93nzeQ62Rox4AcSAiCZeqRBrpdLwPSslSL/tJO8",
+	"voM7PfdhHLqyTtukA//Tbj/Ry5QtcmmwUIomb9hrSX5YLR5pEuMnl76xmLCbnCUGcXCCyI86jl2gkNU5",
+	"l1k6Ft1CALxsGUcedA+pQrj5FVs90oCciv75jE0d+mgZY340HPqyyq6JEUGn/4D8BJCr4eDVtcFymICd",
+	"5ZPnodw11vDQRWIlPz0WLuRgVP/OVW1xU3yEnvKIzJiJApSB1YLqytlYdENlAvgh9mAAYZyQ+WpvNS5m",
+	"UUik1UYqOgNj7FQxlpaxuBCpIKcQ9b7AQIaFvMb7LRS3dtH5J7DAZs0OLNiNU4pdzVDARAX83zkTvRMM",
+	"qHeqGYCjxCmbMgXqNsReDEgd66HUwX3WwQwqERn7cU3dHEC2z0YUbz0C2KvB4fQ2FmaABmu64B/rbgQr",
+	"f9cfTCwa42FlaMiHsIIMvvJ7xN7flerT7ksCeihpuoW3tDsIH2I3tunLVcb9e5b3d+kIe7jqdi7wHeVx",
+	"921V1L+WWbFg2y/b/+Xeucfdwi62XbRuoH/Oa/Y6rJDfJ/8L7FKj5vOaXjEshb7Izco1AUXwNf+VXc74",
+	"JK7bC0NvIWOybh/0rBvLTwT74ICch0sEglApPCALWQgD+ZWhCEU3dsOOQwI5PAAWZW/6sXBXvefBlxKm",
+	"owfhQwwJy6+TQZJRvnhDFyz2rkFuehDPKguDeeRwN7lU8GDefFRmv61dCuQZYvWQnHobJ/+VEUS9h45P",
+	"37w9P3s+IN/R5ArQgSDBIyLU4eGgxUROQ2JZlxKdU6UZwu1EJJMy78PasLR3QhBxJyIU8kNSv00TAOIG",
+	"ZZOasdB0wSommRNyVUyYEswwbT89Y0pzbakEz/lzuzKki4343c0KbWB7YW01l4Kp3mAsXvpprpl4SxEj",
+	"5foK5YgKnoff80fwWDv7LDctplmogmBn4YUzL4MVGPLjk/e+abe34tzuSbd9Xu1iL9X28DMzpybG5ELy",
+	"HlipvbNF9PdbNdtY4XNXvcbRRSMDrN80Bx/xH7fbc9+n4OKC44zFKABps/ThIC1w48VZYiA5Hvh/ry3s",
+	"rHJC//uGnD1svvdOIdAxxDWFpOUmbBMI739j2mm4FC4q9VZKvQtxkNxd+WcWFrdQ4I56dOUKWK3PXgJS",
+	"EW6v26rO7Xfa5YpDKYpBc+7IdfUmaClAR288LPvT44YKdLtWAOrC4GQKlXVGnQMwMru5b8RaObaR8SlL",
+	"VkkGpV1Z32n6LInw8o4CXAVWvcQyYoNyYqW9ajPT50UpX5RGIRdSeVVrJIjwm404URuV5Sm/YSnc/VEp",
+	"CZaIGRGezYopA05pEOcG6xvS1OH39VI4OkJQcF/eNngc6AwsPkvKIUFaqghqF9sXMe4frRpQnzrzKdRU",
+	"rCpe+cp4QuHJ5oQpl5QB5kJcirWKPRHAPEtFzs9PSddJa3Ysc4QzDFXbZkwAZFCKjaledR8QlL1pDD5E",
+	"snt28XfbTc5z1gspGQ6IxY2yliOykdhBvAU0Y9W+c3A4Ns19PZejugp2ND4J41NnvWQTDe23JqtZwmK+",
+	"kpAMVy5WsfvUbqG5hi5/ZDQzczxMXDCtI7JgRvEEwjy4tgJ4sfAh5pADpORSM1XGsXaBGYQRVXuVubaq",
+	"7v8NAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -201,3 +201,22 @@ func TestExecTimeoutZeroIsTheDefault(t *testing.T) {
 		t.Fatalf("%d %s", r.status, r.body)
 	}
 }
+
+// TestListImages: any key lists what the provider runs; a provider that
+// cannot list says the list is incomplete and why; no key is 401.
+func TestListImages(t *testing.T) {
+	g := newGateway(t, 4096)
+	r := g.do("GET", "/v1/images", nil, key())
+	var il struct {
+		ProviderName string `json:"provider_name"`
+		Images       []any  `json:"images"`
+		Complete     bool   `json:"complete"`
+		Note         string `json:"note"`
+	}
+	if r.status != 200 || json.Unmarshal(r.body, &il) != nil || il.Images == nil || il.Complete || !strings.Contains(il.Note, "cannot list") {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if r := g.do("GET", "/v1/images", nil, nil); r.status != 401 {
+		t.Fatalf("without a key: %d %s", r.status, r.body)
+	}
+}

@@ -256,7 +256,8 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 }
 
 // image resolves a create's image name to a root filesystem in the image
-// directory: an entry's name there (a root filesystem directory, or a
+// directory, else (with Options.DockerImages) the docker daemon's image of
+// that name: an entry's name there (a root filesystem directory, or a
 // tarball with an optional selector, "all.tar:repo:tag") or an absolute
 // path under it. Every other name is ErrInvalid, naming the images there
 // and how to add one: a registry reference such as "python:3.13-slim"
@@ -271,7 +272,22 @@ func (l *Local) image(ctx context.Context, name string) (rootfs.Image, error) {
 	}
 	if l.store == nil {
 		return rootfs.Image{}, providers.Errorf(providers.ErrInvalid,
-			"image %q: this gateway has no local image directory (--local-images) and runs no images; leave image unset for the host's view", name)
+			"image %q: this gateway has no local image directory (--local-images) nor the docker daemon's images (--local-docker-images) and runs no images; leave image unset for the host's view", name)
+	}
+	// The image directory first (the operator's choice), then the docker
+	// daemon's store.
+	notHere := func() (rootfs.Image, error) {
+		img, found, err := l.dockerImage(ctx, name)
+		if err != nil {
+			return img, providers.Wrap(providers.ErrUnavailable, err, fmt.Sprintf("cannot export or unpack image %q from the docker daemon", name))
+		}
+		if found {
+			return img, nil
+		}
+		return img, l.unknownImage(name)
+	}
+	if l.images == "" {
+		return notHere()
 	}
 	p := name
 	if !filepath.IsAbs(p) {
@@ -282,14 +298,14 @@ func (l *Local) image(ctx context.Context, name string) (rootfs.Image, error) {
 		if filepath.IsAbs(name) {
 			return rootfs.Image{}, providers.Errorf(providers.ErrInvalid, "image %q: the local provider runs images from its image directory only", name)
 		}
-		return rootfs.Image{}, l.unknownImage(name)
+		return notHere()
 	}
 	img, err := l.store.Resolve(ctx, p)
 	switch {
 	case err == nil:
 		return img, nil
 	case errors.Is(err, rootfs.ErrNotFound), errors.Is(err, rootfs.ErrNotLocal):
-		return img, l.unknownImage(name)
+		return notHere()
 	case errors.Is(err, rootfs.ErrInvalid):
 		return img, providers.Errorf(providers.ErrInvalid, "%s", strings.ReplaceAll(err.Error(), l.images+"/", ""))
 	}
@@ -323,18 +339,25 @@ func (l *Local) unknownImage(name string) error {
 	if !strings.HasSuffix(file, ".tar") {
 		file += ".tar"
 	}
+	daemon := ""
+	if l.dockerImages != nil {
+		daemon = ", nor has the local docker daemon an image of that name (`docker load` or `docker build` one there)"
+	}
 	return providers.Errorf(providers.ErrInvalid,
-		"image %q is not in the local provider's image directory (%s). The local provider never pulls an image: "+
+		"image %q is not in the local provider's image directory (%s)%s. The local provider never pulls an image: "+
 			"to add one, put a root filesystem directory, a docker save or an OCI layout tarball in the directory "+
 			"given by --local-images (default <state-dir>/images), e.g. `docker save %s > <images dir>/%s`, "+
 			"and create with {\"image\": %q}; leave image unset for the host's view",
-		name, have, name, file, file)
+		name, have, daemon, name, file, file)
 }
 
 // imageNames lists the image directory's entries that may be images
 // (directories and regular files, symlinks to them included; no hidden
 // names), sorted.
 func (l *Local) imageNames() []string {
+	if l.images == "" {
+		return nil
+	}
 	entries, err := os.ReadDir(l.images)
 	if err != nil {
 		l.log.Warn("local: reading the image directory", "err", err)

@@ -17,7 +17,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/sandgate/sandgate/internal/dockerimages"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
 )
 
@@ -192,6 +194,96 @@ func TestImageWithoutDirectory(t *testing.T) {
 		id := create(t, l, providers.CreateSpec{})
 		if got, code := sh(t, l, id, "test -x /bin/sh && echo host-view"); got != "host-view\n" || code != 0 {
 			t.Errorf("isolation %q without an image: %q %d", l.isolation, got, code)
+		}
+	}
+}
+
+// TestDockerStoreImage: an image the directory lacks but the local docker
+// daemon has runs from the daemon's store, exported once and unpacked
+// once (a second create reuses both); the directory wins over the daemon
+// for a name both have; a name neither has is the clear refusal naming
+// both; a name that is no image reference never reaches the daemon.
+func TestDockerStoreImage(t *testing.T) {
+	ref := dockertest.Image(t)
+	d, err := dockerimages.Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	images := t.TempDir()
+	l := newLocal(t, Options{Images: images, DockerImages: d})
+	id := create(t, l, providers.CreateSpec{Image: ref})
+	if got, code := sh(t, l, id, "test -e /usr/bin/python3 || echo no-host; /bin/busybox true && echo busybox"); got != "no-host\nbusybox\n" || code != 0 {
+		t.Fatalf("the daemon's %s: %q %d", ref, got, code)
+	}
+	exports := func() []string {
+		entries, err := os.ReadDir(l.dockerImages.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	first := exports()
+	if len(first) != 1 || !strings.HasSuffix(first[0], ".tar") {
+		t.Fatalf("exports after one create: %q", first)
+	}
+	st1, _ := os.Stat(filepath.Join(l.dockerImages.dir, first[0]))
+	create(t, l, providers.CreateSpec{Image: ref})
+	if again := exports(); len(again) != 1 || again[0] != first[0] {
+		t.Errorf("exports after a second create: %q", again)
+	}
+	if st2, _ := os.Stat(filepath.Join(l.dockerImages.dir, first[0])); !st2.ModTime().Equal(st1.ModTime()) {
+		t.Error("the second create exported the image again")
+	}
+
+	// The directory first: a tarball named like the daemon's image wins.
+	dirName := strings.ReplaceAll(ref, "/", "-")
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(busyboxLayer(t, map[string]string{"which": "directory wins\n"}))), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, _ := name.NewTag("sandgate-test/dir:1")
+	if err := tarball.WriteToFile(filepath.Join(images, dirName), tag, img); err != nil {
+		t.Fatal(err)
+	}
+	id = create(t, l, providers.CreateSpec{Image: dirName})
+	if got, _ := sh(t, l, id, "cat /which"); got != "directory wins\n" {
+		t.Errorf("a name in the directory: %q", got)
+	}
+
+	// The list: the directory's entry, then the daemon's images it does
+	// not shadow.
+	list, err := l.Images(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sources := map[string]string{}
+	for _, im := range list {
+		sources[im.Name] = im.Source
+	}
+	if sources[dirName] != providers.ImageSourceDirectory || sources[ref] != providers.ImageSourceDocker || list[0].Name != dirName {
+		t.Errorf("Images: %+v", list)
+	}
+
+	testUnknownImage(t, l, dirName)
+	_, err = l.Create(ctxT(t), providers.CreateSpec{ID: providertest.NewID(), Workdir: "/workspace", Image: "sandgate-test/none-such:1"})
+	if !errors.Is(err, providers.ErrInvalid) || !strings.Contains(err.Error(), "nor has the local docker daemon") {
+		t.Errorf("an image neither has: %v", err)
+	}
+	// Path-like names are answered from the directory's side alone.
+	for _, bad := range []string{"../../containers/json", "a b", "x/../../../info"} {
+		if img, found, err := l.dockerImage(ctxT(t), bad); found || err != nil || img.Dir != "" {
+			t.Errorf("%q reached the daemon: %v %v", bad, found, err)
 		}
 	}
 }

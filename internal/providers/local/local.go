@@ -52,6 +52,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/internal/agentclient"
+	"github.com/sandgate/sandgate/internal/dockerimages"
 	"github.com/sandgate/sandgate/internal/host"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/local/jail"
@@ -128,6 +129,9 @@ type Options struct {
 	// what is under it can be an image: the administrator's choice, never
 	// an arbitrary host path. "" refuses every image.
 	Images string
+	// DockerImages, when set, is the local Docker daemon's image store: an
+	// image the image directory lacks is taken from it (dockerimages.go).
+	DockerImages *dockerimages.Daemon
 	// Private lists more host directories no sandbox may see (the
 	// gateway's state directory with its lease key and store), besides
 	// StateDir. A sandbox's view of the host does not hold them unless they
@@ -149,18 +153,19 @@ type Local struct {
 	log       *slog.Logger
 	seccomp   []byte // the filter of every command with namespaces, compiled once
 
-	idBase  uint32
-	private []string // host directories covered in every sandbox: StateDir and Options.Private
-	images  string   // Options.Images, absolute; "" without
-	store   *rootfs.Store
-	view    hostView   // the root image of sandboxes without one (namespaces only)
-	initBin string     // Options.InitBinary, or /proc/self/exe
-	diskFS  string     // jail.FSBtrfs or jail.FSExt4
-	snapMu  sync.Mutex // snapshot records and layers (snapshot.go)
-	mkfs    string     // its mkfs, "" if disk limits cannot be made
-	limits  providers.Resources
-	pidsMax int64
-	shm     int64 // bytes
+	idBase       uint32
+	private      []string      // host directories covered in every sandbox: StateDir and Options.Private
+	images       string        // Options.Images, absolute; "" without
+	dockerImages *dockerImages // nil without Options.DockerImages
+	store        *rootfs.Store
+	view         hostView   // the root image of sandboxes without one (namespaces only)
+	initBin      string     // Options.InitBinary, or /proc/self/exe
+	diskFS       string     // jail.FSBtrfs or jail.FSExt4
+	snapMu       sync.Mutex // snapshot records and layers (snapshot.go)
+	mkfs         string     // its mkfs, "" if disk limits cannot be made
+	limits       providers.Resources
+	pidsMax      int64
+	shm          int64 // bytes
 
 	mu       sync.Mutex
 	boxes    map[string]*sandbox // known sandboxes: created here or adopted from disk
@@ -281,6 +286,11 @@ func New(opts Options) (*Local, error) {
 		if err := os.MkdirAll(l.images, 0o700); err != nil {
 			return nil, fmt.Errorf("local: image directory: %w", err)
 		}
+	}
+	if l.isolation == IsolationNamespaces && opts.DockerImages != nil {
+		l.dockerImages = &dockerImages{d: opts.DockerImages, dir: dir + "/docker-images"}
+	}
+	if l.images != "" || l.dockerImages != nil {
 		if l.store, err = rootfs.Open(dir + "/image-cache"); err != nil {
 			return nil, fmt.Errorf("local: %w", err)
 		}
