@@ -2,6 +2,7 @@ package docker
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,21 @@ func TestSnapshotAndCreateFrom(t *testing.T) {
 		t.Errorf("snapshot size %d, want at least the 1 MB written", size)
 	}
 	run(src, "echo v2 > a.txt")
+	// The image list has the test image and never a snapshot image.
+	images, err := p.Images(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hasTest bool
+	for _, im := range images {
+		hasTest = hasTest || (im.Name == dockertest.ImageRef && im.Source == providers.ImageSourceDocker && im.SizeBytes > 0)
+		if strings.HasPrefix(im.Name, "sandgate-snapshot:") {
+			t.Errorf("Images lists the snapshot image %s", im.Name)
+		}
+	}
+	if !hasTest {
+		t.Errorf("Images lacks %s: %+v", dockertest.ImageRef, images)
+	}
 	f1, f2 := mk(sid), mk(sid)
 	run(f1, "echo f1 > a.txt")
 	if got := run(f2, "cat a.txt; pwd"); got != "v1\n/work\n" {
