@@ -358,7 +358,9 @@ func (d *Docker) List(ctx context.Context) ([]providers.Owned, error) {
 // the sandbox's own network. ErrNotFound if there is neither.
 func (d *Docker) Delete(ctx context.Context, id string) error {
 	d.links.Drop(id)
-	d.detachEgress(id)
+	// After the container is gone: an attach racing this delete either
+	// finished before (and is undone here) or finds no container.
+	defer d.detachEgress(id)
 	d.setPaused(id, false)
 	err := d.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	switch {

@@ -98,8 +98,10 @@ func (d *Docker) EgressStats(id string) egress.Stats {
 	return egress.Stats{}
 }
 
-// detachEgress removes id's way out, if it had one.
+// detachEgress removes id's way out, if it had one, and frees its slot.
 func (d *Docker) detachEgress(id string) {
+	d.egressMu.Lock()
+	defer d.egressMu.Unlock()
 	if pt := d.egress.Made(); pt != nil {
 		pt.Detach(id)
 	}

@@ -281,3 +281,33 @@ func TestEgressReplumb(t *testing.T) {
 		t.Errorf("b.test after: %q", got)
 	}
 }
+
+// TestHostnameAndCapAdd: without them a sandbox is "sandbox" and holds
+// none of the dropped capabilities; a create's hostname and cap_add (a
+// default-dropped one included) are the container's.
+func TestHostnameAndCapAdd(t *testing.T) {
+	p := newProvider(t)
+	caps := func(id string) uint64 {
+		t.Helper()
+		eff, err := strconv.ParseUint(procStatus(string(run(t, p, id, "cat /proc/self/status").Stdout))["CapEff"], 16, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return eff
+	}
+	const netAdmin, netRaw, sysAdmin = 1 << 12, 1 << 13, 1 << 21
+	plain := create(t, p, providers.CreateSpec{})
+	if out := strings.TrimSpace(string(run(t, p, plain, "hostname").Stdout)); out != "sandbox" {
+		t.Errorf("default hostname %q", out)
+	}
+	if eff := caps(plain); eff&(netAdmin|netRaw|sysAdmin) != 0 {
+		t.Errorf("default CapEff %x holds NET_ADMIN, NET_RAW or SYS_ADMIN", eff)
+	}
+	named := create(t, p, providers.CreateSpec{Hostname: "db", CapAdd: []string{"NET_RAW"}})
+	if out := strings.TrimSpace(string(run(t, p, named, "hostname").Stdout)); out != "db" {
+		t.Errorf("hostname %q, want db", out)
+	}
+	if eff := caps(named); eff&netRaw == 0 || eff&(netAdmin|sysAdmin) != 0 {
+		t.Errorf("CapEff %x: want NET_RAW and neither NET_ADMIN nor SYS_ADMIN", eff)
+	}
+}
