@@ -156,6 +156,9 @@ type Docker struct {
 
 	egressMu sync.Mutex // serialises attaching sandboxes (egress.go)
 	egress   *point.Lazy
+	// afterNetnsOpen, when set (tests), runs between opening a sandbox's
+	// namespace and checking its container again.
+	afterNetnsOpen func(id string)
 }
 
 var (

@@ -141,6 +141,9 @@ func (d *Docker) attach(ctx context.Context, pt *point.Point, id string, pol egr
 		return netip.Addr{}, providers.Errorf(providers.ErrConflict, "sandbox %s is not running", id)
 	}
 	defer f.Close()
+	if d.afterNetnsOpen != nil {
+		d.afterNetnsOpen(id) // tests: the container restarts here
+	}
 	again, err := d.initPid(ctx, id)
 	if err != nil {
 		return netip.Addr{}, err

@@ -3,6 +3,7 @@ package docker
 import (
 	"errors"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -309,5 +310,52 @@ func TestHostnameAndCapAdd(t *testing.T) {
 	}
 	if eff := caps(named); eff&netRaw == 0 || eff&(netAdmin|sysAdmin) != 0 {
 		t.Errorf("CapEff %x: want NET_RAW and neither NET_ADMIN nor SYS_ADMIN", eff)
+	}
+}
+
+// TestEgressPidReuse: the namespace is opened from the pid the daemon
+// reported; if the container's init changed meanwhile (here: the
+// container restarts between the open and the second inspect, as it would
+// if its pid were reused), nothing is attached.
+func TestEgressPidReuse(t *testing.T) {
+	dockertest.Require(t)
+	in := egresstest.Start(t)
+	p := egressProvider(t, in)
+	ctx := ctxFor(t, 2*time.Minute)
+	id := create(t, p, providers.CreateSpec{})
+	restarted := false
+	p.afterNetnsOpen = func(id string) {
+		if restarted {
+			return
+		}
+		restarted = true
+		if err := p.cli.ContainerRestart(ctx, id, container.StopOptions{}); err != nil {
+			t.Errorf("restart: %v", err)
+		}
+	}
+	err := p.SetEgress(ctx, id, allow(t, "a.test"))
+	if !restarted || !errors.Is(err, providers.ErrConflict) || !strings.Contains(providers.Message(err), "restarted") {
+		t.Fatalf("SetEgress across a restart: %v (restarted %v)", err, restarted)
+	}
+	if pt := p.egress.Made(); pt != nil && pt.Attached(id) {
+		t.Error("attached across a restart")
+	}
+	// The restarted container (its agent gone with the old init) has only
+	// lo: look from the host, through its new init's namespace.
+	info, err := p.cli.ContainerInspect(ctx, id)
+	if err != nil || info.State == nil || !info.State.Running {
+		t.Fatalf("inspect: %v", err)
+	}
+	links, err := os.ReadDir("/proc/" + strconv.Itoa(info.State.Pid) + "/root/sys/class/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(links) != 1 || links[0].Name() != "lo" {
+		t.Errorf("links after a refused attach: %v", links)
+	}
+	// Now it attaches.
+	p.afterNetnsOpen = nil
+	if _, err := p.JoinGroup(ctx, id, "g"); err != nil {
+		t.Errorf("JoinGroup after the restart: %v", err)
 	}
 }
