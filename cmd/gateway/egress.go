@@ -11,14 +11,15 @@ import (
 	"github.com/sandgate/sandgate/internal/egress/point"
 )
 
-// egressFlags configure the local provider's egress point.
+// egressFlags configure the egress point of the local and docker
+// providers.
 type egressFlags struct {
 	Resolve map[string][]netip.Addr
 	Netns   string
 }
 
 func (e *egressFlags) define(fs *flag.FlagSet) {
-	fs.Func("egress-resolve", "local: static DNS answers of the egress point, used before the host's resolver: name=addr,... (a name may repeat; tests, air-gapped deployments)", func(v string) error {
+	fs.Func("egress-resolve", "local, docker: static DNS answers of the egress point, used before the host's resolver: name=addr,... (a name may repeat; tests, air-gapped deployments)", func(v string) error {
 		e.Resolve = map[string][]netip.Addr{} // the command line replaces the environment's
 		for _, kv := range strings.Split(v, ",") {
 			if kv = strings.TrimSpace(kv); kv == "" {
@@ -34,7 +35,7 @@ func (e *egressFlags) define(fs *flag.FlagSet) {
 		}
 		return nil
 	})
-	fs.StringVar(&e.Netns, "egress-netns", "", "local: network namespace file (e.g. /proc/PID/ns/net) from which the egress point dials admitted connections (default: the gateway's own)")
+	fs.StringVar(&e.Netns, "egress-netns", "", "local, docker: network namespace file (e.g. /proc/PID/ns/net) from which the egress point dials admitted connections (default: the gateway's own)")
 }
 
 func (e egressFlags) options(log *slog.Logger, reg prometheus.Registerer) point.Options {

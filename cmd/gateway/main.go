@@ -322,6 +322,7 @@ func newProvider(cfg config, maxPids int64, log *slog.Logger, reg prometheus.Reg
 			// rules; without them, ports are refused unless the operator
 			// says otherwise.
 			UnisolatedNetworks: cfg.DockerUnisolated,
+			Egress:             cfg.Egress.options(log, reg),
 		})
 	case "kubernetes":
 		// client-go logs through klog: into the gateway's log, at debug

@@ -1605,7 +1605,7 @@ type ClientInterface interface {
 
 	// SetSandboxNetworkWithBody Replace a sandbox's egress policy (owner)
 	//
-	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: kubernetes, local with isolation none, a docker daemon not on the gateway's host, and a docker sandbox with a network of its own: declared `ports` or `provider_options.network`).
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1614,7 +1614,7 @@ type ClientInterface interface {
 
 	// SetSandboxNetwork Replace a sandbox's egress policy (owner)
 	//
-	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: kubernetes, local with isolation none, a docker daemon not on the gateway's host, and a docker sandbox with a network of its own: declared `ports` or `provider_options.network`).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2514,7 +2514,7 @@ func (c *Client) RevokeLease(ctx context.Context, id SandboxID, leaseID LeaseID,
 
 // SetSandboxNetworkWithBody Replace a sandbox's egress policy (owner)
 //
-// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: kubernetes, local with isolation none, a docker daemon not on the gateway's host, and a docker sandbox with a network of its own: declared `ports` or `provider_options.network`).
 //
 // Takes any type of body and a specified content type.
 //
@@ -2533,7 +2533,7 @@ func (c *Client) SetSandboxNetworkWithBody(ctx context.Context, id SandboxID, co
 
 // SetSandboxNetwork Replace a sandbox's egress policy (owner)
 //
-// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: kubernetes, local with isolation none, a docker daemon not on the gateway's host, and a docker sandbox with a network of its own: declared `ports` or `provider_options.network`).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -5214,7 +5214,7 @@ type ClientWithResponsesInterface interface {
 
 	// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy (owner)
 	//
-	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: kubernetes, local with isolation none, a docker daemon not on the gateway's host, and a docker sandbox with a network of its own: declared `ports` or `provider_options.network`).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -5223,7 +5223,7 @@ type ClientWithResponsesInterface interface {
 
 	// SetSandboxNetworkWithResponse Replace a sandbox's egress policy (owner)
 	//
-	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+	// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: kubernetes, local with isolation none, a docker daemon not on the gateway's host, and a docker sandbox with a network of its own: declared `ports` or `provider_options.network`).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -9239,7 +9239,7 @@ func (c *ClientWithResponses) RevokeLeaseWithResponse(ctx context.Context, id Sa
 
 // SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy (owner)
 //
-// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: kubernetes, local with isolation none, a docker daemon not on the gateway's host, and a docker sandbox with a network of its own: declared `ports` or `provider_options.network`).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -9254,7 +9254,7 @@ func (c *ClientWithResponses) SetSandboxNetworkWithBodyWithResponse(ctx context.
 
 // SetSandboxNetworkWithResponse Replace a sandbox's egress policy (owner)
 //
-// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: everything but local with namespaces).
+// Effective for new connections and DNS questions when the call returns (open connections stay); kept across gateway restarts. A policy other than `none` on a provider that cannot enforce it is 409 `not_supported` (today: kubernetes, local with isolation none, a docker daemon not on the gateway's host, and a docker sandbox with a network of its own: declared `ports` or `provider_options.network`).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -19872,48 +19872,48 @@ var swaggerSpec = []string{
 	"Tjhar1L1SEchY9tL41L5AnG9Kuwn1judUzErcdit/OTBQxfUNxHMKU7g8eUy/uv//H9rnDR2kX18OmVW",
 	"xvG147jxxfRwRdYkosBzeEoW1GDst2+y18xtbGsPwGxsN9t4DSzxP9ft/xDhA3Cs6F7EfH9ax277LByw",
 	"LSxMMLP8HBbapmiFU0DutZzAavhW2qkGkNo1+/7NOYGz5Ooau8hRS1whwrorcyZqX2pDVz0fd4lsbg0X",
-	"DzKucpnxZFWL8hVSsNhVp/MVuzDIFatNMTGVCqN1wffyDZYq1EWO9bFi0jUypasRKaubkklhXL0tEEVC",
-	"wWjdUJVKB9zaN27h70e78K0/NLTEbsBctytg+3XYzv/yts0/c2whBAJVoH0facJmCsqi4E5uZ27NXAdK",
-	"Q34ur9BajJFt+o/Hhj6D4pdf4HgfyiCuGPuVoU9vWjusTsHfaftrOahK3qxc/t/Bx5ya+e09IyJhDlTU",
-	"FGOqoKoGWuTev3sV2WvV6sIIhglovtTMHSRudQmkMidYJWYFcNdEZ1TPrSjbjVsn/fXw6+EBzfkBN2yh",
-	"//2Xbw/jsm58vPbEibiQSuyShl0m8c4U4o2k4ZadMKut5cvOzOrcFRS4T7Ivu9lacMuXNvhiiq+dRMPU",
-	"gguahQWqEKPd4PsxwSO8cW5Wsa96NZHpKiLOzV+FwfY6tTPPn138nXRjhwrj6xflPEfSwQKoEETkk4lA",
-	"4nd5NVT40sZoCnfQQ93g3D4kr/l3lRJDkcNwphMts8JgZR8HVqx7A/KTr8IOU+lSTd7mTLgVgPSr9JEO",
-	"xbmdF82vNHrwx97g6SfvKtkiFvNPbHIukytm3Lgjv14LmTpPnpsQ1VdQjZ5043/PzerbYTwaC1gYl3W8",
-	"5FYtsgvYOykRfhxncnWkuSboV3Mplw79Gycck+FgLCqQ5s4PUD9QED9AUcnQc5ZlLmGTT0mA4YGcKz1f",
-	"8wmMRekUaPcAlOR+T4L6mVlhdZYHcgWE/r4AD/8Lwr45AOF1NrzBhVuvYCwpux9usGt8HZ8xIkkmsQ5Q",
-	"WfrdYx+UaLC1Ntqwg9fI8wt88Nohg6V5yDt/E9J351lrh/N9mN2t9LJdmvuyv7XI8T029h7VJDf3LZbN",
-	"wK0Olvqedbbdg1FMsOX9hMGee16JwVDESCLkkvylLCsZD+NRWUHyZCO0oi5SJYXCnDD3fXssxYA8C51A",
-	"scc6kObFxatKIcehFb6TrEghBMSbehVzxdt76Hc5Hg6r1cDd583+E8GW9xsC+s52sVUuezBzEgzli2D2",
-	"p47qOL0xTKQ141PGp8zwBfsk2xPWi7kfKym2/cebSd85yA4o0fTFWvpAesDFnC4JJWAqT/csxNh8Rss4",
-	"43u5257T3BSqXlfUp2GstGELAqkSGHew3Bpu5E5aMIAwLFjCVbWk2Iar0QUAkwQHko4qUdcQruyjJ8Yi",
-	"JKM4y8pUMT2vmJ+l921iSx4ZspoSAdmdDlMIHZtjse7ZxHEuBQtV2XzgEzoyXY3e6kp0qZBitZAFDIKW",
-	"bfrqUldspV35ZBeCVS2ZFkYHdco16cI7LuMDYJiWcJF78xK6VRMqAIDJ4zu7Umi1embVQXJNZlKw0Wb5",
-	"9LHYqJ+OhZ5r63bFcjMgZ657XXPrhvdC2ItttO7Z3VIo2n19X7UAXPMPFQvqZ9Nk/nHPvpiAHj7f5AGs",
-	"P4EKmlnpp2SRIExUq2OmLNN7ji/ep6QBPWyHaLLDZf/STpmL2kUK6/Fg4ZJF7qGZ78HHg7mXmKQIEM4k",
-	"9qi/l5OnxzGWngBwhEuXDb4bJhnTKlOuNjFTSAUypY6JkmxHjj57fxfk6IZbCZfxTkAqd6Ok9zkCK/8h",
-	"OGu+8zYy/oKl8kdhoP0ROCyfAATteU9VM2mNGjgPb93nzeQ62Rox4AcSAiCZeqRBrpdLwPSslSL/tJO8",
-	"voM7PfdhHLqyTtukA//Tbj/Ry5QtcmmwUIomb9hrSX5YLR5pEuMnl76xmLCbnCUGcXCCyI86jl2gkNU5",
-	"l1k6Ft1CALxsGUcedA+pQrj5FVs90oCciv75jE0d+mgZY340HPqyyq6JEUGn/4D8BJCr4eDVtcFymICd",
-	"5ZPnodw11vDQRWIlPz0WLuRgVP/OVW1xU3yEnvKIzJiJApSB1YLqytlYdENlAvgh9mAAYZyQ+WpvNS5m",
-	"UUik1UYqOgNj7FQxlpaxuBCpIKcQ9b7AQIaFvMb7LRS3dtH5J7DAZs0OLNiNU4pdzVDARAX83zkTvRMM",
-	"qHeqGYCjxCmbMgXqNsReDEgd66HUwX3WwQwqERn7cU3dHEC2z0YUbz0C2KvB4fQ2FmaABmu64B/rbgQr",
-	"f9cfTCwa42FlaMiHsIIMvvJ7xN7flerT7ksCeihpuoW3tDsIH2I3tunLVcb9e5b3d+kIe7jqdi7wHeVx",
-	"921V1L+WWbFg2y/b/+Xeucfdwi62XbRuoH/Oa/Y6rJDfJ/8L7FKj5vOaXjEshb7Izco1AUXwNf+VXc74",
-	"JK7bC0NvIWOybh/0rBvLTwT74ICch0sEglApPCALWQgD+ZWhCEU3dsOOQwI5PAAWZW/6sXBXvefBlxKm",
-	"owfhQwwJy6+TQZJRvnhDFyz2rkFuehDPKguDeeRwN7lU8GDefFRmv61dCuQZYvWQnHobJ/+VEUS9h45P",
-	"37w9P3s+IN/R5ArQgSDBIyLU4eGgxUROQ2JZlxKdU6UZwu1EJJMy78PasLR3QhBxJyIU8kNSv00TAOIG",
-	"ZZOasdB0wSommRNyVUyYEswwbT89Y0pzbakEz/lzuzKki4343c0KbWB7YW01l4Kp3mAsXvpprpl4SxEj",
-	"5foK5YgKnoff80fwWDv7LDctplmogmBn4YUzL4MVGPLjk/e+abe34tzuSbd9Xu1iL9X28DMzpybG5ELy",
-	"HlipvbNF9PdbNdtY4XNXvcbRRSMDrN80Bx/xH7fbc9+n4OKC44zFKABps/ThIC1w48VZYiA5Hvh/ry3s",
-	"rHJC//uGnD1svvdOIdAxxDWFpOUmbBMI739j2mm4FC4q9VZKvQtxkNxd+WcWFrdQ4I56dOUKWK3PXgJS",
-	"EW6v26rO7Xfa5YpDKYpBc+7IdfUmaClAR288LPvT44YKdLtWAOrC4GQKlXVGnQMwMru5b8RaObaR8SlL",
-	"VkkGpV1Z32n6LInw8o4CXAVWvcQyYoNyYqW9ajPT50UpX5RGIRdSeVVrJIjwm404URuV5Sm/YSnc/VEp",
-	"CZaIGRGezYopA05pEOcG6xvS1OH39VI4OkJQcF/eNngc6AwsPkvKIUFaqghqF9sXMe4frRpQnzrzKdRU",
-	"rCpe+cp4QuHJ5oQpl5QB5kJcirWKPRHAPEtFzs9PSddJa3Ysc4QzDFXbZkwAZFCKjaledR8QlL1pDD5E",
-	"snt28XfbTc5z1gspGQ6IxY2yliOykdhBvAU0Y9W+c3A4Ns19PZejugp2ND4J41NnvWQTDe23JqtZwmK+",
-	"kpAMVy5WsfvUbqG5hi5/ZDQzczxMXDCtI7JgRvEEwjy4tgJ4sfAh5pADpORSM1XGsXaBGYQRVXuVubaq",
-	"7v8NAAD//w==",
+	"DzKucpnxZFWL8hVSsNhVp/MVuzDIFatNMTGVCqN1wffyDZYq1EWO9bFi0jUypatRpaBV5IptoQlE+6J0",
+	"tqvIcpJqDS7gjghZWMk4n0svbYXXPbMMaqJB++7Uc7JRGbLvk0CkIpvY7O7LuKFClg4Yum/cIbgfTce3",
+	"/tAwF7vBe90JATu0w5n+l7ez/pnjHCEoqQIz/EgTNlNQogV3cjujbeaAUKbyc3mo1uKdbNN/PE71GRTi",
+	"/AIN/FDGecXYrwz9i9PaYXXGhp12yJaDquTNyuUiHnzMqZnf3jM6E+ZjRU3xrgoqfKB18P27V5G94q1e",
+	"jsCcgCxMzdzfdZUlkMqcYMWaFUBvE51RPbdidTdunfTXw6+HBzTnB9ywhf73X749jMsa9vHaEyduQ1qz",
+	"S2B2Wc0705k3EphbdsKstpZSOzOrc1fc4D7Jvuxma/EvX2bhi1ugdhINUwsuaBYWqEKMdoPvxx2AUMu5",
+	"WcW+AtdEpquIuJCDKiS31++dDHh28XfSjR1Cja+llPMcSQeLsUJAk09sAu3D5fhQ4csso1newSB1g6P9",
+	"kLzm31XKHUUOT5pOtMwKg1WGHHCy7g3IT74iPEylSzV5mzPhVgBSwdJHOhQKdx49v9IYTTD2xlc/eVdV",
+	"F3Ghf2KTcysLGzfuyK/XQqbOq+gmRPUVVMYn3fjfc7P6dhiPxgIWxmVAL7lV0ewC9k5KtCHHmVxNa64J",
+	"+vhc+qdDIscJx2Q4GIsKvLrzSdQPFMQyUFR49JxlmUse5VMSIIEg/0vP1/wTY1E6KNq9ESW535OgfmZW",
+	"WCnmgdwSob8vIMj/ghB0Dsx4nQ1vcOHWKxjL2+6HYewaX8eKjEiSSaxJVJah9zgMJTJtrY02HOM18vwC",
+	"Zbx2yGBpHvLO34QX3nnW2qGFH2Z3K71sl+a+7G8tin2Pjb1HNcnNfYuVNXCrg6W+Z51t92AUE2x5PyG5",
+	"555XYmAWMZIIuSR/KUtcxsN4VFazPNkI86iLVEmhMD/Nfd8e1zEgz0InUHiybmK9uHhVKSo5tMJ3khUp",
+	"hKN4s7NirpB8D31Ax8NhtTK5+7zZlyPY8n7DUd/ZLrbKZQ9mToKhfBHM/tQRJqc3hoE/oRpGMWWGL9gn",
+	"2Z6wds39WEmx7T/eTPrOwYdAuagv1tIH0gMu5nRJKAFTebpnUcjmM1rGPN/L3fac5qZQ9RqnPiVkpQ1b",
+	"EEjbwBiI5dbQJ3fSggGEYfEUrqrlzTbcni4YmSQ4kHRUiQCH0GkfyTEWITHGWVamiul5xfwsvZ8VW/Io",
+	"ldX0DMg0dfhG6GQdi3UvK45zKVioEOeDsNCp6uoFV1eiS4UUq4UsYBC0bNNXurpiK+1KObtwsGr5tjA6",
+	"qJmuSRfecdknAAm1hIvcm5fQxZtQAWBQHmvalWWr1VarDpJrMpOCjTZLuY/FRi13LDpdW7crlpsBOXPd",
+	"65qLObwXQnBso3Uv85ai1e7r+6pL4Jp/qLhUP5sm84979sUE9PC5Lw9g/QlU0MxKPyWjBSGrWh0zZcng",
+	"c3zxPiUN6GE7XJQdLvuXdspc1C5SWI8HC90scg8TfQ8+HswDxYRJgJMmsUcgvpw8PY6xDAYANVy6zPTd",
+	"kM2Y4plytYnfQirwLXV8lmQ7ivXZ+7ugWDfcSriMdwJ1uRslvc8R5PkPwXzznbeR8Rdclz8Kj+2PwIT5",
+	"BFBqz3uqmklr1MB5eOs+bybXydaIAT+QEIzJ1CMNcr1cAr5orSz6p53k9R3c6bkP49CVddomHfifdvuJ",
+	"XqZskUuDRVs0ecNeS/LDavFIkxg/ufSNxYTd5CwxiMkTRH7UcewChQzTuczSsegWAqBuy5j2oHtIFULf",
+	"r9jqkQYUV/TPZ2zqkFDLePej4dCXeHZNjAg6/QfkJ4B/DQevrg2WwwQcL5/ID6W3sZ6ILhIr+emxcCEH",
+	"o/p3roKMm+Ij9JRHZMZMFGAVrBZUV87GohuqJMAPsQcmCOOELFx7q3Exi0JSrzZS0RkYY6eKsbSMC4ZI",
+	"BTmFCPwFBjIs5DXeb6HQtssUOIEFNmt2YMFunFLs6pcCPitgEc+Z6J1gcL9TzQCoJU7ZlClQtyH2YkDq",
+	"uBOlDu4zIGZQFcnYj2vq5gAyjzYiiuvRyF4NDqe3sUgENFjTBf9YdyNY+bv+YGIBGw9xQ0NuhhVk8JXf",
+	"I/b+rrSjdl8S0ENJ0y28pd1B+BC7sU1frjLu37O8v0tH2MNVt3OB7yiPu2+rov61zIoF237Z/i/3zj3u",
+	"Fnax7aJ1A/1zXrPXYYX8PvlfYJcaNZ/X9IphWfZFblauCSjIr/mv7HLGJ3HdXhh6C9mbdfugZ91YCiPY",
+	"BwfkPFwiEIRK4QFZyEIYyPUMBTG6sRt2HJLZ4QGwKHvTj4W76jdyJ8KHGBKWXyeDJKN88YYuWOxdg9z0",
+	"IJ5VFgZz2uFucmnpwbz5qMzEW7sUyDPEDSI59TZO/isjiMAPHZ++eXt+9nxAvqPJFSAVQb5JRKjD5kGL",
+	"SZkaQrqU6JwqzRD6JyKZlHkf1oalvROXYxIRCkBlqd+mCYCCg7JJzVhoumAVk8xJLeWFkjOmNNeWSvCc",
+	"P7crQ7rYiN/drNAGthfWVnMpmOoNxuKln+aaibcUMVKur1COqGCL+D1/BI+1s89y02KahYoMdhZeOPMy",
+	"WIEhPz6R8Jt2eyvO7Z502+fVLvZSbQ8/M3NqYkwuJO+Bldo7W0R/v1WzjRU+d5V0HF00MsD6TXPwEf9x",
+	"uz0PfwouLjjOWBgDUD9LHw7SAjdenCUGEvWB//faws4qJ/S/b8jZw+ae7xQCHUNcU0habsI2gfD+N6ad",
+	"hkvholL7pdS7EJPJ3ZV/ZmFxCwXuqI1XroDV+uwlIBXh9rqt6tx+p13eOpTFGDTnjlxXb4KWYnj0xkPE",
+	"Pz1uqIa3awWgRg1OplBZZ9Q5ACOzm/tGrJVjGxmfsmSVZFBmlvWdps+SCC/vKEBnYAVOLGk2KCdW2qs2",
+	"M31elPJFaRRyIZVXtUaCCL/ZiBO1UVme8huWwt0flZJgid4R4dmsmDLglAZxbrC+IU0dfl8vy6MjBCj3",
+	"pXaDx4HOwOKzpByStaWKoI6yfRHj/tGqAbWyM5/OTcWq4pWvjCcUwWxOmHJJGWAuxKVYqx4UAeS0VOT8",
+	"/JR0nbRmxzJHaMVQQW7GBMAXpdiY6lX3AQHim8bgQyS7Zxd/t93kPGe9kJLhQGHcKGs5IhuJHcRbQDNW",
+	"7TsHh2PT3NdzOaqrYEfjkzA+ddZLNtHQfmuymiUs5qsayXDlYkW9T+0Wmmvo8kdGMzPHw8QF0zoiC2YU",
+	"TyDMg2srgBcLH2IOOUBKLjVTZRxrF5hBGFG1V5lrq+r+3wAAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -222,9 +222,13 @@ func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, wor
 		entry = spec.Entrypoint
 	}
 	stop := 1
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = "sandbox"
+	}
 	cfg := &container.Config{
 		Image:       spec.Image,
-		Hostname:    "sandbox",
+		Hostname:    hostname,
 		Env:         env,
 		Entrypoint:  entry,
 		Cmd:         []string{},
@@ -235,7 +239,8 @@ func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, wor
 	init := true
 	hc := &container.HostConfig{
 		Init:          &init,
-		CapDrop:       d.opts.CapDrop,
+		CapDrop:       capDrop(d.opts.CapDrop, spec.CapAdd),
+		CapAdd:        spec.CapAdd, // validated by the service against the operator's list
 		SecurityOpt:   securityOpt,
 		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
 		LogConfig:     container.LogConfig{Type: "none"},
@@ -262,6 +267,22 @@ func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, wor
 		}
 	}
 	return cfg, hc, nil, extra
+}
+
+// capDrop is drop without the capabilities the create adds (the
+// operator's allow-list, checked by the service, overrides the provider's
+// defaults).
+func capDrop(drop, add []string) []string {
+	if len(add) == 0 {
+		return drop
+	}
+	out := make([]string, 0, len(drop))
+	for _, c := range drop {
+		if !slices.Contains(add, c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 func portKey(p int) nat.Port { return nat.Port(strconv.Itoa(p) + "/tcp") }

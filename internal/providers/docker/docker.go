@@ -18,6 +18,8 @@
 // A sandbox has no network unless it declares ports; then it gets a
 // bridge network of its own (network.go) that the gateway's firewall rules
 // (package hostfw) keep off the host and off every other sandbox network.
+// A sandbox without one that gets an egress policy or joins a group is
+// attached to the provider's egress point (egress.go).
 //
 // The daemon may be older than the client: the client negotiates the API
 // version (Debian's docker.io 20.10 speaks 1.41).
@@ -40,6 +42,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/sandgate/sandgate/internal/agentclient"
+	"github.com/sandgate/sandgate/internal/egress/point"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker/hostfw"
 )
@@ -116,6 +119,10 @@ type Options struct {
 	// AgentBinary is the static sandgate-agent binary every sandbox runs
 	// (see agent.go). Required.
 	AgentBinary string
+	// Egress configures the egress point that sandboxes with a policy
+	// other than none, or in a group, go out through (egress.go); made on
+	// first use.
+	Egress point.Options
 	// VolumeDir is where volumes keep their storage (volumes.go), on the
 	// daemon's host; it needs root, loop devices and mkfs. "" = no
 	// volumes (ErrUnsupported).
@@ -146,6 +153,12 @@ type Docker struct {
 
 	fw       *hostfw.Firewall // nil: the host rules could not be installed
 	fwConfig hostfw.Config    // names sandbox bridges, even without fw
+
+	egressMu sync.Mutex // serialises attaching sandboxes (egress.go)
+	egress   *point.Lazy
+	// afterNetnsOpen, when set (tests), runs between opening a sandbox's
+	// namespace and checking its container again.
+	afterNetnsOpen func(id string)
 }
 
 var (
@@ -198,7 +211,7 @@ func New(opts Options) (*Docker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker: %w", err)
 	}
-	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}, fwConfig: opts.Firewall}
+	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}, fwConfig: opts.Firewall, egress: point.NewLazy(opts.Egress)}
 	d.links.Open, d.links.Running = d.openAgent, d.requireRunning
 	d.Via = agentclient.Via{Connect: d.Agent, Links: &d.links}
 	if d.volName, d.agentSize, err = agentVolume(opts.AgentBinary); err != nil {
@@ -221,11 +234,14 @@ func New(opts Options) (*Docker, error) {
 // Name returns "docker".
 func (d *Docker) Name() string { return "docker" }
 
-// Close closes the client's idle connections and releases the host
-// firewall (removed when no other gateway holds it and no sandbox network
-// is left). Calls in flight are not interrupted; sandboxes keep running.
+// Close closes the client's idle connections, the egress point (attached
+// sandboxes lose their way out until a new provider attaches them again)
+// and releases the host firewall (removed when no other gateway holds it
+// and no sandbox network is left). Calls in flight are not interrupted;
+// sandboxes keep running.
 func (d *Docker) Close() error {
 	d.links.Close()
+	d.egress.Close()
 	var fwErr error
 	if d.fw != nil {
 		fwErr = d.fw.Close()
@@ -345,6 +361,9 @@ func (d *Docker) List(ctx context.Context) ([]providers.Owned, error) {
 // the sandbox's own network. ErrNotFound if there is neither.
 func (d *Docker) Delete(ctx context.Context, id string) error {
 	d.links.Drop(id)
+	// After the container is gone: an attach racing this delete either
+	// finished before (and is undone here) or finds no container.
+	defer d.detachEgress(id)
 	d.setPaused(id, false)
 	err := d.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	switch {

@@ -2,8 +2,8 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/sandgate/sandgate/internal/egress"
 	"github.com/sandgate/sandgate/internal/egress/point"
@@ -15,50 +15,6 @@ var (
 	_ providers.Egresser      = (*Local)(nil)
 	_ providers.EgressCounter = (*Local)(nil)
 )
-
-// egressPoint is the provider's egress point, made on first use: the
-// router namespace and its servers exist only once a sandbox has a policy.
-type egressPoint struct {
-	opts point.Options
-
-	mu     sync.Mutex
-	pt     *point.Point // guarded by mu; nil until the first get
-	closed bool         // guarded by mu
-}
-
-func (e *egressPoint) get() (*point.Point, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return nil, providers.Errorf(providers.ErrUnavailable, "the provider is closed")
-	}
-	if e.pt == nil {
-		pt, err := point.New(e.opts)
-		if err != nil {
-			return nil, err
-		}
-		e.pt = pt
-	}
-	return e.pt, nil
-}
-
-// made is the point if get made it, else nil.
-func (e *egressPoint) made() *point.Point {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.pt
-}
-
-// close closes the point if it was made; later gets fail.
-func (e *egressPoint) close() {
-	e.mu.Lock()
-	pt := e.pt
-	e.closed, e.pt = true, nil
-	e.mu.Unlock()
-	if pt != nil {
-		_ = pt.Close()
-	}
-}
 
 // SetEgress gives sandbox id the policy pol. The first policy other than
 // none attaches its network namespace (where it has only lo) to the egress
@@ -73,7 +29,10 @@ func (l *Local) SetEgress(ctx context.Context, id string, pol egress.Policy) err
 		return err
 	}
 	defer sb.mu.Unlock()
-	pt, err := l.egress.get()
+	pt, err := l.egress.Get()
+	if errors.Is(err, point.ErrClosed) {
+		return providers.Errorf(providers.ErrUnavailable, "the provider is closed")
+	}
 	if err != nil {
 		return err
 	}
@@ -93,7 +52,7 @@ func (l *Local) SetEgress(ctx context.Context, id string, pol egress.Policy) err
 
 // EgressStats are sandbox id's connection counts through the egress point.
 func (l *Local) EgressStats(id string) egress.Stats {
-	if pt := l.egress.made(); pt != nil {
+	if pt := l.egress.Made(); pt != nil {
 		return pt.Stats(id)
 	}
 	return egress.Stats{}
@@ -101,7 +60,7 @@ func (l *Local) EgressStats(id string) egress.Stats {
 
 // detachEgress removes id's way out, if it had one.
 func (l *Local) detachEgress(id string) {
-	if pt := l.egress.made(); pt != nil {
+	if pt := l.egress.Made(); pt != nil {
 		pt.Detach(id)
 	}
 }

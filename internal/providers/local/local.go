@@ -173,7 +173,7 @@ type Local struct {
 	ranges   map[int]string      // id ranges in use (index -> sandbox id), see idmap.go
 	closed   bool
 
-	egress *egressPoint // egress.go
+	egress *point.Lazy // egress.go
 }
 
 var (
@@ -253,7 +253,7 @@ func New(opts Options) (*Local, error) {
 		stateDir:  dir,
 		boxesDir:  dir + "/sandboxes",
 		isolation: opts.Isolation,
-		egress:    &egressPoint{opts: opts.Egress},
+		egress:    point.NewLazy(opts.Egress),
 		log:       opts.Logger,
 		idBase:    opts.IDBase,
 		initBin:   bin,
@@ -568,7 +568,7 @@ func (l *Local) Close() error {
 	}
 	// The egress point goes with the provider: sandboxes keep running
 	// without a way out until a new gateway restores their policies.
-	l.egress.close()
+	l.egress.Close()
 	return nil
 }
 
