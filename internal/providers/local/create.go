@@ -203,7 +203,14 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 		return providers.Sandbox{}, providers.Errorf(providers.ErrUnsupported, "volumes need isolation namespaces")
 	}
 	cfg.Env = st.Env
-	pid, err := l.startInit(readyCtx, dir, cfg, &st)
+	var disk *os.File
+	if cfg.DiskBytes > 0 {
+		if disk = l.disks.take(cfg.DiskBytes, dir+"/"+jail.DiskImage); disk != nil {
+			defer disk.Close() // setup holds its own
+			cfg.DiskFD = true
+		}
+	}
+	pid, err := l.startInit(readyCtx, dir, cfg, &st, disk)
 	if err != nil {
 		return providers.Sandbox{}, err
 	}
@@ -381,8 +388,9 @@ func (l *Local) withDefaults(r providers.Resources) providers.Resources {
 
 // startInit starts the sandbox's init through the setup process and waits
 // until init reports ready. It records init's pid in st as soon as it is
-// known, so a failed start can be cleaned up.
-func (l *Local) startInit(ctx context.Context, dir string, cfg jail.Config, st *persisted) (int, error) {
+// known, so a failed start can be cleaned up. disk, if not nil, is the
+// sandbox's disk made ahead (cfg.DiskFD), handed to setup.
+func (l *Local) startInit(ctx context.Context, dir string, cfg jail.Config, st *persisted, disk *os.File) (int, error) {
 	subdirs := []string{"lower", "root", "rw"}
 	if cfg.Isolation == IsolationNone {
 		subdirs = []string{"fs", "fs" + cfg.Workdir}
@@ -420,6 +428,9 @@ func (l *Local) startInit(ctx context.Context, dir string, cfg jail.Config, st *
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{lf, rw, cfgR}
+	if disk != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, disk) // jail.FDDisk
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if cfg.Isolation == IsolationNamespaces {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNS

@@ -31,6 +31,9 @@ const (
 	fdListener = 3 // the agent's listening socket, bound by the gateway
 	fdReady    = 4 // write end of the readiness pipe
 	fdConfig   = 5 // read end of a pipe holding the Config JSON
+	// FDDisk is setup's descriptor of a disk made ahead (Config.DiskFD):
+	// the fourth of the extra files.
+	FDDisk = 6
 )
 
 // nsFlags are the namespaces of a sandbox. The cgroup namespace is rooted
@@ -76,6 +79,10 @@ type Config struct {
 	// seccomp's Compile): the gateway compiles it, so that init links
 	// no profile library.
 	Seccomp []byte `json:"seccomp,omitempty"`
+	// DiskFD says the sandbox's filesystem was made ahead (MakeDisk, its
+	// image already at dir/disk.img): setup gets it at FDDisk, a detached
+	// mount, instead of making one.
+	DiskFD bool `json:"disk_fd,omitempty"`
 }
 
 // ReadyMsg is one line on the readiness pipe: setup reports init's pid,
@@ -139,6 +146,10 @@ func runSetup() int {
 	cfg, raw, err := readConfig()
 	if err != nil {
 		return fail(err)
+	}
+	if cfg.DiskFD {
+		// Init and its commands must never hold it.
+		unix.CloseOnExec(FDDisk)
 	}
 	// Only this thread joins the sandbox's cgroups, and forks init from
 	// there: a child starts in its forking thread's cgroups. Moving one's
@@ -211,7 +222,9 @@ func stageRoot(cfg Config) (int, error) {
 	rw := cfg.Dir + "/rw"
 	disk := -1
 	dirs := []string{rw, cfg.Dir + "/root", cfg.Dir + "/lower", cfg.Dir}
-	if cfg.DiskBytes > 0 {
+	if cfg.DiskFD {
+		disk = FDDisk
+	} else if cfg.DiskBytes > 0 {
 		var err error
 		if disk, err = makeDisk(cfg.DiskFS, cfg.Mkfs, cfg.DiskTemplates, cfg.Dir, cfg.DiskBytes); err != nil {
 			return -1, err
