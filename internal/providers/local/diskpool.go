@@ -142,12 +142,16 @@ func (d pooledDisk) release() {
 	os.Remove(d.img)
 }
 
-// close stops the pool and releases the disks it holds.
+// close stops the pool and releases the disks it holds; again, nothing.
 func (p *diskPool) close() {
 	if p == nil {
 		return
 	}
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
 	p.closed = true
 	ready := p.ready
 	p.ready = nil
