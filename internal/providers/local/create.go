@@ -210,7 +210,14 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 			cfg.DiskFD = true
 		}
 	}
-	pid, err := l.startInit(readyCtx, dir, cfg, &st, disk)
+	var pids *os.File // the forker joins its pids cgroup itself (jail.Config.PidsFD)
+	if d := st.Cgroups["pids"]; d != "" {
+		if pids, err = os.OpenFile(d+"/tasks", os.O_WRONLY, 0); err == nil {
+			defer pids.Close()
+			cfg.PidsFD = true
+		}
+	}
+	pid, err := l.startInit(readyCtx, dir, cfg, &st, disk, pids)
 	if err != nil {
 		return providers.Sandbox{}, err
 	}
@@ -244,8 +251,10 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	if c.Forker() <= 0 {
 		return providers.Sandbox{}, providers.Errorf(providers.ErrUnavailable, "sandbox agent did not name its forker thread")
 	}
-	if err := joinPids(st.Cgroups["pids"], pid, c.Forker()); err != nil {
-		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply the process limit")
+	if !cfg.PidsFD { // else init's forker joined before it answered
+		if err := joinPids(st.Cgroups["pids"], pid, c.Forker()); err != nil {
+			return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply the process limit")
+		}
 	}
 	if spec.Entrypoint != nil {
 		if err := c.Spawn(readyCtx, spec.Entrypoint); err != nil {
@@ -389,8 +398,9 @@ func (l *Local) withDefaults(r providers.Resources) providers.Resources {
 // startInit starts the sandbox's init through the setup process and waits
 // until init reports ready. It records init's pid in st as soon as it is
 // known, so a failed start can be cleaned up. disk, if not nil, is the
-// sandbox's disk made ahead (cfg.DiskFD), handed to setup.
-func (l *Local) startInit(ctx context.Context, dir string, cfg jail.Config, st *persisted, disk *os.File) (int, error) {
+// sandbox's disk made ahead (cfg.DiskFD), and pids its pids cgroup's
+// tasks file (cfg.PidsFD), handed to setup.
+func (l *Local) startInit(ctx context.Context, dir string, cfg jail.Config, st *persisted, disk, pids *os.File) (int, error) {
 	subdirs := []string{"lower", "root", "rw"}
 	if cfg.Isolation == IsolationNone {
 		subdirs = []string{"fs", "fs" + cfg.Workdir}
@@ -428,9 +438,8 @@ func (l *Local) startInit(ctx context.Context, dir string, cfg jail.Config, st *
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{lf, rw, cfgR}
-	if disk != nil {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, disk) // jail.FDDisk
-	}
+	// jail.FDDisk and jail.FDPids; nil: closed in setup.
+	cmd.ExtraFiles = append(cmd.ExtraFiles, disk, pids)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if cfg.Isolation == IsolationNamespaces {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNS
