@@ -149,7 +149,17 @@ func (s *Server) startCommand(req agentwire.ExecRequest) (*command, error) {
 	}
 	ooms := s.opts.OOMKills()
 	c.started = time.Now()
-	waited, err := s.spawn(cmd, cmd.Start, !req.PreserveBackground)
+	run := cmd
+	if d := directCommand(cmd, req.Command, req.User); d != nil {
+		run = d
+	}
+	waited, err := s.spawn(run, run.Start, !req.PreserveBackground)
+	if err != nil && run != cmd {
+		// The kernel would not run the program (a script without #!,
+		// say): bash runs it, or says why not.
+		run = cmd
+		waited, err = s.spawn(run, run.Start, !req.PreserveBackground)
+	}
 	closeChildOutputs(cmd)
 	if stdin != nil {
 		cmd.Stdin.(*os.File).Close() // the child's end
@@ -163,8 +173,8 @@ func (s *Server) startCommand(req agentwire.ExecRequest) (*command, error) {
 		return nil, fmt.Errorf("start %s: %w", cmd.Path, unwrapExec(err))
 	}
 	started = true
-	c.pid = cmd.Process.Pid
-	cmd.Process.Release()
+	c.pid = run.Process.Pid
+	run.Process.Release()
 	if stdin != nil {
 		go func() {
 			stdin.Write(req.Stdin) // fails once the command is gone: fine

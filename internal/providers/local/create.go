@@ -203,7 +203,21 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 		return providers.Sandbox{}, providers.Errorf(providers.ErrUnsupported, "volumes need isolation namespaces")
 	}
 	cfg.Env = st.Env
-	pid, err := l.startInit(readyCtx, dir, cfg, &st)
+	var disk *os.File
+	if cfg.DiskBytes > 0 {
+		if disk = l.disks.take(cfg.DiskBytes, dir+"/"+jail.DiskImage); disk != nil {
+			defer disk.Close() // setup holds its own
+			cfg.DiskFD = true
+		}
+	}
+	var pids *os.File // the forker joins its pids cgroup itself (jail.Config.PidsFD)
+	if d := st.Cgroups["pids"]; d != "" {
+		if pids, err = os.OpenFile(d+"/tasks", os.O_WRONLY, 0); err == nil {
+			defer pids.Close()
+			cfg.PidsFD = true
+		}
+	}
+	pid, err := l.startInit(readyCtx, dir, cfg, &st, disk, pids)
 	if err != nil {
 		return providers.Sandbox{}, err
 	}
@@ -237,8 +251,10 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	if c.Forker() <= 0 {
 		return providers.Sandbox{}, providers.Errorf(providers.ErrUnavailable, "sandbox agent did not name its forker thread")
 	}
-	if err := joinPids(st.Cgroups["pids"], pid, c.Forker()); err != nil {
-		return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply the process limit")
+	if !cfg.PidsFD { // else init's forker joined before it answered
+		if err := joinPids(st.Cgroups["pids"], pid, c.Forker()); err != nil {
+			return providers.Sandbox{}, providers.Wrap(providers.ErrUnavailable, err, "cannot apply the process limit")
+		}
 	}
 	if spec.Entrypoint != nil {
 		if err := c.Spawn(readyCtx, spec.Entrypoint); err != nil {
@@ -404,8 +420,10 @@ func (l *Local) withDefaults(r providers.Resources) providers.Resources {
 
 // startInit starts the sandbox's init through the setup process and waits
 // until init reports ready. It records init's pid in st as soon as it is
-// known, so a failed start can be cleaned up.
-func (l *Local) startInit(ctx context.Context, dir string, cfg jail.Config, st *persisted) (int, error) {
+// known, so a failed start can be cleaned up. disk, if not nil, is the
+// sandbox's disk made ahead (cfg.DiskFD), and pids its pids cgroup's
+// tasks file (cfg.PidsFD), handed to setup.
+func (l *Local) startInit(ctx context.Context, dir string, cfg jail.Config, st *persisted, disk, pids *os.File) (int, error) {
 	subdirs := []string{"lower", "root", "rw"}
 	if cfg.Isolation == IsolationNone {
 		subdirs = []string{"fs", "fs" + cfg.Workdir}
@@ -443,6 +461,8 @@ func (l *Local) startInit(ctx context.Context, dir string, cfg jail.Config, st *
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{lf, rw, cfgR}
+	// jail.FDDisk and jail.FDPids; nil: closed in setup.
+	cmd.ExtraFiles = append(cmd.ExtraFiles, disk, pids)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if cfg.Isolation == IsolationNamespaces {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNS

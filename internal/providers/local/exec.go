@@ -30,7 +30,7 @@ func (l *Local) Exec(ctx context.Context, id string, req providers.ExecRequest) 
 	if req, err = req.Check(); err != nil {
 		return providers.ExecResult{}, err
 	}
-	c, err := l.Agent(ctx, id)
+	c, err := sb.agent(ctx) // not l.Agent: the sandbox's state was read just now
 	if err != nil {
 		return providers.ExecResult{}, err
 	}

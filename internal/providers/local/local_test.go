@@ -299,6 +299,25 @@ func TestResourceLimits(t *testing.T) {
 			t.Errorf("%s: %q %v, want %s", want[0], got, err, want[1])
 		}
 	}
+	// Init's forker thread alone is in the sandbox's pids cgroup (it
+	// joined itself: see jail.Config.PidsFD), so every command is, and
+	// init's other threads are not.
+	c, err := l.Agent(ctxT(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forker, err := hostTid(sb.st.Pid, c.Forker())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(sb.st.Cgroups["pids"] + "/tasks"); err != nil || !slices.Contains(strings.Fields(string(b)), strconv.Itoa(forker)) {
+		t.Errorf("the sandbox's pids cgroup holds %q (%v), want init's forker thread %d", b, err, forker)
+	} else if slices.Contains(strings.Fields(string(b)), strconv.Itoa(sb.st.Pid)) {
+		t.Errorf("init's main thread %d is in the sandbox's pids cgroup: %q", sb.st.Pid, b)
+	}
+	if got, _ := sh(t, l, id, "grep -c ':pids:/.' /proc/self/cgroup; grep -c ':pids:/$' /proc/1/cgroup"); got != "1\n1\n" {
+		t.Errorf("a command's pids cgroup below the namespace's root, init's at it: %q", got)
+	}
 	// A command is the OOM killer's first choice, ahead of init:
 	// allocating past the limit gets the command OOM-killed, never init
 	// (which this race-instrumented test binary makes big), and the
@@ -311,10 +330,6 @@ func TestResourceLimits(t *testing.T) {
 		t.Errorf("512 MiB under a 64 MiB limit: exit %d %q, want 137 and the reason", code, out)
 	}
 	// A durable command's record says so too.
-	c, err := l.Agent(ctxT(t), id)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := c.StartCommand(ctxT(t), agentclient.CommandRequest{ID: "oom", Retain: time.Minute, ExecRequest: providers.ExecRequest{
 		Command: `perl -e '$x = "a" x (512 * 1024 * 1024)'`, Timeout: time.Minute, MaxOutput: 1 << 20}}); err != nil {
 		t.Fatal(err)

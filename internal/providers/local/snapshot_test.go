@@ -126,6 +126,10 @@ func TestSnapshotLayers(t *testing.T) {
 			t.Errorf("%s after every snapshot and sandbox is gone: %v", d, ents)
 		}
 	}
+	// With the providers closed, the disks their pools made ahead go
+	// too: nothing is left bound.
+	l.Close()
+	l2.Close()
 	waitNoLoops(t, stateDir)
 }
 

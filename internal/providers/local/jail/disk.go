@@ -86,11 +86,19 @@ func FindMkfs(want string) (fs, mkfs string, err error) {
 // which ext4 does not mind and btrfs handles (each clone mounted gets a
 // temporary one).
 func makeDisk(fs, mkfs, templates, dir string, size int64) (int, error) {
+	return MakeDisk(fs, mkfs, templates, dir+"/"+DiskImage, size)
+}
+
+// MakeDisk is makeDisk with the image at img: the provider makes disks
+// ahead of creates with it (see Config.DiskFD). A detached mount is no
+// part of any mount namespace until attached, so any process of host
+// root can make one and hand it on.
+func MakeDisk(fs, mkfs, templates, img string, size int64) (int, error) {
 	tpl, err := diskTemplate(fs, mkfs, templates, size)
 	if err != nil {
 		return -1, err
 	}
-	f, err := os.OpenFile(dir+"/"+DiskImage, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return -1, fmt.Errorf("create disk image: %w", err)
 	}

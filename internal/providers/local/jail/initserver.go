@@ -102,6 +102,18 @@ func (a *initServer) onForker(fn func()) {
 // AllThreadsSyscall (the whole-process drop) is not supported.
 func (a *initServer) forker(started chan<- error) {
 	runtime.LockOSThread() // never unlocked: the thread is tainted on purpose
+	if a.cfg.PidsFD {
+		// This thread alone, and so every command, into the sandbox's
+		// pids cgroup (see Config.PidsFD); init's other threads stay
+		// in the parent (see the gateway's joinPids).
+		f := os.NewFile(fdInitPids, "pids-tasks")
+		_, err := f.Write([]byte("0"))
+		f.Close()
+		if err != nil {
+			started <- fmt.Errorf("join the pids cgroup: %w", err)
+			return
+		}
+	}
 	if a.cfg.Isolation == IsolationNamespaces {
 		for _, c := range []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_SYS_PTRACE} {
 			if err := unix.Prctl(unix.PR_CAPBSET_DROP, c, 0, 0, 0); err != nil {

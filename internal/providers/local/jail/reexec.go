@@ -31,6 +31,14 @@ const (
 	fdListener = 3 // the agent's listening socket, bound by the gateway
 	fdReady    = 4 // write end of the readiness pipe
 	fdConfig   = 5 // read end of a pipe holding the Config JSON
+	// FDDisk is setup's descriptor of a disk made ahead (Config.DiskFD):
+	// the fourth of the extra files.
+	FDDisk = 6
+	// FDPids is setup's descriptor of the sandbox's pids cgroup's tasks
+	// file (Config.PidsFD), the fifth of the extra files; init gets it
+	// as fdInitPids.
+	FDPids     = 7
+	fdInitPids = 6
 )
 
 // nsFlags are the namespaces of a sandbox. The cgroup namespace is rooted
@@ -76,6 +84,18 @@ type Config struct {
 	// seccomp's Compile): the gateway compiles it, so that init links
 	// no profile library.
 	Seccomp []byte `json:"seccomp,omitempty"`
+	// DiskFD says the sandbox's filesystem was made ahead (MakeDisk, its
+	// image already at dir/disk.img): setup gets it at FDDisk, a detached
+	// mount, instead of making one.
+	DiskFD bool `json:"disk_fd,omitempty"`
+	// PidsFD says setup holds the sandbox's pids cgroup's tasks file,
+	// opened for writing by the gateway (FDPids): init's forker thread
+	// joins that cgroup by writing "0" to it, which moves the thread
+	// alone, where the gateway moving it by its id would take the
+	// kernel's whole-process migration lock (an RCU grace period, ~10
+	// ms). The gateway's credentials from the open are what the kernel
+	// checks. Init closes it before it answers.
+	PidsFD bool `json:"pids_fd,omitempty"`
 }
 
 // ReadyMsg is one line on the readiness pipe: setup reports init's pid,
@@ -140,6 +160,15 @@ func runSetup() int {
 	if err != nil {
 		return fail(err)
 	}
+	if cfg.DiskFD {
+		// Init and its commands must never hold it.
+		unix.CloseOnExec(FDDisk)
+	}
+	var pids *os.File
+	if cfg.PidsFD {
+		unix.CloseOnExec(FDPids) // init gets it below, as fdInitPids
+		pids = os.NewFile(FDPids, "pids-tasks")
+	}
 	// Only this thread joins the sandbox's cgroups, and forks init from
 	// there: a child starts in its forking thread's cgroups. Moving one's
 	// own thread (0 in tasks) skips the whole-process migration lock,
@@ -161,6 +190,9 @@ func runSetup() int {
 	cmd.Env = []string{}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.ExtraFiles = []*os.File{os.NewFile(fdListener, "listener"), ready, cfgR}
+	if pids != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, pids) // fdInitPids
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	disk := -1 // the sandbox's filesystem, a detached mount
 	if cfg.Isolation == IsolationNamespaces {
@@ -211,7 +243,9 @@ func stageRoot(cfg Config) (int, error) {
 	rw := cfg.Dir + "/rw"
 	disk := -1
 	dirs := []string{rw, cfg.Dir + "/root", cfg.Dir + "/lower", cfg.Dir}
-	if cfg.DiskBytes > 0 {
+	if cfg.DiskFD {
+		disk = FDDisk
+	} else if cfg.DiskBytes > 0 {
 		var err error
 		if disk, err = makeDisk(cfg.DiskFS, cfg.Mkfs, cfg.DiskTemplates, cfg.Dir, cfg.DiskBytes); err != nil {
 			return -1, err
