@@ -143,7 +143,13 @@ func (k *Kubernetes) JoinGroup(ctx context.Context, id, group string) (netip.Add
 		if err != nil {
 			return netip.Addr{}, err
 		}
-		if _, err := k.cs.CoreV1().Pods(k.ns).Patch(ctx, id, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		_, err = k.cs.CoreV1().Pods(k.ns).Patch(ctx, id, types.MergePatchType, patch, metav1.PatchOptions{})
+		switch {
+		case apierrors.IsForbidden(err):
+			return netip.Addr{}, providers.Wrap(providers.ErrUnavailable, err, fmt.Sprintf(
+				"sandbox %s: the API server refused to label its pod with its group: %s (the gateway needs patch on pods in namespace %s)",
+				id, apiMessage(err), k.ns))
+		case err != nil:
 			return netip.Addr{}, k.kind(err, "label sandbox %s with its group", id)
 		}
 	}

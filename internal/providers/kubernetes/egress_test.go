@@ -376,3 +376,25 @@ func TestHostnameCapAdd(t *testing.T) {
 		})
 	}
 }
+
+// A Role without patch on pods (an older README's) makes JoinGroup
+// unavailable, saying what the gateway needs.
+func TestJoinGroupRefused(t *testing.T) {
+	p := newProvider(t)
+	id := create(t, p, providers.CreateSpec{})
+	limited := newProvider(t, func(o *Options) {
+		o.InstanceID = p.opts.InstanceID
+		o.RestConfig = asRole(t, roleWith("pods", "get", "list", "watch", "create", "delete"))
+	})
+	_, err := limited.JoinGroup(ctxT(t, time.Minute), id, "g")
+	if !errors.Is(err, providers.ErrUnavailable) || !strings.Contains(err.Error(), "patch on pods") {
+		t.Fatalf("join: %v, want unavailable naming patch on pods", err)
+	}
+	pod, err := k8stest.Client(t).CoreV1().Pods(k8stest.Namespace).Get(ctxT(t, time.Minute), id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Labels[LabelGroup] != "" {
+		t.Errorf("pod labelled %v after the refused join", pod.Labels)
+	}
+}
