@@ -401,4 +401,3 @@ func TestJoinGroupRefused(t *testing.T) {
 		t.Errorf("pod labelled %v after the refused join", pod.Labels)
 	}
 }
-
