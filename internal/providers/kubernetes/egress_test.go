@@ -2,6 +2,8 @@ package kubernetes
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -18,6 +20,7 @@ import (
 	"github.com/sandgate/sandgate/internal/egress"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/kubernetes/k8stest"
+	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
 func rules(t *testing.T, allow, deny []string) egress.Policy {
@@ -399,5 +402,45 @@ func TestJoinGroupRefused(t *testing.T) {
 	}
 	if pod.Labels[LabelGroup] != "" {
 		t.Errorf("pod labelled %v after the refused join", pod.Labels)
+	}
+}
+
+// Through the service: a create with a CIDR policy has it in its pod's
+// policy; one with a domain rule is unsupported and leaves no pod and no
+// policy behind.
+func TestCreateWithEgress(t *testing.T) {
+	p := newProvider(t)
+	svc, err := sandbox.New(ctxT(t, time.Minute), sandbox.Options{
+		Provider: p, Store: p.Store(), StateDir: t.TempDir(), AllowAnonymous: true, ReapInterval: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	ctx := ctxT(t, 2*time.Minute)
+	pol := rules(t, []string{"10.9.0.0/16"}, nil)
+	ref, err := svc.Create(ctx, sandbox.Caller{}, sandbox.CreateRequest{Image: k8stest.ImageRef, Egress: &pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eg := getPolicy(t, ref.SandboxID).Spec.Egress; len(eg) != 1 || eg[0].To[0].IPBlock == nil || eg[0].To[0].IPBlock.CIDR != "10.9.0.0/16" {
+		t.Errorf("egress %+v, want the CIDR's rule", eg)
+	}
+	domain := rules(t, []string{"pypi.example"}, nil)
+	_, err = svc.Create(ctx, sandbox.Caller{}, sandbox.CreateRequest{Image: k8stest.ImageRef, Egress: &domain})
+	if !errors.Is(err, providers.ErrUnsupported) {
+		t.Fatalf("a domain rule: %v, want unsupported", err)
+	}
+	pods, err := k8stest.Client(t).CoreV1().Pods(k8stest.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelInstance + "=" + p.opts.InstanceID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pols, err := k8stest.Client(t).NetworkingV1().NetworkPolicies(k8stest.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelInstance + "=" + p.opts.InstanceID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 1 || len(pols.Items) != 1 {
+		t.Errorf("after the refused create: %d pods, %d policies; want the first sandbox's only", len(pods.Items), len(pols.Items))
 	}
 }
