@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -442,5 +443,39 @@ func TestCreateWithEgress(t *testing.T) {
 	}
 	if len(pods.Items) != 1 || len(pols.Items) != 1 {
 		t.Errorf("after the refused create: %d pods, %d policies; want the first sandbox's only", len(pods.Items), len(pols.Items))
+	}
+}
+
+// A policy and a group stay in the cluster when the gateway goes; the
+// restore of a new gateway (SetEgress and JoinGroup again) finds them as
+// they were and changes nothing.
+func TestEgressAcrossRestart(t *testing.T) {
+	before := newProvider(t)
+	id := create(t, before, providers.CreateSpec{})
+	ctx := ctxT(t, 2*time.Minute)
+	pol := rules(t, []string{"10.9.0.0/16"}, []string{"10.9.1.0/24"})
+	if err := before.SetEgress(ctx, id, pol); err != nil {
+		t.Fatal(err)
+	}
+	addr, err := before.JoinGroup(ctx, id, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	was := getPolicy(t, id)
+	before.Close()
+	after := newProvider(t, func(o *Options) { o.InstanceID = before.opts.InstanceID })
+	if err := after.SetEgress(ctx, id, pol); err != nil {
+		t.Fatal(err)
+	}
+	again, err := after.JoinGroup(ctx, id, "g")
+	if err != nil || again != addr {
+		t.Fatalf("rejoin: %v, %v; want %v", again, err, addr)
+	}
+	now := getPolicy(t, id)
+	if !reflect.DeepEqual(now.Spec, was.Spec) || !maps.Equal(now.Labels, was.Labels) {
+		t.Errorf("after the restore %+v %v\nwas %+v %v", now.Spec, now.Labels, was.Spec, was.Labels)
+	}
+	if len(now.Spec.Egress) != 2 || len(now.Spec.Ingress) != 1 {
+		t.Errorf("egress %+v ingress %+v, want the group's rules and the CIDR's", now.Spec.Egress, now.Spec.Ingress)
 	}
 }
