@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -151,6 +152,23 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 		volumes = append(volumes, corev1.Volume{Name: "shm", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: size}}})
 		workMount = append(workMount, corev1.VolumeMount{Name: "shm", MountPath: "/dev/shm"})
 	}
+	// The sandbox's container keeps CapAdd (the service checked them
+	// against the operator's list): added, and no longer dropped (the
+	// runtime drops after it adds). The agent's sidecar keeps sec.
+	sandboxSec := *sec
+	sandboxSec.Capabilities = &corev1.Capabilities{}
+	for _, c := range DefaultCapDrop {
+		if !slices.Contains(spec.CapAdd, string(c)) {
+			sandboxSec.Capabilities.Drop = append(sandboxSec.Capabilities.Drop, c)
+		}
+	}
+	for _, c := range spec.CapAdd {
+		sandboxSec.Capabilities.Add = append(sandboxSec.Capabilities.Add, corev1.Capability(c))
+	}
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = "sandbox"
+	}
 	mount := func(ro bool) []corev1.VolumeMount {
 		return []corev1.VolumeMount{{Name: containerAgent, MountPath: agentDir, ReadOnly: ro}}
 	}
@@ -166,7 +184,7 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 			AutomountServiceAccountToken:  &no,
 			EnableServiceLinks:            &no,
 			ShareProcessNamespace:         &yes,
-			Hostname:                      "sandbox",
+			Hostname:                      hostname,
 			SecurityContext:               podSec,
 			// A sidecar (an init container that stays): the sandbox's
 			// container starts once it runs, not once it exits, which the
@@ -194,7 +212,7 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 				Env:             env,
 				Resources:       res,
 				VolumeMounts:    append(mount(true), workMount...),
-				SecurityContext: sec,
+				SecurityContext: &sandboxSec,
 			}},
 			Volumes: volumes,
 		},

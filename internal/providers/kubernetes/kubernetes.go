@@ -18,7 +18,9 @@
 // the runtime's default seccomp profile, a few capabilities dropped, no
 // service links, a one-second grace. The pod's processes share one pid
 // namespace whose PID 1 (the pause process) reaps orphans. Each pod has a
-// NetworkPolicy of its own allowing no traffic in or out (netpol.go).
+// NetworkPolicy of its own allowing no traffic in or out (netpol.go),
+// which an egress policy's CIDR rules and a group's members open
+// (egress.go).
 package kubernetes
 
 import (

@@ -26,10 +26,10 @@ import (
 // other sandboxes, other pods and the nodes' addresses are refused.
 //
 // No egress either, as the local and docker providers' default (network
-// none): a sandbox has no declared egress today, so it reaches neither
-// the API server nor cluster services (DNS included: it has nothing to
-// resolve) nor other sandboxes nor the internet. Replies to allowed
-// ingress need no rule (policies are stateful), and there is none.
+// none): it reaches neither the API server nor cluster services (DNS
+// included: it has nothing to resolve) nor other sandboxes nor the
+// internet, until an egress policy or a group adds rules (egress.go).
+// Replies to allowed traffic need no rule (policies are stateful).
 //
 // The policy is made before the pod, so the pod is never selected by
 // nothing, then owned by the pod once the pod exists (the cluster's

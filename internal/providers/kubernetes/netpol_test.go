@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 
+	"github.com/sandgate/sandgate/internal/egress"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/kubernetes/k8stest"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
@@ -186,7 +187,7 @@ func TestNetworkPolicySweptAtStart(t *testing.T) {
 // gatewayRole is the least the gateway needs in its namespace (the README
 // gives it as a Role).
 var gatewayRole = []rbacv1.PolicyRule{
-	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "create", "delete"}},
+	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "create", "patch", "delete"}},
 	{APIGroups: []string{""}, Resources: []string{"pods/exec", "pods/portforward"}, Verbs: []string{"get", "create"}},
 	{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "create", "update", "delete"}},
 	{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "list", "create", "patch", "delete"}},
@@ -264,7 +265,7 @@ func asRole(t *testing.T, rules []rbacv1.PolicyRule) *rest.Config {
 
 // The gateway's Role is enough for a sandbox's whole life through the
 // service with its records in the cluster (create with its policy, exec,
-// a port's endpoint, delete).
+// a port's endpoint, an egress policy, a group, delete).
 func TestGatewayRole(t *testing.T) {
 	p := newProvider(t, func(o *Options) { o.RestConfig = asRole(t, gatewayRole) })
 	svc, err := sandbox.New(ctxT(t, time.Minute), sandbox.Options{
@@ -289,6 +290,16 @@ func TestGatewayRole(t *testing.T) {
 	}
 	if _, err := svc.Endpoint(ctx, owner, id, 8080); err != nil {
 		t.Fatalf("endpoint: %v", err)
+	}
+	pol, bad := egress.NewRules([]string{"10.9.0.0/16"}, nil)
+	if len(bad) > 0 {
+		t.Fatal(bad)
+	}
+	if _, err := svc.SetNetwork(ctx, owner, id, pol); err != nil {
+		t.Fatalf("egress policy: %v", err)
+	}
+	if _, err := p.JoinGroup(ctx, id, "group"); err != nil {
+		t.Fatalf("join a group: %v", err)
 	}
 	if err := svc.Delete(ctx, owner, id); err != nil {
 		t.Fatal(err)
