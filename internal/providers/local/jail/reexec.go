@@ -76,6 +76,11 @@ type Config struct {
 	// seccomp's Compile): the gateway compiles it, so that init links
 	// no profile library.
 	Seccomp []byte `json:"seccomp,omitempty"`
+	// Hostname is the sandbox's UTS host name; "": DefaultHostname.
+	Hostname string `json:"hostname,omitempty"`
+	// CapAdd are capabilities (names without CAP_) commands keep that
+	// are dropped by default (droppedCaps).
+	CapAdd []string `json:"cap_add,omitempty"`
 }
 
 // ReadyMsg is one line on the readiness pipe: setup reports init's pid,
