@@ -208,8 +208,14 @@ type CommandRequest struct {
 
 // CreateSandbox defines model for CreateSandbox.
 type CreateSandbox struct {
+	// Aliases Further names (DNS labels) the sandbox's group knows it by; needs `group`.
+	Aliases []string `json:"aliases,omitempty"`
+
 	// AllowPartial With `count`, keep the sandboxes made when others fail (default false).
 	AllowPartial *bool `json:"allow_partial,omitempty"`
+
+	// CapAdd Linux capabilities the sandbox's processes keep inside its own namespaces (e.g. `NET_ADMIN` to configure its own network; `CAP_` prefix and any case accepted). Only those the operator allows with `--cap-add-allow` (default none); any other is 400 naming the allowed ones. NeMo Gym sends it as `provider_options.cap_add` (the same; give it once).
+	CapAdd []string `json:"cap_add,omitempty"`
 
 	// Count Make this many sandboxes of this request; the answer is a `SandboxBatch`.
 	Count      *int              `json:"count,omitempty"`
@@ -218,6 +224,12 @@ type CreateSandbox struct {
 
 	// Files Files to write before create returns, path -> UTF-8 text.
 	Files map[string]string `json:"files,omitempty"`
+
+	// Group Put the sandbox in this group of the caller's API key (a DNS label; two keys' groups of one name never meet): its members reach each other at their `network_address` on every port and protocol (TCP, UDP, ICMP), and by name (each member's `/etc/hosts` names every other member's `hostname` unless it is the default, and `aliases`); no one else reaches them. A name given twice in a group is 409 and nothing is made. A provider that cannot connect sandboxes answers 409 `not_supported`. Egress beyond the group is still the `network` policy's (default none).
+	Group *string `json:"group,omitempty"`
+
+	// Hostname The sandbox's host name (a DNS label, compared in lower case); default `sandbox`, which is no name in a group (every member has it).
+	Hostname *string `json:"hostname,omitempty"`
 
 	// IdleTimeoutS Stop after this long with no exec, file or PTY traffic and no attached PTY client.
 	IdleTimeoutS *float64 `json:"idle_timeout_s,omitempty"`
@@ -232,7 +244,7 @@ type CreateSandbox struct {
 	// Ports Ports to expose through `GET /v1/sandboxes/{id}/endpoints/{port}`.
 	Ports []int `json:"ports,omitempty"`
 
-	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` and `shm_size` are accepted here too (NeMo Gym's form) and mean the top-level fields. So is `volumes` in OpenSandbox's shape (`name`, one source of `host: {path}` or `pvc: {claimName}` naming one of the key's volumes, `mountPath`, `readOnly` or `accessMode: RO|RW`, `subPath`): added to the top-level `volumes`. NeMo Gym's egress shapes too, which mean `network.egress` (and may not be combined with it): `network_policy` (`{defaultAction: allow|deny, egress: [{action: allow|deny, target: domain|CIDR}]}`) and `allowed_domains`, `allowed_cidrs`, `blocked_domains`, `blocked_cidrs` (lists of strings).
+	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id`, `shm_size` and `cap_add` are accepted here too (NeMo Gym's form) and mean the top-level fields. So is `volumes` in OpenSandbox's shape (`name`, one source of `host: {path}` or `pvc: {claimName}` naming one of the key's volumes, `mountPath`, `readOnly` or `accessMode: RO|RW`, `subPath`): added to the top-level `volumes`. NeMo Gym's egress shapes too, which mean `network.egress` (and may not be combined with it): `network_policy` (`{defaultAction: allow|deny, egress: [{action: allow|deny, target: domain|CIDR}]}`) and `allowed_domains`, `allowed_cidrs`, `blocked_domains`, `blocked_cidrs` (lists of strings).
 	ProviderOptions map[string]interface{} `json:"provider_options,omitempty"`
 
 	// ReadyTimeoutS How long to wait for the sandbox to become ready.
@@ -442,6 +454,12 @@ type Health struct {
 	Status string `json:"status"`
 }
 
+// Hosts Host name -> IPv4 or IPv6 address (NeMo Gym's `set_hosts` body). Values of another type are 400 naming the entry.
+type Hosts map[string]interface{}
+
+// HostsMap The sandbox's own host entries, name -> address.
+type HostsMap map[string]string
+
 // LeaseInfo One live lease (never its token).
 type LeaseInfo struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -627,17 +645,33 @@ type SandboxBatch struct {
 
 // SandboxInfo defines model for SandboxInfo.
 type SandboxInfo struct {
+	Aliases []string `json:"aliases"`
+
+	// CapAdd Capabilities its create added (names without `CAP_`); absent when none.
+	CapAdd    []string  `json:"cap_add,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// ExpiresAt Null when the sandbox has no expiry.
-	ExpiresAt      *time.Time             `json:"expires_at"`
-	Extra          map[string]interface{} `json:"extra"`
-	IdleTimeoutS   *float64               `json:"idle_timeout_s"`
-	LastActivityAt time.Time              `json:"last_activity_at"`
-	Metadata       map[string]string      `json:"metadata"`
-	Ports          []int                  `json:"ports"`
-	ProviderName   string                 `json:"provider_name"`
-	SandboxID      string                 `json:"sandbox_id"`
+	ExpiresAt *time.Time             `json:"expires_at"`
+	Extra     map[string]interface{} `json:"extra"`
+
+	// Group The group's name as the create gave it; null when in none.
+	Group *string `json:"group"`
+
+	// Hostname The sandbox's host name (`sandbox` unless the create named one).
+	Hostname string `json:"hostname"`
+
+	// Hosts The sandbox's own host entries, name -> address.
+	Hosts          HostsMap          `json:"hosts"`
+	IdleTimeoutS   *float64          `json:"idle_timeout_s"`
+	LastActivityAt time.Time         `json:"last_activity_at"`
+	Metadata       map[string]string `json:"metadata"`
+
+	// NetworkAddress Where the other members of its group reach it (NeMo Gym's `network_address`); null when not in a group. It may change when a gateway restart restores the group.
+	NetworkAddress *string `json:"network_address"`
+	Ports          []int   `json:"ports"`
+	ProviderName   string  `json:"provider_name"`
+	SandboxID      string  `json:"sandbox_id"`
 
 	// Status The lifecycle state of a sandbox.
 	Status SandboxStatus `json:"status"`
@@ -900,6 +934,9 @@ type ExecCommandJSONRequestBody = ExecRequest
 
 // ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
 type ForkSandboxJSONRequestBody = ForkRequest
+
+// SetSandboxHostsJSONRequestBody defines body for SetSandboxHosts for application/json ContentType.
+type SetSandboxHostsJSONRequestBody = Hosts
 
 // CreateLeaseJSONRequestBody defines body for CreateLease for application/json ContentType.
 type CreateLeaseJSONRequestBody = LeaseRequest
@@ -1495,6 +1532,24 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandbox(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxHostsWithBody Replace a sandbox's own host entries (owner)
+	//
+	// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+	SetSandboxHostsWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxHosts Replace a sandbox's own host entries (owner)
+	//
+	// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+	SetSandboxHosts(ctx context.Context, id SandboxID, body SetSandboxHostsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListLeases List the sandbox's live leases (owner)
 	//
@@ -2328,6 +2383,44 @@ func (c *Client) ForkSandboxWithBody(ctx context.Context, id SandboxID, contentT
 // Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 func (c *Client) ForkSandbox(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewForkSandboxRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxHostsWithBody Replace a sandbox's own host entries (owner)
+//
+// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+func (c *Client) SetSandboxHostsWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxHostsRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxHosts Replace a sandbox's own host entries (owner)
+//
+// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+func (c *Client) SetSandboxHosts(ctx context.Context, id SandboxID, body SetSandboxHostsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxHostsRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3823,6 +3916,53 @@ func NewForkSandboxRequestWithBody(server string, id SandboxID, contentType stri
 	return req, nil
 }
 
+// NewSetSandboxHostsRequest calls the generic SetSandboxHosts builder with application/json body
+func NewSetSandboxHostsRequest(server string, id SandboxID, body SetSandboxHostsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSetSandboxHostsRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewSetSandboxHostsRequestWithBody constructs an http.Request for the SetSandboxHosts method, with any body, and a specified content type
+func NewSetSandboxHostsRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/hosts", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewListLeasesRequest constructs an http.Request for the ListLeases method
 func NewListLeasesRequest(server string, id SandboxID) (*http.Request, error) {
 	var err error
@@ -5045,6 +5185,24 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandboxWithResponse(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
+
+	// SetSandboxHostsWithBodyWithResponse Replace a sandbox's own host entries (owner)
+	//
+	// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+	SetSandboxHostsWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxHostsResponse, error)
+
+	// SetSandboxHostsWithResponse Replace a sandbox's own host entries (owner)
+	//
+	// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+	SetSandboxHostsWithResponse(ctx context.Context, id SandboxID, body SetSandboxHostsJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxHostsResponse, error)
 
 	// ListLeasesWithResponse List the sandbox's live leases (owner)
 	//
@@ -6928,6 +7086,96 @@ func (r ForkSandboxResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ForkSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// SetSandboxHostsResponse503Headers the declared response headers of an HTTP 503 response for SetSandboxHosts
+type SetSandboxHostsResponse503Headers struct {
+	RetryAfter *int
+}
+
+type SetSandboxHostsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SandboxInfo
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *SetSandboxHostsResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r SetSandboxHostsResponse) GetJSON200() *SandboxInfo {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r SetSandboxHostsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SetSandboxHostsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SetSandboxHostsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SetSandboxHostsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -8964,6 +9212,36 @@ func (c *ClientWithResponses) ForkSandboxWithResponse(ctx context.Context, id Sa
 	return ParseForkSandboxResponse(rsp)
 }
 
+// SetSandboxHostsWithBodyWithResponse Replace a sandbox's own host entries (owner)
+//
+// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+func (c *ClientWithResponses) SetSandboxHostsWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxHostsResponse, error) {
+	rsp, err := c.SetSandboxHostsWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxHostsResponse(rsp)
+}
+
+// SetSandboxHostsWithResponse Replace a sandbox's own host entries (owner)
+//
+// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+func (c *ClientWithResponses) SetSandboxHostsWithResponse(ctx context.Context, id SandboxID, body SetSandboxHostsJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxHostsResponse, error) {
+	rsp, err := c.SetSandboxHosts(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxHostsResponse(rsp)
+}
+
 // ListLeasesWithResponse List the sandbox's live leases (owner)
 //
 // Every live lease of the sandbox, oldest first, with its scope, the lease that minted it
@@ -10812,6 +11090,87 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 	return response, nil
 }
 
+// ParseSetSandboxHostsResponse parses an HTTP response from a SetSandboxHostsWithResponse call
+func ParseSetSandboxHostsResponse(rsp *http.Response) (*SetSandboxHostsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SetSandboxHostsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SandboxInfo
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers SetSandboxHostsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseListLeasesResponse parses an HTTP response from a ListLeasesWithResponse call
 func ParseListLeasesResponse(rsp *http.Response) (*ListLeasesResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -12123,6 +12482,9 @@ type ServerInterface interface {
 	// ForkSandbox Fork a sandbox (owner)
 	// (POST /v1/sandboxes/{id}/fork)
 	ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// SetSandboxHosts Replace a sandbox's own host entries (owner)
+	// (PUT /v1/sandboxes/{id}/hosts)
+	SetSandboxHosts(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// ListLeases List the sandbox's live leases (owner)
 	// (GET /v1/sandboxes/{id}/leases)
 	ListLeases(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -12306,6 +12668,12 @@ func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, id Sand
 // ForkSandbox Fork a sandbox (owner)
 // (POST /v1/sandboxes/{id}/fork)
 func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// SetSandboxHosts Replace a sandbox's own host entries (owner)
+// (PUT /v1/sandboxes/{id}/hosts)
+func (_ Unimplemented) SetSandboxHosts(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -13072,6 +13440,32 @@ func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Re
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ForkSandbox(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// SetSandboxHosts operation middleware
+func (siw *ServerInterfaceWrapper) SetSandboxHosts(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetSandboxHosts(w, r, id)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -13858,6 +14252,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/pause", wrapper.PauseSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/v1/sandboxes/{id}/hosts", wrapper.SetSandboxHosts)
 	})
 	r.Group(func(r chi.Router) {
 		r.Put(options.BaseURL+"/v1/sandboxes/{id}/network", wrapper.SetSandboxNetwork)
@@ -16061,6 +16458,128 @@ func (response ForkSandbox503ApplicationProblemPlusJSONResponse) VisitForkSandbo
 	return err
 }
 
+type SetSandboxHostsRequestObject struct {
+	ID   SandboxID `json:"id"`
+	Body *SetSandboxHostsJSONRequestBody
+}
+
+type SetSandboxHostsResponseObject interface {
+	VisitSetSandboxHostsResponse(w http.ResponseWriter) error
+}
+
+type SetSandboxHosts200JSONResponse SandboxInfo
+
+func (response SetSandboxHosts200JSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts400ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts401ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts403ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts404ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts409ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts503ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ListLeasesRequestObject struct {
 	ID SandboxID `json:"id"`
 }
@@ -18005,6 +18524,9 @@ type StrictServerInterface interface {
 	// ForkSandbox Fork a sandbox (owner)
 	// (POST /v1/sandboxes/{id}/fork)
 	ForkSandbox(ctx context.Context, request ForkSandboxRequestObject) (ForkSandboxResponseObject, error)
+	// SetSandboxHosts Replace a sandbox's own host entries (owner)
+	// (PUT /v1/sandboxes/{id}/hosts)
+	SetSandboxHosts(ctx context.Context, request SetSandboxHostsRequestObject) (SetSandboxHostsResponseObject, error)
 	// ListLeases List the sandbox's live leases (owner)
 	// (GET /v1/sandboxes/{id}/leases)
 	ListLeases(ctx context.Context, request ListLeasesRequestObject) (ListLeasesResponseObject, error)
@@ -18653,6 +19175,39 @@ func (sh *strictHandler) ForkSandbox(w http.ResponseWriter, r *http.Request, id 
 	}
 }
 
+// SetSandboxHosts operation middleware
+func (sh *strictHandler) SetSandboxHosts(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	var request SetSandboxHostsRequestObject
+
+	request.ID = id
+
+	var body SetSandboxHostsJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.SetSandboxHosts(ctx, request.(SetSandboxHostsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "SetSandboxHosts")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(SetSandboxHostsResponseObject); ok {
+		if err := validResponse.VisitSetSandboxHostsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListLeases operation middleware
 func (sh *strictHandler) ListLeases(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	var request ListLeasesRequestObject
@@ -19288,285 +19843,303 @@ func (sh *strictHandler) GetVolume(w http.ResponseWriter, r *http.Request, volum
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L39cttGti/6Kl3cp8qkB6QoWfYkVKV2ObaceI8t61jyyZ4KfYQm0BR7BHYj3Q1RjKOq8xC36r7BfZH7",
-	"JvtJTvVa3Q2ABEjKsZTsGf8xE4sA+nutXp+/9amTyHkuBRNGd0afOjNGU6bgny/kfE5F+vql/SNlOlE8",
-	"N1yKzqhzPmOEp0ROiZkxkhaKTjJGEvyAmBk1RBVCw1PFfimYNqSrGSOxNlQZ13LcG3Sijk5mbE5tH+yG",
-	"zvOMdUadZJ72h/sHTw6fPvvrN9/SSZKyaSfqmGVun2qjuLjs3N5GnffMqOXzqWFqfZBnLJEi1YTax2Qx",
-	"48kMBpRknAlD5nRJlP28Pog5F3xezDujYeiPC8Mumerc2h5zquicme1r9Hx1XR5pwtOIxHZyMbELtf+M",
-	"ZHLBVEI1IzN2Q5IZVTSxjZMuFUsizYwpu9Jck8PhIawXt43n1Mw6UUfQOSwXTztRxy40VyztjIwq2J0W",
-	"ds7FGyYuzawz2m9a5lc8Y6e2y7VZ2l8JF5qnDBZXU5FO5M0RUSyjhl8zYoeqCVWs/MlIeHch1VXKVZjU",
-	"LwVTy3JWbo7t09o26jeMata8NZl9hNuR6abdmFDNnhzUNiSGjy54GhMuCCXxGc71PZvGjzSJ2Y1RNG7b",
-	"I//xjhuV6T7uzuUMd+sq69jDZwxTtvH/nen+z7T/60H/rx8/7T+7/R+N5HEqlWmafi6Vadi1iKQsyahi",
-	"qZ1hbN/SMaGGJIpRw1pmZl/bvE/0Bknq2dOnT55GJYntN5BY1HHL2sZ33Fhx8/Tkxu3ewXDT7rUMfeft",
-	"sP34/eD/8DsyF/U9sW+FTTkYtmzKGdOaS9E2v9PzvxONrxCetgxcbxn5NtI4EzTXM2lwEJV5irxtnp8x",
-	"iurSiHzr0tzatnQuhWbAXJ9nitF0+UIKwRJjO7C3lTBMwKGmeZ7xhNql28uVnGRs/pd/aLuOnypj+B+K",
-	"TTujzr/tlffcHj7Ve6f4FXa9QiMCea+7LGYyS/E681tjz1xs6BWT10zFZEE1EdIQzQzpxolMWWyZdvz8",
-	"zfvj5y//fvHi3cnJ8Yvz45eWQdxGne9p+h4vxoec1WtxTTN7nYi8MEckZkpJpWOScW00YddMLYnrFEbp",
-	"rrcTaV7JQjzoBnwQV0IuRMmapCKF+60rFeFZ1p9KNWcpPJpKdSmNYaIXxBBLPDAHMc148qDrXONT2jJT",
-	"uO+UFJdEG2qYHS8xM65L8YgNLgckp4VmqZ2QNjLPWYqn5ZVUE56mTDwoCRAjr5iAoVJHDtXdoEQnMre3",
-	"ubSstzIlWdjL4jbq/AkODhyWKc8YjNneVbikp3SZSZqeS/mGqkv20KfDb/tEpkt7RDI7CLt+VBCa2ZsM",
-	"T+//LKShxzcJY+nDMsDqIBeyyFJimR0K0DTLmHqkyfPT1+SKLYllgYSSX+xYa9wPfrlgbvjx0VjEKTOU",
-	"ZzGxVwhyVHhp5PeL6YjM2VyqZURSrq8iot1dpYEs3B9ksjRM9wbkjLGxiH84Pid71/t70FY8GNsLq6LK",
-	"gJrQD3pC05K4t/cqGsUt3tbqmifsg6DXlGdWnn/IXXhnVzahOU24WcIJtis2ockVE6AVFEIxmszsuAZf",
-	"cM5wx/3Z2H5VMqqeshfvTs6P//P84uTd+cWrdx9O/B37QdDCzKTivz4s6bzlWnNxGZE5zfwVxW5yKyPZ",
-	"6Sh2La9YaoXqlAnDaabdcHMlE6a13cxjYbhZ/lEEf81lRo2jT/x2q7Rw6yU/OH3fU5PMXlGeFQoIJlcy",
-	"Z8pwlOy4SNnNuvj7E+jozqoQJ7IQJna6hybdYd+K9SkoWKtqQ9RxA9l9AaqC689uRGUzH0MfcvIPlpiK",
-	"NLQ+naR8sCLTRv6Z1fw+w8QRdZK8uDB8zi70+nq9OP1A7DPSLTRT5C9EL7Vh855fQi8JoVGGEXe+mCbc",
-	"kAXlhqX21j4iQ7KY8YwRVQjBxaVdYXtwqemMOqksLNMLQxPFfIJLnhYKzuLFvGFsP8oFyay8ww1RVJCu",
-	"lmRKVVTvqWeZPdUFqpyr+mhtHFyYZ4eNWw/n8gJ//9ShWfZu2hn9vPkcHN+w5Nh+d24/u/24Sg2xXVdZ",
-	"mJgsZkz4ScjCwNrCmnOj/YqSSyWLHJSAK55lLO0dEZZpRkSRZXYW9r94d1gdyY75hpsLy8LWV+6kyLL6",
-	"Kh2R/YNv/nKCQ8EOyGRJNL8UNCMn9vHTME47uNSOdL3fpsWbcsH1jKUX1OwylPrRoIb1bX/tPZUHWcr5",
-	"BY69QicTKTNGBRAwo1cXePNfzPmkwdTE6BVRzB4SYZyMsHrS3QUJ0pQ2YXu+yHF3bzePHuyaYRUbV2ht",
-	"RbRJmVIXmv/Kah+1n3RtUlmY8EV9fb63EpFdEHyLXLHcEKQ60rWrYkUGOZ1aFTW81duRxowqREKdEr6q",
-	"J2ijGJ0TkERYSuI5vbmQhckLcwFiWnzkLMFWlqTaynUJVSlLK6w8rOUKY67wz8BMO+VmVCmpxglqW1I/",
-	"5nXOVWOx68ewdnDrO1Dfweoabbg93nBU+RtvELwcDUOGuol/+bvoNvRElaLLtuXTm4ZUMUTQNOV2YWh2",
-	"WhnflGaaNckLsWWj7vOYTDnLUk26k8KQ2K7YhRQXdq/RgBP3wkWEh8MKtgO8c5sv03qH7wthuV6sZ6Sf",
-	"xKQ7oXqGXC9XTDOBZ3mj5SvqJIuGll+yKS0ys2qU3srSmLhuX7QGWaClwXJDVgmnjciBtEtKB84HfzGl",
-	"iKVCJHggOF6ht4jE4ZDGRDPTOyKpm/yzQ/KWfx8RashcakP2yQ/8+0buEOy5+8O/Pvnr4f43B4d1o+72",
-	"Wwd2TF2zC6vK2MtTpBcaNa2GST8HE0rtsG3YnxpXTrm4mDw7bPAOGSpSqpwtLAKT8bPDPhOWlaQ7bb8T",
-	"EZokM3+i9r8ZHoEQQL7zC91821TdTi0dlzeRlfbW+/xgZUCrVoPOxHeZQzOzaOYVIIY72/xWVlEnaTBo",
-	"XORUWWWnQeznZubF/YhcMZZXhUCmyZymDCkdrFCaTCnPSNefXOizt9uJgF7Wh/AWbRvc9iWWla5BvijN",
-	"dHiRUaEXTFnKKr1AoPDAsSzdHXcmCyaMWuaS4xDDRbArI3FXwD0wpinP3Fbu2mR9fV/Z74mRZKG4YWTC",
-	"plIxp9oRxUyhhI7AVUj642I4fMLIh/NX/W+IYTebBNlyhDzN2MUGijwzMneuYNhQ0E0W9uQJSdgNSyKw",
-	"ElraOT3/OzGKTqc8AdYqJKHGoGxjn6FP4AvQMZ/TywZB7oUUhnJhT5h9gXQ9jdrrL5XJFVO9AclkQrMR",
-	"nEck+imhwn3hDM6X1LAFXT7S+LJ7mHLFEmOF527c78OTPjzRcW9EKFFSGlgL1CbL953VN8YhEE2vWWx/",
-	"evfiNcno0t5EhqoJzTLSlTmekmxJYju8gaFqpFguR4Zexr0jUrq3YfRAYlMwfsOmHA6H9gEXlzATHJ/9",
-	"p2KwJzO5sMeJpimRgpEuTlCwa6ZIXmSZ7g3I84mVCuwI7U7gUiVW8mMpueZs4ZWHmdRmJ4Y/Z4am1NDf",
-	"QQjv4ayzlFBNuD4iBVh77F9g88johGVWksrsQXXjy7jejQYEM1Z82SY7nrjX7D0slWkgllP7s11fdpNL",
-	"bTmjksXljAQ7a2CQe594ervHRApcS+99si3eAh8M7Osu/t8tvC3qFIL/UrDX2LZTpnMlr3nK1AWeug2M",
-	"Cptcmaz7uq9zlnBL9K6Zo2B5vGJLH8LwD3BFNh7SK7YckNhbqCFQALyEejYHFSGGJmiSsNw2AWfZSEm6",
-	"J+ytJD8s54+01U/nKCfPGUUqNjLvZ+yaZU7AHpAzCXbPa5kVc6YhHOFdzoS7iR5pomc0Z6QLlBdHQCFa",
-	"FioBLhHb8z4inyy3vQUCjvPrZEQ+JRnl8xM6Z7exn5b90p3CK2YZieszIvHc3qSn1MziiMSK0fSdyJbY",
-	"nJ2i1m9lykbk/bvf3v9kX9HFBN62PCZNWeqjQMrphQkNSGVF2KWyKjxMyZ5JGblYHlig2J35Ab4Wky6s",
-	"HV2CN3YCloEJF37HuOmNwjcXucx4soxJN/7kZInnid35EbpgfkuZWEZuACPy8yfa8NRQdcnMiKRyTrn4",
-	"7cXrl+9vP946XSd2rpwLfKrtOvifEp4q+GGSWX5ae8f/hO+QLlpcQcS3bEX3dmIH4D3fdCcGG529mCk3",
-	"zoVX+i6NJBOWyLk9+DRdfoErTzE8iHp3U9378MntxwZLmqeuhiuf/xpOrw60Ee+l7HpPz+b2rBAzz6f6",
-	"yN2q9mm/r2fzPpBrRF7Y0Whmfw9E3Buh78n7QGFHbDfwKx4zKoi/AMmEC6qWpBDckG487hw8++bwydPD",
-	"p8/GHbvV486zw7n/5/6l/9fT/YO3/PtxJ+4NyL5VzOxePDu0OhmcLK+lxWFBB6XRwhktIQ6Pa3LJr5lw",
-	"9kq4Ri0bqi8Kfts7ApYG1/KCa+av0JG3HgOffKSDzuiuXa86OsHA/3lVTJgSzPsRVCHsWXzUfHqlYO4s",
-	"rF0Ja5fqR7vtJZttVO6UIVMl5yjsBa9h1zK0mg8T/JcLoXsjYhcI5J4I/onr+kh7KUxLEsM/Y+AvE0Zo",
-	"TcCI7C1eYVxW+7ZSrmYi1Zbz7KZUmqyJVN/wKQOzMxdEu8BGmB/I0OARS0udc3hEhuQ7lGxzbiW3IFzh",
-	"wQiyIZlRq8Wcn78hCeMZuK3ifn9Ob/rGZHEEIqdr+OCQzHpfgAc4Nt+ghdkrxYq5qB5UOREY8/SAHFe9",
-	"Tpbq0A0Fl5E963Z/D4fDyAnuZmaJk6MKWRNKNnGc/wUDhNE4q4yTN/afbde9nAGpObjLPrQjqsjgqASl",
-	"hE/JHB2Hvd009xYVHQd/Rw0dA7rWLAogaxE6l6WEU8oAR4SSlydnBGRWywp89F3GjGFKRyTll9zY/1I9",
-	"Y0j2pQPMCtKamUbDOP+VXVw2+QBeW7q0bJ0LYIXdqcJLWfuoiSPLGjNGtSHDwfDZwdPI8aN69/s7mPxX",
-	"rCOwRpXBNVlJXrKMGfae6SJrsPKmbMqUarKhn5UxDiJbjlZtH46TsZKRacOzjLAbrk1EtESGZaQC7c+y",
-	"BsbSsQjUntn1wKtwjrrWXF6ztNSRAsuH0Il1u0kKE2t03awsk3+zcXnkQmSSpm0L5HzdutlkZwnI8udH",
-	"2t/A60a7bQauSvtNAzx2isxrMZXrw/NqTt2TOzMmH+3t7R/8dTAcDAf7o8Nv958+aTrXleiMndXHlSGu",
-	"TCiMqGy8cVo1b2eD331Z86KlHHinvbGt2GE5ZMbsu86W6V2NKRoZmbCc/2dvD7U04syEHxsWoWLFvSOT",
-	"+lf2DKy7U9YHC4sW5IDeqO4ZLUzGr63wRzIrOLrAVtcYCBBTZpIZcBIF9Ekmy7FwfgSIyrVy8H/2ndeo",
-	"/zqNe0fEjncUGi1bswPWZM1Hjvxlu532bg6CtZmXkQ7VNcjY1OqEM24FaMW8Kz14+NEOeTQWOCkzY0s0",
-	"R3tH8Y6D/+p2+GJuB+QWLbfF/YfGRBV5O1yWC7TcVFQiklBhGaZhWUa63kT7JaNoqmNWVIw2hc1EKC+g",
-	"SGAVIYPyAbvhJmoZvVPlfNyKs0d6JUHTBeHmQcNx1vT8evzIumTgV6cMwgFzxoIKkHxcvEi3Se8lGZ9z",
-	"0zvyCt3mDR40CkhfInwFTAre6LsphAWO5Vv+/T0dSWSELeFJdq3tSSL2MYYeSUEcU3I2Eae0TTH+b9AW",
-	"y8JUEz85f9X/xk4QUxXQqqJYntGkUcTzMRlfoqU7R7mwG5Y4j33sOvBnMMEIrC3Ssht7WI764q9EtNTD",
-	"VjaHm7ziLEuBpNYZJ9iR16f4H2fvTtAH586gnE6ZSK2+Cl9EBHIUMC/s5/2PsTOBhZRIuAYaF3bOtHa+",
-	"rs13AQ6t/KB5ahlrFtDnjSfWKo05U6BdS0EmoJOCnU4zU/A0sv+95HgZaMOTqyUQmEwMzVxixrgzfHZ4",
-	"OO4ACVXymn4e9v/68dNhUz5TZIfDp/yOUWHNqvi5V+JYxuZMeGUOt6s77uyNO8F6q6Q0vcZtyBtzOCt6",
-	"FZ1omRXGtdsckdmorm9W1ZEyupTo5Tzj4uqRhrQYo535/JEmGYjmu4ajuXYu8PNGag094TtgnVsobgwT",
-	"zbTfohpRY3kv10ckBi05Rr9/yqwsGpFXr1+9g8QEy2FNVR2yS2qJlluqdsPpRB1opEEzWiGEaqade9et",
-	"dITHvH682uikOdyMCaN8KPYuBrFAcbfr9q72MxWMXJ97sDaw41r7Lj1vLhUjbmqYSbNgyocX7BRs6Bbd",
-	"L892Hpuxn/BIra9x+7rAEpSnkXTD4qyvS+8OFIexYZUzvpWQmqcPrTfOV6qrz1XdQ9gNaCOggrcGyjQM",
-	"s2UszYpBsJ7tfMDLVO6tEZVl401L9ANKzM9Td9s0nwAnV/cXdrepf5egBGYZZZaBz7m3Hh6Zcn11MSnS",
-	"S2aaTaSQewg5hilXlTiOR44d////L4n7fdtMX14zZUVPbuLgMMCmd9Vd7GDcKHZ43UpMtb1ZZ+xOgnYT",
-	"bBSkf5Q6yM84mR3n0X6dbJLb32JP2L7BIBy7Pxm/rsSo7djRLwUralbU6p22aWVWDmF9Javfhj5qs6ps",
-	"VdMaR2vHquls/8hohjxthdwMNYWuG0Xl1VZjrPusqSdEbnAi3kpGnGC49Ajh0MWQHxAl5BUTDRTjHCx3",
-	"EsIwXUu3J0V8R5w1zUWSOYU5JJ1CAjI4XJW3P35e2kTAjdgBHqJB3rO9N7pIQaCEJVzMIMQHcn3nHBxw",
-	"4DSVgjkjkhcscSVBWLMfokmNaqb9d9757RJDdzJnQRLxNv4MB+IM3lw9RhVgDWyqOu2ouvu1bW09ds0S",
-	"E85z5/ukPMDbrhPXcOtwPu++DYu6m/mluryQCuUu6Y5tkxq2yTENRyFz7ulgdWymiwF57uIW6uGJFffz",
-	"77ZT3rat5Jlfk5VML7kQTMUj9CSDw3hAYjdx+3OIDdUROT3/e0SQcUUkRL0ducBDdH1FmMUfEcUEW0RA",
-	"GwQ6iSCUr8wBddRTVRrgPasluIVv8qCclGF+q2uxIuZD5FKTUsNW3OtzuvTG+xGJxx0hBRt3YjSXueMw",
-	"IpmU+YQmV+Ck7EGcCs0yCFmRisSfxhjpPe6MyM+DweBjRMadlIll+OE2dtzGS+lUMRc5pUk3zpc5Hzgm",
-	"F0ckfuz/GEh1GQMbQnc/mJsLkQLn79nOX7x++V6T7vWh/eP62RGhZALRdmkK4WNO3dx7cmBf2Ns/+AZS",
-	"H8SSLGzfmMFuBw+zemznzl0mPgSa6crxABPpgJxABrtiWmbXDJYEPQnBEf3j+fnpGemenbzGaDD7N+la",
-	"8aUHsasijM59AqKFWw8yL7TBiZaQAO7ZgDwnE5rCKi4RG2oYYd6HFBgvCvABTaRwWubJriKekPevXpBv",
-	"D5/+NcRXYLJ+U45Ok53lLU1mXLC+YjS1h9Lbi5wBzu6okOZiKgsBf6znbUdNgCmNGhCOrNGXhmnKd9Bt",
-	"g6GsQbstZZuGnDhuMrbBabtulPjw/jVRbMoUEwkjYAnm06WPH/Wrbr8m3ZhOZGFGk4yKKxfQZamyt93L",
-	"7YwFOLwwhbBmEW5f041zapYYRPK5Wl62NeB3exJEq5vX2bq/w4hwYRjEflgpfAZGbnD78ql3+kboytCz",
-	"3QKvnP/34V27Oeb51+dq37XXKN446N/8juQ8Z5p0K2lfLueL5lSZXkQYR5gWTH0k1BApEna0EqlGviOJ",
-	"ZcPgNTdg/VPauCQH0o3/PTfL74bxCPtz6whD6UWhbTNDI8N2d6iSiy9wLLz38TMCo8Kxbsjdd4ASTkbe",
-	"orGU77ZQz1vHGP11bvc26thlbLzJT83SYW2sD8ynnDTnG3+eUnOHnPPdsse9wX0j5IJbltuo43IbMQm5",
-	"QSeRhmbOWCynPks0VzItEpbWcpkFu0EMmKptEdvd1Ya8OZ/7845FNTG5Ptl6orKz4IY9rm1oy9lyJ6VZ",
-	"P3Fj2P3aqxy9rRYv33bTwACgaH08TrbfNoo1c5nVePmcm63jh37f4KvAHZx7aes3H+DNNTUMW/INRWEC",
-	"rXN+E4bZ4DGwYphHR7Ky9UxmKR7cUumJ+32AK+o/jsk0o5e6d0SGiOkDo0GLdYP17w4Gt5pdaxe/StUG",
-	"tRqBXLV3OQdaGRSKVieP1tLi8vUx2yG5eZch+dDIHcxiVTNYm/WrbG9tQK17/cGfrvbdWAnE4fqqbjIs",
-	"V2qD4XDXndxuodypu/ZFlyqfUcHSi8/asrWvG47Tu2mZKqXjiBjQC1E7dLlKFQS9SylawghKi+q6fQsX",
-	"wAMILSg3EA0uHOwYK9pCE3algkpu1K4nfm2UXPlo1pbIHIzggPAcn2LRs/pteAnyPFy4BzhaNBnu6kdt",
-	"36AyJNnNEELhwIs7lQpcuFYEFzQro5I5gmAmGMffgtSE4eOtzguuwE+BmdaWwhyunJsZN8h5Yk988Y4U",
-	"1Jp1gAHzK9McbPeW3cnmvoHrNNJLOwmWM6ktZRPves8yNCE2u8kUPm6RMBWbU25FmYvS9rllRUKDDV83",
-	"j0+wxeepmsEa+cVthe9rGWq746H47zCYDLIjQNeSymtfENvirEnNCVUNlpa8aAxu1A2pD18iN2fLlQZz",
-	"25R84bLSQw6Gy72wko1XPrlesf6GbLK433f/Rv+kpe4y051Wk9LX0vrkQhyB79uy+Nx2zQ0EoLmUvOOT",
-	"d2enL7yH3arOh/tPQmKzcSEwiF2qB47PjggTU6kSDBL2NlOXZpEqfu2DJ60y7BDAB7CEsFAIT+ibiL/E",
-	"/lziedjhmwrHvcyLEI+5Q5J7VdK4S0fN1HQtrzZwIIBCbI57BSSO0tWnCRMpc1J06YCCKNdiYhRjvR2Y",
-	"tu+xiR1VkTwaguYob4w9RfSSGsQJiDMsCB5wP+PnO6eg1fATm+ySDxPiEPlpb1iv5lC8e/G6hnwmLxrO",
-	"AHbbZTl+vpMVCHcbasAOkCPrxL2VoDOqzQXYMblZ3mm1PguNYt366BEgVtFmqobu1ZAvj7fgYxXXnbq4",
-	"P83mk6pVfYcTe4Yvh88uFKO6KbLGpzHVkbcRtjR2cZyWXdBLCJmugjXS1TS4zqbU3B2kzUoW6BbjUblS",
-	"FVN9fYXL5tr92X54a8ey4YhVzo4/AJ4GNtB5i+HpcxnRTt7xzcFWFZbWbIZxAEMACcGFz/A5ClnaJKcK",
-	"cz7WJa+deMIKylGhwPw+pYnR3vtV7lEckbKGSOWElRPCpxCK0aAx5/SXgpEJo8oqfQGbHTPcN4RRrpFr",
-	"JY7EilaNEYY1At6pEMbvj+yIOpDzpS4KlW0MnHukCbtxyueH928IF0lWQKB6vHe9H9cTjdfyM78ZfjPc",
-	"u95vGvLuZFsONKrTcHUP1wnZh6iUBL2V7s4Cs2yI4OFTliyTzIf8yWmZflENKwCnDZqlSwM1FhsAtgO1",
-	"Bny6AaDsAPBNo9PiDGBnPzMuBb5tjuqSU3L2+ofXJ+eR/e/58fu38I+/vX7zBv7xPz+8xkc/fjiF8kil",
-	"M975wFcyzF0r2wPRcFCNW+Dm6sXXO+iDz7MFXWoSf7ptoPWoc9O/lP1yXEViPt12KpVZvoxEteMFvaF6",
-	"BV6UhlpuI6ek67B3EADjssUh7bLkW4xewJpr2ewYvz1hS+kkesDZ2GIRg40f9u5o6VrnaO0lb7Ycm0qL",
-	"KzygChXgrTZbHDx+31tu2aqdbrdb1p+jrVdsaHrTsD6P3JtzWZ5jWIu9u3Im84wdEcFY6hGbEOHLISmG",
-	"jO2Db3Zy9SKzbA0Mf3i5cyfZcvfI2A854id8XnjGF0ZXiDqYW3Phcx22lZ2qRalUPo22IzP4iT8cJy6B",
-	"VH4/H56jRfxistzIbr2xwMHZGCLkomYyaNPngmrWzvArmCo7W8vXmOW1zD6PWZbtRWtAKitKTWWtmg4C",
-	"bkszm6zY+O8A9LOVRfpm24fz1ue33OFYWpkHNxqkNlyDI8JuaGKypYfec6B4DkpwJjWSTLyusIRnTRzX",
-	"PqwkTGHsZAXdr+aWxi77SkoTa9JNZiy5YqlDT8WARyt5uZw2THmNB4P4qGRyKI6RE2mIFBUksEErdbQM",
-	"HWNVuSE0zxlVoZhWKDTpoz8iuD/ivdhDP9k393Ilk4jspewa4j71UtdlxD2nBa+NSTGaXkiRLZtW0z7s",
-	"Q8QnbmCXOmDbqsH5/btXZz0cFSVzmbLmxHFdTFqm/hYPh+0GdLxy+yp5YrhXo1Bc03boNiOkW9qV4AZZ",
-	"S8ZoqkMhi9BAEwBr415dB67YKMHXsNUCWORkGRAi+A4wPZXz8LEJAUezpFDcLM8sGTtHTc7/xpaNUa0+",
-	"DoNqEj93BYEoAjl+j7o0IA4nV2yJ0MOAP8kcRGXFhJBxbY4IzbQkmFEuxVi4MjhM9f31Dy6EmiYWXIuO",
-	"zyGOCDAhOAwwinJVrMIarAE4xPYapmgH2DY3eMvPbue+fwRIoW19B/hSAAqihk8yRhCNqCyGin+XpSP/",
-	"s2+/6v+wnPeduNUHS0A5Erej9bEcbBnMhv62dGPPFW/MOLKbaNkj5P0KjOL2wBhWhrXSUZ/dsKQA4Jsy",
-	"1IJYmvCKS1+wwiiawXHEcPOxcKjFdM50ThNG/kF5FhFKXiKQIhOXXDBMsv9bCaaYZIU2TI3I++OzcxhC",
-	"MAMA1mvfCuxjYYcE5xbcZkfkJzY5gyRl7b65ZsQwNeeCZqR7ev73nq+upV0chgvAA9YAiNSYIp9QMRYT",
-	"hlAKy3AxUKKYyyEYjMVYvACEIU0SKab8slCMxKXVhHxHnF3mx3dn56PTd+/P96734yMX4F+nJYiJSpka",
-	"i/hT2cTtCgpxPCDnlk2CH4975B9hFE0cguUPEmKr8cKCphXhYixiH8mwR3OOKL2XTDBEinZYKlGAigmg",
-	"KHYkEJBAjUNGljkTNOeDJZ1nMSzCv/0bsXTJhHGFu+yPj8njx44rPX5M/uv//D+7M6b3Hgq8zpqMxNSS",
-	"8vCNBSF/Y0u7/HMHIBf3+zTn/Su2jMkeic+en7z84fn58cXz09cXfzv++1lMuhB73dcspzD53oD85CDS",
-	"gX35nUxt69W1QFBju7BSLOeyCID5upIYwQ2mJgj7Y5lM0pUKq4Xbe8c2HPf7XACPZ30h+7Qws7g3IFVW",
-	"bnnwQqoraGknFsyNbbpkwHYP3pSMw+2DqsBzxxVLXkPJZ9KdLKtbMFnC2E/fnTVCZKMP087jnVgfqwaU",
-	"UAAaENBMG3/EPQIuyzNuIAtnhbe5bJzGExXDufheyYVmShN7Xq0kR0vm4NGVXTyRZsbxch2FMbqkrvCN",
-	"bVMXk1xJIxOZkdizzAHMerB+B/lCTVDyuwIggmsew/54xo4IpY8fg+n08eMRcRlbpFum5EQVE3AtC2tP",
-	"MV3MQzKWHemcCwgSgFacbxkzs2ApLGtg1xJgOvEhJBiFjDDSbc0Is62HpLCo7Ai/9G5s7MH+AdFoRrNs",
-	"ukMGGYWDURl0SzYZUkqtTzCaYQdyYhk5ABSXLcFyv8HRWd2QUGIUQ6HSDdP3gqfFud8tFWLfvhwgPnDZ",
-	"oJ5zArNQVGhuBdRsiayU+tdcFio3MyuVxuDGil3BRF2GmbpbHtRj/JAbGPi5PVeYSibBRTIgO1ZghBM5",
-	"Io8fHw73Hz8ekErFWzvm3YveurgRbOoJNCUCeLz025r6lka2dfvq4ePHdpNzCRkVwCl9iQovXdnTP2FM",
-	"kGumAO0D4T5T7Sl0golDLLWcJWFWrCBVU5TvGzeodBtZOoY6JpocDg/9ZQWJUNr+gUi7YMSCMJa24pMx",
-	"6fq8sZ4LzbOXbByRGDKQAPsd6COOKvVfu7NiTkXIFTsir6g2z09f97VZZszBE2rQtCDHD3RMrPnZnTcm",
-	"msE93pxplrga0HfIOrNkhGjYihweHIxFQ9VLr/D4spku3aa0/mkUAn4jaEskv5G3jALH/W0sfuv3+/A/",
-	"+4Lt6bcAVQXggKPy9JL/OHt3ErkC0iDCROF4YVGACBIC0WKH/7aHKgJ0JiAgagjTCWLoV2yVrvN98ptH",
-	"HwYlzY2jUqLUv/mE/LalLnSdQNxnh+S3MOISpg7KMtuB+rIrvryr++pb8lutajb68EGwlQLmtlIuu2IW",
-	"gPYolpAP9Vt6ruV9Ow2ovQzjpOqSuScHB+Q3V/LUlUEtx3Ngx0OtGJQUSjGROOS4UJh3W2XklXrIkS+z",
-	"wM0R0YyRlTrGvSOSUAWJsnGlnG+Mw3kKe+GLA9sh+LrARVmseEsLQ5jQpLg8Ipm8vLQLCPJ1X/OUuSgm",
-	"BAq9tHqDFaemjDhwLtvIWDwnQor+r0xJhIXDOjSoD7G0rMZuvxZSzWnmK3npIrMUiReT16yAblBBznjC",
-	"hGalI6HzPLe72D8YDDtRB5zEoLDq0d7eYrEYUHg8kOpyz32r9968fnF8cnYM35Q5m0Gp60Sda6YwA6sz",
-	"HOzjW06O74w6TwbDwROE/JqBoWGvM/p0G3X2ZgCG8av7a86M4ol2f1XVAPcTHEP/tt9gSJRpTISa+TDS",
-	"NZuKP1ndIfmuzBTxdam89I2vowTsZPSx8FcsVDNxWOlXbIm8deGArgrN9GglaaC8hB3sCoIE6yuASB0L",
-	"zDyAyDyuKiUJ4kAY66GuuheFADmMnkaxoKz2PYGWC2GceG0qWSfbcgVINw7x04/jI7wEXZ7t3Cka8cvj",
-	"N8fnxyis+173PmmrSgKANnBKrpB6ewMSu5WMnb/StCL5jIWD8rGXiNMRqsXLgR2vVFVfYxfhdj74dixW",
-	"WUe17gw8QpJBsY9L8TrtjOzZwvQsqLsBEL5whg+Gww2Vpe9WURo7aKknXa2yADlC0lAUgCHNCspeHw73",
-	"2/oIg96rlfKumgAB2sIb/37+ePsx6uhiPqdquTqE1c47UcfQS70SZXTr6LMW1uRotL64Vh44qwRKBiVG",
-	"w5hWraNZtaoc2LC5xlst2KxAGSpNViEYbLeNWPFa3kZbxoDkE/tIsBgkTXsI46sYyeyaZgUj8XUcuRIi",
-	"Vim++u46bhsxVAKoDbg0tBtG599BtEwVPfF/f/fxL98NHjegJ9qdvLdDW41oazm6lUw3LsoqG1KlTLlz",
-	"O9x+br8vfbX3e9Tf1Kw/LWc76uRSN1w3LxwfLq0lqKMCHLYTaSHDCBDhaR082fIvDM0nXXvLccG0RpWk",
-	"F42FVM4p4tCCrpkOdTkQintAYtCl0fDmQfEqNUD82gzIOwy4R4lnLLquUkmYY3nhrF5UECYezr67sFzA",
-	"CVydJetGFKxeTbJfUIhKqWSOgfhb5MRIEiOHv4Dfy8jLuCzJ8mw4tGsBWQKerVvxDdWlqmA2IOehBw6F",
-	"LhWhiZI63PwaMiEUs7JaJg25lFAWC5HafY6bpeNwaU/Zws4hW0ngtGsDmCHInK1k7i9kCmVr1DXAS9s9",
-	"tIe+vMow4QyuLxTephwDenDpKnrlsIQgwMo7a/feWKxefBEI2msXXrdJQMblCla70mAESshYOFMRaGHV",
-	"MqP2PM/pVfC3NxT9tGs1X9ft8Nzj/OhY1Mt/QmkwSHRxJ7xLPQiy08NRapDCV/aoNheQGMYCpOAenOZF",
-	"Q35BvRHcSkDHsduJEfuw3nhoUwYEPRZebe1aAR0U+9I4K+z7C4ot9mDB6gGXePtZKcZqAg6tSZMupC77",
-	"mkGP6xWDUqb4tbcE+VKLvbGQoqVwVVT9PcmL+g8h5S8KZqIuerKhgtFYuFGReBhH1epHpXOzh0pNwBiI",
-	"mbD3m/1XeRO6esqOLY1FFzw08DPciTpkOGJrKOxVPsEd8UXFxiJerVA4yHmqXZKQJSx/ypAOxBJ9TfZY",
-	"sBTIyJsnYYd1kczGAtPJXFm7sCOkGwNy0ISFGmEnq5nn7tVe3Guuk9QgSia18r/ormXafC/T5Re7lesl",
-	"hm/rXmGHAr8iEuzfqfOyxtjOiTI7vYoZQ7cfG0QJhzviLlSaLi1LqDONMqvFnwLLwByj6j2grBF1Dvef",
-	"bP/olC4zSdNzKd9QdQnRM4cHB7t05rDs6SRjx8JYkQa+/Xb7t6BlHLu7wH71dLjDSM+wYMiH0hyyu0D1",
-	"wnl2/LWwo7oAzh6UsCy7b65D7H0Ac3m9Yo6DO1mkkFAJVF3xGVTsY3pAXqdsnksDeaUo84wFmvS5IGw6",
-	"BSQ36mpXuMunavD1dpenw2ETveMHVXq/J1G8VjGrgYDweTr4/DO9y0l5JdWEpykT+MXh9i9OpHklC9Eg",
-	"otdCJ37+aHlIPYKh8puP7sCf2s7iS7d7Jbwo7HSvVcxvVFgvmXmA/axl92xUrf7Ft9SuymQ7g1kzLDTN",
-	"oXwlrP9LLJPZ4Il22ptutT6i58crefU0a8ydQ/tX18eagLUXavNakTVL7R0Gguxgja9YOeaFH8A9HkPX",
-	"xyYN36/Dn/gc2g92uB1fOPfWF70Yv/yZBxtF/TilhYL650l5JDwRhJ9+Hw202TygRCyIWdBNDMatPXuQ",
-	"Y6eh1jQ91P6iaq2ogJRGKqdpLLgmMyuYT5ZNpIPxoO6Zj57x3iPwtDzSlTJqUJR2LFwgVtdV4mPe8DCn",
-	"N676DKaZxCQH9D/F6DwiVyyHINiKLQQsEFKguFADTwAzSeQVG0IvKRcAoqDRgIIlkkLKvasQB1XUbDeF",
-	"MDwbi7jfdwvRV8xSMQcHcShNS2Y95+HmBvP5QceFr7HMRvBX10tRjwXDElxiCXFnPKEroctlPFaEkQk+",
-	"Ks0/Vwyy4AbklQRYV4ckMxbxYDDYW1AO7mH7b1fQx/2F6WH2L3QYVK0JzyHuaUQMuzF77JoJ08fVjx1U",
-	"BFUmBI5NoV+IoFCgvnuBf4T7gYcNPWUHwyGB9nzZITTXIlAjPgBsiWsozwz92BHydESGkdV+Y6vKjmJs",
-	"2XHDI9x/H2FuxwQNoCb8w/E5qcweNcuzs2PU3hHGjgxJF59HY3HFWE4BBj0iMbvhVlshr53tBEfNoQ5S",
-	"1NJ4qEwaQ618qyi/odr0j2EhX7+MCUbvQIKuC02oFQfG5VWs1JWpDpEkEB6ydgHBN2497kuPxdaDMraL",
-	"Irt6860dqHr3q8bytQvuDFE6vWnIwQeD/6N+rrruDNv1v3I101yt6kq50mrVx7bpu9f99C33teO6q5K+",
-	"w8pumPDDqst/wvv/j1Dh/8QyB1aCp6uCRrOcsVle3vuUbNHt/wY1TysF/R6V1U+NYozwqb11sHazKoSO",
-	"kCFPpYLwCm7C/Yp8ctCil1f511e9fIUWYGn+WWVoe8S8uR9cLbud7HaTwAMcpQ1cuyI5fz1JD3uSKhaI",
-	"HY/QZyth0daXKzLDx124sJMjsc7an2dUJbzFA42qVbsFIzLIyDAkqy0230tYlZs8r9h7qAlxkwi55mA9",
-	"vddw/VbCTu5Xqq7DjnyWUP37O2+7Dc+YMP8MoueX4Hn/rJIkEtIXFCXB5tBqhf0JQk6coacSVBKKcXl6",
-	"lZZKB+TYkuqIPH58MBw+flz6havBtuAIHgtv59IzmrMjEmM9CZdijhUlMBgHLT0u9c8ZoXBEZgWMiSXB",
-	"SpXQPCJxqJwZQw4R+DihQOeC6hLSXyowH/UGtSnmVGurinKlzWgs7JQO/JRsx/ELb7Trxs4INyKWBcQY",
-	"uPD48Y+MKjNh1Dx+PCr9q6WBxbIz5HC2UcjtmrKFr/S+4i8Hs9bMtxhHIbzhgGgXAYCxeiTjAsJ2APCD",
-	"6rAZ1eARKRiBbM+xQL3cJxXUBvAfZ+9O+hm7pBlkbHNxSRYzbjBPtOcMZuWcICkEIKFvlmOB8TmF1ShS",
-	"OKjenKid0w+e+Xghy/ztf5Hzg0Ji9wKTxCuxKWOxYd0xNooacjAcDohP/QSgHshlWUgykSmUfMqtRjZZ",
-	"Et9EPBbdULIFTrQqIJE1W7qsO99tr2Y9xTUfkJ9czFMqMbQMAJwJxbBkMOJm/JqNCK3MEq5HRlUG/vhM",
-	"alNZpZ6PU+Mm2HgbLEm2tfLK2xj+eea21UgYQ3mCngyjEKbxBDPumwIrq2h+5YXVACXrK6w8GQ7rwLKr",
-	"wMe/N7pyt1CKkvVsDaUISsLHzWqCR4GlosbZIFYqCjbfQK1RRduG0ItwhDGuyp9BOHQYbHEwPHgI1aeB",
-	"4VVMm7XZfpUs/vTalGVCmBG1Kh+QLhRCzGWW9f6UmlUqFyKTNG2VRN67QGCzghC1ChBFXlDIwSrDXj34",
-	"d6Ht7eFjN1f6d8G/gEkAiVjwg72VfEaaz+jHPMV1m5ibwCssuL6RE582lx8/CvgpkC+HEbDhJyfvOMzG",
-	"Niat2Fwa5gGt6rpJlW1vBsm6z7D3l26h2vWYCgiYR+T6alH/LIv6/bOc94ymPvKeemJcgQfAvOTeg8WW",
-	"hOz3vU+5VOZ2K0+hgN8KMpliNJkxTWL7ZdxApC5vXCw9IgGhPjsRQl41EylmuYG/EPJdAN2YpCzJqIJo",
-	"dmxex6QCD6wYYTe51Cx1CFZI/y3s5pKZYzfN+7Sa+j42RVL55f4Xp9H7p7Uf5cLeAnBErZ4llSkPVThJ",
-	"X57Mtt/vp1KZdnK8Ycnvska2GhjfW3m6DJ5BYVrPSD+JXSFO0LqdXterJRRV/FtkNXuY67EIecIYZAKI",
-	"KU5YXjFiLmYyY3VTppUTENY9xF24WBXbdIxjuEAggf2Dp5HL1If6GHGwQsSV+mbOrIHVB8sABw/fYlXx",
-	"uVXmIcup1p/tgOwhHMpE3lSiHhBKFNiRt7d0pbIcZ+9w+G2wWIQYHZgVJM8bSSbMp7v3BuQYEgLKaAsU",
-	"wajB4CB7AC58zAUKbV46G4v9Z1Y8O6rZaqzGrgG4r5oJTlJGUzBuYLq/mVn1q6rAZIXlxpcK7Bo5U1ym",
-	"IYeklgK+Jh1DWk81KiPujULOWaXYaEgDe6THwtlbugfDYRmTFFejFGJ3SbhcJmFqMVwictUuUcXXgJs1",
-	"FojCdVdzTNX4Quq2l7FoMb5QTMey+9NzXuDy6KyZ48Fc8UvBk6tsCZn4mO3lg7AyKVg4mA1RZHblM191",
-	"3TeM1byc/muPFZDlQoyFp7XVWC8RbIB2TafMJDMsNsdT0g0RPg02TgD+qET/HGHMGCDAFPYCDvhh0NGC",
-	"QhQYv2YKgFsyzUhjYFkvGotCZJb2Y0vzF1JcpFy7iUP1HaijC+Y8mVkFe0avuSzUyFcXc+8Cy0DO5LjJ",
-	"WAA76YW4IwATWY8+AmMT5on7QwnVuCHE/nD4LWSzReTp8EmvSZiwB+B+/SZoJPlDvCZV889mo46ignQX",
-	"M2qAQuw2wG1g2fQXDEX6qsV8jQvyylMhwBJf8aK44Fp7OO+Q64Pmi1Y95wxu5tJ2AjczAvg2GziO7B1Z",
-	"Ar1qD8S6poM4a8cdiFcmhjWHEwZL8oQLCjaNrQGGq3DhK1T6AofQ95aODWjjmv8KkEmhmYZxeVz/BpN2",
-	"Wenr9qsS9JAGB0oUXcCuOfnzj1B/LBWcUjNDVaXYQoE+wRKQn7hwdr06XUJpEVeCNE4KlZH+eezBarC4",
-	"oGLCjIWnUh4w/fKMJoghaK8vTNi1jWOGAHbqpUDIESiD80GTaRIQ8qKk9F2Eg99J5A8nHNhZ/YRgD038",
-	"xT36an38k1offwK8c8cNIENgV36w4Rrd8wjMjXepj1hruk0RsNVK4DE4gkdV9HOrTuCnKXqQQ0B8F9Jr",
-	"sBQFYEfxayZ6d/A92B7vfhPfnVI2WQGBxXy1AD5YuOQU9/uPvOs20VDmSmPsQENMGLi+XCZVKXdWbkMM",
-	"lUkKpQG8tRcRjXClDtQ/wsQdS7lxoDPtlmlAnrvohqfRcDgMHXanbMFUsHNxRRzEhmIkk+KydzQWtRAi",
-	"uoQRK0YW9v/mUrEqla5IzIeR50yHzentdo1egeB+z3S7KQE1DPqR9gvzlYwfIge1omH9OelYqqv7Mds/",
-	"LzEI6xW0yytxsgwgSR4OqoTAr6EbjRzekFRXYJFVpoIUiZg9jxCOX9vr2XfoBoDePCibAshaVhuHmENx",
-	"zTXUkEDxfCy8Sw7V9LJxZ/y2/QNkijNgVpGt0fQXxuLQNFJppzAWC/ulFIQbH8bnX4T6czhAdPqTrq8I",
-	"7q2iTFxzJcUcwtbAnunnPhYwZ9emD4YIMEbQwvn5G1yACbP8TtdnVuJ8ourg1wyyi32xghHhDv2rnkxp",
-	"16OJ59nf7xfA55VUVxVT4++F69neVZtp0T79mgv43xmW58tzfnsmNkOolIUQW3QUZB9bcDPKivUrLLYO",
-	"jRGVEdqAVRe1gtyPRTdGm8MFQJuLIssgWspyTACRKwtRSOW/g9ZpKJlReslcrXQHmz8WlueiSSLA6FXD",
-	"n1fCas2MzXsDcuzA9EO1BA++hyIccFeo9ZG2SV9YbuA+xS/oYZP8Ve6U/pfGomnA5agszVawoXsILgjB",
-	"QbWCK3ikiWCLem0WRIVwpSfo0pfLqJTsgGdHY4EVFkSoIOJkBJ9R4S18gWbqrVW+wWvZjgSbwLCFZMaz",
-	"tIrYHWqIkCoJ90YO/UJ7BQjrsmlXhQ3+WS1UEY0F1h9D8FTQkLwXnhvS9WCIwBmkchVHR1bogthTug4y",
-	"VhnhWECHvYqV0pX3lXNujAu2rhUU6bVDBPryWvchX0DbDyRgVFEA19nHW2Cy/3QCxmfLC/fPpN4CGVZI",
-	"zldY393EiPxszxHYpkT+966oTXklI/yKK7ZXFvSC0BQeql05UN1NpXCqhXDwosUgJl1MjGKsd1Qj1VqQ",
-	"xoDEis0pt/++cPWkELBHrwL6VPk3RFcsqEr1gLygEBm1IhyQrmUqblU9A+pVKsSMxeHw2yaad++WRH9P",
-	"d/l77Kdd4ncvpIOv1pBVolrx4UGpqLUL6sEihB0RfsILfAugxrHPYnYFpzYTF9lGW1FIxCsrd3owKQgt",
-	"RqBtBxSlj5xp0rgCU5g9eDjcD3jGgkgBVAnXtCdGDM6qkqAP4mLpIJQ14y62yydXrykOXJfKCgx2LHDC",
-	"0WrZnUc6ChnbXhqXyle86lVhP7GA44yKyxKH3cpPHjx0Tn0TwZziBB5fLuO//s//t8JJYxfZx6dTZmUc",
-	"XwyLG18dDFdkRSIKPIenZE4Nxn77JnvN3Ma29gDMxnazidfAEv9z3f4PET4Ax4ruRMz3p3Vst8/CAdvA",
-	"wgQziy9hoW2KVjgG5F7LCayGb6WdagCpXbOXJ2cEzpIr1OoiRy1xhQjrrsyZqH2pDV32fNwlsrkVXDzI",
-	"uMplxpNlLcpXSMFiV27LoZi7IFesP8fEVCqM1gXfy7dYe00XOZa1i0nXyJQuR6Qs10gmhSFY/BZEkVAB",
-	"V/cawCUCbu2JW/j70S586w8NLbEdMNftCth+Hbbzv7xt888cWwiBQBVo30easEsFZVFwJzczt2auA7Xu",
-	"vpRXaCXGyDb9x2NDn0I1v69wvA9lEFeM/crQpzetHVan4G+1/bUcVCVvli7/b+9TTs3s9p4RkTAHKmqK",
-	"MVVQVQMtch/ev4nstWp1YQTDBDRfamYOEre6BFKZI6wSswS4a6IzqmdWlO3GrZP+ZvjNcI/mfI8bNtf/",
-	"/st3+3FZCDteeeJEXEgldknDLpN4awrxWtJwy06Y5cbyZadmeeYKCtwn2ZfdbCy45UsbfDXF105iKNGv",
-	"y63yxGg3+H5M8AhvnJtl7KteTWS6jIhz81dhsL1O7czzp+d/J93YocL4+kU5z5F0pjSz2h2kTLlkIpD4",
-	"XV4NFb5WK5rCHfRQNzi398lb/n2lxFDkMJzpRMusMFjZx4EVa1e+HspKw1S6VJN3ORNuBSD9Kn2kQ7Vh",
-	"50XzK40e/LE3ePrJI0qOw2IORdDduCO/XnOZOk+emxDVV1Bem3Tjf8/N8rthPBoLWBiXdbzgVi2yC9g7",
-	"KhF+HGdyhXG5xhr6zoYXO/RvnHBMhoOxqECaOz9A/UBB/ABFJUPPWJa5hE0+JQGGB3Ku9GzFJzAWpVOg",
-	"3QNQkvs9CeqnZonVWR7IFRD6+wo8/C8I++YAhFfZ8BoXbr2CsaTsbrjBrvFVfMaIJJnEOkBlLWuPfVCi",
-	"wdbaaMMOXiHPr/DBK4cMluYh7/x1SN+tZ60dzvdhdrfSy2Zp7uv+1iLHd9jYe1ST3Nw3WDYDt9pb6HvW",
-	"2bYPRjHBFvcTBnvmeSUGQxEjiZAL8peyrGQ8jEdlBcmjtdCKukiVFApzwtz37bEUA/I8dALFHutAmufn",
-	"byqFHIdW+E6yIoUQEG/qVcwVb++h3+VwOKxWA3efN/tPBFvcbwjoe9vFRrnswcxJMJSvgtmfOqrj+MYw",
-	"kdaMTxmfMsPn7LNsT1gv5n6spNj2H28mfe8gO6BE01dr6QPpAeczuiCUgKk83bEQY/MZLeOM7+Vue0Fz",
-	"U6h6XVGfhrHUhs0JpEpg3MFiY7iRO2nBAMKwYAlX1ZJia65GFwBMEhxIOqpEXUO4so+eGIuQjOIsK1PF",
-	"9Kxifpbet4kteWTIakoEZHc6TCF0bI7FqmcTx7kQLFRl84FP6Mh0NXqrK9GlQorlXBYwCFq26atLXbGl",
-	"duWTXQhWtWRaGB3UKdekC++4jA+AYVrARe7NS+hWTagAACaP7+xKodXqmVUHyTW5lIKN1sunj8Va/XQs",
-	"9FxbtyuWmwE5dd3rmls3vBfCXmyjdc/uhkLR7uv7qgXgmn+oWFA/mybzj3v21QT08PkmD2D9CVTQzEo/",
-	"J4sEYaJaHTNlmd4zfPE+JQ3oYTNEkx0u+5d2ypzXLlJYjwcLlyxyD818Dz4ezL3EJEWAcCaxR/29mDw7",
-	"jLH0BIAjXLhs8O0wyZhWmXK1jplCKpApdUyUZDNy9OmHuyBHN9xKuIx3AlK5GyV9yBFY+Q/BWfOdt5Hx",
-	"VyyVPwoD7Y/AYfkMIGjPe6qaSWvUwFl46z5vJtfJxogBP5AQAMnUIw1yvVwApmetFPnnneTVHdzquQ/j",
-	"0JV12iQd+J+2+4lep2yeS4OFUjQ5YW8l+WE5f6RJjJ9c+MZiwm5ylhjEwQkiP+o4doFCVudMZulYdAsB",
-	"8LJlHHnQPaQK4eZXbPlIA3Iq+uczNnXoo2WM+cFw6MsquyZGBJ3+A/ITQK6Gg1fXBsthAnaWT56HctdY",
-	"w0MXiZX89Fi4kINR/TtXtcVN8RF6yiNyyUwUoAysFlRXzsaiGyoTwA+xBwMI44TMV3urcXEZhURabaSi",
-	"l2CMnSrG0jIWFyIV5BSi3ucYyDCX13i/heLWLjr/CBbYrNiBBbtxSrGrGQqYqID/O2Oid4QB9U41A3CU",
-	"OGVTpkDdhtiLAaljPZQ6uM86uIRKRMZ+XFM3B5DtsxbFW48A9mpwOL2NhRmgwZou+Me6G8HK3/UHE4vG",
-	"eFgZGvIhrCCDr/wesfd3pfq0+5KAHkqabuEt7Q7Ch9iNTfpylXH/nuX9XTrCDq66rQt8R3ncfVsV9a9l",
-	"VszZ5sv2f7l37nG3sItNF60b6J/zmr0OK+T3yf8Cu9So+bylVwxLoc9zs3RNQBF8zX9lF5d8EtfthaG3",
-	"kDFZtw961o3lJ4J9cEDOwiUCQagUHpC5LISB/MpQhKIbu2HHIYEcHgCLsjf9WLir3vPgCwnT0YPwIYaE",
-	"5dfJIMkon5/QOYu9a5CbHsSzysJgHjncTS4VPJg3H5XZbyuXAnmOWD0kp97GyX9lBFHvoePjk3dnpy8G",
-	"5HuaXAE6ECR4RIQ6PBy0mMhpSCzrUqJzqjRDuJ2IZFLmfVgblvaOCCLuRIRCfkjqt2kCQNygbFIzFprO",
-	"WcUkc0SuiglTghmm7aenTGmuLZXgOX9hV4Z0sRG/u1mhDWwvrK3mUjDVG4zFaz/NFRNvKWKkXF+hHFHB",
-	"8/B7/ggea2ef5abFNAtVEOwsvHDmZbACQ3588t637fZWnNs96bYvql3spNruf2Hm1MSYXEjeAyu1d7aI",
-	"/n6rZhsrfOGq1zi6aGSA9Ztm7xP+43Zz7vsUXFxwnLEYBSBtlj4cpAVuvDhLDCTHA//vtYWdVU7of9+Q",
-	"s4fN994qBDqGuKKQtNyEbQLh/W9MOw2XwkWl3kqpdyEOkrsr/8zC4gYK3FKPrlwBq/XZS0Aqwu11W9W5",
-	"/U67XHEoRTFozh25rt4ELQXo6I2HZX922FCBbtsKQF0YnEyhss6oswdGZjf3tVgrxzYyPmXJMsmgtCvr",
-	"O02fJRFe3lGAq8Cql1hGbFBOrLRXrWf6vCrli9Io5EIqr2qNBBF+vREnaqOyPOU3LIW7PyolwRIxI8Kz",
-	"WTFlwCkN4txgdUOaOnxZL4WjIwQF9+Vtg8eBXoLFZ0E5JEhLFUHtYvsixv2jVQPqU2c+hZqKZcUrXxlP",
-	"KDzZnDDlkjLAXIhLsVKxJwKYZ6nI2dkx6TppzY5lhnCGoWrbJRMAGZRiY6pX3QcEZW8agw+R7J6e/912",
-	"k/Oc9UJKhgNicaOs5YisJXYQbwHNWLXvHByOTXNfzeWoroIdjU/C+NxZL9hEQ/utyWqWsJivJCTDlYtV",
-	"7D63W2iuocsfGc3MDA8TF0zriMyZUTyBMA+urQBezH2IOeQAKbnQTJVxrF1gBmFE1V5lrq2q+38DAAD/",
-	"/w==",
+	"7L39chs3ti/6KijuU2XS06QoWfYkVKV2ObacaI8t61jyzp4KfdRgNyhi1AQ6AJoU46jqPMStum9wX+S+",
+	"yXmSU1gLQHeTzQ8plpI94z9mYrG78Y31vX7rcyuR01wKJoxuDT63JoymTME/X8nplIr05LX9I2U6UTw3",
+	"XIrWoHUxYYSnRI6JmTCSFoqOMkYS/ICYCTVEFULDU8V+KZg2pK0ZI7E2VBnXctzptaKWTiZsSm0f7IZO",
+	"84y1Bq1kmnb7+wfPDp+/+Os339JRkrJxK2qZRW6faqO4uGrd3katD8yoxcuxYWp1kOcskSLVhNrHZD7h",
+	"yQQGlGScCUOmdEGU/bw+iCkXfFpMW4N+6I8Lw66Yat3aHnOq6JSZ7Wv0cnldnmjC04jEdnIxsQu1/4Jk",
+	"cs5UQjUjE3ZDkglVNLGNkzYVCyLNhCm70lyTw/4hrBe3jefUTFpRS9ApLBdPW1HLLjRXLG0NjCrYnRZ2",
+	"ysVbJq7MpDXYb1rmNzxjZ7bLlVnaXwkXmqcMFldTkY7kzRFRLKOGzxixQ9WEKlb+ZCS8O5fqOuUqTOqX",
+	"gqlFOSs3x/XT2jbqt4xq1rw1mX2E25Hppt0YUc2eHdQ2JIaPLnkaEy4IJfE5zvUDG8dPNInZjVE0XrdH",
+	"/uMdNyrTXdydqwnu1nXWsofPGKZs4/8r092faffXg+5fP33ef3H7Pxqvx5lUpmn6uVSmYdcikrIko4ql",
+	"doaxfUvHhBqSKEYNWzMz+9rmfaI3eKVePH/+7HlUXrH9hisWtdyyrqM7bqy4eXp043bvoL9p99YMfeft",
+	"sP34/eD/8DsyFfU9sW+FTTnor9mUc6Y1l2Ld/M4u/k40vkJ4umbgesvIt12Nc0FzPZEGB1GZp8jXzfMe",
+	"o6gujci3Ls2tbUvnUmgGxPVlphhNF6+kECwxtgPLrYRhAg41zfOMJ9Qu3V6u5Chj07/8Q9t1/FwZw/9Q",
+	"bNwatP5tr+Rze/hU753hV9j10h0RSHsds5jILEV25rfGnrnY0GsmZ0zFZE41EdIQzQxpx4lMWWyJdvzy",
+	"7Yfjl6//fvnq/enp8auL49eWQNxGre9p+gEZ42PO6kTMaGbZicgLc0RippRUOiYZ10YTNmNqQVynMErH",
+	"3k6leSML8agb8FFcCzkXJWmSihTut7ZUhGdZdyzVlKXwaCzVlTSGiU4QQ+zlgTmIccaTR13nGp3SlpgC",
+	"v1NSXBFtqGF2vMRMuC7FI9a76pGcFpqldkLayDxnKZ6WN1KNeJoy8ahXgBh5zQQMlbrrUN0NSnQic8vN",
+	"pSW9lSnJwjKL26j1Jzg4cFjGPGMwZsurcEnP6CKTNL2Q8i1VV+yxT4ff9pFMF/aIZHYQdv2oIDSznAxP",
+	"7/8spKHHNwlj6eMSwOog57LIUmKJHQrQNMuYeqLJy7MTcs0WxJJAQskvdqw16ge/XDI3/PhoKOKUGcqz",
+	"mFgWghQVXhr4/WI6IlM2lWoRkZTr64hox6s0XAv3BxktDNOdHjlnbCjiH44vyN5sfw/aintDy7Aqqgyo",
+	"Cd2gJzQtiXt7r6JR3CK3VjOesI+CzijPrDz/mLvw3q5sQnOacLOAE2xXbESTayZAKyiEYjSZ2HH1vuCc",
+	"gcf92ch+VTKqnrJX708vjv/r4vL0/cXlm/cfTz2P/ShoYSZS8V8f9+q841pzcRWRKc08i2I3uZWR7HQU",
+	"m8lrllqhOmXCcJppN9xcyYRpbTfzWBhuFn/UhZ9xmVHj7id+u1VauPWSH5y+76lJJm8ozwoFFyZXMmfK",
+	"cJTsuEjZzar4+xPo6M6qECeyECZ2uocm7X7XivUpKFjLakPUcgPZfQGqguvPbkRlM59CH3L0D5aYijS0",
+	"Op2kfLAk00b+mdX87mHiiFpJXlwaPmWXenW9Xp19JPYZaReaKfIXohfasGnHL6GXhNAow4g7X0wTbsic",
+	"csNSy7WPSJ/MJzxjRBVCcHFlV9geXGpag1YqC0v0wtBEMR3hkqeFgrN4OW0Y249yTjIr73BDFBWkrSUZ",
+	"UxXVe+pYYk91gSrnsj5aGwcX5sVh49bDubzE3z+3aJa9H7cGP28+B8c3LDm2313Yz24/Ld+G2K6rLExM",
+	"5hMm/CRkYWBtYc250X5FyZWSRQ5KwDXPMpZ2jgjLNCOiyDI7C/tf5B1WR7JjvuHm0pKw1ZU7LbKsvkpH",
+	"ZP/gm7+c4lCwAzJaEM2vBM3IqX38PIzTDi61I13tt2nxxlxwPWHpJTW7DKV+NKhhXdvf+p7Kgyzl9BLH",
+	"XrknIykzRgVcYEavL5HzX075qMHUxOg1UcweEmGcjLB80h2DBGlKm7A9X+S4u7ebRw92zbCKjSu0siLa",
+	"pEypS81/ZbWP1p90bVJZmPBFfX2+txKRXRB8i1yz3BC8daRtV8WKDHI8tipqeKuz4x0zqhAJdUr4sp6g",
+	"jWJ0SkASYSmJp/TmUhYmL8wliGnxkbMEW1mSaivXJVSlLK2Q8rCWS4S5Qj8DMW2Vm1G9STVKUNuS+jGv",
+	"U64aiV09hrWDW9+B+g5W12gD93jLUeVv5CDIHA1DgrqJfnledBt6okrRxbrl05uGVDFE0DTldmFodlYZ",
+	"35hmmjXJC7Elo+7zmIw5y1JN2qPCkNiu2KUUl3av0YATdwIjwsNhBdse8txmZlrv8EMhLNWL9YR0k5i0",
+	"R1RPkOrlimkm8CxvtHxFrWTe0PJrNqZFZpaN0ltJGhOz9YvWIAusabDckOWLs+6Sw9UubzpQPviLKUXs",
+	"LcQLDxeOV+5bROJwSGOimekckdRN/sUhece/jwg1ZCq1IfvkB/59I3UI9tz9/l+f/fVw/5uDw7pRdzvX",
+	"gR1TM3ZpVRnLPEV6qVHTapj0SzCh1A7bhv2pUeWUi8vRi8MG75ChIqXK2cIiMBm/OOwyYUlJutP2OxGh",
+	"STLzJ2r/m/4RCAHkO7/Qzdym6nZa03HJiay0t9rnRysDWrUadCa+yxyaiUUzrQAx3Nnmt5KK+pWmGae6",
+	"aWPfFArMSmgMaL8+PScZHbFMd6pi4BMvX1k1EJj5aHFEBGOpJjE8geMQ6ObKRk3pzQk+3H+xdk0c/Yxa",
+	"YH65zKmyqlmDksLNxCsnEblmLK+OlWkypSlDugQ2M03GlGek7e8ZrFBnt/Ob0PySpg0U6y0XxQ0YBkY8",
+	"43adlxasFPVhhE62tiKr1aRhvXOa2EUHu2N8enxx+fL1u5PTmBhJEinG/KpQlS+YsZTxiMSvXp5dxpbk",
+	"jvkNQe1iQcDrQpOE5cZqaOS9yBbETKRGed4eBmqkQtOWJnNYw243oXmXpmkXfo7LNRJSsM4RqbhANTns",
+	"9+24ubiCJp2RjEjBdI+csneS/LCYEs1ECkeEahLnSs54ytSlhHXTPbeeMZJHTafsiFzxmZ0mkSLBbVl/",
+	"jradHDgUq5v1Dg1n3B4NsaicFBBeSxswSklU6DnOuHQxgjYNh7z0pd2Z5jJh1CKXHId4/1l+ca435pmj",
+	"E7s2uURF7Pf22M4VN4yM2Fgq5uwGRDFTKKEj8EOT7rDo958x8vHiTfcbYtjNJi2pHCEQmQaNpDDVa4d2",
+	"fu6plVdNlq2lbUoCoTsiZi7tr/oJfgWHQgqGhFywGVNkypjpDOAqTpnlARpFbeT0eEEojIQrErubas+5",
+	"YlrHRApvq5EKZYVcSSMTmZH2xauziHx8fRaRk1fvzjoRPB4tsPc2tI9dPtEk3mMm2ZtIbbQ332K7OILy",
+	"PfuKfR6TQmRO/eJIoNwFx35ixxfizhEREmYNSjPqEfDBtEde4mDsNRXEzHnC0P2OiwyE4VtoTkgzsdSB",
+	"Iwm2X3oCgCEpCRVCGuLE0co9xCuHLcVCmktd5HaxWBr3yPGVXUYyYgvppNfQszY8y9BY5VY9JrnMeLJ4",
+	"opeI2U4ChV+4jY7vJ5rY99wWVc5SZLXg3HvvwRkOdLki48WujThy8TBc25WHpiqL2sZ9xR0lE2p3cLcZ",
+	"8DRjlxvkonMjcxeQAzcFLETADYQk7IYlEfhqrARzdvF3YhQdj3nitpdQY1DDtM/QM/sFpCk+pVcNS/5K",
+	"CkO5sKTYvkDaXlKy9yOVyTVTnR7JZEKzAZwBFL3GhAr3hXP7XVHD5tQeCXjZPUy5YomRakHacbcLT7rw",
+	"RMedAaFESWlgLdCmV77vfG8xDoFoOmOx/en9qxOS0YXVBwxVI5plpI18j2bZgsR2eD1D1UCxXA4MvYpr",
+	"HBbPgKUsY3BBwqYs8Vwcn/2nYrAnEzm3dJemwIdJGyeIVCsvskx3euTlyOpmdoR2J3CpEqt/s5TMOJt7",
+	"OmkP9U5nbMoMTamhv4NjfACmwFIrJXB9RAqwudu/4DLDdbL6bGYPqhtfxvVuzMKRgm0a/Kl7zWpDUpmG",
+	"y3Jmf7bry25ylKSULK4mJHi7AgXb+8zT2z0mUmDveu+zbfG2LhXfJQpnixAQtQrBfymYE6qdSXNZ2lq/",
+	"P9jk0mTd112ds4TbS++aOQr+H8smXSDZPyAgpPGQXrNFj8TeT3jJ0zgisZ5MwUqDsUJxkANta15sJXCs",
+	"jZSk7cXJJ5pY4oKGiymjeKGNzLsZm7HMWTx65FyCI2oms2LKNMSHvc+ZOA8UW09ozkgbLmEcwWXRslAJ",
+	"EAxgmAPy2Uoot3CX43yWDMjnJKN8ekqn7Db2M7RfugN5zSxNcX1GJJ5a6fOMmomdsGI0tUI4NmenqPU7",
+	"mbIB+fD+tw8/wZoUI3jbkps0ZakPyyunFyZUCthPNGHIEGFK9nhKz0xggTwn7OFrMWnD2tEFhMeMwFQ7",
+	"4sJvHreSTZBZkHnGpB1/dizrZWIPwQDF/d9SJhaRG8CA/PyZNjw1VF0xMyCpnFIufnt18vrD7adbZ3yK",
+	"ndpwiU+1XQf/U8JTBT+MMktaa+/4n/Ad0kYXGNhcLIXRnZ0oA4QzbWKPwWlihVnKjYupKCVMI8mIJXIK",
+	"QlK6+ALcTzE8iHp338mH8MntpwbXhr9rDdyf/xpObynNxHspm+3pydSeFWKm+VgfOQZrn3a7ejLtwuWN",
+	"yCs7Gs3s7+FKdwYYDOCDUmBHbDfwKx4zKojnhWTEBVULUghuSDsetg5efHP47Pnh8xfDlt3qYevF4dT/",
+	"c//K/+v5/sE7/v2wFXd6ZJ+849/bvXhxSH7g36MW7MxmcVjQXmlFdl4kkEKtfgCyLDqQgKNaMlRfFPy2",
+	"cwTUDTj0nGvmuenAu/OAZD7RQcBzHNjb8pyM4P+8LkZMCeYdu6oQ9iw+aT69UjB3Fla4wwp//WS3vaS4",
+	"jdY2ZchYySnKfSGMo20JWk1NgoCSudBO4wERKIJ/4ro+0V4g05LE8M8Y6MuIEVqTNSLL0CuESzFtrGbo",
+	"bQS7ibTGZE1X9S0fM/ADckG0izSH+YHeCSEKaWkE7B+RPvkOhdycWyEuyFl4MIKYCOI2JRcXb0nCeAZx",
+	"BHG3O6U3XWOyOALp0zV8cEgmnS9AAxyZb7BcWJZiJV5UqauUCLwrukeOq2EA9tY53cF+ac+63d/Dfj9q",
+	"VNGq8skmivOfMEAYzd3tec6i36xU2Yd2RBVxHA0HKeFjMsVIjs5uptQ1NlMc/B1Nps1q4EcQuwidylLY",
+	"KWWAI1LRBi0p8OHQGTOGKR2RlF9xY/9L9YThtS8jEqxMrZlp9FTyX9nlVZNT9sTeS0vWuQBS2B4rZMra",
+	"W+iOLGnMGNWG9Hv9FwfPI0eP6t3v7+CDXTJXwxpVBtdktn7NMmbYB6aLrMHtlrIxU6rJqXleBp2JbDFY",
+	"Nu86SsZKQoa2AHbDtYmIlkiwjFSgCFrSwFg6FOG2Z3Y9kBVOUe2ayhlLS3UpkHyIZVs1DacwsUZf+tIy",
+	"+Tcbl0fORSZpum6BXPCRbvah2Atk6fMT7Tnwqhdlm8eh0n7TAI+dTnMixnJ1eF7jqYfWTIzJB3t7+wd/",
+	"7fV7/d7+4PDb/efPms51JVxuZ01yaYhLEwojKhtvnFYt/KQhEGpRC2tIOdBOy7HRPG9nat91ziUf+5Gi",
+	"14cJS/l/9g4qe0ec3+ZTwyJU3Gp3JFL/yq7aVf/26mBh0YIc0BnUQ1UKk/GZFf5IZgVHl2ngGgMBYsxM",
+	"MgFKouB+ktFiKJxjF9IkrBz8X13nxu+epHHniNjxDkKjZWt2wJqsBC0hfdnuirqbx3Zl5qU/qroGGRtb",
+	"nXDCrQCtmI9tCiFXaLs/GgqclJmwBfqzfOTOjoP/6gf+Yn5gpBZruMXDxypGFXk7MMs5Wm4qKpG39RuW",
+	"ZaTtrbVfMqyxOmZFxWBTHGOE8gKKBFYRMigfsBtuojWjd6qcDyR0pkmvJGg6J9w8anzkip5fD+hblQz8",
+	"6pRRkWDOmFMBko8L4Gs36b0k41NuOkdeodu8wb1GAelLxBOCScHbfzfFFMKxfMe/f6AjiYRwTbyoXWt7",
+	"koh9jLGgUhBHlJxNxCltYwzI7q0LLmSqiZ5cvOl+YyeIuWNoVVEsz2jSKOL5ILkv0dKdww7ZDUtcCFXs",
+	"OvBnMMGQ2C3Ssht7WI764i+FGNbjCDfH/73hLEvhSq0STrAjr07xP87fn6Lf2p1BOR4zkVp9Fb6ICAZv",
+	"gP/g5/1PsTOBhRx1YAONCztlWju312ZegEMrP2ieWsaaBfRp44m1SmPOFGjXUpAR6KRgp9PMFDyN7H+v",
+	"ODIDbXhyvYALJhNDMxexMmz1XxweDltwhSqJpj/3u3/99PmwKcE0ssPhY37HMN31HllQ4ljGpkx4ZQ63",
+	"qz1s7Q1bwXqrpDSdxm3IG5PqK3oVHWmZFca12xwi36iub1bV8Wa0KdGLacbF9RMNeYpGO/P5E00yEM13",
+	"jQ927Vzi5423NfSE74B1bq64MUw03/01qhE1GFBwRGLQkmOMlUmZlUUj8ubkzXvIFLMU1lTVIbuk9tJy",
+	"e6vdcFpRCxpp0IyWLkI19dm961Y6wmNeP17r7klz/C8TRvncmF0MYuHG3a7au9afqWDkuu/B2kCOa+27",
+	"fOmpVIy4qWFq45wpH5KzU/S3W3S/PNtpbMZ+wiO1usbr1wWWoDyNpB0WZ3VdOne4cRisWznjWy9S8/Sh",
+	"9cb5SnV9X9U9hKqBNgIq+NrgsoZhrhlLs2IQrGc7H/ASW2NriHvZeNMS/YAS88vUcZvmE+Dk6u7c7jb1",
+	"7xKUwCyhzDJwP3dW49VTrq8vR0V6xUyziRRidyDpO+WqEtLxxJHj////JXG3a5vpyhlTVvTkJg4OA2x6",
+	"V93FDsaNYofXrcRU25tVwu4kaDfBRkH6R6mD/IyT2XEe69nJJrn9HfaE7RuMx7H7k/FZJQx3x45+KVhR",
+	"s6JWedqmlVk6hPWVrH4b+qjNqrJVTWscrRyrprP9I6MZ0rSl62aoKXTdKCqvtxpj3WeNPUlt7hjQ8WMI",
+	"UvNBlydns0PLmU/OZi+IC0+sxVrEmplLF2A4kumi0yP/SbMCI2U9BIEdGxiLluI+ILy1QpyXBv+O5r8j",
+	"YKgefyfnAmPwHF+K6vN0U2scC2ISOVl5KddbMDzDCE7UxjAqkMnkNRMNpMd5qu4kzWIisl6f7vcdcWZJ",
+	"F51Ha6HlGM6BnmvlDbn3SwgMiEg7AB81CM6290ZfM0jmsIRzDEAHFIspB08meJ+lYM4a5yV0XEmQeiGS",
+	"HWyTVDPtv/NRBC6Idye7IMBjbGN0cCDO4c3l+1iBjMKmqtOOqrtf29ZP645ds+iJ89yZMZcHeBtfdg2v",
+	"Hc79BJewqLvZsarLC0m+TtppYUoC2+Thh6OQOT9/MN8234seeekCQOohnxU//u82+N6uW8lzvyZLOcxy",
+	"LpiKB+iSB897j8Ru4vbnEG+rI3J28feIIAeISIgkPHLBnOhDjBCfJiKKCTaP4G4Q6CSC8MgS3cDdnqr2",
+	"Be9ZdcstfJMr6rQMnVxeiyV9CULAmrRDthSnMKUL7wUZkHjYElKwYctlgLjjMCCZlPmIJtfg7e1AwA/N",
+	"Moj9kYrEn4eYFTRsDcjPvV7vU0SGrZSJRfjhNnbUxqs7lkO5ADLSjvNFznuOyMURiZ/6P3pSXcVAhjBu",
+	"AhhJIVKg/B3b+auT1x80aSPrnL04IpSMIGzRMVCnt+89O7Av7O0ffAMB32JB5rZvxGaxg4dZPbVz5w5j",
+	"BiL2dOV4gK25R04huF8xLbMZgyVBl0zw6P94cXF2TtrnpycYVmf/Jm3LZzsQDyzC6HyajpXR3HqQaeEl",
+	"gxLsxj3rkZdkRFNk5i7rJ3J5DgJjcAEYp+kqnJUIEMtYXuTDm1fk28Pnfw2BKghD05R92mSwekeTCRes",
+	"qxhN7aH0hjdnybQ7KqS5HMtCwB+riCRRExRYoyqJI2uUSRCA4w5GgmBxbDATlEJiQ7Y3Nxnb4P1ete58",
+	"/HBCFBszxUTCCJjU+XjhZTO/6iC7tWM6koUZjDIqrl1kXMiR2CyhOqsLDi9MIaxZhNvXxHHOzAKjce6r",
+	"Lmdbg6i3Z2Ct9Zc7p8F3GGUvDIMgGqvOTMBbAP5zPvbe8wh9QnqyWwSbc6Q/vo88RwSb+lztu5aNIsdB",
+	"R/F3JOc506RdSWh22cw0p8p0IsI4ApBhUj+hmLB3tBTyR74jiSXDEH5gwIyqtHGJI6Qd/3tuFt/14wH2",
+	"59YRhtKJQttmgtaa7X5lJedf4Fh4N+49IszCsW5ApXFQSU5G3qL6le+uuT3vHGH07NzubdSyy9jIyc/M",
+	"wqFIrQ7Mp/E0I2ncT6m5A5rKbrgo3nOxEUzILctt1HJZ+wiv0aCTSEMzZ3WXY49/kCuZFglLaygdgt0g",
+	"ulnVSIvt7mqM34xUcr9jUYXcqE+2DsHhTOFhj2sbuuZsuZPSrJ+4MezO9ipHb6vp0LfdNDCA3lsdj5Pt",
+	"t41ixe5oNV4+5Wbr+KHft/gqUAfnp9v6zUd4c0UNw5Z8Q1GYwNo5vw3DbHC9WDHMZ7Ja2XoisxQPbqn0",
+	"xN0uAPF1n8ZknNEr3TkifUSrg9Gg6b/BjHoHy2XNQLiLg6pqzFsO5a4aDp0nsoyuRfOdxyFb4zv3we8B",
+	"tmOXIfkY0x3si1V74jozYtneyoDW7vVHf7rW78ZSRBPX13Xba7lSGyywu+7kdlPvTt2tX3Sp8gkVLL28",
+	"15atfN1wnN6Py/QzHUcOBgG1Q5f0VcGGvZJiTTxGaZpetW/hAnhovDnlBsLqhQPUZMW6GI9db0ElyWzX",
+	"E78ySq58WPCaECcMhYE4J5+r0rH67Zq07UIYTfq7OqTXb1AZ2+1mCDGF4A4fSwW+cCuCC5qV4d0c4Z0T",
+	"TIhYg0GIcfhrvUBcgcMHYR7sDXOIqW5m3DhcDH/54h1v0Nr0Dcw8WJpmb7vb8U7Oiw1Up/G+rL+C5Uxq",
+	"S9lEuz6wDE2Izf5GhY/XSJiKTSm3osxlafvcsiKhwYavm8cn2Px+qmawRn5xW+GHWqrf7khf/juMyoM0",
+	"E9C1pPLaFwQJOWtSc2Zag6UlLxqjRHVDDsmXSHLawtJgbpuyWFymf0hmcUksVrLxyifXS9bfkJYXd7vu",
+	"3+jotbe7RA+g1UT/lfxIORdHEERgSXxuu+YGIvlcbuPx6fvzs1c+VMGqzof7z0KyuHGxRIjKrXuOzg4I",
+	"E2OpEoy29jZTl6+SKj7zUahWGXa1LXqwhLBQCLzrm4i/xP5c4XnY4ZsKxb3KixDYugNwQFXSuEtHzbdp",
+	"Jq83UCAA+W0OIAYYoNLVpwkTKXNSdOmAgnDhYmQUY50diLbvsYkcVWGEGqIPKW8M4kWkqxocFogzLAge",
+	"wJ/x851z+WrIwE12yceJFYn8tDesV3NMYwXNbD2I0go01Dokr1dVDC+75Q63CFPy24izY++5LIwD36rF",
+	"RaPtdDNu1cpgHsJvHFLbvHA7gZIYLuH1/m5iID3bQg92RWy68PA9T7TzQOjKgSZXFLDAallV5QI/BH5P",
+	"QOTxWEmV0dg3AFilOeZs4mMyNt2NEPvQCM6zSrK3kumManMJ1mluFnc6QffCbVmHruLhrTa5AKu4VKDQ",
+	"2OuFCEeIn8VNPfxkGTqrUz0IVvwvMZJ65ARLiCUTKq4c3h8N+RmKYaKHSznXJW7UTgcpAMIs3+mqj2Y5",
+	"7NPDr/gTuBqPgEet2fJXdQjtQGzP8eXw2aViVDdF1/lUxno5FMSSj10st90XegUErYqgTZdTYVub0vN3",
+	"UJQqmeBb7J7lSlW8TPUVLptbH4rhh7dy9xruUeWC+APgiZ8nZxUKEwU2tHolPGnYwNnWmFrvy3p3igfZ",
+	"HKdZYeLNhkfPF0WKcQcYRXxUQj/mVGG62KqusRMPaYYmHdPEaO/vLbc2jkhZD64x0gufQvBRg40op78U",
+	"jIwYVUxV6uwgOMaGCOyVW16JnLLKRGNwcu3e71TU7PfHMkUtSBdVl4XKNsbcPtGE3Thzy8cPbwkXSVZA",
+	"jku8N9uP6xgFK6nd3/S/6e/N9puGvPttLwca1a9+dQ9X778PyirpAJ6zDcf7PNDYhpg1PmbJIsl8tLAc",
+	"l5lb1UAa4CzoiCldMlg4CqgV1I3ymUqA1QXwWY1uunMoIXDPSCz4tjmOUY7J+ckPJ6cXkf3vxfGHd/CP",
+	"v528fQv/+J8fT/DRjx/PoNRlGX7ioj6WwClcK9tjWHFQjVvg5uoVtjtYQF5mc7rQJP5823DXo9ZN90p2",
+	"y3EVifl826pU2WvIlL2HBL4jX99QiQz5q6GW2sgxaTvYLsTOuVoraALAxhozL5DmGhAGpn44uEzL2QGi",
+	"Z4sNGDa+37mjbXeVoq0vX7jl2FRaXKIBVZQRb6fc4tL0+76Gy1Yt07txWX+OtrLY0PSmYd3vujcrNg6d",
+	"1fKunMk8YwjM7cHeECfQARcHsIeDb3YKbkBiuTan5PHF1Z1E0t2D6j/mCL1yv4CkLwzMErUwLe/Sp0lt",
+	"KyFai8uqfBptB3XxE388SlxiMP1+OjxFH9DlaLGR3HrzmEPCMkTI+d3MNOsJfgWOaWf/0AqxnMnsfsSy",
+	"bC9awWBa0oUqa9V0EHBbmslkxat1B4ywrSTSN7t+OO98atwdjqWVeXCjQWrDNTgi7IYmJlt41E6Hp+lA",
+	"SK2SBlcmXlVYwrMmigvmozLXEqOFK8CgtUAM7LKrpDSxJu1kwpJrljoMZgzxtZKXS4fFbPm414uPSiKH",
+	"4hg5lYZIUQER7K29HWuGjqYZbgjNc0ZVKIwaiob7eKcI+Ee8F3vUOPvmXq5kEpG9lM0g0lkvdF1G3HPK",
+	"88qYFKPppRTZomk17cMuxDjjBrapw5Gvulg+vH9z3sFRUTKVKWvGnNDFaM3U3+HhwLIIUJLFb18lxRT3",
+	"ahAKpdsO3WaETG27EtwgackYTXUoShYaaIJxbtyrWaCKjRJ8DZYx4Mx6dHipXHnqzcSich4+NYFnaZYU",
+	"ipvFub3GzsCe87+xRWMct488oprEL11xR4oYsN+jLg05WMk1W2AyFkDXModuWzEhZFybI0IzLQmCUUgx",
+	"FA4mn6muZ//gNKtpYsGZ7ugcQhABEYLDAKMoV8UqrMEagENcX48e7QDb5gZv+dnt3PePgEa2re9gDkUs",
+	"ecNHGSMIZFYWtse/yzLg/9W1X3V/WEy7TtzqgiWgHInb0fpYDrYMZkN/W7qx54o35tjZTbTkESADBOYt",
+	"eJutlWGtdNRlNywpADOrDC4i9k54xaUrWGEUzeA4YoLFUDjsc19ZhfyD8iwilLxGDFYmrrhgiM/xtxKH",
+	"NckKbZgakA/H5xcwhGAGAJjorhXYh8IOCc4tOIqPyE9sdA74Btp9M2PEMDXlgmakfXbx946vlKpd5JEL",
+	"OQXSALj2iK6RUDEUI4YoLIvAGChRzGXN9IZiKF4BOJmuFIaJS6sJ+Y44u8yP788vBmfvP1zszfbjI5fS",
+	"Ur9LEAWYMjUU8eeyidslLPO4Ry4smQTPNfegYcIomjjw2x8kZBMgw4KmFeFiKGIfu7NHc44A31dMMMSb",
+	"dzBMUUCZCnhKdiRYN8Y4fHWZM0Fz3lvQaRbDIvzbvxF7L5kwrgir/fEpefrUUaWnT8n/+d//z+6E6YMv",
+	"KFAnTUZiMlV5+IaCkL+xhV3+qcOejLtdmvPuNVvEZI/E5y9PX//w8uL48uXZyeXfjv9+HpM2ZBt0Ncsp",
+	"TL7TIz+5QgtAvvxOprb16logHrpdWCkWU1mE+jS6kgrEDSbjCPtjmT7VloqoQiDbtA3H3S4XQONZV8gu",
+	"Lcwk7vRIlZRbGjyX6lpXKpVsJsHc2KZLAmz34G1JONw+qArIf1yx5GH+U6it84GNY9IeLapbMFrA2M/e",
+	"nzcC7aPXPoY6R6tj1QAwDBglAppZRx9xj4DK8owbyDtbom0u/6zxRMVwLr5Xcq7Bv5UzYSU5WhIHD8zu",
+	"Iug0M46W6yiM0TlAwze2TV2MQomY2JPMHsy6t8qDfNHNXwrYuoA9hGsew/54wo7gxk+fgun06dMBcTmK",
+	"ruQIWAGjigm4lne4p5gupiH90I50ygWExUArLpoCcxFhKSxpYDMJCL/4EFLqQg4kaa/NgbSthzTIqOwI",
+	"v/SBG9iD/QPiL41m2XiHnEkKB6My6DX5k3hTan2C0Qw7kCNLyAHbvGwJlvstjs7qhoQSoxgKlW6Yvhc8",
+	"LS7gxN5C7NuX9cEHLv/ZU04gFooKza2Ami2QlFL/msu79uEK4P2KXfFrXQZWOy4P6jF+yA0M/MKeK0ye",
+	"lOAi6ZEdq2nDiRyQp08P+/tPn/bIy9KrYsfs0QOqdcUpgWMIJR8yOa/ANRWGYVPPoCkRSlBIv62pb2lg",
+	"W7evHj59ajcZ6wYhpfSFbrx0ZU//iDFBZkwBUBAiBafa39ARpsqx1FKWhFmxglRNUb5v3KDSbWTvcahh",
+	"dOiZFaT+afsHgnSDEQsCt9YVEo9J22dKdlwwqmWycURiyLmDshFwP+KoUsu/PSmmVITsyCPyhmrz8uyk",
+	"q80iYw7ZFIpWpZDVijU4oH57e9qYWgl8vDm30jKujCfmDnmW9hohkL4ihwcHQ9FQwdwrPL4EukswK61/",
+	"GoWA3wjaEslv5B2jQHF/G4rfut0u/M++YHv6LaDcAa7ooDy95D/O359GZK4ARXIBaWj+eGE9kQhSYNFi",
+	"h/+2hyoCYDe4QNQQphMsv1GxVbrO98lvHrgclDQ3jkq5ef/mM/Jb5RA1XZH6BXGfHZLfwohLhEtu9w5K",
+	"jLniTb5Uv/vqW/KbmzS6t9D1D4KtFDA3UFhtp+jCqpgFoD2aQc2LUAWq41ret9MYyXSB46TqirknBwfk",
+	"N1e+3pW0L8dzYMdDrRiUFEoxkTjQycizs5W6bSjou5jtdgz/vWQ3CaiXceSxSLg5IpqxskoPvBh3jkhC",
+	"FaSGxx+YUYvuS0sdYhzOc9iLhOY04WZhh2DFKcuiC0FnlGd4rza20IcJjYqrI5LJqyu7gCBfdzVPmYvb",
+	"Q4zhK6s3WHFqzIjD9bONDMVLIqTo/sqURERJrGaF+hBLA6In4K0JqaY081VZdZHZG4mMyWtWcG9QQc54",
+	"woRmpSOh9TK3u9g96PVbUQucxKCw6sHe3nw+71F43JPqas99q/fenrw6Pj0/hm/KLOWg1LWi1owpzDls",
+	"9Xv7+JaT41uD1rNev/cM0QInYGjYaw0+30atvQng6Pzq/poyo3ii3V9VNcD9BMfQv+03GFLDGlP/Jj5w",
+	"en1FwD75rsyN8mUgvfSNr6ME7GT0ofAsFmoiuTIL12yBtHXuMPIKzfRgKU2mZMIOsQnxxfU1oCsPBeba",
+	"QCwqV5VqJnG4GKvB3boThZBQzBdAsSC4o0CghjQHJ16bSp7VtuwY0o5DxsDT+AiZoMssnzpFI359/Pb4",
+	"4hiFdd/r3mdtVUnA3teuPCLsVadHYreSsfNXmrUgYEPhUMAsE3E6giVS3t8J5HguiywFz2qwD9XIReDO",
+	"B98OxTLpqKIYwSO8Mij2cSlO0tbAni1MSISSPYD+DWf4oN+v+IPQfFYy9384JxcSwZ2yCNF80gDnWynQ",
+	"Allx0lAUgCGxsGfv2mF/f10fYdB7HwV16gxLayZAAHPxxr+fP91+ilq6mE6pWiwPYbnzVtQy9EovRRnd",
+	"uvtZC2tyd7S+uFYeOK+EBgclRsOYlq2jWbWIqy/6CVwt2KxAGSpNViGGbLeNWPJa3kZbxoDXJ/YBZDFI",
+	"mvYQxtcxXrMZzQpG4lkcuepDVim+/m4WrxsxFBGpDbg0tBtGp99BtEwVePV/fffpL9/1njYAr9qdfLBD",
+	"W41oW3N0K7mdXJQFeqRKmXLntr/93H5f+mof9qi/rVl/1pztqJVL3cBuXjk6XFpLUEcFJH0n0kJOHRST",
+	"oHXcdUu/MBmFtC2X44JpjSpJJxoKqZxTxOFjzZgOJX0Qxb9HYtCl0fDm8TQr5YP82vTIe0wxQYlnKNqu",
+	"yFGYY8lwlhkVJEaEs+8YVqU+a4V0I4BepybZzylEpVRyJUH8LXJiJImRwl/C72XAZqU29Yt+364F5MV4",
+	"sm7FN1SXqoJZj1yEHjiUAVeEJkrqwPk15P4oZmW1TBpyJaGiHhZ58Fmd9h4Hpj1mczuHbCll2a4NhDQj",
+	"cbaSuWfIFCpeqRkg09s9tIe+ZGWYYgnsC4W3MceAHly6il7ZL0E3sGjXCt8bimXGF4GgvcLw2k0CMi5X",
+	"sNqVBiNQQobCmYpAC6sWYbfneUqvg7+9ocY21vpe0e3w3OP86FDUq21DVUFI7XInvE09frrTw1FqkMIX",
+	"Bao2F7BHhgKk4A6c5nlDRk29EdxKwIOy24k5KrDeeGhTBhd6KLza2rYCOij2pXFW2PfnFFvswILVAy5D",
+	"PXZtNQGHT6ZJG5L1fbmxp/ViYylTfOYtQb5ga2copFhT8y6q/p7kRf2HkOQaBTNRGz3ZUPxsKNyoSNyP",
+	"o2rhtNK52UGlJqBqxExY/mb/VXJCKLUy9mRpKFxGjf15htiSPqcXW0Nhr/IJ7oivRzgUq1Xlc55qlxZn",
+	"L5Y/ZXgPxAJ9TfZYsBSukTdPwg7rIpkMBSZQuoqYYUdIOwasrBEL5QVPl7EW3KuduNNcYq1BlMSb7w57",
+	"C921TJvvZbr4Ylz5Va2P27pX2BWQWBIJ9u/UeVmecOfUsJ1exRy5208NooRD2nEMlaZQyr1ONMosKH8K",
+	"LAFzhKrziLJG1Drcf7b9ozO6yCRNL6R8S9UVRM8cHhzs0pkrg0FHGTsWxoo08O23278FLePY8QL71fP+",
+	"DiM9x1pDH0tzyO4C1Svn2fFsYUd1AZw9KGFZct9czdz7AKZytmSOA54sUkghhltd8RlU7GO6R05SNs2l",
+	"gUxqlHmGAk36XBA2HgN2IXVlbxzzqRp8vd3leb/fdN/xg+p9fyBRvFZsr+EC4fO0d/8zvctJeSPViKcp",
+	"E/jF4fYvTqV5IwvRIKLXQid+/mRpSD2CofKbj+7An9adxddu90pAXdjpzloxv1FhvWLmEfazlt2zUbX6",
+	"F99Suyqj7QRmxbDQNIfylbD+r7HCboMn2mlveq31ET0/XsmrAwtgyh3av9o+1gSsvVDW24qsWWp5GAiy",
+	"vRW6YuWYV34AD3gMXR+bNHy/Dn/ic2g/2IE7vnLurS/KGL/8mQcbRf04pYWyvYe9qFyC8NPvuwPrbB5Q",
+	"XRrELOgmBuPWnj3IsdNQa5oean9RtcxcwAYkldM0FFyTiRXMR4umq4PxoO6Zj57x3iPwtDzRlQqMUM96",
+	"KFwgVtsV8WTe8DClN65wFaaZxCQHvEvF6DQi1yyHINiKLQQsEFKguFAHp7fKVeQVG0KvKBcAG6LRgILV",
+	"1QLIhCsuCQUYbTeFMDwbirjbdQvRVczeYg4O4lDVmkw6zsPNDSJYgI4LX2OFnuCvrlexHwqG1fvEAuLO",
+	"eEKXQpfLeKwIIxN8VNpSfnWPvJEAZOywk4Yi7vV6e3PKwT1s/+1qgbm/MD3M/oUOg6o14SXEPQ2IYTdm",
+	"j82YMF1c/diBo1BlQuDYGPqFCAoF6rsX+Ae4H3jY0FN20O8TaM9XLENzLUKT4gNAU5lBZXfox46QpwPS",
+	"j6z2G1tVdhBjy44aHuH++whzqIAwAze7VV1/OL4gldmjZnl+fozaOwI3kj5p4/NoKK4ZyykA/0ckZjfc",
+	"aivkxNlOcNQcSqhFaxoPRY1jDhdwKOK3VJvuMSzkyeuYYPQOJOi60IRaXXFcXsVKXZmWwBcQHrLCgOAb",
+	"tx4Ppcdi60EZ20WRXeZ8Kweq3v2ysXyFwZ0jLq03DTnAbPB/1M9V251hu/7XrtyiK3NfqXRcLRi7bvru",
+	"dT99S33tuO6qpO+wshsm/Ljq8p+Q//8RKvyfWOY4RxKxLGg0yxmb5eW9z8kW3f5vUC65Ugv0SVk42SjG",
+	"CB9broNl31UhdIQEeSwVhFdwE/gr0sneGr28Sr++6uVLdwGW5p9VhrZHzJv7wdWy28lebxJ4hKO0gWpX",
+	"JOevJ+lxT1LFArHjEbq3EhZtfbkiM3zahQo7ORJLNP55RlXCWzzSqNZqt2BEBhkZhmS1xWa+5JCpXlbs",
+	"PdSEuEkEGXRAtt5ruMqVsJOHlarrsCP3Eqp/f+fruOE5E+afQfT8EjTvn1WSxIv0BUVJsDmstcL+BCEn",
+	"ztBTCSoJ5ef8fZX2lvbIsb2qA/L06UG///Rp6ReuBtuCI3govJ1LT2jOjkiMFVRcijnWUMFgHLT0uNQ/",
+	"Z4TCEZklMCaWBCtVQvOIxKHobgw5RODjhNq+c6rLIhZSgfmo06tNMadaW1WUK20GQ2GndOCnZDuOX3mj",
+	"XTt2RrgBsSQgxsCFp09/ZFSZEaPm6dNB6V8tDSyWnCGFs41CbteYzZ23TC/5y8GsNfEtxlEIbzgg2kUA",
+	"YKweybiAsB0A/KA6bEY1eEQKRiDbcyhQL/dJBbUB/Mf5+9Nuxq5oBhnbXFyR+YQbzBPtOINZOSdICgEQ",
+	"9JvFUGB8TmE1ihQOqjcnauf0g2c+XsgSf/tfpPygkNi9wCTxSmzKUGxYd4yNooYc9Ps94lM/AagHclnm",
+	"koxkCkXOcquRjRbENxEPRTsUKYITrQpIZM0WLuvOd9upWU9xzXvkJxfzlEoMLQPIckIxLBmMuBmfsQGh",
+	"lVkCe2RUZeCPz6Q2lVXq+Dg1boKNt8GSZFsrWd7G8M9zt61GwhjKE/SsH4UwjWeYcd8UWFkFASwZVgN4",
+	"sq8p9Kzfr0MpL0N9/97oyt1CKUrSszWUIigJnzarCR73mIoaZYNYqSjYfMNtjSraNoRehCOMcVX+DMKh",
+	"w2CLg/7BY6g+DQSvYtqszfarZPGn16YsEcKMqGX5gLSh9Gcus6zzp9SsUjkXmaTpWknkgwsENksIUcsA",
+	"UeQVhRysMuzVw90X2nIPH7u51L8L/gVMAkjEgh8sV/IZaT6jH/MUV21ibgJveMa2UeIzasWilQr9RwE/",
+	"BfLlMAI2/OTkHYfZuI5IKzaVhnlAq7puUiXbm0GyHjLs/bVbqPV6TAUEzCNyfbWo38ui/vAk5wOjqY+8",
+	"p/4yLsEDYF5y59FiS0L2+97nXCpzu5WmUMBvBZkM8LWZJrH9Mm64pC5vXCw8IgGhPjsRQl41EylmuYG/",
+	"EPJdABSZpCzJqIJodmxex6QCD6wYYTe51Cx1CFbaFYs/XJNVdeym+ZBWU9/Hpkgqv9z/4nf04e/aj3Ju",
+	"uQBCwFNMWQ6HKpykL3/NtvP3M6nM+ut4w5LfZY1ca2D8YOXpMngGhWk9Id0kdqVnQet2el2nllBU8W+R",
+	"5exhroci5AljkAkgpjhhecmIOZ/IjNVNmVZOQDT4EHfhYlVs0zGO4RKBBPYPnkcuUx8qwsTBChFXKvo5",
+	"swbW2ywDHDx8i1XFp1aZhyynWn+2A7JHynoNoU2EEgVy5O0tbaksxdk77H8bLBYhRgdmBcnzRpIR8+nu",
+	"nR45hoSAMtoCRTBqMDjIHoBLH3OBQpuXzoZi/4UVz45qthqrsWsA7qtmgpOU0RSMG5jubyZW/aoqMFmh",
+	"ocwB2DVyprhMQw5JLQV8RTqGtJ5qVEbcGYScs0p53ZAG9kQPhbO3tA/6/TImKa5GKcSOSbhcJmFqMVwi",
+	"cvVdUcXXgJs1FIjCdVdzTNX4Quq2l6FYY3yhmI5l96fjvMDl0Vkxx4O54peCJ9fZAjLxMdvLB2FlUrBw",
+	"MBuiyOzKg42jqlli/Tqn/9pjBddyLobC37XlWC8RbIB2TcfMJBMsr8hT0g4RPg02TgD+qET/HGHMGCDA",
+	"FJYBB/ww6GhOIQqMz5gC4JZMM9IYWNaJhsKVQIntnb+U4jLl2k0c6k1B5Wgw58nMKtgTOuOyUANfT8+9",
+	"CyQDKZOjJkMB5KQT4o4ATGQ1+giMTZgn7g8l1J+HEPvD/reQzRaR5/1nnSZhwh6Ah/WboJHkD/GaVM0/",
+	"m406igrSnk+ogRtitwG4gSXTXzAU6asW8zUuyCtPhQBLfMWL4oJr7eG8Q64Pmi/W6jnnwJlL2wlwZgTw",
+	"bTZwHFkeWQK9ag/EuqKDOGvHHS6vTAxrDicMluQRFxRsGlsDDJfhwpdu6SscQtdbOjagjWv+K0AmhWYa",
+	"xuVx/RtM2mVtu9uvStBjGhwoUXQOu+bkzz9C/bG34IyaCaoqxZYb6BMsAfmJC2fXq99LKC3iiu7GSaEy",
+	"0r2IPVgNltNUTJih8LeUB0y/PKMJYgha9oUJu7ZxzBDATr0UCDkCZXA+aDJNAkJelDd9F+Hgd17yxxMO",
+	"7Kx+QrCHJvriHn21Pv5JrY8/Ad65owaQIbArPdjARvc8AnMjL/URa03cFAFbrQQegyN4UEU/t+oEfpqi",
+	"BzkExLchvQZLUQB2FJ8x0bmD78H2eHdOfPebsskKCCTmqwXw0cIlx7jffySv23SHMlcaY4c7xIQB9uUy",
+	"qUq5s8INMVQmKZQG8NZORDTClTpQ/wgTd+zNjcM9026ZeuSli254HvX7/dBhe8zmTAU7F1fEQWwoRjIp",
+	"rjpHQ1ELIaILGLFiZG7/byoVq97SJYn5MPKU6bA5vd2u0RsQ3B/43m5KQA2DfqL9wny9xo+Rg1rRsP6c",
+	"91iq64cx278sMQjrNeNLljhaBJAkDwdVQuDX0I0GDm9IqmuwyCpTQYpEzJ4nCMevLXv2HboBoDcPyqYA",
+	"spbVxiHmUMy4hhoSKJ4PhXfJoZpeNu6M37Z/gExxBswqsjWa/sJYHJpGKu0UhmJuv5SCcOPD+PyLUH8O",
+	"B4hOf9L2NfC9VZSJGVdSTCFsDeyZfu5DAXN2bfpgiABjBC1cXLzFBRgxS+90fWYlzieqDn7NILvYFysY",
+	"EO7Qv+rJlHY9mmie/f1hAXzeSHVdMTX+Xrie7V2tMy3ap19zAf87w/J8ecpvz8RmCJWyEOIaHSVUT/9d",
+	"hLnJSFGtKK6ZuYSe2hMq0oxF5LMVjgbE1Wq+7cTovgCDwpTmleLw2tIpUxbwIK9PzwnAcuoIy/O4KAhL",
+	"6xVJqGYdS3pOzmaHlrKfnM1e+H4AI9BJbwfPXwQRxVKkhbN2sCWMg1yxGZdFkGcwYqMC6whGF3DW7TGT",
+	"4IrGpI0eICiHY3+KAi0vkddCIfYn2tdn79QiJi1zci5m72BC4MQlAADdg1KAVfylaY8g6MmIpqFSlVsG",
+	"j5S8gsLWRgA2qMmmXY0L+60rcbGErYY137Wj5+4QeqQ274VrH/a/LWuoOXTDgBIxF0vLVi9wEurMB9RA",
+	"eA3YhGKO0UIcG3jNQTy2AnhwuYSP4Ts34oZkn4Aj9CPch4fhJdj2Y6f5bAcvCgcbRJWl419uzr887/kz",
+	"+34c6aKkjoACVDRoqBshtpr5A4qXW3CVwO+PwmldBK9DJ0VlBg9gmUZri6AMRTtGm/QllL4QRZZBNK2l",
+	"WgAyWhYqksp/B63TUFKpjKJAzMyeK6syFPagI40IMKvV9JiltAtLTDs9cuyKrYRqOh6cFS8OSN9QCypd",
+	"p51jOZqHVM+hh036eblT+l8aq6wBt6myNFvB6B4g+CwEj9YKcuGRJoLN67W7EDXIlSaiC19OqVLSCZ4d",
+	"DQVW4BGhwpTTIX3GnfcAhTtTb63yDXJuOxJsAsPakgnP0mpFh1BjilSvcGfg0JG0N5Bh3U7tqnTCP6uF",
+	"jKKhwPqUCK4NFjQfpcUNaXuwXKAMVrKBitQDq5RDbgJdBaGsjHAooMNOxYvlyr/LqRXqMBmnVnCqsx5C",
+	"1pdffAiZAdp+JAW0ihK7Sj7eAZH9pxMC7q1PPjyRegfXsHLl4O7fg33vuQu2Cejlgyt6VrJkhOdyxVjL",
+	"go8QushDNUQHur6pVFq1UBoyWhTXdTEyirHOUe2q1oL4eiRWbEq5/felqzeIgG56GfCtSr9B95pTleoe",
+	"eUUhcnZJOCBtS1TcqnoC1KlUEBuKw/63TXfevVte+gfi5R+wn/UWIfdC2vtqLV++VEuyMZQSXGFQj5ZB",
+	"4i7hZ2TgWwCXjj3KhStIuPlykW13KwqJ2mVlZw82CIYMtCd4O8KRc10ZV4AQs8sP+/sB714QKeBWApv2",
+	"lxGDd6tX0Af5srQXyl5yF/vrwTdWFAeuS2MWDHYocMLRclm2JzoKiB5eGpfKV0TsVGGhscAv2iq87cLK",
+	"Tx5cekp9E8FE4wQeX07p//zv/2+JksYu8puPx8zKOL5YItglgJDiiixJRIHm8JRMqcHcIN9kp5na2NYe",
+	"gdjYbjbRGljify7u/xhqORwrutNlfjitY7v/Dg7YBhImmJl/CQ9ek6H4GJDdLSWwGr6VdqoJBnbNXp+e",
+	"EzhLrpC3yyyomkdJW+ZM1L7Uhi4628ymL0kuM54salkgQgoWu3KMrsqFS4LA+qRMjKXCbA7wzX+LtTl1",
+	"kWPZ05i0jUzpYkDKcr5kVBi0BqMoEiqk684me+SpW/iH0S58638+m6TbFfANOuz/r/bH/172R3YFvga3",
+	"k/cxPkIt1C8VNbAUg2qb/uNrB5xBtdevcO2P5TBVjP3KMOZjXDusTsG/p5Uc8uRcfvje55yaye0DI+Zh",
+	"jmzUlIOgoOoSWuQ+fngbWbZqdWEESwa0d2omDjK9ugRSmSOsIraAcghEZ1RPrCjbjtdO+pv+N/09mvM9",
+	"bthU//sv3+3H3jSgSbz0xIm4ADXhQCUc0sRWiIkVUIk1O2EWG8tbnpnFuSs485DXvuxmY0FGX/rmqym+",
+	"dhINU1MuaBYWqHIZ7QY/jAke4e9zs4i9F3Qk00VEXBhYtUyC16mdef7s4u+kHTvUMO+pznmOV2dMMw2+",
+	"cy19silI/M7RT4Wv5Y2mcAdN1w7BT/vkHf++UoIuchj/dKRlVhis/ObA7HWnR35yYPE4lTbV5H3OhFsB",
+	"SM9Nn+hQjd550fxKY4TX0Bs8/eQRRc1h9f/ERucyuWbGjTvy6zWVqfPkuQlRfa1Bqm/H/56bxXf9eDAU",
+	"sDBHZUwALmDnqESAc5TJFU7nmqBfzaXku+oQOOGY9HtDUSl54fwA9QMF8WUUlQw9YVnmEvr5mASYNsjJ",
+	"1ZMln8BQlE6B9R6A8ro/kKB+ZhZYveuRXAGhv6/A9P+CsKAOYH6ZDK9Q4bUsGEuO74Yr7xpfxu+NSJJJ",
+	"rBPn6SNLPTZOiRZea2MdtvzS9fwKL790yGBpHpPnr0K+bz1r6+HeH2d3K71slua+7m8ts2iHjX1ANcnN",
+	"fYNlM1Crvbl+YJ1t+2AUE2z+MGkS555WYjAUMZIIOSd/KcsOx/14UFYYPloJraiLVEmhMGfYfb8+lqJH",
+	"XoZOoBhwHWj54uJtpdBv3wrfSVakEALiTb2KuZDVDvpdDvt9IugUUF4mzH/e7D8RbP6wKQIfbBcb5bJH",
+	"MyfBUL4KZn/qqI7jG8NEWjM+ZXzMDJ+ye9mesJ7Yw1hJse0/3kz6wQWTQwm/r9bSR9IDLiZ0TigBU3m6",
+	"Y6He5jNa5qE8CG97RXNTqHrdaZ+mt9CGTQmk0mHcwXxjuJE7acEAwrCgFVfVkpMrrkYXAEwSHEg6qCQx",
+	"QLiyj54YipCs6CwrY8X0pGJ+lt63iS155OBqyhxk/zvMOXRsDsWyZxPHORcsVO30gU/oyHQ13Ksr0aZC",
+	"isVUFjAIWrbpqw9es4V2KSAuBKtaUjOM7pdCGqpJG95xGYEA0zcHRu7NS+hWTagAgD6P/+9KZdbqXVYH",
+	"yTW5koINUJKg2BkAkg1FDH9cMpe8Fbtkldq6XbPc9MiZ617X3LrhvRD2Yhute3bX24DO3dcPVSvGNf9Y",
+	"saB+Nk3mH/fsqwno8fMRH8H6E25BMym9T5YhwgiudcyUZdzP8cWHlDSgh80Qfna47F/aKXNRY6SwHo8W",
+	"LlnkHrr/AXw8ZcpgygDin8QeFf5y9OIwxtJEAJ5z6dBCtsPoY9p9ytUqphapQGrVMbOSzZUFzj7epbJA",
+	"A1fCZbwT0NbdbtLHHIH3/xAcTt/5umv8FWvrj8LI/CNwuu5RKMDTnqpmsjZq4Dy89ZCcyXWyMWLADyQE",
+	"QDL1RINcL+eA+VzJt7wvB1vewa2e+zAOXVmnTdKB/2m7n+gkZdNcGiykpUkVVAA/ufSNxYTd5CwxiJMW",
+	"RH7UcewChazOiczSoWgXAuDHyzjyoHtIFcLNr9niiQZkbfTPZ2zs0KnLGPODft+X3XdNDAg6/XvkJ4Dk",
+	"Dgevrg2WwwRsRQ+uYptwNZ50kVjJTw+FCzkY1L9zVb3cFJ+gpzwiV8xEAerGakF15Wwo2qFyDfwQe7CY",
+	"ME7IfLVcjYurKCTSaiMVvQJj7FgxlpaxuBCpIMcQ9T7FQIapnCF/gyWpROcfwQKbJTuwYDdOKXY1pQEz",
+	"G/DhJ0x0jjCg3qlmAJ4Vp2zMFKjbEHvRI3UsoFIH91kHV1CpztiPa+pmD7J9VqJ46xHAXg0Op7excA80",
+	"WNMF/1h3I1j52/5gYlExDztGQz6EFWTwld8j9v6uVJ/1viS4D+WdXkNb1jsIH2M3NunLVcL9e5b3d+kI",
+	"O7jqti7wHeVx921V1J/JrJiyzcz2P907D7hb2MUmRusG+udks7OwQn6f/C+wS42azzt6DbyAsGluFq4J",
+	"SyVjzX9ll1d8FNfthaG3kDFZtw960o3liYJ9sEfOAxOBIFQKD8hUFsJAfmUoUtSO3bDjkEAOD4BEWU4/",
+	"FI7Vexp8KWE6uhc+xJCwfJb0kozy6Smdsti7BrnpQDyrLAzmkQNvcqngwbz5pMx+W2IK5CViuZGcehsn",
+	"/5URrIoCHR+fvj8/e9Uj39PkGtDjIMEjItThpaHFRI5DYlmbEp1TpRnCsUUkkzLvwtqwtHNEEJEtIhTy",
+	"Q1K/TSMo1ADKJjVDoemUVUwyR+S6GDElmAF8I3LGlOba3hI856/sypA2NuJ3Nyu0ge2FtdVcCqY6vaE4",
+	"8dNcMvGWIkbK9TXKERU8D7/nT+CxdvZZbtaYZqFKjp2FF868DFZgyI9P3vt2vb0V5/ZAuu2rahc7qbb7",
+	"X5g4NREmF5L3yErtnS2iv9+quY4UvnLVzdy9aCSAdU6z9xn/cbs5930MLi44zlisCJCYSx8O3gVuvDhL",
+	"DCTHA/3vrAs7q5zQ/74hZ4+b771VCHQEcUkhWcMJ1wmED78x6+9wKVxU6nGVehfiIDle+WcWFjfcwC31",
+	"SssVsFqfQ6bjlt1WdW6/0y5XHEoV9ZpzR2ZVTrCmQCm98WU7Xhw2VCjdtgJQNwwnU6isNWjtgZHZzX0l",
+	"1sqRjYyPWbJIMij9zbpO02dJhMw7CnAVWBUZy0z2yomV9qrVTJ83pXxRGoVcSOV1rZEgwq824kRtVJbH",
+	"/IalwPujUhIsETMiPJsVUwac0iDO9ZY3pKnD1/VSaTrCohG+/HnwONArsPjMKYcEaakiqG1vX8S4f7Rq",
+	"8CuB6B6I1i8WFa98ZTyhMHFzwpRLygBzIS7FUkW3CMoASEXOz49J20lrdiwThLsNVT2vmGAIUgmNqU51",
+	"H7BoR9MYfIhk++zi77abnOesE1IyHBCLG2UtR2QlsYN4C2jGqn3n4HBsmvtyLkd1FexofBLGfWc9ZyMN",
+	"7a9NVrMXi/lKczKwXKxyet9uobmGLn9kNDMTPExcMK0jMmVG8QTCPLi2Angx9SHmkAOk5FwzVcaxtoEY",
+	"hBFVe5W5tqru/w0AAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
