@@ -83,7 +83,7 @@ func TestEgressLocal(t *testing.T) {
 	before := egresstest.Links(t)
 	in := egresstest.Start(t)
 	dir := t.TempDir()
-	args := []string{"--api-key", "key-a,key-b", "--egress-netns", in.NetnsPath, "--egress-resolve", egresstest.ResolveFlag()}
+	args := []string{"--api-key", "key-a,key-b", "--cap-add-allow", "NET_ADMIN", "--egress-netns", in.NetnsPath, "--egress-resolve", egresstest.ResolveFlag()}
 	g := startGateway(t, dir, nil, args...)
 
 	// Default: loopback only, no names.
@@ -168,9 +168,10 @@ func TestEgressLocal(t *testing.T) {
 		t.Errorf("list after a refused create: %d, %d sandboxes", s, n)
 	}
 
-	// Root inside changes resolv.conf, addresses and routes, and sends raw
-	// packets: none of it gets anything through.
-	rogue := egressBox(t, g, "key-a", `"network":{"egress":{"allow":["a.test"]}}`)
+	// Root inside (with NET_ADMIN in its namespace) changes resolv.conf,
+	// addresses and routes, and sends raw packets: none of it gets
+	// anything through.
+	rogue := egressBox(t, g, "key-a", `"network":{"egress":{"allow":["a.test"]}},"cap_add":["NET_ADMIN"]`)
 	if code, out := sh(t, rogue, "echo nameserver 198.51.100.2 > /etc/resolv.conf && ip addr add 100.64.0.9/30 dev eth0"); code != 0 {
 		t.Fatalf("rogue setup: %d %s", code, out)
 	}
