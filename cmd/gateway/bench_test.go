@@ -169,6 +169,49 @@ func BenchmarkCreateDelete(b *testing.B) {
 	b.ReportMetric(pct(deletes, 0.5), "delete-p50-ms")
 }
 
+// BenchmarkCreateGroupVolume alternates, through the whole gateway on
+// the local provider, a plain create with one that joins a group (which
+// already has a member) and mounts a volume, and reports both p50s and
+// their ratio (issue 23's target: at most 1.2).
+func BenchmarkCreateGroupVolume(b *testing.B) {
+	srv, _ := benchGateway(b)
+	c := srv.Client()
+	post(b, c, srv.URL+"/v1/volumes", "", `{"name":"bench","size_gib":0.0625}`)
+	b.Cleanup(func() { // first, while the gateway is up: its mount goes with it
+		req, _ := http.NewRequest("DELETE", srv.URL+"/v1/volumes/bench", nil)
+		if res, err := c.Do(req); err != nil || res.StatusCode != 200 {
+			b.Errorf("delete volume: %v %v", res, err)
+		} else {
+			res.Body.Close()
+		}
+	})
+	create := func(body string) benchRef {
+		var ref benchRef
+		json.Unmarshal(post(b, c, srv.URL+"/v1/sandboxes", "", body), &ref)
+		return ref
+	}
+	first := create(`{"group":"bench","hostname":"first"}`)
+	var plain, grouped []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		p := create(`{}`)
+		t1 := time.Now()
+		g := create(`{"group":"bench","volumes":[{"volume":"bench","mount_path":"/data"}]}`)
+		t2 := time.Now()
+		plain, grouped = append(plain, t1.Sub(t0)), append(grouped, t2.Sub(t1))
+		b.StopTimer()
+		benchDelete(c, srv.URL, p)
+		benchDelete(c, srv.URL, g)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	benchDelete(c, srv.URL, first)
+	pp, gp := pct(plain, 0.5), pct(grouped, 0.5)
+	b.ReportMetric(pp, "plain-p50-ms")
+	b.ReportMetric(gp, "group-volume-p50-ms")
+	b.ReportMetric(gp/pp, "group-volume/plain")
+}
+
 // poolBench alternates, through the whole gateway over HTTP, a create +
 // first exec of `true` that a warm pool serves with one that it does not
 // (another workdir: a cold create), waiting (untimed) for the pool to be

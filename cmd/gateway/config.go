@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -79,6 +80,7 @@ type config struct {
 	PTYRingBytes       int
 	AllowedOrigins     []string
 	VolumeRoots        []string
+	CapAddAllow        []string
 	LogLevel           string
 	LogFormat          string
 }
@@ -171,6 +173,21 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 				return fmt.Errorf("%q is not an absolute path", r)
 			}
 			c.VolumeRoots = append(c.VolumeRoots, filepath.Clean(r))
+		}
+		return nil
+	})
+	fs.Func("cap-add-allow", "capabilities a create's cap_add may name, kept inside the sandbox's own namespaces (e.g. NET_ADMIN,SYS_PTRACE; CAP_ prefix accepted; repeatable, or several separated by commas; default: none, any cap_add refused)", func(v string) error {
+		for _, name := range strings.Split(v, ",") {
+			if name = strings.TrimSpace(name); name == "" {
+				continue
+			}
+			n, ok := sandbox.NormalizeCap(name)
+			if !ok {
+				return fmt.Errorf("%q is not a Linux capability", name)
+			}
+			if !slices.Contains(c.CapAddAllow, n) {
+				c.CapAddAllow = append(c.CapAddAllow, n)
+			}
 		}
 		return nil
 	})

@@ -63,7 +63,7 @@ var dockerEgress = egressKit{
 	portsRefused: true,
 }
 
-// egressBox creates a sandbox with the kit's and the create body's extra
+// box creates a sandbox with the kit's and the create body's extra
 // members, as key.
 func (k egressKit) box(t *testing.T, g *proc, key, members string) dkBox {
 	t.Helper()
@@ -153,7 +153,7 @@ func testEgress(t *testing.T, k egressKit) {
 	before := egresstest.Links(t)
 	in := egresstest.Start(t)
 	dir := t.TempDir()
-	args := []string{"--api-key", "key-a,key-b", "--egress-netns", in.NetnsPath, "--egress-resolve", egresstest.ResolveFlag()}
+	args := []string{"--api-key", "key-a,key-b", "--cap-add-allow", "NET_ADMIN", "--egress-netns", in.NetnsPath, "--egress-resolve", egresstest.ResolveFlag()}
 	g := k.start(t, dir, args...)
 
 	// Default: loopback only, no names.
@@ -257,12 +257,16 @@ func testEgress(t *testing.T, k egressKit) {
 	}
 
 	// Root inside changes resolv.conf, addresses and routes, and sends raw
-	// packets: none of it gets anything through.
-	// (A docker sandbox's root holds neither NET_ADMIN nor NET_RAW: it
-	// cannot change addresses or routes at all, which is checked; the
-	// docker provider's TestEgress gives them with cap_add and repeats
-	// this.)
-	rogue := k.box(t, g, "key-a", `"network":{"egress":{"allow":["a.test"]}}`)
+	// packets: none of it gets anything through. A local sandbox's root
+	// gets NET_ADMIN in its own namespace with cap_add; a docker
+	// sandbox's root holds neither NET_ADMIN nor NET_RAW: it cannot
+	// change addresses or routes at all, which is checked (the docker
+	// provider's TestEgress gives them with cap_add and repeats this).
+	rogueSpec := `"network":{"egress":{"allow":["a.test"]}}`
+	if k.netAdmin {
+		rogueSpec += `,"cap_add":["NET_ADMIN"]`
+	}
+	rogue := k.box(t, g, "key-a", rogueSpec)
 	if code, out := sh(t, rogue, "echo nameserver 198.51.100.2 > /etc/resolv.conf"); code != 0 {
 		t.Fatalf("rogue resolv.conf: %d %s", code, out)
 	}

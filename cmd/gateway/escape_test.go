@@ -202,7 +202,7 @@ func TestEscapeKernelFiles(t *testing.T) {
 			t.Errorf("%s %s: %d %.100q, want 400", c.method, c.path, s, body)
 		}
 	}
-	if got, _ := b.sh("hostname"); got != b.ID+"\n" {
+	if got, _ := b.sh("hostname"); got != "sandbox\n" {
 		t.Errorf("hostname after the PUT: %q", got)
 	}
 	if s, _ := b.file("PUT", "/workspace/ok.txt", "fine"); s != 200 {

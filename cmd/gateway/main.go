@@ -154,6 +154,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		CommandRetention:   cfg.CommandRetention,
 		Ceilings:           ceilings,
 		VolumeRoots:        cfg.VolumeRoots,
+		CapAddAllow:        cfg.CapAddAllow,
 		Logger:             log,
 		Metrics:            met,
 	})

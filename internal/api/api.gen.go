@@ -226,8 +226,14 @@ type CommandRequest struct {
 
 // CreateSandbox defines model for CreateSandbox.
 type CreateSandbox struct {
+	// Aliases Further names (DNS labels) the sandbox's group knows it by; needs `group`.
+	Aliases []string `json:"aliases,omitempty"`
+
 	// AllowPartial With `count`, keep the sandboxes made when others fail (default false).
 	AllowPartial *bool `json:"allow_partial,omitempty"`
+
+	// CapAdd Linux capabilities the sandbox's processes keep inside its own namespaces (e.g. `NET_ADMIN` to configure its own network; `CAP_` prefix and any case accepted). Only those the operator allows with `--cap-add-allow` (default none); any other is 400 naming the allowed ones. NeMo Gym sends it as `provider_options.cap_add` (the same; give it once).
+	CapAdd []string `json:"cap_add,omitempty"`
 
 	// Count Make this many sandboxes of this request; the answer is a `SandboxBatch`.
 	Count      *int              `json:"count,omitempty"`
@@ -236,6 +242,12 @@ type CreateSandbox struct {
 
 	// Files Files to write before create returns, path -> UTF-8 text.
 	Files map[string]string `json:"files,omitempty"`
+
+	// Group Put the sandbox in this group of the caller's API key (a DNS label; two keys' groups of one name never meet): its members reach each other at their `network_address` on every port and protocol (TCP, UDP, ICMP), and by name (each member's `/etc/hosts` names every other member's `hostname` unless it is the default, and `aliases`); no one else reaches them. A name given twice in a group is 409 and nothing is made. A provider that cannot connect sandboxes answers 409 `not_supported`. Egress beyond the group is still the `network` policy's (default none).
+	Group *string `json:"group,omitempty"`
+
+	// Hostname The sandbox's host name (a DNS label, compared in lower case); default `sandbox`, which is no name in a group (every member has it).
+	Hostname *string `json:"hostname,omitempty"`
 
 	// IdleTimeoutS Stop after this long with no exec, file or PTY traffic and no attached PTY client.
 	IdleTimeoutS *float64 `json:"idle_timeout_s,omitempty"`
@@ -250,7 +262,7 @@ type CreateSandbox struct {
 	// Ports Ports to expose through `GET /v1/sandboxes/{id}/endpoints/{port}`.
 	Ports []int `json:"ports,omitempty"`
 
-	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id` and `shm_size` are accepted here too (NeMo Gym's form) and mean the top-level fields. So is `volumes` in OpenSandbox's shape (`name`, one source of `host: {path}` or `pvc: {claimName}` naming one of the key's volumes, `mountPath`, `readOnly` or `accessMode: RO|RW`, `subPath`): added to the top-level `volumes`. NeMo Gym's egress shapes too, which mean `network.egress` (and may not be combined with it): `network_policy` (`{defaultAction: allow|deny, egress: [{action: allow|deny, target: domain|CIDR}]}`) and `allowed_domains`, `allowed_cidrs`, `blocked_domains`, `blocked_cidrs` (lists of strings).
+	// ProviderOptions Provider-specific options; unknown keys are rejected with 400 naming the key. `snapshot_id`, `shm_size` and `cap_add` are accepted here too (NeMo Gym's form) and mean the top-level fields. So is `volumes` in OpenSandbox's shape (`name`, one source of `host: {path}` or `pvc: {claimName}` naming one of the key's volumes, `mountPath`, `readOnly` or `accessMode: RO|RW`, `subPath`): added to the top-level `volumes`. NeMo Gym's egress shapes too, which mean `network.egress` (and may not be combined with it): `network_policy` (`{defaultAction: allow|deny, egress: [{action: allow|deny, target: domain|CIDR}]}`) and `allowed_domains`, `allowed_cidrs`, `blocked_domains`, `blocked_cidrs` (lists of strings).
 	ProviderOptions map[string]interface{} `json:"provider_options,omitempty"`
 
 	// ReadyTimeoutS How long to wait for the sandbox to become ready.
@@ -459,6 +471,12 @@ type Health struct {
 	// Status Example: ok
 	Status string `json:"status"`
 }
+
+// Hosts Host name -> IPv4 or IPv6 address (NeMo Gym's `set_hosts` body). Values of another type are 400 naming the entry.
+type Hosts map[string]interface{}
+
+// HostsMap The sandbox's own host entries, name -> address.
+type HostsMap map[string]string
 
 // ImageInfo defines model for ImageInfo.
 type ImageInfo struct {
@@ -669,17 +687,33 @@ type SandboxBatch struct {
 
 // SandboxInfo defines model for SandboxInfo.
 type SandboxInfo struct {
+	Aliases []string `json:"aliases"`
+
+	// CapAdd Capabilities its create added (names without `CAP_`); absent when none.
+	CapAdd    []string  `json:"cap_add,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// ExpiresAt Null when the sandbox has no expiry.
-	ExpiresAt      *time.Time             `json:"expires_at"`
-	Extra          map[string]interface{} `json:"extra"`
-	IdleTimeoutS   *float64               `json:"idle_timeout_s"`
-	LastActivityAt time.Time              `json:"last_activity_at"`
-	Metadata       map[string]string      `json:"metadata"`
-	Ports          []int                  `json:"ports"`
-	ProviderName   string                 `json:"provider_name"`
-	SandboxID      string                 `json:"sandbox_id"`
+	ExpiresAt *time.Time             `json:"expires_at"`
+	Extra     map[string]interface{} `json:"extra"`
+
+	// Group The group's name as the create gave it; null when in none.
+	Group *string `json:"group"`
+
+	// Hostname The sandbox's host name (`sandbox` unless the create named one).
+	Hostname string `json:"hostname"`
+
+	// Hosts The sandbox's own host entries, name -> address.
+	Hosts          HostsMap          `json:"hosts"`
+	IdleTimeoutS   *float64          `json:"idle_timeout_s"`
+	LastActivityAt time.Time         `json:"last_activity_at"`
+	Metadata       map[string]string `json:"metadata"`
+
+	// NetworkAddress Where the other members of its group reach it (NeMo Gym's `network_address`); null when not in a group. It may change when a gateway restart restores the group.
+	NetworkAddress *string `json:"network_address"`
+	Ports          []int   `json:"ports"`
+	ProviderName   string  `json:"provider_name"`
+	SandboxID      string  `json:"sandbox_id"`
 
 	// Status The lifecycle state of a sandbox.
 	Status SandboxStatus `json:"status"`
@@ -942,6 +976,9 @@ type ExecCommandJSONRequestBody = ExecRequest
 
 // ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
 type ForkSandboxJSONRequestBody = ForkRequest
+
+// SetSandboxHostsJSONRequestBody defines body for SetSandboxHosts for application/json ContentType.
+type SetSandboxHostsJSONRequestBody = Hosts
 
 // CreateLeaseJSONRequestBody defines body for CreateLease for application/json ContentType.
 type CreateLeaseJSONRequestBody = LeaseRequest
@@ -1544,6 +1581,24 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandbox(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxHostsWithBody Replace a sandbox's own host entries (owner)
+	//
+	// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+	SetSandboxHostsWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// SetSandboxHosts Replace a sandbox's own host entries (owner)
+	//
+	// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+	SetSandboxHosts(ctx context.Context, id SandboxID, body SetSandboxHostsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListLeases List the sandbox's live leases (owner)
 	//
@@ -2394,6 +2449,44 @@ func (c *Client) ForkSandboxWithBody(ctx context.Context, id SandboxID, contentT
 // Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 func (c *Client) ForkSandbox(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewForkSandboxRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxHostsWithBody Replace a sandbox's own host entries (owner)
+//
+// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+func (c *Client) SetSandboxHostsWithBody(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxHostsRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// SetSandboxHosts Replace a sandbox's own host entries (owner)
+//
+// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+func (c *Client) SetSandboxHosts(ctx context.Context, id SandboxID, body SetSandboxHostsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetSandboxHostsRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3916,6 +4009,53 @@ func NewForkSandboxRequestWithBody(server string, id SandboxID, contentType stri
 	return req, nil
 }
 
+// NewSetSandboxHostsRequest calls the generic SetSandboxHosts builder with application/json body
+func NewSetSandboxHostsRequest(server string, id SandboxID, body SetSandboxHostsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSetSandboxHostsRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewSetSandboxHostsRequestWithBody constructs an http.Request for the SetSandboxHosts method, with any body, and a specified content type
+func NewSetSandboxHostsRequestWithBody(server string, id SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/hosts", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewListLeasesRequest constructs an http.Request for the ListLeases method
 func NewListLeasesRequest(server string, id SandboxID) (*http.Request, error) {
 	var err error
@@ -5147,6 +5287,24 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/sandboxes/{id}/fork (the `ForkSandbox` operationId).
 	ForkSandboxWithResponse(ctx context.Context, id SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
+
+	// SetSandboxHostsWithBodyWithResponse Replace a sandbox's own host entries (owner)
+	//
+	// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+	SetSandboxHostsWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxHostsResponse, error)
+
+	// SetSandboxHostsWithResponse Replace a sandbox's own host entries (owner)
+	//
+	// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+	SetSandboxHostsWithResponse(ctx context.Context, id SandboxID, body SetSandboxHostsJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxHostsResponse, error)
 
 	// ListLeasesWithResponse List the sandbox's live leases (owner)
 	//
@@ -7092,6 +7250,96 @@ func (r ForkSandboxResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ForkSandboxResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// SetSandboxHostsResponse503Headers the declared response headers of an HTTP 503 response for SetSandboxHosts
+type SetSandboxHostsResponse503Headers struct {
+	RetryAfter *int
+}
+
+type SetSandboxHostsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SandboxInfo
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *SetSandboxHostsResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r SetSandboxHostsResponse) GetJSON200() *SandboxInfo {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r SetSandboxHostsResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r SetSandboxHostsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r SetSandboxHostsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SetSandboxHostsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r SetSandboxHostsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -9143,6 +9391,36 @@ func (c *ClientWithResponses) ForkSandboxWithResponse(ctx context.Context, id Sa
 	return ParseForkSandboxResponse(rsp)
 }
 
+// SetSandboxHostsWithBodyWithResponse Replace a sandbox's own host entries (owner)
+//
+// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+func (c *ClientWithResponses) SetSandboxHostsWithBodyWithResponse(ctx context.Context, id SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxHostsResponse, error) {
+	rsp, err := c.SetSandboxHostsWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxHostsResponse(rsp)
+}
+
+// SetSandboxHostsWithResponse Replace a sandbox's own host entries (owner)
+//
+// NeMo Gym's `set_hosts(handle, {name: address})`: the body maps host names (dot-separated DNS labels, compared in lower case) to IPv4 or IPv6 addresses, at most 256 entries. They replace the sandbox's previous entries and are written into its `/etc/hosts` (after localhost, its own names and its group's members) before the call returns; kept across gateway restarts. `{}` removes them. Every bad name or address is one 400 listing each (field `hosts.<name>`), and nothing changes. The sandbox must be running (409 otherwise). The gateway owns `/etc/hosts` of a sandbox in a group or with hosts: it rewrites the whole file whenever its group or hosts change.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/sandboxes/{id}/hosts (the `SetSandboxHosts` operationId).
+func (c *ClientWithResponses) SetSandboxHostsWithResponse(ctx context.Context, id SandboxID, body SetSandboxHostsJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxHostsResponse, error) {
+	rsp, err := c.SetSandboxHosts(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetSandboxHostsResponse(rsp)
+}
+
 // ListLeasesWithResponse List the sandbox's live leases (owner)
 //
 // Every live lease of the sandbox, oldest first, with its scope, the lease that minted it
@@ -11044,6 +11322,87 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 	return response, nil
 }
 
+// ParseSetSandboxHostsResponse parses an HTTP response from a SetSandboxHostsWithResponse call
+func ParseSetSandboxHostsResponse(rsp *http.Response) (*SetSandboxHostsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SetSandboxHostsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SandboxInfo
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers SetSandboxHostsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseListLeasesResponse parses an HTTP response from a ListLeasesWithResponse call
 func ParseListLeasesResponse(rsp *http.Response) (*ListLeasesResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -12358,6 +12717,9 @@ type ServerInterface interface {
 	// ForkSandbox Fork a sandbox (owner)
 	// (POST /v1/sandboxes/{id}/fork)
 	ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxID)
+	// SetSandboxHosts Replace a sandbox's own host entries (owner)
+	// (PUT /v1/sandboxes/{id}/hosts)
+	SetSandboxHosts(w http.ResponseWriter, r *http.Request, id SandboxID)
 	// ListLeases List the sandbox's live leases (owner)
 	// (GET /v1/sandboxes/{id}/leases)
 	ListLeases(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -12547,6 +12909,12 @@ func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, id Sand
 // ForkSandbox Fork a sandbox (owner)
 // (POST /v1/sandboxes/{id}/fork)
 func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// SetSandboxHosts Replace a sandbox's own host entries (owner)
+// (PUT /v1/sandboxes/{id}/hosts)
+func (_ Unimplemented) SetSandboxHosts(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -13336,6 +13704,32 @@ func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// SetSandboxHosts operation middleware
+func (siw *ServerInterfaceWrapper) SetSandboxHosts(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetSandboxHosts(w, r, id)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListLeases operation middleware
 func (siw *ServerInterfaceWrapper) ListLeases(w http.ResponseWriter, r *http.Request) {
 
@@ -14116,6 +14510,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/pause", wrapper.PauseSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/v1/sandboxes/{id}/hosts", wrapper.SetSandboxHosts)
 	})
 	r.Group(func(r chi.Router) {
 		r.Put(options.BaseURL+"/v1/sandboxes/{id}/network", wrapper.SetSandboxNetwork)
@@ -16375,6 +16772,128 @@ func (response ForkSandbox503ApplicationProblemPlusJSONResponse) VisitForkSandbo
 	return err
 }
 
+type SetSandboxHostsRequestObject struct {
+	ID   SandboxID `json:"id"`
+	Body *SetSandboxHostsJSONRequestBody
+}
+
+type SetSandboxHostsResponseObject interface {
+	VisitSetSandboxHostsResponse(w http.ResponseWriter) error
+}
+
+type SetSandboxHosts200JSONResponse SandboxInfo
+
+func (response SetSandboxHosts200JSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts400ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts401ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts403ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts404ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts409ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type SetSandboxHosts503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response SetSandboxHosts503ApplicationProblemPlusJSONResponse) VisitSetSandboxHostsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ListLeasesRequestObject struct {
 	ID SandboxID `json:"id"`
 }
@@ -18322,6 +18841,9 @@ type StrictServerInterface interface {
 	// ForkSandbox Fork a sandbox (owner)
 	// (POST /v1/sandboxes/{id}/fork)
 	ForkSandbox(ctx context.Context, request ForkSandboxRequestObject) (ForkSandboxResponseObject, error)
+	// SetSandboxHosts Replace a sandbox's own host entries (owner)
+	// (PUT /v1/sandboxes/{id}/hosts)
+	SetSandboxHosts(ctx context.Context, request SetSandboxHostsRequestObject) (SetSandboxHostsResponseObject, error)
 	// ListLeases List the sandbox's live leases (owner)
 	// (GET /v1/sandboxes/{id}/leases)
 	ListLeases(ctx context.Context, request ListLeasesRequestObject) (ListLeasesResponseObject, error)
@@ -18994,6 +19516,39 @@ func (sh *strictHandler) ForkSandbox(w http.ResponseWriter, r *http.Request, id 
 	}
 }
 
+// SetSandboxHosts operation middleware
+func (sh *strictHandler) SetSandboxHosts(w http.ResponseWriter, r *http.Request, id SandboxID) {
+	var request SetSandboxHostsRequestObject
+
+	request.ID = id
+
+	var body SetSandboxHostsJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.SetSandboxHosts(ctx, request.(SetSandboxHostsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "SetSandboxHosts")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(SetSandboxHostsResponseObject); ok {
+		if err := validResponse.VisitSetSandboxHostsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListLeases operation middleware
 func (sh *strictHandler) ListLeases(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	var request ListLeasesRequestObject
@@ -19629,292 +20184,310 @@ func (sh *strictHandler) GetVolume(w http.ResponseWriter, r *http.Request, volum
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L39cttGti/6Kl3cp8qkN0hRsuJJqErtcmw58R5/6FjyyZ4KfYQm0CR7BHZjuhuiGEdV5yFu1X2D+yL3",
-	"Tc6TnOq1uhsACZCUYyk5M/5jJhYB9PdavT5/61MnkYtcCiaM7ow+deaMpkzBP5/LxYKK9NUL+0fKdKJ4",
-	"brgUnVHnYs4IT4mcEjNnJC0UnWSMJPgBMXNqiCqEhqeK/aNg2pCuZozE2lBlXMtxb9CJOjqZswW1fbAb",
-	"usgz1hl1kkXaHx4ePTn+5ulfvv2OTpKUTTtRx6xy+1QbxcWsc3sbdd4zo1bPpoapzUGes0SKVBNqH5Pl",
-	"nCdzGFCScSYMWdAVUfbz+iAWXPBFseiMhqE/LgybMdW5tT3mVNEFM7vX6Nn6ujzShKcRie3kYmIX6vAp",
-	"yeSSqYRqRubshiRzqmhiGyddKlZEmjlTdqW5JsfDY1gvbhvPqZl3oo6gC1gunnaijl1orljaGRlVsDst",
-	"7IKL10zMzLwzOmxa5pc8Y2e2y41Z2l8JF5qnDBZXU5FO5M0JUSyjhl8zYoeqCVWs/MlIeHcp1VXKVZjU",
-	"PwqmVuWs3Bzbp7Vr1K8Z1ax5azL7CLcj0027MaGaPTmqbUgMH13yNCZcEEric5zrezaNH2kSsxujaNy2",
-	"R/7jPTcq033cndkcd+sq69jDZwxTtvH/men+L7T/61H/Lx8/HT69/W+N5HEmlWmafi6Vadi1iKQsyahi",
-	"qZ1hbN/SMaGGJIpRw1pmZl/bvk/0Bknq6TffPPkmKknssIHEoo5b1ja+48aKm6cnN273jobbdq9l6Htv",
-	"h+3H7wf/u9+RhajviX0rbMrRsGVTzpnWXIq2+Z1d/I1ofIXwtGXgesfId5HGuaC5nkuDg6jMU+Rt8/yM",
-	"UVSXRuQ7l+bWtqVzKTQD5vosU4ymq+dSCJYY24G9rYRhAg41zfOMJ9Qu3UGu5CRji3//u7br+Kkyhv+m",
-	"2LQz6vzbQXnPHeBTfXCGX2HXazQikPe6y2IusxSvM7819szFhl4xec1UTJZUEyEN0cyQbpzIlMWWacfP",
-	"Xr8/ffbib5fP3719e/r84vSFZRC3UecHmr7Hi/EhZ/VKXNPMXiciL8wJiZlSUumYZFwbTdg1UyviOoVR",
-	"uuvtrTQvZSEedAM+iCshl6JkTVKRwv3WlYrwLOtPpVqwFB5NpZpJY5joBTHEEg/MQUwznjzoOtf4lLbM",
-	"FO47JcWMaEMNs+MlZs51KR6xwWxAclpoltoJaSPznKV4Wl5KNeFpysSDkgAx8ooJGCp15FDdDUp0InN7",
-	"m0vLeitTkoW9LG6jzp/g4MBhmfKMwZjtXYVLekZXmaTphZSvqZqxhz4dftsnMl3ZI5LZQdj1o4LQzN5k",
-	"eHr/eyENPb1JGEsflgFWB7mURZYSy+xQgKZZxtQjTZ6dvSJXbEUsCySU/MOOtcb94JdL5oYfn4xFnDJD",
-	"eRYTe4UgR4WXRn6/mI7Igi2kWkUk5foqItrdVRrIwv1BJivDdG9Azhkbi/jH0wtycH14AG3Fg7G9sCqq",
-	"DKgJ/aAnNC2Je/ugolHc4m2trnnCPgh6TXlm5fmH3IV3dmUTmtOEmxWcYLtiE5pcMQFaQSEUo8ncjmvw",
-	"BecMd9yfje1XJaPqKXv+7u3F6X9dXL59d3H58t2Ht/6O/SBoYeZS8V8flnTecK25mEVkQTN/RbGb3MpI",
-	"djqKXcsrllqhOmXCcJppN9xcyYRpbTfzVBhuVn8UwV9zmVHj6BO/3Skt3HrJD07fD9Qk85eUZ4UCgsmV",
-	"zJkyHCU7LlJ2syn+/gw6urMqxIkshImd7qFJd9i3Yn0KCta62hB13ED2X4Cq4PqLG1HZzMfQh5z8nSWm",
-	"Ig1tTicpH6zJtJF/ZjW/zzBxRJ0kLy4NX7BLvblez88+EPuMdAvNFPl3olfasEXPL6GXhNAow4g7X0wT",
-	"bsiScsNSe2ufkCFZznnGiCqE4GJmV9geXGo6o04qC8v0wtBEsZjgkqeFgrN4uWgY209ySTIr73BDFBWk",
-	"qyWZUhXVe+pZZk91gSrnuj5aGwcX5ulx49bDubzE3z91aJa9m3ZGv2w/B6c3LDm1313Yz24/rlNDbNdV",
-	"FiYmyzkTfhKyMLC2sObcaL+iZKZkkYMScMWzjKW9E8IyzYgosszOwv4X7w6rI9kx33BzaVnY5sq9LbKs",
-	"vkon5PDo239/i0PBDshkRTSfCZqRt/bxN2GcdnCpHelmv02LN+WC6zlLL6nZZyj1o0EN69v+2nsqD7KU",
-	"i0sce4VOJlJmjAogYEavLvHmv1zwSYOpidEropg9JMI4GWH9pLsLEqQpbcL2fJHj7t5uHj3YNcMqNq7Q",
-	"xopokzKlLjX/ldU+aj/p2qSyMOGL+vr8YCUiuyD4FrliuSFIdaRrV8WKDHI6tSpqeKu3J40ZVYiEOiV8",
-	"XU/QRjG6ICCJsJTEC3pzKQuTF+YSxLT4xFmCrSxJtZXrEqpSllZYeVjLNcZc4Z+BmXbKzahSUo0T1Lak",
-	"fszrnKvGYjePYe3g1negvoPVNdpye7zmqPI33iB4ORqGDHUb//J30W3oiSpFV23Lp7cNqWKIoGnK7cLQ",
-	"7KwyvinNNGuSF2LLRt3nMZlylqWadCeFIbFdsUspLu1eowEn7oWLCA+HFWwHeOc2X6b1Dt8XwnK9WM9J",
-	"P4lJd0L1HLlerphmAs/yVstX1EmWDS2/YFNaZGbdKL2TpTFx3b5oDbJAS4PlhqwTThuRA2mXlA6cD/5i",
-	"ShFLhUjwQHC8Qm8RicMhjYlmpndCUjf5p8fkDf8hItSQhdSGHJIf+Q+N3CHYcw+Hf3nyl+PDb4+O60bd",
-	"3bcO7Ji6ZpdWlbGXp0gvNWpaDZN+BiaU2mHbsj81rpxycTl5etzgHTJUpFQ5W1gEJuOnx30mLCtJ99p+",
-	"JyI0SWbe9zRhU6lY9Yp6tC40cC8z2HtJKhAZyPfwyYwatqSrRzpsUvfw22Gv+b6qOq5ahl7eZVZe3Bz1",
-	"BytFWsUctC6+zyo0s5tmbgOCvLPu72Q2daYAJpHLnCqrLjUoDtzMvcIQkSvG8qoYyTRZ0JQhrwA7liZT",
-	"yjPS9csKffb2O1PQy+YQ3qB1hNu+xKrSNUgopaEPr0Iq9JIpu/elHwlUJjjYpcPkzoTFhFGrXHIcYrhK",
-	"9mVF7hK5B9Y25Znbyn2brK/vS/s9MZIsFTfMExYqh0QxUyihI3A2kv64GA6fMPLh4mX/W2LYzTZRuBwh",
-	"TzN2uY2mjcydMxk2FLSbpT15QhJ2w5II7IyWds4u/kaMotMpT4A5C0moMSgd2WfoVfgCdMwXdNYgCj6X",
-	"wlAu7AmzL5Cup1F7gaYyuWKqNyCZTGg2gvOIRD8lVLgvnMm65EDwsnuYcsUSY8Xvbtzvw5M+PNFxb0Qo",
-	"UVIaWAvUR8v3nd04xiEQTa9ZbH969/wVyejK3mWGqgnNMtKVOZ6SbEViO7yBoWqkWC5Hhs7i3gkpHeQw",
-	"eiCxKZjPYVOOh0P7gIsZzATHZ/+pGOzJXC7tcaJpSqRgpIsTFOyaKZIXWaZ7A/JsYuUKz5VxqRIrO7KU",
-	"XHO29OrHXGqz15WxYIam1NDfQQjv4ayzlFBNuD4hBdiL7F9gNcnohGVWFsvsQXXjy7jejwYEM1YA2iV9",
-	"vnWv2ZtcKtNALGf2Z7u+7CaX2nJGJYvZnARLbWCQB594envARApcSx98si3eAh8M7OsuHuQdvC3qFIL/",
-	"o2CvsG2njudKXvOUqUs8dVsYFTa5Nln3dV/nLOGW6F0zJ8F2ecVWPgji7+DMbDykV2w1ILG3cUOoAfgZ",
-	"9XwBSkYMTdAkYbltAs6ykZJ037I3kvy4WjzSVsNdoKS9YBSp2Mi8n7FrljkRfUDOJVhOr2VWLJiGgIZ3",
-	"ORPuJnqkiZ7TnJEuUF4cAYVoWagEuERsz/uIfLLc9hYIOM6vkxH5lGSUL97SBbuN/bTsl+4UXjHLSFyf",
-	"EYkX9iY9o2YeRyRWjKbvRLbC5uwUtX4jUzYi79/99v5n+4ouJvC25TFpylIfR1JOL0xoQCorwmbKilsw",
-	"JXsmZeSigWCBYnfmB/haTLqwdnQF/twJCG4TLvyOcdMbhW8uc5nxZBWTbvzJyRLPErvzI3Ti/JYysYrc",
-	"AEbkl0+04amhasbMiKRyQbn47fmrF+9vP946bSl2zqBLfKrtOvifEp4q+GGSWX5ae8f/hO+QLtpsQUmw",
-	"bEX39mIH4H/fdicGK5+9mCk3zglYej+NJBOWyIU9+DRdfYErTzE8iHp/Y9/78MntxwZbnKeuhiuf/xpO",
-	"rw60ER+k7PpAzxf2rBCzyKf6xN2q9mm/r+eLPpBrRJ7b0Whmfw9E3Buh98p7UWFHbDfwKx4zKoi/AMmE",
-	"C6pWpBDckG487hw9/fb4yTfH3zwdd+xWjztPjxf+n4cz/69vDo/e8B/Gnbg3IIdWtbN78fTYanVwsrye",
-	"F4cFHZRmD2f2hEg+rsmMXzPhLJ5wjVLF1hYFv+2dAEuDa3nJNfNX6Mjbn4FPVhUavHa98ukEA//nVTFh",
-	"SjDviVCFsGfxUfPplYK5s7BxJWxcqh/ttpdstlE9VIZMlVygsBf8jl3L0GpeUPCALoXujYhdIJB7Ivgn",
-	"rusj7aUwLUkM/4yBv0wYoTUBI7K3eIVxWf3dSrmaWV2Sm95+aqnJmkj1NZ8yMFxzQbRTT2F+IEODT81v",
-	"yuG3w6HVRr9HyTbnVnILwhUejCAbkjm1WszFxWuSMJ6B4yvu9xf0pm9MFkcgcrqGj47J/Euor47NN2hh",
-	"9kqxYm6pd3tOBOZAPSCnVb+VpTp0ZMFlZM+63d/j4TBygruZW+LkqELWhJJtHOd/wABhNM6u4+SNw6e7",
-	"dS9ngmoOD7MP7YgqMjgqQSnhU7JA12NvP829RUXHwd9RQ8eQsA2LAshahC5kKeGUMsAJoeTF23MCMqtl",
-	"BT5+L2PGMKUjkvIZN/a/VM8Zkn3pQrOCtGam0bTOf2WXsyYvwitLl5atcwGssDtVeClrH3dxYlljxqg2",
-	"ZDgYPj36JnL8qN794R5OgzXrCKxRZXBNVpIXLGOGvWe6yBrsxCmbMqWarPDnZZSEyFajdduH42SsZGTa",
-	"8Cwj7IZrExEtkWEZqUD7s6yBsXQsArVndj3wKlygrrWQ1ywtdaTA8iH4YtNuksLEGp0/a8vk32xcHrkU",
-	"maRp2wI5b7luNvpZArL8+ZH2N/Cm2W+XgavSftMAT50i80pM5ebwvJpT9wXPjclHBweHR38ZDAfDweHo",
-	"+LvDb540netKfMfe6uPaENcmFEZUNt44rZq/tMFzv6r54VIOvNPe2FbssBwyY/bdE7RvemdlikZGJizn",
-	"/8VbVC2NODPhx4ZFqNiB78ik/pV9C5sOmc3BwqIFOaA3qvtWC5Pxayv8kcwKji401jUGAsSUmWQOnEQB",
-	"fZLJaiycJwLieq0c/F9953fqv0rj3gmx4x2FRsvW7IA12fCyI3/Zbae9m4thY+ZlrER1DTI2tTrhnFsB",
-	"WjHvjA8xAmiHPBkLnJSZsxWao72rec/Bf3Vc/IkcF8hvWu6b+w/PiSoSe7hul2j7qShVJKHCslzDsox0",
-	"vZH3S0byVMesqBhtC92JUOJAocKqUgYlDHbDTdQyeqcM+tgZZ9H0aoamS8LNg4YEbVgK6jEsm7KFX50y",
-	"EAgMIksqQHZyMSvdJs2ZZHzBTe/Eq4TbN3jQKGJ9iRAaMEp4s/G2MBo4lm/4D/d0JJGVtoRI2bW2J4nY",
-	"xxj+JAVxbM1ZVZzaN8UYxEFbPA1TTfzk4mX/WztBTJdAu4xieUaTRiHRx4V8iZbuHGnDbljiogZi14E/",
-	"gwlGge2Qt93Yw3LUF38tqqYeOrM95OUlZ1kKJLXJOMESvTnF/zx/9xa9eO4MyumUidRqvPBFRCBPAnPT",
-	"fjn8GDsjWkjLhGugcWEXTGvnLdt+F+DQyg+ap5axZhF/0XhirdqZMwX6uRRkAlotWPo0MwVPI/vfGcfL",
-	"QBueXK2AwGRiaOaSQ8ad4dPj43EHSKiSW/XLsP+Xj5+Om3KqIjscPuV3jExrVuYvvBrIMrZgwquDuF3d",
-	"cedg3An2XyWl6TVuQ96YR1rRzOhEy6wwrt3mqNBGhX+7so+U0aVErxYZF1ePNKTmGO0M8I80yUC43zck",
-	"zrVziZ83UmvoCd8B+95ScWOYaKb9FuWKGst7uT4hMejZMUYOpMxKsxF5+erlO0iOsBzWVBUqu6SWaLml",
-	"ajecTtSBRhp0qzVCqGb7uXfdSkd4zOvHq41OmkPemDDKh4PvY1ILFHe7aTFrP1PBTPa5B2sLO66171IE",
-	"F1ZqdlPDbJ4lUz5AYa+AR7fofnl289iM/YxHanON29cFlqA8jaQbFmdzXXp3oDiMT6uc8Z2E1Dx9aL1x",
-	"vlJdfa7yHwJ3QCcBJb411KZhmC1jaVYMgv1t7wNeppPvjOosG29aoh9RYn6Wutum+QQ4ubq/tLtN/bsE",
-	"JTDLKLMMvNa9zRDNlOury0mRzphpNrJC/iPkOaZcVSJBHjl2/P//vyTu920zfXnNlBU9uYmDywGb3ld3",
-	"sYNxo9jjdSsx1fZmk7E7CdpNsFGQ/knqID/jZPacR/t1sk1uf4M9YfsGw3js/mT8uhLltmdH/yhYUbPD",
-	"Vu+0bSuzdgjrK1n9NvRRm1Vlq5rWONo4Vk1n+ydGM+Rpa+RmqCl03awqr3aac91nTT29WtBZi4jXLB7B",
-	"NU19SNoMTWXae/xaeWhbpO+FD1ryRFPqVy4Sw6pVuk0n3h0qiK1sdhyHOy1GAyC6aCvO27UosBMf0OXe",
-	"d07clLKFFI/Qq8CqUkn40m46vLxbFvG+Exx064a1htfnGTMNk30Jdr/g5aiZI1QhfNiYVTVRl814wLIR",
-	"0rC416yK43d78/7ysDVIN7YfOHa77Hohiskf0B3iXe31MOaoXK6mZUZUFUcXa9mqgiFLQniVLgbTgYgt",
-	"r5houEmc6/JOygmmUur2hKXvSeaJD+xWzpAUEsIBHABCGZS37H9eSlPAdNkDuqVBD7K9NwYfgKIFS7ic",
-	"Q/Ac5OEvOLi2IRxBCuY8KV7hwpUEJcZ+iMZqqpn23/mwEpe0vZehGBL8d51dOBDn8Ob6CauA3mBT1WlH",
-	"1d2vbWvrsWumbpzn3rRWHuBdYpZruHU4nyeHhkXdzyxZXV5IU3TCa8e2SQ3bFvIBRyFzgR8n3kLfTBcD",
-	"8sxFBNUt+JXAjt9tv79tW8lzvyZrV5FcCrhWIEYDQjEGJHYTtz+HqGsdkbOLv0UEL/SIhHjSExfSi07l",
-	"CBE2IqKYYMsIaINAJxFy9pCf7ainem3Be1Z7dgvf5Jt8WwbQrq/FmvoLMYFNUgRbC1xZ0JV3i41IPO4I",
-	"Kdi4E6MZ2R2HEcmkzCc0uQL3fw8iwGiWQTCYVCT+NMYcinFnRH4ZDAYfIzLupEyswg+3seM2XnulirmY",
-	"RE26cb7K+cAxuTgi8WP/x0CqWQxsCANpwA1TiBQ4f892/vzVi/eadK+P7R/XT08IJROIY01TCMx0ZpiD",
-	"J0f2hYPDo28hLUmsyNL2jegSdvAwq8d27tyhZEAIp64cD3AdDMhbQJdQTMvsmsGS4B0fQjx+urg4Oyfd",
-	"87evMM7S/k26VqzvQVS4CKNzn4DI7daDLAptcKIlXId7NiDPyISmsIorxG0bRpiTJQVGYgO0RxMpnJU5",
-	"7OtoROT9y+fku+Nv/hIilxBIoyl/rsn++IYmcy5YXzGa2kPp7ajOMG13VEhzOZWFgD82MRWiJjCjRqkW",
-	"R9bopUYIgTvYfIIBuUEuKmX+hnxVbjK2JRxi01j34f0rotiUKSYSRsBDwqcrH5ntV91+TboxncjCjCYZ",
-	"FVcuVNJSZW93/IgzouHwwhTCmkW4fU03zplZYXjW51o/sp2h9Lt1htYACucDQvev/QCiqqx2OgfnDwRU",
-	"8KkPp4jQxafn+4U0usiKhw+ayBGDoz5X+669RvHGwciB70nOc6ZJt5KS6fIxaU6V6UWEcYRQwrRkQg2R",
-	"ImEnazGg5HuSWDYM8SgGrOJKG5c+RLrxf+Rm9f0wHmF/bh1hKL0otG3maHzbHWig5PILHAvvlf+MkMNw",
-	"rBtwNRzYi5ORd2jy5bst1PPGMUZ/ndu9jTp2GRtv8jOzcjg4mwPzyVzNWACfp9TcAQ9iP2QH74jaCofi",
-	"luU26ri8YwQIaNBJpKGZc6LIqc/gzpVMi4SlNZwBwW4Qn6lqc8d29/WtbMda+LxjUQUNqE+2DiLgPBth",
-	"j2sb2nK23Elp1k/cGPa/9ipHb6cl2LfdNDAAD9scj5Ptd41iw4xsNV6+4Gbn+KHf1/gqcAfndt35zQd4",
-	"c0MNw5Z8Q1GYQOucX4dhNpjorBjmkcusbD2XWYoHt1R64n4foMT6j2MyzehM907IEPG2YDToyWmwit/B",
-	"EF2z9+7jb6zaZtdj+6t2YOdYLsOt0RrrkZRaQiF8NkQwR+4zJB90vIe5uGoebrMKl+1tDKh1rz/409W+",
-	"G2sRmVxf1U3p5UptMajvu5O7Lfd7dde+6FLlcypYevlZW7bxdcNxejctkxB1HBEDeiFqh872XEG3nEnR",
-	"El5Teho27Vu4AB7ca0m5gTwL4SABWdEWsrMvFVSyDvc98Ruj5MrHibdErGFkExjIffJSz+q34SXIoHKm",
-	"Y3BAajLcN76gfYPKYH83QwgyheiGqVQQ2mBFcEGzMt6fI0BtghkyLShqmJjR6tTjClwRiGFgKcxhPrqZ",
-	"cYOcJ/bEF+9JQa35PJiKsjbNwW4v8p18UVu4TiO9tJNgOZPaUjbxrvcsQxNis/tY4eMWCVOxBeVWlLks",
-	"bZ87ViQ02PB18/gEW36eqhmskV/cVvi+lvu5P1aR/w6DLCHvCHQtqbz2BTFfzprUnKrYYGnJi8agX92Q",
-	"VPQlYp93XGkwt21pTQ7vIWQ3uaymavg2123x23G/7/6NfntL3SWGBK3CPWwkzMqlOIGYEMvic9s1NxCY",
-	"6ZJdT9++Oz977iNPrOp8fPgkQAYYFxqGuMJ64PjsiDAxlSrB8HtvM3UJTKni1z6o2CrDDp1/AEsIC4XQ",
-	"ob6J+EvszwzPwx7fVDjuLC9CnPIe8BFVSeMuHTVT07W82sKBAKa0OR4cMG5KV58mTKTMSdGlAwqiv4uJ",
-	"UYz19mDavscmdlTFyGkIJqW8MSYbcYFq4EEgzrAgeMD9jJ/vndxZwzZtsks+TOhP5Ke9Zb2a4xfuxesa",
-	"fOheNJwDJL7LH/58JysQ7i48jj3AfDaJeydBZ1SbS7BjcrO602p9Fs7LpvXRY6us4zhVDd3roZA7YgDC",
-	"8Ww2n1St6nuc2HN8OXx2qRjVTRFnPkGwjoqPkMKxi2+27ILOIJWgCqRK1xNMO9uS3veQNiv51TuMR+VK",
-	"VUz162ETvrl2f7Yf3saxbDhilbPjD4CngS103mJ4+lxGtJd3fHsQYoWlNZthXJwUgK1w4XPnTgL+Acmp",
-	"wlyoTclrL56wFuhTKDC/T2litPd+lXsUR6Ss71M5YeWE8CmEYjRozDn9R8HIhFFllb5QNwGxI7aEF2+Q",
-	"ayWOxIpWjVFjNQLeq0jN74/siDqQTakuC5VtDSh9pAm7ccrnh/evCRdJVkACR3xwfRjXU/g3Mp+/HX47",
-	"PLg+bBry/mRbDjSq03B1DzcJ2YeolAS9k+7OA7NsiODhU5asksyHwsppmZZUDSsApw2apUsDNRYCAbYD",
-	"dUB8Gg7gVwGkVKPT4hwgoT8zLgW+bY7qklNy/urHV28vIvvfi9P3b+Aff331+jX8479/eIWPfvpwBqXL",
-	"Sme884GvYTe4VnYHaOKgGrfAzdWLr3fQB59lS7rSJP5020DrUeemP5P9clxFYj7ddipVk76MRLXnBb2l",
-	"sgxelIZabiOnpOtQrRBaZtbikN4edQqsuYYTgXkNE7aSTqKHMMEdFjHY+GHvjpauTY7WXo5qx7GptLjG",
-	"A6ogHN5qs8PB4/e95Zat2un2u2X9Odp5xYamtw3r88i9OYj5GYa12LsrZzLP2AkRjKUeCw2x8xxGacBC",
-	"OPp2L1cvMsvWhImHlzv3ki33jxj/kCMyyeeFZ3xh3JKogzlnlz4HaFdJuFqUSuXTaDfmiZ/4w3HiEqLo",
-	"9/PhBVrELyerrezWGwscUJQhQi5rJoM2fa6M425l+BW0or2t5RvM8lpmn8csy/aiDYiiNaWmslZNBwG3",
-	"pZlNVmz8d4DQ2skifbPtw3nj877ucCytzIMbDVIbrsEJYTc0MdnKg1o6uEkH0jmXGkkm3lRYwrMmjmsf",
-	"VhIJMXaygptZc0tjl30lpYk16SZzllyx1OESY8CjlbxcriemgseDQXxSMjkUx8hbaYgUFYy9QSt1tAwd",
-	"Y1W5ITTPGVWh0F0oAuujPyK4P+KD2IOq2TcPciWTiByk7BriPvVK12XEA6cFb4xJMZpeSpGtmlbTPuxD",
-	"xCduYJc6yOiqwfn9u5fnPRwVJQuZsuYsDl1MWqb+Bg+H7QZ0vHL7KvmTuFejUPjWdug2I6Qh25XgBllL",
-	"xmiqQ5GZ0EATtHHjXl0HrtgowddQCwMM62QVkFP4HgBYlfPwsQlbSrOkUNyszi0ZO0dNzv/KVo1RrT4O",
-	"g2oSP3PFuihCpP6AujRgeSdXbIWg3oDsyhz4a8WEkHFtTgjNtCSItCDFWLgSVUz1/fUPLoSaJhZci47P",
-	"IUIPMCE4DDCKclWswhqsATjE9vrCaAfYNTd4y89u775/ArCuXX0HYGCA4KKGTzJGEOerLFSMf5dlXf+r",
-	"b7/q/7ha9J241QdLQDkSt6P1sRztGMyW/nZ0Y88Vb8w4spto2SPkwwuM4vaAMVaGtdJRn92wpABIqTLU",
-	"glia8IpLX7DCKJrBccRw87FweOB0wXROE0b+TnkWEUpeYHYbEzMuGIJP/LWEKU2yQhumRuT96fkFDCGY",
-	"AQBFuW8F9rGwQ4JzC26zE/Izm5xD8r5231wzYphacEEz0j27+FvPV77TLg7DBeABawCsd4SOSKgYiwlD",
-	"iJFVuBgoUczlEAzGYiyeA3aXJokUUz4rFCNxaTUh3xNnl/np3fnF6Ozd+4uD68P4xAX412kJYqJSpsYi",
-	"/lQ2cbuG7x0PyIVlk+DH4x5TSxhFE4cN+6OE2Gq8sKBpRbgYi9hHMhzQnCP+9YwJhhjsDmMoChBKASzI",
-	"jgQCEqhxmOMyZ4LmfLCiiyyGRfi3fyOWLpkwrqie/fExefzYcaXHj8n//l//z/6M6b0H2a+zJiMxtaQ8",
-	"fGNByF/Zyi7/wkEzxv0+zXn/iq1ickDi82dvX/z47OL08tnZq8u/nv7tPCZdiL3ua5ZTmHxvQH52xQeA",
-	"ffmdTG3r1bVAuHC7sFKsFrIIpSh0JTGCY2YjE/bHMpmkKxVW8rf3jm047ve5AB7P+kL2aWHmcW9Aqqzc",
-	"8uClVFfQ0l4smBvbdMmA7R68LhmH2wdVAb6PK5a8hnLspDtZVbdgsoKxn707bwSfRx+mncc7sTlWDfi7",
-	"AMAhoJk2/oh7BFyWZ9xAFs4ab3PZOI0nKoZz8YOSS82UJva8WkmOlszB45a7eCLNjOPlOgpjdEld4Rvb",
-	"pi4muZJGJjIjsWeZA5j1YPMO8kXUoBx/BVgH1zyG/fGMHbF/Hz8G0+njxyPiMrZIt0zJiSom4FoW1oFi",
-	"uliEZCw70gUXECQArTjfMmZmwVJY1sCuJQDg4kNIMAoZYaTbmhFmWw9JYVHZEX7p3djYg/0DotGMZtl0",
-	"jwwyCgejMuiWbDKklFqfYDTDDuTEMnKA/i5bguV+jaOzuiGhxCiGQqUbpu8FT4tzv1sqxL59qU584LJB",
-	"PecEZqGo0NwKqNkKWSn1r7ksVG7mViqNwY0Vu2Kmugwzdbc8qMf4ITcw8At7rjCVTIKLZED2rI4KJ3JE",
-	"Hj8+Hh4+fjwglWrUdsz7F6R2cSPY1BNoSoSyDNJva+pbGtnW7avHjx/bTc4lZFQAp/TFX7x0ZU//hDFB",
-	"rpkCFBwE0k21p9AJJg6x1HKWhFmxglRNUb5v3KDSbWTpGCoEaXI8PPaXFSRCafsHYliDEQvCWNoKw8ak",
-	"6/PGei40z16ycURiyECCqgpAH3FUqc3cnRcLKkKu2Al5SbV5dvaqr80qYw74U4OmBTl+oGNiPd7uojHR",
-	"DO7x5kyzxNVnv0PWmSUjxJlX5PjoaCwaKtJ6hceXtHXpNqX1T6MQ8BtBWyL5jbxhFDjub2PxW7/fh//Z",
-	"F2xPvwUIN4DdHJWnl/zn+bu3kSvuDiJMFI4XltuIICEQLXb4b3uoIkAtAwKihjCdYHWKiq3SdX5IfvO4",
-	"3qCkuXFUygf7N5+Q33bUbK8TiPvsmPwWRlzCN0LJdDtQX9DIl152X31HfqtVtEcfPgi2UsDc1krZV8wC",
-	"0B7NoCREqIzUcy0f2mlAXXQYJ1Uz5p4cHZHfXDliV6K4HM+RHQ+1YlBSKMVE4hAVQ9HsXVXL12qVR76A",
-	"CTcnBOAe6jXGeyckoQoSZeNKqe0Yh/MN7IUv3G2H4Gt2F2Uh8R0tDGFCk2J2QjI5m9kFBPm6r3nKXBQT",
-	"QvDOrN5gxakpIw60zjYyFs+IkKL/K1MS4RKxwhPqQywNcJUAJiakWtDMV9nTRWYpEi8mr1kB3aCCnPGE",
-	"Cc1KR0LnWW53sX80GHaiDjiJQWHVo4OD5XI5oPB4INXswH2rD16/en769vwUvilzNoNS14k610xhBlZn",
-	"ODjEt5wc3xl1ngyGgycIhTcHQ8NBZ/TpNuoczAEk5lf314IZxRPt/qqqAe4nOIb+7evDgxK7oxHXLbjI",
-	"SrvcBmyIvzHzIsOKCC7sH6veB5AYQ+31bFmSA4nx8ZTBz1YDMPOZ2d0Yw1ljUsFq6cGREBXElnUcFkPh",
-	"FDlIk64HbYHr199yLt2w0KxHCpExDUZHLPGF77tKX9+D3TQuozEhJLyxq0HFxjgiyzk1ARdEyJTBbQkr",
-	"5eXbdbSV2AOSxJhtGTnsFaLpShMtwZSBUhWX4lXaGXXsh688nolHn4Y9PRoOt5RVv1s59RJypqWgOi5A",
-	"MLJBnffj4WFbu2GgB7Xa9bdR55vhk90fnSO89YeSxdRMcgA14Y1xv3y8/Rh1dLFYULWqjbY8nlAEyYH/",
-	"0ZleC/q5deTyD59l1kgtGAmx4EZvmCA9I+4OyfdlYpUvkOiVVXwdFUZHcWPh6QvKarmiHVdshaLI0uEl",
-	"Ftqet3qOTSmzOvQuRKvXV4DVPRaYqAOBrFxVauPE4R7ZjAzXvSjEk2KyAUrRwXsL+ifkSDht1FSStHal",
-	"1pBuHNINHscnKDO6tPSF08vjF6evTy9OUbf1vR580jy9jaGSAwgWXOFl1xuQ2K1k7Nz7phUQbiwcIpyV",
-	"udy5sHe6Dw8A6WUpiywFbhbMqbXbNQizR9+NxfpNWy2ABo/whqnT84wZzGa8R2rGDloouVruB1LqpKGo",
-	"L0JW4udS9l3IMwxhvfPt9FmLAnQ0uskszytxxUHn1zCmdWdCVi1vCi4frlEIDCZesB2UFt4QO7nfRqw5",
-	"+W+jHWNA8ol94GQMipk9hPFVjGR2TbOCkfg6jlwtK6pJfPX9ddw2YihJUxtw6ZcyjC6+h+CyKgjv//z+",
-	"479/P3jcAMJrd/LeDm01ALTl6FYSQ7koyz1JlTLlzu1w97n9oQxtuN+j/rpmLG0521Enl7rhunnu+HBp",
-	"XESTDtRlcBqgCWIarWPwW/6FmSyka4VCLqz8Axp8LxoLqZwP0YFrXTMdCkRhTYgBicH0hHZqj61aqaXg",
-	"12ZA3mF+CioIY9F1JbPCHMsLZ/2igqyKcPbdheXis+DqLFk3gin2aorwkoJwWUm0BG2xyImRJEYOfwm/",
-	"l4HKcVkb7OlwaNcCRE3P1q22g9aFqh4zIBehBw4VlxWhiZI63PwaEocUs6pNJg2ZSajPiCVDfEqopeNw",
-	"aU/Z0s4hW8t3tmsDEDvInK0i6y9kCvXT1DVUKbB7aA99eZVhfiZcX6jrTDkK97h0FTPMsETswBJwG/fe",
-	"WKxffBHopRsXXrdJn8TlCkbu0r4KOvtYOMsqGC2q9a7teV6AHoH2t4bq03atFpumEDz3OD86FvU61FCj",
-	"EvLC3AnvUo+l78xWKDVI4UtMVZsLwCVjAUpjD07zsiEdp94IbiWASdntxAQXWG88tCkDgh4Lb+XpWn0W",
-	"7GClL0PY95cUW+zBgtXjk/H2s1KMVZwduJkmXcj098XrHtdL16VM8WtvOPU1f3tjIUVLBcWo+nuSF/Uf",
-	"QoZsFKyqXQz8gFJ6Y+FGReJhHFXL8JWxAKjwlZAcMRP2frP/Km9CKNwz9WxpLLpOAxUp3ok6JARjayjs",
-	"VT7BHfHVLcciXi+VO8h5ql1OnSUsf8qQDsQKXbP2WLAUyMhb82GHdZHMxwKzL1191bAjpBsD0NaEhWKV",
-	"b9eBGtyrPav+NhXsaxAlk1odeoxuYNr8INPVF7uV67Xub+tBFK6YyJpIcHinzstil3vnle31KibY3X5s",
-	"ECUcTI+7UGm6siyhzjTKJDB/CiwDc4yq94CyRtQ5PtxDYT6jq0zS9ELK11TNINjs+Ohon85cSRSrY58K",
-	"Y0Ua+Pa73d+ClnHq7oIHUe2fO0eovxb2VBfAN4oSVjN27rmRuXeZLeT1mvUa7mSRQv4xUHXFxVYxJ+sB",
-	"eZWyRS4NpGGjzDMW6AHjgrDpFIAPqSuB5C6fqn/Emym/GQ6b6B0/qNL7PYnitdKNDQSEz9PPNwId73NS",
-	"Xko14WnKBH5xvPuLt9K8lIVoENFrkUa/fLQ8pB7wU/nNB0PhT21n8YXbvRKNF3a61yrmNyqsM2YeYD9r",
-	"yXBbVat/8S21qzLZzWA2DAtNcyhfCev/Aus1NwRuOO2t3VaPjlKv5NVRCTDVFO1fXR+aBc4RKBJvRdYs",
-	"tXcYCLLNJubnfgD3eAxdH9s0fL8Of+JzaD/Y43Z87rzBX/Ri/PJnHmwU9eOUFsr2HvaiQgThp99HA202",
-	"D6hVDmIWdBODcevAHuTYaag1TQ+1v6hacjAAC5LKaRoLrsncCuaTVRPpYPi0e+aDzbyzFRyTj3Slnic4",
-	"tcbCxS12vUvHGx4W9MYVMcOsrJjkAJapGF1E5IrlEDNesYWABUIKFBdqWCNgJom8YkPojHIBmCMaDShY",
-	"aS8gVLhSpVDO03ZTCMOzsYj7fbcQfcUsFXOIpwg10sm85wJCuEH4C9Bx4Wus1hTCO9yiuEGOBcNKjmIF",
-	"YZo8oWuR/mX4YoSBPD6I0z9XDJJGB+SlBBRkB7w0FvFgMDhYUg7RFPbfri6c+wuzKe1f6DCoWhOeQZjg",
-	"iBh2Yw7YNROmj6sfO2QVqkyIs5xCvxBwpEB99wL/CPcDDxs6lo+GQwLt+ep1aK5FRyM+ACgW+68R9mNH",
-	"yNMRGUZW+42tKjuKsWXHDU9w/31Chh0TNICa8I+nF6Qye9Qsz89PUXtH1EcyJF18Ho3FFWM5haoBEYnZ",
-	"DbfaCnnlbCc4ag7l9KKWxkOJ7JgDAY5F/Jpq0z+FhXz1IiYY7Ab57C6Sp1alHpdXsVJXpjq4kSGaauMC",
-	"gm/cetyXHoutB2VsH0V2/ebbOFD17teN5RsX3DmC2nrTkEPbBv9H/Vx13Rm263/lSm9yhByt1M2ulh9u",
-	"m7573U/fcl87rrsq6Xus7JYJP6y6/Ce8//8IFf5PLHOcI4tYFzSa5Yzt8vLBp2SHbv9XKL7dXP7ZKMYI",
-	"n9pbRxueZRAh7qJPplJBNBI34X5FPjlo0cur/OurXr5GC7A0/6wytD1i3twPrpb9Tna7SeABjtIWrl2R",
-	"nL+epIc9SRULxJ5H6LOVsGjnyxWZ4eM+XNjJkViu888zqhIN5oFG1ardghEZZGQYktUWm++lmZJFDr7d",
-	"YO+hJoQZI0KhQ8H1XsPNWwk7uV+puo7S81lC9e/vvO02PGfC/DOInl+C5/2zSpJISF9QlASbQ3vENISc",
-	"OENPJagk1K7z9CotlQ7IqSXVEXn8+Gg4fPy49AtXY9PBETwW3s6l5zRnJyTG8isOkQELsGAwDlp6XKas",
-	"M0LhiMwadhlLgpUqoXlE4lCAOYaUO/BxQp3nJdVlBQypwHzUG9SmmFOtrSrKlTajsbBTOvJTsh3Hz73R",
-	"rhs7I9yIWBYQY+DC48c/MarMhFHz+PGo9K+WBhbLzpDD2UYhFXLKls5bptf85WDWmvsW4yiENxwR7SIA",
-	"MFaPZFxA2A7g41AdNqMaPCIFI5AcPRaol/scnNoA/vP83dt+xmY0A4ADLmZkOecG06p7zmBWzglyqABB",
-	"/WY1FhifU1iNIoWD6s2J2jn94JmPF7LM3/4XOT+Gw/MFQ0yFSmzKWGxZd4yNooYcDYcD4jOlAdcKUr+W",
-	"kkxkChXScquRTVbENxGPRTdUOIITrQrI+85WLknVd9urWU9xzQfkZxfzlEoMLQO8c0IxLBmMuBm/ZiNC",
-	"K7OE65FRlYE/PpPaVFap5+PUuAk23gZLkm2tvPK2hn+eu201EsZQnqAnwyiEaTxBgIqmwMoq+GV5YTUg",
-	"L/uCRE+GwzoO8zpO+O+NrtwvlKJkPTtDKYKS8HG7muBBk6mocTaIlYqCzTdQa1TRtiH0IhxhjKvyZxAO",
-	"HQZbHA2PHkL1aWB4FdNmbbZfJYs/vTZlmRAmEK7LB6QLdUNzmWW9P6VmlcqlyCRNWyWR9y4Q2KwBqq3j",
-	"qZHnFFIWy7BXj5VfaHt7+NjNtf5d8C9AeEDeIvxgbyWfwOkBMDCtd9Mm5ibwkmdsFyc+o1YsKtGGQnql",
-	"hxuC9FKMgA0/OXnHQZy2MWnFFtIwj/9W102qbHs7ptx9hr2/cAvVrsdUMPM8gN1Xi/pnWdTvn+W8ZzT1",
-	"kffUE+Mamgam8fceLLYkgEUcfMqlMrc7eQoFuGOQyRSjyZxpEtsv4wYidTALYuUBPAj1ybwQ8qqZSDHL",
-	"DfyFkO8CYOAkZUlGFUSzY/M6JhU0bcUgm1Oz1AG+If23sJsZM6dumvdpNfV9bIuk8sv9L06j909rP8ml",
-	"vQXgiFo9SypTHqpwkr48me2+38+kMu3keMOS32WNbDUwvrfydBk8g8K0npN+Eru6taB1O72uV0soqvi3",
-	"yHqyPddjEdLqMcgEAIacsLxmxFzOZcbqpkwrJ2AVhBB34WJVbNMxjuEScTcOj76JHLAFlJOJgxUirpQD",
-	"dGYNLNZZBjh4tCOrii+sMg9ZTrX+bAfkANGDJvKmEvWAyLvAjry9pSuV5TgHx8PvgsUixOjArABrwkgy",
-	"YR4dojcgp5AQUEZboAhGDQYH2QNw6WMuUGjz0tlYHD614tlJzVZjNXYNOJdV4ASSMpqCcQPRMczcql9V",
-	"BSYrLDeeKbBr5ExxmYYckhpiwoZ0DGk91aiMuDcKOWeV2rwhDeyRHgtnb+keDYdlTFJcjVKI3SXhcpmE",
-	"qcVwicgVh0UVXwPM3FggaN1dzTFV4wup217GosX4QjEdy+5PFYPAn/g1czyYK/5R8OQqWwFwBWZ7+SCs",
-	"TAoWDmZDFJldebBxVDVLLH7n9F97rIAsl2IsPK2tx3qJYAO0azplJpljbUaekm6I8GmwcQJOTiX65wRj",
-	"xgAwqbAXcIDbg46WFKLA+DVTgHOUaUYaA8t60Vh4vAVL85dSXKZcu4lDsSooOw3mPJlZBXtOr7ksPPJC",
-	"eBdYBnImx03GAthJL8QdAfbOZvQRGJswT9wfSiheDyH2x8PvIJstIt8Mn/SahAl7AO7Xb4JGkj/Ea1I1",
-	"/2w36igqSLcGcgG3gWXTXzAU6asW8zUuyCtPhQBLfMWL4oJr7eG8Q64Pmi9a9ZxzuJlL2wnczIh33Wzg",
-	"OLF3ZImLrD1u8YYO4qwddyBemRjWHE4YLMkTLijYNHYGGK6j669R6XMcQt9bOraA82v+KyCMhWYaxuXL",
-	"YDSYtMvCeLdflaCHNDhQougSds3Jn3+E+mOp4IyaOaoqxQ4K9AmWAJTGhbPr1ekSKvG4ir1xUqiM9C9i",
-	"D1aDtTgVE2YsPJXyAIGZZzRByE17fWHCrm0cMwSwUy8FQo5AGZwPmkyTgJAXJaXvIxz8TiJ/OOHAzupn",
-	"BHto4i/u0Vfr45/U+vgzlAdw3AAyBPblB1uu0QMPWN54l/qItabbFPGNrQQegyN4VC0WYNUJ/DRFD3II",
-	"iO9Ceg1WbgHsKH7NRO8Ovgfb491v4rtTyjYrILCYrxbABwuXnOJ+/5F33TYaylwlmT1oyGMjukyqUu6s",
-	"3IYYKpMUSgPWcS8iGnEPHTxfhIk7lnLjQGfaLdOAPHPRDd9Ew+GwBGOcsiVTwc7FlQd5VIxkUsx6J2NR",
-	"CyGiKxixYmRp/28hFatS6ZrEfBx5znTcnN5u1+glCO73TLfbElAbUCq/kvFD5KBWNKw/Jx1LdXU/Zvtn",
-	"JQZhveB8eSVOVgEkycNBlRUjauhGI4c3JNUVWGSVqSBFImbPI6xeoe317Dt0A0BvHlQZAmQtq41DzKG4",
-	"5hpKrqB4PhbeJYdqetm4M37b/gEyxRkwq0DwaPoLY3FoGqm0UxiLpf1SCsKND+PzLyKMLAwQnf6k6yFb",
-	"vVWUiWuupFhA2BrYM/3cxwLm7Nr0wRABxghauLh4jQswYZbf6frMSpxPVB38mkF2sa/tMSLcoX/Vkynt",
-	"ejTxPPv7/QL4vJTqqmJq/L1wPbu7ajMt2qdfcwH/b4bl+fKc356J7RAqZd3QFh0F2ccO3Azw6yDzqbPY",
-	"OjRGVEZoA1Zd1FoTYiy6MdocLqESgCiyDKKlLMcEELmybotU/jtonYYKM6WXDDHRBq7KxFhYnosmiQCj",
-	"Vw1/XgurNXO26A3Iqas9EYqLePA9FOGAu0JpnLRN+sLqHPcpfkEP2+Svcqf0vzQWTQMuR2VpdoIN3UNw",
-	"QQgOqtUnwiNNBFvWSxkhKoSr1EJXvrpMpcINPDsZCyxIIkLBHScj+IwKb+ELNFNvrfINXst2JNgEhi0k",
-	"c56lVcTuUHKHVEm4N3LoF9orQFjGULuihfDPal2XaCywXB+Cp4KG5L3w3JCuB0MEziCVK9A7skIXxJ7S",
-	"TZCxygjHAjrsVayUrhq2XHBjXLB1rf5Orx0i0Fejuw/5Atp+IAGjigK4yT7eAJP9pxMwPlteuH8m9QbI",
-	"sEJyQPt3MjEiPztwBLYtkf+9qwFVXskIv+JqU5b17yA0hYficA5Ud1vlqGrdKLxoMYhJFxOjGOud1Ei1",
-	"FqQxILFiC8rtvy9d+TUE7NHrgD5V/g3RFUuqUj0gzylERq0JB6RrmYpbVc+AepWCSmNxPPyuiebduyXR",
-	"39Nd/h77aZf43Qvp4Ks1ZJ2o1nx4UFlt44J6sAhhR4Sf8ALfAahx6rOYXX227cRFdtFWFBLxykK3HkwK",
-	"QosRaNsBRekTZ5o0rh4bZg8eDw8DnrEgUgBVwjXtiRGDs6ok6IO4WDoIVQC5i+3yydUbigPXpbICgx0L",
-	"nHC0XqXqkY5CxraXxqXyBeJ6VdhPrHc6p2JW4rBb+cmDhy6obyKYU5zA48tl/O//9f+tcdLYRfbx6ZRZ",
-	"GcfXjuPGF9PDFVmTiALP4SlZUIOx377JXjO3sa09ALOx3WzjNbDE/1y3/0OED8CxonsR8/1pHbvts3DA",
-	"trAwwczyS1hom6IVTgG513ICq+FbaacaQGrX7MXbcwJnydU1dpGjlrhChHVX5kzUvtSGrno+7hLZ3Bou",
-	"HmRc5TLjyaoW5SukYLGrTucrdmGQK1abYmIqFUbrgu/lOyxVqIsc62PFpGtkSlcjV2ALzR7aF6KzzUeW",
-	"e1TrbgFHRJjCSpb5XIKE5V/1zDGohQbtuVPPuUZliL5P+pCKbGKxuy8DarsVsYgqMqbrpf59pS03Y02e",
-	"v3rx3r1Y2r2DDPYWmz2DJW2otqUDHq978560Jt/6Q0Nm7AYCdqcNbNoOs/pf3mb7Z46ZhACnCmTxI03Y",
-	"TEG5F9zJ7Uy7mZtCycsv5e1ai52yTf/xmNdnUNTzK8zwQxn6FWO/MvRVTmuH1Rkudto0Ww6qkjcrl9d4",
-	"8CmnZn57z0hPmNsVNcXOKqgWgpbGD+9fR1ZcsDo+gnwCSjE1c3+HVpZAKnOC1W9WAONNdEb13Iro3bh1",
-	"0t8Ovx0e0JwfcMMW+j/+8f1h7E0emsRrT5zoDinSLhnaZUjvTI3eSIZu2Qmz2lqW7cyszl2hhPsk+7Kb",
-	"rYXEfMmGry6G2kk0TC24oFlYoAox2g2+H9cCwjbnZhX7al4Tma4i4sIXqvDe3lbg5Muzi7+RbuzQbnxd",
-	"ppznSDpY2BWCo3ySFGgyLl+ICl+yGU38DlKpG5z2h+QN/6FSOily2NR0omVWGKxY5ECYdW9AfvbV5WEq",
-	"XarJu5wJtwKQVpY+0qHouPMO+pXGyISxN+T6ybsKvYgx/TObnFs527hxR369FjJ1Hko3IaqvoMo+6cb/",
-	"kZvV98N4NBawMC6besmtumcXsHdSIhc5zuTqY3NN0F/oUkkdqjlOOCbDwVhUoNqdf6N+oCAugqLypOcs",
-	"y1wiKp+SAC8EuWR6vubrGIvS2dHu2SjJ/Z4E9TOzwqozD+TiCP19BVT+F4Szc8DI62x4gwu3XsFYKnc/",
-	"PGTX+DruZESSTGJ9o7Kkvcd0KFFua220YSKvkedXWOS1QwZL85B3/iZU8c6z1g5T/DC7W+lluzT3dX9r",
-	"EfF7bOw9qklu7lsstoFbHSz1PetsuwejmGDL+wnvPfe8EoO8iJFEyCX597JcZjyMR2VlzJONkJG6SJUU",
-	"CnPd3PftMSID8ix0AkUs66bbi4vXlQKVQyt8J1mRQmiLN2Er5orS99CfdDwcVqucu8+b/UKCLe83tPW9",
-	"7WKrXPZg5iQYylfB7E8drXJ6Y5hIa8anjE+Z4Qv2WbYnrINzP1ZSbPuPN5O+d1AkUHrqq7X0gfSAizld",
-	"EkrAVJ7uWWCy+YyW8dP3crc9p7kpVL1eqk8vWWnDFgRSQDCeYrk1jMqdtGAAYViIhatqqbQNF6oLbCYJ",
-	"DiQdVaLJIQzbR4WMRUiycZaVqWJ6XjE/S++zxZY84mU11QOyVh1WEjpsx2LdY4vjXAoWqs35gC500Lra",
-	"w9WV6FIhxWohCxgELdv0VbOu2Eq7stAutKxaCi6MDuqva9KFd1wmC8BLLeEi9+YldBcnVACwlMetdiXe",
-	"anXaqoPkmsykYKPNsvBjsVEXHgtY19btiuVmQM5c97rmrg7vhXAe22jdY72lALb7+r5qHLjmHyrG1c+m",
-	"yfzjnn01AT18Hs0DWH8CFTSz0s/JjkH4q1bHTFl++BxfvE9JA3rYDj1lh8v+pZ0yF7WLFNbjwcJAi9xD",
-	"Tt+DjwdzSjH5EqCpSezRjC8nT49jLKkBoA+XLst9N/wzpoumXG1iwZAKFEwd6yXZjoh99uEuiNgNtxIu",
-	"450AYu5GSR9yBIz+Q/DjfOdtZPwVI+aPwnb7I/BlPgPg2vOeqmbSGjVwHt66z5vJdbI1YsAPJAR2MvVI",
-	"g1wvl4BVWiux/nkneX0Hd3ruwzh0ZZ22SQf+p91+olcpW+TSYAEYTd6yN5L8uFo80iTGTy59YzFhNzlL",
-	"DOL7BJEfdRy7QCFbdS6zdCy6hQDY3DI+PugeUoUw+iu2ehSiO7kmGZs6VNUydv5oOPTlol0TI4JO/wH5",
-	"GaBkw8Gra4PlMAETzIMCQBlvrE2ii8RKfnosXMjBqP6dq0bjpvgIPeURmTETBYgGqwXVlbOx6IaKC/BD",
-	"7EEOwjgho9fealzMopAgrI1UdAbG2KliLC1jjCFSQU4hmn+BgQwLeY33Wyja7bIOTmCBzZodWLAbpxS7",
-	"WqiA9Qq4xnMmeieYKOBUMwB9iVM2ZQrUbYi9GJA6hkWpg/tsihlUWDL245q6OYAspo3o5Hpks1eDw+lt",
-	"LDgBDdZ0wT/W3QhW/q4/mFgMx8Pl0JDnYQUZfOX3iL2/K4Wp3ZcE9FDSdAtvaXcQPsRubNOXq4z79yzv",
-	"79IR9nDV7VzgO8rj7tuqqH8ts2LBtl+2/8O9c4+7hV1su2jdQP+c1+x1WCG/T/4X2KVGzecNvWJY4n2R",
-	"m5VrAor7a/4ru5zxSVy3F4beQiZo3T7oWTeW1Qj2wQE5D5cIBKFSeEAWshAG8kZDcY1u7IYdh8R4eAAs",
-	"yt70Y+Gu+o28jPAhhoTl18kgyShfvKULFnvXIDc9iGeVhcH8eLibXIp7MG8+KrP61i4F8gwxiEhOvY2T",
-	"/8oIovlDx6dv352fPR+QH2hyBahHkMcSEepwftBiUqadkC4lOqdKM4QRikgmZd6HtWFp78Tlr0SEAuhZ",
-	"6rdpAgDjoGxSMxaaLljFJHNSS0Sh5IwpzbWlEjznz+3KkC424nc3K7SB7YW11VwKpnqDsXjlp7lm4i1F",
-	"jJTrK5QjKjglfs8fwWPt7LPctJhmobqDnYUXzrwMVmDIj09K/K7d3opzuyfd9nm1i71U28MvzJyaGJML",
-	"yXtgpfbOFtHfb9VsY4XPXVUeRxeNDLB+0xx8wn/cbs/pn4KLC44zFtkABNHSh4O0wI0XZ4mBpH/g/722",
-	"sLPKCf2/N+TsYfPYdwqBjiGuKSQtN2GbQHj/G9NOw6VwEW1kBvp0cH9X/pmFxS0UuKPOXrkCVuuzl4BU",
-	"hNvrtqpz+512OfBQYmPQnDtyXb0JWgrr0RsPN//0uKGy3q4VgHo3OJlCZZ1R5wCMzG7uG7FWjm1kfMqS",
-	"VZJByVrWd5o+SyK8vKMAw4HVPLE82qCcWGmv2sz0eVnKF6VRyIVUXtUaCSL8ZiNO1EZlecpvWAp3f1RK",
-	"giUSSIRns2LKgFMaxLnB+oY0dfiiXuJHRwh27sv2Bo8DnYHFZ0k5JH5LFUFNZvsixv2jVQPqbmc+NZyK",
-	"VcUrXxlPKKjZnDDlkjLAXIhLsVaJKAL4aqnI+fkp6TppzY5ljjCNoRrdjAmAQkqxMdWr7gOCzTeNwYdI",
-	"ds8u/ma7yXnOeiElwwHMuFHWckQ2EjuIt4BmrNp3Dg7Hprmv53JUV8GOxidhfO6sl2yiof3WZDVLWMxX",
-	"SJLhysXqfJ/bLTTX0OVPjGZmjoeJC6Z1RBbMKJ5AmAfXVgAvFj7EHHKAlFxqpso41i4wgzCiaq8y11bV",
-	"/T8BAAD//w==",
+	"7L39chs3ti/6KijuU2XS06QoWfYkVKV2ObKcaI8/dCx5Z0+FPmqwGxQxagIMgCbFOKo6D3Gr7hvcF7lv",
+	"cp7kFNYC0N1kN0kplpI94z9mYrG78Y31vX7rcyuR05kUTBjdGnxuTRhNmYJ/HsvplIr09JX9I2U6UXxm",
+	"uBStQetiwghPiRwTM2EkzRUdZYwk+AExE2qIyoWGp4r9kjNtSFszRmJtqDKu5bjTa0UtnUzYlNo+2A2d",
+	"zjLWGrSSadrt7x88O3z+4q/ffEtHScrGrahlljP7VBvFxVXr9jZqfWBGLV+ODVPrgzxniRSpJtQ+JosJ",
+	"TyYwoCTjTBgypUui7OfVQUy54NN82hr0Q39cGHbFVOvW9jijik6Z2b5GL1fX5YkmPI1IbCcXE7tQ+y9I",
+	"JhdMJVQzMmE3JJlQRRPbOGlTsSTSTJiyK801Oewfwnpx2/iMmkkragk6heXiaStq2YXmiqWtgVE5u9PC",
+	"Trl4w8SVmbQG+3XL/Jpn7Mx2uTZL+yvhQvOUweJqKtKRvDkiimXU8DkjdqiaUMWKn4yEdxdSXadchUn9",
+	"kjO1LGbl5tg8rW2jfsOoZvVbk9lHuB2ZrtuNEdXs2UFlQ2L46JKnMeGCUBKf41w/sHH8RJOY3RhF46Y9",
+	"8h/vuFGZ7uLuXE1wt66zlj18xjBlG/9fme7+TLu/HnT/+unz/ovb/1F7Pc6kMnXTn0llanYtIilLMqpY",
+	"amcY27d0TKghiWLUsIaZ2dc27xO9wSv14vnzZ8+j4ort11yxqOWWtYnuuLHi5unRjdu9g/6m3WsY+s7b",
+	"Yfvx+8H/4XdkKqp7Yt8Km3LQb9iUc6Y1l6JpfmcXfycaXyE8bRi43jLybVfjXNCZnkiDgyjNU8ya5nmP",
+	"UZSXRsy2Ls2tbUvPpNAMiOvLTDGaLo+lECwxtgPLrYRhAg41nc0ynlC7dHszJUcZm/7lH9qu4+fSGP6H",
+	"YuPWoPVvewWf28Oneu8Mv8KuV+6IQNrrmMVEZimyM7819szFhl4zOWcqJguqiZCGaGZIO05kymJLtOOX",
+	"bz6cvHz198vj9+/enRxfnLyyBOI2an1P0w/IGB9zVqdiTjPLTsQsN0ckZkpJpWOScW00YXOmlsR1CqN0",
+	"7O2dNK9lLh51Az6KayEXoiBNUpHc/daWivAs646lmrIUHo2lupLGMNEJYoi9PDAHMc548qjrXKFT2hJT",
+	"4HdKiiuiDTXMjpeYCdeFeMR6Vz0yo7lmqZ2QNnI2YymeltdSjXiaMvGoV4AYec0EDJW661DeDUp0ImeW",
+	"m0tLektTkrllFrdR609wcOCwjHnGYMyWV+GSntFlJml6IeUbqq7YY58Ov+0jmS7tEcnsIOz6UUFoZjkZ",
+	"nt7/mUtDT24SxtLHJYDlQS5knqXEEjsUoGmWMfVEk5dnp+SaLYklgYSSX+xYK9QPfrlkbvjx0VDEKTOU",
+	"ZzGxLAQpKrw08PvFdESmbCrVMiIp19cR0Y5XabgW7g8yWhqmOz1yzthQxD+cXJC9+f4etBX3hpZhlVQZ",
+	"UBO6QU+oWxL39l5Jo7hFbq3mPGEfBZ1Tnll5/jF34b1d2YTOaMLNEk6wXbERTa6ZAK0gF4rRZGLH1fuC",
+	"cwYe92cj+2XJqHzKjt+/uzj5r4vLd+8vLl+///jO89iPguZmIhX/9XGvzluuNRdXEZnSzLModjOzMpKd",
+	"jmJzec1SK1SnTBhOM+2GO1MyYVrbzTwRhpvlH3Xh51xm1Lj7id9ulRZuveQHp+97apLJa8qzXMGFmSk5",
+	"Y8pwlOy4SNnNuvj7E+jozqoQJzIXJna6hybtfteK9SkoWKtqQ9RyA9l9AcqC689uREUzn0IfcvQPlpiS",
+	"NLQ+naR4sCLTRv6Z1fzuYeKIWsksvzR8yi71+nodn30k9hlp55op8heil9qwaccvoZeE0CjDiDtfTBNu",
+	"yIJyw1LLtY9InywmPGNE5UJwcWVX2B5calqDVipzS/TC0EQ+HeGSp7mCs3g5rRnbj3JBMivvcEMUFaSt",
+	"JRlTFVV76lhiT3WOKueqPloZBxfmxWHt1sO5vMTfP7dolr0ftwY/bz4HJzcsObHfXdjPbj+t3obYrqvM",
+	"TUwWEyb8JGRuYG1hzbnRfkXJlZL5DJSAa55lLO0cEZZpRkSeZXYW9r/IO6yOZMd8w82lJWHrK/cuz7Lq",
+	"Kh2R/YNv/vIOh4IdkNGSaH4laEbe2cfPwzjt4FI70vV+6xZvzAXXE5ZeUrPLUKpHgxrWtf0191QcZCmn",
+	"lzj20j0ZSZkxKuACM3p9iZz/cspHNaYmRq+JYvaQCONkhNWT7hgkSFPahO35IsfdvV0/erBrhlWsXaG1",
+	"FdEmZUpdav4rq3zUfNK1SWVuwhfV9fneSkR2QfAtcs1mhuCtI227KlZkkOOxVVHDW50d75hRuUioU8JX",
+	"9QRtFKNTApIIS0k8pTeXMjez3FyCmBYfOUuwlSWptnJdQlXK0hIpD2u5QphL9DMQ01axGeWbVKEElS2p",
+	"HvMq5aqQ2PVjWDm41R2o7mB5jTZwjzccVf5aDoLM0TAkqJvol+dFt6EnqhRdNi2f3jSkkiGCpim3C0Oz",
+	"s9L4xjTTrE5eiC0ZdZ/HZMxZlmrSHuWGxHbFLqW4tHuNBpy4ExgRHg4r2PaQ59Yz02qHH3JhqV6sJ6Sb",
+	"xKQ9onqCVG+mmGYCz/JGy1fUShY1Lb9iY5pnZtUovZWkMTFvXrQaWaChwWJDVi9O0yWHq13cdKB88BdT",
+	"ithbiBceLhwv3beIxOGQxkQz0zkiqZv8i0Pyln8fEWrIVGpD9skP/Pta6hDsufv9vz776+H+NweHVaPu",
+	"dq4DO6bm7NKqMpZ5ivRSo6ZVM+mXYEKpHLYN+1OhyikXl6MXhzXeIUNFSpWzhUVgMn5x2GXCkpJ0p+13",
+	"IkKdZOZ9TyM2loqVWdSTVaGBe5nB8iWpQGQg38EnV9SwBV0+0WGT2vvf9Dv1/KrsuGoYesHLrLy4PuqP",
+	"Voq0ijloXXyXVagnN/XUBgR5Z93fSmyqRIFmnOq6o/E6V2CYQnNC+9W7c5LREct0pyxIPvGLbRVJEAdG",
+	"yyMiGEs1ieEJHKhAede2ekpvTvHh/ovGNXEUOGqBAedyRpVV7mrUHG4mXr2JyDVjs/JYmSZTmjKkbGB1",
+	"02RMeUba/hDACnV2uwEJnV3StIbmveEivwHTwohn3K7zyoIVygKM0EnnVui1ujis94wmdtHBchm/O7m4",
+	"fPnq7em7mBhJEinG/CpXpS+YsbT1iMTHL88uY0u0x/yGoH6yJOC3oUnCZsbqeOS9yJbETKTG22MPAzVS",
+	"oXFMkwWsYbeb0FmXpmkXfo6LNRJSsM4RKTlRNTns9+24ubiCJp2ZjUjBdI+8Y28l+WE5JZrZi8sNoZrE",
+	"MyXnPGXqUsK66Z5bzxgJrKZTdkSu+NxOk0iR4LY0n6NtJwcOxfpmvUXTG7dHQyxLJwXE38KKjHIWFXqB",
+	"My6clKCPwyEvvHF3ptpMGLWcSY5DvP8svzjfHPPM0Yldm1yhIvZ7e2wXihvmqTZaHohiJldCR+DJJt1h",
+	"3u8/Y+TjxevuN8Swm016VjFCIDI1Ok1uytcOPQXcUyuv3KzaW9uUBEJ3RMxC2l/1E/wKDoUUDAm5YHOm",
+	"yJQx0xnAVZwyywM0CusoK+AFoTASrkjsbqo954ppHRMpvLVHKpQ2ZkoamciMtC+OzyLy8dVZRE6P3551",
+	"Ing8WmLvbWgfu3yiSbzHTLI3kdpobwDGdnEExXv2Ffs8JrnInALHkUC5C479xI4vxJ0jIiTMGtRu1ETg",
+	"g2mPvMTB2GsqiFnwhKEDP/Dfw/630JyQZmKpA0cSbL/0BACDWhIqhDTECbSle4hXDluKhTSXOp/ZxWJp",
+	"3CMnV3YZyYgtpZN/Q8/a8CxDc5db9ZjMZMYTy/SrxGwnkcQv3EbX+RNN7Htui0pnKbJCysz7/8GdDnS5",
+	"JCXGro04chE1XNuVh6ZKi9rGfcUdJRNqd3C3GfA0Y5ebJCsjZy6kB24K2JiAGwhJ2A1LIvD2WAnm7OLv",
+	"xCg6HvPEbS+hxqCOap+hb/cLSFN8Sq9qlvxYCkO5sKTYvkDaXlKy9yOVyTVTnR7JZEKzAZwBFL3GhAr3",
+	"hXMcFnIgvOweplyxxEi1JO2424UnXXii486AUKKkNLAWaBUs3nfeuxiHQDSds9j+9P74lGR0aTUKQ9WI",
+	"ZhlpI9+jWbYksR1ez1A1UGwmB4ZexRUOi2fAUpYxODFhU1Z4Lo7P/lMx2JOJXFi6S1Pgw6SNE0SqNcuz",
+	"THd65OXIandeNsalSqwGz1Iy52zh6aQ91DudsSkzNKWG/g6O8QGYAkutlMD1EcnBam//gssM18lqxJk9",
+	"qG58Gde7MQtHCrbZAN6516w+JZWpuSxn9me7vuxmhpKUkvnVhAR/WaBge595ervHRArsXe99ti3eVqXi",
+	"u8TxbBEColYu+C85c0K1M4quSlvN+4NNrkzWfd3VM5Zwe+ldM0fBg2TZpAtF+weElNQe0mu27JHYexov",
+	"eRpHJNaTKdh5MNooDnKgbc2LrQSOtZGStL04+UQTS1zQ9DFlFC+0kbNuxuYsczaTHjmX4MqayyyfMg0R",
+	"Zu9nTJwHiq0ndMZIGy5hHMFl0TJXCRAMYJgD8tlKKLdwl+PZPBmQz0lG+fQdnbLb2M/QfukO5DWzNMX1",
+	"GZF4aqXPM2omdsKK0dQK4dicnaLWb2XKBuTD+98+/ARrko/gbUtu0pSlPrCvmF6YUCFgP9GEIUOEKdnj",
+	"KT0zgQXynLCHr8WkDWtHlxBgMwJNesSF3zxuJZsgsyDzjEk7/uxY1svEHoIBivu/pUwsIzeAAfn5M615",
+	"aqi6YmZAUjmlXPx2fPrqw+2nW2e+ip3acIlPtV0H/1PCUwU/jDJLWivv+J/wHdJGJxpYbSyF0Z2dKAME",
+	"RG1ij8HtYoVZyo2LyigkTCPJiCVyCkJSuvwC3E8xPIh6d+/Lh/DJ7aca54i/azXcn/8aTm8hzcR7KZvv",
+	"6cnUnhViprOxPnIM1j7tdvVk2oXLG5FjOxrN7O/hSncGGE7gw1pgR2w38CseMyqI54VkxAVVS5ILbkg7",
+	"HrYOXnxz+Oz54fMXw5bd6mHrxeHU/3P/yv/r+f7BW/79sBV3emSfvOXf2714cUh+4N+jFuwMb3FY0F5h",
+	"h3Z+KJBCrX4Asiy6oICjUsVWFgW/7RwBdQMOveCaeW468A5BIJllCxNyYG8NdDKC//M6HzElmHcNq1zY",
+	"s/ik/vRKwdxZWOMOa/z1k932guLW2uuUIWMlpyj3hUCQtiVoFTUJQlIWQjuNB0SgCP6J6/pEe4FMSxLD",
+	"P2OgLyNGaEXWiCxDLxEuxbSxmqG3Eewm0hqT1V3VN3zMwJPIBdHOXgjzA70Tghz8pux/0+8fkT75DoXc",
+	"GbdCXJCz8GAEMRHEbUouLt6QhPEMIhHibndKb7rGZHEE0qdr+OCQTL6EPdGR+RrLhWUpVuItDKGeEoF/",
+	"RvfISTmQwN46pzvYL+1Zt/t72O9HtSpaWT7ZRHH+EwYIo7m7Pc/5BOqVKvvQjqgkjqPhICV8TKYYC9LZ",
+	"zZTaYDPFwd/RZFqvBn4EsYvQqSyEnUIGOCIlbdCSAh9QnTFjmNIRSfkVN/a/VE8YXvsipsHK1JqZWl8n",
+	"/5VdXtW5dU/tvbRknQsghe2xQqasvYXuyJLGjFFtSL/Xf3HwPHL0qNr9/g5e3BVzNaxRaXB1ZutXLGOG",
+	"fWA6z2ocdykbM6Xq3KLnRdiayJaDVfOuo2SsIGRoC2A3XJuIaIkEy0gFiqAlDYylQxFue2bXA1nhFNWu",
+	"qZyztFCXAsmHaLh103AKE6v1xq8sk3+zdnnkQmSSpk0L5MKXdL0Xxl4gS5+faM+B1/0w2zwOpfbrBnji",
+	"dJpTMZbrw/MaTzU4Z2LMbLC3t3/w116/1+/tDw6/3X/+rO5clwLudtYkV4a4MqEwoqLx2mlVAlhqQqmW",
+	"lcCIlAPttBwbzfN2pvbdI3Q4+eiRFL0+TFjK/7N3cdk74vw2n2oWoeSYuyOR+ld29q57yNcHC4sW5IDO",
+	"oBrskpuMz63wRzIrOLpcBdcYCBBjZpIJUBIF95OMlkPhXMOQaGHl4P/qukCA7mkad46IHe8gNFq0Zges",
+	"yVrYE9KX7a6ou/l812Ze+KPKa5CxsdUJJ9wK0Ir56KgQtIW2+6OhwEmZCVuiP8vH/uw4+K+e5D+RJxnp",
+	"TQO/efh4yagksQd2u0DbT0mp8t4Cw7KMtL2990uGVpbHrKgYbIqljFDiQKHCqlIGJQx2w03UMHqnDPpg",
+	"Rmfc9GqGpgvCzaPGaK5ZCqpBheuyhV+dIjITDCILKkB2ckGE7TrNmWR8yk3nyKuEmze4VytifYmYRjBK",
+	"eAvyprhGOJZv+fcPdCSRlDbErNq1tieJ2McYjyoFcWTNWVWc2jfGoPBeU4AjU3X05OJ19xs7QcxfQ7uM",
+	"YrOMJrVCog/U+xIt3Tn0kd2wxIVxxa4DfwYTDMvdIm+7sYflqC7+SphjNZZxcwzia86yFK7UOuEES/T6",
+	"FP/j/P079Hy7MyjHYyZSq/HCFxHB8A/wQPy8/yl2RrSQJw9soHZhp0xr5zjbzAtwaMUH9VPLWL2IP609",
+	"sVbtnDEF+rkUZARaLVj6NDM5TyP73yuOzEAbnlwv4YLJxNDMxbwMW/0Xh4fDFlyhUrLrz/3uXz99PqxL",
+	"co3scPiY3zFUuNmnC2ogy9iUCa8O4na1h629YSvYf5WUplO7DbPaxP6SZkZHWma5ce3Wh+nXKvyblX28",
+	"GW1K9HKacXH9REOupNHOAP9EkwyE+11jlF07l/h57W0NPeE7YN9bKG4ME/V3v0G5ogZDEo5IDHp2jNE2",
+	"KbPSbERen75+D9lqlsKaskJll9ReWm5vtRtOK2pBIzW61cpFKKdfu3fdSkd4zKvHq+me1McgM2GUz8/Z",
+	"xaQWbtztusWs+UwFM9l9D9YGclxp3+VsT63U7KaG6ZULpnxQz04R6G7R/fJsp7EZ+wmP1PoaN68LLEFx",
+	"Gkk7LM76unTucOMwYLh0xrdepPrpQ+u185Xq+r7Kfwh2A50ElPjG8LSaYTaMpV4xCPa3nQ94ge+xNcy+",
+	"aLxuiX5Aifll6rhN/QlwcnV3YXeb+ncJSmCWUGYZOLA76zHzKdfXl6M8vWKm3sgK0T+QeJ5yVQoKeeLI",
+	"8f///5K427XNdOWcKSt6chMHlwM2vavuYgfjRrHD61ZiquzNOmF3ErSbYK0g/aPUQX7Gyew4j2Z2sklu",
+	"f4s9YfsGI3rs/mR8Xgrk3bGjX3KWV+ywZZ62aWVWDmF1Jcvfhj4qsyptVd0aR2vHqu5s/8hohjRt5boZ",
+	"anJdNavK663mXPdZbU9SmzuGhPwYwtx82Obp2fzQcubTs/kL4gIcK9EasWbm0oUojmS67PTIf9Isx1hb",
+	"D4NgxwbmppXIEQiQLRHnlcG/pbPfEXJUjeCTC4FRfI4vRdV5uqnVjuV0Sq8aZOV6ORPkHerjYa/Q5qi9",
+	"67SRGTXlsFz4QDBPfQpF1YW0WP1UNxkXtscpYyvrHcdBOIjRkoq+7pIXfCWy7sgHybn3nTc8pWwqxRN0",
+	"z7CyeBe+tLcHXt4u1HknFA76U9OGNSaOzTJmaib7GgyowV1UseuoXPhQPB6iWjMeUNqENCzu1Ns08Lud",
+	"mWhx2GrERNsPHLttBtIQGeYP6BY5ufJ6GHNULFfdMiNemLsXKzgMgiFtR+CwNgYogq4ir5moYcnOB3wn",
+	"LQ9BAnRzKu53JPOXDwyAtJK0gYFSGBOivIvkfsm6Aa1sB1CyGoXS9l4bxQEaKyzhAlM7AGFmyiFGAOI6",
+	"pGDOJeU1V1xJ0AYhRwSs/lQz7b/z8TkuPH4niztA12w7u3AgzuHN1RNWgnPDpsrTjsq7X9nWxmNXf7tx",
+	"njvfteIAb5NXXcONw7mfQB8WdTf7bnl5IQHfaQEtTPZhm2Jn4ChkLoLmyLs66u9Fj7x0oVVVV0gpQuZ3",
+	"O0Jum1by3K/JCiuSCwFsBYJdIKalR2I3cftziGTXETm7+HtEUDKKSIjRPXJh0uidjxA7KiKKCbaI4G4Q",
+	"6CRCyh6QR9ztKbMteK8VhYWvc/K+K4KSV9dixY4AwZV1UgRbiQCa0qX3Lw5IPGwJKdiw5XKr3HEYkEzK",
+	"2Ygm1xBH0YFQOpplEFUnFYk/DzHfbtgakJ97vd6niAxbKRPL8MNt7KiNNwNYyc2FZpJ2PFvOeM8RuTgi",
+	"8VP/R0+qqxjIEEYkgYCVixQof8d2fnz66oMmbRQp5y+OCCUjCAh2gqWzZ+09O7Av7O0ffAOpFGJJFrZv",
+	"xE2yg4dZPbVz5w7/CWJhdel4gA+mR95B2oxiWmZzBkuCPD7Eyvx4cXF2Ttrn704xYNX+TdpW/uxApL0I",
+	"o/MJcFZ3cetBprmXmAsgKvesR16SEU1RyHX5dJHLIBIY3Q6gVXVX4axAZ1nF2SMfXh+Tbw+f/zWEgCFE",
+	"VF1meJ0h9y1NJlywrmI0tYfSG6Sdhd/uqJDmcixzAX+sowVFdTB9tVItjqxWVkdwnDsYz4IlvkYuKpSn",
+	"GiQGbjK2Ia5k3er58cMpUWzMFBMJI+Bq4uOl11n8qoNO047pSOZmMMqouHYxpyH7aLPM5ayROLwwhbBm",
+	"EW5fHcc5M0uMc7uvGSnbmp6wXWdojERxzjT0o9sPIDzNqvkT8KJBZAof+7iUCH2lerJbbKgLUXn86JMZ",
+	"oktV52rftWwUOQ6GYHxHZnzGNGmXwAYc0gCdUWU6EWEcwQERcINQTIU9WgmmJd+RxJJhCOwx4F5Q2riU",
+	"LNKO/31mlt/14wH259YRhtKJQttmglbM7REbSi6+wLHw4Q33iN0Mx7oGMcrBmDkZeYtJpHi34fa8dYTR",
+	"s3O7t1HLLmMtJz8zS4fwtj4wnyBXj3JzP6XmDkhHu2EWeY/eRqAvtyy3UcshaiD0TY1OIg3NnDdKjj02",
+	"yUzJNE9YWkHQEewGkQfLzgtsd1cn1WYUofsdizIcTnWyVXgc5yIKe1zZ0Iaz5U5KvX7ixrA72ysdva0m",
+	"dd923cAAFnN9PE623zaKNXu81Xj5lJut44d+3+CrQB2c/3rrNx/hzTU1DFvyDUVhAo1zfhOGWWOis2KY",
+	"zxG3svVEZike3ELpibtdAMnsPo3JOKNXunNE+ogkCaNBl1iNe+EOFv2K4XwXx23ZyL2aJFE2qDsPfRG3",
+	"jmZtjxHYEFPi00qCOXKXIfno7R3s7mU7e5N5vWhvbUCNe/3Rn67m3VgJbeX6uuqTKFZqg2di153c7gLZ",
+	"qbvmRZdqNqGCpZf32rK1r2uO0/txkdip48gBjKB26GzPJdzmKyka4pQKl826fQsXwMNWLig3kLAiHNgt",
+	"y5tin3a9BaX0zV1P/NooufIB9w2hfxgiBgZynwXWsfptAyBCLowm/V0DNZo3qMiacDOEaF0IExlLBTEi",
+	"VgQXNCsSJzhCryeYatSAD4oZLo3eUa7AFYEAKvaGOTRjNzNuHOKMv3zxjjeoMTEKc3pWptnb7o6/k1Nv",
+	"A9WpvS/NV7CYSWUp62jXB5ahCbHeD6/wcYOEqdiUcivKXBa2zy0rEhqs+bp+fIIt7qdqBmvkF7cVfqgk",
+	"0e6Owue/w2hVSOACXUsqr31B8JyzJtXnfNZYWmZ5bfS0rsnO+hJB5FtYGsxtU36Yw9AIaWIuPawcB891",
+	"UyB83O26f2MAhL3dBS4HLUNorGUey4U4guAaS+JntmtuIMLVZQ2fvHt/fnbsQ3is6ny4/yzAMBgXY4eI",
+	"+brn6OyAMDGWKsE8Bm8zdZlgqeJzH51tlWFXd6YHSwgLhaDYvon4S+zPFZ6HHb4pUdyrWR4CvneA5ChL",
+	"GnfpqP42zeX1BgoEANz1gfUAsFW4+jRhImVOii4cUBBGn4+MYqyzA9H2PdaRozJAV01ULuW1we2IIVcB",
+	"mgNxhgXBA/gzfr5zlmwFtbvOLvk4MVSRn/aG9aqPXyjhBDbDk62BrjVh5B2X0fHslrsICAS7aCOClb3n",
+	"MjcO1q6SL4C2082IcGuDeQi/cYgC8MLtBMrVuFTy+7uJgfRsC8nZFQvtwgNjPdHOA6FLB5pcUUDZq+Qr",
+	"Fgv8EMhYAevKo5CVRmPfAMii+ljMiY9V2nQ3QkxQLezVOsneSqYzqs0lWKe5Wd7pBN0LEakJt8gDx21y",
+	"AZYR30ChsdcL09gQmY6baljWKihdp3wQrPhfoI/1yCmW90smVFy5GBga8pYUwwQoB+agC0S2nQ5SgFpa",
+	"vdNlH81qOPSW8JVAWestf2WH0A7E9hxfDp9dKkZ1XdSpTxKulirCOg+xy3Gw+0KvgKCV0e3papJ5axPw",
+	"xQ6KUgljYYvds1ipkpdpNeLHN9cciuGHt3b3au5R6YL4A+CJnydnJQoTBTa0fiU8adjA2RpMrfdlvTvF",
+	"g2yOXy4x8XrDo+eLIsW4A4yuPypAVWdUYRrluq6xEw+pB/0d08Ro7+8ttjaOSFGrsTYCEp9C8FGNjWhG",
+	"f8kZGTGqmCrVwELYmQ2ZCWu3vBQ5ZZWJ2jjJyr3fqeDg749lilqQiK0uc5VtjEV/ogm7ceaWjx/eEC6S",
+	"LIfcr3hvvh9X0T/WQBO+6X/T35vv1w1599teDDSqXv3yHq7ffx+UVdABPGcbjvd5oLE1MWt8zJJlkvko",
+	"ejkuMhrLgTTAWdARU7hksKgbUCuo6eYz+AAFD4Dpat1051De456RWPBtfRyjHJPz0x9O311E9r8XJx/e",
+	"wj/+dvrmDfzjf348xUc/fjyDMrRF+ImL+liBfXGtbI/txkHVboGbq1fY7mABeZkt6FKT+PNtzV2PWjfd",
+	"K9ktxpUn5vNtq1QBsyak9h4S+I58fUOVQOSvhlpqI8ek7QDxEJXqqlHQ3BRnDaS5AjGDKVEOiNZydgiM",
+	"3WIDho3vd+5o212naM2lRbccm1KLKzSgjN/j7ZRbXJp+3xu4bNkyvRuX9edoK4sNTW8a1v2ue71i43CP",
+	"Le+aMTnLGELeexhFROB0kOABRuXgm52CG5BYNuZaPb64upNIunuyyccZghrdLyDpC0MeRS1MV7306YPb",
+	"yvtW4rJKn0bb4ZL8xB+PEhfoZr+fDk/RB3Q5Wm4kt9485jDmDBFycTczTTPBLwGd7ewfWiOWc5ndj1gW",
+	"7UVr6GYrulBpreoOAm5LPZksebXugL63lUT6ZpuH89anjN7hWFqZBzcapDZcgyPCbmhisqXHw3VItQ7e",
+	"1yppcGXidYUlPKujuGA+KnKQMVq4BLlbCcTALrtKShNr0k4mLLlmqUM3xxBfK3m5NHFEkYh7vfioIHIo",
+	"jpF30hApSvCcvcbb0TB0NM1wQ+hsxqgKRYtDQX8f7xQB/4j3Yo/HaN/cmymZRGQvZXOIdNZLXZUR95zy",
+	"vDYmxWh6KUW2rFtN+7ALMc64gW3qKjSUXSwf3r8+7+CoKJnKlNXnLel81DD1t3g4sOAIlEvy21dKvca9",
+	"GhDFMmr4HJbBbUZAMLArwQ2SlozRVIeCgaGBOoD02r2aB6pYK8FXAE8DgrOvuyCVKx2/mViUzsOnOlg6",
+	"zZJccbM8t9fYGdhn/G9sWRvH7SOPqCbxS1d4lSK68veoS0NuYnLNlpikCKDQzOFGl0wIGdfmiNBMS4Ig",
+	"LVIMhStAwVTXs39wmlU0seBMd3QOwb2ACMFhgFEUq2IV1mANwCHWHUL0+qAdYNvc4C0/u537/hFw/rb1",
+	"HcyhWKXB8FHGCEIEYtUZ+wn+XZTo/6+u/ar7w3LadeJWFywBxUjcjlbHcrBlMBv629KNPVe8NsfObqIl",
+	"jwClITBvwdtsrQxrpaMuu2FJDmh0RXARsXfCKy5dwXKjaAbHERMshsJVFfA1i8g/KM8iQskrzOdk4ooL",
+	"hrg1fysQjpMs14apAflwcn4BQwhmAABg71qBfSjskODcgqP4iPzERueA+6HdN3NGDFNTLmhG2mcXf+/4",
+	"KsbaRR65kFMgDVAxAlFnEiqGYsQQnWgZGAMlirmsmd5QDMUxwP7pUsmluLCakO+Is8v8+P78YnD2/sPF",
+	"3nw/PnIpLdW7BFGAKVNDEX8umrhdqRIQ98iFJZPgueYejk8YRRMHK/2DhGwCZFjQtCJcDEXsY3f26Iwj",
+	"dP4VEwwrOTh4siigrwWcMTsSrMhkXOUCOWOCznhvSadZDIvwb/9G7L1kwrgCyfbHp+TpU0eVnj4l/+d/",
+	"/z+7E6YPvlRHlTQZiclUxeEbCkL+xpZ2+acO1TXudumMd6/ZMiZ7JD5/+e7VDy8vTi5fnp1e/u3k7+cx",
+	"aUO2QVezGYXJd3rkJ1fCBMiX38nUtl5eC6w0YBdWiuVU5qHyky6lAnHM5WXC/likT7WlIioXyDZtw3G3",
+	"ywXQeNYVsktzM4k7PVIm5ZYGL6S61qUaQJtJMDe26YIA2z14UxAOtw+qVD4jLlnyMP8pVK36wMYxaY+W",
+	"5S0YLWHsZ+/Pa0tYoNc+hgpi62PVAN0N2D0Cmmmij7hHQGV5xg3kna3QNpd/VnuiYjgX3yu50ODfmjFh",
+	"JTlaEAdf8sBF0GlmHC3XURijc4CGb2ybOh+F4kuxJ5k9mHVvnQf5gri/5LB1AZML1zyG/fGEHWHDnz4F",
+	"0+nTpwPichRdMR+wAkYlE3Al73BPMZ1PQ/qhHemUCwiLgVZcNAXmIsJSWNLA5hKws/EhpNSFHEjSbsyB",
+	"tK2HNMio6Ai/9IEb2IP9A+IvjWbZeIecSQoHozTohvxJvCmVPsFohh3IkSXkUDWgaAmW+w2OzuqGhBKj",
+	"GAqVbpi+FzwtLuDE3kLs2xfMwgcu/9lTTiAWigrNrYCaLZGUUv+ay7v24Qrg/YpdYXpdBFY7Lg/qMX7I",
+	"DQz8wp4rTJ6U4CLpkR0r3cOJHJCnTw/7+0+f9sjLwqtix+xRNco1/ymBYwjFVDK5KMGY5YZhU8+gKRGK",
+	"u0i/ralvaWBbt68ePn1qNxkrciGl9CWkvHRlT/+IMUHmTAGAFmJwp9rf0BGmyrHUUpaEWbGClE1Rvm/c",
+	"oMJtZO9xqA526JkVpP5p+wfC34MRCwK3mor8x6TtMyU7LhjVMtk4IjHk3EFBFrgfcTQUMabdxaQ9yadU",
+	"hOzII/KaavPy7LSrzTJjDjMYysGlkNWK1W1kai/gtDa1Evh4fW6lZVwZT8wd8iztNcISFYocHhwMBRZG",
+	"YatFARC0GHidTzArrH8ahYDfCNoSyW/kLaNAcX8bit+63S78z75ge/otoD8CYu+gOL3kP87fv4vIQgG6",
+	"6hLS0Pzxwko9EaTAosUO/20PVQSAh3CBqCFMJ1jYpmSrdJ3vk998SQBQ0tw4EsUgK5Nm2r/5jPxWOkR1",
+	"V6R6Qdxnh+S3MOIC+ZXbvYPifa4smhNA/Vffkt/cpNG9ha5/EGylgLmBwmo7RRdWySwA7dEMqsmE+mod",
+	"1/K+ncZIpkscJ1VXzD05OCC/EbQPkTmXGVa8cM/seKgVg5JcKSYSB8YaeXa2VhERBX0Xs92O4b+X7CYB",
+	"9TKOPEYPN0cEAE58/St4Me4ckYQqSA2PPzCjlt2XljrEOJznsBcJndGEm6UdghWnLIvOBZ1TnuG92thC",
+	"HyY0yq+OSCavruwCgnzd1TxlLm4P0buvrN5gxakxIw7v0jYyFC+JkKL7K1MSkVaxThzqQywNSLeAQyik",
+	"mtLMV0zWeWZvJDImr1nBvUEFOeMJE5oVjoTWy5ndxe5Br9+KWuAkBoVVD/b2FotFj8LjnlRXe+5bvffm",
+	"9Pjk3fkJfFNkKQelrhW15kxhzmGr39vHt5wc3xq0nvX6vWeIojkBQ8Nea/D5NmrtTQBf6lf315QZxRPt",
+	"/iqrAe4nOIb+7fn+XoFWUwsJGVxkhV1uDSjHc8xZnmExFZfoguF/ARbJUMueLUlysEg+gjj42SrYhx6L",
+	"oB1jAHdMSuhEHTgSooRRtIo8ZCicIgfi0/YwRcB+PZdzCba5Zh0fwRYKBeL7rl7gd2A3jYv4Y0iCqO2q",
+	"V7IxDshiQk1AwhEyZcAtYaVCfcgVfKHYQ/DEmF8cObQhoulSEy3BlIFSFZfiNG0NWvbDU4/g44HrYU8P",
+	"+v2SwwXtUwX3/IfzIiGV2QmoCMzdYKNogKwqjGw9e4AP+/tN7YaB7n0U1OkIDAr2P+8/2/7ROSLjfyxI",
+	"TMUkB+Aq3hj386fbT1FL59MpVcvKaIvjCfXTHG4ovdIrQT+37rr84vMqa28LRkJMudHNpWn75LsildDX",
+	"I/bKKr6OCqO7cUPh7xcU53P1fq7ZEkWRhYNazbU9b9WsskJmdcB/WOhCXwPM/1BgahqEbnNVKqsVBz6y",
+	"nguhO1GIoMb0GpSig/cW9E/ICnLaqCmlJW5LJiPtOCTYPI2PUGZ0QAxTp5fHr07enFycoG7re937rHl6",
+	"G0MRGO3q9MJedXokdisZO/e+acSSHAoHJmllLncuLE/34QEgvSxknqVAzYI5tcJdgzB78O1QrHLaMhge",
+	"PEIOU73PV8xg/u4D3mbsoOEmlyuFQRKpNBT1RcjDve/Nvsv1DENY7Xzz/axEAbo7uk4sz0uR9EHn1zCm",
+	"VWdCVq4m7qtPgxAYTLxgOygsvCHkcreNWHHy30ZbxoDXJ/bxljEoZvYQxtcxXrM5zXJG4nkcuTJ4VJP4",
+	"+rt53DRiqGZVGXDhlzKMTr+D4LIyfvf/+u7TX77rPa3B77Y7+WCHthwA2nB0S6nQXBSV4qRKmXLntr/9",
+	"3H5fhDY87FF/UzGWNpztqDWTuobdHDs6XBgX0aQDJV2cBmiCmEar5Tss/cLcLdK2QiEXVv4BDb4TDYVU",
+	"zofo4OTmTIfaclhOpkdiMD2hndrDMpfKsPi16ZH3mJGFCsJQtF21vTDHguGsMirIIwpn3zGsUqHwEulG",
+	"HNZORRFeUBAuS6nFoC3mM2IkiZHCX8LvRXxzXJQVfNHv27UAUdOTdavtoHWhrMf0yEXogWu7dIrQREkd",
+	"OL+GVDnFrGqTSUOuJJR2xWpDPgna3uPAtMdsYeeQrWT427WBDAAkzlaR9QyZQulFNYcCJ3YP7aEvWBlm",
+	"JAP7Ql1nzFG4x6UrmWH6BUYNVo9c43tDscr4ItBL1xheu06fxOUKRu7Cvgo6+1A4yyoYLTCTCySK2J7n",
+	"KegRaH+jYrme9q3pdN0Uguce50eHIi5nlcVQ3hYyId0Jb1NfhsOZrVBqkMJXpys3F6B6hgKUxg6c5kVN",
+	"Alq1EdxKgE+z24kpXbDeeGhTBhd6KLyVp231WbCDFb4MYd9fUGyxAwtWjU9G7melGKs4Ozg/TdqAbeHr",
+	"Xj6tVr1MmeJzbzj1lcM7QyFFQ/HVqPx7MsurP4Sc8ChYVdsY+AFVOIfCjYrE/TgqV/AsYgFQ4StAaGIm",
+	"LH+z/yo4IdT8GnuyNBQuAc3+PEeIYp8Cj62hsFf6BHfEF8Ydini14HZvxlPtskjtxfKnDO+BWKJr1h4L",
+	"lsI18tZ82GGdJ5OhwHxjV5o57AhpxwAtN2Khzu27VWgS92rHqr91tT5rREm8+e6wtzC6gWnzvUyXX4wr",
+	"H1f6uK0GUbg6RCsiwf6dOi/q5O6cSbnTq5hSevupRpRwwFSOodJ0aUlClWgUSYP+FFgC5ghV5xFljah1",
+	"uL+DwnxGl5mk6YWUb6i6gmCzw4ODXTpz1ZSsjn0ijBVp4Ntvt38LWsaJ4wWPotofO0eoZws7qgvgG0UJ",
+	"qx4t+tzImXeZTeV8xXoNPFmkkHEPt7rkYiuZk3WPnKZsOpMGgAdQ5hkK9IBxQdh4DFCf1FVPc8yn7B/x",
+	"Zsrn/X7dfccPyvf9gUTxStXXmguEz9P7G4EOdzkpr6Ua8TRlAr843P7FO2ley1zUiOiVSKOfP1kaUg34",
+	"Kf3mg6Hwp6az+MrtXoE/DTvdaRTzaxXWK2YeYT8ryXAbVat/8S21qzLaTmDWDAt1cyheCev/Cku91wRu",
+	"OO2t2VaPjlKv5FVxODBDFe1fbR+aBc4Rq4RIK7JmqeVhIMjWm5iP/QAe8Bi6PjZp+H4d/sTn0H6wA3c8",
+	"dt7gL8oYv/yZBxtF9TilubK9h70oXYLw0++7A002j3Moim/FLOgmBuPWnj3IsdNQK5oean9RuVppgNIk",
+	"pdM0FFyTiRXMR8u6q4Ph0+6ZDzbzzlZwTD7RpVLA4NQaChe32PYuHW94mNIbV/8Qs7JiMgN4WMXoNCLX",
+	"bAYx4yVbCFggpEBxoVrjxCpXkVdsCL2iXADKjkYDChbpDJgsrsoxVAK23eTC8Gwo4m7XLURXMXuLOcRT",
+	"eH1wn0w6LiCEGwR8AR0XvsZCbyG8wy2KG+RQMCwCK5YQpskTuhLpX4QvRhjI44M4V+AIeuS1BNxvBzU2",
+	"FHGv19tbUA7RFPbfrqSk+wuzKe1f6DAoWxNeQpjggBh2Y/bYnAnTxdWPHZYQVSbEWY6hXwg4UqC+e4F/",
+	"gPuBhw0dywf9PoH2fOFLNNeioxEfAPiQ/dcA+7Ej5OmA9COr/cZWlR3E2LKjhke4/z4hAwrpzCEqxaqu",
+	"P5xckNLsUbM8Pz9B7R1xTkmftPF5NBTXjM0o1MmISMxuuNVWyKmzneCoOVTijBoaD9X1Yw4XcCjiN1Sb",
+	"7gks5OmrmGCwG+Szu0iesmHQLa9iha5MC5wYiKZaY0DwjVuPh9JjsfWgjO2iyK5yvrUDVe1+1Vi+xuDO",
+	"EcbZm4Ycvjz4P6rnqu3OsF3/a1e1lyPIbqnkfrlyedP03et++pb62nHdVUnfYWU3TPhx1eU/If//I1T4",
+	"P7HMcY4kYlXQqJczNsvLe5+TLbr936Buf33leKMYI3xsuY42PMsgQtxFn4ylgmgkbgJ/RTrZa9DLy/Tr",
+	"q16+chdgaf5ZZWh7xLy5H1wtu53sZpPAIxylDVS7JDl/PUmPe5JKFogdj9C9lbBo68slmeHTLlTYyZFY",
+	"6ffPM6oCDeaRRtWo3YIRGWRkGJLVFuv5kgNye1my91ATwowRk9PhPnuv4TpXwk4eVqquovTcS6j+/Z03",
+	"ccNzJsw/g+j5JWjeP6skiRfpC4qSYHNojpiGkBNn6CkFlYRqjf6+SntLe+TEXtUBefr0oN9/+rTwC5dj",
+	"08ERPBTezqUndMaOSIwFhxwiA5YcwmActPS4TFlnhMIRmRXsMpYEK1VCZxGJQ+32GFLuwMcJJeIXVBc1",
+	"X6QC81GnV5nijGptVVGutBkMhZ3SgZ+S7Tg+9ka7duyMcANiSUCMgQtPn/7IqDIjRs3Tp4PCv1oYWCw5",
+	"QwpnG4VUyDFbOG+ZXvGXg1lr4luMoxDecEC0iwDAWD2ScQFhO4CPQ3XYjHLwiBSMQHL0UKBe7nNwKgP4",
+	"j/P377oZu6IZABxwcUUWE24wrbrjDGbFnCCHCmoG3CyHAuNzcqtRpHBQvTlRO6cfPPPxQpb42/8i5cdw",
+	"eD5liKlQik0Zig3rjrFR1JCDfr9HfKY04FpB6tdCkpFMoSbgzGpkoyXxTcRD0Q41veBEqxzyvrOlS1L1",
+	"3XYq1lNc8x75ycU8pRJDywDhn1AMSwYjbsbnbEBoaZbAHhlVGfjjM6lNaZU6Pk6Nm2DjrbEk2dYKlrcx",
+	"/PPcbauRMIbiBD3rRyFM4xkCVNQFVpYxMwuGVYM17ktwPev3q8jjq8j4vze6crdQioL0bA2lCErCp81q",
+	"gocJp6JC2SBWKgo233Bbo5K2DaEX4QhjXJU/g3DoMNjioH/wGKpPDcErmTYrs/0qWfzptSlLhDCBcFU+",
+	"IG2olDuTWdb5U2pWqVyITNK0URL54AKBzQqg2iqeGjmmkLJYhL366hC5ttzDx26u9O+CfwHCA/IW4QfL",
+	"lXwCpwfAwLTedZuYm8BrnrFtlPiMWrGoQBsK6ZUebgjSSzECNvzk5B0HcdpEpBWbSsM8/ltVNymT7c2Y",
+	"cg8Z9v7KLVSzHlPCzPMAdl8t6veyqD88yfnAaOoj76m/jCtoGpjG33m02JIAFrH3eSaVud1KUyjAHYNM",
+	"BnD0TJPYfhnXXFIHsyCWHsCDUJ/MCyGvmokUs9zAXwj5LoAhTlKWZFRBNDs2r2NSQtNWDLI5NUsd4Bve",
+	"/wZyc8XMiZvmQ1pNfR+bIqn8cv+L39GHv2s/yoXlAlgxgWKGfzhU4SR9+Wu2nb+fSWWar+MNS36XNbLR",
+	"wPjBytNF8AwK03pCuknsKjWD1u30uk4loajk3yKryfZcD0VIq8cgEwAYcsLyihFzMZEZq5oyrZyAxRNC",
+	"3IWLVbFNxziGS8Td2D94HjlgCyigFAcrRFwqgOnMGlietghw8GhHVhWfWmUespwq/dkOyB4pypuENhF5",
+	"F8iRt7e0pbIUZ++w/22wWIQYHZgVYE0YSUbMo0N0euQEEgKKaAsUwajB4CB7AC59zAUKbV46G4r9F1Y8",
+	"O6rYaqzGrgHnsgycQFJGUzBuIDqGmVj1q6zAZLmGqiBg15gxxWUackgqiAlr0jGk9ZSjMuLOIOSclapR",
+	"hzSwJ3oonL2lfdDvFzFJcTlKIXZMwuUyCVOJ4RKRK4eMKr4GmLmhQNC6u5pjysYXUrW9DEWD8YViOpbd",
+	"nzIGgT/xK+Z4MFf8kvPkOlsCcAVme/kgrEwKFg5mTRSZXXmwcZQ1Syz36PRfe6zgWi7EUPi7thrrJYIN",
+	"0K7pmJlkgtVIeUraIcKnxsYJODml6J8jjBkDwKTcMuAAtwcdLShEgfE5U4BzlGlGagPLOtFQeLwFe+cv",
+	"pbhMuXYTh/JsUGgdzHkyswr2hM65zD3yQngXSAZSJkdNhgLISSfEHQH2znr0ERibME/cH8rDfj/CEPvD",
+	"/reQzRaR5/1nnTphwh6Ah/WboJHkD/GalM0/m406igrSroBcADewZPoLhiJ91WK+xgV55SkXYIkveVFc",
+	"cK09nHfI9UHzRaOecw6cubCdAGdGvOt6A8eR5ZEFLrL2uMVrOoizdtzh8srEsPpwwmBJHnFBwaaxNcBw",
+	"FV1/5ZYe4xC63tKxAZxf818BYSw0UzMuXwajxqRdlIK8/aoEPabBgRJFF7BrTv78I9QfewvOqJmgqpJv",
+	"uYE+wRKA0rhwdr3qvYRKPK5GdZzkKiPdi9iD1WD1WcWEGQp/S3mAwJxlNEHITcu+MGHXNo4ZAtiplwIh",
+	"R6AIzgdNpk5AmOXFTd9FOPidl/zxhAM7q58Q7KGOvrhHX62Pf1Lr409QHsBRA8gQ2JUebGCjex6wvJaX",
+	"+oi1Om6K+MZWAo/BETwoFwuw6gR+mqIHOQTEtyG9Biu3AHYUnzPRuYPvwfZ4d05895uyyQoIJOarBfDR",
+	"wiXHuN9/JK/bdIcyV0lmhzvksRFdJlUhd5a4IYbKJLnSgHXciYhG3EMHzxdh4o69uXG4Z9otU4+8dNEN",
+	"z6N+v1+AMY7Zgqlg5+LKgzwqRjIprjpHQ1EJIaJLGLFiZGH/byoVK9/SFYn5MPKU6bA+vd2u0WsQ3B/4",
+	"3m5KQK1Bqfx6jR8jB7WkYf0577FU1w9jtn9ZYBDKqh07sMTRMoAkeTioomJEBd1o4PCGpLoGi6wyJaRI",
+	"xOx5gtUrtGXPvkM3APTmQZUhQNay2jjEHIo511ByBcXzofAuOVTTi8ad8dv2D5ApzoBZBoJH018Yi0PT",
+	"SKWdwlAs7JdSEG58GJ9/EWFkYYDo9CdtD9nqraJMzLmSYgpha2DP9HMfCpiza9MHQwQYI2jh4uINLsCI",
+	"WXqnqzMrcD5RdfBrBtnFvrbHgHCH/lVNprTrUUfz7O8PC+DzWqrrkqnx98L1bO+qybRon37NBfzvDMvz",
+	"5Sm/PRObIVSKuqENOgpWFP+9hLnOSFEuwK+ZuYSe2hMq0oxF5LMVjgbElTa/7cTovgCDwpTONBbDQwmq",
+	"nUpT1Lshr96dE4Dl1BFWs3JREJbWK5JQzTqW9JyezQ8tZT89m7/w/QBGoJPeDp6/CCKKpUhLZ+1gKxgH",
+	"M8XmXOYF6jZEbJRgHcHoAs66PWYSXNGYtNEDBIjZ9qco0PICec3+Ai6ZJ5pMGaDrdioRk5Y5ORezdzAh",
+	"cOIKAIDuQeXMMv7StEcQ9GRE01DYzS2DR0peQ2FrIwAblDDUriSM/dZVhFnBVksmVFy51QuH0CO1eS9c",
+	"+7D/bVFy0KEbBpSIhVhZtmo9IAEOWJnPAmogvAZsQjHHaCGODbzmIB5bATy4XMLH8J0bcU2yT8AR+hHu",
+	"w8PwEmz7sdN8toMXhYMNosrK8S8251+e9/yZfT+OdFFSRUABKho01I0QW/X8AcXLLbhK4PdH4bQqgleh",
+	"k6IigwewTKPGmkFD0Y7RJn0JlWJEnmUQTWupFoCMFnW9pPLfQes0VCAroigQM7PnqhANhT3oSCMCzGo5",
+	"PWYl7cIS006PnLjaRKH4lAdnxYsD0jeUTkubtHOs3vSQ6jn0sEk/L3ZK/0tjldXgNpWWZisY3QMEn4Xg",
+	"0Ur9OjzSRLBFtdQdoga5Sl506auPlSqgwbOjocCCVSIUZHM6pM+48x6gcGeqrZW+Qc5tR4JNYFhbMuFZ",
+	"Wq7oEEqykfIV7gwcOpL2BjIsc6tdUVv4Z7nuVzQUWM4VwbXBguajtLghbQ+WC5TBSjZQwH1glXLITaDr",
+	"IJSlEQ4FdNgpebHsvEeMyKkV6jAZp1KfrdMMIeurlT6EzABtP5ICWkaJXScfb4HI/tMJAffWJx+eSL2F",
+	"a1i6cnD378G+99wF2wT08sHVCCxYMsJzudrFRX1UCF3koXioA13fVFmwXFcQGS2K6zofGcVY56hyVStB",
+	"fD0SKzal3P770pXnREA3vQr4VqbfoHstqEp1jxxTiJxdEQ5I2xIVt6qeAHVKBfeG4rD/bd2dd+8Wl/6B",
+	"ePkH7KfZIuReSHtfreWrl2pFNobKm2sM6tEySNwl/IwMfAvg0olHuXD1OzdfLrLtbkUhUbsohO7BBsGQ",
+	"gfYEb0c4cq4r4+p1Ynb5YX8/4N0LIgXcSmDT/jJi8G75CvogX5b2QpVY7mJ/PfjGmuLAdWHMgsEOBU44",
+	"Wq1i+ERHAdHDS+NS+QKinTIsNNbDRluFt11Y+cmDS0+pbyKYaJzA48sp/Z///f+tUNLYRX7z8ZhZGcfX",
+	"FgW7BBBSXJEViSjQHJ6SKTWYG+Sb7NRTG9vaIxAb280mWgNL/M/F/R9DLYdjRXe6zA+ndWz338EB20DC",
+	"BDOLL+HBqzMUnwCyu6UEVsO30k45wcCu2at35wTOkqt77zILyuZR0pYzJipfakOXnW1m05dkJjOeLCtZ",
+	"IEIKFrvqpb6iIyZBYDVCJsZSYTYH+Oa/xVK2Op9h/cSYtI1M6XLgCjCi2UP7QqW2+chSj3JdRqCICGNb",
+	"QiFBy3F41RPHoBYa9PeNPeUaFClcPilQKrJeq8N9Gap6WBGLqDxjUKy9KNPoKzG6GWtyfPrqg3ux8IsG",
+	"GewdNnsGS9rZZGd1bz6Q1uRb//PZWt1pA5+nq2nw1a7638uuyq7Ah+J28j5GVSiJ/KWiIVZia23Tf3xN",
+	"hDMo+vwVhv6xHMGKsV8ZxrKMK4fVGS7uaf2H/D+X9773eUbN5PaBkQAx9zeqy61QUE0KLY0fP7yJrLhg",
+	"dXwEgQYUe2omnoeWlkAqc4TV0ZZQ5oHojOqJFdHbceOkv+l/09+jM77HDZvqf//lu/3Ymzw0iVeeONEd",
+	"IDQcWIZD0NgKnbEGltGwE2a5sWznmVmeu0I6D3nti242Fpr0JX2+uhgqJ9EwNeWCZmGBSpfRbvDDuBYQ",
+	"1n9mlrH37o5kuoyIC28rl3/wtgInX55d/J20Y4eG5j3wMz7Dq4OFvyF41ifRgibjAhio8CX90cTvIPfa",
+	"Iahrn7zl35dK60WudgEdaZnlBivaOZB+3emRnxwIPk6lTTV5P2PCrQCkHadPtMsV1t476FcaI9eG3pDr",
+	"J+8quGMNgp/Y6NzK2caNO/LrNZWp81C6CVF9rUFbacf/PjPL7/rxYChgYY6KWAdcwM5RgWznKBMOCTKY",
+	"wV/ooAZc1QuccEz6vaEolfJw/o3qgYK4OYrKk56wLHNABXxMAvwc5BrryYqvYygKZ0ezZ6O47g8kqJ+Z",
+	"JVYleyQXR+jvK+D+vyDcqQPOXyXDa1S4kQVjKfXd8PJd46u4xBFJMon17zx9ZKnH/ClQ0CttNGHmr1zP",
+	"r7D5K4cMluYxef46lP3Ws9YMY/84u1vqZbM093V/KxlTO2zsA6pJbu4bLLaBWu0t9APrbNsHo5hgi4dJ",
+	"/zj3tBKDvIiRRMgF+UtRTjnux4OicvLRWshIVaRKcoW50O775hiRHnkZOoEix1XT7cXFm1IB474VvpMs",
+	"TyG0xZuwFXOhuB30Jx32+0TQKaDXTJj/vN4vJNjiYVMfPtguNsplj2ZOgqF8Fcz+1NEqJzeGibRifMr4",
+	"mBk+ZfeyPWGdtIexkmLbf7yZ9IMLkofShF+tpY+kB1xM6IJQAqbydMcCxPVntMiveRDedkxnJlfVeto+",
+	"/XCpDZsSSBHEeIrFxjAqd9KCAYRhoS6uyqU011yoLrCZJDiQdFBKzoAwbB8VMhQhCdNZVsaK6UnJ/Cy9",
+	"zxZb8ojI5VRAQDVwWHrosB2KVY8tjnMhWKhG6gO60EHratOXV6JNhRTLqcxhELRo01dVvGZL7VJbXGhZ",
+	"uVRoGN0vuTRUkza84zIdAX5wAYzcm5fQXZxQAcCDvq6BKwFaqeNZHiTX5EoKNkBJgmJnALQ2FDH8cclc",
+	"UlrsknAq63bNZqZHzlz3uuKuDu+FcB7baNVj3WwDOndfP1QNHNf8Y8W4+tnUmX/cs68moMfPs3wE60+4",
+	"BfWk9D7ZkwiP2OiYKcrTn+OLDylpQA+boQntcNm/tFPmosJIYT0eLQw0n/mSBA/g4ylSIVMGpQtI7NHu",
+	"L0cvDmMsuQSgQJcOBWV7eQCEE0i5WscKIyWosCoWWLK5YsLZx7tUTKjhSriMdwIQu9tN+jjDggJ/CL6o",
+	"77zpGn/FEPujsD//CPyxexRA8LSnrJk0Rg2ch7cekjO5TjZGDPiBhMBOpp5okOvlArCsS3mk9+Vgqzu4",
+	"1XMfxqFL67RJOvA/bfcTnaZsOpMGC4RpUgZLwE8ufWMxYTczlhjEfwsiP+o4doFCtupEZulQtHMBsOpF",
+	"fHzQPaQKYfTXbPkkRHdyTTI2dqjbRez8Qb/vXPJuTOmAoNO/R34CqPFw8KraYDFMwIz0oDG2CVe7SueJ",
+	"lfz0ULiQg0H1O1etzE3xCXrKI3LFTBQgfKwWVFXOhqIdKvLAD7EHwQnjhIxey9W4uIpCgrA2UtErMMaO",
+	"FWNpEWMMkQpyDNH8UwxkmMo58jdYklLWwREssFmxAwt245RiVysbsMAB937CROcIEwWcagagYHHKxkyB",
+	"ug2xFz1SxTgqdHCfTXEFFfiM/biibvYgi2ktOrka2ezV4HB6awsSQYMVXfCPdTeClb/tDyYWS/NwajTk",
+	"eVhBBl/5PWLv70phavYlwX0o7nQDbWl2ED7GbmzSl8uE+/cs7+/SEXZw1W1d4DvK4+7bsqg/l1k+ZZuZ",
+	"7X+6dx5wt7CLTYzWDfTPyWbnYYX8PvlfYJdqNZ+39Bp4AWHTmVm6JiyVjDX/lV1e8VFctReG3kImaNU+",
+	"6Ek3ll0K9sEeOQ9MBIJQKTwgU5kLA3mjofhSO3bDjkNiPDwAEmU5/VA4Vr+WlxE+xJCw2TzpJRnl03d0",
+	"ymLvGuSmA/GsMjeYHw+8yaW4B/PmkyKrb4UpkJeIUUdm1Ns4+a+MYLUX6Pjk3fvzs+Me+Z4m14CKB3ks",
+	"EaEOBw4tJkXaCWlTomdUaYYwcxHJpJx1YW1Y2jly+SsRoQBFlPptGkEBClA2qRkKTaesZJI5qiSiUHLG",
+	"lOba3hI858d2ZUgbG/G7m+XawPbC2mouBVOd3lCc+mmumHgLESPl+hrliBJOid/zJ/BYO/ssNw2mWaj+",
+	"Y2fhhTMvg+UY8uOTEr9ttrfi3B5Itz0ud7GTarv/hYlTHWFyIXmPrNTe2SL6+62aTaTw2FVtc/eilgBW",
+	"Oc3eZ/zH7eac/jG4uOA4YxEmQJgufDh4F7jx4iwxkPQP9L/TFHZWOqH/fUPOHjePfasQ6AjiikLSwAmb",
+	"BMKH35jmO1wIF9FaZqBPB/e88s8sLG64gVvqsBYrYLU+h7jHLbst69x+p10OPJRg6tXnjszLnKCh8Cq9",
+	"8eVIXhzWVF7dtgJQDw0nk6usNWjtgZHZzX0t1sqRjYyPWbJMMihpzrpO02dJhMw7CjAcWO0Zy2f2iokV",
+	"9qr1TJ/XhXxRGIVcSOV1pZEgwq834kRtVJbH/IalwPujQhIskEAiPJslUwac0iDO9VY3pK7DV9UScDrC",
+	"Yhi+rHvwONArsPgsKIfEb6kiqNlvX8S4f7Rq8CuBqCVYhUAsS1750nhCweX6hCmXlAHmQlyKlUp1EZQ3",
+	"kIqcn5+QtpPW7FgmCOMbqpVeMcEQfBMaU53yPmAxkrox+BDJ9tnF3203Mz5jnZCS4QBm3CgrOSJriR3E",
+	"W0AzVu57Bg7Hurmv5nKUV8GOxidh3HfWCzbS0H5jspq9WMxX0JOB5WL11vt2C83VdPkjo5mZ4GHigmkd",
+	"kSkziicQ5sG1FcDzqQ8xhxwgJReaqSKOtQ3EIIyo3Kucaavq/t8AAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -26,7 +26,7 @@ var excludedTags = []string{"websocket", "proxy", "ops", "streams"}
 var operationIDs = []string{
 	// sandboxes
 	"createSandbox", "listSandboxes", "getSandbox", "getSandboxStatus", "execCommand",
-	"uploadFile", "downloadFile", "putFile", "getFile", "statFile", "listFiles", "createLease", "listLeases", "releaseLease", "revokeLease", "createSnapshot", "forkSandbox", "listSnapshots", "listImages", "getSnapshot", "deleteSnapshot", "createVolume", "listVolumes", "getVolume", "deleteVolume", "setSandboxNetwork", "getQuota",
+	"uploadFile", "downloadFile", "putFile", "getFile", "statFile", "listFiles", "createLease", "listLeases", "releaseLease", "revokeLease", "createSnapshot", "forkSandbox", "listSnapshots", "listImages", "getSnapshot", "deleteSnapshot", "createVolume", "listVolumes", "getVolume", "deleteVolume", "setSandboxNetwork", "setSandboxHosts", "getQuota",
 	"renewSandbox", "pauseSandbox", "resumeSandbox", "getEndpoint", "deleteSandbox",
 	// pty
 	"createPtySession", "listPtySessions", "getPtySession", "deletePtySession",

@@ -10,6 +10,7 @@ import (
 	"github.com/sandgate/sandgate/internal/api"
 	"github.com/sandgate/sandgate/internal/egress"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
 func (s *server) SetSandboxNetwork(ctx context.Context, req api.SetSandboxNetworkRequestObject) (api.SetSandboxNetworkResponseObject, error) {
@@ -22,6 +23,21 @@ func (s *server) SetSandboxNetwork(ctx context.Context, req api.SetSandboxNetwor
 		return nil, err
 	}
 	return api.SetSandboxNetwork200JSONResponse(info(i)), nil
+}
+
+func (s *server) SetSandboxHosts(ctx context.Context, req api.SetSandboxHostsRequestObject) (api.SetSandboxHostsResponseObject, error) {
+	if req.Body == nil {
+		return nil, providers.InvalidFields{{Field: "hosts", Message: "the body must be an object of host name -> address"}}
+	}
+	hosts, err := sandbox.ParseHosts(*req.Body)
+	if err != nil {
+		return nil, err
+	}
+	i, err := s.svc.SetHosts(ctx, callerFrom(ctx), req.ID, hosts)
+	if err != nil {
+		return nil, err
+	}
+	return api.SetSandboxHosts200JSONResponse(info(i)), nil
 }
 
 // parseEgress reads an egress policy in the API's form; nil is none.

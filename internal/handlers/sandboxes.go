@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -70,6 +71,10 @@ func (s *server) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest
 		ProviderOptions: b.ProviderOptions,
 		SnapshotID:      deref(b.SnapshotID),
 		Volumes:         volumeRequests(b.Volumes),
+		Group:           deref(b.Group),
+		Hostname:        deref(b.Hostname),
+		Aliases:         b.Aliases,
+		CapAdd:          b.CapAdd,
 	}
 	var bad providers.InvalidFields
 	if cr.Egress, cr.ProviderOptions, bad = createEgress(b.Network, b.ProviderOptions); len(bad) > 0 {
@@ -152,6 +157,18 @@ func info(i sandbox.Info) api.SandboxInfo {
 		Metadata:       i.Metadata,
 		Ports:          i.Ports,
 		Extra:          i.Extra,
+		Group:          nonEmpty(i.Group),
+		Hostname:       cmp.Or(i.Hostname, sandbox.DefaultHostname),
+		Aliases:        i.Aliases,
+		NetworkAddress: nonEmpty(i.Address),
+		Hosts:          i.Hosts,
+		CapAdd:         i.CapAdd,
+	}
+	if out.Aliases == nil {
+		out.Aliases = []string{}
+	}
+	if out.Hosts == nil {
+		out.Hosts = map[string]string{}
 	}
 	if !i.ExpiresAt.IsZero() {
 		t := i.ExpiresAt.UTC()

@@ -97,7 +97,7 @@ func FuzzCreateValidation(f *testing.F) {
 		}
 		r := CreateRequest{Workdir: workdir, Env: map[string]string{envKey: "v"}, Files: map[string]string{file: "x"}, Ports: []int{p1, p2},
 			TTL: &ttl, Metadata: meta, Resources: providers.Resources{MemoryMiB: &mem, CPU: &cpu, DiskGiB: &disk}}
-		if r.validate(fuzzCeilings) != nil {
+		if r.validate(fuzzCeilings, nil) != nil {
 			return
 		}
 		if !path.IsAbs(r.Workdir) || path.Clean(r.Workdir) != r.Workdir {

@@ -16,7 +16,7 @@ import (
 // validate checks what the schema cannot (paths, names, duplicates) and
 // the ceilings c, and fills in the default workdir. It returns every
 // problem at once, as providers.InvalidFields.
-func (r *CreateRequest) validate(c Ceilings) error {
+func (r *CreateRequest) validate(c Ceilings, capAllow []string) error {
 	var bad providers.InvalidFields
 	if r.Workdir == "" {
 		r.Workdir = defaultWorkdir
@@ -65,6 +65,7 @@ func (r *CreateRequest) validate(c Ceilings) error {
 		}
 		r.shmBytes = n
 	}
+	r.validateNet(capAllow, &bad)
 	c.checkCreate(r, &bad)
 	return bad.Err()
 }
@@ -182,6 +183,14 @@ func (s *Service) prepare(c Caller, req CreateRequest) (string, CreateRequest, *
 		req.ShmSize = v
 		req.ProviderOptions = without(req.ProviderOptions, "shm_size")
 	}
+	if v, ok := req.ProviderOptions["cap_add"]; ok {
+		caps, isList := stringList(v)
+		if !isList || len(req.CapAdd) > 0 {
+			return "", req, nil, providers.InvalidFields{{Field: "provider_options.cap_add", Message: "must be a list of capability names, given once: at the top level or here"}}
+		}
+		req.CapAdd = caps
+		req.ProviderOptions = without(req.ProviderOptions, "cap_add")
+	}
 	if err := s.prepareVolumes(creator, &req); err != nil {
 		return "", req, nil, err
 	}
@@ -210,11 +219,14 @@ func (s *Service) createFor(ctx context.Context, creator string, req CreateReque
 	if sn != nil {
 		req.SnapshotID = sn.ID
 	}
-	if err := req.validate(s.opts.Ceilings); err != nil {
+	if err := req.validate(s.opts.Ceilings, s.opts.CapAddAllow); err != nil {
 		return Ref{}, err
 	}
 	if err := s.checkEgress(req.Egress); err != nil {
 		return Ref{}, err
+	}
+	if _, ok := s.p.(providers.Grouper); req.Group != "" && !ok {
+		return Ref{}, providers.Errorf(providers.ErrUnsupported, "sandbox groups are not supported by provider %s", s.p.Name())
 	}
 	d := s.demandOf(creator, req.Resources)
 	if err := s.slots.acquire(ctx, d, s.opts.QueueTimeout); err != nil {
@@ -267,6 +279,16 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 	}
 	id := newSandboxID()
 	start := s.opts.Clock.Now()
+	hostname := cmpOr(req.Hostname, DefaultHostname)
+	var gid string
+	if req.Group != "" {
+		gid = groupID(creator, req.Group)
+		release, err := s.reserveNames(gid, id, groupNames(hostname, req.Aliases))
+		if err != nil {
+			return Ref{}, err
+		}
+		defer release() // once registered, its record holds the names
+	}
 	sb, claimed := s.claim(req)
 	if claimed {
 		id = sb.ID
@@ -300,6 +322,8 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 			Snapshot:     req.SnapshotID,
 			ShmBytes:     req.shmBytes,
 			Volumes:      req.mounts,
+			Hostname:     hostname,
+			CapAdd:       req.CapAdd,
 		})
 	}
 	if err != nil {
@@ -314,6 +338,10 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 		if err = s.p.(providers.Egresser).SetEgress(ctx, id, *pol); err != nil {
 			err = fmt.Errorf("egress policy: %w", err)
 		}
+	}
+	var addr string
+	if gid != "" && err == nil {
+		addr, err = s.joinGroup(ctx, id, gid)
 	}
 	for _, p := range sortedKeys(req.Files) {
 		if err != nil {
@@ -340,6 +368,12 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 		Resources: req.Resources,
 		Volumes:   req.volumeIDs,
 		Egress:    req.Egress,
+		Group:     req.Group,
+		GroupID:   gid,
+		Hostname:  hostname,
+		Aliases:   req.Aliases,
+		Address:   addr,
+		CapAdd:    req.CapAdd,
 	}
 	if claimed {
 		rec.Env = req.Env // a pool's sandbox started without it: every command gets it
@@ -351,6 +385,10 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 		rec.IdleTimeout = *req.IdleTimeout
 	}
 	lease := Lease{ID: newLeaseID(), SandboxID: id, Scope: ScopeOwner, CreatedAt: now}
+	if err == nil && gid != "" {
+		// The members' names in its /etc/hosts before create returns.
+		err = s.writeHosts(ctx, &rec, gid, false)
+	}
 	if err == nil {
 		err = s.st.PutRecord(ctx, rec, &lease)
 	}
@@ -370,6 +408,10 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 	s.boxes[id] = &box{rec: rec, lastActivity: now, slot: &slot}
 	s.leases[lease.ID] = lease
 	s.mu.Unlock()
+	if gid != "" {
+		// Its names in the other members' /etc/hosts.
+		_ = s.writeHosts(ctx, nil, gid, true)
+	}
 	s.log.Info("sandbox created", "sandbox", id, "provider", s.p.Name(), "duration", now.Sub(start))
 	return s.ref(rec, lease), nil
 }
@@ -610,7 +652,7 @@ func (s *Service) Delete(ctx context.Context, c Caller, id string) error {
 // When the provider fails the sandbox stays so the delete can be retried.
 func (s *Service) remove(ctx context.Context, b *box, why string) error {
 	s.mu.Lock()
-	id, snap := b.rec.ID, b.rec.Snapshot
+	id, snap, gid := b.rec.ID, b.rec.Snapshot, b.rec.GroupID
 	s.mu.Unlock()
 	if err := s.p.Delete(ctx, id); err != nil && !errors.Is(err, providers.ErrNotFound) {
 		return fmt.Errorf("delete %s: %w", id, err)
@@ -628,6 +670,12 @@ func (s *Service) remove(ctx context.Context, b *box, why string) error {
 	cancel()
 	b.wmu.Unlock()
 	defer s.releaseSnapshot(context.WithoutCancel(ctx), snap)
+	if gid != "" {
+		// The others' /etc/hosts no longer name it.
+		hctx, cancel := detached(ctx)
+		_ = s.writeHosts(hctx, nil, gid, true)
+		cancel()
+	}
 	s.m.DeletesTotal.WithLabelValues(why).Inc()
 	if err != nil {
 		s.log.Error("forget sandbox", "sandbox", id, "err", err)

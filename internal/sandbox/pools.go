@@ -238,7 +238,8 @@ func (s *Service) fill(ctx context.Context, p *pool) {
 
 // claim takes a ready sandbox from the pool req matches, if any.
 func (s *Service) claim(req CreateRequest) (providers.Sandbox, bool) {
-	if s.pools == nil || req.SnapshotID != "" || len(req.Entrypoint) > 0 || len(req.Ports) > 0 || len(req.ProviderOptions) > 0 || req.shmBytes != 0 || len(req.mounts) > 0 {
+	if s.pools == nil || req.SnapshotID != "" || len(req.Entrypoint) > 0 || len(req.Ports) > 0 || len(req.ProviderOptions) > 0 || req.shmBytes != 0 || len(req.mounts) > 0 ||
+		req.Group != "" || req.Hostname != "" || len(req.CapAdd) > 0 {
 		return providers.Sandbox{}, false
 	}
 	k := PoolSpec{Image: req.Image, Workdir: req.Workdir, Resources: req.Resources}.Key()

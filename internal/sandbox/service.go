@@ -62,6 +62,9 @@ type Options struct {
 	// VolumeRoots are the host directories under which a create may mount
 	// a host_path (none: no host paths).
 	VolumeRoots []string
+	// CapAddAllow are the capabilities (names without CAP_, upper case) a
+	// create's cap_add may name; none: every cap_add is refused.
+	CapAddAllow []string
 
 	// Budget is the gateway-wide admission budget (zero: none); Quotas
 	// are each API key's (zero: none). A create commits its resources'
@@ -152,6 +155,14 @@ type Service struct {
 
 	onRemove []func(id string) // see OnRemove
 
+	// names are the group names being claimed by creates in flight
+	// (groupID/name → sandbox id), guarded by mu: a name is taken when a
+	// live member of the group has it or a create holds it here.
+	names map[string]string
+	// hostsMu orders the writes of /etc/hosts files (groups.go), so that
+	// the last one written is from the newest membership.
+	hostsMu sync.Mutex
+
 	stop      chan struct{}
 	reaperWG  sync.WaitGroup
 	closeOnce sync.Once
@@ -215,6 +226,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		log:    opts.Logger,
 		m:      opts.Metrics,
 		boxes:  map[string]*box{},
+		names:  map[string]string{},
 		leases: map[string]Lease{},
 		snaps:  map[string]Snapshot{},
 		out:    newOutputBudget(opts.MaxExecOutputTotal),
@@ -329,6 +341,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 		}
 	}
 	s.restoreEgress(ctx)
+	s.restoreGroups(ctx)
 	for id := range have {
 		s.log.Info("deleting orphan sandbox with no record", "sandbox", id)
 		if err := s.p.Delete(ctx, id); err != nil && !errors.Is(err, providers.ErrNotFound) {
@@ -386,6 +399,15 @@ type CreateRequest struct {
 	// Egress is the sandbox's egress policy (nil or none: no network
 	// beyond what the provider gives without one).
 	Egress *egress.Policy
+
+	// Group names the sandbox's group ("": none), Hostname its host name
+	// ("": DefaultHostname), Aliases further names its group knows it by.
+	// CapAdd are capabilities it keeps (NeMo Gym's provider_options.cap_add
+	// is moved here); validate normalises them (upper case, no CAP_).
+	Group    string
+	Hostname string
+	Aliases  []string
+	CapAdd   []string
 }
 
 // Ref is what create and mint return: a sandbox and one token for it.

@@ -491,7 +491,7 @@ func (s *Service) prepareVolumes(creator string, req *CreateRequest) error {
 	}
 	// The rest of the request's problems too, in one answer.
 	check := *req
-	if err := check.validate(s.opts.Ceilings); err != nil {
+	if err := check.validate(s.opts.Ceilings, s.opts.CapAddAllow); err != nil {
 		if more, ok := err.(providers.InvalidFields); ok {
 			bad = append(bad, more...)
 		}

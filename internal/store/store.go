@@ -48,6 +48,24 @@ type Record struct {
 	ActiveAt time.Time `json:"active_at,omitempty"`
 	// Egress is the sandbox's egress policy; nil: none.
 	Egress *egress.Policy `json:"egress,omitempty"`
+
+	// Group is the name of the sandbox's group as its create gave it ("":
+	// none); GroupID is the opaque id the service derives from the API key
+	// and that name (what the provider connects).
+	Group   string `json:"group,omitempty"`
+	GroupID string `json:"group_id,omitempty"`
+	// Hostname is its host name ("" in records older than groups: the
+	// provider's default); Aliases are further names its group knows it by.
+	Hostname string   `json:"hostname,omitempty"`
+	Aliases  []string `json:"aliases,omitempty"`
+	// Address is where the other members of its group reach it ("": not
+	// in a group); it may change when a gateway restart restores the group.
+	Address string `json:"network_address,omitempty"`
+	// Hosts are the sandbox's own host entries (name → address), written
+	// into its /etc/hosts after its group's names.
+	Hosts map[string]string `json:"hosts,omitempty"`
+	// CapAdd are the capabilities its create added (names without CAP_).
+	CapAdd []string `json:"cap_add,omitempty"`
 }
 
 // Scope is what a lease allows.

@@ -19,7 +19,7 @@ import (
 //	redirect (prerouting, dstnat): TCP and UDP to port 53 → the DNS port,
 //	         any other TCP → the proxy port (both on the router's address)
 //	input    (policy drop): established, loopback, and the two ports only
-//	forward  (policy drop): nothing crosses the router
+//	forward  (policy drop): only between members of one group (group.go)
 func installRules(router netns.NsHandle, proxyPort, dnsPort int) error {
 	c, err := nftables.New(nftables.WithNetNSFd(int(router)))
 	if err != nil {
@@ -33,7 +33,11 @@ func installRules(router netns.NsHandle, proxyPort, dnsPort int) error {
 	guard := chain("guard", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, nftables.ChainPriorityMangle, &accept)
 	redirect := chain("redirect", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, &accept)
 	input := chain("input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter, &drop)
-	chain("forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter, &drop)
+	forward := chain("forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter, &drop)
+	pairs, err := addGroupSet(c, t)
+	if err != nil {
+		return err
+	}
 
 	rule := func(ch *nftables.Chain, exprs ...expr.Any) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
@@ -74,6 +78,9 @@ func installRules(router netns.NsHandle, proxyPort, dnsPort int) error {
 			&expr.Redir{RegisterProtoMin: 1},
 		}
 	}
+	// Group traffic is routed as it is, before any redirect.
+	rule(redirect, groupPair(pairs, expr.VerdictAccept)...)
+	rule(forward, groupPair(pairs, expr.VerdictAccept)...)
 	rule(redirect, cat(notLo, l4(unix.IPPROTO_TCP), dport(53), redir(dnsPort))...)
 	rule(redirect, cat(notLo, l4(unix.IPPROTO_UDP), dport(53), redir(dnsPort))...)
 	rule(redirect, cat(notLo, l4(unix.IPPROTO_TCP), redir(proxyPort))...)

@@ -66,8 +66,9 @@ type Point struct {
 }
 
 type attachment struct {
-	slot int
-	m    *member
+	slot  int
+	m     *member
+	group string // "" when in none (group.go)
 }
 
 // New checks opts and returns a Point that has built nothing yet.
@@ -241,8 +242,12 @@ func (p *Point) start() error {
 // setupRouter runs on a thread inside the new router namespace.
 func setupRouter() error {
 	for path, v := range map[string]string{
-		// Nothing is forwarded: every packet ends in a local socket.
-		"/proc/sys/net/ipv4/ip_forward": "0",
+		// Forwarding is on for group traffic (group.go); the forward
+		// chain drops everything else, so other packets end in a local
+		// socket or nowhere.
+		"/proc/sys/net/ipv4/ip_forward":                  "1",
+		"/proc/sys/net/ipv4/conf/all/send_redirects":     "0",
+		"/proc/sys/net/ipv4/conf/default/send_redirects": "0",
 		// Sandboxes have IPv4 only; no link-local v6 either.
 		"/proc/sys/net/ipv6/conf/all/disable_ipv6":     "1",
 		"/proc/sys/net/ipv6/conf/default/disable_ipv6": "1",
@@ -267,16 +272,25 @@ func setupRouter() error {
 func (p *Point) Attach(id, nsPath string, pol egress.Policy) (netip.Addr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return netip.Addr{}, errors.New("egress: closed")
-	}
-	if a, ok := p.attached[id]; ok {
+	if a, ok := p.attached[id]; ok && !p.closed {
 		a.m.policy.Store(&pol)
 		return p.routerAddr(a.slot), nil
 	}
+	a, err := p.attach(id, nsPath, pol)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return p.routerAddr(a.slot), nil
+}
+
+// attach plumbs a sandbox that is not attached. Called with p.mu held.
+func (p *Point) attach(id, nsPath string, pol egress.Policy) (*attachment, error) {
+	if p.closed {
+		return nil, errors.New("egress: closed")
+	}
 	if p.router < 0 {
 		if err := p.start(); err != nil {
-			return netip.Addr{}, err
+			return nil, err
 		}
 	}
 	slot := 0
@@ -284,25 +298,26 @@ func (p *Point) Attach(id, nsPath string, pol egress.Policy) (netip.Addr, error)
 		slot++
 	}
 	if (slot+1)*4 > 1<<(32-p.opts.Pool.Bits()) {
-		return netip.Addr{}, errors.New("egress: address pool exhausted")
+		return nil, errors.New("egress: address pool exhausted")
 	}
 	sbns, err := netns.GetFromPath(nsPath)
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("egress: sandbox netns: %w", err)
+		return nil, fmt.Errorf("egress: sandbox netns: %w", err)
 	}
 	defer sbns.Close()
 	rAddr, sAddr := p.routerAddr(slot), p.routerAddr(slot).Next()
 	if err := plumb(p.router, sbns, vethName(slot), rAddr, sAddr); err != nil {
-		return netip.Addr{}, fmt.Errorf("egress: attach %s: %w", id, err)
+		return nil, fmt.Errorf("egress: attach %s: %w", id, err)
 	}
 	m := &member{id: id, addr: sAddr}
 	m.policy.Store(&pol)
+	a := &attachment{slot: slot, m: m}
 	p.slots[slot] = id
-	p.attached[id] = &attachment{slot: slot, m: m}
+	p.attached[id] = a
 	p.eng.mu.Lock()
 	p.eng.members[sAddr] = m
 	p.eng.mu.Unlock()
-	return rAddr, nil
+	return a, nil
 }
 
 // routerAddr is the router's end of slot's /30 (the sandbox's is next).
@@ -415,10 +430,14 @@ func (p *Point) Stats(id string) egress.Stats {
 func (p *Point) Detach(id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	a, ok := p.attached[id]
-	if !ok {
-		return
+	if a, ok := p.attached[id]; ok {
+		p.detach(id, a)
 	}
+}
+
+// detach undoes attach. Called with p.mu held.
+func (p *Point) detach(id string, a *attachment) {
+	p.leave(id, a)
 	delete(p.attached, id)
 	delete(p.slots, a.slot)
 	p.eng.mu.Lock()

@@ -156,6 +156,7 @@ func (l *Local) Create(ctx context.Context, spec providers.CreateSpec) (provider
 	cfg := jail.Config{
 		ID: spec.ID, Dir: dir, Private: l.private, Workdir: spec.Workdir, Isolation: l.isolation,
 		IDBase: idBase, ShmBytes: cmp.Or(spec.ShmBytes, l.shm), Seccomp: l.seccomp,
+		Hostname: spec.Hostname, CapAdd: spec.CapAdd,
 	}
 	cgroups, skipped, err := createCgroups(spec.ID, res, l.pidsMax)
 	if err != nil {

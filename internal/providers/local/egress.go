@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/sandgate/sandgate/internal/egress"
 	"github.com/sandgate/sandgate/internal/egress/point"
@@ -14,6 +15,7 @@ import (
 var (
 	_ providers.Egresser      = (*Local)(nil)
 	_ providers.EgressCounter = (*Local)(nil)
+	_ providers.Grouper       = (*Local)(nil)
 )
 
 // SetEgress gives sandbox id the policy pol. The first policy other than
@@ -48,6 +50,29 @@ func (l *Local) SetEgress(ctx context.Context, id string, pol egress.Policy) err
 		return err
 	}
 	return nil
+}
+
+// JoinGroup connects sandbox id to group through the egress point (it is
+// attached with policy none if it had no policy yet): the point forwards
+// between the members of one group only. It returns id's address there.
+// Isolation none has no namespace to connect: ErrUnsupported.
+func (l *Local) JoinGroup(ctx context.Context, id, group string) (netip.Addr, error) {
+	if l.isolation != IsolationNamespaces {
+		return netip.Addr{}, providers.Errorf(providers.ErrUnsupported, "sandbox groups need isolation %q", IsolationNamespaces)
+	}
+	sb, err := l.locked(id)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer sb.mu.Unlock()
+	pt, err := l.egress.Get()
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if ps, err := procfs.ReadStat("/proc", sb.st.Pid); err != nil || ps.StartTime != sb.st.StartTime {
+		return netip.Addr{}, providers.Errorf(providers.ErrConflict, "sandbox %s is not running", id)
+	}
+	return pt.JoinGroup(id, fmt.Sprintf("/proc/%d/ns/net", sb.st.Pid), group)
 }
 
 // EgressStats are sandbox id's connection counts through the egress point.

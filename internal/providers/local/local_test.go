@@ -182,7 +182,7 @@ func TestNamespaceIsolation(t *testing.T) {
 	checks := []struct {
 		name, cmd, want string
 	}{
-		{"hostname", "hostname", id + "\n"},
+		{"hostname", "hostname", "sandbox\n"},
 		{"only lo", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", "lo\n"},
 		{"host files outside the view invisible", "cat " + hostFile + " 2>/dev/null || echo absent", "absent\n"},
 		{"etc is copy-on-write", "echo 127.0.0.9 sandgate-test >> /etc/hosts && grep -c sandgate-test /etc/hosts", "1\n"},

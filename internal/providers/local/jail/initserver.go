@@ -92,7 +92,8 @@ func (a *initServer) onForker(fn func()) {
 }
 
 // forker performs every fork on one locked OS thread whose capability
-// bounding set lacks CAP_SYS_ADMIN and CAP_SYS_PTRACE and which runs under
+// bounding set lacks CAP_SYS_ADMIN, CAP_SYS_PTRACE and CAP_NET_ADMIN (but
+// those the create's cap_add keeps, see droppedCaps) and which runs under
 // the seccomp filter of Docker's default profile. The bounding set and the
 // filter are per thread and a child inherits its forking thread's, so
 // commands can neither mount nor unmount (e.g. to uncover what a mount
@@ -115,7 +116,12 @@ func (a *initServer) forker(started chan<- error) {
 		}
 	}
 	if a.cfg.Isolation == IsolationNamespaces {
-		for _, c := range []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_SYS_PTRACE} {
+		drop, err := droppedCaps(a.cfg.CapAdd)
+		if err != nil {
+			started <- err
+			return
+		}
+		for _, c := range drop {
 			if err := unix.Prctl(unix.PR_CAPBSET_DROP, c, 0, 0, 0); err != nil {
 				started <- fmt.Errorf("drop capability %d: %w", c, err)
 				return

@@ -96,6 +96,11 @@ type Config struct {
 	// ms). The gateway's credentials from the open are what the kernel
 	// checks. Init closes it before it answers.
 	PidsFD bool `json:"pids_fd,omitempty"`
+	// Hostname is the sandbox's UTS host name; "": DefaultHostname.
+	Hostname string `json:"hostname,omitempty"`
+	// CapAdd are capabilities (names without CAP_) commands keep that
+	// are dropped by default (droppedCaps).
+	CapAdd []string `json:"cap_add,omitempty"`
 }
 
 // ReadyMsg is one line on the readiness pipe: setup reports init's pid,

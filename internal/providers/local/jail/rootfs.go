@@ -1,6 +1,7 @@
 package jail
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -96,7 +97,7 @@ func setupRoot(cfg Config) error {
 	if err := os.MkdirAll(cfg.Workdir, 0o755); err != nil {
 		return fmt.Errorf("create workdir: %w", err)
 	}
-	if err := unix.Sethostname([]byte(cfg.ID)); err != nil {
+	if err := unix.Sethostname([]byte(cmp.Or(cfg.Hostname, DefaultHostname))); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
 	}
 	if err := loopbackUp(); err != nil {
