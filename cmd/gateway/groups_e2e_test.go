@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/egress/egresstest"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // Sandbox groups through the gateway's API: names, reachability on any
@@ -331,5 +334,88 @@ func TestGroupsLocal(t *testing.T) {
 	g.stop(syscall.SIGTERM)
 	if added := egresstest.NewLinks(before, egresstest.Links(t)); len(added) > 0 {
 		t.Errorf("links added to the host: %v", added)
+	}
+}
+
+// TestGroupsDocker: groups on docker sandboxes (busybox, so nc and
+// /etc/hosts rather than testGroups' python): members reach each other
+// by hostname and alias on any port, a sandbox of another group or of
+// another key's group of the same name reaches neither and cannot
+// resolve them, a member deleted leaves the others' /etc/hosts, and
+// membership survives a gateway restart.
+func TestGroupsDocker(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"--api-key", "gk-a,gk-b"}
+	g := startDockerGateway(t, dir, args...)
+	image := `"` + dockertest.ImageRef + `"`
+	box := func(key, members string) dkBox {
+		return egressKit{}.box(t, g, key, `"image":`+image+`,`+members)
+	}
+	web := box("gk-a", `"group":"g","hostname":"web","aliases":["api"]`)
+	cli := box("gk-a", `"group":"g","hostname":"cli"`)
+	other := box("gk-a", `"group":"h","hostname":"spy"`)
+	stranger := box("gk-b", `"group":"g","hostname":"twin"`)
+	if i := getGroupInfo(t, web); i.Address == nil || i.Hostname != "web" {
+		t.Fatalf("web: %+v", i)
+	}
+	if code, out := sh(t, web, "hostname"); code != 0 || out != "web" {
+		t.Fatalf("hostname: %d %q", code, out)
+	}
+	serve := func(sb dkBox, port string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		s, r, err := dkExec(ctx, sb, "setsid nc -ll -p "+port+" -e hostname >/dev/null 2>&1 </dev/null &", true)
+		if err != nil || s != 200 || r.ReturnCode != 0 {
+			t.Fatalf("serve %s: %d %v %+v", port, s, err, r)
+		}
+	}
+	serve(web, "8080")
+	serve(web, "31337")
+	reachName := func(sb dkBox, host, port string) {
+		t.Helper()
+		testkit.EventuallyNil(t, "nc "+host+" "+port, 30*time.Second, func() error {
+			if code, out := sh(t, sb, "nc -w 2 "+host+" "+port+" </dev/null"); code != 0 || out != "web" {
+				return fmt.Errorf("exit %d %q", code, out)
+			}
+			return nil
+		})
+	}
+	reachName(cli, "web", "8080")
+	reachName(cli, "api", "31337")
+	webAddr := *getGroupInfo(t, web).Address
+	for _, sb := range []dkBox{other, stranger} {
+		// (The egress point may take the connection and close it: what
+		// matters is that no answer of web's comes.)
+		if _, out := sh(t, sb, "nc -w 2 "+webAddr+" 8080 </dev/null"); out != "" {
+			t.Errorf("a non-member reached web at %s: %q", webAddr, out)
+		}
+		if code, _ := sh(t, sb, "ping -c 1 -W 1 web"); code == 0 {
+			t.Error("a non-member resolved and reached web by name")
+		}
+	}
+
+	// A restart re-plumbs every member; the names still work.
+	if err := g.stop(syscall.SIGKILL); err == nil {
+		t.Fatal("gateway survived SIGKILL")
+	}
+	g = startDockerGateway(t, dir, args...)
+	for _, sb := range []*dkBox{&web, &cli, &other, &stranger} {
+		sb.url = g.URL + "/v1/sandboxes/" + sb.id
+	}
+	reachName(cli, "web", "8080")
+
+	// Deleting a member takes it out of the others' /etc/hosts.
+	if s, b := call(t, "DELETE", web.url, "", "X-Sandbox-Lease", web.token); s != 200 {
+		t.Fatalf("delete web: %d %s", s, b)
+	}
+	testkit.EventuallyNil(t, "web gone from cli's /etc/hosts", 30*time.Second, func() error {
+		if _, out := sh(t, cli, "cat /etc/hosts"); strings.Contains(out, "web") {
+			return fmt.Errorf("%s", out)
+		}
+		return nil
+	})
+	for _, sb := range []dkBox{cli, other, stranger} {
+		call(t, "DELETE", sb.url, "", "X-Sandbox-Lease", sb.token)
 	}
 }

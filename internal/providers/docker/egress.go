@@ -69,25 +69,17 @@ func (d *Docker) JoinGroup(ctx context.Context, id, group string) (netip.Addr, e
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	addr, ok := pt.Addr(id) // attached by SetEgress: its policy stays
+	addr, ok := pt.Address(id) // attached by SetEgress: its policy stays
 	if !ok {
 		if addr, err = d.attach(ctx, pt, id, egress.Policy{}); err != nil {
 			return netip.Addr{}, err
 		}
 	}
-	if err := joinPointGroup(pt, id, group); err != nil {
+	// Attached: the point forwards between the group's members from now.
+	if _, err := pt.JoinGroup(id, "", group); err != nil {
 		return netip.Addr{}, err
 	}
 	return addr, nil
-}
-
-// joinPointGroup makes attached sandbox id a member of group at the
-// point. The point on this branch has no forwarding between members (the
-// groups work adds it to package point): until it is called from here,
-// a member is attached and addressed but reaches no other member.
-func joinPointGroup(pt *point.Point, id, group string) error {
-	_, _, _ = pt, id, group
-	return nil
 }
 
 // EgressStats are sandbox id's connection counts through the egress point.

@@ -217,8 +217,8 @@ func TestEgressRefused(t *testing.T) {
 }
 
 // TestJoinGroup: a member is attached (policy none unless it has one) and
-// its address is its eth0's. Member-to-member traffic needs the point's
-// group forwarding (package point, the groups work): NOT tested here.
+// its address is its eth0's. Member-to-member traffic through the API is
+// cmd/gateway's TestGroupsDocker.
 func TestJoinGroup(t *testing.T) {
 	dockertest.Require(t)
 	in := egresstest.Start(t)
