@@ -14,17 +14,20 @@ import (
 )
 
 // spareSockets is how many unconnected sockets the egress namespace's
-// socket maker keeps ready.
-const spareSockets = 16
+// socket maker keeps ready; it is woken to refill when half are taken.
+const spareSockets = 32
 
 // socketMaker makes TCP sockets in the egress namespace ahead of need, on
 // one OS thread that stays in that namespace, so that a proxied connection
 // takes a socket off a channel instead of switching a thread's namespace
 // twice (and handing its dial between threads) on the connection's path.
-// A socket's namespace is fixed when it is made; it is connected, and used,
-// from any thread.
+// The maker is woken once per spareSockets/2 sockets taken, not per
+// socket: a locked goroutine's wake-up hands its P to its thread, which a
+// loaded machine may not run at once. A socket's namespace is fixed when
+// it is made; it is connected, and used, from any thread.
 type socketMaker struct {
-	socks chan madeSocket
+	socks chan madeSocket // only the maker sends
+	need  chan struct{}   // cap 1: wake the maker to refill
 	stop  chan struct{}
 	done  chan struct{}
 }
@@ -35,7 +38,10 @@ type madeSocket struct {
 }
 
 func startSocketMaker(ns netns.NsHandle) *socketMaker {
-	sm := &socketMaker{socks: make(chan madeSocket, spareSockets), stop: make(chan struct{}), done: make(chan struct{})}
+	sm := &socketMaker{
+		socks: make(chan madeSocket, spareSockets), need: make(chan struct{}, 1),
+		stop: make(chan struct{}), done: make(chan struct{}),
+	}
 	go sm.run(ns)
 	return sm
 }
@@ -48,26 +54,22 @@ func (sm *socketMaker) run(ns netns.NsHandle) {
 		defer orig.Close()
 		err = netns.Set(ns)
 	}
-	if err != nil {
-		// The thread's namespace is unknown: it dies with this goroutine
-		// (never unlocked). Every taker gets the error.
-		for {
-			select {
-			case sm.socks <- madeSocket{fd: -1, err: err}:
-			case <-sm.stop:
-				return
-			}
-		}
-	}
 	for {
-		fd, err := newTCPSocket()
-		select {
-		case sm.socks <- madeSocket{fd: fd, err: err}:
-		case <-sm.stop:
+		// Only the maker sends, so a channel below capacity takes a
+		// send without blocking.
+		for len(sm.socks) < cap(sm.socks) {
+			s := madeSocket{fd: -1, err: err}
 			if err == nil {
-				unix.Close(fd)
+				s.fd, s.err = newTCPSocket()
 			}
-			if netns.Set(orig) == nil {
+			sm.socks <- s
+		}
+		select {
+		case <-sm.need:
+		case <-sm.stop:
+			// A thread whose namespace is unknown (err) dies with this
+			// goroutine: it is never unlocked.
+			if err == nil && netns.Set(orig) == nil {
 				runtime.UnlockOSThread()
 			}
 			return
@@ -75,8 +77,15 @@ func (sm *socketMaker) run(ns netns.NsHandle) {
 	}
 }
 
-// get takes a socket made in the egress namespace.
+// get takes a socket made in the egress namespace (or the error the maker
+// got making it).
 func (sm *socketMaker) get(ctx context.Context) (int, error) {
+	if len(sm.socks) <= cap(sm.socks)/2 {
+		select {
+		case sm.need <- struct{}{}:
+		default:
+		}
+	}
 	select {
 	case s := <-sm.socks:
 		return s.fd, s.err
