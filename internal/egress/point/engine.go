@@ -90,7 +90,9 @@ type engine struct {
 	metrics *metrics
 	static  map[string][]netip.Addr // names answered before upstream
 	lookup  func(ctx context.Context, name string) ([]netip.Addr, error)
-	dial    func(ctx context.Context, dst netip.AddrPort) (net.Conn, error)
+	// socket makes an unconnected non-blocking TCP socket in the
+	// namespace admitted connections are dialled from.
+	socket func(ctx context.Context) (int, error)
 	// origDst tells where a redirected connection was going.
 	origDst func(c net.Conn) (netip.AddrPort, error)
 	// pool is never a destination: it is the sandboxes' side of the point.

@@ -61,6 +61,7 @@ type Point struct {
 	slots    map[int]string         // slot → sandbox id
 	attached map[string]*attachment // by sandbox id
 	eng      *engine
+	sockets  *socketMaker // egress namespace's sockets; nil when egress < 0 or not started
 	servers  []*dns.Server
 	closers  []io.Closer // the servers' sockets
 }
@@ -93,7 +94,7 @@ func New(opts Options) (*Point, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p.eng = &engine{
 		log: opts.Logger, metrics: newMetrics(opts.Registerer), static: opts.Resolve,
-		lookup: hostLookup, dial: p.dial, origDst: originalDst, pool: opts.Pool,
+		lookup: hostLookup, socket: p.socket, origDst: originalDst, pool: opts.Pool,
 		members: map[netip.Addr]*member{}, ctx: ctx, cancel: cancel,
 	}
 	return p, nil
@@ -135,20 +136,14 @@ func onThread(f func() error) error {
 	return <-errc
 }
 
-// dial connects to dst from the egress namespace.
-func (p *Point) dial(ctx context.Context, dst netip.AddrPort) (net.Conn, error) {
-	var d net.Dialer
-	if p.egress < 0 {
-		return d.DialContext(ctx, "tcp", dst.String())
+// socket makes an unconnected TCP socket in the egress namespace: one
+// made ahead by the socket maker, or, when the egress namespace is the
+// gateway's own, a fresh one (unlocked threads are in the gateway's).
+func (p *Point) socket(ctx context.Context) (int, error) {
+	if p.sockets != nil {
+		return p.sockets.get(ctx)
 	}
-	// The socket is made, and its connect started, on the switched thread;
-	// DialContext waits for the connect in the poller.
-	var c net.Conn
-	err := InNetns(p.egress, func() (err error) {
-		c, err = d.DialContext(ctx, "tcp", dst.String())
-		return err
-	})
-	return c, err
+	return newTCPSocket()
 }
 
 // originalDst is where a connection redirected by nftables was going
@@ -223,6 +218,9 @@ func (p *Point) start() error {
 		return fmt.Errorf("egress: router namespace: %w", err)
 	}
 	p.router = router
+	if p.egress >= 0 {
+		p.sockets = startSocketMaker(p.egress)
+	}
 	p.closers = []io.Closer{proxy, dnsTCP, dnsUDP}
 	p.servers = []*dns.Server{
 		{PacketConn: dnsUDP, Handler: p.eng},
@@ -471,6 +469,10 @@ func (p *Point) Close() error {
 	p.eng.wg.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.sockets != nil {
+		p.sockets.close()
+		p.sockets = nil
+	}
 	if p.router >= 0 {
 		p.router.Close()
 		p.router = -1

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/egress"
@@ -50,8 +49,10 @@ func (e *engine) proxy(c net.Conn) {
 	defer stop()
 	defer c.Close()
 
-	src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-	m := e.member(src.Addr())
+	var m *member
+	if ra, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		m = e.member(ra.AddrPort().Addr())
+	}
 	if m == nil {
 		refuse(c)
 		return
@@ -67,6 +68,20 @@ func (e *engine) proxy(c net.Conn) {
 	if !e.pool.Contains(dst.Addr()) {
 		adm = pol.Admit(dst.Addr(), m.namesFor(dst.Addr()))
 	}
+	// An admitted address is connected to at once, while the client's
+	// first bytes are read and its server name checked: the two overlap.
+	// A connection the name then denies is aborted before any byte of the
+	// client's reaches the destination (the address was admitted already).
+	dctx, dcancel := context.WithTimeout(ctx, dialTimeout)
+	defer dcancel()
+	var pending *connecting
+	var derr error
+	if adm.Allowed {
+		var fd int
+		if fd, derr = e.socket(dctx); derr == nil {
+			pending, derr = startConnect(fd, dst)
+		}
+	}
 	var head []byte
 	if adm.Allowed && (adm.ByName || pol.DeniesNames()) {
 		var name string
@@ -74,6 +89,9 @@ func (e *engine) proxy(c net.Conn) {
 		adm = pol.CheckServerName(adm, name)
 	}
 	if !adm.Allowed {
+		if pending != nil {
+			pending.abort()
+		}
 		m.denied.Add(1)
 		e.metrics.conns.WithLabelValues("denied").Inc()
 		e.log.Info("egress: connection denied", "sandbox", m.id, "target", dst.String(), "reason", adm.Reason)
@@ -83,11 +101,13 @@ func (e *engine) proxy(c net.Conn) {
 	m.allowed.Add(1)
 	e.metrics.conns.WithLabelValues("allowed").Inc()
 
-	dctx, dcancel := context.WithTimeout(ctx, dialTimeout)
-	up, err := e.dial(dctx, dst)
+	var up net.Conn
+	if derr == nil {
+		up, derr = pending.finish(dctx)
+	}
 	dcancel()
-	if err != nil {
-		e.log.Debug("egress: dial", "sandbox", m.id, "target", dst.String(), "err", err)
+	if derr != nil {
+		e.log.Debug("egress: dial", "sandbox", m.id, "target", dst.String(), "err", derr)
 		refuse(c)
 		return
 	}
