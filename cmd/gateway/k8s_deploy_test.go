@@ -182,12 +182,13 @@ func (r *apiRelay) close() {
 	r.wg.Wait()
 }
 
-// portForward is `kubectl port-forward` of a Service (or pod) to
-// 127.0.0.1, started again when it ends (its pod went away).
+// portForward is `kubectl port-forward` of a Service or pod (target)
+// port to 127.0.0.1, started again when it ends (its pod went away).
 type portForward struct {
 	t      *testing.T
 	ns     string
 	target string
+	port   string
 
 	mu   sync.Mutex
 	url  string
@@ -197,8 +198,8 @@ type portForward struct {
 
 var forwardingRe = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) ->`)
 
-func newPortForward(t *testing.T, ns, target string) *portForward {
-	pf := &portForward{t: t, ns: ns, target: target}
+func newPortForward(t *testing.T, ns, target, port string) *portForward {
+	pf := &portForward{t: t, ns: ns, target: target, port: port}
 	t.Cleanup(pf.stop)
 	return pf
 }
@@ -220,7 +221,7 @@ func (pf *portForward) URL(old string) (string, error) {
 			<-pf.dead
 		}
 	}
-	cmd := kubectlCmd(context.Background(), "-n", pf.ns, "port-forward", "--address", "127.0.0.1", pf.target, ":80")
+	cmd := kubectlCmd(context.Background(), "-n", pf.ns, "port-forward", "--address", "127.0.0.1", pf.target, ":"+pf.port)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return "", err
@@ -445,7 +446,7 @@ patches:
 		t.Fatalf("gateway pods %v, want 2", pods)
 	}
 
-	svc := newPortForward(t, gwNS, "svc/sandgate-gateway")
+	svc := newPortForward(t, gwNS, "svc/sandgate-gateway", "80")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	auth := []string{"Authorization", "Bearer " + apiKey}
@@ -555,7 +556,7 @@ patches:
 
 	// The other replica, reached directly, serves the first sandbox with
 	// its lease, and the ones made during the deletion.
-	direct := newPortForward(t, gwNS, "pod/"+other)
+	direct := newPortForward(t, gwNS, "pod/"+other, "8080")
 	if out := deployExec(t, ctx, direct, sb, "cat /tmp/mark"); out != "made-before\n" {
 		t.Fatalf("the first sandbox through %s: %q", other, out)
 	}
