@@ -333,16 +333,19 @@ func TestKubernetesDeployment(t *testing.T) {
 	})
 
 	// The pod bridge exists once a pod has run on the node: a pause pod
-	// of the test's namespace makes sure.
-	kubectlT(t, strings.NewReader(`{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"`+gwNS+`"}}`), "apply", "-f", "-")
+	// of the test's own makes sure.
+	bridgePod := "sgdeploy-bridge-" + suffix
+	t.Cleanup(func() {
+		kubectlCmd(context.Background(), "-n", "default", "delete", "pod", bridgePod, "--ignore-not-found", "--grace-period=0", "--force").Run()
+	})
 	bridgeIP := ""
 	testkit.EventuallyNil(t, "the pod bridge k8stest0", 2*time.Minute, func() error {
 		if ip, err := interfaceIPv4("k8stest0"); err == nil {
 			bridgeIP = ip
 			return nil
 		}
-		if kubectlCmd(context.Background(), "-n", gwNS, "get", "pod", "bridge").Run() != nil {
-			kubectlT(t, nil, "-n", gwNS, "run", "bridge", "--image=k8s-test.local/pause:1", "--restart=Never", "--image-pull-policy=Never")
+		if kubectlCmd(context.Background(), "-n", "default", "get", "pod", bridgePod).Run() != nil {
+			kubectlT(t, nil, "-n", "default", "run", bridgePod, "--image=k8s-test.local/pause:1", "--restart=Never", "--image-pull-policy=Never")
 		}
 		return errors.New("no k8stest0 yet")
 	})
@@ -430,16 +433,27 @@ patches:
 		}
 	}
 
-	// The README's steps: the Secret, apply, wait for the rollout (the
-	// Secret first: the pods then start at once).
-	apiKey := rand.Text()
-	kubectlT(t, nil, "-n", gwNS, "create", "secret", "generic", "sandgate-gateway",
-		"--from-literal=api-keys="+apiKey, "--from-literal=lease-secret="+rand.Text())
-	kubectlT(t, nil, "apply", "-k", overlay)
-	if out, err := kubectlCmd(context.Background(), "-n", gwNS, "rollout", "status", "deployment/sandgate-gateway", "--timeout=3m").CombinedOutput(); err != nil {
+	// The README's steps 3 and 4 (its kubectl commands, with the test's
+	// namespace and overlay): the namespace, the Secret, apply, wait for
+	// the rollout, read the API key.
+	steps := readmeQuickStart(t)
+	kubectl := `kubectl() { local a=(); for x in "$@"; do case $x in sandgate) x=$GWNS;; deploy/kubernetes) x=$OVERLAY;; esac; a+=("$x"); done; command "$KUBECTL" "${a[@]}"; }`
+	runCtx, runCancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer runCancel()
+	run := exec.CommandContext(runCtx, "bash", "-euo", "pipefail", "-c", kubectl+"\n"+steps+"\necho \"$KEY\"")
+	run.Env = append(os.Environ(), "KUBECONFIG="+k8stest.Kubeconfig(), "KUBECTL="+filepath.Join(k8sBin(), "kubectl"), "GWNS="+gwNS, "OVERLAY="+overlay)
+	var runErr bytes.Buffer
+	run.Stderr = &runErr
+	out, err := run.Output()
+	if err != nil {
 		logs, _ := kubectlCmd(context.Background(), "-n", gwNS, "logs", "-l", "app.kubernetes.io/name=sandgate-gateway", "--tail=30").CombinedOutput()
 		desc, _ := kubectlCmd(context.Background(), "-n", gwNS, "describe", "pods").CombinedOutput()
-		t.Fatalf("rollout: %v\n%s\nlogs:\n%s\n%s", err, out, logs, desc)
+		t.Fatalf("the README's steps:\n%s\n%v\n%s%s\nlogs:\n%s\n%s", steps, err, out, runErr.Bytes(), logs, desc)
+	}
+	outLines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	apiKey := outLines[len(outLines)-1]
+	if len(apiKey) < 16 {
+		t.Fatalf("the README's steps made the API key %q", apiKey)
 	}
 	pods := gatewayPods(t, gwNS)
 	if len(pods) != 2 {
@@ -457,6 +471,12 @@ patches:
 	sb := deployCreate(t, ctx, svc, auth)
 	if out := deployExec(t, ctx, svc, sb, "echo made-before > /tmp/mark; echo $((6*7))"); out != "42\n" {
 		t.Fatalf("first exec: %q", out)
+	}
+	// A sandbox cannot use the relay to the API server (only the gateway
+	// pods may): its connection is closed with no answer, where the API
+	// server would answer an HTTP request with a 400.
+	if out := deployExec(t, ctx, svc, sb, `printf 'GET /version HTTP/1.0\r\n\r\n' | nc -w 5 `+bridgeIP+` `+relayPort+`; echo "nc-exit=$?"`); out != "nc-exit=0\n" {
+		t.Fatalf("a sandbox reached the API server through the test's relay: %q", out)
 	}
 
 	// The replica the port-forward reaches served that exec: delete it
@@ -568,6 +588,47 @@ patches:
 	if s, body, err := deployCall(ctx, direct, "DELETE", "/v1/sandboxes/"+sb.ID, "", "X-Sandbox-Lease", sb.Token); err != nil || s != 200 {
 		t.Fatalf("delete the first sandbox: %d %s %v", s, body, err)
 	}
+
+	// The Deployment replaced the deleted replica: two ready again, and
+	// the PodDisruptionBudget allows one of them to go.
+	if out, err := kubectlCmd(ctx, "-n", gwNS, "rollout", "status", "deployment/sandgate-gateway", "--timeout=2m").CombinedOutput(); err != nil {
+		t.Fatalf("the replica replaced: %v\n%s", err, out)
+	}
+	testkit.Eventually(t, "the PodDisruptionBudget allowing one disruption", time.Minute, func() bool {
+		return kubectlT(t, nil, "-n", gwNS, "get", "pdb", "sandgate-gateway", "-o", "jsonpath={.status.disruptionsAllowed}") == "1"
+	})
+}
+
+// readmeQuickStart is the README's Kubernetes quick start block from its
+// step 3 up to its port-forward, with the KEY=... line of step 4: the
+// cluster-side commands the test runs as they are written.
+func readmeQuickStart(t *testing.T) string {
+	t.Helper()
+	doc := readme(t)
+	i := strings.Index(doc, "\n### Kubernetes quick start\n")
+	if i < 0 {
+		t.Fatal("README has no Kubernetes quick start")
+	}
+	m := regexp.MustCompile("(?s)```sh\n(.*?)```").FindStringSubmatch(doc[i:])
+	if m == nil {
+		t.Fatal("no sh block in the README's Kubernetes quick start")
+	}
+	block := m[1]
+	a, b := strings.Index(block, "\n# 3."), strings.Index(block, "\n# 4.")
+	if a < 0 || b < a {
+		t.Fatalf("the quick start has no steps 3 and 4:\n%s", block)
+	}
+	steps := block[a:b]
+	key := regexp.MustCompile(`(?m)^KEY=.*$`).FindString(block[b:])
+	for _, want := range []string{"kubectl apply -k deploy/kubernetes", "create secret generic sandgate-gateway", "rollout status deployment/sandgate-gateway"} {
+		if !strings.Contains(steps, want) {
+			t.Fatalf("the quick start's step 3 lacks %q:\n%s", want, steps)
+		}
+	}
+	if key == "" || !strings.Contains(block[b:], "port-forward --address 127.0.0.1 svc/sandgate-gateway 8080:80") {
+		t.Fatalf("the quick start's step 4 lacks the port-forward or the KEY line:\n%s", block[b:])
+	}
+	return steps + "\n" + key
 }
 
 type deployBox struct {
