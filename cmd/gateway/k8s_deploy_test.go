@@ -185,7 +185,6 @@ func (r *apiRelay) close() {
 // portForward is `kubectl port-forward` of a Service or pod (target)
 // port to 127.0.0.1, started again when it ends (its pod went away).
 type portForward struct {
-	t      *testing.T
 	ns     string
 	target string
 	port   string
@@ -199,7 +198,7 @@ type portForward struct {
 var forwardingRe = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) ->`)
 
 func newPortForward(t *testing.T, ns, target, port string) *portForward {
-	pf := &portForward{t: t, ns: ns, target: target, port: port}
+	pf := &portForward{ns: ns, target: target, port: port}
 	t.Cleanup(pf.stop)
 	return pf
 }
