@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	if selected("TestContainerImage") {
+	if selected("TestContainerImage") || selected("TestKubernetesDeployment") {
 		startGatewayImage()
 	}
 	code := m.Run()

@@ -3,9 +3,11 @@ package kubernetes
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
 	"github.com/sandgate/sandgate/internal/egress"
@@ -184,15 +187,24 @@ func TestNetworkPolicySweptAtStart(t *testing.T) {
 	}
 }
 
-// gatewayRole is the least the gateway needs in its namespace (the README
-// gives it as a Role).
-var gatewayRole = []rbacv1.PolicyRule{
-	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "create", "patch", "delete"}},
-	{APIGroups: []string{""}, Resources: []string{"pods/exec", "pods/portforward"}, Verbs: []string{"get", "create"}},
-	{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "create", "update", "delete"}},
-	{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "list", "create", "patch", "delete"}},
-	{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: []string{"get", "list", "create", "patch", "delete"}},
-}
+// gatewayRole is the least the gateway needs in its namespace: the rules
+// of the Role deploy/kubernetes applies (role.yaml, the one source; the
+// README points there).
+var gatewayRole = func() []rbacv1.PolicyRule {
+	data, err := os.ReadFile("../../../deploy/kubernetes/role.yaml")
+	if err != nil {
+		panic(err)
+	}
+	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(data, nil, nil)
+	if err != nil {
+		panic(fmt.Sprintf("deploy/kubernetes/role.yaml: %v", err))
+	}
+	role, ok := obj.(*rbacv1.Role)
+	if !ok || len(role.Rules) == 0 {
+		panic(fmt.Sprintf("deploy/kubernetes/role.yaml holds %T, not a Role with rules", obj))
+	}
+	return role.Rules
+}()
 
 // roleWith is gatewayRole with verbs on resource (none: without the rule).
 func roleWith(resource string, verbs ...string) []rbacv1.PolicyRule {
