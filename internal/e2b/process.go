@@ -1,0 +1,343 @@
+package e2b
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandgate/sandgate/internal/e2b/envd/process"
+	"github.com/sandgate/sandgate/internal/e2b/envd/process/processconnect"
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/sandbox"
+)
+
+// The data plane's process service, over sandgate's durable commands.
+
+// target is the sandbox a data-plane request is for and its verified
+// caller: the sandbox from E2b-Sandbox-Id, the credential from
+// X-Access-Token (an owner lease, as create and connect give it), the
+// user from the Basic authorization the SDKs send ("" = the sandbox's
+// default user).
+type target struct {
+	c    sandbox.Caller
+	id   string
+	user string
+}
+
+func (s *server) target(ctx context.Context, h http.Header) (target, error) {
+	id := strings.TrimSpace(h.Get("E2b-Sandbox-Id"))
+	if id == "" {
+		return target{}, providers.InvalidFields{{Field: "E2b-Sandbox-Id", Message: "header is required: it names the sandbox (E2B_SANDBOX_URL serves every sandbox)"}}
+	}
+	tok := strings.TrimSpace(h.Get("X-Access-Token"))
+	if tok == "" {
+		return target{}, providers.Errorf(providers.ErrUnauthorized, "the X-Access-Token header is required (the sandbox's envdAccessToken)")
+	}
+	c, _, err := s.svc.Authenticate(ctx, sandbox.Caller{Lease: tok}, id)
+	if err != nil {
+		return target{}, err
+	}
+	user, err := basicUser(h.Get("Authorization"))
+	if err != nil {
+		return target{}, err
+	}
+	return target{c: c, id: id, user: user}, nil
+}
+
+// basicUser is the user name of a Basic authorization ("" if none).
+func basicUser(auth string) (string, error) {
+	b64, ok := strings.CutPrefix(auth, "Basic ")
+	if !ok {
+		return "", nil
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(b64))
+	if err != nil {
+		return "", providers.InvalidFields{{Field: "Authorization", Message: "is not valid Basic authorization"}}
+	}
+	user, _, _ := strings.Cut(string(raw), ":")
+	return user, nil
+}
+
+// processTimeout bounds a process started through E2B: envd's run until
+// killed; sandgate's commands all have a deadline, and the sandbox's own
+// lifetime ends them sooner.
+const processTimeout = 24 * time.Hour
+
+// pidOf is the pid E2B sees for durable command cid: 31 bits of its
+// random id, so that the pid is found again from the agent's list after
+// a gateway restart (nothing is kept in the gateway).
+func pidOf(cid string) uint32 {
+	h, _ := strings.CutPrefix(cid, "cmd-")
+	if len(h) < 8 {
+		return 0
+	}
+	b, err := hex.DecodeString(h[:8])
+	if err != nil {
+		return 0
+	}
+	pid := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) & 0x7fffffff
+	if pid == 0 {
+		pid = 1
+	}
+	return pid
+}
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// commandLine is cmd with args as one shell command line.
+func commandLine(cmd string, args []string) string {
+	parts := make([]string, 0, 1+len(args))
+	parts = append(parts, shellQuote(cmd))
+	for _, a := range args {
+		parts = append(parts, shellQuote(a))
+	}
+	return "exec " + strings.Join(parts, " ")
+}
+
+type processServer struct {
+	processconnect.UnimplementedProcessHandler
+	s *server
+}
+
+// eventSender sends a stream's events one at a time (the keepalives come
+// from another goroutine).
+type eventSender struct {
+	mu   sync.Mutex
+	send func(*process.ProcessEvent) error
+}
+
+func (e *eventSender) event(ev *process.ProcessEvent) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.send(ev)
+}
+
+// keepalive sends a keepalive event every interval the client asked for
+// (Keepalive-Ping-Interval, seconds) until stop is called.
+func (e *eventSender) keepalive(h http.Header) (stop func()) {
+	sec, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval"))
+	if err != nil || sec <= 0 {
+		return func() {}
+	}
+	t := time.NewTicker(time.Duration(min(sec, 300)) * time.Second)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if e.event(&process.ProcessEvent{Event: &process.ProcessEvent_Keepalive{Keepalive: &process.ProcessEvent_KeepAlive{}}}) != nil {
+					return
+				}
+			}
+		}
+	})
+	return func() {
+		t.Stop()
+		close(done)
+		wg.Wait()
+	}
+}
+
+func startEvent(pid uint32) *process.ProcessEvent {
+	return &process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: pid}}}
+}
+
+// follow streams command cid's output from offsets since until it ends,
+// then its end event.
+func (p *processServer) follow(ctx context.Context, t target, cid string, since [2]int64, ev *eventSender) error {
+	cmd, err := p.s.svc.ReadCommand(ctx, t.c, t.id, cid, since, true, func(sandbox.Command) error { return nil },
+		func(o sandbox.Output) error {
+			data := &process.ProcessEvent_DataEvent{}
+			out := append([]byte(nil), o.Data...)
+			if o.Stdout {
+				data.Output = &process.ProcessEvent_DataEvent_Stdout{Stdout: out}
+			} else {
+				data.Output = &process.ProcessEvent_DataEvent_Stderr{Stderr: out}
+			}
+			return ev.event(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: data}})
+		})
+	if err != nil {
+		if ctx.Err() != nil {
+			return connect.NewError(connect.CodeCanceled, ctx.Err())
+		}
+		return p.s.connectErr(err)
+	}
+	end := &process.ProcessEvent_EndEvent{Exited: true}
+	if cmd.ExitCode != nil {
+		end.ExitCode = int32(*cmd.ExitCode)
+		end.Status = fmt.Sprintf("exit status %d", *cmd.ExitCode)
+	}
+	if cmd.TimedOut {
+		msg := "the process ran out of time and was killed"
+		end.Status, end.Error = "timeout", &msg
+	}
+	return ev.event(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}})
+}
+
+func (p *processServer) Start(ctx context.Context, req *connect.Request[process.StartRequest], st *connect.ServerStream[process.StartResponse]) error {
+	t, err := p.s.target(ctx, req.Header())
+	if err != nil {
+		return p.s.connectErr(err)
+	}
+	m := req.Msg
+	if m.Pty != nil {
+		return unsupported("a PTY process")
+	}
+	if m.Process == nil || m.Process.Cmd == "" {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd must not be empty"))
+	}
+	timeout := processTimeout
+	cmd, err := p.s.svc.StartCommand(ctx, t.c, t.id, sandbox.CommandRequest{ExecRequest: sandbox.ExecRequest{
+		Command: commandLine(m.Process.Cmd, m.Process.Args),
+		Cwd:     m.Process.GetCwd(),
+		Env:     m.Process.Envs,
+		Timeout: &timeout,
+		User:    t.user,
+	}})
+	if err != nil {
+		return p.s.connectErr(err)
+	}
+	ev := &eventSender{send: func(e *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: e}) }}
+	if err := ev.event(startEvent(pidOf(cmd.ID))); err != nil {
+		return err
+	}
+	stop := ev.keepalive(req.Header())
+	defer stop()
+	return p.follow(ctx, t, cmd.ID, [2]int64{}, ev)
+}
+
+// find is the running-or-ended command a selector names: by tag (the
+// command id) or by pid.
+func (p *processServer) find(ctx context.Context, t target, sel *process.ProcessSelector) (sandbox.Command, error) {
+	switch v := sel.GetSelector().(type) {
+	case *process.ProcessSelector_Tag:
+		return p.s.svc.Command(ctx, t.c, t.id, v.Tag)
+	case *process.ProcessSelector_Pid:
+		list, err := p.s.svc.Commands(ctx, t.c, t.id)
+		if err != nil {
+			return sandbox.Command{}, err
+		}
+		var found []sandbox.Command
+		for _, c := range list {
+			if pidOf(c.ID) == v.Pid {
+				found = append(found, c)
+			}
+		}
+		switch len(found) {
+		case 0:
+			return sandbox.Command{}, providers.Errorf(providers.ErrNotFound, "no process with pid %d", v.Pid)
+		case 1:
+			return found[0], nil
+		}
+		return sandbox.Command{}, providers.Errorf(providers.ErrConflict, "pid %d names more than one process: select it by tag", v.Pid)
+	}
+	return sandbox.Command{}, providers.InvalidFields{{Field: "process", Message: "must select a process by pid or tag"}}
+}
+
+// Connect streams a process's output from now on, then its end.
+func (p *processServer) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], st *connect.ServerStream[process.ConnectResponse]) error {
+	t, err := p.s.target(ctx, req.Header())
+	if err != nil {
+		return p.s.connectErr(err)
+	}
+	cmd, err := p.find(ctx, t, req.Msg.Process)
+	if err != nil {
+		return p.s.connectErr(err)
+	}
+	ev := &eventSender{send: func(e *process.ProcessEvent) error { return st.Send(&process.ConnectResponse{Event: e}) }}
+	if err := ev.event(startEvent(pidOf(cmd.ID))); err != nil {
+		return err
+	}
+	stop := ev.keepalive(req.Header())
+	defer stop()
+	return p.follow(ctx, t, cmd.ID, [2]int64{cmd.StdoutSize, cmd.StderrSize}, ev)
+}
+
+// List lists the running processes (tag: the command id).
+func (p *processServer) List(ctx context.Context, req *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
+	t, err := p.s.target(ctx, req.Header())
+	if err != nil {
+		return nil, p.s.connectErr(err)
+	}
+	list, err := p.s.svc.Commands(ctx, t.c, t.id)
+	if err != nil {
+		return nil, p.s.connectErr(err)
+	}
+	res := &process.ListResponse{}
+	for _, c := range list {
+		if !c.Running {
+			continue
+		}
+		tag := c.ID
+		res.Processes = append(res.Processes, &process.ProcessInfo{
+			Pid: pidOf(c.ID), Tag: &tag,
+			Config: &process.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", c.Command}},
+		})
+	}
+	return connect.NewResponse(res), nil
+}
+
+// SendSignal sends SIGTERM or SIGKILL to a process's group.
+func (p *processServer) SendSignal(ctx context.Context, req *connect.Request[process.SendSignalRequest]) (*connect.Response[process.SendSignalResponse], error) {
+	t, err := p.s.target(ctx, req.Header())
+	if err != nil {
+		return nil, p.s.connectErr(err)
+	}
+	var sig string
+	switch req.Msg.Signal {
+	case process.Signal_SIGNAL_SIGTERM:
+		sig = "SIGTERM"
+	case process.Signal_SIGNAL_SIGKILL:
+		sig = "SIGKILL"
+	default:
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("signal must be SIGNAL_SIGTERM or SIGNAL_SIGKILL"))
+	}
+	cmd, err := p.find(ctx, t, req.Msg.Process)
+	if err == nil {
+		err = p.s.svc.SignalCommand(ctx, t.c, t.id, cmd.ID, sig)
+	}
+	if err != nil {
+		return nil, p.s.connectErr(err)
+	}
+	return connect.NewResponse(&process.SendSignalResponse{}), nil
+}
+
+// CloseStdin: sandgate's commands take no stdin after they start, so
+// theirs is closed already.
+func (p *processServer) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
+	t, err := p.s.target(ctx, req.Header())
+	if err != nil {
+		return nil, p.s.connectErr(err)
+	}
+	if _, err := p.find(ctx, t, req.Msg.Process); err != nil {
+		return nil, p.s.connectErr(err)
+	}
+	return connect.NewResponse(&process.CloseStdinResponse{}), nil
+}
+
+func (p *processServer) SendInput(context.Context, *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
+	return nil, unsupported("input to a running process")
+}
+
+func (p *processServer) StreamInput(context.Context, *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
+	return nil, unsupported("input to a running process")
+}
+
+func (p *processServer) Update(context.Context, *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
+	return nil, unsupported("resizing a PTY")
+}
