@@ -76,7 +76,7 @@ func New(opts Options) http.Handler {
 	data := http.NewServeMux()
 	data.Handle(processconnect.NewProcessHandler(&processServer{s: s}))
 	data.Handle(filesystemconnect.NewFilesystemHandler(&filesystemServer{s: s}))
-	data.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	data.HandleFunc("GET /health", s.health)
 	data.HandleFunc("GET /files", s.download)
 	data.HandleFunc("POST /files", s.upload)
 
@@ -204,4 +204,26 @@ func (s *server) connectErr(err error) error {
 // serve yet.
 func unsupported(what string) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New(what+" is not supported by sandgate's E2B face yet"))
+}
+
+// health answers envd's health check, which the SDKs use to tell a
+// sandbox that is gone: 204 while the sandbox runs, 502 (as E2B's proxy
+// answers for a sandbox that is no more) when it is unknown or not
+// running.
+func (s *server) health(w http.ResponseWriter, r *http.Request) {
+	t, err := s.target(r.Context(), r.Header)
+	if err == nil {
+		var info sandbox.Info
+		if info, err = s.svc.Get(r.Context(), t.c, t.id); err == nil && info.State != providers.StateRunning {
+			err = providers.Errorf(providers.ErrNotFound, "sandbox %s is %s", t.id, info.State)
+		}
+	}
+	switch {
+	case err == nil:
+		w.WriteHeader(http.StatusNoContent)
+	case providers.Kind(err) == providers.ErrNotFound:
+		writeJSON(w, http.StatusBadGateway, apiError{Code: http.StatusBadGateway, Message: messageOf(err)})
+	default:
+		s.writeError(w, r, err)
+	}
 }
