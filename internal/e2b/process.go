@@ -96,14 +96,22 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// commandLine is cmd with args as one shell command line.
+// bash is the shell the E2B SDKs run every command and terminal with.
+const bash = "/bin/bash"
+
+// commandLine is cmd with args as one shell command line. E2B's templates
+// all have bash, which the SDKs name; an image without it (busybox,
+// alpine) runs the same arguments with /bin/sh instead.
 func commandLine(cmd string, args []string) string {
-	parts := make([]string, 0, 1+len(args))
-	parts = append(parts, shellQuote(cmd))
+	quoted := make([]string, 0, len(args))
 	for _, a := range args {
-		parts = append(parts, shellQuote(a))
+		quoted = append(quoted, shellQuote(a))
 	}
-	return "exec " + strings.Join(parts, " ")
+	line := "exec " + shellQuote(cmd) + " " + strings.Join(quoted, " ")
+	if cmd != bash {
+		return line
+	}
+	return "if [ -x " + bash + " ]; then " + line + "; fi; exec /bin/sh " + strings.Join(quoted, " ")
 }
 
 type processServer struct {

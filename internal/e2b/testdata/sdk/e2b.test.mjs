@@ -11,6 +11,10 @@ for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
   assert.ok(process.env[v], `${v} must be set`)
 }
 
+// The template to create from ("" = base, the provider's default image).
+const template = process.env.E2B_TEST_TEMPLATE || undefined
+const create = (opts) => (template ? Sandbox.create(template, opts) : Sandbox.create(opts))
+
 const tag = `e2b-test-${process.pid}-${Date.now()}`
 let sbx
 
@@ -19,7 +23,7 @@ after(async () => {
 })
 
 test('create with env and metadata', async () => {
-  sbx = await Sandbox.create({ envs: { GREETING: 'hello from env' }, metadata: { suite: tag }, timeoutMs: 120_000 })
+  sbx = await create({ envs: { GREETING: 'hello from env' }, metadata: { suite: tag }, timeoutMs: 120_000 })
   assert.match(sbx.sandboxId, /^sbx-/)
   const info = await sbx.getInfo()
   assert.equal(info.sandboxId, sbx.sandboxId)
@@ -117,7 +121,7 @@ test('setTimeout and list with a metadata filter', async () => {
 })
 
 test('an invalid API key raises AuthenticationError', async () => {
-  await assert.rejects(Sandbox.create({ apiKey: 'e2b_not_a_key_of_this_gateway' }), (err) => {
+  await assert.rejects(create({ apiKey: 'e2b_not_a_key_of_this_gateway' }), (err) => {
     assert.ok(err instanceof AuthenticationError, `got ${err}`)
     return true
   })
