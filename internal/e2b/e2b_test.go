@@ -259,7 +259,7 @@ func TestDataPlaneRefusals(t *testing.T) {
 		t.Errorf("SendSignal without a signal: %v", err)
 	}
 	if _, err := proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{
-		Signal: process.Signal_SIGNAL_SIGKILL,
+		Signal:  process.Signal_SIGNAL_SIGKILL,
 		Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Tag{Tag: "not-a-command-id"}},
 	})); codeOf(err) != connect.CodeNotFound {
 		t.Errorf("SendSignal to an unknown tag: %v", err)
