@@ -180,6 +180,11 @@ func (p *processServer) follow(ctx context.Context, t target, cid string, since 
 			return ev.event(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: data}})
 		})
 	if err != nil {
+		// The client went away or its timeout (Connect-Timeout-Ms) passed:
+		// the process runs on, durable, to be connected to again.
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the stream's timeout passed; the process still runs"))
+		}
 		if ctx.Err() != nil {
 			return connect.NewError(connect.CodeCanceled, ctx.Err())
 		}

@@ -4,7 +4,7 @@
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Sandbox, CommandExitError, AuthenticationError, SandboxNotFoundError, NotFoundError,
+  Sandbox, CommandExitError, AuthenticationError, SandboxNotFoundError, NotFoundError, TimeoutError,
 } from 'e2b'
 
 for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
@@ -73,6 +73,30 @@ test('a background command streams, is listed, reconnects by pid and is killed',
   })
   const after = await sbx.commands.list()
   assert.ok(!after.some((p) => p.pid === h.pid), 'a killed command is still listed')
+})
+
+test('a command that outlasts timeoutMs raises TimeoutError and runs on', async () => {
+  await assert.rejects(sbx.commands.run('echo slow > /tmp/slow.started; sleep 30', { timeoutMs: 1000 }), (err) => {
+    assert.ok(err instanceof TimeoutError, `got ${err}`)
+    return true
+  })
+  assert.equal(await sbx.files.read('/tmp/slow.started'), 'slow\n')
+  const running = await sbx.commands.list()
+  const slow = running.find((p) => p.args.join(' ').includes('sleep 30'))
+  assert.ok(slow, `the timed-out command is not listed: ${JSON.stringify(running)}`)
+  assert.equal(await sbx.commands.kill(slow.pid), true)
+})
+
+test('paths with shell metacharacters are paths, not commands', async () => {
+  const dir = "/tmp/e2b/it's $(touch /tmp/pwned-mk) `touch /tmp/pwned-bt`; touch /tmp/pwned-semi"
+  assert.equal(await sbx.files.makeDir(dir), true)
+  await sbx.files.write(dir + '/f', 'x')
+  await sbx.files.rename(dir + '/f', dir + '/g $(touch /tmp/pwned-mv)')
+  assert.equal(await sbx.files.read(dir + '/g $(touch /tmp/pwned-mv)'), 'x')
+  await sbx.files.remove(dir)
+  assert.equal(await sbx.files.exists(dir), false)
+  const tmp = (await sbx.files.list('/tmp')).map((e) => e.name)
+  assert.deepEqual(tmp.filter((n) => n.startsWith('pwned')), [])
 })
 
 test('files: write, read, list, exists, makeDir, rename, remove', async () => {
