@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -68,4 +72,55 @@ func runE2BSDK(t *testing.T, g *proc, template string) {
 		t.Fatalf("the SDK's tests did not all pass:\n%s", out)
 	}
 	t.Logf("E2B SDK: %s tests passed", m[1])
+}
+
+// TestE2BSDKRestart: a background command started through the SDK runs
+// on while its gateway is SIGKILLed and started again; the SDK then
+// connects to it by pid and reads the rest of its output and its exit.
+func TestE2BSDKRestart(t *testing.T) {
+	t.Parallel()
+	state := t.TempDir()
+	g := startGateway(t, state, nil, "--e2b", "--api-key", e2bKey)
+	out := runE2BScript(t, g, "restart.mjs", "start")
+	var started struct {
+		ID  string `json:"id"`
+		PID int    `json:"pid"`
+	}
+	if err := json.Unmarshal(bytes.TrimSpace(out), &started); err != nil || started.ID == "" || started.PID <= 0 {
+		t.Fatalf("phase start: %v\n%s", err, out)
+	}
+	g.stop(syscall.SIGKILL)
+	g2 := startGateway(t, state, nil, "--e2b", "--api-key", e2bKey)
+	out = runE2BScript(t, g2, "restart.mjs", "follow",
+		"E2B_RESTART_SANDBOX="+started.ID, "E2B_RESTART_PID="+strconv.Itoa(started.PID))
+	if !bytes.Contains(out, []byte("followed")) {
+		t.Fatalf("phase follow: %s", out)
+	}
+}
+
+// runE2BScript runs node on script of the SDK's directory with args,
+// against g, and returns its stdout; a failure fails t.
+func runE2BScript(t *testing.T, g *proc, script string, arg string, env ...string) []byte {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	testkit.Need(t, "node (apt-get install nodejs)", err)
+	dir := filepath.Join("..", "..", "internal", "e2b", "testdata", "sdk")
+	_, err = os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json"))
+	testkit.Need(t, "the pinned E2B SDK (make e2b-sdk)", err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // catches a hang only
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, script, arg)
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(),
+		"E2B_API_URL="+g.URL+"/e2b/api",
+		"E2B_SANDBOX_URL="+g.URL+"/e2b/sandbox",
+		"E2B_API_KEY="+e2bKey,
+	), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node %s %s: %v\n%s%s\ngateway:\n%s", script, arg, err, out, stderr.Bytes(), g.stderr)
+	}
+	return out
 }

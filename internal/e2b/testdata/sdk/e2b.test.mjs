@@ -161,6 +161,20 @@ test('an unknown sandbox raises SandboxNotFoundError', async () => {
   assert.equal(await Sandbox.kill('sbx-doesnotexist0000000'), false)
 })
 
+test('pause, list paused, connect resumes with the files kept', async () => {
+  await sbx.files.write('/tmp/kept', 'across a pause')
+  assert.equal(await sbx.pause(), true)
+  assert.equal(await Sandbox.pause(sbx.sandboxId), false) // already paused
+  assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+  const paused = await Sandbox.list({ query: { state: ['paused'], metadata: { suite: tag } } }).nextItems()
+  assert.deepEqual(paused.map((s) => s.sandboxId), [sbx.sandboxId])
+  const running = await Sandbox.list({ query: { state: ['running'], metadata: { suite: tag } } }).nextItems()
+  assert.deepEqual(running, [])
+  sbx = await Sandbox.connect(sbx.sandboxId)
+  assert.equal((await sbx.getInfo()).state, 'running')
+  assert.equal(await sbx.files.read('/tmp/kept'), 'across a pause')
+})
+
 test('connect gives a working handle; kill ends the sandbox', async () => {
   const again = await Sandbox.connect(sbx.sandboxId)
   assert.equal((await again.commands.run('echo reconnected')).stdout, 'reconnected\n')
