@@ -184,7 +184,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// (a JSON body's arrival, a reply's progress); the headers and an
 	// idle connection are bounded here.
 	if cfg.E2B {
-		h = withE2B(h, e2b.New(e2b.Options{Service: svc, Logger: log}))
+		h = withE2B(h, e2b.New(e2b.Options{Service: svc, PTY: terms, Logger: log}))
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.IdleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}

@@ -30,6 +30,7 @@ import (
 	"github.com/sandgate/sandgate/internal/e2b/envd/filesystem/filesystemconnect"
 	"github.com/sandgate/sandgate/internal/e2b/envd/process/processconnect"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
@@ -49,12 +50,16 @@ type Options struct {
 	// empty); the control plane is Prefix/api, the data plane
 	// Prefix/sandbox.
 	Prefix string
+	// PTY serves PTY processes as terminal sessions (nil: PTY processes
+	// are refused as not supported).
+	PTY    *pty.Manager
 	Logger *slog.Logger
 }
 
 // server serves both planes.
 type server struct {
 	svc *sandbox.Service
+	pty *pty.Manager
 	log *slog.Logger
 }
 
@@ -68,7 +73,7 @@ func New(opts Options) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &server{svc: opts.Service, log: opts.Logger}
+	s := &server{svc: opts.Service, pty: opts.PTY, log: opts.Logger}
 
 	api := http.NewServeMux()
 	s.controlRoutes(api)

@@ -3,9 +3,9 @@ package e2b
 import (
 	"context"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net/http"
 	"strconv"
 	"strings"
@@ -72,19 +72,13 @@ func basicUser(auth string) (string, error) {
 // lifetime ends them sooner.
 const processTimeout = 24 * time.Hour
 
-// pidOf is the pid E2B sees for durable command cid: 31 bits of its
-// random id, so that the pid is found again from the agent's list after
-// a gateway restart (nothing is kept in the gateway).
-func pidOf(cid string) uint32 {
-	h, _ := strings.CutPrefix(cid, "cmd-")
-	if len(h) < 8 {
-		return 0
-	}
-	b, err := hex.DecodeString(h[:8])
-	if err != nil {
-		return 0
-	}
-	pid := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) & 0x7fffffff
+// pidOf is the pid E2B sees for durable command or terminal session
+// id: 31 bits of a hash of the id, so that the pid is found again from the
+// agent's lists after a gateway restart (nothing is kept in the gateway).
+func pidOf(id string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	pid := h.Sum32() & 0x7fffffff
 	if pid == 0 {
 		pid = 1
 	}
@@ -208,11 +202,11 @@ func (p *processServer) Start(ctx context.Context, req *connect.Request[process.
 		return p.s.connectErr(err)
 	}
 	m := req.Msg
-	if m.Pty != nil {
-		return unsupported("a PTY process")
-	}
 	if m.Process == nil || m.Process.Cmd == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd must not be empty"))
+	}
+	if m.Pty != nil {
+		return p.startPTY(ctx, t, req, st)
 	}
 	timeout := processTimeout
 	cmd, err := p.s.svc.StartCommand(ctx, t.c, t.id, sandbox.CommandRequest{ExecRequest: sandbox.ExecRequest{
@@ -234,32 +228,67 @@ func (p *processServer) Start(ctx context.Context, req *connect.Request[process.
 	return p.follow(ctx, t, cmd.ID, [2]int64{}, ev)
 }
 
-// find is the running-or-ended command a selector names: by tag (the
-// command id) or by pid.
-func (p *processServer) find(ctx context.Context, t target, sel *process.ProcessSelector) (sandbox.Command, error) {
+// proc is a process as E2B sees it: a durable command or, for a PTY, a
+// terminal session (sid set).
+type proc struct {
+	cmd sandbox.Command
+	sid string
+	off int64 // a session's output offset now
+}
+
+func (x proc) id() string {
+	if x.sid != "" {
+		return x.sid
+	}
+	return x.cmd.ID
+}
+
+// find is the command or session a selector names: by tag (its id) or by
+// pid.
+func (p *processServer) find(ctx context.Context, t target, sel *process.ProcessSelector) (proc, error) {
+	var want func(string) bool
 	switch v := sel.GetSelector().(type) {
 	case *process.ProcessSelector_Tag:
-		return p.s.svc.Command(ctx, t.c, t.id, v.Tag)
+		if !strings.HasPrefix(v.Tag, sessionPrefix) {
+			cmd, err := p.s.svc.Command(ctx, t.c, t.id, v.Tag)
+			return proc{cmd: cmd}, err
+		}
+		want = func(id string) bool { return id == v.Tag }
 	case *process.ProcessSelector_Pid:
+		want = func(id string) bool { return pidOf(id) == v.Pid }
+	default:
+		return proc{}, providers.InvalidFields{{Field: "process", Message: "must select a process by pid or tag"}}
+	}
+	var found []proc
+	if _, ok := sel.GetSelector().(*process.ProcessSelector_Pid); ok {
 		list, err := p.s.svc.Commands(ctx, t.c, t.id)
 		if err != nil {
-			return sandbox.Command{}, err
+			return proc{}, err
 		}
-		var found []sandbox.Command
 		for _, c := range list {
-			if pidOf(c.ID) == v.Pid {
-				found = append(found, c)
+			if want(c.ID) {
+				found = append(found, proc{cmd: c})
 			}
 		}
-		switch len(found) {
-		case 0:
-			return sandbox.Command{}, providers.Errorf(providers.ErrNotFound, "no process with pid %d", v.Pid)
-		case 1:
-			return found[0], nil
-		}
-		return sandbox.Command{}, providers.Errorf(providers.ErrConflict, "pid %d names more than one process: select it by tag", v.Pid)
 	}
-	return sandbox.Command{}, providers.InvalidFields{{Field: "process", Message: "must select a process by pid or tag"}}
+	if p.s.pty != nil {
+		sessions, err := p.s.pty.List(ctx, t.c, t.id)
+		if err != nil {
+			return proc{}, err
+		}
+		for _, si := range sessions {
+			if want(si.ID) {
+				found = append(found, proc{sid: si.ID, off: si.OutputOffset})
+			}
+		}
+	}
+	switch len(found) {
+	case 0:
+		return proc{}, providers.Errorf(providers.ErrNotFound, "no such process")
+	case 1:
+		return found[0], nil
+	}
+	return proc{}, providers.Errorf(providers.ErrConflict, "the pid names more than one process: select it by tag")
 }
 
 // Connect streams a process's output from now on, then its end.
@@ -268,17 +297,20 @@ func (p *processServer) Connect(ctx context.Context, req *connect.Request[proces
 	if err != nil {
 		return p.s.connectErr(err)
 	}
-	cmd, err := p.find(ctx, t, req.Msg.Process)
+	x, err := p.find(ctx, t, req.Msg.Process)
 	if err != nil {
 		return p.s.connectErr(err)
 	}
 	ev := &eventSender{send: func(e *process.ProcessEvent) error { return st.Send(&process.ConnectResponse{Event: e}) }}
-	if err := ev.event(startEvent(pidOf(cmd.ID))); err != nil {
+	if err := ev.event(startEvent(pidOf(x.id()))); err != nil {
 		return err
 	}
 	stop := ev.keepalive(req.Header())
 	defer stop()
-	return p.follow(ctx, t, cmd.ID, [2]int64{cmd.StdoutSize, cmd.StderrSize}, ev)
+	if x.sid != "" {
+		return p.followPTY(ctx, t, x.sid, x.off, ev)
+	}
+	return p.follow(ctx, t, x.cmd.ID, [2]int64{x.cmd.StdoutSize, x.cmd.StderrSize}, ev)
 }
 
 // List lists the running processes (tag: the command id).
@@ -302,6 +334,21 @@ func (p *processServer) List(ctx context.Context, req *connect.Request[process.L
 			Config: &process.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", c.Command}},
 		})
 	}
+	if p.s.pty != nil {
+		sessions, err := p.s.pty.List(ctx, t.c, t.id)
+		if err != nil {
+			return nil, p.s.connectErr(err)
+		}
+		for _, si := range sessions {
+			if !si.Running {
+				continue
+			}
+			tag := si.ID
+			res.Processes = append(res.Processes, &process.ProcessInfo{
+				Pid: pidOf(si.ID), Tag: &tag, Config: &process.ProcessConfig{Cmd: bash},
+			})
+		}
+	}
 	return connect.NewResponse(res), nil
 }
 
@@ -320,9 +367,13 @@ func (p *processServer) SendSignal(ctx context.Context, req *connect.Request[pro
 	default:
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("signal must be SIGNAL_SIGTERM or SIGNAL_SIGKILL"))
 	}
-	cmd, err := p.find(ctx, t, req.Msg.Process)
-	if err == nil {
-		err = p.s.svc.SignalCommand(ctx, t.c, t.id, cmd.ID, sig)
+	x, err := p.find(ctx, t, req.Msg.Process)
+	switch {
+	case err != nil:
+	case x.sid != "":
+		err = p.signalPTY(ctx, t, x.sid, sig)
+	default:
+		err = p.s.svc.SignalCommand(ctx, t.c, t.id, x.cmd.ID, sig)
 	}
 	if err != nil {
 		return nil, p.s.connectErr(err)
@@ -343,14 +394,6 @@ func (p *processServer) CloseStdin(ctx context.Context, req *connect.Request[pro
 	return connect.NewResponse(&process.CloseStdinResponse{}), nil
 }
 
-func (p *processServer) SendInput(context.Context, *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
-	return nil, unsupported("input to a running process")
-}
-
 func (p *processServer) StreamInput(context.Context, *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
 	return nil, unsupported("input to a running process")
-}
-
-func (p *processServer) Update(context.Context, *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
-	return nil, unsupported("resizing a PTY")
 }

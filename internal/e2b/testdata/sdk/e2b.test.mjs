@@ -75,6 +75,34 @@ test('a background command streams, is listed, reconnects by pid and is killed',
   assert.ok(!after.some((p) => p.pid === h.pid), 'a killed command is still listed')
 })
 
+test('a PTY: input, resize, listed, exit', async () => {
+  let out = ''
+  const waiters = []
+  const seen = (re) => new Promise((resolve) => { waiters.push({ re, resolve }); check() })
+  const check = () => {
+    for (const w of waiters.splice(0)) {
+      if (w.re.test(out)) w.resolve(); else waiters.push(w)
+    }
+  }
+  const dec = new TextDecoder()
+  const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d); check() } })
+  assert.ok(term.pid > 0)
+  const enc = new TextEncoder()
+  await sbx.pty.sendInput(term.pid, enc.encode('stty size; echo pty-$((6*7))\n'))
+  await seen(/24 80[\s\S]*pty-42/)
+  assert.ok((await sbx.commands.list()).some((p) => p.pid === term.pid), 'the PTY is not listed')
+  await sbx.pty.resize(term.pid, { cols: 100, rows: 30 })
+  await sbx.pty.sendInput(term.pid, enc.encode('stty size\n'))
+  await seen(/30 100/)
+  await sbx.pty.sendInput(term.pid, enc.encode('exit 0\n'))
+  const r = await term.wait()
+  assert.equal(r.exitCode, 0)
+
+  const other = await sbx.pty.create({ cols: 80, rows: 24, onData: () => {} })
+  assert.equal(await sbx.pty.kill(other.pid), true)
+  assert.ok(!(await sbx.commands.list()).some((p) => p.pid === other.pid), 'a killed PTY is still listed')
+})
+
 test('a command that outlasts timeoutMs raises TimeoutError and runs on', async () => {
   await assert.rejects(sbx.commands.run('echo slow > /tmp/slow.started; sleep 30', { timeoutMs: 1000 }), (err) => {
     assert.ok(err instanceof TimeoutError, `got ${err}`)
