@@ -18,6 +18,7 @@ import (
 	"github.com/sandgate/sandgate/internal/e2b/envd/process/processconnect"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/sandbox"
+	"github.com/sandgate/sandgate/internal/wire"
 )
 
 // The data plane's process service, over sandgate's durable commands.
@@ -205,8 +206,8 @@ func (p *processServer) Start(ctx context.Context, req *connect.Request[process.
 	if m.Process == nil || m.Process.Cmd == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd must not be empty"))
 	}
-	if m.Pty != nil {
-		return p.startPTY(ctx, t, req, st)
+	if m.Pty != nil || m.GetStdin() {
+		return p.startSession(ctx, t, m.Pty != nil, req, st)
 	}
 	timeout := processTimeout
 	cmd, err := p.s.svc.StartCommand(ctx, t.c, t.id, sandbox.CommandRequest{ExecRequest: sandbox.ExecRequest{
@@ -233,6 +234,7 @@ func (p *processServer) Start(ctx context.Context, req *connect.Request[process.
 type proc struct {
 	cmd sandbox.Command
 	sid string
+	tty bool  // the session is a PTY
 	off int64 // a session's output offset now
 }
 
@@ -278,7 +280,7 @@ func (p *processServer) find(ctx context.Context, t target, sel *process.Process
 		}
 		for _, si := range sessions {
 			if want(si.ID) {
-				found = append(found, proc{sid: si.ID, off: si.OutputOffset})
+				found = append(found, proc{sid: si.ID, tty: si.Mode == wire.ModePTY, off: si.OutputOffset})
 			}
 		}
 	}
@@ -308,7 +310,7 @@ func (p *processServer) Connect(ctx context.Context, req *connect.Request[proces
 	stop := ev.keepalive(req.Header())
 	defer stop()
 	if x.sid != "" {
-		return p.followPTY(ctx, t, x.sid, x.off, ev)
+		return p.followSession(ctx, t, x.sid, x.tty, x.off, ev)
 	}
 	return p.follow(ctx, t, x.cmd.ID, [2]int64{x.cmd.StdoutSize, x.cmd.StderrSize}, ev)
 }
@@ -345,7 +347,7 @@ func (p *processServer) List(ctx context.Context, req *connect.Request[process.L
 			}
 			tag := si.ID
 			res.Processes = append(res.Processes, &process.ProcessInfo{
-				Pid: pidOf(si.ID), Tag: &tag, Config: &process.ProcessConfig{Cmd: bash},
+				Pid: pidOf(si.ID), Tag: &tag, Config: &process.ProcessConfig{Cmd: "/bin/sh"},
 			})
 		}
 	}
@@ -379,19 +381,6 @@ func (p *processServer) SendSignal(ctx context.Context, req *connect.Request[pro
 		return nil, p.s.connectErr(err)
 	}
 	return connect.NewResponse(&process.SendSignalResponse{}), nil
-}
-
-// CloseStdin: sandgate's commands take no stdin after they start, so
-// theirs is closed already.
-func (p *processServer) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
-	t, err := p.s.target(ctx, req.Header())
-	if err != nil {
-		return nil, p.s.connectErr(err)
-	}
-	if _, err := p.find(ctx, t, req.Msg.Process); err != nil {
-		return nil, p.s.connectErr(err)
-	}
-	return connect.NewResponse(&process.CloseStdinResponse{}), nil
 }
 
 func (p *processServer) StreamInput(context.Context, *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {

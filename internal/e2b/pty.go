@@ -32,9 +32,15 @@ const replayBytes = 1 << 20
 // replays nothing.
 const noReplay = math.MaxInt64 / 2
 
-func (p *processServer) startPTY(ctx context.Context, t target, req *connect.Request[process.StartRequest], st *connect.ServerStream[process.StartResponse]) error {
+// startSession starts a process as a terminal session: a PTY (tty), or
+// pipes whose stdin stays open for SendInput and CloseStdin (a command
+// started with stdin: true).
+func (p *processServer) startSession(ctx context.Context, t target, tty bool, req *connect.Request[process.StartRequest], st *connect.ServerStream[process.StartResponse]) error {
 	if p.s.pty == nil {
-		return unsupported("a PTY process")
+		if tty {
+			return unsupported("a PTY process")
+		}
+		return unsupported("a process with stdin")
 	}
 	m := req.Msg
 	size := m.Pty.GetSize()
@@ -46,10 +52,11 @@ func (p *processServer) startPTY(ctx context.Context, t target, req *connect.Req
 		Cwd:     m.Process.GetCwd(),
 		Env:     m.Process.Envs,
 		User:    t.user,
-		TTY:     true,
+		TTY:     tty,
 		Rows:    uint16(size.GetRows()),
 		Cols:    uint16(size.GetCols()),
-	}, pty.StartNow)
+	}, pty.StartAtAttach) // started by followSession's attach: no output before it
+
 	if err != nil {
 		return p.s.connectErr(err)
 	}
@@ -59,36 +66,50 @@ func (p *processServer) startPTY(ctx context.Context, t target, req *connect.Req
 	}
 	stop := ev.keepalive(req.Header())
 	defer stop()
-	return p.followPTY(ctx, t, info.ID, 0, ev)
+	return p.followSession(ctx, t, info.ID, tty, -1, ev)
 }
 
-// attach attaches to session sid of t's sandbox from offset since.
-func (p *processServer) attach(ctx context.Context, t target, sid string, since int64) (*agentclient.Attachment, error) {
+// attach attaches to session sid of t's sandbox from offset since
+// (starting it in mode tty if it was deferred).
+func (p *processServer) attach(ctx context.Context, t target, sid string, since int64, tty *bool) (*agentclient.Attachment, error) {
 	h, err := p.s.svc.SessionHost(ctx, t.c, t.id)
 	if err != nil {
 		return nil, err
 	}
-	return h.Attach(ctx, sid, since, nil, replayBytes)
+	return h.Attach(ctx, sid, since, tty, replayBytes)
 }
 
-// followPTY streams session sid's output from offset since as PTY data
-// events until it exits, then its end event.
-func (p *processServer) followPTY(ctx context.Context, t target, sid string, since int64, ev *eventSender) error {
-	a, err := p.attach(ctx, t, sid, since)
+// followSession streams session sid's output from offset since as data
+// events (pty, else stdout and stderr) until it exits, then its end
+// event. since -1: the session was created to start at this attach, in
+// mode tty, and is followed from its start.
+func (p *processServer) followSession(ctx context.Context, t target, sid string, tty bool, since int64, ev *eventSender) error {
+	var mode *bool
+	if since < 0 {
+		since, mode = 0, &tty
+	}
+	a, err := p.attach(ctx, t, sid, since, mode)
 	if err != nil {
 		return p.s.connectErr(err)
 	}
 	defer a.Close()
 	stop := context.AfterFunc(ctx, func() { a.Close() })
 	defer stop()
-	send := func(b []byte) error {
+	send := func(b []byte, stderr bool) error {
 		out := append([]byte(nil), b...)
-		return ev.event(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: &process.ProcessEvent_DataEvent{
-			Output: &process.ProcessEvent_DataEvent_Pty{Pty: out},
-		}}})
+		data := &process.ProcessEvent_DataEvent{}
+		switch {
+		case tty:
+			data.Output = &process.ProcessEvent_DataEvent_Pty{Pty: out}
+		case stderr:
+			data.Output = &process.ProcessEvent_DataEvent_Stderr{Stderr: out}
+		default:
+			data.Output = &process.ProcessEvent_DataEvent_Stdout{Stdout: out}
+		}
+		return ev.event(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: data}})
 	}
-	if len(a.Replay) > 0 {
-		if err := send(a.Replay); err != nil {
+	if len(a.Replay) > 0 && tty { // a pipe session's replay does not say which stream: dropped
+		if err := send(a.Replay, false); err != nil {
 			return err
 		}
 		a.Replay = nil
@@ -112,7 +133,7 @@ func (p *processServer) followPTY(ctx context.Context, t target, sid string, sin
 			}
 			return ev.event(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}})
 		default:
-			if err := send(e.Data); err != nil {
+			if err := send(e.Data, e.Chan == 0x02); err != nil {
 				return err
 			}
 		}
@@ -122,7 +143,7 @@ func (p *processServer) followPTY(ctx context.Context, t target, sid string, sin
 // withSession attaches to session sid (replaying nothing), calls f with
 // the attachment, and detaches.
 func (p *processServer) withSession(ctx context.Context, t target, sid string, f func(*agentclient.Attachment) error) error {
-	a, err := p.attach(ctx, t, sid, noReplay)
+	a, err := p.attach(ctx, t, sid, noReplay, nil)
 	if err != nil {
 		return err
 	}
@@ -140,8 +161,9 @@ func (p *processServer) signalPTY(ctx context.Context, t target, sid, sig string
 	return p.withSession(ctx, t, sid, func(a *agentclient.Attachment) error { return a.Signal(syscall.SIGTERM) })
 }
 
-// SendInput writes to a PTY's terminal; a command's stdin is closed once
-// it starts (sandgate's durable commands take their stdin at the start).
+// SendInput writes to a PTY's terminal or to the stdin of a process
+// started with stdin: true; a durable command's stdin is closed once it
+// starts.
 func (p *processServer) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
 	t, err := p.s.target(ctx, req.Header())
 	if err != nil {
@@ -152,7 +174,7 @@ func (p *processServer) SendInput(ctx context.Context, req *connect.Request[proc
 		return nil, p.s.connectErr(err)
 	}
 	if x.sid == "" {
-		return nil, unsupported("stdin to a running command (use a PTY)")
+		return nil, unsupported("stdin to a command started without stdin: true")
 	}
 	in := req.Msg.Input
 	data := in.GetPty()
@@ -191,4 +213,26 @@ func (p *processServer) Update(ctx context.Context, req *connect.Request[process
 		return nil, p.s.connectErr(err)
 	}
 	return connect.NewResponse(&process.UpdateResponse{}), nil
+}
+
+// CloseStdin closes the stdin of a process started with stdin: true (a
+// PTY's is its terminal: send Ctrl-D); a durable command's is closed
+// already.
+func (p *processServer) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
+	t, err := p.s.target(ctx, req.Header())
+	if err != nil {
+		return nil, p.s.connectErr(err)
+	}
+	x, err := p.find(ctx, t, req.Msg.Process)
+	if err == nil && x.sid != "" {
+		if x.tty {
+			err = providers.Errorf(providers.ErrInvalid, "a PTY has no stdin to close: send Ctrl-D (0x04)")
+		} else {
+			err = p.withSession(ctx, t, x.sid, func(a *agentclient.Attachment) error { return a.CloseStdin() })
+		}
+	}
+	if err != nil {
+		return nil, p.s.connectErr(err)
+	}
+	return connect.NewResponse(&process.CloseStdinResponse{}), nil
 }

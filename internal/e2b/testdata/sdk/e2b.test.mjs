@@ -103,6 +103,27 @@ test('a PTY: input, resize, listed, exit', async () => {
   assert.ok(!(await sbx.commands.list()).some((p) => p.pid === other.pid), 'a killed PTY is still listed')
 })
 
+test('a command with stdin: sendStdin, closeStdin', async () => {
+  const h = await sbx.commands.run('echo ready; cat; echo done >&2', { background: true, stdin: true })
+  await sbx.commands.sendStdin(h.pid, 'hello stdin\n')
+  await sbx.commands.closeStdin(h.pid)
+  const r = await h.wait()
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'ready\nhello stdin\n')
+  assert.equal(r.stderr, 'done\n')
+})
+
+test('a 100 MiB file, streamed both ways', async () => {
+  const big = new Uint8Array(100 << 20)
+  for (let i = 0; i < big.length; i += 4093) big[i] = (i / 4093) & 0xff
+  await sbx.files.write('/tmp/big.bin', new Blob([big]).stream())
+  assert.equal((await sbx.commands.run('wc -c < /tmp/big.bin')).stdout.trim(), String(100 << 20))
+  const back = await sbx.files.read('/tmp/big.bin', { format: 'bytes' })
+  assert.equal(back.length, big.length)
+  assert.ok(Buffer.from(back).equals(Buffer.from(big)), 'the file read back differs')
+  await sbx.files.remove('/tmp/big.bin')
+})
+
 test('a command that outlasts timeoutMs raises TimeoutError and runs on', async () => {
   await assert.rejects(sbx.commands.run('echo slow > /tmp/slow.started; sleep 30', { timeoutMs: 1000 }), (err) => {
     assert.ok(err instanceof TimeoutError, `got ${err}`)
