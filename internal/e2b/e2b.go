@@ -40,6 +40,10 @@ import (
 // one (the sandbox's default user runs what is not given a user).
 const EnvdVersion = "0.5.7"
 
+// maxRPCMessage caps a data-plane RPC message (a PTY's input is the
+// largest the SDKs send); beyond it ResourceExhausted.
+const maxRPCMessage = 4 << 20
+
 // DefaultPrefix is where the E2B face is mounted by default.
 const DefaultPrefix = "/e2b"
 
@@ -79,8 +83,9 @@ func New(opts Options) http.Handler {
 	s.controlRoutes(api)
 
 	data := http.NewServeMux()
-	data.Handle(processconnect.NewProcessHandler(&processServer{s: s}))
-	data.Handle(filesystemconnect.NewFilesystemHandler(&filesystemServer{s: s}))
+	limit := connect.WithReadMaxBytes(maxRPCMessage)
+	data.Handle(processconnect.NewProcessHandler(&processServer{s: s}, limit))
+	data.Handle(filesystemconnect.NewFilesystemHandler(&filesystemServer{s: s}, limit))
 	data.HandleFunc("GET /health", s.health)
 	data.HandleFunc("GET /files", s.download)
 	data.HandleFunc("POST /files", s.upload)

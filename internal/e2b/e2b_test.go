@@ -264,6 +264,9 @@ func TestDataPlaneRefusals(t *testing.T) {
 	})); codeOf(err) != connect.CodeNotFound {
 		t.Errorf("SendSignal to an unknown tag: %v", err)
 	}
+	if _, err := fsys.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: strings.Repeat("a", maxRPCMessage)})); codeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("a message over the cap: %v", err)
+	}
 	if _, err := fsys.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: "/", Depth: maxListDepth + 1})); codeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "depth") {
 		t.Errorf("ListDir too deep: %v", err)
 	}
