@@ -39,6 +39,9 @@ func (s *server) controlRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /sandboxes/{id}/resume", s.connectSandbox)
 	mux.HandleFunc("POST /sandboxes/{id}/connect", s.connectSandbox)
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.connectSandbox)
+	mux.HandleFunc("POST /sandboxes/{id}/snapshots", s.createSnapshot)
+	mux.HandleFunc("GET /snapshots", s.listSnapshots)
+	mux.HandleFunc("DELETE /templates/{id}", s.deleteSnapshot)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, providers.Errorf(providers.ErrUnsupported, "%s %s is not supported by sandgate's E2B face", r.Method, r.URL.Path))
 	})
@@ -156,19 +159,24 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	image := body.TemplateID
-	if slices.Contains(baseTemplates, image) {
-		image = ""
+	req := sandbox.CreateRequest{Image: body.TemplateID, TTL: ttl, Env: body.EnvVars, Metadata: body.Metadata}
+	switch {
+	case slices.Contains(baseTemplates, req.Image):
+		req.Image = ""
+	case strings.HasPrefix(req.Image, snapshotPrefix):
+		req.Image, req.SnapshotID = "", req.Image
 	}
-	ref, err := s.svc.Create(r.Context(), c, sandbox.CreateRequest{
-		Image: image, TTL: ttl, Env: body.EnvVars, Metadata: body.Metadata,
-	})
+	template := templateOf(req.Image)
+	if req.SnapshotID != "" {
+		template = req.SnapshotID
+	}
+	ref, err := s.svc.Create(r.Context(), c, req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, sandboxReply{
-		SandboxID: ref.SandboxID, TemplateID: templateOf(image), ClientID: clientID,
+		SandboxID: ref.SandboxID, TemplateID: template, ClientID: clientID,
 		EnvdVersion: EnvdVersion, EnvdAccessToken: ref.Token,
 	})
 }
@@ -406,4 +414,72 @@ func (s *server) connectSandbox(w http.ResponseWriter, r *http.Request) {
 	rep := replyOf(info)
 	rep.EnvdAccessToken = ref.Token
 	writeJSON(w, http.StatusCreated, rep)
+}
+
+// snapshotPrefix begins every snapshot id: a template id with it is a
+// snapshot (E2B's snapshots are templates too).
+const snapshotPrefix = "snp-"
+
+// snapshotReply is a snapshot as E2B's API describes it.
+type snapshotReply struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}
+
+// createSnapshot snapshots a sandbox (it keeps running: sandgate's
+// snapshots need no pause); Sandbox.create(snapshotID) starts from it.
+func (s *server) createSnapshot(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Name string `json:"name"`
+	}
+	if err := decode(r, &body); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sn, err := s.svc.Snapshot(r.Context(), apiCaller(r), r.PathValue("id"), body.Name)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snapshotReply{SnapshotID: sn.ID, Names: []string{sn.Name}})
+}
+
+// listSnapshots lists the caller's snapshots, of one sandbox
+// (sandboxID=) or named name= if asked; one page.
+func (s *server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	list, err := s.svc.Snapshots(r.Context(), apiCaller(r))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	out := []snapshotReply{}
+	for _, sn := range list {
+		if (q.Get("sandboxID") != "" && sn.SandboxID != q.Get("sandboxID")) || (q.Get("name") != "" && sn.Name != q.Get("name")) {
+			continue
+		}
+		out = append(out, snapshotReply{SnapshotID: sn.ID, Names: []string{sn.Name}})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// deleteSnapshot deletes a snapshot (E2B deletes templates here; only
+// snapshots are templates of sandgate's).
+func (s *server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !strings.HasPrefix(id, snapshotPrefix) {
+		s.writeError(w, r, providers.Errorf(providers.ErrUnsupported, "deleting template %s: templates are images here, managed outside the E2B face", id))
+		return
+	}
+	// sandgate's delete is idempotent; E2B answers 404 for a snapshot
+	// that is not there (the SDK then says false).
+	_, err := s.svc.GetSnapshot(r.Context(), apiCaller(r), id)
+	if err == nil {
+		_, err = s.svc.DeleteSnapshot(r.Context(), apiCaller(r), id)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }

@@ -210,6 +210,22 @@ test('an unknown sandbox raises SandboxNotFoundError', async () => {
   assert.equal(await Sandbox.kill('sbx-doesnotexist0000000'), false)
 })
 
+test('snapshots: create, start from, list, delete', async () => {
+  await sbx.files.write('/tmp/snap.txt', 'in the snapshot')
+  const snap = await sbx.createSnapshot()
+  assert.match(snap.snapshotId, /^snp-/)
+  const listed = await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems()
+  assert.deepEqual(listed.map((x) => x.snapshotId), [snap.snapshotId])
+  const child = await Sandbox.create(snap.snapshotId)
+  try {
+    assert.equal(await child.files.read('/tmp/snap.txt'), 'in the snapshot')
+  } finally {
+    await child.kill()
+  }
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+})
+
 test('pause, list paused, connect resumes with the files kept', async () => {
   await sbx.files.write('/tmp/kept', 'across a pause')
   assert.equal(await sbx.pause(), true)
