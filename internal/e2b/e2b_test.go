@@ -145,6 +145,8 @@ func TestControlRefusals(t *testing.T) {
 		{"POST", "/sandboxes/" + id + "/timeout", `{"timeout":0}`, "timeout"},
 		{"POST", "/sandboxes/" + id + "/timeout", `{"timeout":"x"}`, "body"},
 		{"POST", "/v2/sandboxes/" + id + "/connect", `{"timeout":-1}`, "timeout"},
+		{"POST", "/sandboxes/" + id + "/snapshots", `{"name":"` + strings.Repeat("n", 129) + `"}`, "name"},
+		{"POST", "/sandboxes/" + id + "/snapshots", `{"name":7}`, "body"},
 	} {
 		st, e := f.call(c.method, c.path, c.body)
 		if st != http.StatusBadRequest || !strings.Contains(e.Message, c.field) {
@@ -160,6 +162,12 @@ func TestControlRefusals(t *testing.T) {
 	}
 	if st, _ := f.call("GET", "/templates", ""); st != http.StatusConflict {
 		t.Fatalf("an unsupported route: %d, want 409", st)
+	}
+	if st, e := f.call("DELETE", "/templates/python-3", ""); st != http.StatusConflict || !strings.Contains(e.Message, "python-3") {
+		t.Fatalf("deleting a template that is not a snapshot: %d %q, want 409 naming it", st, e.Message)
+	}
+	if st, _ := f.call("DELETE", "/templates/snp-nosuchsnapshot00000", ""); st != http.StatusNotFound {
+		t.Fatalf("deleting an unknown snapshot: %d, want 404", st)
 	}
 }
 
