@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -96,8 +97,49 @@ func New(opts Options) http.Handler {
 	mux.HandleFunc(opts.Prefix+"/", func(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, providers.Errorf(providers.ErrNotFound, "no such route: %s %s (the E2B control plane is under %s/api, the data plane under %s/sandbox)", r.Method, r.URL.Path, opts.Prefix, opts.Prefix))
 	})
-	return mux
+	return s.accessLog(mux)
 }
+
+// accessLog logs one debug line per request: method, path (ids, never a
+// credential: those travel in headers), status, duration and sandbox.
+func (s *server) accessLog(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r)
+		s.log.Debug("e2b request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
+			"sandbox", r.Header.Get("E2b-Sandbox-Id"), "took", time.Since(start))
+	})
+}
+
+// statusWriter records the status of a response; it flushes (Connect's
+// streams need it) and unwraps for http.ResponseController.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // apiError is an error as E2B's API and envd's HTTP routes write it.
 type apiError struct {
