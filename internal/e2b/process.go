@@ -229,8 +229,8 @@ func (p *processServer) Start(ctx context.Context, req *connect.Request[process.
 	return p.follow(ctx, t, cmd.ID, [2]int64{}, ev)
 }
 
-// proc is a process as E2B sees it: a durable command or, for a PTY, a
-// terminal session (sid set).
+// proc is a process as E2B sees it: a durable command or, for a PTY or
+// a process started with stdin, a terminal session (sid set).
 type proc struct {
 	cmd sandbox.Command
 	sid string
