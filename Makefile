@@ -8,7 +8,7 @@ STATE   ?= $(CURDIR)/.state
 # all threads, which the Go runtime only allows in a cgo-free binary.
 export CGO_ENABLED ?= 0
 
-.PHONY: build image run test check check-generated generate vet bench soak bench-go clean web agent-image k8s-up k8s-down fuzz
+.PHONY: build image run test check check-generated generate vet bench soak bench-go clean web agent-image k8s-up k8s-down fuzz e2b-sdk
 
 build: web
 	$(GO) build -o $(BIN) ./cmd/gateway
@@ -57,11 +57,20 @@ web/static/vendor/.stamp: web/package.json web/package-lock.json
 	sed -i '/^\/\/# sourceMappingURL=/d' web/static/vendor/*.mjs
 	touch $@
 
+# The E2B JavaScript SDK the E2B face's end-to-end test runs
+# (cmd/gateway TestE2BSDK*), pinned by its package-lock.json; not committed.
+E2B_SDK := internal/e2b/testdata/sdk
+e2b-sdk: $(E2B_SDK)/node_modules/.stamp
+
+$(E2B_SDK)/node_modules/.stamp: $(E2B_SDK)/package.json $(E2B_SDK)/package-lock.json
+	cd $(E2B_SDK) && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $@
+
 run: build
 	$(BIN) serve --listen $(LISTEN) --state-dir $(STATE)
 
 generate:
-	$(GO) generate ./internal/api/
+	$(GO) generate ./internal/api/ ./internal/e2b/envd/
 
 check-generated:
 	scripts/check-generated.sh
@@ -74,7 +83,7 @@ vet: web
 
 # -race needs cgo; the tests build their own cgo-free gateway binary where
 # they need one.
-test: web check-generated vet k8s-up
+test: web e2b-sdk check-generated vet k8s-up
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...
 	@# Stops and restarts the shared docker daemon: alone, after the rest.
 	SANDGATE_DOCKER_RESTART_TEST=1 CGO_ENABLED=1 $(GO) test -race -count=1 -run '^TestRealDaemonRestart$$' ./internal/providers/docker/

@@ -44,3 +44,20 @@ if ! cmp -s "$gen" "$tmp/internal/api/api.gen.go"; then
 	exit 1
 fi
 echo "check-generated: $gen is up to date"
+
+# The E2B data plane's code (internal/e2b/envd) from api/e2b/envd/*.proto,
+# generated the same way into the temporary directory.
+mkdir -p "$tmp/envd"
+if ! scripts/gen-envd.sh "$tmp/envd" 2>"$tmp/err"; then
+	echo "check-generated: scripts/gen-envd.sh failed:" >&2
+	cat "$tmp/err" >&2
+	exit 1
+fi
+for f in $(cd "$tmp/envd" && find . -name '*.go' | sort); do
+	if ! cmp -s "$f" "$tmp/envd/$f"; then
+		echo "check-generated: $f is stale: it differs from what api/e2b/envd/*.proto produce." >&2
+		echo "Run 'go generate ./internal/e2b/envd/' and commit the result (never edit it by hand)." >&2
+		exit 1
+	fi
+done
+echo "check-generated: internal/e2b/envd is up to date"

@@ -30,6 +30,7 @@ type config struct {
 	APIKeys            []string
 	LeaseSecret        string
 	InsecureNoAuth     bool
+	E2B                bool // serve the E2B face under /e2b
 	MaxSandboxes       int
 	QueueTimeout       time.Duration
 	Overcommit         float64 // memory admission budget: host memory × this (0: none)
@@ -117,6 +118,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(keys, "api-key", "", "comma-separated API keys allowed to create and list sandboxes")
 	fs.StringVar(&c.LeaseSecret, "lease-secret", "", "HMAC secret for lease tokens (default: random, persisted in the state dir)")
 	fs.BoolVar(&c.InsecureNoAuth, "insecure-no-auth", false, "allow anonymous creates on a non-loopback address")
+	fs.BoolVar(&c.E2B, "e2b", false, "also speak E2B's API, so the E2B SDKs work unchanged: E2B_API_URL=<public url>/e2b/api, E2B_SANDBOX_URL=<public url>/e2b/sandbox, E2B_API_KEY=<an API key>")
 	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", 64, "live sandboxes at most; further creates wait in a FIFO queue")
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", 600*time.Second, "how long a create waits for capacity before 503")
 	fs.Float64Var(&c.Overcommit, "overcommit", 1.5, "memory admission budget: the memory live sandboxes commit (their memory_mib, else --default-memory-mib) stays within host memory × this; a create beyond it waits in the queue (0 = no budget; local and docker, whose daemon is taken to be on this host; none on kubernetes)")

@@ -27,6 +27,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sandgate/sandgate/internal/dockerimages"
+	"github.com/sandgate/sandgate/internal/e2b"
 	"github.com/sandgate/sandgate/internal/handlers"
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/providers"
@@ -183,6 +184,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// take as long as they take. The handler bounds what is not streamed
 	// (a JSON body's arrival, a reply's progress); the headers and an
 	// idle connection are bounded here.
+	if cfg.E2B {
+		h = withE2B(h, e2b.New(e2b.Options{Service: svc, PTY: terms, Logger: log}))
+	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.IdleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	// Shutdown does not wait for hijacked connections: the WebSockets are
@@ -412,4 +416,20 @@ func newLogger(level, format string, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, o))
 	}
 	return slog.New(slog.NewTextHandler(w, o))
+}
+
+// withE2B serves the E2B face (package e2b) under e2b.DefaultPrefix and
+// the rest with h. One listener serves both: the E2B SDKs take whole
+// base URLs (E2B_API_URL, E2B_SANDBOX_URL), path included, so a prefix is
+// all they need, and the face shares the gateway's TLS, port and
+// shutdown. The paths are matched by hand, not by an http.ServeMux, which
+// would clean (and redirect) the paths h serves as they are (the proxy's).
+func withE2B(h, face http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, e2b.DefaultPrefix+"/") {
+			face.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

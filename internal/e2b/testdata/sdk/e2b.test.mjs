@@ -1,0 +1,251 @@
+// The E2B JavaScript SDK, unchanged, against a real sandgate gateway
+// started with --e2b (cmd/gateway's TestE2BSDK runs this with node --test
+// and sets E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY).
+import { test, after } from 'node:test'
+import assert from 'node:assert/strict'
+import {
+  Sandbox, CommandExitError, AuthenticationError, SandboxNotFoundError, NotFoundError, TimeoutError,
+} from 'e2b'
+
+for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
+  assert.ok(process.env[v], `${v} must be set`)
+}
+
+// The template to create from ("" = base, the provider's default image).
+const template = process.env.E2B_TEST_TEMPLATE || undefined
+const create = (opts) => (template ? Sandbox.create(template, opts) : Sandbox.create(opts))
+
+const tag = `e2b-test-${process.pid}-${Date.now()}`
+let sbx
+
+after(async () => {
+  if (sbx) await Sandbox.kill(sbx.sandboxId).catch(() => {})
+})
+
+test('create with env and metadata', async () => {
+  sbx = await create({ envs: { GREETING: 'hello from env' }, metadata: { suite: tag }, timeoutMs: 120_000 })
+  assert.match(sbx.sandboxId, /^sbx-/)
+  const info = await sbx.getInfo()
+  assert.equal(info.sandboxId, sbx.sandboxId)
+  assert.equal(info.metadata.suite, tag)
+  assert.equal(info.state, 'running')
+  const r = await sbx.commands.run('echo "$GREETING"')
+  assert.equal(r.stdout, 'hello from env\n')
+})
+
+test('commands.run: stdout, stderr, exit code, per-command env and cwd', async () => {
+  const r = await sbx.commands.run('echo hi; echo oops >&2; echo "$X"; pwd', { envs: { X: 'per-cmd' }, cwd: '/tmp' })
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'hi\nper-cmd\n/tmp\n')
+  assert.equal(r.stderr, 'oops\n')
+})
+
+test('a non-zero exit raises CommandExitError', async () => {
+  await assert.rejects(sbx.commands.run('echo failing >&2; exit 3'), (err) => {
+    assert.ok(err instanceof CommandExitError, `got ${err}`)
+    assert.equal(err.exitCode, 3)
+    assert.equal(err.stderr, 'failing\n')
+    return true
+  })
+})
+
+test('a background command streams, is listed, reconnects by pid and is killed', async () => {
+  const seen = []
+  let resolveFirst
+  const first = new Promise((r) => { resolveFirst = r })
+  const h = await sbx.commands.run('echo started; while :; do sleep 0.1; done', {
+    background: true,
+    onStdout: (d) => { seen.push(d); resolveFirst() },
+  })
+  assert.ok(h.pid > 0)
+  await first
+  assert.equal(seen.join(''), 'started\n')
+  const list = await sbx.commands.list()
+  assert.ok(list.some((p) => p.pid === h.pid), `pid ${h.pid} not in ${JSON.stringify(list)}`)
+  await h.disconnect()
+  const again = await sbx.commands.connect(h.pid)
+  assert.equal(again.pid, h.pid)
+  assert.equal(await sbx.commands.kill(h.pid), true)
+  await assert.rejects(again.wait(), (err) => {
+    assert.ok(err instanceof CommandExitError, `got ${err}`)
+    assert.notEqual(err.exitCode, 0)
+    return true
+  })
+  const after = await sbx.commands.list()
+  assert.ok(!after.some((p) => p.pid === h.pid), 'a killed command is still listed')
+})
+
+test('a PTY: input, resize, listed, exit', async () => {
+  let out = ''
+  const waiters = []
+  const seen = (re) => new Promise((resolve) => { waiters.push({ re, resolve }); check() })
+  const check = () => {
+    for (const w of waiters.splice(0)) {
+      if (w.re.test(out)) w.resolve(); else waiters.push(w)
+    }
+  }
+  const dec = new TextDecoder()
+  const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d); check() } })
+  assert.ok(term.pid > 0)
+  const enc = new TextEncoder()
+  await sbx.pty.sendInput(term.pid, enc.encode('stty size; echo pty-$((6*7))\n'))
+  await seen(/24 80[\s\S]*pty-42/)
+  assert.ok((await sbx.commands.list()).some((p) => p.pid === term.pid), 'the PTY is not listed')
+  await sbx.pty.resize(term.pid, { cols: 100, rows: 30 })
+  await sbx.pty.sendInput(term.pid, enc.encode('stty size\n'))
+  await seen(/30 100/)
+  await sbx.pty.sendInput(term.pid, enc.encode('exit 0\n'))
+  const r = await term.wait()
+  assert.equal(r.exitCode, 0)
+
+  const other = await sbx.pty.create({ cols: 80, rows: 24, onData: () => {} })
+  assert.equal(await sbx.pty.kill(other.pid), true)
+  assert.ok(!(await sbx.commands.list()).some((p) => p.pid === other.pid), 'a killed PTY is still listed')
+})
+
+test('a command with stdin: sendStdin, closeStdin', async () => {
+  const h = await sbx.commands.run('echo ready; cat; echo done >&2', { background: true, stdin: true })
+  await sbx.commands.sendStdin(h.pid, 'hello stdin\n')
+  await sbx.commands.closeStdin(h.pid)
+  const r = await h.wait()
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'ready\nhello stdin\n')
+  assert.equal(r.stderr, 'done\n')
+})
+
+test('a 100 MiB file, streamed both ways', async () => {
+  const big = new Uint8Array(100 << 20)
+  for (let i = 0; i < big.length; i += 4093) big[i] = (i / 4093) & 0xff
+  await sbx.files.write('/tmp/big.bin', new Blob([big]).stream())
+  assert.equal((await sbx.commands.run('wc -c < /tmp/big.bin')).stdout.trim(), String(100 << 20))
+  const back = await sbx.files.read('/tmp/big.bin', { format: 'bytes' })
+  assert.equal(back.length, big.length)
+  assert.ok(Buffer.from(back).equals(Buffer.from(big)), 'the file read back differs')
+  await sbx.files.remove('/tmp/big.bin')
+})
+
+test('a command that outlasts timeoutMs raises TimeoutError and runs on', async () => {
+  await assert.rejects(sbx.commands.run('echo slow > /tmp/slow.started; sleep 30', { timeoutMs: 1000 }), (err) => {
+    assert.ok(err instanceof TimeoutError, `got ${err}`)
+    return true
+  })
+  assert.equal(await sbx.files.read('/tmp/slow.started'), 'slow\n')
+  const running = await sbx.commands.list()
+  const slow = running.find((p) => p.args.join(' ').includes('sleep 30'))
+  assert.ok(slow, `the timed-out command is not listed: ${JSON.stringify(running)}`)
+  assert.equal(await sbx.commands.kill(slow.pid), true)
+})
+
+test('paths with shell metacharacters are paths, not commands', async () => {
+  const dir = "/tmp/e2b/it's $(touch /tmp/pwned-mk) `touch /tmp/pwned-bt`; touch /tmp/pwned-semi"
+  assert.equal(await sbx.files.makeDir(dir), true)
+  await sbx.files.write(dir + '/f', 'x')
+  await sbx.files.rename(dir + '/f', dir + '/g $(touch /tmp/pwned-mv)')
+  assert.equal(await sbx.files.read(dir + '/g $(touch /tmp/pwned-mv)'), 'x')
+  await sbx.files.remove(dir)
+  assert.equal(await sbx.files.exists(dir), false)
+  const tmp = (await sbx.files.list('/tmp')).map((e) => e.name)
+  assert.deepEqual(tmp.filter((n) => n.startsWith('pwned')), [])
+})
+
+test('files: write, read, list, exists, makeDir, rename, remove', async () => {
+  const info = await sbx.files.write('/tmp/e2b/dir/a.txt', 'alpha\n')
+  assert.equal(info.path, '/tmp/e2b/dir/a.txt')
+  assert.equal(await sbx.files.read('/tmp/e2b/dir/a.txt'), 'alpha\n')
+  const bytes = new Uint8Array(70_000).map((_, i) => i % 251)
+  await sbx.files.write('/tmp/e2b/dir/b.bin', bytes)
+  const back = await sbx.files.read('/tmp/e2b/dir/b.bin', { format: 'bytes' })
+  assert.deepEqual(back, bytes)
+
+  const entries = await sbx.files.list('/tmp/e2b/dir')
+  assert.deepEqual(entries.map((e) => e.name).sort(), ['a.txt', 'b.bin'])
+  const b = entries.find((e) => e.name === 'b.bin')
+  assert.equal(b.type, 'file')
+  assert.equal(b.size, 70_000)
+
+  assert.equal(await sbx.files.makeDir('/tmp/e2b/made/deep'), true)
+  assert.equal(await sbx.files.makeDir('/tmp/e2b/made/deep'), false)
+  const deep = await sbx.files.list('/tmp/e2b/made', { depth: 2 })
+  assert.deepEqual(deep.map((e) => [e.path, e.type]), [['/tmp/e2b/made/deep', 'dir']])
+
+  const moved = await sbx.files.rename('/tmp/e2b/dir/a.txt', '/tmp/e2b/made/a2.txt')
+  assert.equal(moved.path, '/tmp/e2b/made/a2.txt')
+  assert.equal(await sbx.files.exists('/tmp/e2b/dir/a.txt'), false)
+  assert.equal(await sbx.files.read('/tmp/e2b/made/a2.txt'), 'alpha\n')
+
+  await sbx.files.remove('/tmp/e2b/made')
+  assert.equal(await sbx.files.exists('/tmp/e2b/made'), false)
+  await assert.rejects(sbx.files.read('/tmp/e2b/made/a2.txt'), (err) => {
+    assert.ok(err instanceof NotFoundError, `got ${err}`)
+    return true
+  })
+})
+
+test('setTimeout and list with a metadata filter', async () => {
+  const before = (await sbx.getInfo()).endAt.getTime()
+  await sbx.setTimeout(600_000)
+  const after = (await sbx.getInfo()).endAt.getTime()
+  assert.ok(after > before, `endAt did not move: ${before} -> ${after}`)
+
+  const found = await Sandbox.list({ query: { metadata: { suite: tag } } }).nextItems()
+  assert.deepEqual(found.map((s) => s.sandboxId), [sbx.sandboxId])
+  const none = await Sandbox.list({ query: { metadata: { suite: tag + '-other' } } }).nextItems()
+  assert.deepEqual(none, [])
+})
+
+test('an invalid API key raises AuthenticationError', async () => {
+  await assert.rejects(create({ apiKey: 'e2b_not_a_key_of_this_gateway' }), (err) => {
+    assert.ok(err instanceof AuthenticationError, `got ${err}`)
+    return true
+  })
+  await assert.rejects(Sandbox.list({ apiKey: 'e2b_not_a_key_of_this_gateway' }).nextItems(), AuthenticationError)
+})
+
+test('an unknown sandbox raises SandboxNotFoundError', async () => {
+  await assert.rejects(Sandbox.connect('sbx-doesnotexist0000000'), (err) => {
+    assert.ok(err instanceof SandboxNotFoundError, `got ${err}`)
+    return true
+  })
+  await assert.rejects(Sandbox.getInfo('sbx-doesnotexist0000000'), SandboxNotFoundError)
+  assert.equal(await Sandbox.kill('sbx-doesnotexist0000000'), false)
+})
+
+test('snapshots: create, start from, list, delete', async () => {
+  await sbx.files.write('/tmp/snap.txt', 'in the snapshot')
+  const snap = await sbx.createSnapshot()
+  assert.match(snap.snapshotId, /^snp-/)
+  const listed = await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems()
+  assert.deepEqual(listed.map((x) => x.snapshotId), [snap.snapshotId])
+  const child = await Sandbox.create(snap.snapshotId)
+  try {
+    assert.equal(await child.files.read('/tmp/snap.txt'), 'in the snapshot')
+  } finally {
+    await child.kill()
+  }
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+})
+
+test('pause, list paused, connect resumes with the files kept', async () => {
+  await sbx.files.write('/tmp/kept', 'across a pause')
+  assert.equal(await sbx.pause(), true)
+  assert.equal(await Sandbox.pause(sbx.sandboxId), false) // already paused
+  assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+  const paused = await Sandbox.list({ query: { state: ['paused'], metadata: { suite: tag } } }).nextItems()
+  assert.deepEqual(paused.map((s) => s.sandboxId), [sbx.sandboxId])
+  const running = await Sandbox.list({ query: { state: ['running'], metadata: { suite: tag } } }).nextItems()
+  assert.deepEqual(running, [])
+  sbx = await Sandbox.connect(sbx.sandboxId)
+  assert.equal((await sbx.getInfo()).state, 'running')
+  assert.equal(await sbx.files.read('/tmp/kept'), 'across a pause')
+})
+
+test('connect gives a working handle; kill ends the sandbox', async () => {
+  const again = await Sandbox.connect(sbx.sandboxId)
+  assert.equal((await again.commands.run('echo reconnected')).stdout, 'reconnected\n')
+  assert.equal(await sbx.isRunning(), true)
+  await sbx.kill()
+  assert.equal(await sbx.isRunning(), false)
+  await assert.rejects(Sandbox.getInfo(sbx.sandboxId), SandboxNotFoundError)
+  sbx = undefined
+})
