@@ -240,7 +240,7 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.K8sNamespace, "k8s-namespace", "default", "kubernetes provider: namespace of the sandbox pods")
 	fs.StringVar(&c.K8sAgentImage, "k8s-agent-image", "", "kubernetes provider: image holding the static agent at /sandgate-agent (make agent-image builds one); required")
 	fs.BoolVar(&c.K8sRunAsNonRoot, "k8s-run-as-non-root", false, "kubernetes provider: run every sandbox as uid/gid 65534 (nobody), with a workdir of its own, instead of the image's user")
-	fs.BoolVar(&c.K8sNetworkPolicy, "k8s-network-policy", true, "kubernetes provider: give every sandbox pod a NetworkPolicy allowing no ingress and no egress (enforced only by a CNI that implements NetworkPolicy); false where the cluster's operator isolates the pods")
+	fs.BoolVar(&c.K8sNetworkPolicy, "k8s-network-policy", true, "kubernetes provider: give every sandbox pod a NetworkPolicy allowing no ingress and no egress (enforced only by a CNI that implements NetworkPolicy), which egress policies' CIDR rules and groups open; false where the cluster's operator isolates the pods (egress policies other than none and groups are then 409)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "text or json")
 	return fs
