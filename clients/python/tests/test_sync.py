@@ -14,6 +14,17 @@ import sandgate
 
 pytestmark = pytest.mark.gateway
 
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def child_env():
+    """The environment of a child process: finds this package as the tests do (an installed
+    package is found without it)."""
+    import sandgate as me
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(me.__file__)) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
 
 def test_lifecycle_every_create_field(client, make, tag, provider):
     sb = make(ttl_s=600, idle_timeout_s=300, ready_timeout_s=60, workdir="/tmp/work", env={"GREETING": "hello"},
@@ -92,7 +103,7 @@ def test_leases_serialize_and_connect_in_another_process(client, make):
             "sb = sandgate.Sandbox.connect(sys.stdin.read())\n"
             "print(sb.exec('echo from-child').stdout.strip(), sb.scope)\n")
     out = subprocess.run([sys.executable, "-c", code], input=s, capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ))
+                         env=child_env(), cwd="/")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["from-child", "operate"]
 
@@ -313,9 +324,8 @@ def test_network_and_quota(client, make, provider):
 
 
 def test_examples_run():
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for ex in ("rollout.py", "grpo_fork.py"):
-        out = subprocess.run([sys.executable, os.path.join(here, "examples", ex)], capture_output=True, text=True,
-                             timeout=120, env=dict(os.environ))
+        out = subprocess.run([sys.executable, os.path.join(PKG_ROOT, "examples", ex)], capture_output=True,
+                             text=True, timeout=120, env=child_env())
         assert out.returncode == 0, f"{ex}: {out.stdout}\n{out.stderr}"
         assert "done" in out.stdout, out.stdout
