@@ -58,3 +58,14 @@ def test_requests_leave_out_unset_fields():
                              "volumes": [{"volume": "v", "mount_path": "/data"}]}
     with pytest.raises(TypeError):
         models.CreateSandbox(imagee="typo")
+
+
+def test_the_installed_package_is_tested():
+    """Under the Go test the package comes from `pip install` (SANDGATE_EXPECT_INSTALLED), not
+    from the source tree, so the packaging is tested too."""
+    import sandgate
+
+    want = os.environ.get("SANDGATE_EXPECT_INSTALLED")
+    if not want:
+        pytest.skip("SANDGATE_EXPECT_INSTALLED is not set (not run by the Go test)")
+    assert os.path.realpath(sandgate.__file__).startswith(os.path.realpath(want) + os.sep), sandgate.__file__
