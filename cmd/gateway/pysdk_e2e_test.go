@@ -86,6 +86,7 @@ func runPythonSDK(t *testing.T, g *proc, site, provider, image string) {
 		t.Fatal(err)
 	}
 	spec, _ := filepath.Abs(filepath.Join("..", "..", "api", "openapi.yaml"))
+	readme, _ := filepath.Abs(filepath.Join("..", "..", "README.md"))
 	ctx := testkit.Context(t, 5*time.Minute)
 	cmd := exec.CommandContext(ctx, sdkPython, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", tests)
 	cmd.Dir = t.TempDir()
@@ -97,6 +98,7 @@ func runPythonSDK(t *testing.T, g *proc, site, provider, image string) {
 		"SANDGATE_PROVIDER="+provider,
 		"SANDGATE_IMAGE="+image,
 		"SANDGATE_OPENAPI="+spec,
+		"SANDGATE_README="+readme,
 		"SANDGATE_EXPECT_INSTALLED="+site,
 	)
 	start := time.Now()

@@ -329,3 +329,17 @@ def test_examples_run():
                              text=True, timeout=120, env=child_env())
         assert out.returncode == 0, f"{ex}: {out.stdout}\n{out.stderr}"
         assert "done" in out.stdout, out.stdout
+
+
+def test_readme_example():
+    """The README's Python SDK example runs as written."""
+    readme = os.environ.get("SANDGATE_README") or os.path.join(PKG_ROOT, "..", "..", "README.md")
+    with open(readme) as f:
+        text = f.read()
+    section = text.split("\n## Python SDK\n", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=child_env(), cwd="/")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("hello from ") and lines[1:] == ["1", "2", "3"], out.stdout
