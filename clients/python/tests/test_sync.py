@@ -343,3 +343,47 @@ def test_readme_example():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("hello from ") and lines[1:] == ["1", "2", "3"], out.stdout
+
+
+@pytest.fixture
+def cutproxy():
+    from cutproxy import CutProxy
+
+    p = CutProxy(os.environ["SANDGATE_URL"])
+    yield p
+    p.close()
+
+
+def test_reattach_after_network_cuts(make, cutproxy):
+    """Cut the network under a command's event stream and a terminal: both come back by
+    themselves and deliver every byte once, in order."""
+    sb = make()
+    far = sandgate.Sandbox.connect(sb.serialize(), root=cutproxy.url)
+    with far:
+        n, got, cut_at = 40, bytearray(), {5, 15, 30}
+        for ev in far.stream_command(f"for i in $(seq 1 {n}); do echo c$i; sleep 0.02; done"):
+            if ev.kind == "stdout":
+                got += ev.data
+                if got.count(b"\n") in cut_at:
+                    cut_at.discard(got.count(b"\n"))
+                    assert cutproxy.cut() >= 1
+            elif ev.kind == "exit":
+                assert ev.command.exit_code == 0
+        assert got.decode() == "".join(f"c{i}\n" for i in range(1, n + 1))
+        assert not cut_at and cutproxy.accepted >= 4
+
+        accepted = cutproxy.accepted
+        sid = far.create_terminal(f"for i in $(seq 1 {n}); do echo t$i; sleep 0.02; done", pty=False)
+        out = bytearray()
+        with far.attach(sid) as t:
+            cuts = 0
+            while True:
+                b = t.recv()
+                if not b:
+                    break
+                out += b
+                if cuts < 2 and out.count(b"\n") > 10 * (cuts + 1):
+                    cuts += cutproxy.cut() and 1
+            assert t.reconnects >= 2 and t.exit_code == 0
+        assert out.decode() == "".join(f"t{i}\n" for i in range(1, n + 1))
+        assert cutproxy.accepted >= accepted + 3
