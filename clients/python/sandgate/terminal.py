@@ -275,6 +275,8 @@ class Terminal:
         self.close()
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_t":
+            raise AttributeError(name)
         return getattr(self._t, name)  # offset, lost, exit_code, mode, reconnects, notices
 
     def recv(self) -> bytes:
