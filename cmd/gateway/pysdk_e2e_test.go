@@ -69,7 +69,7 @@ func installPythonSDK(t *testing.T) string {
 	site := t.TempDir()
 	ctx := testkit.Context(t, 2*time.Minute)
 	cmd := exec.CommandContext(ctx, sdkPython, "-m", "pip", "install", "-q", "--no-index", "--no-build-isolation",
-		"--no-deps", "--disable-pip-version-check", "--root-user-action=ignore", "--target", site, src)
+		"--no-deps", "--no-cache-dir", "--disable-pip-version-check", "--root-user-action=ignore", "--target", site, src)
 	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("pip install ./clients/python: %v\n%s", err, out)
