@@ -191,6 +191,10 @@ class ClientOps:
         """Deletes a snapshot (DeleteResult; ``deleted`` false if the key did not hold it)."""
         return self._call(Req("DELETE", f"/v1/snapshots/{q(snapshot_id)}", parse=model(models.DeleteResult)))
 
+    def images(self):
+        """What a create may name in ``image``, and from where (ImageList)."""
+        return self._call(Req("GET", "/v1/images", parse=model(models.ImageList)))
+
     def create_volume(self, name: str, size_gib: float):
         return self._call(Req("POST", "/v1/volumes", json=body(models.CreateVolume, name=name, size_gib=size_gib),
                               parse=model(models.Volume)))
@@ -288,6 +292,11 @@ class SandboxOps:
         ``{"allow": [...], "deny": [...]}``. SandboxInfo."""
         return self._call(Req("PUT", self._p("network"), json=models.Network(egress=egress).to_dict(),
                               parse=model(models.SandboxInfo)))
+
+    def set_hosts(self, hosts: dict):
+        """Replaces the sandbox's own /etc/hosts entries, ``{name: address}``
+        (owner; NeMo Gym's set_hosts). SandboxInfo."""
+        return self._call(Req("PUT", self._p("hosts"), json=dict(hosts), parse=model(models.SandboxInfo)))
 
     def endpoint(self, port: int):
         """How to reach a port declared at create (EndpointInfo)."""

@@ -127,6 +127,10 @@ class CreateSandbox(Model):
     entrypoint: Optional[list] = None
     ports: Optional[list] = None
     network: Optional[Network] = _nested("Network")
+    group: Optional[str] = None
+    hostname: Optional[str] = None
+    aliases: Optional[list] = None
+    cap_add: Optional[list] = None
     provider_options: Optional[dict] = None
     snapshot_id: Optional[str] = None
     shm_size: Any = None
@@ -276,6 +280,12 @@ class SandboxInfo(Model):
     SCHEMA = "SandboxInfo"
     sandbox_id: Optional[str] = None
     status: Optional[str] = None
+    group: Optional[str] = None
+    hostname: Optional[str] = None
+    aliases: Optional[list] = None
+    network_address: Optional[str] = None
+    hosts: Optional[dict] = None
+    cap_add: Optional[list] = None
     status_reason: Optional[str] = None
     provider_name: Optional[str] = None
     workdir: Optional[str] = None
@@ -364,6 +374,23 @@ class Snapshot(Model):
     name: Optional[str] = None
     size_bytes: Optional[int] = None
     created_at: Optional[str] = None
+
+
+@_model
+class ImageInfo(Model):
+    SCHEMA = "ImageInfo"
+    name: Optional[str] = None
+    source: Optional[str] = None
+    size_bytes: Optional[int] = None
+
+
+@_model
+class ImageList(Model):
+    SCHEMA = "ImageList"
+    provider_name: Optional[str] = None
+    images: Optional[list] = _nested("ImageInfo", many=True)
+    complete: Optional[bool] = None
+    note: Optional[str] = None
 
 
 @_model

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -310,17 +311,26 @@ def test_network_and_quota(client, make, provider):
     sb = make()
     assert sb.set_network("none").sandbox_id == sb.id
     policy = {"allow": ["10.0.0.0/8", "pypi.example"], "deny": ["10.1.0.0/16"]}
-    if provider == "local":
-        sb.set_network(policy)
-    else:
-        with pytest.raises(sandgate.ConflictError) as e:
-            sb.set_network(policy)
-        assert e.value.code == "not_supported"
+    sb.set_network(policy)  # local and docker both enforce policies
     with pytest.raises(sandgate.BadRequestError) as e:
         sb.set_network({"allow": ["not a domain or cidr!"]})
     assert e.value.errors
     q = client.quota()
     assert q.usage.sandboxes >= 1 and q.gateway.max_sandboxes >= 1 and q.limits.sandboxes is not None
+
+
+def test_groups_hosts_images(client, make, provider, image):
+    web = make(group="g-" + uuid.uuid4().hex[:8], hostname="web", aliases=["api"])
+    info = web.get()
+    assert info.hostname == "web" and info.aliases == ["api"] and info.network_address
+    assert web.set_hosts({"db.internal": "10.9.8.7"}).hosts == {"db.internal": "10.9.8.7"}
+    assert "db.internal" in web.read_file("/etc/hosts").decode()
+    with pytest.raises(sandgate.BadRequestError):
+        web.set_hosts({"db.internal": "not an address"})
+    il = client.images()
+    assert il.complete and isinstance(il.images, list)
+    if image:
+        assert image in [i.name for i in il.images]
 
 
 def test_examples_run():
