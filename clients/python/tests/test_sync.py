@@ -321,7 +321,7 @@ def test_network_and_quota(client, make, provider):
 
 def test_groups_hosts_images(client, make, provider, image):
     web = make(group="g-" + uuid.uuid4().hex[:8], hostname="web", aliases=["api"])
-    info = web.get()
+    info = web.info()
     assert info.hostname == "web" and info.aliases == ["api"] and info.network_address
     assert web.set_hosts({"db.internal": "10.9.8.7"}).hosts == {"db.internal": "10.9.8.7"}
     assert "db.internal" in web.read_file("/etc/hosts").decode()
