@@ -48,7 +48,10 @@ Commands that print take --json for scripts: the gateway's JSON answer.
 // every command has and runs against the gateway.
 type cliCommand struct {
 	name, usage string
-	run         func(ctx context.Context, cc *cli, pos []string) error
+	// min and max bound the positional arguments (max -1: any number);
+	// runCLI checks them before run.
+	min, max int
+	run      func(ctx context.Context, cc *cli, pos []string) error
 	// flags adds the command's own flags.
 	flags func(fs *flag.FlagSet)
 }
@@ -106,7 +109,12 @@ func runCLI(ctx context.Context, args []string, env func(string) (string, bool),
 		return exitUsage, true
 	}
 	pos = append(pos, more...)
-	if err := cmd.run(ctx, c, pos); err != nil {
+	if len(pos) < cmd.min || (cmd.max >= 0 && len(pos) > cmd.max) {
+		err = usageError{}
+	} else {
+		err = cmd.run(ctx, c, pos)
+	}
+	if err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {
 			if ue.msg != "" {
@@ -131,14 +139,6 @@ func (c *cli) print(v any, human func(w io.Writer)) error {
 		return enc.Encode(v)
 	}
 	human(c.stdout)
-	return nil
-}
-
-// args checks the number of positional arguments.
-func args(pos []string, min, max int) error {
-	if len(pos) < min || (max >= 0 && len(pos) > max) {
-		return usageError{}
-	}
 	return nil
 }
 
@@ -232,11 +232,9 @@ var createOpts createFlags
 var cliCommands = map[string]cliCommand{
 	"sandbox create": {
 		usage: "[--image IMAGE] [--ttl SECONDS] [--env K=V]... [--label K=V]... [--spec JSON|@FILE] [--json]",
+		min:   0, max: 0,
 		flags: createOpts.define,
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 0, 0); err != nil {
-				return err
-			}
 			req, err := createOpts.request()
 			if err != nil {
 				return usageError{err.Error()}
@@ -256,14 +254,12 @@ var cliCommands = map[string]cliCommand{
 	},
 	"sandbox list": {
 		usage: "[--status STATUS] [--label K=V] [--json]",
+		min:   0, max: 0,
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&listFilter.status, "status", "", "only sandboxes in this status (running, paused, ...)")
 			fs.StringVar(&listFilter.label, "label", "", "only sandboxes with this K=V metadata")
 		},
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 0, 0); err != nil {
-				return err
-			}
 			kc, err := c.cf.keyClient()
 			if err != nil {
 				return err
@@ -284,10 +280,8 @@ var cliCommands = map[string]cliCommand{
 	},
 	"sandbox get": {
 		usage: "[--json] SANDBOX",
+		min:   1, max: 1,
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 1, 1); err != nil {
-				return err
-			}
 			sc, err := c.cf.client()
 			if err != nil {
 				return err
@@ -307,10 +301,8 @@ var cliCommands = map[string]cliCommand{
 	},
 	"sandbox delete": {
 		usage: "[--json] SANDBOX...",
+		min:   1, max: -1,
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 1, -1); err != nil {
-				return err
-			}
 			sc, err := c.cf.client()
 			if err != nil {
 				return err
@@ -349,13 +341,11 @@ var cliCommands = map[string]cliCommand{
 	},
 	"sandbox renew": {
 		usage: "[--ttl SECONDS] [--json] SANDBOX",
+		min:   1, max: 1,
 		flags: func(fs *flag.FlagSet) {
 			fs.Var(&renewTTL, "ttl", "seconds from now (default: the sandbox's own ttl_s; 0: no expiry)")
 		},
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 1, 1); err != nil {
-				return err
-			}
 			sc, err := c.cf.client()
 			if err != nil {
 				return err
@@ -369,11 +359,9 @@ var cliCommands = map[string]cliCommand{
 	},
 	"snapshot create": {
 		usage: "[--name NAME] [--json] SANDBOX",
+		min:   1, max: 1,
 		flags: func(fs *flag.FlagSet) { fs.StringVar(&snapshotName, "name", "", "a name to remember it by") },
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 1, 1); err != nil {
-				return err
-			}
 			sc, err := c.cf.client()
 			if err != nil {
 				return err
@@ -391,10 +379,8 @@ var cliCommands = map[string]cliCommand{
 	},
 	"snapshot list": {
 		usage: "[--json]",
+		min:   0, max: 0,
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 0, 0); err != nil {
-				return err
-			}
 			kc, err := c.cf.keyClient()
 			if err != nil {
 				return err
@@ -415,10 +401,8 @@ var cliCommands = map[string]cliCommand{
 	},
 	"snapshot delete": {
 		usage: "[--json] SNAPSHOT",
+		min:   1, max: 1,
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 1, 1); err != nil {
-				return err
-			}
 			kc, err := c.cf.keyClient()
 			if err != nil {
 				return err
@@ -441,11 +425,9 @@ var cliCommands = map[string]cliCommand{
 	},
 	"fork": {
 		usage: "[--count N] [--json] SANDBOX",
+		min:   1, max: 1,
 		flags: func(fs *flag.FlagSet) { fs.IntVar(&forkCount, "count", 1, "how many sandboxes (1 to 64)") },
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 1, 1); err != nil {
-				return err
-			}
 			sc, err := c.cf.client()
 			if err != nil {
 				return err
@@ -463,14 +445,12 @@ var cliCommands = map[string]cliCommand{
 	},
 	"lease mint": {
 		usage: "[--scope operate|owner] [--ttl SECONDS] [--json] SANDBOX",
+		min:   1, max: 1,
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&mintScope, "scope", "operate", "operate (exec, files, terminals) or owner (everything)")
 			fs.Var(&mintTTL, "ttl", "lifetime in seconds (default: as long as the sandbox and the calling lease)")
 		},
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 1, 1); err != nil {
-				return err
-			}
 			if mintScope != "operate" && mintScope != "owner" {
 				return usageError{fmt.Sprintf("--scope %q: want operate or owner", mintScope)}
 			}
@@ -488,10 +468,8 @@ var cliCommands = map[string]cliCommand{
 	},
 	"lease list": {
 		usage: "[--json] SANDBOX",
+		min:   1, max: 1,
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 1, 1); err != nil {
-				return err
-			}
 			sc, err := c.cf.client()
 			if err != nil {
 				return err
@@ -516,10 +494,8 @@ var cliCommands = map[string]cliCommand{
 	},
 	"lease release": {
 		usage: "--lease TOKEN [--json] SANDBOX",
+		min:   1, max: 1,
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 1, 1); err != nil {
-				return err
-			}
 			if c.cf.leaseToken() == "" {
 				return usageError{"give the lease to release with --lease or SANDGATE_LEASE"}
 			}
@@ -538,10 +514,8 @@ var cliCommands = map[string]cliCommand{
 	},
 	"lease revoke": {
 		usage: "[--json] SANDBOX LEASE_ID",
+		min:   2, max: 2,
 		run: func(ctx context.Context, c *cli, pos []string) error {
-			if err := args(pos, 2, 2); err != nil {
-				return err
-			}
 			sc, err := c.cf.client()
 			if err != nil {
 				return err
@@ -555,7 +529,8 @@ var cliCommands = map[string]cliCommand{
 	},
 	"cp": {
 		usage: "[--json] SRC DST  (one of them SANDBOX:PATH; a local - is stdin or stdout)",
-		run:   runCp,
+		min:   2, max: 2,
+		run: runCp,
 	},
 }
 
@@ -572,9 +547,6 @@ var (
 // runCp copies one file between the local machine and a sandbox, streamed
 // both ways (PUT and GET …/files).
 func runCp(ctx context.Context, c *cli, pos []string) error {
-	if err := args(pos, 2, 2); err != nil {
-		return err
-	}
 	srcID, srcPath, srcRemote := remotePath(pos[0])
 	dstID, dstPath, dstRemote := remotePath(pos[1])
 	if srcRemote == dstRemote {
