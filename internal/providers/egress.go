@@ -39,3 +39,10 @@ type Grouper interface {
 	// restart (the address may change then). Delete leaves the group.
 	JoinGroup(ctx context.Context, id, group string) (netip.Addr, error)
 }
+
+// EgressChecker is implemented by Egressers that cannot enforce every
+// policy (kubernetes: no domain rules): CheckEgress refuses, before a
+// create makes anything, a policy SetEgress would refuse.
+type EgressChecker interface {
+	CheckEgress(pol egress.Policy) error
+}

@@ -16,6 +16,9 @@ func (s *Service) checkEgress(pol *egress.Policy) error {
 	if _, ok := s.p.(providers.Egresser); !ok {
 		return providers.Errorf(providers.ErrUnsupported, "egress policies other than none are not supported by provider %s", s.p.Name())
 	}
+	if c, ok := s.p.(providers.EgressChecker); ok {
+		return c.CheckEgress(*pol)
+	}
 	return nil
 }
 

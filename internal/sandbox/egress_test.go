@@ -87,3 +87,36 @@ func TestEgressSetKeptAndRestored(t *testing.T) {
 		t.Errorf("after restart: %s, %d sets (were %d)", got, after, before)
 	}
 }
+
+// checkingProvider is egressProvider that cannot enforce domain rules
+// (as kubernetes): CheckEgress refuses them.
+type checkingProvider struct{ egressProvider }
+
+func (p *checkingProvider) CheckEgress(pol egress.Policy) error {
+	for _, r := range append(append([]egress.Rule{}, pol.Allow...), pol.Deny...) {
+		if r.Domain != "" {
+			return providers.Errorf(providers.ErrUnsupported, "no domain rules here")
+		}
+	}
+	return nil
+}
+
+// TestEgressCheckedBeforeCreate: a policy the provider's CheckEgress
+// refuses is refused before anything is made.
+func TestEgressCheckedBeforeCreate(t *testing.T) {
+	cp := &checkingProvider{egressProvider{last: map[string]string{}}}
+	e := newEnv(t, func(o *Options) { cp.Provider = o.Provider; o.Provider = cp })
+	ctx := context.Background()
+	_, err := e.svc.Create(ctx, Caller{}, CreateRequest{Egress: policy(t, `{"allow":["a.test"]}`)})
+	wantKind(t, err, providers.ErrUnsupported)
+	if owned, _ := e.p.List(ctx); len(owned) != 0 {
+		t.Errorf("a refused create made %d sandboxes", len(owned))
+	}
+	if _, sets := cp.policy(""); sets != 0 {
+		t.Errorf("SetEgress called %d times", sets)
+	}
+	a := e.create(t, CreateRequest{Egress: policy(t, `{"allow":["10.0.0.0/8"]}`)})
+	if got, _ := cp.policy(a.SandboxID); got == "" {
+		t.Error("a CIDR policy was not set")
+	}
+}

@@ -49,8 +49,9 @@ import (
 const LabelGroup = "sandgate.group"
 
 var (
-	_ providers.Egresser = (*Kubernetes)(nil)
-	_ providers.Grouper  = (*Kubernetes)(nil)
+	_ providers.Egresser      = (*Kubernetes)(nil)
+	_ providers.EgressChecker = (*Kubernetes)(nil)
+	_ providers.Grouper       = (*Kubernetes)(nil)
 )
 
 // groupLabel is group's LabelGroup value: a hash (a group id is any
@@ -66,20 +67,29 @@ func errNoPolicies(what string) error {
 		"%s need the sandboxes' NetworkPolicies, which this gateway does not make (--k8s-network-policy=false: the cluster's operator isolates the pods)", what)
 }
 
+// CheckEgress refuses what SetEgress would, before a create makes a pod:
+// domain rules, and any policy but none without NetworkPolicies.
+func (k *Kubernetes) CheckEgress(pol egress.Policy) error {
+	if _, err := egressRules(pol); err != nil {
+		return err
+	}
+	if k.opts.NoNetworkPolicy && !pol.None() {
+		return errNoPolicies("egress policies other than none")
+	}
+	return nil
+}
+
 // SetEgress writes pol into sandbox id's NetworkPolicy (see above):
 // effective once the CNI applies it (it enforces NetworkPolicy, or
 // nothing is). Domain rules are ErrUnsupported, and nothing changes.
 func (k *Kubernetes) SetEgress(ctx context.Context, id string, pol egress.Policy) error {
-	rules, err := egressRules(pol)
-	if err != nil {
+	if err := k.CheckEgress(pol); err != nil {
 		return err
 	}
 	if k.opts.NoNetworkPolicy {
-		if pol.None() {
-			return nil
-		}
-		return errNoPolicies("egress policies other than none")
+		return nil // none, which it has
 	}
+	rules, _ := egressRules(pol)
 	if _, err := k.pod(ctx, id); err != nil {
 		return err
 	}
