@@ -83,11 +83,18 @@ vet: web
 
 # -race needs cgo; the tests build their own cgo-free gateway binary where
 # they need one.
+# The fuzz targets run beside the suite (their packages need no root or
+# daemon; each runs a fixed time, so they fill the waits of the suite's
+# end-to-end tests): FUZZTIME 10s each there, their output after the
+# suite's.
 test: web e2b-sdk check-generated vet k8s-up
-	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...
+	@log=$$(mktemp); trap 'rm -f $$log' EXIT; \
+	  $(MAKE) --no-print-directory fuzz FUZZTIME=10s >$$log 2>&1 & fuzz=$$!; \
+	  CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...; rc=$$?; \
+	  wait $$fuzz; frc=$$?; cat $$log; \
+	  [ $$rc -eq 0 ] && [ $$frc -eq 0 ] || { echo "make test: go test exit $$rc, fuzz exit $$frc"; exit 1; }
 	@# Stops and restarts the shared docker daemon: alone, after the rest.
 	SANDGATE_DOCKER_RESTART_TEST=1 CGO_ENABLED=1 $(GO) test -race -count=1 -run '^TestRealDaemonRestart$$' ./internal/providers/docker/
-	$(MAKE) fuzz
 
 # Quick feedback (under 2 minutes): gofmt, vet, the generated code, and
 # the tests of every package that needs no root, docker daemon, cluster

@@ -30,9 +30,11 @@ func TestMain(m *testing.M) {
 
 // TestHarnessQuick runs every scenario once with small sizes on the local
 // provider (and docker where a daemon is, always in CI): the harness
-// works end to end and writes its table, JSON and chart.
+// works end to end and writes its table, JSON and chart. Beside the soak:
+// each waits on its own gateway more than on the CPU.
 func TestHarnessQuick(t *testing.T) {
 	testkit.RequireRoot(t)
+	t.Parallel()
 	providers := "local"
 	if err := exec.Command("docker", "info").Run(); err == nil {
 		providers += ",docker"
@@ -89,6 +91,7 @@ func TestHarnessQuick(t *testing.T) {
 // takeovers, no unexpected error, no byte lost, flat memory.
 func TestSoakShort(t *testing.T) {
 	testkit.RequireRoot(t)
+	t.Parallel()
 	d := time.Minute
 	if s := os.Getenv("SANDGATE_SOAK_TIME"); s != "" {
 		var err error
