@@ -79,7 +79,9 @@ func (s *Server) startProcess(_ context.Context, spec providers.ProcessSpec) (*p
 			if err != nil {
 				return err
 			}
-			p.ptmx, err = pollable(ptmx)
+			if p.ptmx, err = pollable(ptmx); err != nil {
+				cmd.Process.Kill() // started, but nobody could read it: the reaper takes it
+			}
 			return err
 		}, false)
 		if err != nil {
