@@ -52,6 +52,7 @@ type Result struct {
 	Ratio    float64            `json:"ratio,omitempty"` // gateway p50 / baseline p50
 	Target   string             `json:"target,omitempty"`
 	Met      *bool              `json:"target_met,omitempty"`
+	MissedBy float64            `json:"missed_by,omitempty"` // how far a missed bound is from the figure, as a fraction of the bound (see atMost)
 	Extra    map[string]float64 `json:"extra,omitempty"`
 	Note     string             `json:"note,omitempty"`
 }
@@ -68,6 +69,23 @@ func compare(scenario, provider, unit string, gw Series, base *Series) Result {
 // judge records whether the target holds.
 func (r *Result) judge(target string, ok bool) {
 	r.Target, r.Met = target, &ok
+}
+
+// atMost judges the target v ≤ bound and, when it is missed, records by
+// how much (see MissedBy).
+func (r *Result) atMost(target string, v, bound float64) {
+	r.judge(target, v <= bound)
+	if v > bound && bound > 0 {
+		r.MissedBy = v/bound - 1
+	}
+}
+
+// atLeast judges the target v ≥ bound as atMost does.
+func (r *Result) atLeast(target string, v, bound float64) {
+	r.judge(target, v >= bound)
+	if v < bound && bound > 0 {
+		r.MissedBy = 1 - v/bound
+	}
 }
 
 // Report is a run of the harness.
@@ -103,6 +121,9 @@ func (rep *Report) table(w io.Writer) {
 				target += ": met"
 			} else {
 				target += ": **missed**"
+				if r.MissedBy > 0 {
+					target += fmt.Sprintf(" by %.0f%%", 100*r.MissedBy)
+				}
 			}
 		}
 		if len(r.Extra) > 0 {

@@ -114,7 +114,9 @@ func (b *bench) execTrue(ctx context.Context) (Result, error) {
 	r := compare("exec true", b.g.provider, "ms", series("gateway", millis(gw)), &bs)
 	if b.g.provider != "docker" {
 		r.Extra = map[string]float64{"namespaced true p50 ms": series("", millis(ns)).P50}
-		r.judge("≤ 3x host /bin/true", r.Ratio <= 3)
+		r.atMost("≤ 3x host /bin/true", r.Ratio, 3)
+	} else {
+		r.atMost("p50 ≤ 5 ms", r.Gateway.P50, 5)
 	}
 	return r, nil
 }
@@ -185,7 +187,7 @@ func (b *bench) lifecycle(ctx context.Context) (Result, error) {
 	if base != nil {
 		r.judge("< 1x the CLI", r.Ratio < 1)
 	} else {
-		r.judge("create → first exec p50 ≤ 30 ms", f <= 30)
+		r.atMost("create → first exec p50 ≤ 30 ms", f, 30)
 	}
 	return r, nil
 }
@@ -230,11 +232,9 @@ func (b *bench) throughput(ctx context.Context, ptyMode bool) (Result, error) {
 	}
 	bs := series(label, bl)
 	r := compare(mode+" output throughput", b.g.provider, "MB/s", series("gateway", gw), &bs)
-	if ptyMode {
-		r.judge("≥ 0.8x direct", r.Ratio >= 0.8)
-	} else {
-		r.judge("≥ 0.5x direct", r.Ratio >= 0.5)
-	}
+	// Issue 24's bounds: docker's bytes cross three more processes.
+	bound := map[[2]bool]float64{{true, false}: 0.9, {true, true}: 0.8, {false, false}: 0.7, {false, true}: 0.5}[[2]bool{ptyMode, b.g.provider == "docker"}]
+	r.atLeast(fmt.Sprintf("≥ %gx direct", bound), r.Ratio, bound)
 	return r, nil
 }
 
@@ -413,7 +413,11 @@ func (b *bench) echo(ctx context.Context) (Result, error) {
 	}
 	bs := series("a PTY of the host", millis(bl))
 	r := compare("keystroke echo", b.g.provider, "ms", series("gateway", millis(gw)), &bs)
-	r.judge("p50 ≤ 0.09 ms (OpenSandbox execd)", r.Gateway.P50 <= 0.09)
+	bound := 2.5 // issue 24: the agent hop made SPEC §11's 0.09 ms unreachable
+	if b.g.provider == "docker" {
+		bound = 3
+	}
+	r.atMost(fmt.Sprintf("p50 ≤ %gx a host PTY", bound), r.Ratio, bound)
 	return r, nil
 }
 

@@ -75,8 +75,13 @@ func (s *Server) startProcess(_ context.Context, spec providers.ProcessSpec) (*p
 		}
 		cmd.SysProcAttr.Setctty = true
 		p.waited, err = s.spawn(cmd, func() error {
-			var err error
-			p.ptmx, err = pty.StartWithAttrs(cmd, &pty.Winsize{Rows: rows, Cols: cols}, cmd.SysProcAttr)
+			ptmx, err := pty.StartWithAttrs(cmd, &pty.Winsize{Rows: rows, Cols: cols}, cmd.SysProcAttr)
+			if err != nil {
+				return err
+			}
+			if p.ptmx, err = pollable(ptmx); err != nil {
+				cmd.Process.Kill() // started, but nobody could read it: the reaper takes it
+			}
 			return err
 		}, false)
 		if err != nil {
@@ -138,7 +143,9 @@ func (p *process) Resize(rows, cols uint16) error {
 	if p.ptmx == nil {
 		return providers.Errorf(providers.ErrUnsupported, "resize needs a terminal; the session is in pipe mode")
 	}
-	return pty.Setsize(p.ptmx, &pty.Winsize{Rows: rows, Cols: cols})
+	return control(p.ptmx, func(fd int) error {
+		return unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	})
 }
 
 func (p *process) Signal(sig syscall.Signal) error {
@@ -149,9 +156,12 @@ func (p *process) Signal(sig syscall.Signal) error {
 	}
 	g := p.pid
 	if p.ptmx != nil {
-		if fg, err := unix.IoctlGetInt(int(p.ptmx.Fd()), unix.TIOCGPGRP); err == nil && fg > 0 {
-			g = fg
-		}
+		control(p.ptmx, func(fd int) error {
+			if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil && fg > 0 {
+				g = fg
+			}
+			return nil
+		})
 	}
 	return unix.Kill(-g, sig)
 }
@@ -177,6 +187,41 @@ func (p *process) Kill() error {
 		}
 	})
 	return nil
+}
+
+// pollable returns the terminal master f as a file of Go's poller, and
+// closes f. pty.Start leaves the master blocking, so each read held an
+// OS thread, and what it read reached the goroutines that send it on
+// only through a wakeup of another thread (the reader's thread kept its
+// P while blocked again): a keystroke's echo paid that hand-off. Through
+// the poller, the reader parks and its thread runs the sender at once.
+// The master must then never be touched through Fd(), which would make
+// it blocking again (see control).
+func pollable(f *os.File) (*os.File, error) {
+	defer f.Close()
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// control runs fn on f's descriptor without Fd(), which would put a
+// pollable file back into blocking mode.
+func control(f *os.File, fn func(fd int) error) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
 }
 
 // outputPipes gives cmd a pipe each for stdout and stderr and returns their

@@ -656,6 +656,8 @@ type Attachment struct {
 	c    *Client
 	wmu  sync.Mutex
 	buf  *[]byte     // the last event's payload, from framePool
+	typ  byte        // the output frame being returned in pieces, and
+	left int         // how much of its payload is still to read
 	idle *time.Timer // shrinks st's buffer once Next has waited shrinkAfter
 }
 
@@ -688,17 +690,29 @@ func (a *Attachment) Next() (Event, error) {
 	if a.idle != nil {
 		a.idle.Reset(shrinkAfter)
 	}
-	typ, n, err := agentwire.ReadFrameHeader(a.r, agentwire.MaxFrame)
-	if err != nil {
-		return Event{}, a.c.fail(err)
+	typ, n := a.typ, a.left
+	if n == 0 {
+		var err error
+		if typ, n, err = agentwire.ReadFrameHeader(a.r, agentwire.MaxFrame); err != nil {
+			return Event{}, a.c.fail(err)
+		}
+	}
+	a.typ, a.left = 0, 0
+	if k := agentwire.CoalesceTTY; n > k && (typ == agentwire.FrameStdout || typ == agentwire.FrameStderr) {
+		// Output larger than a pooled buffer (a pipe's frames are as large
+		// as what is pending, up to MaxFrame) is returned a buffer at a
+		// time: a fresh buffer per frame cost the gateway more in
+		// allocation and page faults than the copy itself.
+		a.typ, a.left, n = typ, n-k, k
 	}
 	var p []byte
+	var err error
 	if n <= agentwire.CoalesceTTY {
 		a.buf = framePool.Get().(*[]byte)
 		p = (*a.buf)[:n]
 		_, err = io.ReadFull(a.r, p)
 	} else {
-		// Larger than any frame the agent coalesces: grown as it arrives.
+		// A larger exit frame: grown as it arrives.
 		p, err = agentwire.ReadPayload(a.r, nil, n)
 		a.buf = &p
 	}

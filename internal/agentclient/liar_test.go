@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -474,5 +475,81 @@ func TestLinksMarkALiarBroken(t *testing.T) {
 	defer mu.Unlock()
 	if dials["liar"] != 1 {
 		t.Fatalf("the liar was dialled %d times, want once (no reconnect)", dials["liar"])
+	}
+}
+
+// TestOutputFrameInPieces: an output frame larger than a pooled buffer
+// (an agent's pipe-mode frames are as large as what is pending) is
+// returned a buffer at a time, in order and whole, and the frames after
+// it are read as usual; one cut short is an error, not a short event.
+func TestOutputFrameInPieces(t *testing.T) {
+	big := make([]byte, 2*agentwire.CoalesceTTY+1000)
+	for i := range big {
+		big[i] = byte(i % 251)
+	}
+	full := bytes.Repeat([]byte("f"), agentwire.CoalesceTTY)
+	session := &agentwire.SessionInfo{ID: "s", Running: true}
+	c := dialLiar(t, func(req agentwire.Request, st net.Conn) {
+		agentwire.WriteMsg(st, agentwire.Reply{Session: session})
+		agentwire.WriteFrame(st, agentwire.FrameReplay, nil)
+		if req.Since == 1 {
+			rawFrame(st, agentwire.FrameStdout, uint32(len(big)), big[:agentwire.CoalesceTTY+10])
+			return // cut short
+		}
+		agentwire.WriteFrame(st, agentwire.FrameStdout, big)
+		agentwire.WriteFrame(st, agentwire.FrameStderr, []byte("e"))
+		agentwire.WriteFrame(st, agentwire.FrameStdout, full)
+		agentwire.WriteFrame(st, agentwire.FrameExit, []byte(`{"code":3}`))
+		io.Copy(io.Discard, st)
+	})
+	ctx := testkit.Context(t, time.Minute)
+	a, err := c.Attach(ctx, "s", 0, nil, agentwire.DefaultRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	type piece struct {
+		ch byte
+		n  int
+	}
+	var got []piece
+	var out, errs []byte
+	for {
+		ev, err := a.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Exited {
+			if ev.Code != 3 {
+				t.Fatalf("exit %d, want 3", ev.Code)
+			}
+			break
+		}
+		got = append(got, piece{ev.Chan, len(ev.Data)})
+		if ev.Chan == 0x02 {
+			errs = append(errs, ev.Data...)
+		} else {
+			out = append(out, ev.Data...)
+		}
+	}
+	k := agentwire.CoalesceTTY
+	want := []piece{{0x01, k}, {0x01, k}, {0x01, 1000}, {0x02, 1}, {0x01, k}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	if !bytes.Equal(out, append(slices.Clone(big), full...)) || string(errs) != "e" {
+		t.Fatal("the output's bytes differ from what the agent sent")
+	}
+
+	a2, err := c.Attach(ctx, "s", 1, nil, agentwire.DefaultRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a2.Close()
+	if ev, err := a2.Next(); err != nil || len(ev.Data) != k {
+		t.Fatalf("first piece of the cut frame: %d bytes, %v", len(ev.Data), err)
+	}
+	if _, err := a2.Next(); err == nil {
+		t.Fatal("a frame cut short was returned as output")
 	}
 }

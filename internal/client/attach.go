@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/coder/websocket"
@@ -237,8 +238,13 @@ func (a *attachment) once(ctx context.Context, takeover bool) (r result, err err
 
 	var gone bool
 	var exit *int
+	var buf []byte // the last message; reused (conn.Read allocates each)
 	for {
-		typ, data, err := conn.Read(cctx)
+		if cap(buf) > keepBuf {
+			buf = nil // after a replay of a large ring
+		}
+		typ, data, err := readMessage(cctx, conn, buf[:0])
+		buf = data
 		if err != nil {
 			switch {
 			case exit != nil:
@@ -288,6 +294,32 @@ func (a *attachment) once(ctx context.Context, takeover bool) (r result, err err
 		}
 		if err != nil {
 			return r, fmt.Errorf("%w: %w", errOutput, err)
+		}
+	}
+}
+
+// keepBuf is the largest message buffer an attachment keeps for the next
+// message: a live frame's (the gateway sends at most 256 KiB), not a
+// replay's.
+const keepBuf = 1 << 20
+
+// readMessage reads the next message into buf, grown as it arrives.
+func readMessage(ctx context.Context, conn *websocket.Conn, buf []byte) (websocket.MessageType, []byte, error) {
+	typ, r, err := conn.Reader(ctx)
+	if err != nil {
+		return 0, buf, err
+	}
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, max(512, cap(buf)))
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return typ, buf, nil
+		}
+		if err != nil {
+			return 0, buf, err
 		}
 	}
 }

@@ -422,3 +422,30 @@ func TestBusyAfterCutHandshakeIsRetried(t *testing.T) {
 		t.Errorf("%d dials, want %d", n, busyRetries+2)
 	}
 }
+
+// TestMessagesOfEverySize: the attachment reads every message into one
+// buffer it reuses; a message after a larger one (a replay over the
+// buffer it keeps, then live output) or a smaller one comes out whole,
+// and nothing of an earlier message leaks into a later one.
+func TestMessagesOfEverySize(t *testing.T) {
+	replay := strings.Repeat("r", keepBuf+100)
+	big := strings.Repeat("b", 300<<10)
+	f := newFake(t, func(c *fakeConn) {
+		c.accept()
+		c.replay(0, replay)
+		c.connected()
+		c.output("x")
+		c.output(big)
+		c.output("yz")
+		c.output("")
+		c.output("end\n")
+		c.exit(0)
+	})
+	code, out, _, err := attach(t, f.client(t), AttachOptions{})
+	if err != nil || code != 0 {
+		t.Fatalf("Attach = %d, %v; want 0, nil", code, err)
+	}
+	if want := replay + "x" + big + "yzend\n"; out != want {
+		t.Fatalf("output of %d bytes differs from the %d sent", len(out), len(want))
+	}
+}
