@@ -61,16 +61,19 @@ func apiCaller(r *http.Request) sandbox.Caller {
 // createBody is the create request as the SDKs send it. Fields sandgate
 // cannot honour yet are decoded to be refused by name.
 type createBody struct {
-	TemplateID          string            `json:"templateID"`
-	Timeout             *int64            `json:"timeout"` // seconds
-	Metadata            map[string]string `json:"metadata"`
-	EnvVars             map[string]string `json:"envVars"`
-	AutoPause           *bool             `json:"autoPause"`
-	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	Network             json.RawMessage   `json:"network"`
-	VolumeMounts        json.RawMessage   `json:"volumeMounts"`
-	MCP                 json.RawMessage   `json:"mcp"`
-	Secure              *bool             `json:"secure"`
+	TemplateID string            `json:"templateID"`
+	Timeout    *int64            `json:"timeout"` // seconds
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+	AutoPause  *bool             `json:"autoPause"`
+	AutoResume *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+	AllowInternetAccess *bool           `json:"allow_internet_access"`
+	Network             json.RawMessage `json:"network"`
+	VolumeMounts        json.RawMessage `json:"volumeMounts"`
+	MCP                 json.RawMessage `json:"mcp"`
+	Secure              *bool           `json:"secure"`
 }
 
 // sandboxReply is a sandbox as E2B's API describes it (create, connect,
@@ -90,6 +93,17 @@ type sandboxReply struct {
 	MemoryMB        int               `json:"memoryMB"`
 	DiskSizeMB      int               `json:"diskSizeMB"`
 	Metadata        map[string]string `json:"metadata,omitempty"`
+	// AllowInternetAccess, Network and Lifecycle: get only.
+	AllowInternetAccess *bool           `json:"allowInternetAccess,omitempty"`
+	Network             *networkReply   `json:"network,omitempty"`
+	Lifecycle           *lifecycleReply `json:"lifecycle,omitempty"`
+}
+
+// lifecycleReply is what a sandbox does at its timeout, as E2B's get
+// describes it.
+type lifecycleReply struct {
+	OnTimeout  string `json:"onTimeout"` // kill or pause
+	AutoResume bool   `json:"autoResume"`
 }
 
 // decode reads r's JSON body into v (an empty body leaves v as it is).
@@ -138,16 +152,14 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	var bad providers.InvalidFields
 	ttl := timeoutOf(body.Timeout, &bad)
-	if body.AutoPause != nil && *body.AutoPause {
-		bad.Add("autoPause", "is not supported by sandgate's E2B face yet (a sandbox is killed at its timeout)")
+	if body.AutoResume != nil && body.AutoResume.Enabled {
+		bad.Add("autoResume", "is not supported by sandgate's E2B face: a sandbox paused at its timeout resumes on connect")
 	}
-	if body.AllowInternetAccess != nil {
-		bad.Add("allow_internet_access", "is not supported by sandgate's E2B face yet (sandgate's own API sets egress policies)")
-	}
+	pol := egressOf(body.AllowInternetAccess, body.Network, &bad)
 	for _, f := range []struct {
 		name string
 		v    json.RawMessage
-	}{{"network", body.Network}, {"volumeMounts", body.VolumeMounts}, {"mcp", body.MCP}} {
+	}{{"volumeMounts", body.VolumeMounts}, {"mcp", body.MCP}} {
 		if len(f.v) > 0 && string(f.v) != "null" {
 			bad.Add(f.name, "is not supported by sandgate's E2B face yet")
 		}
@@ -159,7 +171,10 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	req := sandbox.CreateRequest{Image: body.TemplateID, TTL: ttl, Env: body.EnvVars, Metadata: body.Metadata}
+	req := sandbox.CreateRequest{
+		Image: body.TemplateID, TTL: ttl, Env: body.EnvVars, Metadata: body.Metadata,
+		PauseOnExpiry: body.AutoPause != nil && *body.AutoPause, Egress: pol,
+	}
 	switch {
 	case slices.Contains(baseTemplates, req.Image):
 		req.Image = ""
@@ -226,6 +241,12 @@ func replyOf(info sandbox.Info) sandboxReply {
 	}
 	if rep.Metadata == nil {
 		rep.Metadata = map[string]string{}
+	}
+	internet, network := egressReply(info.Egress)
+	rep.AllowInternetAccess, rep.Network = &internet, network
+	rep.Lifecycle = &lifecycleReply{OnTimeout: "kill"}
+	if info.PauseOnExpiry {
+		rep.Lifecycle.OnTimeout = "pause"
 	}
 	return rep
 }

@@ -5,6 +5,7 @@ import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
   Sandbox, CommandExitError, AuthenticationError, SandboxNotFoundError, NotFoundError, TimeoutError,
+  SandboxError, ALL_TRAFFIC,
 } from 'e2b'
 
 for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
@@ -17,6 +18,18 @@ const create = (opts) => (template ? Sandbox.create(template, opts) : Sandbox.cr
 
 const tag = `e2b-test-${process.pid}-${Date.now()}`
 let sbx
+
+// until polls f every 100 ms until it returns a truthy value, for at most
+// ms (a bound that catches a hang).
+const until = async (what, f, ms = 20_000) => {
+  const deadline = Date.now() + ms
+  for (;;) {
+    const v = await f()
+    if (v) return v
+    if (Date.now() > deadline) assert.fail(`${what}: not within ${ms} ms`)
+    await new Promise((r) => setTimeout(r, 100))
+  }
+}
 
 after(async () => {
   if (sbx) await Sandbox.kill(sbx.sandboxId).catch(() => {})
@@ -239,6 +252,76 @@ test('pause, list paused, connect resumes with the files kept', async () => {
   assert.equal((await sbx.getInfo()).state, 'running')
   assert.equal(await sbx.files.read('/tmp/kept'), 'across a pause')
 })
+
+test('lifecycle onTimeout pause: paused at its timeout, resumed by connect', async () => {
+  const s = await create({ lifecycle: { onTimeout: 'pause' }, timeoutMs: 1000, metadata: { suite: tag, of: 'autopause' } })
+  try {
+    const info = await s.getInfo()
+    assert.equal(info.lifecycle.onTimeout, 'pause')
+    await s.files.write('/tmp/autopause', 'kept')
+    await until('paused at the timeout', async () => (await Sandbox.getInfo(s.sandboxId)).state === 'paused')
+    const again = await Sandbox.connect(s.sandboxId, { timeoutMs: 60_000 })
+    assert.equal((await again.getInfo()).state, 'running')
+    assert.equal((await again.commands.run('cat /tmp/autopause')).stdout, 'kept')
+  } finally {
+    await Sandbox.kill(s.sandboxId)
+  }
+  // Without it the timeout kills, as on E2B.
+  const k = await create({ timeoutMs: 1000 })
+  assert.equal((await k.getInfo()).lifecycle.onTimeout, 'kill')
+  await until('killed at the timeout', async () => !(await k.isRunning()))
+  await assert.rejects(Sandbox.getInfo(k.sandboxId), SandboxNotFoundError)
+  // autoResume (traffic resumes) is refused by name.
+  await assert.rejects(create({ lifecycle: { onTimeout: 'pause', autoResume: true } }), (err) => {
+    assert.ok(err instanceof SandboxError, `got ${err}`)
+    assert.match(err.message, /autoResume/)
+    return true
+  })
+})
+
+// Egress (allowInternetAccess, network) against the test internet the Go
+// test starts (E2B_TEST_EGRESS=1: a.test and b.test, and 203.0.113.5
+// without a name).
+if (process.env.E2B_TEST_EGRESS) {
+  test('allowInternetAccess and network: sandgate egress policies', async () => {
+    const who = async (s, url) => (await s.commands.run(`curl -sS -m 3 ${url}/who || true`)).stdout.trim()
+    const boxes = []
+    try {
+      const open = await create({ allowInternetAccess: true })
+      boxes.push(open)
+      assert.equal(await who(open, 'http://a.test'), 'a.test 198.51.100.1:80')
+      assert.equal(await who(open, 'http://203.0.113.5'), '203.0.113.5 203.0.113.5:80')
+      assert.equal((await open.getInfo()).allowInternetAccess, true)
+
+      const closed = await create({ allowInternetAccess: false })
+      boxes.push(closed)
+      assert.equal(await who(closed, 'http://203.0.113.5'), '')
+      assert.equal((await closed.getInfo()).allowInternetAccess, false)
+
+      const listed = await create({ network: { allowOut: ['a.test'], denyOut: [ALL_TRAFFIC] } })
+      boxes.push(listed)
+      assert.equal(await who(listed, 'http://a.test'), 'a.test 198.51.100.1:80')
+      assert.equal(await who(listed, 'http://b.test'), '')
+      assert.equal(await who(listed, 'http://203.0.113.5'), '')
+      const info = await listed.getInfo()
+      assert.deepEqual(info.network.allowOut, ['a.test'])
+
+      const denied = await create({ network: { denyOut: ['203.0.113.0/24'] } })
+      boxes.push(denied)
+      assert.equal(await who(denied, 'http://a.test'), 'a.test 198.51.100.1:80')
+      assert.equal(await who(denied, 'http://203.0.113.5'), '')
+
+      // A domain without everything else denied is refused by name.
+      await assert.rejects(create({ network: { allowOut: ['a.test'] } }), (err) => {
+        assert.ok(err instanceof SandboxError, `got ${err}`)
+        assert.match(err.message, /network\.allowOut\[0\]/)
+        return true
+      })
+    } finally {
+      for (const b of boxes) await b.kill()
+    }
+  })
+}
 
 test('connect gives a working handle; kill ends the sandbox', async () => {
   const again = await Sandbox.connect(sbx.sandboxId)
