@@ -42,6 +42,7 @@ func (s *server) controlRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /sandboxes/{id}/snapshots", s.createSnapshot)
 	mux.HandleFunc("GET /snapshots", s.listSnapshots)
 	mux.HandleFunc("DELETE /templates/{id}", s.deleteSnapshot)
+	s.volumeRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, providers.Errorf(providers.ErrUnsupported, "%s %s is not supported by sandgate's E2B face", r.Method, r.URL.Path))
 	})
@@ -156,13 +157,9 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) {
 		bad.Add("autoResume", "is not supported by sandgate's E2B face: a sandbox paused at its timeout resumes on connect")
 	}
 	pol := egressOf(body.AllowInternetAccess, body.Network, &bad)
-	for _, f := range []struct {
-		name string
-		v    json.RawMessage
-	}{{"volumeMounts", body.VolumeMounts}, {"mcp", body.MCP}} {
-		if len(f.v) > 0 && string(f.v) != "null" {
-			bad.Add(f.name, "is not supported by sandgate's E2B face yet")
-		}
+	mounts := mountsOf(body.VolumeMounts, &bad)
+	if len(body.MCP) > 0 && string(body.MCP) != "null" {
+		bad.Add("mcp", "is not supported by sandgate's E2B face yet")
 	}
 	if body.Secure != nil && !*body.Secure {
 		bad.Add("secure", "must be true: sandgate always requires the access token")
@@ -173,7 +170,7 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	req := sandbox.CreateRequest{
 		Image: body.TemplateID, TTL: ttl, Env: body.EnvVars, Metadata: body.Metadata,
-		PauseOnExpiry: body.AutoPause != nil && *body.AutoPause, Egress: pol,
+		PauseOnExpiry: body.AutoPause != nil && *body.AutoPause, Egress: pol, Volumes: mounts,
 	}
 	switch {
 	case slices.Contains(baseTemplates, req.Image):

@@ -105,7 +105,9 @@ func TestCreateRefusals(t *testing.T) {
 		{`{"network":{"egressProxy":{"address":"p:1080"}}}`, "network.egressProxy"},
 		{`{"network":{"allowOut":"1.1.1.1"}}`, "network.allowOut"},
 		{`{"network":[1]}`, "network"},
-		{`{"volumeMounts":[{"name":"v","path":"/data"}]}`, "volumeMounts"},
+		{`{"volumeMounts":[{"name":"v","path":"/data"}]}`, "volumes[0].volume"}, // no such volume
+		{`{"volumeMounts":[{"name":"v"}]}`, "volumeMounts[0]"},
+		{`{"volumeMounts":{"name":"v"}}`, "volumeMounts"},
 		{`{"mcp":{"x":{}}}`, "mcp"},
 		{`{"secure":false}`, "secure"},
 		{`{"templateID":`, "body"},
