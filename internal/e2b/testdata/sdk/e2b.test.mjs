@@ -149,6 +149,38 @@ test('a command that outlasts timeoutMs raises TimeoutError and runs on', async 
   assert.equal(await sbx.commands.kill(slow.pid), true)
 })
 
+test('gzip: compressed upload and download; a corrupt upload changes nothing', async () => {
+  const text = 'compress me '.repeat(50_000)
+  const info = await sbx.files.write('/tmp/gz.txt', text, { gzip: true })
+  assert.equal(info.path, '/tmp/gz.txt')
+  assert.equal(await sbx.files.read('/tmp/gz.txt', { gzip: true }), text)
+  assert.equal(await sbx.files.read('/tmp/gz.txt'), text)
+
+  // The raw wire: the download is gzip when asked for gzip alone.
+  const url = `${process.env.E2B_SANDBOX_URL}/files?path=${encodeURIComponent('/tmp/gz.txt')}`
+  const headers = { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': sbx.envdAccessToken }
+  const { request } = await import('node:http')
+  const encoding = await new Promise((resolve, reject) => {
+    request(url, { headers: { ...headers, 'Accept-Encoding': 'gzip' } }, (res) => {
+      res.resume()
+      resolve(res.headers['content-encoding'])
+    }).on('error', reject).end()
+  })
+  assert.equal(encoding, 'gzip')
+
+  const { gzipSync } = await import('node:zlib')
+  const whole = gzipSync(Buffer.from('never written '.repeat(10_000)))
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: { ...headers, 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip' },
+    body: whole.subarray(0, whole.length >> 1),
+  })
+  assert.equal(res.status, 400)
+  assert.match((await res.json()).message, /not valid gzip/)
+  assert.equal(await sbx.files.read('/tmp/gz.txt'), text)
+  assert.deepEqual((await sbx.files.list('/tmp')).map((e) => e.name).filter((n) => n.startsWith('.sandgate')), [])
+})
+
 test('paths with shell metacharacters are paths, not commands', async () => {
   const dir = "/tmp/e2b/it's $(touch /tmp/pwned-mk) `touch /tmp/pwned-bt`; touch /tmp/pwned-semi"
   assert.equal(await sbx.files.makeDir(dir), true)
