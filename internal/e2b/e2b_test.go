@@ -314,7 +314,8 @@ func TestDataPlaneRefusals(t *testing.T) {
 		{"GET", "", "", nil, 400, "path"},
 		{"POST", "", "application/octet-stream", nil, 400, "path"},
 		{"POST", "path=/x", "multipart/form-data; boundary=zz", nil, 400, "file part"},
-		{"POST", "path=/x", "application/octet-stream", map[string]string{"Content-Encoding": "gzip"}, 409, "Content-Encoding"},
+		{"POST", "path=/x", "application/octet-stream", map[string]string{"Content-Encoding": "gzip"}, 400, "not valid gzip"},
+		{"POST", "path=/x", "application/octet-stream", map[string]string{"Content-Encoding": "br"}, 409, "Content-Encoding"},
 		{"POST", "path=/x", "application/octet-stream", map[string]string{"X-Metadata-Owner": "me"}, 409, "metadata"},
 		{"GET", "path=/x&signature=abc", "", nil, 409, "signed"},
 	} {
@@ -378,6 +379,19 @@ func TestEgressOf(t *testing.T) {
 		}
 		if got != c.want {
 			t.Errorf("%v %s: %s, want %s", c.internet, c.network, got, c.want)
+		}
+	}
+}
+
+// A download is gzipped only when gzip alone is asked for.
+func TestGzipOnly(t *testing.T) {
+	for accept, want := range map[string]bool{
+		"gzip": true, "GZip": true, " gzip ": true, "gzip;q=1": true, "gzip; q=0.5": true,
+		"": false, "gzip, deflate": false, "gzip, deflate, br": false, "br": false, "identity": false,
+		"gzip;q=0": false, "gzip; q=0.000": false, "*": false,
+	} {
+		if got := gzipOnly(accept); got != want {
+			t.Errorf("gzipOnly(%q) = %v, want %v", accept, got, want)
 		}
 	}
 }
