@@ -62,19 +62,23 @@ func apiCaller(r *http.Request) sandbox.Caller {
 // createBody is the create request as the SDKs send it. Fields sandgate
 // cannot honour yet are decoded to be refused by name.
 type createBody struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    *int64            `json:"timeout"` // seconds
-	Metadata   map[string]string `json:"metadata"`
-	EnvVars    map[string]string `json:"envVars"`
-	AutoPause  *bool             `json:"autoPause"`
-	AutoResume *struct {
-		Enabled bool `json:"enabled"`
-	} `json:"autoResume"`
-	AllowInternetAccess *bool           `json:"allow_internet_access"`
-	Network             json.RawMessage `json:"network"`
-	VolumeMounts        json.RawMessage `json:"volumeMounts"`
-	MCP                 json.RawMessage `json:"mcp"`
-	Secure              *bool           `json:"secure"`
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"` // seconds
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AutoPause           *bool             `json:"autoPause"`
+	AutoResume          *autoResume       `json:"autoResume"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             json.RawMessage   `json:"network"`
+	VolumeMounts        json.RawMessage   `json:"volumeMounts"`
+	MCP                 json.RawMessage   `json:"mcp"`
+	Secure              *bool             `json:"secure"`
+}
+
+// autoResume is create's lifecycle.autoResume: traffic resuming a
+// sandbox paused at its timeout.
+type autoResume struct {
+	Enabled bool `json:"enabled"`
 }
 
 // sandboxReply is a sandbox as E2B's API describes it (create, connect,
@@ -239,8 +243,7 @@ func replyOf(info sandbox.Info) sandboxReply {
 	if rep.Metadata == nil {
 		rep.Metadata = map[string]string{}
 	}
-	internet, network := egressReply(info.Egress)
-	rep.AllowInternetAccess, rep.Network = &internet, network
+	rep.AllowInternetAccess, rep.Network = egressReply(info.Egress)
 	rep.Lifecycle = &lifecycleReply{OnTimeout: "kill"}
 	if info.PauseOnExpiry {
 		rep.Lifecycle.OnTimeout = "pause"

@@ -117,11 +117,16 @@ type networkReply struct {
 	DenyOut  []string `json:"denyOut,omitempty"`
 }
 
-// egressReply describes pol (nil: none) in E2B's terms: whether the
-// sandbox reaches the internet beyond its lists, and the lists.
-func egressReply(pol *egress.Policy) (bool, *networkReply) {
-	if pol == nil || pol.None() {
-		return false, &networkReply{DenyOut: allTraffic[:1]}
+// egressReply describes pol in E2B's terms: whether the sandbox reaches
+// the internet beyond its lists, and the lists; nothing for a sandbox
+// without a policy (the provider's default, which is not described).
+func egressReply(pol *egress.Policy) (*bool, *networkReply) {
+	if pol == nil {
+		return nil, nil
+	}
+	no, yes := false, true
+	if pol.None() {
+		return &no, &networkReply{DenyOut: allTraffic[:1]}
 	}
 	str := func(rs []egress.Rule) []string {
 		out := make([]string, len(rs))
@@ -131,7 +136,7 @@ func egressReply(pol *egress.Policy) (bool, *networkReply) {
 		return out
 	}
 	if pol.Mode == egress.ModeAll {
-		return true, &networkReply{DenyOut: str(pol.Deny)}
+		return &yes, &networkReply{DenyOut: str(pol.Deny)}
 	}
-	return false, &networkReply{AllowOut: str(pol.Allow), DenyOut: append(allTraffic[:1:1], str(pol.Deny)...)}
+	return &no, &networkReply{AllowOut: str(pol.Allow), DenyOut: append(allTraffic[:1:1], str(pol.Deny)...)}
 }
