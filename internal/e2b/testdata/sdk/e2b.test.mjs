@@ -286,54 +286,31 @@ test('pause, list paused, connect resumes with the files kept', async () => {
 })
 
 test('lifecycle onTimeout pause: paused at its timeout, resumed by connect', async () => {
-  const s = await create({ lifecycle: { onTimeout: 'pause' }, timeoutMs: 1000, metadata: { suite: tag, of: 'autopause' } })
+  // Both wait out their timeouts at once: one pauses, the other (no
+  // lifecycle) is killed, as on E2B.
+  const [s, k] = await Promise.all([
+    create({ lifecycle: { onTimeout: 'pause' }, timeoutMs: 1000, metadata: { suite: tag, of: 'autopause' } }),
+    create({ timeoutMs: 1000 }),
+  ])
   try {
-    const info = await s.getInfo()
-    assert.equal(info.lifecycle.onTimeout, 'pause')
+    assert.equal((await s.getInfo()).lifecycle.onTimeout, 'pause')
+    assert.equal((await k.getInfo()).lifecycle.onTimeout, 'kill')
     await s.files.write('/tmp/autopause', 'kept')
     await until('paused at the timeout', async () => (await Sandbox.getInfo(s.sandboxId)).state === 'paused')
+    await until('killed at the timeout', async () => !(await k.isRunning()))
+    await assert.rejects(Sandbox.getInfo(k.sandboxId), SandboxNotFoundError)
     const again = await Sandbox.connect(s.sandboxId, { timeoutMs: 60_000 })
     assert.equal((await again.getInfo()).state, 'running')
     assert.equal((await again.commands.run('cat /tmp/autopause')).stdout, 'kept')
   } finally {
     await Sandbox.kill(s.sandboxId)
   }
-  // Without it the timeout kills, as on E2B.
-  const k = await create({ timeoutMs: 1000 })
-  assert.equal((await k.getInfo()).lifecycle.onTimeout, 'kill')
-  await until('killed at the timeout', async () => !(await k.isRunning()))
-  await assert.rejects(Sandbox.getInfo(k.sandboxId), SandboxNotFoundError)
   // autoResume (traffic resumes) is refused by name.
   await assert.rejects(create({ lifecycle: { onTimeout: 'pause', autoResume: true } }), (err) => {
     assert.ok(err instanceof SandboxError, `got ${err}`)
     assert.match(err.message, /autoResume/)
     return true
   })
-})
-
-test('volumes: create, mount in two sandboxes, list, destroy', async () => {
-  const name = `e2b-${process.pid}-${Date.now()}`
-  const vol = await Volume.create(name)
-  assert.match(vol.volumeId, /^vol-/)
-  assert.equal(vol.name, name)
-  const boxes = []
-  try {
-    const w = await create({ volumeMounts: { '/data': vol } })
-    boxes.push(w)
-    await w.files.write('/data/shared.txt', 'through the volume')
-    const r = await create({ volumeMounts: { '/mnt/v': name } }) // by name
-    boxes.push(r)
-    assert.equal(await r.files.read('/mnt/v/shared.txt'), 'through the volume')
-    assert.equal((await Volume.getInfo(vol.volumeId)).name, name)
-    assert.ok((await Volume.list()).some((v) => v.volumeId === vol.volumeId && v.name === name))
-    await assert.rejects(Volume.destroy(vol.volumeId), /mount/) // in use: 409
-  } finally {
-    for (const b of boxes) await b.kill()
-  }
-  assert.equal(await Volume.destroy(vol.volumeId), true)
-  assert.equal(await Volume.destroy(vol.volumeId), false)
-  await assert.rejects(create({ volumeMounts: { '/data': name } }), /volume/)
-  await assert.rejects(Volume.create('Not A DNS Label'), /name/)
 })
 
 // Egress (allowInternetAccess, network) against the test internet the Go
