@@ -313,6 +313,31 @@ test('lifecycle onTimeout pause: paused at its timeout, resumed by connect', asy
   })
 })
 
+test('volumes: create, mount in two sandboxes, list, destroy', async () => {
+  const name = `e2b-${process.pid}-${Date.now()}`
+  const vol = await Volume.create(name)
+  assert.match(vol.volumeId, /^vol-/)
+  assert.equal(vol.name, name)
+  const boxes = []
+  try {
+    const w = await create({ volumeMounts: { '/data': vol } })
+    boxes.push(w)
+    await w.files.write('/data/shared.txt', 'through the volume')
+    const r = await create({ volumeMounts: { '/mnt/v': name } }) // by name
+    boxes.push(r)
+    assert.equal(await r.files.read('/mnt/v/shared.txt'), 'through the volume')
+    assert.equal((await Volume.getInfo(vol.volumeId)).name, name)
+    assert.ok((await Volume.list()).some((v) => v.volumeId === vol.volumeId && v.name === name))
+    await assert.rejects(Volume.destroy(vol.volumeId), /mount/) // in use: 409
+  } finally {
+    for (const b of boxes) await b.kill()
+  }
+  assert.equal(await Volume.destroy(vol.volumeId), true)
+  assert.equal(await Volume.destroy(vol.volumeId), false)
+  await assert.rejects(create({ volumeMounts: { '/data': name } }), /volume/)
+  await assert.rejects(Volume.create('Not A DNS Label'), /name/)
+})
+
 // Egress (allowInternetAccess, network) against the test internet the Go
 // test starts (E2B_TEST_EGRESS=1: a.test and b.test, and 203.0.113.5
 // without a name).
