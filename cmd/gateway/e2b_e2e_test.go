@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/egress/egresstest"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/testkit"
 )
@@ -25,11 +26,14 @@ import (
 const e2bKey = "e2b_sandgate_test_key_0123456789"
 
 // TestE2BSDKLocal: the SDK's test file on the local provider (its
-// default image: template "base").
+// default image: template "base"), its egress test included, against the
+// test internet.
 func TestE2BSDKLocal(t *testing.T) {
 	t.Parallel()
-	g := startGateway(t, t.TempDir(), nil, "--e2b", "--api-key", e2bKey)
-	runE2BSDK(t, g, "")
+	in := egresstest.Start(t)
+	g := startGateway(t, t.TempDir(), nil, "--e2b", "--api-key", e2bKey,
+		"--egress-netns", in.NetnsPath, "--egress-resolve", egresstest.ResolveFlag())
+	runE2BSDK(t, g, "", "E2B_TEST_EGRESS=1")
 }
 
 // TestE2BSDKDocker: the same on the docker provider, the template naming
@@ -43,7 +47,9 @@ func TestE2BSDKDocker(t *testing.T) {
 // e2bPass is the TAP summary line of the passed tests.
 var e2bPass = regexp.MustCompile(`(?m)^# pass (\d+)$`)
 
-func runE2BSDK(t *testing.T, g *proc, template string) {
+// runE2BSDK runs the SDK's test file against g, creating from template,
+// with env added to its environment.
+func runE2BSDK(t *testing.T, g *proc, template string, env ...string) {
 	t.Helper()
 	node, err := exec.LookPath("node")
 	testkit.Need(t, "node (apt-get install nodejs)", err)
@@ -62,6 +68,7 @@ func runE2BSDK(t *testing.T, g *proc, template string) {
 		"E2B_API_KEY="+e2bKey,
 		"E2B_TEST_TEMPLATE="+template,
 	)
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("node --test e2b.test.mjs: %v\n%s\ngateway:\n%s", err, out, g.stderr)

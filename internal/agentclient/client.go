@@ -528,8 +528,10 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader) (int64
 	sent := make(chan error, 1)
 	go func() {
 		_, err := io.Copy(st, r)
-		if err == nil {
-			err = st.Close() // EOF: the file is complete
+		// EOF: the file is complete or, when r failed, ends the agent's
+		// read so that it answers (else both ends wait for each other).
+		if cerr := st.Close(); err == nil {
+			err = cerr
 		}
 		sent <- err
 	}()
@@ -540,7 +542,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader) (int64
 	switch {
 	case ctx.Err() != nil:
 		return 0, ctx.Err()
-	case rerr != nil && serr != nil && !errors.Is(serr, yamux.ErrTimeout) && !errors.Is(serr, yamux.ErrStreamClosed):
+	case serr != nil && !errors.Is(serr, yamux.ErrTimeout) && !errors.Is(serr, yamux.ErrStreamClosed):
 		return 0, fmt.Errorf("write %s: %w", path, serr) // the source failed
 	case rerr != nil:
 		return 0, c.fail(fmt.Errorf("write %s: %w", path, rerr))

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -140,5 +142,23 @@ func TestIdleAttachmentsAreSmall(t *testing.T) {
 	}
 	if err := c.DeleteSession(ctx, "idle"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A write whose source fails part way returns the source's error at once
+// (the agent is told the body ended, answers, and is not left waiting for
+// the rest while the write waits for its answer).
+func TestWriteFileSourceFails(t *testing.T) {
+	_, c := pair(t)
+	want := errors.New("the source broke")
+	src := io.MultiReader(strings.NewReader("some bytes"), iotest.ErrReader(want))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // catches a hang only
+	defer cancel()
+	p := t.TempDir() + "/f"
+	if _, err := c.WriteFile(ctx, p, src); !errors.Is(err, want) {
+		t.Fatalf("write from a failing source: %v, want %v", err, want)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the write waited for its context to end")
 	}
 }

@@ -42,6 +42,7 @@ func (s *server) controlRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /sandboxes/{id}/snapshots", s.createSnapshot)
 	mux.HandleFunc("GET /snapshots", s.listSnapshots)
 	mux.HandleFunc("DELETE /templates/{id}", s.deleteSnapshot)
+	s.volumeRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, providers.Errorf(providers.ErrUnsupported, "%s %s is not supported by sandgate's E2B face", r.Method, r.URL.Path))
 	})
@@ -66,11 +67,18 @@ type createBody struct {
 	Metadata            map[string]string `json:"metadata"`
 	EnvVars             map[string]string `json:"envVars"`
 	AutoPause           *bool             `json:"autoPause"`
+	AutoResume          *autoResume       `json:"autoResume"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             json.RawMessage   `json:"network"`
 	VolumeMounts        json.RawMessage   `json:"volumeMounts"`
 	MCP                 json.RawMessage   `json:"mcp"`
 	Secure              *bool             `json:"secure"`
+}
+
+// autoResume is create's lifecycle.autoResume: traffic resuming a
+// sandbox paused at its timeout.
+type autoResume struct {
+	Enabled bool `json:"enabled"`
 }
 
 // sandboxReply is a sandbox as E2B's API describes it (create, connect,
@@ -90,6 +98,17 @@ type sandboxReply struct {
 	MemoryMB        int               `json:"memoryMB"`
 	DiskSizeMB      int               `json:"diskSizeMB"`
 	Metadata        map[string]string `json:"metadata,omitempty"`
+	// AllowInternetAccess, Network and Lifecycle: get only.
+	AllowInternetAccess *bool           `json:"allowInternetAccess,omitempty"`
+	Network             *networkReply   `json:"network,omitempty"`
+	Lifecycle           *lifecycleReply `json:"lifecycle,omitempty"`
+}
+
+// lifecycleReply is what a sandbox does at its timeout, as E2B's get
+// describes it.
+type lifecycleReply struct {
+	OnTimeout  string `json:"onTimeout"` // kill or pause
+	AutoResume bool   `json:"autoResume"`
 }
 
 // decode reads r's JSON body into v (an empty body leaves v as it is).
@@ -138,19 +157,13 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	var bad providers.InvalidFields
 	ttl := timeoutOf(body.Timeout, &bad)
-	if body.AutoPause != nil && *body.AutoPause {
-		bad.Add("autoPause", "is not supported by sandgate's E2B face yet (a sandbox is killed at its timeout)")
+	if body.AutoResume != nil && body.AutoResume.Enabled {
+		bad.Add("autoResume", "is not supported by sandgate's E2B face: a sandbox paused at its timeout resumes on connect")
 	}
-	if body.AllowInternetAccess != nil {
-		bad.Add("allow_internet_access", "is not supported by sandgate's E2B face yet (sandgate's own API sets egress policies)")
-	}
-	for _, f := range []struct {
-		name string
-		v    json.RawMessage
-	}{{"network", body.Network}, {"volumeMounts", body.VolumeMounts}, {"mcp", body.MCP}} {
-		if len(f.v) > 0 && string(f.v) != "null" {
-			bad.Add(f.name, "is not supported by sandgate's E2B face yet")
-		}
+	pol := egressOf(body.AllowInternetAccess, body.Network, &bad)
+	mounts := mountsOf(body.VolumeMounts, &bad)
+	if len(body.MCP) > 0 && string(body.MCP) != "null" {
+		bad.Add("mcp", "is not supported by sandgate's E2B face yet")
 	}
 	if body.Secure != nil && !*body.Secure {
 		bad.Add("secure", "must be true: sandgate always requires the access token")
@@ -159,7 +172,10 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	req := sandbox.CreateRequest{Image: body.TemplateID, TTL: ttl, Env: body.EnvVars, Metadata: body.Metadata}
+	req := sandbox.CreateRequest{
+		Image: body.TemplateID, TTL: ttl, Env: body.EnvVars, Metadata: body.Metadata,
+		PauseOnExpiry: body.AutoPause != nil && *body.AutoPause, Egress: pol, Volumes: mounts,
+	}
 	switch {
 	case slices.Contains(baseTemplates, req.Image):
 		req.Image = ""
@@ -226,6 +242,11 @@ func replyOf(info sandbox.Info) sandboxReply {
 	}
 	if rep.Metadata == nil {
 		rep.Metadata = map[string]string{}
+	}
+	rep.AllowInternetAccess, rep.Network = egressReply(info.Egress)
+	rep.Lifecycle = &lifecycleReply{OnTimeout: "kill"}
+	if info.PauseOnExpiry {
+		rep.Lifecycle.OnTimeout = "pause"
 	}
 	return rep
 }

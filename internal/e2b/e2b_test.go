@@ -97,10 +97,17 @@ func TestCreateRefusals(t *testing.T) {
 	for _, c := range []struct{ body, field string }{
 		{`{"timeout":0}`, "timeout"},
 		{`{"timeout":-5}`, "timeout"},
-		{`{"autoPause":true}`, "autoPause"},
-		{`{"allow_internet_access":false}`, "allow_internet_access"},
-		{`{"network":{"allowOut":["1.1.1.1"]}}`, "network"},
-		{`{"volumeMounts":[{"name":"v","path":"/data"}]}`, "volumeMounts"},
+		{`{"autoPause":true,"autoResume":{"enabled":true}}`, "autoResume"},
+		{`{"network":{"allowOut":["a.test"]}}`, "network.allowOut[0]"},
+		{`{"network":{"allowOut":["10.1.0.0/16"],"denyOut":["10.0.0.0/8"]}}`, "overlaps"},
+		{`{"network":{"denyOut":["not an entry"]}}`, "network.denyOut"},
+		{`{"allow_internet_access":false,"network":{"allowOut":["a..test"]}}`, "network.allowOut"},
+		{`{"network":{"egressProxy":{"address":"p:1080"}}}`, "network.egressProxy"},
+		{`{"network":{"allowOut":"1.1.1.1"}}`, "network.allowOut"},
+		{`{"network":[1]}`, "network"},
+		{`{"volumeMounts":[{"name":"v","path":"/data"}]}`, "volumes[0].volume"}, // no such volume
+		{`{"volumeMounts":[{"name":"v"}]}`, "volumeMounts[0]"},
+		{`{"volumeMounts":{"name":"v"}}`, "volumeMounts"},
 		{`{"mcp":{"x":{}}}`, "mcp"},
 		{`{"secure":false}`, "secure"},
 		{`{"templateID":`, "body"},
@@ -307,7 +314,8 @@ func TestDataPlaneRefusals(t *testing.T) {
 		{"GET", "", "", nil, 400, "path"},
 		{"POST", "", "application/octet-stream", nil, 400, "path"},
 		{"POST", "path=/x", "multipart/form-data; boundary=zz", nil, 400, "file part"},
-		{"POST", "path=/x", "application/octet-stream", map[string]string{"Content-Encoding": "gzip"}, 409, "Content-Encoding"},
+		{"POST", "path=/x", "application/octet-stream", map[string]string{"Content-Encoding": "gzip"}, 400, "not valid gzip"},
+		{"POST", "path=/x", "application/octet-stream", map[string]string{"Content-Encoding": "br"}, 409, "Content-Encoding"},
 		{"POST", "path=/x", "application/octet-stream", map[string]string{"X-Metadata-Owner": "me"}, 409, "metadata"},
 		{"GET", "path=/x&signature=abc", "", nil, 409, "signed"},
 	} {
@@ -334,5 +342,56 @@ func TestDataPlaneRefusals(t *testing.T) {
 	}
 	if _, _, err := f.svc.ReadFile(ctx, sandbox.Caller{Lease: tok}, id, "/x", 0); providers.Kind(err) != providers.ErrNotFound {
 		t.Fatalf("a refused upload wrote /x (reading it: %v)", err)
+	}
+}
+
+// E2B's allow_internet_access and network as sandgate egress policies.
+func TestEgressOf(t *testing.T) {
+	no, yes := false, true
+	for _, c := range []struct {
+		internet *bool
+		network  string
+		want     string // the policy as /v1 writes it; "" = nil
+	}{
+		{nil, ``, ``},
+		{nil, `null`, ``},
+		{&yes, ``, `"all"`},
+		{&no, ``, `"none"`},
+		{nil, `{"denyOut":["0.0.0.0/0"]}`, `"none"`},
+		{nil, `{"denyOut":["10.0.0.0/8","1.2.3.4"]}`, `{"allow":["*"],"deny":["10.0.0.0/8","1.2.3.4/32"]}`},
+		{&no, `{"allowOut":["a.test","*.b.test","203.0.113.0/24"]}`, `{"allow":["a.test","*.b.test","203.0.113.0/24"],"deny":[]}`},
+		// allowOut wins over denyOut: with everything denied, the rest of
+		// denyOut adds nothing.
+		{nil, `{"allowOut":["a.test","10.1.2.3"],"denyOut":["0.0.0.0/0","10.0.0.0/8"]}`, `{"allow":["a.test","10.1.2.3/32"],"deny":[]}`},
+		// An allowOut address outside denyOut is allowed anyway.
+		{nil, `{"allowOut":["192.0.2.1"],"denyOut":["10.0.0.0/8"]}`, `{"allow":["*"],"deny":["10.0.0.0/8"]}`},
+	} {
+		var bad providers.InvalidFields
+		pol := egressOf(c.internet, json.RawMessage(c.network), &bad)
+		if err := bad.Err(); err != nil {
+			t.Errorf("%v %s: %v", c.internet, c.network, err)
+			continue
+		}
+		got := ""
+		if pol != nil {
+			b, _ := json.Marshal(pol)
+			got = string(b)
+		}
+		if got != c.want {
+			t.Errorf("%v %s: %s, want %s", c.internet, c.network, got, c.want)
+		}
+	}
+}
+
+// A download is gzipped only when gzip alone is asked for.
+func TestGzipOnly(t *testing.T) {
+	for accept, want := range map[string]bool{
+		"gzip": true, "GZip": true, " gzip ": true, "gzip;q=1": true, "gzip; q=0.5": true,
+		"": false, "gzip, deflate": false, "gzip, deflate, br": false, "br": false, "identity": false,
+		"gzip;q=0": false, "gzip; q=0.000": false, "*": false,
+	} {
+		if got := gzipOnly(accept); got != want {
+			t.Errorf("gzipOnly(%q) = %v, want %v", accept, got, want)
+		}
 	}
 }

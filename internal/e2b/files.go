@@ -1,10 +1,12 @@
 package e2b
 
 import (
+	"compress/gzip"
 	"context"
 	"errors"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"mime"
 	"mime/multipart"
 	"net/http"
@@ -61,10 +63,73 @@ func (s *server) download(w http.ResponseWriter, r *http.Request) {
 	}
 	defer rc.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(p)}))
+	w.Header().Set("Vary", "Accept-Encoding")
+	if !gzipOnly(r.Header.Get("Accept-Encoding")) {
+		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+		w.WriteHeader(http.StatusOK)
+		io.Copy(w, rc)
+		return
+	}
+	w.Header().Set("Content-Encoding", "gzip")
 	w.WriteHeader(http.StatusOK)
-	io.Copy(w, rc)
+	zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+	if _, err := io.Copy(zw, rc); err == nil {
+		zw.Close() // an error ends the body short, without the trailer
+	}
+}
+
+// gzipOnly reports whether an Accept-Encoding asks for gzip and no other
+// coding: what the SDKs send for read(..., {gzip: true}). A list of
+// several (an HTTP library's default "gzip, deflate, br") gets the file
+// as it is, which HTTP allows, so that a large file is not compressed
+// unasked.
+func gzipOnly(accept string) bool {
+	coding, params, _ := strings.Cut(strings.TrimSpace(accept), ";")
+	if !strings.EqualFold(strings.TrimSpace(coding), "gzip") || strings.Contains(coding, ",") {
+		return false
+	}
+	q := strings.ReplaceAll(params, " ", "")
+	return q != "q=0" && q != "q=0.0" && q != "q=0.00" && q != "q=0.000"
+}
+
+// writeWhole writes body to p through a temporary file beside it, moved
+// over p once body has been read to its end: a gzip body found corrupt
+// part way leaves p as it was. It returns p's absolute path.
+func (s *server) writeWhole(ctx context.Context, t target, p string, body io.Reader) (string, error) {
+	tmp := path.Join(path.Dir(p), ".sandgate-upload-"+strconv.FormatUint(rand.Uint64(), 36))
+	absTmp, _, err := s.svc.WriteFile(ctx, t.c, t.id, tmp, body)
+	if providers.Kind(err) == providers.ErrInvalid {
+		err = providers.Wrap(providers.ErrInvalid, err, p+": the body is not valid gzip")
+	}
+	abs := path.Join(path.Dir(absTmp), path.Base(p))
+	fs := &filesystemServer{s: s}
+	if err == nil {
+		var rc int
+		var msg string
+		rc, msg, err = fs.run(ctx, t, "mv -f -- "+shellQuote(absTmp)+" "+shellQuote(abs))
+		if err == nil && rc != 0 {
+			err = providers.Errorf(providers.ErrInvalid, "write %s: %s", p, msg)
+		}
+	}
+	if err != nil {
+		// A relative tmp is relative to the workdir, as the command's
+		// working directory is.
+		fs.run(context.WithoutCancel(ctx), t, "rm -f -- "+shellQuote(tmp))
+	}
+	return abs, err
+}
+
+// gunzipBody is a gzip upload's decompressed body: a corrupt stream is
+// ErrInvalid, not a failure of the sandbox.
+type gunzipBody struct{ zr *gzip.Reader }
+
+func (b gunzipBody) Read(p []byte) (int, error) {
+	n, err := b.zr.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		err = providers.Wrap(providers.ErrInvalid, err, "the body is not valid gzip")
+	}
+	return n, err
 }
 
 // writtenEntry is a written file as envd's upload describes it.
@@ -83,8 +148,19 @@ func (s *server) upload(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if r.Header.Get("Content-Encoding") != "" {
-		s.writeError(w, r, providers.Errorf(providers.ErrUnsupported, "compressed uploads (Content-Encoding) are not supported by sandgate's E2B face yet"))
+	body := io.Reader(r.Body)
+	switch ce := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); ce {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			s.writeError(w, r, providers.InvalidFields{{Field: "body", Message: "is not valid gzip (Content-Encoding: gzip): " + err.Error()}})
+			return
+		}
+		defer zr.Close()
+		body = gunzipBody{zr}
+	default:
+		s.writeError(w, r, providers.Errorf(providers.ErrUnsupported, "Content-Encoding %q is not supported by sandgate's E2B face (gzip is)", ce))
 		return
 	}
 	for k := range r.Header {
@@ -99,7 +175,13 @@ func (s *server) upload(w http.ResponseWriter, r *http.Request) {
 		if dst == "" {
 			return providers.InvalidFields{{Field: "path", Message: "is required (the query's path or the part's file name)"}}
 		}
-		abs, _, err := s.svc.WriteFile(r.Context(), t.c, t.id, dst, body)
+		var abs string
+		var err error
+		if _, gz := body.(gunzipBody); gz {
+			abs, err = s.writeWhole(r.Context(), t, dst, body)
+		} else {
+			abs, _, err = s.svc.WriteFile(r.Context(), t.c, t.id, dst, body)
+		}
 		if err != nil {
 			return err
 		}
@@ -109,7 +191,7 @@ func (s *server) upload(w http.ResponseWriter, r *http.Request) {
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch {
 	case mt == "multipart/form-data":
-		mr := multipart.NewReader(r.Body, params["boundary"])
+		mr := multipart.NewReader(body, params["boundary"])
 		for {
 			part, err := mr.NextPart()
 			if errors.Is(err, io.EOF) {
@@ -139,7 +221,7 @@ func (s *server) upload(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	default:
-		if err := write(p, r.Body); err != nil {
+		if err := write(p, body); err != nil {
 			s.writeError(w, r, err)
 			return
 		}

@@ -225,6 +225,9 @@ func (s *Service) createFor(ctx context.Context, creator string, req CreateReque
 	if err := s.checkEgress(req.Egress); err != nil {
 		return Ref{}, err
 	}
+	if _, ok := s.p.(providers.Pauser); req.PauseOnExpiry && !ok {
+		return Ref{}, providers.Errorf(providers.ErrUnsupported, "pausing at expiry is not supported by provider %s: it cannot pause a sandbox", s.p.Name())
+	}
 	if _, ok := s.p.(providers.Grouper); req.Group != "" && !ok {
 		return Ref{}, providers.Errorf(providers.ErrUnsupported, "sandbox groups are not supported by provider %s", s.p.Name())
 	}
@@ -375,6 +378,7 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 		Address:   addr,
 		CapAdd:    req.CapAdd,
 	}
+	rec.PauseOnExpiry = req.PauseOnExpiry
 	if claimed {
 		rec.Env = req.Env // a pool's sandbox started without it: every command gets it
 	}
@@ -608,6 +612,15 @@ func (s *Service) pauseResume(ctx context.Context, c Caller, id string, pause bo
 	}
 	if err := do(ctx, id); err != nil {
 		return Info{}, fmt.Errorf("%s %s: %w", map[bool]string{true: "pause", false: "resume"}[pause], id, err)
+	}
+	if !pause {
+		// A sandbox paused at its expiry has none: resuming starts a new
+		// TTL.
+		s.mu.Lock()
+		if r := &a.box.rec; r.ExpiresAt.IsZero() && r.TTL > 0 {
+			r.ExpiresAt = s.opts.Clock.Now().Add(r.TTL)
+		}
+		s.mu.Unlock()
 	}
 	s.setState(ctx, a.box, to)
 	s.touch(a.box)

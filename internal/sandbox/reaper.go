@@ -2,7 +2,10 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
 )
 
 // reaper stops expired and idle sandboxes every ReapInterval until Close.
@@ -30,17 +33,24 @@ func (s *Service) reaper() {
 }
 
 // reap removes every sandbox whose TTL ran out, and every live one idle for
-// longer than its idle timeout, as of now. It returns how many it removed.
+// longer than its idle timeout, as of now; an expired one that pauses on
+// expiry and is running or paused is paused instead. It returns how many
+// it removed.
 func (s *Service) reap(now time.Time) int {
 	type victim struct {
 		b   *box
 		why string
 	}
 	var vs []victim
+	var pauses []*box
 	s.mu.Lock()
 	for _, b := range s.boxes {
 		switch {
 		case !b.rec.ExpiresAt.IsZero() && !now.Before(b.rec.ExpiresAt):
+			if b.rec.PauseOnExpiry && (b.rec.State == providers.StateRunning || b.rec.State == providers.StatePaused) {
+				pauses = append(pauses, b)
+				continue
+			}
 			vs = append(vs, victim{b, "expired"})
 		case b.rec.State.Live() && b.rec.IdleTimeout > 0 && b.busy == 0 && b.holds == 0 &&
 			now.Sub(b.lastActive()) >= b.rec.IdleTimeout:
@@ -48,6 +58,13 @@ func (s *Service) reap(now time.Time) int {
 		}
 	}
 	s.mu.Unlock()
+	for _, b := range pauses {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if err := s.pauseExpired(ctx, b); err != nil {
+			s.log.Warn("pause expired sandbox", "sandbox", b.rec.ID, "err", err)
+		}
+		cancel()
+	}
 	n := 0
 	for _, v := range vs {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -60,4 +77,25 @@ func (s *Service) reap(now time.Time) int {
 		n++
 	}
 	return n
+}
+
+// pauseExpired pauses b, whose TTL ran out, and clears its expiry: a
+// sandbox paused at its expiry waits, paused, until it is resumed (which
+// starts a new TTL) or deleted.
+func (s *Service) pauseExpired(ctx context.Context, b *box) error {
+	s.mu.Lock()
+	id, state := b.rec.ID, b.rec.State
+	s.mu.Unlock()
+	if state == providers.StateRunning {
+		// Only a provider that pauses takes such a sandbox (createFor).
+		if err := s.p.(providers.Pauser).Pause(ctx, id); err != nil {
+			return fmt.Errorf("pause %s: %w", id, err)
+		}
+	}
+	s.mu.Lock()
+	b.rec.ExpiresAt = time.Time{}
+	s.mu.Unlock()
+	s.setState(ctx, b, providers.StatePaused)
+	s.log.Info("sandbox paused", "sandbox", id, "why", "expired")
+	return nil
 }

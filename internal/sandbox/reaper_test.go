@@ -1,9 +1,13 @@
 package sandbox
 
 import (
+	"context"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/fake"
 )
 
 // The reaper's own loop, on the bubble's clock: an idle sandbox goes at
@@ -38,4 +42,60 @@ func TestReaperLoop(t *testing.T) {
 		}
 		e.svc.Close() // joins the loop: the bubble ends with no goroutine left
 	})
+}
+
+// A sandbox that pauses on expiry is paused at its TTL, not removed; it
+// then has no expiry until a resume starts a new TTL. A provider that
+// cannot pause refuses such a create.
+func TestPauseOnExpiry(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	a := e.create(t, CreateRequest{TTL: dur(10 * time.Second), PauseOnExpiry: true})
+	e.clock.Advance(11 * time.Second)
+	if n := e.svc.reap(e.clock.Now()); n != 0 {
+		t.Fatalf("reaped %d, want 0 (paused instead)", n)
+	}
+	info, err := e.svc.Get(ctx, lease(a.Token), a.SandboxID)
+	if err != nil || info.State != providers.StatePaused || !info.ExpiresAt.IsZero() {
+		t.Fatalf("after expiry: %v %s expires %v; want paused, no expiry", err, info.State, info.ExpiresAt)
+	}
+	if _, err := e.svc.Exec(ctx, lease(a.Token), a.SandboxID, ExecRequest{Command: "true"}); providers.Kind(err) != providers.ErrConflict {
+		t.Fatalf("exec in the paused sandbox: %v, want a conflict", err)
+	}
+	e.clock.Advance(1000 * time.Hour)
+	if n := e.svc.reap(e.clock.Now()); n != 0 || !e.p.Has(a.SandboxID) {
+		t.Fatalf("a sandbox paused at expiry was reaped later (%d)", n)
+	}
+	info, err = e.svc.Resume(ctx, lease(a.Token), a.SandboxID)
+	if err != nil || info.State != providers.StateRunning || !info.ExpiresAt.Equal(e.clock.Now().Add(10*time.Second)) {
+		t.Fatalf("resume: %v %s expires %v; want running, a new TTL", err, info.State, info.ExpiresAt)
+	}
+	// The flag survives a restart; a sandbox paused by hand before its
+	// expiry stays paused at it.
+	e.restart(t)
+	if _, err := e.svc.Pause(ctx, lease(a.Token), a.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(11 * time.Second)
+	if n := e.svc.reap(e.clock.Now()); n != 0 {
+		t.Fatalf("reaped %d after the restart", n)
+	}
+	info, err = e.svc.Get(ctx, lease(a.Token), a.SandboxID)
+	if err != nil || info.State != providers.StatePaused || !info.ExpiresAt.IsZero() {
+		t.Fatalf("after the second expiry: %v %s expires %v", err, info.State, info.ExpiresAt)
+	}
+
+	// Without the flag, expiry still removes.
+	b := e.create(t, CreateRequest{TTL: dur(10 * time.Second)})
+	e.clock.Advance(11 * time.Second)
+	if n := e.svc.reap(e.clock.Now()); n != 1 || e.p.Has(b.SandboxID) {
+		t.Fatalf("reaped %d, want the sandbox without the flag", n)
+	}
+
+	noPause := newEnv(t, func(o *Options) { o.Provider = struct{ providers.Provider }{fake.New()} })
+	_, err = noPause.svc.Create(ctx, Caller{}, CreateRequest{PauseOnExpiry: true})
+	wantKind(t, err, providers.ErrUnsupported)
+	if list, _ := noPause.svc.List(ctx, Caller{}, ListFilter{}); len(list) != 0 {
+		t.Fatalf("a refused create left %d sandboxes", len(list))
+	}
 }

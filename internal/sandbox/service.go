@@ -408,6 +408,11 @@ type CreateRequest struct {
 	Hostname string
 	Aliases  []string
 	CapAdd   []string
+
+	// PauseOnExpiry pauses the sandbox at its TTL instead of stopping it
+	// (E2B's autoPause); it then stays paused with no expiry until
+	// resumed. A provider that cannot pause refuses it (ErrUnsupported).
+	PauseOnExpiry bool
 }
 
 // Ref is what create and mint return: a sandbox and one token for it.

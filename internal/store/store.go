@@ -66,6 +66,9 @@ type Record struct {
 	Hosts map[string]string `json:"hosts,omitempty"`
 	// CapAdd are the capabilities its create added (names without CAP_).
 	CapAdd []string `json:"cap_add,omitempty"`
+	// PauseOnExpiry: at ExpiresAt the sandbox is paused, not stopped, and
+	// then has no expiry until it is resumed (which starts a new TTL).
+	PauseOnExpiry bool `json:"pause_on_expiry,omitempty"`
 }
 
 // Scope is what a lease allows.

@@ -5,6 +5,7 @@ import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
   Sandbox, CommandExitError, AuthenticationError, SandboxNotFoundError, NotFoundError, TimeoutError,
+  SandboxError, ALL_TRAFFIC, Volume,
 } from 'e2b'
 
 for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
@@ -17,6 +18,18 @@ const create = (opts) => (template ? Sandbox.create(template, opts) : Sandbox.cr
 
 const tag = `e2b-test-${process.pid}-${Date.now()}`
 let sbx
+
+// until polls f every 100 ms until it returns a truthy value, for at most
+// ms (a bound that catches a hang).
+const until = async (what, f, ms = 20_000) => {
+  const deadline = Date.now() + ms
+  for (;;) {
+    const v = await f()
+    if (v) return v
+    if (Date.now() > deadline) assert.fail(`${what}: not within ${ms} ms`)
+    await new Promise((r) => setTimeout(r, 100))
+  }
+}
 
 after(async () => {
   if (sbx) await Sandbox.kill(sbx.sandboxId).catch(() => {})
@@ -136,6 +149,38 @@ test('a command that outlasts timeoutMs raises TimeoutError and runs on', async 
   assert.equal(await sbx.commands.kill(slow.pid), true)
 })
 
+test('gzip: compressed upload and download; a corrupt upload changes nothing', async () => {
+  const text = 'compress me '.repeat(50_000)
+  const info = await sbx.files.write('/tmp/gz.txt', text, { gzip: true })
+  assert.equal(info.path, '/tmp/gz.txt')
+  assert.equal(await sbx.files.read('/tmp/gz.txt', { gzip: true }), text)
+  assert.equal(await sbx.files.read('/tmp/gz.txt'), text)
+
+  // The raw wire: the download is gzip when asked for gzip alone.
+  const url = `${process.env.E2B_SANDBOX_URL}/files?path=${encodeURIComponent('/tmp/gz.txt')}`
+  const headers = { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': sbx.envdAccessToken }
+  const { request } = await import('node:http')
+  const encoding = await new Promise((resolve, reject) => {
+    request(url, { headers: { ...headers, 'Accept-Encoding': 'gzip' } }, (res) => {
+      res.resume()
+      resolve(res.headers['content-encoding'])
+    }).on('error', reject).end()
+  })
+  assert.equal(encoding, 'gzip')
+
+  const { gzipSync } = await import('node:zlib')
+  const whole = gzipSync(Buffer.from('never written '.repeat(10_000)))
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: { ...headers, 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip' },
+    body: whole.subarray(0, whole.length >> 1),
+  })
+  assert.equal(res.status, 400)
+  assert.match((await res.json()).message, /not valid gzip/)
+  assert.equal(await sbx.files.read('/tmp/gz.txt'), text)
+  assert.deepEqual((await sbx.files.list('/tmp')).map((e) => e.name).filter((n) => n.startsWith('.sandgate')), [])
+})
+
 test('paths with shell metacharacters are paths, not commands', async () => {
   const dir = "/tmp/e2b/it's $(touch /tmp/pwned-mk) `touch /tmp/pwned-bt`; touch /tmp/pwned-semi"
   assert.equal(await sbx.files.makeDir(dir), true)
@@ -239,6 +284,103 @@ test('pause, list paused, connect resumes with the files kept', async () => {
   assert.equal((await sbx.getInfo()).state, 'running')
   assert.equal(await sbx.files.read('/tmp/kept'), 'across a pause')
 })
+
+test('lifecycle onTimeout pause: paused at its timeout, resumed by connect', async () => {
+  // Both wait out their timeouts at once: one pauses, the other (no
+  // lifecycle) is killed, as on E2B.
+  const [s, k] = await Promise.all([
+    create({ lifecycle: { onTimeout: 'pause' }, timeoutMs: 1000, metadata: { suite: tag, of: 'autopause' } }),
+    create({ timeoutMs: 1000 }),
+  ])
+  try {
+    assert.equal((await s.getInfo()).lifecycle.onTimeout, 'pause')
+    assert.equal((await k.getInfo()).lifecycle.onTimeout, 'kill')
+    await s.files.write('/tmp/autopause', 'kept')
+    await until('paused at the timeout', async () => (await Sandbox.getInfo(s.sandboxId)).state === 'paused')
+    await until('killed at the timeout', async () => !(await k.isRunning()))
+    await assert.rejects(Sandbox.getInfo(k.sandboxId), SandboxNotFoundError)
+    const again = await Sandbox.connect(s.sandboxId, { timeoutMs: 60_000 })
+    assert.equal((await again.getInfo()).state, 'running')
+    assert.equal((await again.commands.run('cat /tmp/autopause')).stdout, 'kept')
+  } finally {
+    await Sandbox.kill(s.sandboxId)
+  }
+  // autoResume (traffic resumes) is refused by name.
+  await assert.rejects(create({ lifecycle: { onTimeout: 'pause', autoResume: true } }), (err) => {
+    assert.ok(err instanceof SandboxError, `got ${err}`)
+    assert.match(err.message, /autoResume/)
+    return true
+  })
+})
+
+test('volumes: create, mount in two sandboxes, list, destroy', async () => {
+  const name = `e2b-${process.pid}-${Date.now()}`
+  const vol = await Volume.create(name)
+  assert.match(vol.volumeId, /^vol-/)
+  assert.equal(vol.name, name)
+  const boxes = []
+  try {
+    const w = await create({ volumeMounts: { '/data': vol } })
+    boxes.push(w)
+    await w.files.write('/data/shared.txt', 'through the volume')
+    const r = await create({ volumeMounts: { '/mnt/v': name } }) // by name
+    boxes.push(r)
+    assert.equal(await r.files.read('/mnt/v/shared.txt'), 'through the volume')
+    assert.equal((await Volume.getInfo(vol.volumeId)).name, name)
+    assert.ok((await Volume.list()).some((v) => v.volumeId === vol.volumeId && v.name === name))
+    await assert.rejects(Volume.destroy(vol.volumeId), /mount/) // in use: 409
+  } finally {
+    for (const b of boxes) await b.kill()
+  }
+  assert.equal(await Volume.destroy(vol.volumeId), true)
+  assert.equal(await Volume.destroy(vol.volumeId), false)
+  await assert.rejects(create({ volumeMounts: { '/data': name } }), /volume/)
+  await assert.rejects(Volume.create('Not A DNS Label'), /name/)
+})
+
+// Egress (allowInternetAccess, network) against the test internet the Go
+// test starts (E2B_TEST_EGRESS=1: a.test and b.test, and 203.0.113.5
+// without a name).
+if (process.env.E2B_TEST_EGRESS) {
+  test('allowInternetAccess and network: sandgate egress policies', async () => {
+    const who = async (s, url) => (await s.commands.run(`curl -sS -m 3 ${url}/who || true`)).stdout.trim()
+    const boxes = []
+    try {
+      const open = await create({ allowInternetAccess: true })
+      boxes.push(open)
+      assert.equal(await who(open, 'http://a.test'), 'a.test 198.51.100.1:80')
+      assert.equal(await who(open, 'http://203.0.113.5'), '203.0.113.5 203.0.113.5:80')
+      assert.equal((await open.getInfo()).allowInternetAccess, true)
+
+      const closed = await create({ allowInternetAccess: false })
+      boxes.push(closed)
+      assert.equal(await who(closed, 'http://203.0.113.5'), '')
+      assert.equal((await closed.getInfo()).allowInternetAccess, false)
+
+      const listed = await create({ network: { allowOut: ['a.test'], denyOut: [ALL_TRAFFIC] } })
+      boxes.push(listed)
+      assert.equal(await who(listed, 'http://a.test'), 'a.test 198.51.100.1:80')
+      assert.equal(await who(listed, 'http://b.test'), '')
+      assert.equal(await who(listed, 'http://203.0.113.5'), '')
+      const info = await listed.getInfo()
+      assert.deepEqual(info.network.allowOut, ['a.test'])
+
+      const denied = await create({ network: { denyOut: ['203.0.113.0/24'] } })
+      boxes.push(denied)
+      assert.equal(await who(denied, 'http://a.test'), 'a.test 198.51.100.1:80')
+      assert.equal(await who(denied, 'http://203.0.113.5'), '')
+
+      // A domain without everything else denied is refused by name.
+      await assert.rejects(create({ network: { allowOut: ['a.test'] } }), (err) => {
+        assert.ok(err instanceof SandboxError, `got ${err}`)
+        assert.match(err.message, /network\.allowOut\[0\]/)
+        return true
+      })
+    } finally {
+      for (const b of boxes) await b.kill()
+    }
+  })
+}
 
 test('connect gives a working handle; kill ends the sandbox', async () => {
   const again = await Sandbox.connect(sbx.sandboxId)
