@@ -111,6 +111,13 @@ func (e *engine) proxy(c net.Conn) {
 		refuse(c)
 		return
 	}
+	join(ctx, c, up, head)
+}
+
+// join writes head to up, then copies between c and up both ways until
+// both directions are done or ctx ends; it closes up (c stays the
+// caller's). Both are *net.TCPConn, so io.Copy splices in the kernel.
+func join(ctx context.Context, c, up net.Conn, head []byte) {
 	defer up.Close()
 	stopUp := context.AfterFunc(ctx, func() { up.Close() })
 	defer stopUp()
@@ -122,7 +129,6 @@ func (e *engine) proxy(c net.Conn) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		// Both ends are *net.TCPConn, so io.Copy splices in the kernel.
 		_, _ = io.Copy(up, c)
 		closeWrite(up)
 	}()
