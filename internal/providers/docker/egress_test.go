@@ -2,8 +2,12 @@ package docker
 
 import (
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +20,7 @@ import (
 	"github.com/sandgate/sandgate/internal/egress/point"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // egressProvider is a provider whose egress point resolves the test
@@ -357,5 +362,101 @@ func TestEgressPidReuse(t *testing.T) {
 	p.afterNetnsOpen = nil
 	if _, err := p.JoinGroup(ctx, id, "g"); err != nil {
 		t.Errorf("JoinGroup after the restart: %v", err)
+	}
+}
+
+// TestEgressPorts: a create that declares ports and gives a policy (or
+// none, explicitly) makes a sandbox of network none; the egress point
+// publishes its ports (the endpoint serves its httpd, an undeclared port
+// has none), it reaches what its policy allows and nothing else (no host
+// listener, no other address, no link but lo and eth0), and a new
+// provider (a gateway restart) publishes and plumbs it again.
+func TestEgressPorts(t *testing.T) {
+	dockertest.Require(t)
+	in := egresstest.Start(t)
+	p := egressProvider(t, in)
+	ctx := ctxFor(t, 3*time.Minute)
+	pol, none := allow(t, "a.test"), egress.Policy{}
+	id := create(t, p, providers.CreateSpec{Ports: []int{8080}, Egress: &pol})
+	closed := create(t, p, providers.CreateSpec{Ports: []int{8080}, Egress: &none})
+	if err := p.SetEgress(ctx, id, pol); err != nil { // what the service does next
+		t.Fatal(err)
+	}
+	for _, sb := range []string{id, closed} {
+		info, err := p.cli.ContainerInspect(ctx, sb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.HostConfig.NetworkMode != "none" || len(info.HostConfig.PortBindings) != 0 || len(networksOf(t, sb)) != 0 {
+			t.Fatalf("%s: network mode %q, bindings %v, networks %v", sb, info.HostConfig.NetworkMode, info.HostConfig.PortBindings, networksOf(t, sb))
+		}
+		serveHTTP(t, p, sb, "served-by-"+sb)
+	}
+	get := func(p *Docker, sb string) string {
+		t.Helper()
+		ep, err := p.Endpoint(ctx, sb, 8080)
+		if err != nil {
+			t.Fatalf("Endpoint of %s: %v", sb, err)
+		}
+		if !strings.HasPrefix(ep.URL, "http://127.0.0.1:") {
+			t.Errorf("endpoint %q: want one on 127.0.0.1", ep.URL)
+		}
+		var got string
+		testkit.Eventually(t, "the published port of "+sb, 20*time.Second, func() bool {
+			resp, err := http.Get(ep.URL + "/")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			got = string(body)
+			return resp.StatusCode == 200
+		})
+		return got
+	}
+	for _, sb := range []string{id, closed} {
+		if got := get(p, sb); got != "served-by-"+sb+"\n" {
+			t.Errorf("endpoint of %s: %q", sb, got)
+		}
+	}
+	if _, err := p.Endpoint(ctx, id, 9090); !errors.Is(err, providers.ErrNotFound) {
+		t.Errorf("an undeclared port: %v, want ErrNotFound", err)
+	}
+	if out := strings.Fields(string(run(t, p, id, "ls /sys/class/net").Stdout)); !slices.Equal(out, []string{"eth0", "lo"}) {
+		t.Errorf("links: %q, want eth0 and lo", out)
+	}
+	if got := fetch(t, p, id, false, "a.test", "a.test"); got != "a.test 198.51.100.1:80" {
+		t.Errorf("a.test: %q", got)
+	}
+	if got := fetch(t, p, closed, false, "198.51.100.1", "a.test"); got != "" {
+		t.Errorf("policy none reached a.test: %q", got)
+	}
+	if got := fetch(t, p, id, false, "198.51.100.2", "b.test"); got != "" {
+		t.Errorf("b.test reached: %q", got)
+	}
+	port, accepted := hostListener(t)
+	for _, host := range append([]string{"100.64.0.1", "127.0.0.1"}, hostIPv4s(t)...) {
+		res := run(t, p, id, fmt.Sprintf("nc -w 3 %s %d </dev/null", host, port))
+		if strings.Contains(string(res.Stdout), "host-listener") {
+			t.Errorf("the sandbox reached the host listener at %s:%d", host, port)
+		}
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("the host listener accepted %d connections from the sandbox", n)
+	}
+
+	p.egress.Close() // what the old gateway's exit does: its listeners go too
+	p2 := egressProvider(t, in, func(o *Options) { o.InstanceID = p.instance })
+	if got := get(p2, id); got != "served-by-"+id+"\n" { // attached with none here
+		t.Errorf("endpoint after the restart: %q", got)
+	}
+	if err := p2.SetEgress(ctx, id, pol); err != nil { // the service's restore
+		t.Fatal(err)
+	}
+	if got := fetch(t, p2, id, false, "a.test", "a.test"); got != "a.test 198.51.100.1:80" {
+		t.Errorf("a.test after the restart: %q", got)
+	}
+	if got := fetch(t, p2, id, false, "198.51.100.2", "b.test"); got != "" {
+		t.Errorf("b.test after the restart: %q", got)
 	}
 }
