@@ -20,6 +20,7 @@ import (
 	"github.com/sandgate/sandgate/internal/egress/point"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/providers/docker/hostfw"
 	"github.com/sandgate/sandgate/internal/testkit"
 )
 
@@ -392,30 +393,8 @@ func TestEgressPorts(t *testing.T) {
 		}
 		serveHTTP(t, p, sb, "served-by-"+sb)
 	}
-	get := func(p *Docker, sb string) string {
-		t.Helper()
-		ep, err := p.Endpoint(ctx, sb, 8080)
-		if err != nil {
-			t.Fatalf("Endpoint of %s: %v", sb, err)
-		}
-		if !strings.HasPrefix(ep.URL, "http://127.0.0.1:") {
-			t.Errorf("endpoint %q: want one on 127.0.0.1", ep.URL)
-		}
-		var got string
-		testkit.Eventually(t, "the published port of "+sb, 20*time.Second, func() bool {
-			resp, err := http.Get(ep.URL + "/")
-			if err != nil {
-				return false
-			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			got = string(body)
-			return resp.StatusCode == 200
-		})
-		return got
-	}
 	for _, sb := range []string{id, closed} {
-		if got := get(p, sb); got != "served-by-"+sb+"\n" {
+		if got := endpointBody(t, p, sb, 8080); got != "served-by-"+sb+"\n" {
 			t.Errorf("endpoint of %s: %q", sb, got)
 		}
 	}
@@ -447,7 +426,7 @@ func TestEgressPorts(t *testing.T) {
 
 	p.egress.Close() // what the old gateway's exit does: its listeners go too
 	p2 := egressProvider(t, in, func(o *Options) { o.InstanceID = p.instance })
-	if got := get(p2, id); got != "served-by-"+id+"\n" { // attached with none here
+	if got := endpointBody(t, p2, id, 8080); got != "served-by-"+id+"\n" { // attached with none here
 		t.Errorf("endpoint after the restart: %q", got)
 	}
 	if err := p2.SetEgress(ctx, id, pol); err != nil { // the service's restore
@@ -458,5 +437,86 @@ func TestEgressPorts(t *testing.T) {
 	}
 	if got := fetch(t, p2, id, false, "198.51.100.2", "b.test"); got != "" {
 		t.Errorf("b.test after the restart: %q", got)
+	}
+}
+
+// endpointBody is what GET / answers at the endpoint of port of sandbox
+// id, which must be on 127.0.0.1, once its server answers 200.
+func endpointBody(t *testing.T, p *Docker, id string, port int) string {
+	t.Helper()
+	ep, err := p.Endpoint(ctxFor(t, time.Minute), id, port)
+	if err != nil {
+		t.Fatalf("Endpoint of %s: %v", id, err)
+	}
+	if !strings.HasPrefix(ep.URL, "http://127.0.0.1:") {
+		t.Errorf("endpoint %q: want one on 127.0.0.1", ep.URL)
+	}
+	var got string
+	testkit.Eventually(t, "the published port of "+id, 20*time.Second, func() bool {
+		resp, err := http.Get(ep.URL + "/")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		got = string(body)
+		return resp.StatusCode == 200
+	})
+	return got
+}
+
+// TestTwoGateways: two gateways (instance ids) on one daemon, sharing the
+// host firewall's chains, each with its own egress point. Their sandboxes
+// get the same pool address, each in its own router namespace, and both
+// work: published ports, policies; each lists only its own. When one
+// gateway exits (its point and listeners go), the other's sandboxes keep
+// their way out and their ports, and the firewall stays installed.
+func TestTwoGateways(t *testing.T) {
+	dockertest.Require(t)
+	in := egresstest.Start(t)
+	fw := testFirewall(t)
+	withFW := func(o *Options) { o.Firewall = fw }
+	pa, pb := egressProvider(t, in, withFW), egressProvider(t, in, withFW)
+	ctx := ctxFor(t, 3*time.Minute)
+	pol := allow(t, "a.test")
+	ids := map[*Docker]string{}
+	for _, p := range []*Docker{pa, pb} {
+		id := create(t, p, providers.CreateSpec{Ports: []int{8080}, Egress: &pol})
+		if err := p.SetEgress(ctx, id, pol); err != nil {
+			t.Fatal(err)
+		}
+		serveHTTP(t, p, id, "served-by-"+id)
+		ids[p] = id
+	}
+	addrA, okA := pa.egress.Made().Address(ids[pa])
+	addrB, okB := pb.egress.Made().Address(ids[pb])
+	if !okA || !okB || addrA != addrB {
+		t.Errorf("pool addresses %s (%v), %s (%v): want the same, in two router namespaces", addrA, okA, addrB, okB)
+	}
+	for p, id := range ids {
+		if got := endpointBody(t, p, id, 8080); got != "served-by-"+id+"\n" {
+			t.Errorf("endpoint of %s: %q", id, got)
+		}
+		if got := fetch(t, p, id, false, "a.test", "a.test"); got != "a.test 198.51.100.1:80" {
+			t.Errorf("a.test from %s: %q", id, got)
+		}
+		owned, err := p.List(ctx)
+		if err != nil || len(owned) != 1 || owned[0].ID != id {
+			t.Errorf("List of %s's gateway: %+v %v", id, owned, err)
+		}
+	}
+
+	if err := pa.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := ids[pb]
+	if got := fetch(t, pb, b, false, "a.test", "a.test"); got != "a.test 198.51.100.1:80" {
+		t.Errorf("a.test from %s after the other gateway exited: %q", b, got)
+	}
+	if got := endpointBody(t, pb, b, 8080); got != "served-by-"+b+"\n" {
+		t.Errorf("endpoint of %s after the other gateway exited: %q", b, got)
+	}
+	if ok, err := hostfw.Installed(fw); !ok || err != nil {
+		t.Errorf("the firewall went with one of two gateways: %v %v", ok, err)
 	}
 }
