@@ -367,7 +367,7 @@ func TestEgressPidReuse(t *testing.T) {
 }
 
 // TestEgressPorts: a create that declares ports and gives a policy (or
-// none, explicitly) makes a sandbox of network none; the egress point
+// none, explicitly, or a group) makes a sandbox of network none; the egress point
 // publishes its ports (the endpoint serves its httpd, an undeclared port
 // has none), it reaches what its policy allows and nothing else (no host
 // listener, no other address, no link but lo and eth0), and a new
@@ -380,10 +380,14 @@ func TestEgressPorts(t *testing.T) {
 	pol, none := allow(t, "a.test"), egress.Policy{}
 	id := create(t, p, providers.CreateSpec{Ports: []int{8080}, Egress: &pol})
 	closed := create(t, p, providers.CreateSpec{Ports: []int{8080}, Egress: &none})
+	grouped := create(t, p, providers.CreateSpec{Ports: []int{8080}, Group: "g-ports"})
 	if err := p.SetEgress(ctx, id, pol); err != nil { // what the service does next
 		t.Fatal(err)
 	}
-	for _, sb := range []string{id, closed} {
+	if _, err := p.JoinGroup(ctx, grouped, "g-ports"); err != nil {
+		t.Fatalf("JoinGroup of a sandbox with ports: %v", err)
+	}
+	for _, sb := range []string{id, closed, grouped} {
 		info, err := p.cli.ContainerInspect(ctx, sb)
 		if err != nil {
 			t.Fatal(err)
@@ -393,7 +397,7 @@ func TestEgressPorts(t *testing.T) {
 		}
 		serveHTTP(t, p, sb, "served-by-"+sb)
 	}
-	for _, sb := range []string{id, closed} {
+	for _, sb := range []string{id, closed, grouped} {
 		if got := endpointBody(t, p, sb, 8080); got != "served-by-"+sb+"\n" {
 			t.Errorf("endpoint of %s: %q", sb, got)
 		}
