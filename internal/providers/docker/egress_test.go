@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -441,6 +442,18 @@ func TestEgressPorts(t *testing.T) {
 	}
 	if got := fetch(t, p2, id, false, "198.51.100.2", "b.test"); got != "" {
 		t.Errorf("b.test after the restart: %q", got)
+	}
+	// Delete closes its listeners.
+	ep, err := p2.Endpoint(ctx, id, 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := net.DialTimeout("tcp4", strings.TrimPrefix(ep.URL, "http://"), 5*time.Second); err == nil {
+		c.Close()
+		t.Errorf("%s still listens after the delete", ep.URL)
 	}
 }
 
