@@ -300,7 +300,7 @@ func testEgress(t *testing.T, k egressKit) {
 		b.url = g.URL + "/v1/sandboxes/" + b.id
 	}
 	reach(t, gym, curlA, "a.test 198.51.100.1:80")
-	proxyReaches(t, ported) // published again by the new gateway's point
+	proxyReaches(t, ported, "ported\n") // published again by the new gateway's point
 	reach(t, ported, curlA, "a.test 198.51.100.1:80")
 	reach(t, ported, curlBIP, "")
 	reach(t, sb, curlCIDR, "203.0.113.5 203.0.113.5:80")
@@ -329,12 +329,12 @@ func servePorted(t *testing.T, sb dkBox) {
 	if s, r, err := dkExec(ctx, sb, cmd, true); err != nil || s != 200 || r.ReturnCode != 0 {
 		t.Fatalf("start httpd: %v %d %+v", err, s, r)
 	}
-	proxyReaches(t, sb)
+	proxyReaches(t, sb, "ported\n")
 }
 
 // proxyReaches checks that the endpoint of port 8080 of sb and the proxy
-// route serve its httpd's index.
-func proxyReaches(t *testing.T, sb dkBox) {
+// route serve want at /index.html.
+func proxyReaches(t *testing.T, sb dkBox, want string) {
 	t.Helper()
 	s, b := call(t, "GET", sb.url+"/endpoints/8080", "", "X-Sandbox-Lease", sb.token)
 	var ep struct {
@@ -349,10 +349,10 @@ func proxyReaches(t *testing.T, sb dkBox) {
 		body = string(b)
 		return s == 200
 	})
-	if body != "ported\n" {
-		t.Errorf("through the proxy: %q", body)
+	if body != want {
+		t.Errorf("through the proxy: %q, want %q", body, want)
 	}
-	if s, b := call(t, "GET", ep.Endpoint+"/index.html", ""); s != 200 || string(b) != "ported\n" {
-		t.Errorf("at the endpoint: %d %q", s, b)
+	if s, b := call(t, "GET", ep.Endpoint+"/index.html", ""); s != 200 || string(b) != want {
+		t.Errorf("at the endpoint: %d %q, want %q", s, b, want)
 	}
 }

@@ -3,9 +3,7 @@ package docker
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"slices"
@@ -468,18 +466,7 @@ func endpointBody(t *testing.T, p *Docker, id string, port int) string {
 	if !strings.HasPrefix(ep.URL, "http://127.0.0.1:") {
 		t.Errorf("endpoint %q: want one on 127.0.0.1", ep.URL)
 	}
-	var got string
-	testkit.Eventually(t, "the published port of "+id, 20*time.Second, func() bool {
-		resp, err := http.Get(ep.URL + "/")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		got = string(body)
-		return resp.StatusCode == 200
-	})
-	return got
+	return testkit.EventuallyGet(t, ep.URL+"/", 20*time.Second)
 }
 
 // TestTwoGateways: two gateways (instance ids) on one daemon, sharing the

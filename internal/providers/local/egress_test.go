@@ -3,8 +3,6 @@ package local
 import (
 	"encoding/json"
 	"errors"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -90,17 +88,7 @@ func TestEndpoint(t *testing.T) {
 		if !strings.HasPrefix(ep.URL, "http://127.0.0.1:") {
 			t.Errorf("endpoint %q", ep.URL)
 		}
-		var got string
-		testkit.Eventually(t, "the published port of "+id, 20*time.Second, func() bool {
-			resp, err := http.Get(ep.URL + "/")
-			if err != nil {
-				return false
-			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			got = string(body)
-			return resp.StatusCode == 200
-		})
+		got := testkit.EventuallyGet(t, ep.URL+"/", 20*time.Second)
 		if got != "served-by-"+id+"\n" {
 			t.Errorf("endpoint of %s: %q", id, got)
 		}
