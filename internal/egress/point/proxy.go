@@ -120,26 +120,28 @@ type dialed struct {
 
 // dial connects to dst from the egress namespace until ctx ends. The
 // result is sent on the returned channel (buffered), which the caller
-// must receive from: at once, or, with async, after what it does while
-// a goroutine waits for the handshake.
+// must receive from: at once, or, with async, after what it does while a
+// goroutine connects (the socket, the connect and the wait for the
+// handshake are all on it).
 func (e *engine) dial(ctx context.Context, dst netip.AddrPort, async bool) chan dialed {
 	ch := make(chan dialed, 1)
-	fd, err := e.socket(ctx)
-	var pending *connecting
-	if err == nil {
-		pending, err = startConnect(fd, dst)
+	connect := func() {
+		var d dialed
+		fd, err := e.socket(ctx)
+		var pending *connecting
+		if err == nil {
+			pending, err = startConnect(fd, dst)
+		}
+		if err == nil {
+			d.conn, err = pending.finish(ctx)
+		}
+		d.err = err
+		ch <- d
 	}
-	finish := func() {
-		c, err := pending.finish(ctx)
-		ch <- dialed{c, err}
-	}
-	switch {
-	case err != nil:
-		ch <- dialed{err: err}
-	case async:
-		go finish()
-	default:
-		finish()
+	if async {
+		go connect()
+	} else {
+		connect()
 	}
 	return ch
 }
