@@ -524,3 +524,26 @@ func TestTwoGateways(t *testing.T) {
 		t.Errorf("the firewall went with one of two gateways: %v %v", ok, err)
 	}
 }
+
+// TestRoutedPorts: which creates publish their ports through the egress
+// point rather than a network of their own.
+func TestRoutedPorts(t *testing.T) {
+	pol, none := allow(t, "a.test"), egress.Policy{}
+	for _, c := range []struct {
+		name string
+		spec providers.CreateSpec
+		opts createOptions
+		want bool
+	}{
+		{"ports, a policy", providers.CreateSpec{Ports: []int{80}, Egress: &pol}, createOptions{}, true},
+		{"ports, none given explicitly", providers.CreateSpec{Ports: []int{80}, Egress: &none}, createOptions{}, true},
+		{"ports, a group", providers.CreateSpec{Ports: []int{80}, Group: "g1"}, createOptions{}, true},
+		{"ports alone", providers.CreateSpec{Ports: []int{80}}, createOptions{}, false},
+		{"a policy, no ports", providers.CreateSpec{Egress: &pol}, createOptions{}, false},
+		{"an operator's network", providers.CreateSpec{Ports: []int{80}, Egress: &pol}, createOptions{network: "shared"}, false},
+	} {
+		if got := routedPorts(c.spec, c.opts); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
