@@ -296,30 +296,11 @@ func TestDockerProxyAndEndpoint(t *testing.T) {
 		t.Fatalf("start httpd: %v %d %+v", err, s, r)
 	}
 
-	s, b := call(t, "GET", sb.url+"/endpoints/8080", "", "X-Sandbox-Lease", sb.token)
-	var ep struct {
-		Endpoint string `json:"endpoint"`
-	}
-	if json.Unmarshal(b, &ep); s != 200 || !strings.HasPrefix(ep.Endpoint, "http://127.0.0.1:") {
-		t.Fatalf("endpoint: %d %s", s, b)
-	}
+	proxyReaches(t, sb, "hello-from-httpd\n")
 	if s, b := call(t, "GET", sb.url+"/endpoints/9090", "", "X-Sandbox-Lease", sb.token); s != 404 {
 		t.Fatalf("undeclared port's endpoint: %d %s", s, b)
 	}
-
 	proxied := sb.url + "/proxy/8080/index.html"
-	var body string
-	testkit.Eventually(t, "httpd through the proxy", 20*time.Second, func() bool {
-		s, b := call(t, "GET", proxied, "", "X-Sandbox-Lease", sb.token)
-		body = string(b)
-		return s == 200
-	})
-	if body != "hello-from-httpd\n" {
-		t.Fatalf("through the proxy: %q", body)
-	}
-	if s, b := call(t, "GET", ep.Endpoint+"/index.html", ""); s != 200 || string(b) != "hello-from-httpd\n" {
-		t.Fatalf("at the endpoint: %d %q", s, b)
-	}
 	// A browser's way: the lease in the query.
 	if s, b := call(t, "GET", proxied+"?lease="+sb.token, ""); s != 200 || string(b) != "hello-from-httpd\n" {
 		t.Fatalf("proxy with ?lease=: %d %q", s, b)

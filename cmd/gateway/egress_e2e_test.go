@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/egress/egresstest"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // egressKit is what differs between providers in the egress test: how the
@@ -31,9 +32,6 @@ type egressKit struct {
 	// (local: in its own user namespace); a docker sandbox holds neither
 	// (dropped or never granted), which the test checks instead.
 	netAdmin bool
-	// portsRefused: a sandbox with ports cannot have a policy (docker:
-	// its own bridge is a way out the point cannot close).
-	portsRefused bool
 }
 
 var localEgress = egressKit{
@@ -54,13 +52,12 @@ var localEgress = egressKit{
 }
 
 var dockerEgress = egressKit{
-	start:        startDockerGateway,
-	create:       `"image":"` + dockertest.ImageRef + `"`,
-	who:          egresstest.BusyboxWho,
-	lookup:       func(name string) string { return "nslookup " + name + " | grep -q '^Name:'" },
-	tls:          false,
-	netAdmin:     false,
-	portsRefused: true,
+	start:    startDockerGateway,
+	create:   `"image":"` + dockertest.ImageRef + `"`,
+	who:      egresstest.BusyboxWho,
+	lookup:   func(name string) string { return "nslookup " + name + " | grep -q '^Name:'" },
+	tls:      false,
+	netAdmin: false,
 }
 
 // box creates a sandbox with the kit's and the create body's extra
@@ -241,19 +238,19 @@ func testEgress(t *testing.T, k egressKit) {
 	reach(t, gym, curlA, "a.test 198.51.100.1:80")
 	reach(t, gym, curlCIDR, "203.0.113.5 203.0.113.5:80")
 	reach(t, gym, curlBIP, "")
-	if k.portsRefused {
-		body := `{"ports":[8080],"network":{"egress":{"allow":["a.test"]}}`
-		if k.create != "" {
-			body = `{"ports":[8080],"network":{"egress":{"allow":["a.test"]}},` + k.create + "}"
-		}
-		s, raw = call(t, "POST", g.URL+"/v1/sandboxes", body, "Authorization", "Bearer key-a")
-		if s != 409 || !strings.Contains(string(raw), "not_supported") || !strings.Contains(string(raw), "network of its own") {
-			t.Errorf("ports and a policy: %d %s", s, raw)
-		}
+	// Ports with a policy: the egress point publishes them (no network of
+	// their own, no second way out). The endpoint and the proxy reach the
+	// sandbox's server; the sandbox still reaches only what it allows.
+	ported := k.box(t, g, "key-a", `"ports":[8080],"network":{"egress":{"allow":["a.test"]}}`)
+	servePorted(t, ported)
+	reach(t, ported, curlA, "a.test 198.51.100.1:80")
+	reach(t, ported, curlBIP, "")
+	if _, out := sh(t, ported, "ls /sys/class/net | tr '\\n' ' '"); out != "eth0 lo" {
+		t.Errorf("links of a sandbox with ports and a policy: %q", out)
 	}
 	s, raw = call(t, "GET", g.URL+"/v1/sandboxes", "", "Authorization", "Bearer key-a")
-	if n := strings.Count(string(raw), `"sandbox_id"`); s != 200 || n != 3 {
-		t.Errorf("list after a refused create: %d, %d sandboxes", s, n)
+	if n := strings.Count(string(raw), `"sandbox_id"`); s != 200 || n != 4 {
+		t.Errorf("list: %d, %d sandboxes, want 4", s, n)
 	}
 
 	// Root inside changes resolv.conf, addresses and routes, and sends raw
@@ -299,14 +296,17 @@ func testEgress(t *testing.T, k egressKit) {
 		t.Fatal("gateway survived SIGKILL")
 	}
 	g = k.start(t, dir, args...)
-	for _, b := range []*dkBox{&plain, &sb, &gym, &rogue} {
+	for _, b := range []*dkBox{&plain, &sb, &gym, &rogue, &ported} {
 		b.url = g.URL + "/v1/sandboxes/" + b.id
 	}
 	reach(t, gym, curlA, "a.test 198.51.100.1:80")
+	proxyReaches(t, ported, "ported\n") // published again by the new gateway's point
+	reach(t, ported, curlA, "a.test 198.51.100.1:80")
+	reach(t, ported, curlBIP, "")
 	reach(t, sb, curlCIDR, "203.0.113.5 203.0.113.5:80")
 	reach(t, plain, curlCIDR, "")
 
-	for _, b := range []dkBox{plain, sb, gym, rogue} {
+	for _, b := range []dkBox{plain, sb, gym, rogue, ported} {
 		if s, body := call(t, "DELETE", b.url, "", "X-Sandbox-Lease", b.token); s != 204 && s != 200 {
 			t.Errorf("delete: %d %s", s, body)
 		}
@@ -315,5 +315,44 @@ func testEgress(t *testing.T, k egressKit) {
 	in.Close()
 	if added := egresstest.NewLinks(before, egresstest.Links(t)); len(added) > 0 {
 		t.Errorf("links added to the host: %v", added)
+	}
+}
+
+// servePorted starts an HTTP server on port 8080 of sb (busybox httpd,
+// in both kits' sandboxes) and checks its endpoint and the proxy reach it.
+func servePorted(t *testing.T, sb dkBox) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// httpd forks into the background: keep it.
+	cmd := "mkdir -p /tmp/www && echo ported > /tmp/www/index.html && busybox httpd -p 8080 -h /tmp/www"
+	if s, r, err := dkExec(ctx, sb, cmd, true); err != nil || s != 200 || r.ReturnCode != 0 {
+		t.Fatalf("start httpd: %v %d %+v", err, s, r)
+	}
+	proxyReaches(t, sb, "ported\n")
+}
+
+// proxyReaches checks that the endpoint of port 8080 of sb and the proxy
+// route serve want at /index.html.
+func proxyReaches(t *testing.T, sb dkBox, want string) {
+	t.Helper()
+	s, b := call(t, "GET", sb.url+"/endpoints/8080", "", "X-Sandbox-Lease", sb.token)
+	var ep struct {
+		Endpoint string `json:"endpoint"`
+	}
+	if json.Unmarshal(b, &ep); s != 200 || !strings.HasPrefix(ep.Endpoint, "http://127.0.0.1:") {
+		t.Fatalf("endpoint: %d %s", s, b)
+	}
+	var body string
+	testkit.Eventually(t, "httpd through the proxy", 20*time.Second, func() bool {
+		s, b := call(t, "GET", sb.url+"/proxy/8080/index.html", "", "X-Sandbox-Lease", sb.token)
+		body = string(b)
+		return s == 200
+	})
+	if body != want {
+		t.Errorf("through the proxy: %q, want %q", body, want)
+	}
+	if s, b := call(t, "GET", ep.Endpoint+"/index.html", ""); s != 200 || string(b) != want {
+		t.Errorf("at the endpoint: %d %q, want %q", s, b, want)
 	}
 }

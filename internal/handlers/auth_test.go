@@ -46,7 +46,7 @@ var routes = []route{
 	{"command output", "GET", "/v1/sandboxes/{id}/commands/{cmd}/output", nil, "operate", 200, nil},
 	{"signal command", "POST", "/v1/sandboxes/{id}/commands/{cmd}/signal", map[string]any{"signal": "SIGTERM"}, "operate", 200, nil},
 	{"delete command", "DELETE", "/v1/sandboxes/{id}/commands/{cmd}", nil, "operate", 200, nil},
-	// local and fake publish no ports: an authorised caller gets 409 not_supported.
+	// the fake publishes no ports: an authorised caller gets 409 not_supported.
 	{"endpoint", "GET", "/v1/sandboxes/{id}/endpoints/8080", nil, "operate", 409, nil},
 	{"delete", "DELETE", "/v1/sandboxes/{id}", nil, "owner", 200, nil},
 }

@@ -10,6 +10,8 @@ import (
 	"io"
 	"io/fs"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/egress"
 )
 
 // State is a sandbox's lifecycle state; the strings are the API's.
@@ -77,6 +79,13 @@ type CreateSpec struct {
 	// against the operator's allow-list) the sandbox's processes keep,
 	// effective inside the sandbox's own namespaces only.
 	CapAdd []string
+	// Egress is the policy the create gave (nil: none was given; the
+	// service applies it with SetEgress after Create) and Group the id
+	// of the group it joins ("": none). A provider may shape the sandbox's
+	// network by them: docker serves the ports of such a sandbox through
+	// its egress point rather than a network of its own.
+	Egress *egress.Policy
+	Group  string
 }
 
 // MaxShmBytes is the largest /dev/shm a create may ask for.

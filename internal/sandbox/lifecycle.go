@@ -327,6 +327,8 @@ func (s *Service) create(ctx context.Context, creator string, req CreateRequest,
 			Volumes:      req.mounts,
 			Hostname:     hostname,
 			CapAdd:       req.CapAdd,
+			Egress:       req.Egress,
+			Group:        gid,
 		})
 	}
 	if err != nil {

@@ -2,6 +2,9 @@ package testkit
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"testing"
 	"time"
 )
@@ -78,4 +81,29 @@ func until(ctx context.Context, cond func() error) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// EventuallyGet polls GET url until it answers 200, failing t when timeout
+// passes first, and returns that answer's body (a server that is still
+// starting is waited for). Call it on the test's goroutine.
+func EventuallyGet(t testing.TB, url string, timeout time.Duration) string {
+	t.Helper()
+	var body string
+	EventuallyNil(t, "GET "+url, timeout, func() error {
+		resp, err := http.Get(url)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		body = string(b)
+		return nil
+	})
+	return body
 }

@@ -223,15 +223,27 @@ func Links(t testing.TB) []string {
 	return names
 }
 
-// NewLinks are the names in after that were not in before, but for
-// docker's container veths (veth…): other tests' containers come and go on
-// a shared host while a test runs.
+// NewLinks are the names in after that were not in before, but for the
+// links other tests' containers and networks make and remove on a shared
+// host while a test runs: docker's container veths (veth…), its network
+// bridges (br-…) and sandbox bridges (sgbr-…, and sgt<nonce>-… of the
+// docker provider's tests). None of them can be an egress point's link
+// (sg<hex>, and those are never in the host's namespace).
 func NewLinks(before, after []string) []string {
 	var added []string
 	for _, n := range after {
-		if !slices.Contains(before, n) && !strings.HasPrefix(n, "veth") {
+		if !slices.Contains(before, n) && !otherTests(n) {
 			added = append(added, n)
 		}
 	}
 	return added
+}
+
+func otherTests(link string) bool {
+	for _, p := range []string{"veth", "br-", "sgbr-"} {
+		if strings.HasPrefix(link, p) {
+			return true
+		}
+	}
+	return strings.HasPrefix(link, "sgt") && strings.Contains(link, "-")
 }

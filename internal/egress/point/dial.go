@@ -141,9 +141,6 @@ func startConnect(fd int, dst netip.AddrPort) (*connecting, error) {
 	return &connecting{f: os.NewFile(uintptr(fd), "egress "+dst.String())}, nil
 }
 
-// abort gives up the connection (a denied one): the socket is closed.
-func (c *connecting) abort() { _ = c.f.Close() }
-
 // finish waits for the handshake (until ctx ends) and returns the
 // connection as a *net.TCPConn, which splices.
 func (c *connecting) finish(ctx context.Context) (net.Conn, error) {

@@ -62,14 +62,22 @@ type Point struct {
 	attached map[string]*attachment // by sandbox id
 	eng      *engine
 	sockets  *socketMaker // egress namespace's sockets; nil when egress < 0 or not started
-	servers  []*dns.Server
-	closers  []io.Closer // the servers' sockets
+	// routerSockets are the router namespace's, for published ports
+	// (publish.go); nil until the first Publish.
+	routerSockets *socketMaker
+	servers       []*dns.Server
+	closers       []io.Closer // the servers' sockets
 }
 
 type attachment struct {
 	slot  int
 	m     *member
 	group string // "" when in none (group.go)
+	// published are its ports' listeners (publish.go), guarded by Point.mu;
+	// ctx ends them and their connections (detach, Close).
+	published map[uint16]net.Listener
+	ctx       context.Context
+	cancel    context.CancelFunc
 }
 
 // New checks opts and returns a Point that has built nothing yet.
@@ -310,6 +318,7 @@ func (p *Point) attach(id, nsPath string, pol egress.Policy) (*attachment, error
 	m := &member{id: id, addr: sAddr}
 	m.policy.Store(&pol)
 	a := &attachment{slot: slot, m: m}
+	a.ctx, a.cancel = context.WithCancel(p.eng.ctx)
 	p.slots[slot] = id
 	p.attached[id] = a
 	p.eng.mu.Lock()
@@ -436,6 +445,7 @@ func (p *Point) Detach(id string) {
 // detach undoes attach. Called with p.mu held.
 func (p *Point) detach(id string, a *attachment) {
 	p.leave(id, a)
+	a.cancel()
 	delete(p.attached, id)
 	delete(p.slots, a.slot)
 	p.eng.mu.Lock()
@@ -469,9 +479,11 @@ func (p *Point) Close() error {
 	p.eng.wg.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.sockets != nil {
-		p.sockets.close()
-		p.sockets = nil
+	for _, sm := range []**socketMaker{&p.sockets, &p.routerSockets} {
+		if *sm != nil {
+			(*sm).close()
+			*sm = nil
+		}
 	}
 	if p.router >= 0 {
 		p.router.Close()

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/egress"
@@ -69,48 +70,86 @@ func (e *engine) proxy(c net.Conn) {
 		adm = pol.Admit(dst.Addr(), m.namesFor(dst.Addr()))
 	}
 	// An admitted address is connected to at once, while the client's
-	// first bytes are read and its server name checked: the two overlap.
-	// A connection the name then denies is aborted before any byte of the
+	// first bytes are read and its server name checked: the two overlap
+	// (the handshake is waited for on a goroutine of its own). A
+	// connection the name then denies is closed before any byte of the
 	// client's reaches the destination (the address was admitted already).
 	dctx, dcancel := context.WithTimeout(ctx, dialTimeout)
 	defer dcancel()
-	var pending *connecting
-	var derr error
+	peek := adm.Allowed && (adm.ByName || pol.DeniesNames())
+	var dialing chan dialed
 	if adm.Allowed {
-		var fd int
-		if fd, derr = e.socket(dctx); derr == nil {
-			pending, derr = startConnect(fd, dst)
-		}
+		dialing = e.dial(dctx, dst, peek)
 	}
 	var head []byte
-	if adm.Allowed && (adm.ByName || pol.DeniesNames()) {
+	if peek {
 		var name string
 		head, name = peekServerName(c, dst.Port())
 		adm = pol.CheckServerName(adm, name)
 	}
 	if !adm.Allowed {
-		if pending != nil {
-			pending.abort()
+		if dialing != nil {
+			dcancel()
+			if d := <-dialing; d.conn != nil {
+				refuse(d.conn)
+			}
 		}
 		m.denied.Add(1)
-		e.metrics.conns.WithLabelValues("denied").Inc()
+		e.metrics.denied.Inc()
 		e.log.Info("egress: connection denied", "sandbox", m.id, "target", dst.String(), "reason", adm.Reason)
 		refuse(c)
 		return
 	}
 	m.allowed.Add(1)
-	e.metrics.conns.WithLabelValues("allowed").Inc()
-
-	var up net.Conn
-	if derr == nil {
-		up, derr = pending.finish(dctx)
-	}
+	e.metrics.allowed.Inc()
+	d := <-dialing
 	dcancel()
-	if derr != nil {
-		e.log.Debug("egress: dial", "sandbox", m.id, "target", dst.String(), "err", derr)
+	if d.err != nil {
+		e.log.Debug("egress: dial", "sandbox", m.id, "target", dst.String(), "err", d.err)
 		refuse(c)
 		return
 	}
+	join(ctx, c, d.conn, head)
+}
+
+// dialed is a connection to an admitted destination, or why there is none.
+type dialed struct {
+	conn net.Conn
+	err  error
+}
+
+// dial connects to dst from the egress namespace until ctx ends. The
+// result is sent on the returned channel (buffered), which the caller
+// must receive from: at once, or, with async, after what it does while a
+// goroutine connects (the socket, the connect and the wait for the
+// handshake are all on it).
+func (e *engine) dial(ctx context.Context, dst netip.AddrPort, async bool) chan dialed {
+	ch := make(chan dialed, 1)
+	connect := func() {
+		var d dialed
+		fd, err := e.socket(ctx)
+		var pending *connecting
+		if err == nil {
+			pending, err = startConnect(fd, dst)
+		}
+		if err == nil {
+			d.conn, err = pending.finish(ctx)
+		}
+		d.err = err
+		ch <- d
+	}
+	if async {
+		go connect()
+	} else {
+		connect()
+	}
+	return ch
+}
+
+// join writes head to up, then copies between c and up both ways until
+// both directions are done or ctx ends; it closes up (c stays the
+// caller's). Both are *net.TCPConn, so io.Copy splices in the kernel.
+func join(ctx context.Context, c, up net.Conn, head []byte) {
 	defer up.Close()
 	stopUp := context.AfterFunc(ctx, func() { up.Close() })
 	defer stopUp()
@@ -122,7 +161,6 @@ func (e *engine) proxy(c net.Conn) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		// Both ends are *net.TCPConn, so io.Copy splices in the kernel.
 		_, _ = io.Copy(up, c)
 		closeWrite(up)
 	}()

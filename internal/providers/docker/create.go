@@ -30,6 +30,9 @@ var keepAlive = []string{"/bin/sh", "-c", "while :; do sleep 3600; done"}
 type createOptions struct {
 	network   string // an operator's network; "" = none, or the sandbox's own when it declares ports
 	pidsLimit int64  // 0 = Options.PidsLimit
+	// routed: the sandbox declares ports but gets no network: its ports
+	// are published through the egress point (routedPorts).
+	routed bool
 }
 
 // parseOptions validates provider_options: every unknown key and every bad
@@ -99,7 +102,9 @@ func wholeNumber(v any) (int64, bool) {
 // in its workdir succeeds (or spec.ReadyTimeout passes). A sandbox that
 // declares ports and names no network gets a network of its own
 // (network.go); it needs the host firewall unless
-// Options.UnisolatedNetworks (ErrInvalid naming ports). On any failure
+// Options.UnisolatedNetworks (ErrInvalid naming ports). One whose create
+// also gives an egress policy (none included) or a group gets none: its
+// ports are published through the egress point (routedPorts). On any failure
 // the container and network it made are removed. Resources the spec leaves nil get the
 // provider's defaults (Options); resources.disk_gib is enforced only where
 // the daemon's storage driver can (Extra["disk_limit"] says whether).
@@ -127,7 +132,8 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 	if spec.Resources.MemoryMiB != nil && *spec.Resources.MemoryMiB < 6 {
 		bad.Add("resources.memory_mib", "must be at least 6")
 	}
-	ownNetwork := len(spec.Ports) > 0 && opts.network == ""
+	opts.routed = routedPorts(spec, opts) && d.canAttach() == nil
+	ownNetwork := len(spec.Ports) > 0 && opts.network == "" && !opts.routed
 	if ownNetwork {
 		d.checkIsolation(&bad)
 	}
@@ -251,19 +257,25 @@ func (d *Docker) containerConfig(spec providers.CreateSpec, o createOptions, wor
 	netMode := o.network
 	switch {
 	case netMode != "":
-	case len(spec.Ports) > 0:
+	case len(spec.Ports) > 0 && !o.routed:
 		netMode = networkName(spec.ID) // made by Create
 	default:
 		netMode = "none"
 	}
 	hc.NetworkMode = container.NetworkMode(netMode)
 	if len(spec.Ports) > 0 {
+		// A routed sandbox's exposed ports are only the record of what
+		// Endpoint may publish: network none binds nothing.
 		cfg.ExposedPorts = nat.PortSet{}
-		hc.PortBindings = nat.PortMap{}
+		if !o.routed {
+			hc.PortBindings = nat.PortMap{}
+		}
 		for _, p := range spec.Ports {
 			k := portKey(p)
 			cfg.ExposedPorts[k] = struct{}{}
-			hc.PortBindings[k] = []nat.PortBinding{{HostIP: loopback, HostPort: ""}}
+			if !o.routed {
+				hc.PortBindings[k] = []nat.PortBinding{{HostIP: loopback, HostPort: ""}}
+			}
 		}
 	}
 	return cfg, hc, nil, extra

@@ -15,11 +15,12 @@
 // profile, masked and read-only paths kept. No process is ever signalled
 // from the host: signals and kills are execs inside the container.
 //
-// A sandbox has no network unless it declares ports; then it gets a
-// bridge network of its own (network.go) that the gateway's firewall rules
-// (package hostfw) keep off the host and off every other sandbox network.
-// A sandbox without one that gets an egress policy or joins a group is
-// attached to the provider's egress point (egress.go).
+// A sandbox has no network unless it declares ports without an egress
+// policy or a group at create; then it gets a bridge network of its own
+// (network.go) that the gateway's firewall rules (package hostfw) keep off
+// the host and off every other sandbox network. A sandbox without one that
+// gets an egress policy or joins a group is attached to the provider's
+// egress point (egress.go), which also publishes its ports.
 //
 // The daemon may be older than the client: the client negotiates the API
 // version (Debian's docker.io 20.10 speaks 1.41).
@@ -402,12 +403,19 @@ func (d *Docker) Resume(ctx context.Context, id string) error {
 }
 
 // Endpoint returns http://127.0.0.1:<host port> for a port declared at
-// create (published on the loopback address at a random host port).
-// ErrNotFound if the port was not declared or the sandbox is not running.
+// create (published on the loopback address at a random host port: by
+// the daemon, or for a sandbox without a network by the egress point,
+// egress.go). ErrNotFound if the port was not declared or the sandbox is
+// not running.
 func (d *Docker) Endpoint(ctx context.Context, id string, port int) (providers.Endpoint, error) {
 	info, err := d.cli.ContainerInspect(ctx, id)
 	if err != nil {
 		return providers.Endpoint{}, d.kind(err, "sandbox %s", id)
+	}
+	if info.HostConfig != nil && info.HostConfig.NetworkMode == "none" && info.Config != nil {
+		if _, ok := info.Config.ExposedPorts[portKey(port)]; ok {
+			return d.routedEndpoint(ctx, id, port)
+		}
 	}
 	if info.NetworkSettings != nil {
 		for _, b := range info.NetworkSettings.Ports[portKey(port)] {

@@ -20,11 +20,17 @@ import (
 // none, or in a group, gets a veth from the point's router namespace into
 // its container's network namespace as eth0, with an address of the
 // point's pool and a default route through it. Only a sandbox with network
-// "none" can be attached: one with a network of its own (declared ports)
-// or an operator's network already has a way out the point cannot close
-// (the bridge routes anywhere but the host and other sandbox networks, and
-// a root holding NET_ADMIN could put its default route back on it), so a
-// policy other than none or a group is refused for it (ErrUnsupported).
+// "none" can be attached: one with a network of its own or an operator's
+// network already has a way out the point cannot close (the bridge routes
+// anywhere but the host and other sandbox networks, and a root holding
+// NET_ADMIN could put its default route back on it), so a policy other
+// than none or a group is refused for it (ErrUnsupported).
+//
+// Ports do not need a network: a sandbox whose create declares ports and
+// gives a policy (none included) or a group is made with network none
+// (routedPorts), and Endpoint publishes each port through the point
+// (point.Publish: a listener on 127.0.0.1 dialling the sandbox's address
+// from the router), attaching the sandbox first if nothing has yet.
 
 var (
 	_ providers.Egresser      = (*Docker)(nil)
@@ -162,6 +168,40 @@ func (d *Docker) attach(ctx context.Context, pt *point.Point, id string, pol egr
 	return rAddr.Next(), nil
 }
 
+// routedPorts reports whether a create's ports go through the egress
+// point: it declares ports, names no operator's network, and gives an
+// egress policy (none included) or a group, which a network of its own
+// would get around.
+func routedPorts(spec providers.CreateSpec, o createOptions) bool {
+	return len(spec.Ports) > 0 && o.network == "" && (spec.Egress != nil || spec.Group != "")
+}
+
+// routedEndpoint is the endpoint of port of a routed sandbox (network
+// none, the port exposed): the point's listener for it. A sandbox nothing
+// attached yet (a policy of none, or a gateway restart before its policy
+// is restored) is attached with policy none, which SetEgress replaces.
+func (d *Docker) routedEndpoint(ctx context.Context, id string, port int) (providers.Endpoint, error) {
+	d.egressMu.Lock()
+	defer d.egressMu.Unlock()
+	if err := d.canAttach(); err != nil {
+		return providers.Endpoint{}, err
+	}
+	pt, err := d.point()
+	if err != nil {
+		return providers.Endpoint{}, err
+	}
+	if !pt.Attached(id) {
+		if _, err := d.attach(ctx, pt, id, egress.Policy{}); err != nil {
+			return providers.Endpoint{}, err
+		}
+	}
+	ap, err := pt.Publish(id, uint16(port))
+	if err != nil {
+		return providers.Endpoint{}, providers.Wrap(providers.ErrUnavailable, err, fmt.Sprintf("publish port %d of sandbox %s", port, id))
+	}
+	return providers.Endpoint{URL: "http://" + ap.String()}, nil
+}
+
 // initPid is the host pid of running sandbox id's init. ErrUnsupported
 // if the sandbox has a network (see the top of this file), ErrConflict if
 // it is not running.
@@ -175,7 +215,8 @@ func (d *Docker) initPid(ctx context.Context, id string) (int, error) {
 	}
 	if info.HostConfig == nil || info.HostConfig.NetworkMode != "none" {
 		return 0, providers.Errorf(providers.ErrUnsupported,
-			"egress policies and groups need a sandbox without a network of its own; sandbox %s has one (declared ports or provider_options.network)", id)
+			"egress policies and groups need a sandbox without a network of its own; sandbox %s has one "+
+				"(provider_options.network, or ports declared by a create that gave neither network.egress nor group)", id)
 	}
 	if info.State == nil || !info.State.Running || info.State.Pid <= 0 {
 		return 0, providers.Errorf(providers.ErrConflict, "sandbox %s is not running", id)

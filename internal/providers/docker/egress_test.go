@@ -2,8 +2,11 @@ package docker
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +19,8 @@ import (
 	"github.com/sandgate/sandgate/internal/egress/point"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+	"github.com/sandgate/sandgate/internal/providers/docker/hostfw"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // egressProvider is a provider whose egress point resolves the test
@@ -357,5 +362,188 @@ func TestEgressPidReuse(t *testing.T) {
 	p.afterNetnsOpen = nil
 	if _, err := p.JoinGroup(ctx, id, "g"); err != nil {
 		t.Errorf("JoinGroup after the restart: %v", err)
+	}
+}
+
+// TestEgressPorts: a create that declares ports and gives a policy (or
+// none, explicitly, or a group) makes a sandbox of network none; the egress point
+// publishes its ports (the endpoint serves its httpd, an undeclared port
+// has none), it reaches what its policy allows and nothing else (no host
+// listener, no other address, no link but lo and eth0), and a new
+// provider (a gateway restart) publishes and plumbs it again.
+func TestEgressPorts(t *testing.T) {
+	dockertest.Require(t)
+	in := egresstest.Start(t)
+	p := egressProvider(t, in)
+	ctx := ctxFor(t, 3*time.Minute)
+	pol, none := allow(t, "a.test"), egress.Policy{}
+	id := create(t, p, providers.CreateSpec{Ports: []int{8080}, Egress: &pol})
+	closed := create(t, p, providers.CreateSpec{Ports: []int{8080}, Egress: &none})
+	grouped := create(t, p, providers.CreateSpec{Ports: []int{8080}, Group: "g-ports"})
+	if err := p.SetEgress(ctx, id, pol); err != nil { // what the service does next
+		t.Fatal(err)
+	}
+	if _, err := p.JoinGroup(ctx, grouped, "g-ports"); err != nil {
+		t.Fatalf("JoinGroup of a sandbox with ports: %v", err)
+	}
+	for _, sb := range []string{id, closed, grouped} {
+		info, err := p.cli.ContainerInspect(ctx, sb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.HostConfig.NetworkMode != "none" || len(info.HostConfig.PortBindings) != 0 || len(networksOf(t, sb)) != 0 {
+			t.Fatalf("%s: network mode %q, bindings %v, networks %v", sb, info.HostConfig.NetworkMode, info.HostConfig.PortBindings, networksOf(t, sb))
+		}
+		serveHTTP(t, p, sb, "served-by-"+sb)
+	}
+	for _, sb := range []string{id, closed, grouped} {
+		if got := endpointBody(t, p, sb, 8080); got != "served-by-"+sb+"\n" {
+			t.Errorf("endpoint of %s: %q", sb, got)
+		}
+	}
+	if _, err := p.Endpoint(ctx, id, 9090); !errors.Is(err, providers.ErrNotFound) {
+		t.Errorf("an undeclared port: %v, want ErrNotFound", err)
+	}
+	if out := strings.Fields(string(run(t, p, id, "ls /sys/class/net").Stdout)); !slices.Equal(out, []string{"eth0", "lo"}) {
+		t.Errorf("links: %q, want eth0 and lo", out)
+	}
+	if got := fetch(t, p, id, false, "a.test", "a.test"); got != "a.test 198.51.100.1:80" {
+		t.Errorf("a.test: %q", got)
+	}
+	if got := fetch(t, p, closed, false, "198.51.100.1", "a.test"); got != "" {
+		t.Errorf("policy none reached a.test: %q", got)
+	}
+	if got := fetch(t, p, id, false, "198.51.100.2", "b.test"); got != "" {
+		t.Errorf("b.test reached: %q", got)
+	}
+	port, accepted := hostListener(t)
+	for _, host := range append([]string{"100.64.0.1", "127.0.0.1"}, hostIPv4s(t)...) {
+		res := run(t, p, id, fmt.Sprintf("nc -w 3 %s %d </dev/null", host, port))
+		if strings.Contains(string(res.Stdout), "host-listener") {
+			t.Errorf("the sandbox reached the host listener at %s:%d", host, port)
+		}
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("the host listener accepted %d connections from the sandbox", n)
+	}
+
+	p.egress.Close() // what the old gateway's exit does: its listeners go too
+	p2 := egressProvider(t, in, func(o *Options) { o.InstanceID = p.instance })
+	if got := endpointBody(t, p2, id, 8080); got != "served-by-"+id+"\n" { // attached with none here
+		t.Errorf("endpoint after the restart: %q", got)
+	}
+	if err := p2.SetEgress(ctx, id, pol); err != nil { // the service's restore
+		t.Fatal(err)
+	}
+	if got := fetch(t, p2, id, false, "a.test", "a.test"); got != "a.test 198.51.100.1:80" {
+		t.Errorf("a.test after the restart: %q", got)
+	}
+	if got := fetch(t, p2, id, false, "198.51.100.2", "b.test"); got != "" {
+		t.Errorf("b.test after the restart: %q", got)
+	}
+	// Delete closes its listeners.
+	ep, err := p2.Endpoint(ctx, id, 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := net.DialTimeout("tcp4", strings.TrimPrefix(ep.URL, "http://"), 5*time.Second); err == nil {
+		c.Close()
+		t.Errorf("%s still listens after the delete", ep.URL)
+	}
+}
+
+// endpointBody is what GET / answers at the endpoint of port of sandbox
+// id, which must be on 127.0.0.1, once its server answers 200.
+func endpointBody(t *testing.T, p *Docker, id string, port int) string {
+	t.Helper()
+	ep, err := p.Endpoint(ctxFor(t, time.Minute), id, port)
+	if err != nil {
+		t.Fatalf("Endpoint of %s: %v", id, err)
+	}
+	if !strings.HasPrefix(ep.URL, "http://127.0.0.1:") {
+		t.Errorf("endpoint %q: want one on 127.0.0.1", ep.URL)
+	}
+	return testkit.EventuallyGet(t, ep.URL+"/", 20*time.Second)
+}
+
+// TestTwoGateways: two gateways (instance ids) on one daemon, sharing the
+// host firewall's chains, each with its own egress point. Their sandboxes
+// get the same pool address, each in its own router namespace, and both
+// work: published ports, policies; each lists only its own. When one
+// gateway exits (its point and listeners go), the other's sandboxes keep
+// their way out and their ports, and the firewall stays installed.
+func TestTwoGateways(t *testing.T) {
+	dockertest.Require(t)
+	in := egresstest.Start(t)
+	fw := testFirewall(t)
+	withFW := func(o *Options) { o.Firewall = fw }
+	pa, pb := egressProvider(t, in, withFW), egressProvider(t, in, withFW)
+	ctx := ctxFor(t, 3*time.Minute)
+	pol := allow(t, "a.test")
+	ids := map[*Docker]string{}
+	for _, p := range []*Docker{pa, pb} {
+		id := create(t, p, providers.CreateSpec{Ports: []int{8080}, Egress: &pol})
+		if err := p.SetEgress(ctx, id, pol); err != nil {
+			t.Fatal(err)
+		}
+		serveHTTP(t, p, id, "served-by-"+id)
+		ids[p] = id
+	}
+	addrA, okA := pa.egress.Made().Address(ids[pa])
+	addrB, okB := pb.egress.Made().Address(ids[pb])
+	if !okA || !okB || addrA != addrB {
+		t.Errorf("pool addresses %s (%v), %s (%v): want the same, in two router namespaces", addrA, okA, addrB, okB)
+	}
+	for p, id := range ids {
+		if got := endpointBody(t, p, id, 8080); got != "served-by-"+id+"\n" {
+			t.Errorf("endpoint of %s: %q", id, got)
+		}
+		if got := fetch(t, p, id, false, "a.test", "a.test"); got != "a.test 198.51.100.1:80" {
+			t.Errorf("a.test from %s: %q", id, got)
+		}
+		owned, err := p.List(ctx)
+		if err != nil || len(owned) != 1 || owned[0].ID != id {
+			t.Errorf("List of %s's gateway: %+v %v", id, owned, err)
+		}
+	}
+
+	if err := pa.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := ids[pb]
+	if got := fetch(t, pb, b, false, "a.test", "a.test"); got != "a.test 198.51.100.1:80" {
+		t.Errorf("a.test from %s after the other gateway exited: %q", b, got)
+	}
+	if got := endpointBody(t, pb, b, 8080); got != "served-by-"+b+"\n" {
+		t.Errorf("endpoint of %s after the other gateway exited: %q", b, got)
+	}
+	if ok, err := hostfw.Installed(fw); !ok || err != nil {
+		t.Errorf("the firewall went with one of two gateways: %v %v", ok, err)
+	}
+}
+
+// TestRoutedPorts: which creates publish their ports through the egress
+// point rather than a network of their own.
+func TestRoutedPorts(t *testing.T) {
+	pol, none := allow(t, "a.test"), egress.Policy{}
+	for _, c := range []struct {
+		name string
+		spec providers.CreateSpec
+		opts createOptions
+		want bool
+	}{
+		{"ports, a policy", providers.CreateSpec{Ports: []int{80}, Egress: &pol}, createOptions{}, true},
+		{"ports, none given explicitly", providers.CreateSpec{Ports: []int{80}, Egress: &none}, createOptions{}, true},
+		{"ports, a group", providers.CreateSpec{Ports: []int{80}, Group: "g1"}, createOptions{}, true},
+		{"ports alone", providers.CreateSpec{Ports: []int{80}}, createOptions{}, false},
+		{"a policy, no ports", providers.CreateSpec{Egress: &pol}, createOptions{}, false},
+		{"an operator's network", providers.CreateSpec{Ports: []int{80}, Egress: &pol}, createOptions{network: "shared"}, false},
+	} {
+		if got := routedPorts(c.spec, c.opts); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }

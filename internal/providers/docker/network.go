@@ -13,11 +13,13 @@ import (
 	"github.com/sandgate/sandgate/internal/providers/docker/hostfw"
 )
 
-// A sandbox that declares ports gets a network of its own (see
-// sandboxNetwork): a bridge named with the firewall's prefix, so the
-// gateway's rules (package hostfw) drop everything it starts towards the
-// host or another sandbox network, with inter-container traffic off.
-// Sandboxes without ports have no network at all ("none").
+// A sandbox that declares ports, and whose create gives neither an egress
+// policy nor a group, gets a network of its own (createNetwork): a bridge
+// named with the firewall's prefix, so the gateway's rules (package
+// hostfw) drop everything it starts towards the host or another sandbox
+// network, with inter-container traffic off. Other sandboxes have no
+// network at all ("none"); the egress point publishes the ports of those
+// that declare them (egress.go).
 
 // networkName is the name of sandbox id's own network.
 func networkName(id string) string { return "sandgate-" + id }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -192,17 +191,7 @@ func TestSandboxNetworkIsolation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got string
-		testkit.Eventually(t, "the published port of "+id, 20*time.Second, func() bool {
-			resp, err := http.Get(ep.URL + "/")
-			if err != nil {
-				return false
-			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			got = string(body)
-			return resp.StatusCode == 200
-		})
+		got := testkit.EventuallyGet(t, ep.URL+"/", 20*time.Second)
 		if got != want {
 			t.Errorf("published port of %s: %q, want %q", id, got, want)
 		}

@@ -16,6 +16,7 @@ var (
 	_ providers.Egresser      = (*Local)(nil)
 	_ providers.EgressCounter = (*Local)(nil)
 	_ providers.Grouper       = (*Local)(nil)
+	_ providers.Endpointer    = (*Local)(nil)
 )
 
 // SetEgress gives sandbox id the policy pol. The first policy other than
@@ -31,25 +32,64 @@ func (l *Local) SetEgress(ctx context.Context, id string, pol egress.Policy) err
 		return err
 	}
 	defer sb.mu.Unlock()
-	pt, err := l.egress.Get()
-	if errors.Is(err, point.ErrClosed) {
-		return providers.Errorf(providers.ErrUnavailable, "the provider is closed")
-	}
+	pt, err := l.point()
 	if err != nil {
 		return err
 	}
 	if pt.SetPolicy(id, pol) || pol.None() {
 		return nil
 	}
+	return l.attach(pt, sb, id, pol)
+}
+
+// attach plumbs sandbox id (sb, locked) into pt under pol.
+func (l *Local) attach(pt *point.Point, sb *sandbox, id string, pol egress.Policy) error {
 	// init's pid names the namespace; its start time tells it is still
 	// that sandbox's init and not a reused pid.
 	if ps, err := procfs.ReadStat("/proc", sb.st.Pid); err != nil || ps.StartTime != sb.st.StartTime {
 		return providers.Errorf(providers.ErrConflict, "sandbox %s is not running", id)
 	}
-	if _, err := pt.Attach(id, fmt.Sprintf("/proc/%d/ns/net", sb.st.Pid), pol); err != nil {
-		return err
+	_, err := pt.Attach(id, fmt.Sprintf("/proc/%d/ns/net", sb.st.Pid), pol)
+	return err
+}
+
+// Endpoint returns http://127.0.0.1:<port> where the egress point
+// publishes port of sandbox id (the caller checked it was declared): the
+// sandbox has no network but its veth, attached here with policy none if
+// nothing attached it yet, so its ports are no way out. Isolation none
+// has no namespace to publish from: ErrUnsupported.
+func (l *Local) Endpoint(ctx context.Context, id string, port int) (providers.Endpoint, error) {
+	if l.isolation != IsolationNamespaces {
+		return providers.Endpoint{}, providers.Errorf(providers.ErrUnsupported, "endpoints need isolation %q", IsolationNamespaces)
 	}
-	return nil
+	sb, err := l.locked(id)
+	if err != nil {
+		return providers.Endpoint{}, err
+	}
+	defer sb.mu.Unlock()
+	pt, err := l.point()
+	if err != nil {
+		return providers.Endpoint{}, err
+	}
+	if !pt.Attached(id) {
+		if err := l.attach(pt, sb, id, egress.Policy{}); err != nil {
+			return providers.Endpoint{}, err
+		}
+	}
+	ap, err := pt.Publish(id, uint16(port))
+	if err != nil {
+		return providers.Endpoint{}, providers.Wrap(providers.ErrUnavailable, err, fmt.Sprintf("publish port %d of sandbox %s", port, id))
+	}
+	return providers.Endpoint{URL: "http://" + ap.String()}, nil
+}
+
+// point is the provider's egress point, made now if it was not yet.
+func (l *Local) point() (*point.Point, error) {
+	pt, err := l.egress.Get()
+	if errors.Is(err, point.ErrClosed) {
+		return nil, providers.Errorf(providers.ErrUnavailable, "the provider is closed")
+	}
+	return pt, err
 }
 
 // JoinGroup connects sandbox id to group through the egress point (it is
@@ -65,7 +105,7 @@ func (l *Local) JoinGroup(ctx context.Context, id, group string) (netip.Addr, er
 		return netip.Addr{}, err
 	}
 	defer sb.mu.Unlock()
-	pt, err := l.egress.Get()
+	pt, err := l.point()
 	if err != nil {
 		return netip.Addr{}, err
 	}
