@@ -61,7 +61,9 @@ func (s *Service) reap(now time.Time) int {
 	for _, b := range pauses {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		if err := s.pauseExpired(ctx, b); err != nil {
-			s.log.Warn("pause expired sandbox", "sandbox", b.rec.ID, "err", err)
+			// The TTL still holds: a sandbox that cannot be paused ends.
+			s.log.Warn("pause expired sandbox, removing it instead", "sandbox", b.rec.ID, "err", err)
+			vs = append(vs, victim{b, "expired"})
 		}
 		cancel()
 	}

@@ -92,10 +92,28 @@ func TestPauseOnExpiry(t *testing.T) {
 		t.Fatalf("reaped %d, want the sandbox without the flag", n)
 	}
 
+	// A pause that fails at expiry removes the sandbox: the TTL holds.
+	failing := newEnv(t, func(o *Options) { o.Provider = pauseFails{fake.New()} })
+	c := failing.create(t, CreateRequest{TTL: dur(10 * time.Second), PauseOnExpiry: true})
+	failing.clock.Advance(11 * time.Second)
+	if n := failing.svc.reap(failing.clock.Now()); n != 1 {
+		t.Fatalf("reaped %d, want the sandbox whose pause failed", n)
+	}
+	if _, err := failing.svc.Get(ctx, lease(c.Token), c.SandboxID); err == nil {
+		t.Fatal("the sandbox whose pause failed is still there")
+	}
+
 	noPause := newEnv(t, func(o *Options) { o.Provider = struct{ providers.Provider }{fake.New()} })
 	_, err = noPause.svc.Create(ctx, Caller{}, CreateRequest{PauseOnExpiry: true})
 	wantKind(t, err, providers.ErrUnsupported)
 	if list, _ := noPause.svc.List(ctx, Caller{}, ListFilter{}); len(list) != 0 {
 		t.Fatalf("a refused create left %d sandboxes", len(list))
 	}
+}
+
+// pauseFails is the fake provider whose Pause always fails.
+type pauseFails struct{ *fake.Provider }
+
+func (pauseFails) Pause(context.Context, string) error {
+	return providers.Errorf(providers.ErrUnavailable, "pause refused")
 }
