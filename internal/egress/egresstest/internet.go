@@ -121,6 +121,38 @@ func Start(t testing.TB) *Internet {
 	return in
 }
 
+// ServeWho serves the internet's HTTP and HTTPS handlers on two new
+// listeners at addr (an address of the test's host, e.g. one pods reach)
+// until t ends, and returns their ports.
+func ServeWho(t testing.TB, addr netip.Addr) (httpPort, httpsPort int) {
+	t.Helper()
+	cert, _ := selfSigned(t)
+	var ports []int
+	for _, secure := range []bool{false, true} {
+		ln, err := net.Listen("tcp4", net.JoinHostPort(addr.String(), "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: handler(func(r *http.Request) string { return r.Host }), ReadHeaderTimeout: 10 * time.Second}
+		if secure {
+			srv.Handler = handler(func(r *http.Request) string { return r.TLS.ServerName })
+			srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}}
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if secure {
+				_ = srv.ServeTLS(ln, "", "")
+			} else {
+				_ = srv.Serve(ln)
+			}
+		}()
+		t.Cleanup(func() { _ = srv.Close(); <-done })
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports[0], ports[1]
+}
+
 // Netns starts a sleeping child in a new network namespace (only lo, down)
 // and returns it and its namespace file. The caller kills and waits for it
 // (Start's Close does); it also dies with the test process.

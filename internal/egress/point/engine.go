@@ -98,6 +98,10 @@ type engine struct {
 	// pool is never a destination: it is the sandboxes' side of the point.
 	pool netip.Prefix
 
+	// only, when set, is the one member whatever the source (a pod's
+	// point, pod.go); members is then empty.
+	only *member
+
 	mu      sync.RWMutex
 	members map[netip.Addr]*member // guarded by mu
 
@@ -107,6 +111,9 @@ type engine struct {
 }
 
 func (e *engine) member(src netip.Addr) *member {
+	if e.only != nil {
+		return e.only
+	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	return e.members[src.Unmap()]

@@ -217,6 +217,11 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 			Volumes: volumes,
 		},
 	}
+	if k.opts.EgressSidecar {
+		// First: its rules are in place before any other container runs.
+		pod.Spec.InitContainers = append([]corev1.Container{k.egressContainer()}, pod.Spec.InitContainers...)
+		pod.Spec.Volumes = append(pod.Spec.Volumes, egressVolume())
+	}
 	if err := podVolumes(spec, pod); err != nil {
 		return nil, nil, err
 	}

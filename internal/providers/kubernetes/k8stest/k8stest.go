@@ -157,7 +157,7 @@ func setup() error {
 	if err != nil {
 		return err
 	}
-	files := []file{
+	bbFiles := []file{
 		{name: "bin/", mode: 0o755},
 		{name: "bin/busybox", mode: 0o755, data: bb},
 		{name: "tmp/", mode: 0o1777},
@@ -170,23 +170,29 @@ func setup() error {
 	}
 	for _, applet := range strings.Fields(string(out)) {
 		if applet != "busybox" {
-			files = append(files, file{name: "bin/" + applet, link: "busybox"})
+			bbFiles = append(bbFiles, file{name: "bin/" + applet, link: "busybox"})
 		}
 	}
-	if err := importImage(ctx, ImageRef, files, []string{"sh"}); err != nil {
+	if err := importImage(ctx, ImageRef, bbFiles, []string{"sh"}); err != nil {
 		return err
 	}
-	agentBin, err := testkit.Build("cmd/sandgate-agent", "sandgate-agent", "")
-	if err != nil {
-		return err
+	// The agent's image holds the agent and the pods' egress point.
+	var files []file
+	h := sha256.New()
+	for _, b := range []string{"sandgate-agent", "sandgate-egress"} {
+		path, err := testkit.Build("cmd/"+b, b, "")
+		if err != nil {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		h.Write(data)
+		files = append(files, file{name: b, mode: 0o755, data: data})
 	}
-	bin, err := os.ReadFile(agentBin)
-	if err != nil {
-		return err
-	}
-	sum := sha256.Sum256(bin)
-	agentImage = "sandgate.local/sandgate-agent:" + hex.EncodeToString(sum[:])[:16]
-	return importImage(ctx, agentImage, []file{{name: "sandgate-agent", mode: 0o755, data: bin}}, []string{"/sandgate-agent", "version"})
+	agentImage = "sandgate.local/sandgate-agent:" + hex.EncodeToString(h.Sum(nil))[:16]
+	return importImage(ctx, agentImage, files, []string{"/sandgate-agent", "version"})
 }
 
 // file is one entry of an image's only layer: a directory (name ends in
