@@ -1,13 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -29,9 +29,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // internet's namespace (its default route), and sandgate-egress serving in
 // it as in a pod's sidecar.
 type pod struct {
-	ns  netns.NsHandle
-	dir string
-	bin string
+	ns    netns.NsHandle
+	dir   string
+	bin   string
+	serve *exec.Cmd // the point running now
 }
 
 var (
@@ -92,17 +93,32 @@ func startPod(t *testing.T, in *egresstest.Internet) *pod {
 	}
 
 	p := &pod{ns: ns, dir: t.TempDir(), bin: bin}
-	serve := exec.Command(bin, "serve", "--dir", p.dir, "--resolve", egresstest.ResolveFlag())
-	serve.Stderr = os.Stderr
+	p.start(t)
+	return p
+}
+
+// start runs the point in the pod's namespace until it is killed or t
+// ends, and waits until it serves. Its output is logged if t fails.
+func (p *pod) start(t *testing.T) {
+	t.Helper()
+	serve := exec.Command(p.bin, "serve", "--dir", p.dir, "--resolve", egresstest.ResolveFlag())
+	var log bytes.Buffer
+	serve.Stderr = &log
 	// A child forked from a thread in the namespace is in it.
-	if err := point.InNetns(ns, serve.Start); err != nil {
+	if err := point.InNetns(p.ns, serve.Start); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = serve.Process.Kill(); _ = serve.Wait() })
-	if out, err := exec.Command(bin, "ready", "--dir", p.dir).CombinedOutput(); err != nil {
+	t.Cleanup(func() {
+		_ = serve.Process.Kill()
+		_ = serve.Wait()
+		if t.Failed() {
+			t.Logf("sandgate-egress serve:\n%s", log.String())
+		}
+	})
+	if out, err := exec.Command(p.bin, "ready", "--dir", p.dir).CombinedOutput(); err != nil {
 		t.Fatalf("ready: %v: %s", err, out)
 	}
-	return p
+	p.serve = serve
 }
 
 // set hands the point a state, as the gateway's exec does.
@@ -234,6 +250,21 @@ func TestPodPoint(t *testing.T) {
 	}
 	if got, err := p.get("http://b.test/who", b); err != nil {
 		t.Errorf("b.test after a refused change: %q %v", got, err)
+	}
+
+	// A point that dies leaves its rules (no way out while it is down);
+	// restarted, it takes up the last state.
+	_ = p.serve.Process.Kill()
+	_ = p.serve.Wait()
+	if got, err := p.get("http://b.test/who", b); err == nil {
+		t.Errorf("b.test with the point down: %q", got)
+	}
+	p.start(t)
+	if rc, _ := p.resolve(t, "b.test"); rc != dns.RcodeSuccess {
+		t.Errorf("b.test after a restart: rcode %d", rc)
+	}
+	if got, err := p.get("http://b.test/who", b); err != nil || got != "b.test "+b+":80" {
+		t.Errorf("b.test after a restart: %q %v", got, err)
 	}
 }
 

@@ -121,22 +121,34 @@ func Start(t testing.TB) *Internet {
 	return in
 }
 
+// Who is ServeWho's servers.
+type Who struct {
+	HTTP, HTTPS int // ports
+
+	mu    sync.Mutex
+	hello []string // guarded by mu: the SNIs of ClientHellos the HTTPS server read
+}
+
+// Hellos are the server names of the TLS ClientHellos the HTTPS server
+// read so far (a client whose handshake then fails, as busybox's
+// ssl_client with Go's server, still got through to it).
+func (w *Who) Hellos() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.hello)
+}
+
 // ServeWho serves the internet's HTTP and HTTPS handlers on two new
 // listeners at addr (an address of the test's host, e.g. one pods reach)
-// until t ends, and returns their ports.
-func ServeWho(t testing.TB, addr netip.Addr) (httpPort, httpsPort int) {
+// until t ends.
+func ServeWho(t testing.TB, addr netip.Addr) *Who {
 	t.Helper()
 	cert, _ := selfSigned(t)
-	var ports []int
-	for _, secure := range []bool{false, true} {
+	w := &Who{}
+	serve := func(srv *http.Server, secure bool) int {
 		ln, err := net.Listen("tcp4", net.JoinHostPort(addr.String(), "0"))
 		if err != nil {
 			t.Fatal(err)
-		}
-		srv := &http.Server{Handler: handler(func(r *http.Request) string { return r.Host }), ReadHeaderTimeout: 10 * time.Second}
-		if secure {
-			srv.Handler = handler(func(r *http.Request) string { return r.TLS.ServerName })
-			srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}}
 		}
 		done := make(chan struct{})
 		go func() {
@@ -148,9 +160,20 @@ func ServeWho(t testing.TB, addr netip.Addr) (httpPort, httpsPort int) {
 			}
 		}()
 		t.Cleanup(func() { _ = srv.Close(); <-done })
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		return ln.Addr().(*net.TCPAddr).Port
 	}
-	return ports[0], ports[1]
+	w.HTTP = serve(&http.Server{Handler: handler(func(r *http.Request) string { return r.Host }), ReadHeaderTimeout: 10 * time.Second}, false)
+	w.HTTPS = serve(&http.Server{
+		Handler:           handler(func(r *http.Request) string { return r.TLS.ServerName }),
+		ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			w.mu.Lock()
+			w.hello = append(w.hello, h.ServerName)
+			w.mu.Unlock()
+			return nil, nil
+		}},
+	}, true)
+	return w
 }
 
 // Netns starts a sleeping child in a new network namespace (only lo, down)

@@ -384,10 +384,10 @@ func stuck(pod *corev1.Pod) string {
 	}
 	for _, cs := range pod.Status.InitContainerStatuses {
 		if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
-			return fmt.Sprintf("the agent's sidecar failed (%s)", terminatedReason(t))
+			return fmt.Sprintf("the sidecar %s failed (%s)", cs.Name, terminatedReason(t))
 		}
 		if w := cs.State.Waiting; w != nil && w.Reason == "CrashLoopBackOff" {
-			return fmt.Sprintf("the agent's sidecar failed: %s: %s", w.Reason, w.Message)
+			return fmt.Sprintf("the sidecar %s failed: %s: %s", cs.Name, w.Reason, w.Message)
 		}
 	}
 	return ""

@@ -35,7 +35,10 @@ import (
 //     DNS, which CNIs such as Cilium do not match by ipBlock). With denies
 //     it does not: a pod peer cannot except addresses.
 //   - Domain rules cannot be written as a NetworkPolicy (it matches
-//     addresses, never names): they are ErrUnsupported.
+//     addresses, never names): they are ErrUnsupported, unless the pods
+//     have their own egress points (sidecar.go), which enforce every
+//     policy; their NetworkPolicy then only lets the point's connections
+//     out.
 //   - A group: the pod and its policy are labelled LabelGroup=<hash of the
 //     group id>, and the policy gets an ingress rule from and an egress
 //     rule to the pods of that label in the namespace, every port.

@@ -39,6 +39,10 @@ const ImageRef = "sandgate-test/busybox:1"
 // LabelInstance is the kubernetes provider's instance label.
 const LabelInstance = "sandgate.instance"
 
+// Bridge is the host's link to the test cluster's pods (the bridge CNI's,
+// scripts/k8s/up.sh).
+const Bridge = "k8stest0"
+
 // Namespace is where the tests' sandboxes live.
 const Namespace = "default"
 

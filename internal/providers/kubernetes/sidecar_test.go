@@ -1,0 +1,188 @@
+package kubernetes
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/sandgate/sandgate/internal/egress"
+	"github.com/sandgate/sandgate/internal/egress/egresstest"
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/kubernetes/k8stest"
+)
+
+// hostAddrs are two IPv4 addresses of the test's host that pods reach (a
+// packet to either is the host's own, never forwarded): the host's end of
+// the cluster's bridge, and another.
+func hostAddrs(t *testing.T) (bridge, other netip.Addr) {
+	t.Helper()
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := netlink.LinkByName(k8stest.Bridge)
+	if err != nil {
+		t.Fatalf("the cluster's bridge: %v", err)
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || ip.IsLoopback() || !ip.IsGlobalUnicast() && !ip.IsPrivate() {
+			continue
+		}
+		ip = ip.Unmap()
+		switch {
+		case a.LinkIndex == br.Attrs().Index && !bridge.IsValid():
+			bridge = ip
+		case a.LinkIndex != br.Attrs().Index && !other.IsValid():
+			other = ip
+		}
+	}
+	if !bridge.IsValid() || !other.IsValid() {
+		t.Fatalf("host addresses: bridge %v, other %v", bridge, other)
+	}
+	return bridge, other
+}
+
+// A sandbox's own egress point (EgressSidecar), on the test cluster's
+// plain bridge CNI, which filters nothing itself: no way out by default;
+// a.test (a server of the test on the host) over HTTP and HTTPS once
+// allowed, b.test (another address of the host) neither by name nor by
+// raw IP; a CIDR rule; each change in effect when SetEgress returns,
+// within a second; root in the sandbox changing resolv.conf and routes
+// gains nothing; a sandbox holding NET_ADMIN gets no policy.
+func TestEgressSidecar(t *testing.T) {
+	k8stest.Require(t)
+	aAddr, bAddr := hostAddrs(t)
+	a, b := egresstest.ServeWho(t, aAddr), egresstest.ServeWho(t, bAddr)
+	p := newProvider(t, func(o *Options) {
+		o.EgressSidecar = true
+		o.EgressResolve = map[string][]netip.Addr{"a.test": {aAddr}, "b.test": {bAddr}}
+	})
+	ctx := ctxT(t, 3*time.Minute)
+	var id, capped string
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); id = create(t, p, providers.CreateSpec{}) }()
+	go func() { defer wg.Done(); capped = create(t, p, providers.CreateSpec{CapAdd: []string{"NET_ADMIN"}}) }()
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	run := func(cmd string) string {
+		t.Helper()
+		res, err := p.Exec(ctx, id, providers.ExecRequest{Command: cmd})
+		if err != nil {
+			t.Fatalf("exec %q: %v", cmd, err)
+		}
+		return string(res.Stdout) + string(res.Stderr)
+	}
+	who := func(addr string, port int, host string) string {
+		t.Helper()
+		return egresstest.WhoAnswer([]byte(run(egresstest.BusyboxWhoPort(false, addr, port, host))))
+	}
+	resolves := func(name string) bool { return strings.Contains(run("nslookup "+name), "Name:") }
+	set := func(pol egress.Policy) {
+		t.Helper()
+		start := time.Now()
+		if err := p.SetEgress(ctx, id, pol); err != nil {
+			t.Fatalf("SetEgress %v: %v", pol, err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("SetEgress took %v, want under 1 s", d)
+		}
+	}
+	aWho := "a.test " + netip.AddrPortFrom(aAddr, uint16(a.HTTP)).String()
+	bRaw := bAddr.String()
+
+	// None: no name, no address.
+	if resolves("a.test") {
+		t.Error("a.test resolves with policy none")
+	}
+	if got := who(aAddr.String(), a.HTTP, "a.test"); got != "" {
+		t.Errorf("a.test's address reached with policy none: %q", got)
+	}
+
+	set(rules(t, []string{"a.test"}, nil))
+	if got := who("a.test", a.HTTP, "a.test"); got != aWho {
+		t.Errorf("http a.test: %q, want %q", got, aWho)
+	}
+	// HTTPS: the server reads the ClientHello naming a.test (busybox's TLS
+	// 1.2 client and Go's server then disagree; the point's part is done).
+	run(egresstest.BusyboxWhoPort(true, "a.test", a.HTTPS, "a.test"))
+	if got := a.Hellos(); !slices.Contains(got, "a.test") {
+		t.Errorf("https a.test: the server read hellos %q", got)
+	}
+	if resolves("b.test") {
+		t.Error("b.test resolves")
+	}
+	if got := who(bRaw, b.HTTP, "b.test"); got != "" {
+		t.Errorf("b.test's raw address reached: %q", got)
+	}
+	// Root in the sandbox (no NET_ADMIN): another nameserver in
+	// resolv.conf, new routes; every port-53 packet still reaches the
+	// point and every connection its proxy.
+	out := run("echo nameserver " + bRaw + " > /etc/resolv.conf; ip route del default; ip route add " + bRaw + "/32 dev eth0; echo rc=$?")
+	if !strings.Contains(out, "rc=") {
+		t.Fatalf("resolv.conf and routes: %s", out)
+	}
+	if resolves("b.test") {
+		t.Error("b.test resolves through another nameserver")
+	}
+	if got := who(bRaw, b.HTTP, "b.test"); got != "" {
+		t.Errorf("b.test reached after root's changes: %q", got)
+	}
+	if out := run("nslookup b.test " + bRaw + " 2>&1; ping -c 1 -W 1 " + bRaw + " 2>&1; echo x | nc -u -w 1 " + bRaw + " " + strconv.Itoa(b.HTTP) + " 2>&1"); strings.Contains(out, "Name:") || strings.Contains(out, "1 packets received") {
+		t.Errorf("another way out: %s", out)
+	}
+
+	// A CIDR rule, then a change back: each in effect on return.
+	set(rules(t, []string{bRaw + "/32"}, nil))
+	if got, want := who(bRaw, b.HTTP, "b.test"), "b.test "+netip.AddrPortFrom(bAddr, uint16(b.HTTP)).String(); got != want {
+		t.Errorf("b by a CIDR rule: %q, want %q", got, want)
+	}
+	if resolves("a.test") {
+		t.Error("a.test resolves after it left the policy")
+	}
+	set(rules(t, []string{"a.test"}, nil))
+	if got := who(bRaw, b.HTTP, "b.test"); got != "" {
+		t.Errorf("b after its CIDR left the policy: %q", got)
+	}
+
+	// NET_ADMIN would undo the rules: no policy for that sandbox, and
+	// nothing changed (its point still has none).
+	err := p.SetEgress(ctx, capped, rules(t, []string{"a.test"}, nil))
+	if !errors.Is(err, providers.ErrUnsupported) || !strings.Contains(err.Error(), "NET_ADMIN") {
+		t.Errorf("a policy for a sandbox holding NET_ADMIN: %v, want unsupported naming it", err)
+	}
+	if err := p.SetEgress(ctx, capped, egress.Policy{}); err != nil {
+		t.Errorf("none for a sandbox holding NET_ADMIN: %v", err)
+	}
+
+	// The pod: the point first, root with NET_ADMIN alone and a postStart
+	// hook; the sandbox's container without NET_ADMIN or NET_RAW.
+	pod, err := k8stest.Client(t).CoreV1().Pods(k8stest.Namespace).Get(ctx, id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pt := pod.Spec.InitContainers[0]
+	if pt.Name != containerEgress || pt.Lifecycle == nil || pt.Lifecycle.PostStart == nil ||
+		!slices.Equal(pt.SecurityContext.Capabilities.Add, netCaps[:1]) || len(heldNetCaps(pod)) != 0 {
+		t.Errorf("the pod's containers: %+v", pod.Spec.InitContainers)
+	}
+
+	// A group: each member's point is handed the other's address.
+	for _, m := range []string{id, capped} {
+		if _, err := p.JoinGroup(ctx, m, "g"); err != nil {
+			t.Errorf("join %s: %v", m, err)
+		}
+	}
+}
