@@ -3,10 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -131,58 +128,14 @@ func (p *pod) set(t *testing.T, state string) {
 	}
 }
 
-func (p *pod) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var c net.Conn
-	err := point.InNetns(p.ns, func() (err error) {
-		c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
-		return err
-	})
-	return c, err
-}
-
 // resolve asks whatever nameserver: every port-53 packet reaches the point.
 func (p *pod) resolve(t *testing.T, name string) (int, []netip.Addr) {
 	t.Helper()
-	var resp *dns.Msg
-	err := point.InNetns(p.ns, func() (err error) {
-		q := new(dns.Msg)
-		q.SetQuestion(dns.Fqdn(name), dns.TypeA)
-		resp, err = dns.Exchange(q, "10.96.0.10:53")
-		return err
-	})
-	if err != nil {
-		t.Fatalf("resolve %s: %v", name, err)
-	}
-	var out []netip.Addr
-	for _, rr := range resp.Answer {
-		if a, ok := rr.(*dns.A); ok {
-			addr, _ := netip.AddrFromSlice(a.A)
-			out = append(out, addr)
-		}
-	}
-	return resp.Rcode, out
+	return egresstest.LookupFrom(t, p.ns, "10.96.0.10:53", name)
 }
 
 // get fetches url from inside the pod, dialling addr.
-func (p *pod) get(url, addr string) (string, error) {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, network, hostport string) (net.Conn, error) {
-			_, port, _ := net.SplitHostPort(hostport)
-			return p.dial(ctx, network, net.JoinHostPort(addr, port))
-		},
-		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true},
-		DisableKeepAlives: true,
-	}
-	defer tr.CloseIdleConnections()
-	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return strings.TrimSpace(string(body)), err
-}
+func (p *pod) get(url, addr string) (string, error) { return egresstest.GetFrom(p.ns, url, addr) }
 
 // The pod's point, as its sidecar runs it: a.test over HTTP and HTTPS by
 // name, b.test neither by name nor by raw IP, a CIDR rule, a change
@@ -282,7 +235,7 @@ func udpReaches(t *testing.T, in *egresstest.Internet, p *pod, want bool) {
 		t.Fatal(err)
 	}
 	defer pc.Close()
-	c, err := p.dial(context.Background(), "udp4", egresstest.A.String()+":9999")
+	c, err := egresstest.DialFrom(context.Background(), p.ns, "udp4", egresstest.A.String()+":9999")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/sandgate/sandgate/internal/egress/point"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -289,4 +290,64 @@ func NewLinks(before, after []string) []string {
 		}
 	}
 	return added
+}
+
+// DialFrom dials addr from network namespace ns (a sandbox's stand-in).
+func DialFrom(ctx context.Context, ns netns.NsHandle, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := point.InNetns(ns, func() (err error) {
+		c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// LookupFrom asks server (host:port) from network namespace ns for name's
+// A records, and returns the answer's rcode and addresses.
+func LookupFrom(t testing.TB, ns netns.NsHandle, server, name string) (int, []netip.Addr) {
+	t.Helper()
+	var resp *dns.Msg
+	err := point.InNetns(ns, func() (err error) {
+		q := new(dns.Msg)
+		q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		resp, err = dns.Exchange(q, server)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("resolve %s: %v", name, err)
+	}
+	var out []netip.Addr
+	for _, rr := range resp.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			addr, _ := netip.AddrFromSlice(a.A)
+			out = append(out, addr)
+		}
+	}
+	return resp.Rcode, out
+}
+
+// GetFrom fetches url from network namespace ns and returns the body,
+// trimmed; addr, when set, is dialled instead of the URL's host (as curl
+// --resolve does). Certificates are not checked.
+func GetFrom(ns netns.NsHandle, url, addr string) (string, error) {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, network, hostport string) (net.Conn, error) {
+			if addr != "" {
+				_, port, _ := net.SplitHostPort(hostport)
+				hostport = net.JoinHostPort(addr, port)
+			}
+			return DialFrom(ctx, ns, "tcp4", hostport)
+		},
+		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true},
+		DisableKeepAlives: true,
+	}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(body)), err
 }

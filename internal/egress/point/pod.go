@@ -100,36 +100,26 @@ func StartPod(opts PodOptions, pol egress.Policy, peers []netip.Addr) (*PodPoint
 		only: m, members: map[netip.Addr]*member{}, ctx: ctx, cancel: cancel,
 	}}
 	local := func(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }
+	var proxy, dnsTCP net.Listener
+	var dnsUDP net.PacketConn
 	proxy, err := net.Listen("tcp4", local(opts.ProxyPort))
-	if err != nil {
-		cancel()
-		return nil, err
+	if err == nil {
+		p.closers = append(p.closers, proxy)
+		dnsTCP, err = net.Listen("tcp4", local(opts.DNSPort))
 	}
-	p.closers = append(p.closers, proxy)
-	dnsTCP, err := net.Listen("tcp4", local(opts.DNSPort))
 	if err == nil {
 		p.closers = append(p.closers, dnsTCP)
-		var dnsUDP net.PacketConn
-		if dnsUDP, err = net.ListenPacket("udp4", local(opts.DNSPort)); err == nil {
-			p.closers = append(p.closers, dnsUDP)
-			p.servers = []*dns.Server{{PacketConn: dnsUDP, Handler: p.eng}, {Listener: dnsTCP, Handler: p.eng}}
-		}
+		dnsUDP, err = net.ListenPacket("udp4", local(opts.DNSPort))
 	}
 	if err == nil {
+		p.closers = append(p.closers, dnsUDP)
 		err = installPodRules(opts.ProxyPort, opts.DNSPort, peers)
 	}
 	if err != nil {
 		p.Close()
 		return nil, fmt.Errorf("egress: pod point: %w", err)
 	}
-	p.eng.wg.Add(1 + len(p.servers))
-	go p.eng.serveTCP(proxy)
-	for _, s := range p.servers {
-		go func() {
-			defer p.eng.wg.Done()
-			_ = s.ActivateAndServe()
-		}()
-	}
+	p.servers = p.eng.serve(proxy, dnsTCP, dnsUDP)
 	return p, nil
 }
 

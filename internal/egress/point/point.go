@@ -225,18 +225,7 @@ func (p *Point) start() error {
 		p.sockets = startSocketMaker(p.egress)
 	}
 	p.closers = []io.Closer{proxy, dnsTCP, dnsUDP}
-	p.servers = []*dns.Server{
-		{PacketConn: dnsUDP, Handler: p.eng},
-		{Listener: dnsTCP, Handler: p.eng},
-	}
-	p.eng.wg.Add(1 + len(p.servers))
-	go p.eng.serveTCP(proxy)
-	for _, s := range p.servers {
-		go func() {
-			defer p.eng.wg.Done()
-			_ = s.ActivateAndServe()
-		}()
-	}
+	p.servers = p.eng.serve(proxy, dnsTCP, dnsUDP)
 	return nil
 }
 
