@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"errors"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vishvananda/netlink"
@@ -184,5 +186,67 @@ func TestEgressSidecar(t *testing.T) {
 		if _, err := p.JoinGroup(ctx, m, "g"); err != nil {
 			t.Errorf("join %s: %v", m, err)
 		}
+	}
+}
+
+// The pod's shape with EgressSidecar (no cluster needed): the point
+// first, as root with NET_ADMIN alone, its postStart hook waiting for
+// its rules, its volume its own; the agent's sidecar and the sandbox's
+// container as without it. Domain rules pass CheckEgress; the NetworkPolicy
+// of a policy naming domains lets everything out, one of CIDRs those.
+func TestEgressSidecarPod(t *testing.T) {
+	k := &Kubernetes{opts: Options{AgentImage: "agent:1", EgressSidecar: true,
+		EgressResolve: map[string][]netip.Addr{"b.test": {netip.MustParseAddr("192.0.2.2")}, "a.test": {netip.MustParseAddr("192.0.2.1")}}}, ns: "ns"}
+	plain := &Kubernetes{opts: Options{AgentImage: "agent:1"}, ns: "ns"}
+	spec := providers.CreateSpec{ID: "sbx-1", Image: "img"}
+	pod, _, err := k.podFor(spec, "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := plain.podFor(spec, "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pod.Spec.InitContainers) != 2 || !reflect.DeepEqual(pod.Spec.InitContainers[1], want.Spec.InitContainers[0]) ||
+		!reflect.DeepEqual(pod.Spec.Containers, want.Spec.Containers) {
+		t.Fatalf("containers %+v\nwant the point before %+v", pod.Spec.InitContainers, want.Spec.InitContainers)
+	}
+	pt := pod.Spec.InitContainers[0]
+	sec := pt.SecurityContext
+	if pt.Name != containerEgress || pt.Image != "agent:1" || pt.RestartPolicy == nil || *pt.RestartPolicy != corev1.ContainerRestartPolicyAlways ||
+		*sec.RunAsUser != 0 || *sec.AllowPrivilegeEscalation || !*sec.ReadOnlyRootFilesystem ||
+		!slices.Equal(sec.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) || !slices.Equal(sec.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("the point: %+v", pt)
+	}
+	if want := []string{egressBin, "serve", "--dir", egressDir, "--resolve", "a.test=192.0.2.1,b.test=192.0.2.2"}; !slices.Equal(pt.Command, want) {
+		t.Errorf("command %q, want %q", pt.Command, want)
+	}
+	if h := pt.Lifecycle.PostStart.Exec; h == nil || !slices.Equal(h.Command, []string{egressBin, "ready", "--dir", egressDir}) {
+		t.Errorf("postStart %+v", pt.Lifecycle.PostStart)
+	}
+	for _, c := range append(pod.Spec.InitContainers[1:], pod.Spec.Containers...) {
+		for _, m := range c.VolumeMounts {
+			if m.Name == containerEgress {
+				t.Errorf("%s mounts the point's volume", c.Name)
+			}
+		}
+	}
+
+	if err := k.CheckEgress(rules(t, []string{"pypi.example"}, nil)); err != nil {
+		t.Errorf("a domain rule with the sidecar: %v", err)
+	}
+	if got := policyForNetpol(rules(t, []string{"10.0.0.0/8"}, []string{"*.example"})); got.Mode != egress.ModeAll || len(got.Deny) != 0 {
+		t.Errorf("the NetworkPolicy of a policy naming a domain: %+v, want all", got)
+	}
+	cidrs := rules(t, []string{"10.0.0.0/8"}, []string{"10.1.0.0/16"})
+	if got := policyForNetpol(cidrs); !reflect.DeepEqual(got, cidrs) {
+		t.Errorf("the NetworkPolicy of CIDRs: %+v, want them", got)
+	}
+	capped, _, err := plain.podFor(providers.CreateSpec{ID: "sbx-2", Image: "img", CapAdd: []string{"NET_RAW", "SYS_TIME"}}, "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := heldNetCaps(capped); !slices.Equal(got, []string{"NET_RAW"}) {
+		t.Errorf("held %v, want NET_RAW", got)
 	}
 }
