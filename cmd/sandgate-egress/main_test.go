@@ -181,7 +181,13 @@ func TestPodPoint(t *testing.T) {
 		}
 	}
 	// UDP but DNS is dropped: a datagram to the internet never arrives.
-	udpReaches(t, in, p, false)
+	udpReaches(t, in, p, egresstest.A, false)
+	// A group's peer (here the internet's end of the veth) is reached on
+	// any protocol, while it is one.
+	p.set(t, `{"peers": ["`+podPeer.String()+`"]}`)
+	udpReaches(t, in, p, podPeer, true)
+	p.set(t, `{"peers": []}`)
+	udpReaches(t, in, p, podPeer, false)
 
 	// A change is in effect when set returns.
 	p.set(t, `{"policy": {"allow": ["b.test"]}}`)
@@ -221,9 +227,9 @@ func TestPodPoint(t *testing.T) {
 	}
 }
 
-// udpReaches sends a datagram from the pod to the internet and reports
-// whether one arrived, failing the test if that is not want.
-func udpReaches(t *testing.T, in *egresstest.Internet, p *pod, want bool) {
+// udpReaches sends datagrams from the pod to an address of the internet's
+// namespace and fails the test unless one arriving is want.
+func udpReaches(t *testing.T, in *egresstest.Internet, p *pod, to netip.Addr, want bool) {
 	t.Helper()
 	inNs, err := netns.GetFromPath(in.NetnsPath)
 	if err != nil {
@@ -231,11 +237,11 @@ func udpReaches(t *testing.T, in *egresstest.Internet, p *pod, want bool) {
 	}
 	defer inNs.Close()
 	var pc net.PacketConn
-	if err := point.InNetns(inNs, func() (err error) { pc, err = net.ListenPacket("udp4", egresstest.A.String()+":9999"); return err }); err != nil {
+	if err := point.InNetns(inNs, func() (err error) { pc, err = net.ListenPacket("udp4", to.String()+":9999"); return err }); err != nil {
 		t.Fatal(err)
 	}
 	defer pc.Close()
-	c, err := egresstest.DialFrom(context.Background(), p.ns, "udp4", egresstest.A.String()+":9999")
+	c, err := egresstest.DialFrom(context.Background(), p.ns, "udp4", to.String()+":9999")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,6 +253,6 @@ func udpReaches(t *testing.T, in *egresstest.Internet, p *pod, want bool) {
 	_ = pc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 	_, _, err = pc.ReadFrom(make([]byte, 8))
 	if got := err == nil; got != want {
-		t.Errorf("a UDP datagram arrived: %v, want %v", got, want)
+		t.Errorf("a UDP datagram to %v arrived: %v, want %v", to, got, want)
 	}
 }
