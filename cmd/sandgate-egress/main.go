@@ -207,14 +207,12 @@ func ready(dir string, wait time.Duration) error {
 	}
 }
 
-// set hands the point the State read from r and reports its answer.
+// set hands the point the State read from r (one JSON value: the exec's
+// stdin need not be closed) and reports its answer.
 func set(dir string, r io.Reader, wait time.Duration) error {
-	b, err := io.ReadAll(io.LimitReader(r, maxState+1))
-	if err != nil {
-		return err
-	}
-	if len(b) > maxState {
-		return fmt.Errorf("state over %d bytes", maxState)
+	var b json.RawMessage
+	if err := json.NewDecoder(io.LimitReader(r, maxState)).Decode(&b); err != nil {
+		return fmt.Errorf("bad state: %w", err)
 	}
 	var st State
 	if err := json.Unmarshal(b, &st); err != nil {

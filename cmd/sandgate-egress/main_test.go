@@ -202,10 +202,16 @@ func TestPodPoint(t *testing.T) {
 	}
 
 	// A bad state changes nothing.
-	cmd := exec.Command(p.bin, "set", "--dir", p.dir)
-	cmd.Stdin = strings.NewReader(`{"policy": {"allow": ["not a name!"]}}`)
-	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "not a name") {
-		t.Errorf("a bad policy: %v %s", err, out)
+	for in, why := range map[string]string{
+		`{"policy": {"allow": ["not a name!"]}}`: "not a name",
+		`{"peers": ["10.0.0.300"]}`:              "10.0.0.300",
+		`not json`:                               "bad state",
+	} {
+		cmd := exec.Command(p.bin, "set", "--dir", p.dir)
+		cmd.Stdin = strings.NewReader(in)
+		if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), why) {
+			t.Errorf("set %s: %v %s, want an error naming %q", in, err, out, why)
+		}
 	}
 	if got, err := p.get("http://b.test/who", b); err != nil {
 		t.Errorf("b.test after a refused change: %q %v", got, err)
