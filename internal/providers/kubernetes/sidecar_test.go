@@ -22,55 +22,63 @@ import (
 	"github.com/sandgate/sandgate/internal/providers/kubernetes/k8stest"
 )
 
-// hostAddrs are two IPv4 addresses of the test's host that pods reach (a
-// packet to either is the host's own, never forwarded): the host's end of
-// the cluster's bridge, and another.
-func hostAddrs(t *testing.T) (bridge, other netip.Addr) {
+// hostAddrs are two IPv4 addresses of the test's host (the test
+// cluster's one node) that its pods reach, a packet to either being the
+// host's own, never forwarded: the node's address, and another of the
+// host's (docker's bridge, the pods' bridge, ...).
+func hostAddrs(t *testing.T) (node, other netip.Addr) {
 	t.Helper()
+	nodes, err := k8stest.Client(t).CoreV1().Nodes().List(ctxT(t, time.Minute), metav1.ListOptions{})
+	if err != nil || len(nodes.Items) != 1 {
+		t.Fatalf("the test cluster's node: %v (%d nodes)", err, len(nodes.Items))
+	}
+	for _, a := range nodes.Items[0].Status.Addresses {
+		if ip, err := netip.ParseAddr(a.Address); err == nil && a.Type == corev1.NodeInternalIP && ip.Is4() {
+			node = ip
+		}
+	}
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	br, err := netlink.LinkByName(k8stest.Bridge)
-	if err != nil {
-		t.Fatalf("the cluster's bridge: %v", err)
-	}
 	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok || ip.IsLoopback() || !ip.IsGlobalUnicast() && !ip.IsPrivate() {
-			continue
-		}
-		ip = ip.Unmap()
-		switch {
-		case a.LinkIndex == br.Attrs().Index && !bridge.IsValid():
-			bridge = ip
-		case a.LinkIndex != br.Attrs().Index && !other.IsValid():
-			other = ip
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() != node && !ip.IsLoopback() && !other.IsValid() {
+			other = ip.Unmap()
 		}
 	}
-	if !bridge.IsValid() || !other.IsValid() {
-		t.Fatalf("host addresses: bridge %v, other %v", bridge, other)
+	if !node.IsValid() || !other.IsValid() {
+		t.Fatalf("host addresses: node %v, other %v", node, other)
 	}
-	return bridge, other
+	return node, other
 }
 
 // A sandbox's own egress point (EgressSidecar), on the test cluster's
-// plain bridge CNI, which filters nothing itself: no way out by default;
-// a.test (a server of the test on the host) over HTTP and HTTPS once
-// allowed, b.test (another address of the host) neither by name nor by
+// plain bridge CNI, which filters nothing itself (and gives pods no
+// default route: the test adds one, as real CNIs have): no way out by default;
+// a.test (a server of the test at the node's address) over HTTP and
+// HTTPS once allowed, b.test (another address of the host) neither by name nor by
 // raw IP; a CIDR rule; each change in effect when SetEgress returns,
 // within a second; root in the sandbox changing resolv.conf and routes
 // gains nothing; a sandbox holding NET_ADMIN gets no policy.
 func TestEgressSidecar(t *testing.T) {
 	k8stest.Require(t)
 	aAddr, bAddr := hostAddrs(t)
-	a, b := egresstest.ServeWho(t, aAddr), egresstest.ServeWho(t, bAddr)
 	p := newProvider(t, func(o *Options) {
 		o.EgressSidecar = true
 		o.EgressResolve = map[string][]netip.Addr{"a.test": {aAddr}, "b.test": {bAddr}}
 	})
-	ctx := ctxT(t, 3*time.Minute)
+	a, b := egresstest.ServeWho(t, aAddr), egresstest.ServeWho(t, bAddr)
 	var id, capped string
+	t.Cleanup(func() {
+		if t.Failed() {
+			// Before the provider's clean-up (registered earlier) removes the pods.
+			for _, m := range []string{id, capped} {
+				logs, err := k8stest.Client(t).CoreV1().Pods(k8stest.Namespace).GetLogs(m, &corev1.PodLogOptions{Container: containerEgress}).DoRaw(ctxT(t, time.Minute))
+				t.Logf("%s's egress point (%v):\n%s", m, err, logs)
+			}
+		}
+	})
+	ctx := ctxT(t, 3*time.Minute)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); id = create(t, p, providers.CreateSpec{}) }()
@@ -79,6 +87,7 @@ func TestEgressSidecar(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
+	k8stest.DefaultRoute(t, id)
 	run := func(cmd string) string {
 		t.Helper()
 		res, err := p.Exec(ctx, id, providers.ExecRequest{Command: cmd})
