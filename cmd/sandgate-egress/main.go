@@ -5,7 +5,7 @@
 // sent to. It ships in the agent's image beside sandgate-agent, which
 // stays small (this one links the DNS, HTTP and nftables code).
 //
-//	sandgate-egress serve --dir DIR [--resolve name=addr,...]
+//	sandgate-egress serve --dir DIR [--resolve name=addr,...] [--install-agent DEST]
 //	sandgate-egress ready --dir DIR     (the container's postStart hook)
 //	sandgate-egress set --dir DIR < {"policy": ..., "peers": [...]}
 //
@@ -35,6 +35,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandgate/sandgate/internal/agent"
 	"github.com/sandgate/sandgate/internal/egress"
 	"github.com/sandgate/sandgate/internal/egress/point"
 )
@@ -45,6 +46,9 @@ type State struct {
 	Policy *egress.Policy `json:"policy,omitempty"`
 	Peers  []netip.Addr   `json:"peers,omitempty"`
 }
+
+// agentImagePath is the agent's binary in the image both ship in.
+const agentImagePath = "/sandgate-agent"
 
 // maxState bounds a set's message.
 const maxState = 1 << 20
@@ -59,6 +63,7 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("sandgate-egress "+args[0], flag.ContinueOnError)
 	dir := fs.String("dir", "/run/sandgate-egress", "the point's directory: control socket and state")
 	resolve := fs.String("resolve", "", "serve: static DNS answers, name=addr,...")
+	agentDest := fs.String("install-agent", "", "serve: first copy the image's /sandgate-agent there (the pod's agent sidecar's work, one container start sooner)")
 	wait := fs.Duration("timeout", 10*time.Second, "ready, set: how long to wait for the point")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
@@ -66,7 +71,7 @@ func run(args []string) int {
 	var err error
 	switch args[0] {
 	case "serve":
-		err = serve(*dir, *resolve)
+		err = serve(*dir, *resolve, *agentDest)
 	case "ready":
 		err = ready(*dir, *wait)
 	case "set":
@@ -84,10 +89,11 @@ func run(args []string) int {
 func sockPath(dir string) string  { return filepath.Join(dir, "ctl.sock") }
 func statePath(dir string) string { return filepath.Join(dir, "state.json") }
 
-// serve runs the point until SIGTERM. The control socket is made last:
-// ready (the postStart hook) returns once the rules are in place, so no
-// other container of the pod starts before them.
-func serve(dir, resolve string) error {
+// serve runs the point until SIGTERM, having installed the agent at
+// agentDest ("": not). The control socket is made last: ready (the
+// postStart hook) returns once the agent and the rules are in place, so
+// no other container of the pod starts before them.
+func serve(dir, resolve, agentDest string) error {
 	// Not dumpable: another container's root (the pod shares its process
 	// namespace) gets no handle on this process's memory or files.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
@@ -104,6 +110,11 @@ func serve(dir, resolve string) error {
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return err
+	}
+	if agentDest != "" {
+		if err := agent.Install(agentImagePath, agentDest); err != nil {
+			return fmt.Errorf("install the agent: %w", err)
+		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	pp, err := point.StartPod(point.PodOptions{Resolve: static, Logger: log}, *st.Policy, st.Peers)

@@ -218,8 +218,9 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 		},
 	}
 	if k.opts.EgressSidecar {
-		// First: its rules are in place before any other container runs.
-		pod.Spec.InitContainers = append([]corev1.Container{k.egressContainer()}, pod.Spec.InitContainers...)
+		// In the agent's sidecar's place: it installs the agent too, so
+		// the sandbox's container starts as soon (sidecar.go).
+		pod.Spec.InitContainers = []corev1.Container{k.egressContainer()}
 		pod.Spec.Volumes = append(pod.Spec.Volumes, egressVolume())
 	}
 	if err := podVolumes(spec, pod); err != nil {

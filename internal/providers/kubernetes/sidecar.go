@@ -23,13 +23,15 @@ import (
 // With Options.EgressSidecar every sandbox pod carries its own egress
 // point (point.PodPoint), which enforces egress policies whatever the
 // CNI, domain rules included: a native sidecar (an init container that
-// stays), first of the pod, running sandgate-egress from the agent's
-// image as root with NET_ADMIN alone. It installs the pod's nftables rules
-// (every TCP connection of the other containers to its proxy, DNS to its
-// DNS server, the rest dropped, nothing in but loopback, replies and the
-// group's peers), then serves. Its postStart hook returns once the rules
-// are in place, and the kubelet starts the next container only after the
-// hook: no other container of the pod ever runs without them.
+// stays), in the agent's sidecar's place, running sandgate-egress from
+// the agent's image as root with NET_ADMIN alone. It installs the agent
+// into the agent's volume and the pod's nftables rules (every TCP
+// connection of the other containers to its proxy, DNS to its DNS server,
+// the rest dropped, nothing in but loopback, replies and the group's
+// peers), then serves. Its postStart hook returns once both are in place,
+// and the kubelet starts the sandbox's container only after the hook: it
+// never runs without them. (One sidecar, not two: each starts in a kubelet
+// sync of its own, ~0.5 s apart.)
 //
 // The policy starts as none; SetEgress (and JoinGroup, for the peers)
 // hand the point its state by an exec of "sandgate-egress set" in its
@@ -49,7 +51,7 @@ const (
 func (k *Kubernetes) egressContainer() corev1.Container {
 	no, yes, root := false, true, int64(0)
 	always := corev1.ContainerRestartPolicyAlways
-	cmd := []string{egressBin, "serve", "--dir", egressDir}
+	cmd := []string{egressBin, "serve", "--dir", egressDir, "--install-agent", agentBin}
 	if len(k.opts.EgressResolve) > 0 {
 		cmd = append(cmd, "--resolve", point.FormatResolve(k.opts.EgressResolve))
 	}
@@ -59,7 +61,7 @@ func (k *Kubernetes) egressContainer() corev1.Container {
 		ImagePullPolicy: corev1.PullIfNotPresent,
 		RestartPolicy:   &always,
 		Command:         cmd,
-		VolumeMounts:    []corev1.VolumeMount{{Name: containerEgress, MountPath: egressDir}},
+		VolumeMounts:    []corev1.VolumeMount{{Name: containerEgress, MountPath: egressDir}, {Name: containerAgent, MountPath: agentDir}},
 		Lifecycle: &corev1.Lifecycle{PostStart: &corev1.LifecycleHandler{
 			Exec: &corev1.ExecAction{Command: []string{egressBin, "ready", "--dir", egressDir}},
 		}},

@@ -107,9 +107,11 @@ func TestEgressSidecar(t *testing.T) {
 		if err := p.SetEgress(ctx, id, pol); err != nil {
 			t.Fatalf("SetEgress %v: %v", pol, err)
 		}
-		if d := time.Since(start); d > time.Second {
+		d := time.Since(start)
+		if d > time.Second {
 			t.Errorf("SetEgress took %v, want under 1 s", d)
 		}
+		t.Logf("SetEgress %v: %v", pol, d)
 	}
 	aWho := "a.test " + netip.AddrPortFrom(aAddr, uint16(a.HTTP)).String()
 	bRaw := bAddr.String()
@@ -198,10 +200,10 @@ func TestEgressSidecar(t *testing.T) {
 	}
 }
 
-// The pod's shape with EgressSidecar (no cluster needed): the point
-// first, as root with NET_ADMIN alone, its postStart hook waiting for
-// its rules, its volume its own; the agent's sidecar and the sandbox's
-// container as without it. Domain rules pass CheckEgress; the NetworkPolicy
+// The pod's shape with EgressSidecar (no cluster needed): the point in
+// the agent's sidecar's place, as root with NET_ADMIN alone, installing
+// the agent, its postStart hook waiting for its rules, its volume its
+// own; the sandbox's container as without it. Domain rules pass CheckEgress; the NetworkPolicy
 // of a policy naming domains lets everything out, one of CIDRs those.
 func TestEgressSidecarPod(t *testing.T) {
 	k := &Kubernetes{opts: Options{AgentImage: "agent:1", EgressSidecar: true,
@@ -216,9 +218,8 @@ func TestEgressSidecarPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(pod.Spec.InitContainers) != 2 || !reflect.DeepEqual(pod.Spec.InitContainers[1], want.Spec.InitContainers[0]) ||
-		!reflect.DeepEqual(pod.Spec.Containers, want.Spec.Containers) {
-		t.Fatalf("containers %+v\nwant the point before %+v", pod.Spec.InitContainers, want.Spec.InitContainers)
+	if len(pod.Spec.InitContainers) != 1 || !reflect.DeepEqual(pod.Spec.Containers, want.Spec.Containers) {
+		t.Fatalf("containers %+v\nwant the point alone in the agent's sidecar's place", pod.Spec.InitContainers)
 	}
 	pt := pod.Spec.InitContainers[0]
 	sec := pt.SecurityContext
@@ -227,17 +228,18 @@ func TestEgressSidecarPod(t *testing.T) {
 		!slices.Equal(sec.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) || !slices.Equal(sec.Capabilities.Drop, []corev1.Capability{"ALL"}) {
 		t.Errorf("the point: %+v", pt)
 	}
-	if want := []string{egressBin, "serve", "--dir", egressDir, "--resolve", "a.test=192.0.2.1,b.test=192.0.2.2"}; !slices.Equal(pt.Command, want) {
+	if want := []string{egressBin, "serve", "--dir", egressDir, "--install-agent", agentBin, "--resolve", "a.test=192.0.2.1,b.test=192.0.2.2"}; !slices.Equal(pt.Command, want) {
 		t.Errorf("command %q, want %q", pt.Command, want)
 	}
 	if h := pt.Lifecycle.PostStart.Exec; h == nil || !slices.Equal(h.Command, []string{egressBin, "ready", "--dir", egressDir}) {
 		t.Errorf("postStart %+v", pt.Lifecycle.PostStart)
 	}
-	for _, c := range append(pod.Spec.InitContainers[1:], pod.Spec.Containers...) {
-		for _, m := range c.VolumeMounts {
-			if m.Name == containerEgress {
-				t.Errorf("%s mounts the point's volume", c.Name)
-			}
+	if got, want := pt.VolumeMounts, []corev1.VolumeMount{{Name: containerEgress, MountPath: egressDir}, {Name: containerAgent, MountPath: agentDir}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("the point mounts %+v, want %+v", got, want)
+	}
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		if m.Name == containerEgress {
+			t.Errorf("the sandbox mounts the point's volume")
 		}
 	}
 
