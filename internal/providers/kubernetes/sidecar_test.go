@@ -2,6 +2,8 @@ package kubernetes
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -20,6 +22,7 @@ import (
 	"github.com/sandgate/sandgate/internal/egress/egresstest"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/kubernetes/k8stest"
+	"github.com/sandgate/sandgate/internal/sandbox"
 )
 
 // hostAddrs are two IPv4 addresses of the test's host (the test
@@ -259,5 +262,56 @@ func TestEgressSidecarPod(t *testing.T) {
 	}
 	if got := heldNetCaps(capped); !slices.Equal(got, []string{"NET_RAW"}) {
 		t.Errorf("held %v, want NET_RAW", got)
+	}
+}
+
+// Through the service with EgressSidecar: a create with a domain rule has
+// it in force when create returns (its point answers a.test, not b.test);
+// one adding NET_ADMIN with a policy is unsupported and leaves no pod.
+func TestCreateWithEgressSidecar(t *testing.T) {
+	k8stest.Require(t)
+	p := newProvider(t, func(o *Options) {
+		o.EgressSidecar = true
+		o.EgressResolve = map[string][]netip.Addr{"a.test": {netip.MustParseAddr("192.0.2.1")}, "b.test": {netip.MustParseAddr("192.0.2.2")}}
+	})
+	svc, err := sandbox.New(ctxT(t, time.Minute), sandbox.Options{
+		Provider: p, Store: p.Store(), StateDir: t.TempDir(), AllowAnonymous: true, ReapInterval: time.Hour,
+		CapAddAllow: []string{"NET_ADMIN"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	ctx := ctxT(t, 2*time.Minute)
+	pol := rules(t, []string{"a.test"}, nil)
+	ref, err := svc.Create(ctx, sandbox.Caller{}, sandbox.CreateRequest{Image: k8stest.ImageRef, Egress: &pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Any nameserver the pod routes to (this cluster gives pods no
+	// default route: the bridge's gateway is one) reaches its point.
+	pod, err := k8stest.Client(t).CoreV1().Pods(k8stest.Namespace).Get(ctx, ref.SandboxID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := netip.MustParseAddr(pod.Status.PodIP).As4()
+	ns[3] = 1
+	res, err := p.Exec(ctx, ref.SandboxID, providers.ExecRequest{Command: "nslookup a.test " + netip.AddrFrom4(ns).String() + "; nslookup b.test " + netip.AddrFrom4(ns).String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := string(res.Stdout); !strings.Contains(out, "Address: 192.0.2.1") || strings.Contains(out, "192.0.2.2") {
+		t.Errorf("a.test and b.test from the new sandbox: %s", out)
+	}
+	_, err = svc.Create(ctx, sandbox.Caller{}, sandbox.CreateRequest{Image: k8stest.ImageRef, Egress: &pol, CapAdd: []string{"NET_ADMIN"}})
+	if !errors.Is(err, providers.ErrUnsupported) || !strings.Contains(err.Error(), "NET_ADMIN") {
+		t.Fatalf("NET_ADMIN with a policy: %v, want unsupported naming it", err)
+	}
+	pods, err := k8stest.Client(t).CoreV1().Pods(k8stest.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelInstance + "=" + p.opts.InstanceID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 1 {
+		t.Errorf("after the refused create: %d pods, want the first sandbox's only", len(pods.Items))
 	}
 }
