@@ -37,7 +37,7 @@ var (
 	podPeer = netip.MustParseAddr("10.250.0.2") // the internet's end
 )
 
-func startPod(t *testing.T, in *egresstest.Internet) *pod {
+func startPod(t testing.TB, in *egresstest.Internet) *pod {
 	t.Helper()
 	testkit.RequireRoot(t)
 	bin := testkit.Binary(t, "cmd/sandgate-egress", "sandgate-egress", "")
@@ -96,7 +96,7 @@ func startPod(t *testing.T, in *egresstest.Internet) *pod {
 
 // start runs the point in the pod's namespace until it is killed or t
 // ends, and waits until it serves. Its output is logged if t fails.
-func (p *pod) start(t *testing.T) {
+func (p *pod) start(t testing.TB) {
 	t.Helper()
 	serve := exec.Command(p.bin, "serve", "--dir", p.dir, "--resolve", egresstest.ResolveFlag())
 	var log bytes.Buffer
@@ -119,7 +119,7 @@ func (p *pod) start(t *testing.T) {
 }
 
 // set hands the point a state, as the gateway's exec does.
-func (p *pod) set(t *testing.T, state string) {
+func (p *pod) set(t testing.TB, state string) {
 	t.Helper()
 	cmd := exec.Command(p.bin, "set", "--dir", p.dir)
 	cmd.Stdin = strings.NewReader(state)
@@ -129,7 +129,7 @@ func (p *pod) set(t *testing.T, state string) {
 }
 
 // resolve asks whatever nameserver: every port-53 packet reaches the point.
-func (p *pod) resolve(t *testing.T, name string) (int, []netip.Addr) {
+func (p *pod) resolve(t testing.TB, name string) (int, []netip.Addr) {
 	t.Helper()
 	return egresstest.LookupFrom(t, p.ns, "10.96.0.10:53", name)
 }
