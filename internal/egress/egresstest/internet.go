@@ -4,6 +4,7 @@
 package egresstest
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -353,4 +354,18 @@ func GetFrom(ns netns.NsHandle, url, addr string) (string, error) {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	return strings.TrimSpace(string(body)), err
+}
+
+// FetchOn sends GET path naming a.test on c (Connection: close) and reads
+// the whole answer; it returns the body's size. Benchmarks' round trip.
+func FetchOn(c net.Conn, path string) (int64, error) {
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n", path); err != nil {
+		return 0, err
+	}
+	res, err := http.ReadResponse(bufio.NewReaderSize(c, 64<<10), nil)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	return io.Copy(io.Discard, res.Body)
 }
