@@ -8,6 +8,7 @@
 //	sandgate-egress serve --dir DIR [--resolve name=addr,...] [--install-agent DEST]
 //	sandgate-egress ready --dir DIR     (the container's postStart hook)
 //	sandgate-egress set --dir DIR < {"policy": ..., "peers": [...]}
+//	sandgate-egress show --dir DIR      (the state last set)
 //
 // DIR (a volume of this container alone) holds the control socket and
 // the state (policy and group peers) last set, which a restarted point
@@ -57,7 +58,7 @@ func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: sandgate-egress serve|ready|set --dir DIR")
+		fmt.Fprintln(os.Stderr, "usage: sandgate-egress serve|ready|set|show --dir DIR")
 		return 2
 	}
 	fs := flag.NewFlagSet("sandgate-egress "+args[0], flag.ContinueOnError)
@@ -76,6 +77,12 @@ func run(args []string) int {
 		err = ready(*dir, *wait)
 	case "set":
 		err = set(*dir, os.Stdin, *wait)
+	case "show":
+		var b []byte
+		if b, err = os.ReadFile(statePath(*dir)); errors.Is(err, os.ErrNotExist) {
+			b, err = []byte("{}"), nil
+		}
+		os.Stdout.Write(append(b, '\n'))
 	default:
 		err = fmt.Errorf("unknown command %q", args[0])
 	}

@@ -1,6 +1,8 @@
 package kubernetes
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -15,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/remotecommand"
 
 	"github.com/vishvananda/netlink"
 
@@ -195,12 +198,48 @@ func TestEgressSidecar(t *testing.T) {
 		t.Errorf("the pod's containers: %+v", pod.Spec.InitContainers)
 	}
 
-	// A group: each member's point is handed the other's address.
+	// A group: each member's point is handed the others' addresses (the
+	// first member's too when the second joins), and forgets a member
+	// deleted. (Pods do not reach each other on this host at all: only
+	// the hand-over is seen.)
+	addrs := map[string]string{}
 	for _, m := range []string{id, capped} {
-		if _, err := p.JoinGroup(ctx, m, "g"); err != nil {
-			t.Errorf("join %s: %v", m, err)
+		a, err := p.JoinGroup(ctx, m, "g")
+		if err != nil {
+			t.Fatalf("join %s: %v", m, err)
 		}
+		addrs[m] = a.String()
 	}
+	if got, want := pointPeers(t, p, id), []string{addrs[capped]}; !slices.Equal(got, want) {
+		t.Errorf("%s's peers %v, want %v", id, got, want)
+	}
+	if got, want := pointPeers(t, p, capped), []string{addrs[id]}; !slices.Equal(got, want) {
+		t.Errorf("%s's peers %v, want %v", capped, got, want)
+	}
+	if err := p.Delete(ctx, capped); err != nil {
+		t.Fatal(err)
+	}
+	if got := pointPeers(t, p, id); len(got) != 0 {
+		t.Errorf("%s's peers after the other's delete: %v", id, got)
+	}
+}
+
+// pointPeers are the group peers sandbox id's point holds.
+func pointPeers(t *testing.T, p *Kubernetes, id string) []string {
+	t.Helper()
+	ex, err := p.executor(id, containerEgress, []string{egressBin, "show", "--dir", egressDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if err := ex.StreamWithContext(ctxT(t, time.Minute), remotecommand.StreamOptions{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errOut}); err != nil {
+		t.Fatalf("show %s's point: %v %s", id, err, errOut.String())
+	}
+	var st struct{ Peers []string }
+	if err := json.Unmarshal(out.Bytes(), &st); err != nil {
+		t.Fatalf("%s's point's state %q: %v", id, out.String(), err)
+	}
+	return st.Peers
 }
 
 // The pod's shape with EgressSidecar (no cluster needed): the point in
