@@ -26,11 +26,12 @@ image: web
 	  docker build $(IMAGE_ARGS) -t $(IMAGE) "$$ctx" && echo "built $(IMAGE)"
 
 # The kubernetes provider's agent image (--k8s-agent-image): the static
-# agent alone, as a docker-archive to load into a registry or a node
+# agent, and the pods' egress point (--k8s-egress-sidecar), as a docker-archive to load into a registry or a node
 # (docker load, ctr images import).
 AGENT_IMAGE ?= sandgate.local/sandgate-agent:dev
 agent-image:
 	$(GO) build -o bin/agent-image/sandgate-agent ./cmd/sandgate-agent
+	$(GO) build -o bin/agent-image/sandgate-egress ./cmd/sandgate-egress
 	scripts/k8s/mkimage.sh bin/agent-image $(AGENT_IMAGE) bin/sandgate-agent-image.tar '["/sandgate-agent"]' '["version"]'
 	@echo "bin/sandgate-agent-image.tar holds $(AGENT_IMAGE)"
 

@@ -77,6 +77,7 @@ type config struct {
 	K8sAgentImage      string
 	K8sRunAsNonRoot    bool
 	K8sNetworkPolicy   bool
+	K8sEgressSidecar   bool
 	Pools              []sandbox.PoolSpec
 	PTYRingBytes       int
 	AllowedOrigins     []string
@@ -240,7 +241,8 @@ func newFlagSet(c *config, keys *string, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.K8sNamespace, "k8s-namespace", "default", "kubernetes provider: namespace of the sandbox pods")
 	fs.StringVar(&c.K8sAgentImage, "k8s-agent-image", "", "kubernetes provider: image holding the static agent at /sandgate-agent (make agent-image builds one); required")
 	fs.BoolVar(&c.K8sRunAsNonRoot, "k8s-run-as-non-root", false, "kubernetes provider: run every sandbox as uid/gid 65534 (nobody), with a workdir of its own, instead of the image's user")
-	fs.BoolVar(&c.K8sNetworkPolicy, "k8s-network-policy", true, "kubernetes provider: give every sandbox pod a NetworkPolicy allowing no ingress and no egress (enforced only by a CNI that implements NetworkPolicy), which egress policies' CIDR rules and groups open; false where the cluster's operator isolates the pods (egress policies other than none and groups are then 409)")
+	fs.BoolVar(&c.K8sEgressSidecar, "k8s-egress-sidecar", false, "kubernetes provider: give every sandbox pod its own egress point (a sidecar running as root with NET_ADMIN, from the agent's image) that enforces egress policies, domain rules included, and groups whatever the CNI")
+	fs.BoolVar(&c.K8sNetworkPolicy, "k8s-network-policy", true, "kubernetes provider: give every sandbox pod a NetworkPolicy allowing no ingress and no egress (enforced only by a CNI that implements NetworkPolicy), which egress policies' CIDR rules and groups open; false where the cluster's operator isolates the pods (egress policies other than none and groups are then 409, unless --k8s-egress-sidecar)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "text or json")
 	return fs

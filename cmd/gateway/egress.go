@@ -2,38 +2,26 @@ package main
 
 import (
 	"flag"
-	"fmt"
 	"log/slog"
 	"net/netip"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sandgate/sandgate/internal/egress/point"
 )
 
 // egressFlags configure the egress point of the local and docker
-// providers.
+// providers (Resolve also the kubernetes pods' points).
 type egressFlags struct {
 	Resolve map[string][]netip.Addr
 	Netns   string
 }
 
 func (e *egressFlags) define(fs *flag.FlagSet) {
-	fs.Func("egress-resolve", "local, docker: static DNS answers of the egress point, used before the host's resolver: name=addr,... (a name may repeat; tests, air-gapped deployments)", func(v string) error {
-		e.Resolve = map[string][]netip.Addr{} // the command line replaces the environment's
-		for _, kv := range strings.Split(v, ",") {
-			if kv = strings.TrimSpace(kv); kv == "" {
-				continue
-			}
-			name, addr, ok := strings.Cut(kv, "=")
-			a, err := netip.ParseAddr(strings.TrimSpace(addr))
-			if !ok || err != nil {
-				return fmt.Errorf("%q: want name=address", kv)
-			}
-			name = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(name), "."))
-			e.Resolve[name] = append(e.Resolve[name], a)
-		}
-		return nil
+	fs.Func("egress-resolve", "local, docker, kubernetes with --k8s-egress-sidecar: static DNS answers of the egress point, used before the host's (pods': the cluster's) resolver: name=addr,... (a name may repeat; tests, air-gapped deployments)", func(v string) error {
+		// The command line replaces the environment's.
+		r, err := point.ParseResolve(v)
+		e.Resolve = r
+		return err
 	})
 	fs.StringVar(&e.Netns, "egress-netns", "", "local, docker: network namespace file (e.g. /proc/PID/ns/net) from which the egress point dials admitted connections (default: the gateway's own)")
 }

@@ -347,6 +347,8 @@ func newProvider(cfg config, maxPids int64, log *slog.Logger, reg prometheus.Reg
 			AgentImage:       cfg.K8sAgentImage,
 			RunAsNonRoot:     cfg.K8sRunAsNonRoot,
 			NoNetworkPolicy:  !cfg.K8sNetworkPolicy,
+			EgressSidecar:    cfg.K8sEgressSidecar,
+			EgressResolve:    cfg.Egress.Resolve,
 			Logger:           log.With("provider", "kubernetes"),
 			DefaultMemoryMiB: noneIfZero(cfg.DefaultMemoryMiB),
 			DefaultCPU:       noneIfZero(cfg.DefaultCPU),

@@ -146,11 +146,16 @@ func connect(sock string, start bool) error {
 	return nil
 }
 
-// install copies the running binary to dest, mode 0755, replacing it
-// atomically: how a Kubernetes init container of the agent's image puts
-// the agent into a volume the sandbox's container shares.
-func install(dest string) error {
-	self, err := os.Open("/proc/self/exe")
+// install copies the running binary to dest (Install): how a
+// Kubernetes init container of the agent's image puts the agent into a
+// volume the sandbox's container shares.
+func install(dest string) error { return Install("/proc/self/exe", dest) }
+
+// Install copies the file src to dest, mode 0755, replacing dest
+// atomically (a sandbox's container may run it meanwhile). The pods'
+// egress point (cmd/sandgate-egress) installs the agent with it too.
+func Install(src, dest string) error {
+	self, err := os.Open(src)
 	if err != nil {
 		return err
 	}

@@ -41,8 +41,9 @@ type Grouper interface {
 }
 
 // EgressChecker is implemented by Egressers that cannot enforce every
-// policy (kubernetes: no domain rules): CheckEgress refuses, before a
-// create makes anything, a policy SetEgress would refuse.
+// policy (kubernetes without its pods' egress points: no domain rules):
+// CheckEgress refuses, before a create makes anything, a policy SetEgress
+// would refuse.
 type EgressChecker interface {
 	CheckEgress(pol egress.Policy) error
 }

@@ -4,6 +4,7 @@
 package egresstest
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -14,6 +15,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -27,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/sandgate/sandgate/internal/egress/point"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -119,6 +122,63 @@ func Start(t testing.TB) *Internet {
 	go func() { defer in.wg.Done(); _ = plain.Serve(lns[0]) }()
 	go func() { defer in.wg.Done(); _ = secure.ServeTLS(lns[1], "", "") }()
 	return in
+}
+
+// Who is ServeWho's servers.
+type Who struct {
+	HTTP, HTTPS int // ports
+
+	mu    sync.Mutex
+	hello []string // guarded by mu: the SNIs of ClientHellos the HTTPS server read
+}
+
+// Hellos are the server names of the TLS ClientHellos the HTTPS server
+// read so far (a client whose handshake then fails, as busybox's
+// ssl_client with Go's server, still got through to it).
+func (w *Who) Hellos() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.hello)
+}
+
+// ServeWho serves the internet's HTTP and HTTPS handlers on two new
+// listeners at addr (an address of the test's host, e.g. one pods reach)
+// until t ends.
+func ServeWho(t testing.TB, addr netip.Addr) *Who {
+	t.Helper()
+	cert, _ := selfSigned(t)
+	w := &Who{}
+	serve := func(srv *http.Server, secure bool) int {
+		ln, err := net.Listen("tcp4", net.JoinHostPort(addr.String(), "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if secure {
+				_ = srv.ServeTLS(ln, "", "")
+			} else {
+				_ = srv.Serve(ln)
+			}
+		}()
+		t.Cleanup(func() { _ = srv.Close(); <-done })
+		return ln.Addr().(*net.TCPAddr).Port
+	}
+	w.HTTP = serve(&http.Server{Handler: handler(func(r *http.Request) string { return r.Host }), ReadHeaderTimeout: 10 * time.Second}, false)
+	w.HTTPS = serve(&http.Server{
+		Handler:           handler(func(r *http.Request) string { return r.TLS.ServerName }),
+		ReadHeaderTimeout: 10 * time.Second,
+		// Busybox's TLS 1.2 client fails every handshake (see Hellos).
+		ErrorLog: log.New(io.Discard, "", 0),
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			w.mu.Lock()
+			w.hello = append(w.hello, h.ServerName)
+			w.mu.Unlock()
+			return nil, nil
+		}},
+	}, true)
+	return w
 }
 
 // Netns starts a sleeping child in a new network namespace (only lo, down)
@@ -246,4 +306,78 @@ func otherTests(link string) bool {
 		}
 	}
 	return strings.HasPrefix(link, "sgt") && strings.Contains(link, "-")
+}
+
+// DialFrom dials addr from network namespace ns (a sandbox's stand-in).
+func DialFrom(ctx context.Context, ns netns.NsHandle, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := point.InNetns(ns, func() (err error) {
+		c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// LookupFrom asks server (host:port) from network namespace ns for name's
+// A records, and returns the answer's rcode and addresses.
+func LookupFrom(t testing.TB, ns netns.NsHandle, server, name string) (int, []netip.Addr) {
+	t.Helper()
+	var resp *dns.Msg
+	err := point.InNetns(ns, func() (err error) {
+		q := new(dns.Msg)
+		q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		resp, err = dns.Exchange(q, server)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("resolve %s: %v", name, err)
+	}
+	var out []netip.Addr
+	for _, rr := range resp.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			addr, _ := netip.AddrFromSlice(a.A)
+			out = append(out, addr)
+		}
+	}
+	return resp.Rcode, out
+}
+
+// GetFrom fetches url from network namespace ns and returns the body,
+// trimmed; addr, when set, is dialled instead of the URL's host (as curl
+// --resolve does). Certificates are not checked.
+func GetFrom(ns netns.NsHandle, url, addr string) (string, error) {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, network, hostport string) (net.Conn, error) {
+			if addr != "" {
+				_, port, _ := net.SplitHostPort(hostport)
+				hostport = net.JoinHostPort(addr, port)
+			}
+			return DialFrom(ctx, ns, "tcp4", hostport)
+		},
+		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true},
+		DisableKeepAlives: true,
+	}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(body)), err
+}
+
+// FetchOn sends GET path naming a.test on c (Connection: close) and reads
+// the whole answer; it returns the body's size. Benchmarks' round trip.
+func FetchOn(c net.Conn, path string) (int64, error) {
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n", path); err != nil {
+		return 0, err
+	}
+	res, err := http.ReadResponse(bufio.NewReaderSize(c, 64<<10), nil)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	return io.Copy(io.Discard, res.Body)
 }

@@ -1,11 +1,8 @@
 package point_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -70,15 +67,7 @@ func roundTrip(sb *box, addr, path string) (int64, error) {
 		return 0, err
 	}
 	defer c.Close()
-	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n", path); err != nil {
-		return 0, err
-	}
-	res, err := http.ReadResponse(bufio.NewReaderSize(c, 64<<10), nil)
-	if err != nil {
-		return 0, err
-	}
-	defer res.Body.Close()
-	return io.Copy(io.Discard, res.Body)
+	return egresstest.FetchOn(c, path)
 }
 
 // BenchmarkEgress compares a connection's setup (a fresh connection's

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandgate/sandgate/internal/egress"
@@ -100,6 +101,10 @@ type engine struct {
 	// pool is never a destination: it is the sandboxes' side of the point.
 	pool netip.Prefix
 
+	// only, when set, is the one member whatever the source (a pod's
+	// point, pod.go); members is then empty.
+	only *member
+
 	mu      sync.RWMutex
 	members map[netip.Addr]*member // guarded by mu
 
@@ -109,7 +114,26 @@ type engine struct {
 }
 
 func (e *engine) member(src netip.Addr) *member {
+	if e.only != nil {
+		return e.only
+	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	return e.members[src.Unmap()]
+}
+
+// serve starts the proxy on proxy and the DNS server on dnsTCP and
+// dnsUDP, until the listeners are closed (and the servers, returned, shut
+// down); e.wg counts their goroutines.
+func (e *engine) serve(proxy, dnsTCP net.Listener, dnsUDP net.PacketConn) []*dns.Server {
+	servers := []*dns.Server{{PacketConn: dnsUDP, Handler: e}, {Listener: dnsTCP, Handler: e}}
+	e.wg.Add(1 + len(servers))
+	go e.serveTCP(proxy)
+	for _, s := range servers {
+		go func() {
+			defer e.wg.Done()
+			_ = s.ActivateAndServe()
+		}()
+	}
+	return servers
 }

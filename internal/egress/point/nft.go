@@ -42,27 +42,9 @@ func installRules(router netns.NsHandle, proxyPort, dnsPort int) error {
 	rule := func(ch *nftables.Chain, exprs ...expr.Any) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
 	}
-	verdict := func(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
-	eq := func(data []byte) expr.Any { return &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data} }
-	l4 := func(proto byte) []expr.Any {
-		return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, eq([]byte{proto})}
-	}
-	dport := func(port int) []expr.Any {
-		return []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-			eq(binaryutil.BigEndian.PutUint16(uint16(port))),
-		}
-	}
-	cat := func(parts ...[]expr.Any) []expr.Any {
-		var out []expr.Any
-		for _, p := range parts {
-			out = append(out, p...)
-		}
-		return out
-	}
 	notLo := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIF, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(1)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(loIndex)},
 	}
 
 	rule(guard, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, eq([]byte{unix.NFPROTO_IPV6}), verdict(expr.VerdictDrop))
@@ -72,12 +54,6 @@ func installRules(router netns.NsHandle, proxyPort, dnsPort int) error {
 		verdict(expr.VerdictDrop),
 	})...)
 
-	redir := func(port int) []expr.Any {
-		return []expr.Any{
-			&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(uint16(port))},
-			&expr.Redir{RegisterProtoMin: 1},
-		}
-	}
 	// Group traffic is routed as it is, before any redirect.
 	rule(redirect, groupPair(pairs, expr.VerdictAccept)...)
 	rule(forward, groupPair(pairs, expr.VerdictAccept)...)
@@ -85,16 +61,60 @@ func installRules(router netns.NsHandle, proxyPort, dnsPort int) error {
 	rule(redirect, cat(notLo, l4(unix.IPPROTO_UDP), dport(53), redir(dnsPort))...)
 	rule(redirect, cat(notLo, l4(unix.IPPROTO_TCP), redir(proxyPort))...)
 
-	established := make([]byte, 4)
-	binary.NativeEndian.PutUint32(established, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)
-	rule(input,
-		&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: established, Xor: make([]byte, 4)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
-		verdict(expr.VerdictAccept))
-	rule(input, &expr.Meta{Key: expr.MetaKeyIIF, Register: 1}, eq(binaryutil.NativeEndian.PutUint32(1)), verdict(expr.VerdictAccept))
+	rule(input, append(ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), verdict(expr.VerdictAccept))...)
+	rule(input, &expr.Meta{Key: expr.MetaKeyIIF, Register: 1}, eq(binaryutil.NativeEndian.PutUint32(loIndex)), verdict(expr.VerdictAccept))
 	rule(input, cat(l4(unix.IPPROTO_TCP), dport(proxyPort), []expr.Any{verdict(expr.VerdictAccept)})...)
 	rule(input, cat(l4(unix.IPPROTO_TCP), dport(dnsPort), []expr.Any{verdict(expr.VerdictAccept)})...)
 	rule(input, cat(l4(unix.IPPROTO_UDP), dport(dnsPort), []expr.Any{verdict(expr.VerdictAccept)})...)
 	return c.Flush()
+}
+
+// loIndex is the loopback's interface index, in every network namespace.
+const loIndex = 1
+
+// Expression helpers shared by the router's rules and a pod's (pod.go).
+// Each leaves its operands in register 1.
+
+func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
+
+func eq(data []byte) expr.Any { return &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data} }
+
+// l4 matches the transport protocol.
+func l4(proto byte) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, eq([]byte{proto})}
+}
+
+// dport matches the transport header's destination port.
+func dport(port int) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		eq(binaryutil.BigEndian.PutUint16(uint16(port))),
+	}
+}
+
+// redir sends the packet to port on the host itself (nat chains only).
+func redir(port int) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(uint16(port))},
+		&expr.Redir{RegisterProtoMin: 1},
+	}
+}
+
+// ctState matches a connection tracking state among bits.
+func ctState(bits uint32) []expr.Any {
+	mask := make([]byte, 4)
+	binary.NativeEndian.PutUint32(mask, bits)
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+func cat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
 }

@@ -12,10 +12,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/miekg/dns"
@@ -230,18 +233,7 @@ func (p *Point) start() error {
 		p.sockets = startSocketMaker(p.egress)
 	}
 	p.closers = []io.Closer{proxy, dnsTCP, dnsUDP}
-	p.servers = []*dns.Server{
-		{PacketConn: dnsUDP, Handler: p.eng},
-		{Listener: dnsTCP, Handler: p.eng},
-	}
-	p.eng.wg.Add(1 + len(p.servers))
-	go p.eng.serveTCP(proxy)
-	for _, s := range p.servers {
-		go func() {
-			defer p.eng.wg.Done()
-			_ = s.ActivateAndServe()
-		}()
-	}
+	p.servers = p.eng.serve(proxy, dnsTCP, dnsUDP)
 	return nil
 }
 
@@ -494,4 +486,35 @@ func (p *Point) Close() error {
 		p.egress = -1
 	}
 	return nil
+}
+
+// ParseResolve reads static answers written name=addr,... (a name may
+// repeat; names are matched in lower case, without a trailing dot).
+func ParseResolve(v string) (map[string][]netip.Addr, error) {
+	out := map[string][]netip.Addr{}
+	for _, kv := range strings.Split(v, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		name, addr, ok := strings.Cut(kv, "=")
+		a, err := netip.ParseAddr(strings.TrimSpace(addr))
+		if !ok || err != nil {
+			return nil, fmt.Errorf("%q: want name=address", kv)
+		}
+		name = egress.NormName(strings.TrimSpace(name))
+		out[name] = append(out[name], a)
+	}
+	return out, nil
+}
+
+// FormatResolve writes static answers as ParseResolve reads them, names
+// in order.
+func FormatResolve(r map[string][]netip.Addr) string {
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(r)) {
+		for _, a := range r[name] {
+			parts = append(parts, name+"="+a.String())
+		}
+	}
+	return strings.Join(parts, ",")
 }

@@ -2,14 +2,9 @@ package point_test
 
 import (
 	"context"
-	"crypto/tls"
-	"io"
 	"net"
-	"net/http"
 	"net/netip"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,62 +37,19 @@ func newBox(t testing.TB) *box {
 }
 
 func (b *box) dial(ctx context.Context, addr string) (net.Conn, error) {
-	var c net.Conn
-	err := point.InNetns(b.ns, func() (err error) {
-		c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp4", addr)
-		return err
-	})
-	return c, err
+	return egresstest.DialFrom(ctx, b.ns, "tcp4", addr)
 }
 
 // resolve asks the point's DNS (through whatever nameserver address: all
 // port 53 traffic is redirected) for name's A records.
 func (b *box) resolve(t testing.TB, name string) (int, []netip.Addr) {
 	t.Helper()
-	var resp *dns.Msg
-	err := point.InNetns(b.ns, func() (err error) {
-		q := new(dns.Msg)
-		q.SetQuestion(dns.Fqdn(name), dns.TypeA)
-		resp, err = dns.Exchange(q, "192.0.2.53:53")
-		return err
-	})
-	if err != nil {
-		t.Fatalf("resolve %s: %v", name, err)
-	}
-	var out []netip.Addr
-	for _, rr := range resp.Answer {
-		if a, ok := rr.(*dns.A); ok {
-			addr, _ := netip.AddrFromSlice(a.A)
-			out = append(out, addr)
-		}
-	}
-	return resp.Rcode, out
+	return egresstest.LookupFrom(t, b.ns, "192.0.2.53:53", name)
 }
 
 // get fetches url from inside the box; addr overrides where the URL's host
 // is dialled (as curl --resolve does).
-func (b *box) get(url, addr string) (string, error) {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, hostport string) (net.Conn, error) {
-			if addr != "" {
-				_, port, _ := net.SplitHostPort(hostport)
-				hostport = net.JoinHostPort(addr, port)
-			}
-			return b.dial(ctx, hostport)
-		},
-		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true},
-		DisableKeepAlives: true,
-	}
-	defer tr.CloseIdleConnections()
-	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return strings.TrimSpace(string(body)), err
-}
+func (b *box) get(url, addr string) (string, error) { return egresstest.GetFrom(b.ns, url, addr) }
 
 func mustRules(t *testing.T, allow, deny []string) egress.Policy {
 	t.Helper()

@@ -28,21 +28,9 @@ func (k *Kubernetes) openAgent(ctx context.Context, id string, start bool) (io.R
 	if start {
 		cmd = append(cmd, "--start")
 	}
-	req := k.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(k.ns).Name(id).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: containerSandbox, Command: cmd, Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
-	ws, err := remotecommand.NewWebSocketExecutor(k.cfg, http.MethodGet, req.URL().String())
+	ex, err := k.executor(id, containerSandbox, cmd)
 	if err != nil {
-		return nil, nil, k.kind(err, "exec in %s", id)
-	}
-	spdy, err := remotecommand.NewSPDYExecutor(k.cfg, http.MethodPost, req.URL())
-	if err != nil {
-		return nil, nil, k.kind(err, "exec in %s", id)
-	}
-	ex, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
-		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
-	})
-	if err != nil {
-		return nil, nil, k.kind(err, "exec in %s", id)
+		return nil, nil, err
 	}
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
@@ -61,6 +49,29 @@ func (k *Kubernetes) openAgent(ctx context.Context, id string, start bool) (io.R
 		inR.CloseWithError(err)
 	}()
 	return c, stderr.String, nil
+}
+
+// executor runs cmd in container of sandbox id's pod through the exec
+// subresource, with stdin, stdout and stderr: WebSocket first, SPDY when
+// the API server cannot upgrade to it.
+func (k *Kubernetes) executor(id, container string, cmd []string) (remotecommand.Executor, error) {
+	req := k.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(k.ns).Name(id).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: container, Command: cmd, Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(k.cfg, http.MethodGet, req.URL().String())
+	if err != nil {
+		return nil, k.kind(err, "exec in %s", id)
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(k.cfg, http.MethodPost, req.URL())
+	if err != nil {
+		return nil, k.kind(err, "exec in %s", id)
+	}
+	ex, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
+	if err != nil {
+		return nil, k.kind(err, "exec in %s", id)
+	}
+	return ex, nil
 }
 
 // streamConn is an exec stream as one byte stream: the bridge's stdout

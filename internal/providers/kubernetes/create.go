@@ -217,6 +217,12 @@ func (k *Kubernetes) podFor(spec providers.CreateSpec, workdir string) (*corev1.
 			Volumes: volumes,
 		},
 	}
+	if k.opts.EgressSidecar {
+		// In the agent's sidecar's place: it installs the agent too, so
+		// the sandbox's container starts as soon (sidecar.go).
+		pod.Spec.InitContainers = []corev1.Container{k.egressContainer()}
+		pod.Spec.Volumes = append(pod.Spec.Volumes, egressVolume())
+	}
 	if err := podVolumes(spec, pod); err != nil {
 		return nil, nil, err
 	}
@@ -379,10 +385,10 @@ func stuck(pod *corev1.Pod) string {
 	}
 	for _, cs := range pod.Status.InitContainerStatuses {
 		if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
-			return fmt.Sprintf("the agent's sidecar failed (%s)", terminatedReason(t))
+			return fmt.Sprintf("the sidecar %s failed (%s)", cs.Name, terminatedReason(t))
 		}
 		if w := cs.State.Waiting; w != nil && w.Reason == "CrashLoopBackOff" {
-			return fmt.Sprintf("the agent's sidecar failed: %s: %s", w.Reason, w.Message)
+			return fmt.Sprintf("the sidecar %s failed: %s: %s", cs.Name, w.Reason, w.Message)
 		}
 	}
 	return ""

@@ -35,7 +35,10 @@ import (
 //     DNS, which CNIs such as Cilium do not match by ipBlock). With denies
 //     it does not: a pod peer cannot except addresses.
 //   - Domain rules cannot be written as a NetworkPolicy (it matches
-//     addresses, never names): they are ErrUnsupported.
+//     addresses, never names): they are ErrUnsupported, unless the pods
+//     have their own egress points (sidecar.go), which enforce every
+//     policy; their NetworkPolicy then only lets the point's connections
+//     out.
 //   - A group: the pod and its policy are labelled LabelGroup=<hash of the
 //     group id>, and the policy gets an ingress rule from and an egress
 //     rule to the pods of that label in the namespace, every port.
@@ -68,8 +71,12 @@ func errNoPolicies(what string) error {
 }
 
 // CheckEgress refuses what SetEgress would, before a create makes a pod:
-// domain rules, and any policy but none without NetworkPolicies.
+// without the pods' egress points (sidecar.go), domain rules, and any
+// policy but none without NetworkPolicies.
 func (k *Kubernetes) CheckEgress(pol egress.Policy) error {
+	if k.opts.EgressSidecar {
+		return nil
+	}
 	if _, err := egressRules(pol); err != nil {
 		return err
 	}
@@ -79,18 +86,32 @@ func (k *Kubernetes) CheckEgress(pol egress.Policy) error {
 	return nil
 }
 
-// SetEgress writes pol into sandbox id's NetworkPolicy (see above):
+// SetEgress makes pol sandbox id's policy. With the pods' egress points
+// (sidecar.go) the point enforces it, effective when SetEgress returns.
+// Without, it is written into the sandbox's NetworkPolicy (see above):
 // effective once the CNI applies it (it enforces NetworkPolicy, or
-// nothing is). Domain rules are ErrUnsupported, and nothing changes.
+// nothing is), and domain rules are ErrUnsupported, changing nothing.
 func (k *Kubernetes) SetEgress(ctx context.Context, id string, pol egress.Policy) error {
 	if err := k.CheckEgress(pol); err != nil {
 		return err
 	}
+	if k.opts.EgressSidecar {
+		return k.setSidecarEgress(ctx, id, pol)
+	}
 	if k.opts.NoNetworkPolicy {
 		return nil // none, which it has
 	}
-	rules, _ := egressRules(pol)
 	if _, err := k.pod(ctx, id); err != nil {
+		return err
+	}
+	return k.writeEgressRules(ctx, id, pol)
+}
+
+// writeEgressRules makes pol's rules (which name no domain) the egress
+// rules of sandbox id's NetworkPolicy, after its group's.
+func (k *Kubernetes) writeEgressRules(ctx context.Context, id string, pol egress.Policy) error {
+	rules, err := egressRules(pol)
+	if err != nil {
 		return err
 	}
 	return k.changePolicy(ctx, id, func(np *networkingv1.NetworkPolicy) {
@@ -103,11 +124,12 @@ func (k *Kubernetes) SetEgress(ctx context.Context, id string, pol egress.Policy
 }
 
 // JoinGroup labels sandbox id's pod and policy with group and lets its
-// policy admit the group's pods both ways, then returns the pod's
-// address. Joining the same group again changes nothing; another group
-// is ErrConflict.
+// policy admit the group's pods both ways, and with the pods' egress
+// points hands every member's point the members' addresses, then returns
+// the pod's address. Joining the same group again changes nothing;
+// another group is ErrConflict.
 func (k *Kubernetes) JoinGroup(ctx context.Context, id, group string) (netip.Addr, error) {
-	if k.opts.NoNetworkPolicy {
+	if k.opts.NoNetworkPolicy && !k.opts.EgressSidecar {
 		return netip.Addr{}, errNoPolicies("sandbox groups")
 	}
 	if group == "" {
@@ -128,25 +150,10 @@ func (k *Kubernetes) JoinGroup(ctx context.Context, id, group string) (netip.Add
 	// The policy first: a pod labelled before would be matched by the
 	// other members' rules before its own admits them (harmless, but the
 	// order keeps the pod's label the sign that the join is complete).
-	var other bool
-	err = k.changePolicy(ctx, id, func(np *networkingv1.NetworkPolicy) {
-		if had := np.Labels[LabelGroup]; had != "" && had != g {
-			other = true
-			return
+	if !k.opts.NoNetworkPolicy {
+		if err := k.groupPolicy(ctx, id, g); err != nil {
+			return netip.Addr{}, err
 		}
-		if np.Labels == nil {
-			np.Labels = map[string]string{}
-		}
-		np.Labels[LabelGroup] = g
-		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: groupPeers(g)}}
-		rest := slices.DeleteFunc(slices.Clone(np.Spec.Egress), isGroupRule)
-		np.Spec.Egress = append([]networkingv1.NetworkPolicyEgressRule{{To: groupPeers(g)}}, rest...)
-	})
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	if other {
-		return netip.Addr{}, providers.Errorf(providers.ErrConflict, "sandbox %s is in another group", id)
 	}
 	if pod.Labels[LabelGroup] != g {
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{LabelGroup: g}}})
@@ -163,7 +170,38 @@ func (k *Kubernetes) JoinGroup(ctx context.Context, id, group string) (netip.Add
 			return netip.Addr{}, k.kind(err, "label sandbox %s with its group", id)
 		}
 	}
+	if k.opts.EgressSidecar {
+		if err := k.refreshPeers(ctx, g, id); err != nil {
+			return netip.Addr{}, err
+		}
+	}
 	return addr, nil
+}
+
+// groupPolicy labels sandbox id's NetworkPolicy with group label g and
+// gives it the group's ingress and egress rules.
+func (k *Kubernetes) groupPolicy(ctx context.Context, id, g string) error {
+	var other bool
+	err := k.changePolicy(ctx, id, func(np *networkingv1.NetworkPolicy) {
+		if had := np.Labels[LabelGroup]; had != "" && had != g {
+			other = true
+			return
+		}
+		if np.Labels == nil {
+			np.Labels = map[string]string{}
+		}
+		np.Labels[LabelGroup] = g
+		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: groupPeers(g)}}
+		rest := slices.DeleteFunc(slices.Clone(np.Spec.Egress), isGroupRule)
+		np.Spec.Egress = append([]networkingv1.NetworkPolicyEgressRule{{To: groupPeers(g)}}, rest...)
+	})
+	if err != nil {
+		return err
+	}
+	if other {
+		return providers.Errorf(providers.ErrConflict, "sandbox %s is in another group", id)
+	}
+	return nil
 }
 
 // groupPeers are the pods of group label g in the policy's namespace.

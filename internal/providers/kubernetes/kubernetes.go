@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -98,6 +99,14 @@ type Options struct {
 	// netpol.go), for a cluster whose operator isolates them otherwise.
 	// By default every pod gets one allowing no ingress and no egress.
 	NoNetworkPolicy bool
+	// EgressSidecar gives every sandbox pod its own egress point
+	// (sidecar.go): egress policies, domain rules included, and groups
+	// are enforced whatever the CNI. Its container runs as root with
+	// NET_ADMIN (AgentImage must hold /sandgate-egress).
+	EgressSidecar bool
+	// EgressResolve are static answers of the pods' egress points' DNS,
+	// given before the cluster's (tests, air-gapped sites).
+	EgressResolve map[string][]netip.Addr
 	// StorageClass is the storage class of volumes' claims (volumes.go);
 	// "" = the cluster's default.
 	StorageClass string
@@ -367,7 +376,8 @@ func (k *Kubernetes) List(ctx context.Context) ([]providers.Owned, error) {
 // has it, then removes its NetworkPolicy (after the pod: never a running
 // pod without one).
 func (k *Kubernetes) Delete(ctx context.Context, id string) error {
-	if _, err := k.pod(ctx, id); err != nil {
+	pod, err := k.pod(ctx, id)
+	if err != nil {
 		return err
 	}
 	k.links.Drop(id)
@@ -375,7 +385,16 @@ func (k *Kubernetes) Delete(ctx context.Context, id string) error {
 	k.mu.Lock()
 	delete(k.reasons, id)
 	k.mu.Unlock()
-	return k.remove(ctx, id)
+	if err := k.remove(ctx, id); err != nil {
+		return err
+	}
+	if g := pod.Labels[LabelGroup]; g != "" && k.opts.EgressSidecar {
+		// The others' points forget its address (another pod may get it).
+		if err := k.refreshPeers(ctx, g, ""); err != nil {
+			k.log.Warn("hand a group its peers", "sandbox", id, "err", err)
+		}
+	}
+	return nil
 }
 
 // remove deletes sandbox id's pod and waits for it to be gone, then

@@ -18,11 +18,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/kubernetes"
@@ -157,7 +160,7 @@ func setup() error {
 	if err != nil {
 		return err
 	}
-	files := []file{
+	bbFiles := []file{
 		{name: "bin/", mode: 0o755},
 		{name: "bin/busybox", mode: 0o755, data: bb},
 		{name: "tmp/", mode: 0o1777},
@@ -170,23 +173,29 @@ func setup() error {
 	}
 	for _, applet := range strings.Fields(string(out)) {
 		if applet != "busybox" {
-			files = append(files, file{name: "bin/" + applet, link: "busybox"})
+			bbFiles = append(bbFiles, file{name: "bin/" + applet, link: "busybox"})
 		}
 	}
-	if err := importImage(ctx, ImageRef, files, []string{"sh"}); err != nil {
+	if err := importImage(ctx, ImageRef, bbFiles, []string{"sh"}); err != nil {
 		return err
 	}
-	agentBin, err := testkit.Build("cmd/sandgate-agent", "sandgate-agent", "")
-	if err != nil {
-		return err
+	// The agent's image holds the agent and the pods' egress point.
+	var files []file
+	h := sha256.New()
+	for _, b := range []string{"sandgate-agent", "sandgate-egress"} {
+		path, err := testkit.Build("cmd/"+b, b, "")
+		if err != nil {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		h.Write(data)
+		files = append(files, file{name: b, mode: 0o755, data: data})
 	}
-	bin, err := os.ReadFile(agentBin)
-	if err != nil {
-		return err
-	}
-	sum := sha256.Sum256(bin)
-	agentImage = "sandgate.local/sandgate-agent:" + hex.EncodeToString(sum[:])[:16]
-	return importImage(ctx, agentImage, []file{{name: "sandgate-agent", mode: 0o755, data: bin}}, []string{"/sandgate-agent", "version"})
+	agentImage = "sandgate.local/sandgate-agent:" + hex.EncodeToString(h.Sum(nil))[:16]
+	return importImage(ctx, agentImage, files, []string{"/sandgate-agent", "version"})
 }
 
 // file is one entry of an image's only layer: a directory (name ends in
@@ -287,5 +296,58 @@ func RemoveInstance(t testing.TB, instance string) {
 	}
 	if err := cs.NetworkingV1().NetworkPolicies(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
 		t.Errorf("remove network policies of %s: %v", instance, err)
+	}
+}
+
+// DefaultRoute gives pod name (in Namespace, running) the default route
+// the test cluster's bridge CNI does not give (its pods reach their
+// subnet only): through the bridge's gateway, the first address of the
+// pod's subnet, the host. The pod then reaches the host's other addresses
+// as a real cluster's pods reach the world. The pod's network namespace
+// is found by a process in the pod's cgroup.
+func DefaultRoute(t testing.TB, name string) {
+	t.Helper()
+	cs := Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pod, err := cs.CoreV1().Pods(Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := string(pod.UID)
+	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
+	pid := 0
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err == nil && (bytes.Contains(b, []byte("pod"+uid)) || bytes.Contains(b, []byte("pod"+strings.ReplaceAll(uid, "-", "_")))) {
+			pid, _ = strconv.Atoi(strings.Split(p, "/")[2])
+			break
+		}
+	}
+	if pid == 0 {
+		t.Fatalf("no process of pod %s (uid %s) found", name, uid)
+	}
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth0, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := h.AddrList(eth0, netlink.FAMILY_V4)
+	if err != nil || len(addrs) == 0 {
+		t.Fatalf("pod %s's addresses: %v %v", name, addrs, err)
+	}
+	gw := addrs[0].IP.Mask(addrs[0].Mask)
+	gw[len(gw)-1]++
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw}); err != nil {
+		t.Fatalf("pod %s: default route via %v: %v", name, gw, err)
 	}
 }
