@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -144,7 +145,10 @@ func (d *Docker) openAgent(ctx context.Context, id string, start bool) (io.ReadW
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err()
 		}
-		d.log.Info("the sandbox's agent is reached through exec", "sandbox", id, "reason", err)
+		if !errors.Is(err, errNotDirect) {
+			return nil, nil, err // the sandbox is not there, or the daemon does not answer
+		}
+		d.log.Info(fallbackMessage, "sandbox", id, "reason", err)
 	}
 	conn, stderr, err := d.openExec(ctx, id, start)
 	if err == nil {
@@ -152,6 +156,9 @@ func (d *Docker) openAgent(ctx context.Context, id string, start bool) (io.ReadW
 	}
 	return conn, stderr, err
 }
+
+// fallbackMessage is logged when a connection falls back to exec.
+const fallbackMessage = "the sandbox's agent is reached through exec"
 
 // directOptions are the client options of a connection openAgent made:
 // a direct one opens a connection of its own for each terminal

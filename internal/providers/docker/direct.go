@@ -85,22 +85,22 @@ func (d *Docker) dialDirect(ctx context.Context, id string) (*net.UnixConn, erro
 	if d.direct.off != "" {
 		return nil, fmt.Errorf("%w: %s", errNotDirect, d.direct.off)
 	}
-	fresh := false
 	t, ok := d.cachedTarget(id)
 	if !ok {
 		var err error
 		if t, err = d.findTarget(ctx, id); err != nil {
-			return nil, fmt.Errorf("%w: %v", errNotDirect, err)
+			return nil, err
 		}
-		fresh = true
 	}
 	conn, err := d.direct.connect(ctx, t)
-	if err != nil && !fresh {
-		// The container may have restarted: its init is another process.
+	if err != nil && ok {
+		// The container may have stopped, or restarted: its init is
+		// another process.
 		d.forgetTarget(id)
-		if t, err = d.findTarget(ctx, id); err == nil {
-			conn, err = d.direct.connect(ctx, t)
+		if t, err = d.findTarget(ctx, id); err != nil {
+			return nil, err
 		}
+		conn, err = d.direct.connect(ctx, t)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errNotDirect, err)
@@ -126,16 +126,20 @@ func (d *Docker) forgetTarget(id string) {
 
 // findTarget asks the daemon for sandbox id's init and checks that this
 // host's /proc shows that very process: its cgroup names the container.
+// A sandbox that is not there or not running is its error kind
+// (ErrNotFound, ErrConflict; ErrUnavailable when the daemon does not
+// answer); anything else is errNotDirect.
 func (d *Docker) findTarget(ctx context.Context, id string) (target, error) {
 	info, err := d.cli.ContainerInspect(ctx, id)
 	if err != nil {
-		return target{}, err
+		return target{}, d.kind(err, "sandbox %s", id)
 	}
 	if info.Config == nil || info.Config.Labels[LabelSandbox] != id || info.Config.Labels[LabelInstance] != d.instance {
-		return target{}, errors.New("not this gateway's sandbox")
+		return target{}, providers.Errorf(providers.ErrNotFound, "sandbox %s not found", id)
 	}
-	if info.State == nil || !info.State.Running || info.State.Pid <= 0 {
-		return target{}, errors.New("not running")
+	if info.State == nil || !info.State.Running || info.State.Paused || info.State.Pid <= 0 {
+		st, _ := stateOf(info.State)
+		return target{}, providers.Errorf(providers.ErrConflict, "sandbox %s is %s", id, st)
 	}
 	pid := info.State.Pid
 	var t target
@@ -150,8 +154,11 @@ func (d *Docker) findTarget(ctx context.Context, id string) (target, error) {
 		t.ns, err = d.direct.pidNS(pid)
 		return err
 	})
+	if err != nil {
+		return target{}, fmt.Errorf("%w: %v", errNotDirect, err)
+	}
 	t.pid = pid
-	return t, err
+	return t, nil
 }
 
 // pinned runs fn, which reads /proc/<pid>, and fails unless pid named the

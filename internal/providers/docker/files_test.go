@@ -80,6 +80,6 @@ func TestLargeFile(t *testing.T) {
 		t.Errorf("heap peaked at %d MiB moving 1 GiB", peak>>20)
 	}
 	if res := run(t, p, id, "wc -c < /data/big/blob.bin; rm /data/big/blob.bin"); strings.TrimSpace(string(res.Stdout)) != "1073741824" {
-		t.Errorf("size inside: %q", res.Stdout)
+		t.Errorf("size inside: %q %q %d", res.Stdout, res.Stderr, res.ExitCode)
 	}
 }
