@@ -71,13 +71,8 @@ func TestDirectRefusesPlants(t *testing.T) {
 	}
 
 	// A socket on the host that a followed link would reach.
-	hostDir := t.TempDir()
-	hostSock := filepath.Join(hostDir, "host.sock")
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: hostSock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	hostDir, hostSock, untouched := hostSocket(t)
+	defer untouched()
 
 	// A listener on the container's /dev that is not the sandbox's: a
 	// process of the host's pid namespace in the container's mounts.
@@ -118,11 +113,7 @@ func TestDirectRefusesPlants(t *testing.T) {
 			}
 		})
 	}
-	l.SetDeadline(time.Now())
-	if c, err := l.Accept(); err == nil {
-		c.Close()
-		t.Fatal("the host's socket was connected to")
-	}
+	untouched()
 
 	// The sandbox's own listener is in its namespace: it is the agent as
 	// far as the gateway can tell (as an agent it replaced would be on
@@ -149,13 +140,8 @@ func TestDirectRefusesPlants(t *testing.T) {
 func TestDirectFallback(t *testing.T) {
 	p := newProvider(t)
 	id, _ := createExtra(t, p)
-	hostDir := t.TempDir()
-	hostSock := filepath.Join(hostDir, "host.sock")
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: hostSock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	hostDir, hostSock, untouched := hostSocket(t)
+	defer untouched()
 	// Inside the container the same path leads to the agent.
 	run(t, p, id, "mv "+agentSocket+" /dev/real.sock && mkdir -p "+hostDir+" && ln -s /dev/real.sock "+hostSock+" && ln -s "+hostSock+" "+agentSocket)
 
@@ -166,10 +152,26 @@ func TestDirectFallback(t *testing.T) {
 	if got := p2.Transport(id); got != TransportExec {
 		t.Fatalf("transport %q, want exec", got)
 	}
-	l.SetDeadline(time.Now())
-	if c, err := l.Accept(); err == nil {
-		c.Close()
-		t.Fatal("the host's socket was connected to")
+}
+
+// hostSocket listens on a unix socket at path in a directory of the
+// host; untouched fails the test if anything connected to it so far.
+func hostSocket(t *testing.T) (dir, path string, untouched func()) {
+	t.Helper()
+	dir = t.TempDir()
+	path = filepath.Join(dir, "host.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return dir, path, func() {
+		t.Helper()
+		l.SetDeadline(time.Now())
+		if c, err := l.Accept(); err == nil {
+			c.Close()
+			t.Error("the host's socket was connected to")
+		}
 	}
 }
 
