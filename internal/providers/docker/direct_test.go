@@ -190,3 +190,21 @@ func TestDirectFallbackAtCreate(t *testing.T) {
 		t.Fatalf("exec: %+v", res)
 	}
 }
+
+// TestAgentTransportOption: an unknown transport is refused by New,
+// naming it.
+func TestAgentTransportOption(t *testing.T) {
+	_, err := New(Options{AgentTransport: "sometimes", AgentBinary: "/nonexistent"})
+	if !errors.Is(err, providers.ErrInvalid) || !strings.Contains(err.Error(), `"sometimes"`) {
+		t.Fatalf("New with transport sometimes: %v", err)
+	}
+	if off := directOff("unix:///var/run/docker.sock", ""); off != "" {
+		t.Errorf("a local daemon: direct off (%s)", off)
+	}
+	if off := directOff("tcp://10.0.0.1:2376", ""); off == "" {
+		t.Error("a daemon over tcp: direct tried")
+	}
+	if off := directOff("unix:///var/run/docker.sock", TransportExec); off == "" {
+		t.Error("transport exec: direct tried")
+	}
+}
