@@ -373,8 +373,10 @@ func TestDockerKillMidExec(t *testing.T) {
 
 // TestDockerDaemonUnreachable: the gateway talks to the daemon through a
 // proxy socket the test cuts (the shared daemon itself keeps running).
-// While cut, /readyz fails fast, an exec in flight and new execs and
-// creates fail quickly (503 or 125/sandbox); restored, the same gateway
+// While cut, /readyz and creates fail fast (503); exec does not need the
+// daemon on the direct path to the sandbox's agent: an exec in flight
+// runs on and new ones work (the exec path's failing fast is
+// TestDaemonDown/exec in the provider). Restored, the same gateway
 // serves again without a restart.
 func TestDockerDaemonUnreachable(t *testing.T) {
 	dockertest.Require(t)
@@ -387,26 +389,11 @@ func TestDockerDaemonUnreachable(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	done := dkExecInFlight(t, ctx, sb, "sleep 300")
+	flight, stop := context.WithCancel(ctx)
+	defer stop()
+	done := dkExecInFlight(t, flight, sb, "sleep 300")
 
 	px.Cut()
-	cut := time.Now()
-	unavailable := func(s int, r dkExecResult) bool {
-		return s == 503 || s == 200 && r.ReturnCode == 125 && r.errorType() == "sandbox"
-	}
-	select {
-	case a := <-done:
-		if a.err != nil || !unavailable(a.status, a.res) {
-			t.Fatalf("exec in flight when the daemon went away: %v %d %+v", a.err, a.status, a.res)
-		}
-		t.Logf("in-flight exec answered %d %+v after %v", a.status, a.res, time.Since(cut))
-	case <-time.After(30 * time.Second):
-		t.Fatalf("exec hangs with the daemon unreachable\n%s", g.stderr)
-	}
-	if el := time.Since(cut); el > 10*time.Second {
-		t.Errorf("the exec in flight took %v to answer", el)
-	}
-
 	quick := func(what string, f func()) {
 		t.Helper()
 		start := time.Now()
@@ -421,10 +408,15 @@ func TestDockerDaemonUnreachable(t *testing.T) {
 		}
 	})
 	quick("exec", func() {
-		if s, r, err := dkExec(ctx, sb, "echo hi", false); err != nil || !unavailable(s, r) {
-			t.Errorf("exec with the daemon unreachable: %v %d %+v", err, s, r)
+		if got := dkRun(t, sb, "echo hi"); got != "hi\n" {
+			t.Errorf("exec with the daemon unreachable: %q", got)
 		}
 	})
+	select {
+	case a := <-done:
+		t.Fatalf("the exec in flight ended when the daemon went away: %v %d %+v", a.err, a.status, a.res)
+	default:
+	}
 	quick("create", func() {
 		s, b := call(t, "POST", g.URL+"/v1/sandboxes", `{"image":"`+dockertest.ImageRef+`"}`)
 		if s != 503 {
@@ -439,6 +431,10 @@ func TestDockerDaemonUnreachable(t *testing.T) {
 	})
 	if got := dkRun(t, sb, "echo back"); got != "back\n" {
 		t.Fatalf("exec after the daemon came back: %q", got)
+	}
+	stop()
+	if a := <-done; a.err == nil {
+		t.Errorf("the exec in flight, its client gone: %d %+v", a.status, a.res)
 	}
 	if s, b := call(t, "GET", sb.url+"/status", "", "X-Sandbox-Lease", sb.token); s != 200 || !strings.Contains(string(b), `"running"`) {
 		t.Fatalf("status after the daemon came back: %d %s", s, b)

@@ -20,6 +20,9 @@ func fileError(path string, err error) error {
 		return providers.Errorf(providers.ErrNotFound, "%s does not exist in the sandbox", path)
 	case errors.Is(err, syscall.EISDIR):
 		return providers.Errorf(providers.ErrInvalid, "%s is a directory", path)
+	case errors.Is(err, syscall.ENXIO), errors.Is(err, syscall.ENODEV):
+		// A FIFO without a reader, opened not to wait for one; a device.
+		return providers.Errorf(providers.ErrInvalid, "%s is not a regular file", path)
 	case errors.Is(err, syscall.ENOTDIR):
 		return providers.Errorf(providers.ErrInvalid, "a parent of %s is not a directory", path)
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
@@ -59,19 +62,9 @@ func openRead(path string) (*os.File, int64, error) {
 // writeTo replaces the file at path with r's bytes, creating parent
 // directories, and returns the bytes written.
 func writeTo(path string, r io.Reader) (int64, error) {
-	if !filepath.IsAbs(path) {
-		return 0, providers.Errorf(providers.ErrInvalid, "path %q is not absolute", path)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return 0, fileError(filepath.Dir(path), err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOCTTY|unix.O_NONBLOCK, 0o644)
+	f, err := openWrite(path)
 	if err != nil {
-		return 0, fileError(path, err)
-	}
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		f.Close()
-		return 0, providers.Errorf(providers.ErrInvalid, "%s is not a regular file", path)
+		return 0, err
 	}
 	n, err := io.Copy(f, r)
 	if cerr := f.Close(); err == nil {
@@ -81,4 +74,24 @@ func writeTo(path string, r io.Reader) (int64, error) {
 		return n, fileError(path, err)
 	}
 	return n, nil
+}
+
+// openWrite opens the regular file at path for writing, creating it and
+// its parent directories, and truncating it.
+func openWrite(path string) (*os.File, error) {
+	if !filepath.IsAbs(path) {
+		return nil, providers.Errorf(providers.ErrInvalid, "path %q is not absolute", path)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fileError(filepath.Dir(path), err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOCTTY|unix.O_NONBLOCK, 0o644)
+	if err != nil {
+		return nil, fileError(path, err)
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		f.Close()
+		return nil, providers.Errorf(providers.ErrInvalid, "%s is not a regular file", path)
+	}
+	return f, nil
 }

@@ -45,8 +45,18 @@ func (s *Server) writeTo(p string, r io.Reader) (int64, error) {
 	return n, err
 }
 
+// openFile opens the regular file at p, for reading or (created with its
+// parents, truncated) for writing: through Options.Files when set, else
+// here.
 func (s *Server) openFile(p string, write bool) (f *os.File, err error) {
-	s.opts.ForkOn(func() { f, err = s.opts.Files.Open(p, write) })
+	switch {
+	case s.opts.Files != nil:
+		s.opts.ForkOn(func() { f, err = s.opts.Files.Open(p, write) })
+	case write:
+		f, err = openWrite(p)
+	default:
+		f, _, err = openRead(p)
+	}
 	return f, err
 }
 
@@ -69,8 +79,8 @@ func (s *Server) list(p string) (entries []providers.FileInfo, truncated bool, e
 // open serves the open op: the file itself goes back with the reply,
 // which only a direct connection on a unix socket can carry.
 func (s *Server) open(st io.Writer, uc *net.UnixConn, req agentwire.Request) {
-	if s.opts.Files == nil || uc == nil {
-		agentwire.WriteMsg(st, agentwire.ErrorReply(providers.Errorf(providers.ErrUnsupported, "open passes a descriptor: a local sandbox's direct connection only")))
+	if uc == nil {
+		agentwire.WriteMsg(st, agentwire.ErrorReply(providers.Errorf(providers.ErrUnsupported, "open passes a descriptor: a direct connection on a unix socket only")))
 		return
 	}
 	f, err := s.openFile(req.Path, req.Write)

@@ -149,12 +149,38 @@ func openFDs(t *testing.T) int {
 	return len(ents)
 }
 
-// TestOpenNeedsFilesAndAUnixSocket: an agent without Files (in a
-// container) refuses open; so does one reached over a stream.
-func TestOpenNeedsFilesAndAUnixSocket(t *testing.T) {
+// TestOpenNeedsAUnixSocket: an agent without Files (in a container)
+// opens paths itself, as its other file calls do (a FIFO refused without
+// blocking on it); one reached over a stream refuses open.
+func TestOpenNeedsAUnixSocket(t *testing.T) {
+	dir := t.TempDir()
 	c := serveUnix(t, Options{})
-	if _, err := c.Open(testkit.Context(t, time.Minute), "/etc/hostname", false); providers.Kind(err) != providers.ErrUnsupported {
-		t.Errorf("open without Files: %v, want unsupported", err)
+	ctx := testkit.Context(t, time.Minute)
+	w, err := c.Open(ctx, dir+"/new/f", true)
+	if err != nil {
+		t.Fatalf("open to write without Files: %v", err)
+	}
+	w.WriteString("hello")
+	w.Close()
+	r, err := c.Open(ctx, dir+"/new/f", false)
+	if err != nil {
+		t.Fatalf("open to read without Files: %v", err)
+	}
+	b, _ := io.ReadAll(r)
+	r.Close()
+	if string(b) != "hello" {
+		t.Fatalf("read back %q", b)
+	}
+	if err := syscall.Mkfifo(dir+"/fifo", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, write := range []bool{false, true} {
+		if _, err := c.Open(ctx, dir+"/fifo", write); providers.Kind(err) != providers.ErrInvalid {
+			t.Errorf("open a FIFO (write %v): %v, want invalid", write, err)
+		}
+	}
+	if _, err := c.Open(ctx, "relative", false); providers.Kind(err) != providers.ErrInvalid {
+		t.Errorf("open a relative path: %v, want invalid", err)
 	}
 	_, pc := pair(t)
 	if _, err := pc.Open(testkit.Context(t, time.Minute), "/etc/hostname", false); providers.Kind(err) != providers.ErrUnsupported {

@@ -33,6 +33,9 @@ type Links struct {
 	// Running returns nil when sandbox id is running, else its state as
 	// an error (ErrNotFound, ErrConflict).
 	Running func(ctx context.Context, id string) error
+	// Options, when set, are the client options for a connection Open
+	// made (WithDirect for one that is a unix socket to the agent).
+	Options func(id string, conn io.ReadWriteCloser) []Option
 
 	mu     sync.Mutex // guards byID, closed and every link's fields
 	byID   map[string]*link
@@ -170,8 +173,12 @@ func (l *Links) dial(ctx context.Context, id string, start bool) (c *Client, bro
 		}
 		return nil, "", err
 	}
+	var opts []Option
+	if l.Options != nil {
+		opts = l.Options(id, conn)
+	}
 	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	c, err = Dial(dctx, conn)
+	c, err = Dial(dctx, conn, opts...)
 	cancel()
 	if err == nil {
 		return c, "", nil

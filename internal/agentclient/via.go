@@ -2,8 +2,11 @@ package agentclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"syscall"
 
 	"github.com/sandgate/sandgate/internal/providers"
 )
@@ -43,11 +46,25 @@ func (v Via) Exec(ctx context.Context, id string, req providers.ExecRequest) (pr
 	return res, nil
 }
 
-// ReadFile opens the regular file at p through the sandbox's agent.
+// ReadFile opens the regular file at p through the sandbox's agent. Over
+// a direct connection (WithDirect) the agent passes the file itself and
+// the caller reads it; otherwise its bytes stream over the connection.
 func (v Via) ReadFile(ctx context.Context, id, p string) (io.ReadCloser, int64, error) {
 	c, err := v.Connect(ctx, id)
 	if err != nil {
 		return nil, 0, err
+	}
+	f, err := c.Open(ctx, p, false)
+	switch {
+	case err == nil:
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, 0, err
+		}
+		return f, fi.Size(), nil
+	case providers.Kind(err) != providers.ErrUnsupported:
+		return nil, 0, v.Links.Gone(ctx, id, err)
 	}
 	r, n, err := c.ReadFile(ctx, p)
 	if err != nil {
@@ -57,17 +74,61 @@ func (v Via) ReadFile(ctx context.Context, id, p string) (io.ReadCloser, int64, 
 }
 
 // WriteFile streams r into the file at p through the sandbox's agent,
-// creating parent directories.
+// creating parent directories: into the file itself over a direct
+// connection (see ReadFile).
 func (v Via) WriteFile(ctx context.Context, id, p string, r io.Reader) (int64, error) {
 	c, err := v.Connect(ctx, id)
 	if err != nil {
 		return 0, err
+	}
+	f, err := c.Open(ctx, p, true)
+	switch {
+	case err == nil:
+		return writeFile(ctx, f, r)
+	case providers.Kind(err) != providers.ErrUnsupported:
+		return 0, v.Links.Gone(ctx, id, err)
 	}
 	n, err := c.WriteFile(ctx, p, r)
 	if err != nil {
 		return 0, v.Links.Gone(ctx, id, err)
 	}
 	return n, nil
+}
+
+// writeFile copies r into f, which it closes.
+func writeFile(ctx context.Context, f *os.File, r io.Reader) (int64, error) {
+	defer f.Close()
+	n, err := io.CopyBuffer(f, ContextReader{ctx, r}, make([]byte, CopyBuffer))
+	if err == nil {
+		err = f.Close()
+	}
+	switch {
+	case err == nil:
+		return n, nil
+	case ctx.Err() != nil:
+		return n, ctx.Err()
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
+		return n, providers.Wrap(providers.ErrTooLarge, err, "no space left in the sandbox (its disk limit is reached)")
+	}
+	return n, err // the reader's, or the file's
+}
+
+// CopyBuffer is the buffer size for streaming a file: large enough for
+// throughput, small enough that a 1 GiB file passes through a 64 MiB
+// GOMEMLIMIT.
+const CopyBuffer = 256 << 10
+
+// ContextReader fails reads once Ctx is done, so a large copy stops too.
+type ContextReader struct {
+	Ctx context.Context
+	R   io.Reader
+}
+
+func (c ContextReader) Read(p []byte) (int, error) {
+	if err := c.Ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.R.Read(p)
 }
 
 // StatFile describes the file at p through the sandbox's agent.

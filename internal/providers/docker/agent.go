@@ -6,9 +6,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -122,10 +125,92 @@ func (d *Docker) Agent(ctx context.Context, id string) (*agentclient.Client, err
 }
 
 // openAgent opens a connection to sandbox id's agent (agentclient.Links.Open):
-// one exec of the agent's bridge. With start (a new sandbox) the bridge
-// starts the agent daemon; without, a missing daemon means the agent
-// died.
+// the direct path where it works (direct.go), else one exec of the
+// agent's bridge. With start (a new sandbox) the agent daemon is started
+// first, by an exec of the bridge; without, a missing daemon means the
+// agent died.
 func (d *Docker) openAgent(ctx context.Context, id string, start bool) (io.ReadWriteCloser, func() string, error) {
+	if d.direct.off == "" {
+		if start {
+			if err := d.startAgent(ctx, id); err != nil {
+				return nil, nil, err
+			}
+			start = false
+		}
+		conn, err := d.dialDirect(ctx, id)
+		if err == nil {
+			d.setTransport(id, TransportDirect)
+			return conn, func() string { return "" }, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+		if !errors.Is(err, errNotDirect) {
+			return nil, nil, err // the sandbox is not there, or the daemon does not answer
+		}
+		d.log.Info(fallbackMessage, "sandbox", id, "reason", err)
+	}
+	conn, stderr, err := d.openExec(ctx, id, start)
+	if err == nil {
+		d.setTransport(id, TransportExec)
+	}
+	return conn, stderr, err
+}
+
+// fallbackMessage is logged when a connection falls back to exec.
+const fallbackMessage = "the sandbox's agent is reached through exec"
+
+// directOptions are the client options of a connection openAgent made:
+// a direct one opens a connection of its own for each terminal
+// attachment and file.
+func (d *Docker) directOptions(id string, conn io.ReadWriteCloser) []agentclient.Option {
+	if _, ok := conn.(*net.UnixConn); !ok {
+		return nil
+	}
+	return []agentclient.Option{agentclient.WithDirect(func(ctx context.Context) (net.Conn, error) {
+		return d.dialDirect(ctx, id)
+	})}
+}
+
+// startAgent starts sandbox id's agent daemon, if none runs, with an exec
+// of the bridge that ends once the daemon answers (its stdin closed at
+// once).
+func (d *Docker) startAgent(ctx context.Context, id string) error {
+	ex, err := d.startExec(ctx, id, execSpec{Cmd: []string{agentBin, "connect", "--start"}, Stdin: true})
+	if err != nil {
+		return err
+	}
+	defer ex.hj.Close()
+	if err := ex.hj.CloseWrite(); err != nil {
+		return d.kind(err, "start the agent of %s", id)
+	}
+	stderr := &agentclient.Stderr{Max: 4 << 10}
+	stop := context.AfterFunc(ctx, func() { ex.hj.Close() })
+	_, err = stdcopy.StdCopy(io.Discard, stderr, ex.hj.Reader)
+	stop()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err != nil {
+		return d.kind(err, "start the agent of %s", id)
+	}
+	st, err := d.cli.ContainerExecInspect(ctx, ex.id)
+	if err != nil {
+		return d.kind(err, "start the agent of %s", id)
+	}
+	if st.ExitCode != 0 {
+		why := strings.TrimSpace(stderr.String())
+		if why == "" {
+			why = fmt.Sprintf("the bridge exited %d", st.ExitCode)
+		}
+		return providers.Errorf(providers.ErrUnavailable, "sandbox %s: cannot start its agent: %s", id, why)
+	}
+	return nil
+}
+
+// openExec opens a connection to sandbox id's agent through one exec of
+// the agent's bridge (with start, the bridge starts the daemon).
+func (d *Docker) openExec(ctx context.Context, id string, start bool) (io.ReadWriteCloser, func() string, error) {
 	cmd := []string{agentBin, "connect"}
 	if start {
 		cmd = append(cmd, "--start")

@@ -199,6 +199,7 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		d.links.Drop(spec.ID)
+		d.dropDirect(spec.ID)
 		if err := d.cli.ContainerRemove(rctx, created.ID, container.RemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !cerrdefs.IsNotFound(err) {
 			d.log.Error("removing a half-made sandbox", "sandbox", spec.ID, "err", err)
 		}
@@ -212,6 +213,7 @@ func (d *Docker) Create(ctx context.Context, spec providers.CreateSpec) (provide
 	}
 	ok = true
 	extra["container_id"] = created.ID[:12]
+	extra["agent_transport"] = d.Transport(spec.ID)
 	return providers.Sandbox{ID: spec.ID, Workdir: workdir, Extra: extra}, nil
 }
 

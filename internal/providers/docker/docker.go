@@ -120,6 +120,10 @@ type Options struct {
 	// AgentBinary is the static sandgate-agent binary every sandbox runs
 	// (see agent.go). Required.
 	AgentBinary string
+	// AgentTransport is how the gateway reaches a sandbox's agent: "" or
+	// "auto" = directly on its socket where it can, else through an exec
+	// (direct.go); "exec" = always through an exec.
+	AgentTransport string
 	// Egress configures the egress point that sandboxes with a policy
 	// other than none, or in a group, go out through (egress.go); made on
 	// first use.
@@ -137,6 +141,7 @@ type Docker struct {
 	agentclient.Via // exec, files and processes, through the sandbox's agent
 	cli             *client.Client
 	links           agentclient.Links
+	direct          direct // the direct path to agents (direct.go)
 	pausedMu        sync.Mutex
 	paused          map[string]bool // a paused sandbox's agent is frozen
 
@@ -204,6 +209,9 @@ func New(opts Options) (*Docker, error) {
 	if opts.PingTimeout <= 0 {
 		opts.PingTimeout = DefaultPingTimeout
 	}
+	if err := checkTransport(opts.AgentTransport); err != nil {
+		return nil, err
+	}
 	copts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
 	if opts.Host != "" {
 		copts = append(copts, client.WithHost(opts.Host))
@@ -213,7 +221,8 @@ func New(opts Options) (*Docker, error) {
 		return nil, fmt.Errorf("docker: %w", err)
 	}
 	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}, fwConfig: opts.Firewall, egress: point.NewLazy(opts.Egress)}
-	d.links.Open, d.links.Running = d.openAgent, d.requireRunning
+	d.links.Open, d.links.Running, d.links.Options = d.openAgent, d.requireRunning, d.directOptions
+	d.direct = direct{off: directOff(cli.DaemonHost(), opts.AgentTransport), proc: "/proc", sock: strings.TrimPrefix(agentSocket, "/"), targets: map[string]target{}, transport: map[string]string{}}
 	d.Via = agentclient.Via{Connect: d.Agent, Links: &d.links}
 	if d.volName, d.agentSize, err = agentVolume(opts.AgentBinary); err != nil {
 		cli.Close()
@@ -362,6 +371,7 @@ func (d *Docker) List(ctx context.Context) ([]providers.Owned, error) {
 // the sandbox's own network. ErrNotFound if there is neither.
 func (d *Docker) Delete(ctx context.Context, id string) error {
 	d.links.Drop(id)
+	d.dropDirect(id)
 	// After the container is gone: an attach racing this delete either
 	// finished before (and is undone here) or finds no container.
 	defer d.detachEgress(id)

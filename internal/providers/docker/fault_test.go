@@ -3,6 +3,7 @@ package docker
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
 	"strconv"
@@ -16,17 +17,39 @@ import (
 	"github.com/sandgate/sandgate/internal/testkit"
 )
 
-// TestDaemonDown: with the daemon unreachable, an exec in flight ends
-// promptly with an error, Ping and every call fail fast with
-// ErrUnavailable; when it is back the same provider works again.
+// TestDaemonDown: with the daemon unreachable, Ping and every call that
+// needs it fail fast with ErrUnavailable; when it is back the same
+// provider works again. On the exec path an exec in flight ends promptly
+// with an error, and so do exec and files; on the direct path they do not
+// need the daemon: the exec in flight runs on, and new ones work.
 func TestDaemonDown(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			t.Parallel()
+			testDaemonDown(t, tr)
+		})
+	}
+}
+
+func testDaemonDown(t *testing.T, transport string) {
 	px := dockertest.NewProxy(t)
-	p := newProvider(t, func(o *Options) { o.Host = px.Host(); o.PingTimeout = time.Second })
+	p := newProvider(t, func(o *Options) {
+		o.Host = px.Host()
+		o.PingTimeout = time.Second
+		if transport == TransportExec {
+			o.AgentTransport = TransportExec
+		}
+	})
 	id := create(t, p, providers.CreateSpec{})
+	if got := p.Transport(id); got != transport {
+		t.Fatalf("transport %q, want %q", got, transport)
+	}
 
 	done := make(chan error, 1)
+	flight, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	go func() {
-		_, err := p.Exec(context.Background(), id, providers.ExecRequest{Command: "sleep 300", Timeout: 5 * time.Minute, MaxOutput: 1024})
+		_, err := p.Exec(flight, id, providers.ExecRequest{Command: "sleep 300", Timeout: 5 * time.Minute, MaxOutput: 1024})
 		done <- err
 	}()
 	m := "sleep 300"
@@ -35,29 +58,50 @@ func TestDaemonDown(t *testing.T) {
 	})
 
 	px.Cut()
-	select {
-	case err := <-done:
-		if !errors.Is(err, providers.ErrUnavailable) {
-			t.Errorf("Exec in flight when the daemon went away: %v, want ErrUnavailable", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("Exec hangs with the daemon gone")
-	}
-
 	ctx := ctxFor(t, time.Minute)
 	calls := map[string]func() error{
 		"Ping":   func() error { return p.Ping(ctx) },
 		"Status": func() error { _, err := p.Status(ctx, id); return err },
 		"List":   func() error { _, err := p.List(ctx); return err },
-		"Exec": func() error {
-			_, err := p.Exec(ctx, id, providers.ExecRequest{Command: "true", Timeout: time.Minute, MaxOutput: 10})
-			return err
-		},
-		"ReadFile": func() error { _, _, err := p.ReadFile(ctx, id, "/etc/passwd"); return err },
 		"Create": func() error {
 			_, err := p.Create(ctx, providers.CreateSpec{ID: "sbx-aaaaaaaaaaaaaaaaaaab", Image: dockertest.ImageRef, Workdir: "/w", ReadyTimeout: time.Minute})
 			return err
 		},
+	}
+	dataPlane := map[string]func() error{
+		"Exec": func() error {
+			_, err := p.Exec(ctx, id, providers.ExecRequest{Command: "true", Timeout: time.Minute, MaxOutput: 10})
+			return err
+		},
+		"ReadFile": func() error {
+			r, _, err := p.ReadFile(ctx, id, "/etc/passwd")
+			if err == nil {
+				r.Close()
+			}
+			return err
+		},
+	}
+	if transport == TransportExec {
+		select {
+		case err := <-done:
+			if !errors.Is(err, providers.ErrUnavailable) {
+				t.Errorf("Exec in flight when the daemon went away: %v, want ErrUnavailable", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("Exec hangs with the daemon gone")
+		}
+		maps.Copy(calls, dataPlane)
+	} else {
+		for name, call := range dataPlane {
+			if err := call(); err != nil {
+				t.Errorf("%s on the direct path with the daemon down: %v", name, err)
+			}
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("Exec in flight on the direct path ended when the daemon went away: %v", err)
+		default:
+		}
 	}
 	// Failing fast is the subject, but the bound only catches a call that
 	// waits for its context (a minute) or retries: 10x the ping timeout.
@@ -76,8 +120,14 @@ func TestDaemonDown(t *testing.T) {
 	if err := p.Ping(ctx); err != nil {
 		t.Fatalf("Ping after the daemon came back: %v", err)
 	}
-	if out := run(t, p, id, "echo back; pkill sleep; true"); string(out.Stdout) != "back\n" {
+	if out := run(t, p, id, "echo back"); string(out.Stdout) != "back\n" {
 		t.Errorf("exec after the daemon came back: %q %q", out.Stdout, out.Stderr)
+	}
+	if transport == TransportDirect {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("the exec in flight, cancelled: %v", err)
+		}
 	}
 }
 

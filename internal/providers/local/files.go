@@ -25,10 +25,6 @@ import (
 // With isolation "none" the gateway resolves paths itself against the
 // sandbox's directory (<dir>/fs), the same way.
 
-// copyBuf is the streaming buffer size: large enough for throughput, small
-// enough that a 1 GiB file passes through a 64 MiB GOMEMLIMIT.
-const copyBuf = 256 << 10
-
 // not in x/sys/unix
 
 // StatFile describes the file at p, as lstat does (a symlink's target as
@@ -91,7 +87,7 @@ func (l *Local) WriteFile(ctx context.Context, id, p string, r io.Reader) (int64
 		return 0, err
 	}
 	defer f.Close()
-	n, err := io.CopyBuffer(f, ctxReader{ctx, r}, make([]byte, copyBuf))
+	n, err := io.CopyBuffer(f, agentclient.ContextReader{Ctx: ctx, R: r}, make([]byte, agentclient.CopyBuffer))
 	if err != nil {
 		if ctx.Err() != nil {
 			return n, ctx.Err()

@@ -39,7 +39,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sandgate/sandgate/internal/egress/point"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -603,17 +602,4 @@ func (sb *sandbox) openRoot() (*os.File, error) {
 		return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is stopped", sb.id)
 	}
 	return f, nil
-}
-
-// ctxReader fails reads once ctx is done.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
