@@ -41,13 +41,7 @@ func startPod(t testing.TB, in *egresstest.Internet) *pod {
 	t.Helper()
 	testkit.RequireRoot(t)
 	bin := testkit.Binary(t, "cmd/sandgate-egress", "sandgate-egress", "")
-	cmd, path := egresstest.Netns(t)
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
+	ns, _ := egresstest.OpenNetns(t)
 	inNs, err := netns.GetFromPath(in.NetnsPath)
 	if err != nil {
 		t.Fatal(err)

@@ -194,6 +194,20 @@ func Netns(t testing.TB) (*exec.Cmd, string) {
 	return cmd, "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/net"
 }
 
+// OpenNetns is Netns for a test: the child is killed and the namespace's
+// handle closed when the test ends. It returns the handle and the file.
+func OpenNetns(t testing.TB) (netns.NsHandle, string) {
+	t.Helper()
+	cmd, path := Netns(t)
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	return ns, path
+}
+
 func handler(name func(*http.Request) string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /who", func(w http.ResponseWriter, r *http.Request) {

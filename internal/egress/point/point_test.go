@@ -26,13 +26,7 @@ type box struct {
 }
 
 func newBox(t testing.TB) *box {
-	cmd, path := egresstest.Netns(t)
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
+	ns, path := egresstest.OpenNetns(t)
 	return &box{ns: ns, path: path}
 }
 
