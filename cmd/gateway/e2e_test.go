@@ -242,7 +242,7 @@ func TestLifecycle(t *testing.T) {
 	if l, _ := keyed.ListSandboxesWithResponse(ctx, &api.ListSandboxesParams{Label: ptr("run=e2e")}); l.JSON200 == nil || len(l.JSON200.Sandboxes) != 1 {
 		t.Fatalf("list: %s", l.Body)
 	}
-	if e, _ := owner.GetEndpointWithResponse(ctx, id, 8080); e.StatusCode() != 409 || !strings.Contains(string(e.Body), "not supported by provider local") {
+	if e, _ := owner.GetEndpointWithResponse(ctx, id, 8080); e.StatusCode() != 404 || !strings.Contains(string(e.Body), "port 8080 was not declared") {
 		t.Fatalf("endpoint on local: %d %s", e.StatusCode(), e.Body)
 	}
 	if d, _ := owner.DeleteSandboxWithResponse(ctx, id); d.JSON200 == nil || !d.JSON200.Deleted {

@@ -343,7 +343,9 @@ test('volumes: create, mount in two sandboxes, list, destroy', async () => {
 // without a name).
 if (process.env.E2B_TEST_EGRESS) {
   test('allowInternetAccess and network: sandgate egress policies', async () => {
-    const who = async (s, url) => (await s.commands.run(`curl -sS -m 3 ${url}/who || true`)).stdout.trim()
+    // -m only catches a hang: refusals answer at once (a reset, NXDOMAIN), and a
+    // fresh sandbox's first curl on two loaded cores once took over 3 s.
+    const who = async (s, url) => (await s.commands.run(`curl -sS -m 30 ${url}/who || true`)).stdout.trim()
     const boxes = []
     try {
       const open = await create({ allowInternetAccess: true })
