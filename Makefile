@@ -97,8 +97,11 @@ test: web e2b-sdk check-generated vet k8s-up
 	  CGO_ENABLED=1 $(GO) test -race -count=1 -p 3 -timeout 30m ./...; rc=$$?; \
 	  wait $$fuzz; frc=$$?; cat $$log; \
 	  [ $$rc -eq 0 ] && [ $$frc -eq 0 ] || { echo "make test: go test exit $$rc, fuzz exit $$frc"; exit 1; }
-	@# Stops and restarts the shared docker daemon: alone, after the rest.
-	SANDGATE_DOCKER_RESTART_TEST=1 CGO_ENABLED=1 $(GO) test -race -count=1 -run '^TestRealDaemonRestart$$' ./internal/providers/docker/
+	@# Stop and restart the shared docker daemon and the cluster's API
+	@# server (each test fails every other user of its daemon): after the
+	@# rest, side by side (the cluster runs on its own containerd).
+	SANDGATE_DOCKER_RESTART_TEST=1 SANDGATE_K8S_RESTART_TEST=1 CGO_ENABLED=1 $(GO) test -race -count=1 \
+	  -run '^(TestRealDaemonRestart|TestAPIServerRestart)$$' ./internal/providers/docker/ ./internal/providers/kubernetes/
 
 # Quick feedback (under 2 minutes): gofmt, vet, the generated code, and
 # the tests of every package that needs no root, docker daemon, cluster

@@ -69,6 +69,11 @@ func problemOf(ctx context.Context, log *slog.Logger, err error, what string) pr
 		p.Detail = "request body too large"
 	case ok:
 		p.Status, p.Code = ks.status, ks.code
+		if p.Status >= 500 {
+			// The detail names what failed, not why (the cause may be
+			// a backend's internals): the log keeps the why.
+			log.Warn("request failed", "request", what, "request_id", middleware.GetReqID(ctx), "status", p.Status, "err", err)
+		}
 	default:
 		p.Status, p.Code = http.StatusInternalServerError, "internal"
 		id := middleware.GetReqID(ctx)
