@@ -166,6 +166,17 @@ func (l *Links) connect(ctx context.Context, e *link, d *dialing, id string, sta
 // dial opens a connection to sandbox id's agent. A non-empty broken is
 // why the sandbox is broken (err says so too).
 func (l *Links) dial(ctx context.Context, id string, start bool) (c *Client, broken string, err error) {
+	c, broken, err = l.dialOnce(ctx, id, start)
+	if !start && broken == "" && errors.Is(err, ErrGone) && ctx.Err() == nil {
+		// The connection ended before the hello's answer: an agent on
+		// its way out (its listener still took the connection). Once
+		// more, which finds it gone, or back.
+		c, broken, err = l.dialOnce(ctx, id, start)
+	}
+	return c, broken, err
+}
+
+func (l *Links) dialOnce(ctx context.Context, id string, start bool) (c *Client, broken string, err error) {
 	conn, stderr, err := l.Open(ctx, id, start)
 	if err != nil {
 		if serr := l.settled(context.WithoutCancel(ctx), id); serr != nil {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -182,4 +184,42 @@ func (h *hangingLinks) waiters(id string) int {
 		return e.dial.waiters
 	}
 	return 0
+}
+
+// TestLinksAgentOnItsWayOut: a connection taken and closed without a
+// hello (an agent dying with its listener still open) is tried once
+// more, and that attempt's answer stands: here the bridge finds no agent,
+// so the sandbox is broken with that reason.
+func TestLinksAgentOnItsWayOut(t *testing.T) {
+	var opens int
+	l := &Links{
+		Open: func(ctx context.Context, id string, start bool) (io.ReadWriteCloser, func() string, error) {
+			opens++
+			fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return nil, nil, err
+			}
+			syscall.Close(fds[0]) // the agent's end, closed at once
+			f := os.NewFile(uintptr(fds[1]), "agent")
+			b, err := net.FileConn(f)
+			f.Close()
+			if err != nil {
+				return nil, nil, err
+			}
+			why := ""
+			if opens > 1 {
+				why = "no agent answers"
+			}
+			return b, func() string { return why }, nil
+		},
+		Running: func(ctx context.Context, id string) error { return nil },
+	}
+	defer l.Close()
+	_, err := l.Get(context.Background(), "sbx-1")
+	if !errors.Is(err, providers.ErrConflict) || opens != 2 {
+		t.Fatalf("after %d opens: %v, want the sandbox broken after a second", opens, err)
+	}
+	if why := l.Broken("sbx-1"); why == "" {
+		t.Fatal("no reason kept")
+	}
 }
