@@ -247,9 +247,12 @@ func TestDockerAgentKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Its answer was committed (200, X-Command-Id) when it started: the
-	// agent's death is told in it as a runtime failure, never as an exit.
-	if s != 200 || r.ErrorType == nil || *r.ErrorType != "sandbox" || !strings.Contains(r.Stderr, "agent") {
+	// Its answer is committed (200, X-Command-Id) once the agent says the
+	// command started: the agent's death is then told in it as a runtime
+	// failure, never as an exit. A command that kills the agent before
+	// that word is sent (the direct path makes it a race on two loaded
+	// cores) answers 409: the sandbox is in error (checked below).
+	if s == 200 && (r.ErrorType == nil || *r.ErrorType != "sandbox" || !strings.Contains(r.Stderr, "agent")) || s != 200 && s != 409 {
 		t.Fatalf("the exec that killed the agent: %d %v", s, r)
 	}
 	s, b := call(t, "GET", sb.url, "", "X-Sandbox-Lease", sb.token)
