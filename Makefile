@@ -84,9 +84,10 @@ vet: web
 
 # -race needs cgo; the tests build their own cgo-free gateway binary where
 # they need one.
-# Three test binaries at once (-p 3; the default is one per core): with
-# two, the providers' packages (sorted after cmd/gateway, the longest)
-# waited for it and ran in a tail where the cores were half idle.
+# Two test binaries at once (one per core). Three filled the cores' idle
+# tail (the providers' packages, sorted after cmd/gateway, wait for it)
+# and took a warm run from 8.9 to 6.7 minutes, but three of five
+# rehearsals then failed a timing-bound test: not before they are fixed.
 # The fuzz targets run beside the suite (their packages need no root or
 # daemon; each runs a fixed time, so they fill the waits of the suite's
 # end-to-end tests): FUZZTIME 10s each there, their output after the
@@ -94,7 +95,7 @@ vet: web
 test: web e2b-sdk check-generated vet k8s-up
 	@log=$$(mktemp); trap 'rm -f $$log' EXIT; \
 	  $(MAKE) --no-print-directory fuzz FUZZTIME=10s >$$log 2>&1 & fuzz=$$!; \
-	  CGO_ENABLED=1 $(GO) test -race -count=1 -p 3 -timeout 30m ./...; rc=$$?; \
+	  CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...; rc=$$?; \
 	  wait $$fuzz; frc=$$?; cat $$log; \
 	  [ $$rc -eq 0 ] && [ $$frc -eq 0 ] || { echo "make test: go test exit $$rc, fuzz exit $$frc"; exit 1; }
 	@# Stop and restart the shared docker daemon and the cluster's API
