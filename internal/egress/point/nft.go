@@ -27,9 +27,7 @@ func installRules(router netns.NsHandle, proxyPort, dnsPort int) error {
 	}
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "sandgate"})
 	drop, accept := nftables.ChainPolicyDrop, nftables.ChainPolicyAccept
-	chain := func(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority, pol *nftables.ChainPolicy) *nftables.Chain {
-		return c.AddChain(&nftables.Chain{Name: name, Table: t, Type: typ, Hooknum: hook, Priority: prio, Policy: pol})
-	}
+	chain := chainIn(c, t)
 	guard := chain("guard", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, nftables.ChainPriorityMangle, &accept)
 	redirect := chain("redirect", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, &accept)
 	input := chain("input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter, &drop)
@@ -117,4 +115,11 @@ func cat(parts ...[]expr.Any) []expr.Any {
 		out = append(out, p...)
 	}
 	return out
+}
+
+// chainIn returns a function that adds a base chain to table t in c.
+func chainIn(c *nftables.Conn, t *nftables.Table) func(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority, pol *nftables.ChainPolicy) *nftables.Chain {
+	return func(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority, pol *nftables.ChainPolicy) *nftables.Chain {
+		return c.AddChain(&nftables.Chain{Name: name, Table: t, Type: typ, Hooknum: hook, Priority: prio, Policy: pol})
+	}
 }

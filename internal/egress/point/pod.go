@@ -219,9 +219,7 @@ func installPodRules(proxyPort, dnsPort int, peers []netip.Addr) error {
 	c.DelTable(t)
 	c.AddTable(t)
 	drop, accept := nftables.ChainPolicyDrop, nftables.ChainPolicyAccept
-	chain := func(name string, typ nftables.ChainType, hook *nftables.ChainHook, prio *nftables.ChainPriority, pol *nftables.ChainPolicy) *nftables.Chain {
-		return c.AddChain(&nftables.Chain{Name: name, Table: t, Type: typ, Hooknum: hook, Priority: prio, Policy: pol})
-	}
+	chain := chainIn(c, t)
 	outNAT := chain("out-nat", nftables.ChainTypeNAT, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, &accept)
 	out := chain("out", nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter, &drop)
 	in := chain("in", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter, &drop)
