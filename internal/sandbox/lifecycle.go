@@ -668,8 +668,12 @@ func (s *Service) Delete(ctx context.Context, c Caller, id string) error {
 func (s *Service) remove(ctx context.Context, b *box, why string) error {
 	s.mu.Lock()
 	id, snap, gid := b.rec.ID, b.rec.Snapshot, b.rec.GroupID
+	b.removing = true
 	s.mu.Unlock()
 	if err := s.p.Delete(ctx, id); err != nil && !errors.Is(err, providers.ErrNotFound) {
+		s.mu.Lock()
+		b.removing = false
+		s.mu.Unlock()
 		return fmt.Errorf("delete %s: %w", id, err)
 	}
 	// Under wmu, so that no write of the record in flight lands after

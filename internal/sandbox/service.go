@@ -178,6 +178,7 @@ type box struct {
 	execs        int     // execs in flight (MaxExecsPerSandbox)
 	holds        int     // attached clients (PTY): never idle while > 0
 	slot         *demand // what it holds of MaxSandboxes, the budget and its key's quotas; nil: nothing
+	removing     bool    // a remove of this replica is in flight: it unregisters the box, not forget
 
 	// wmu orders the writes of rec to the store (see persist); it is
 	// taken before mu, never while holding it.

@@ -71,12 +71,17 @@ func (s *Service) adoptLocked(rec Record, leases []Lease) {
 	}
 }
 
-// forget drops sandbox id from memory (another replica removed it).
+// forget drops sandbox id from memory (another replica removed it),
+// unless a remove of this replica is in flight: the store can lose the
+// record before that remove ends (a kubernetes record is owned by its
+// pod and collected with it), and the remove, not a sync that saw the
+// record gone, must unregister the box and answer its caller.
 func (s *Service) forget(id string) {
 	s.mu.Lock()
 	b := s.boxes[id]
+	removing := b != nil && b.removing
 	s.mu.Unlock()
-	if b != nil {
+	if b != nil && !removing {
 		s.unregister(b)
 	}
 }

@@ -193,6 +193,60 @@ func TestSharedStoreCreateOrder(t *testing.T) {
 	}
 }
 
+// A delete whose sandbox takes its record along (a kubernetes record is
+// owned by its pod: the garbage collector removes it once the pod is
+// gone), with the replica's sync running before the delete ends: the
+// delete succeeds, its caller gets no 404, and nothing is left. (Under
+// load, TestKubernetesDeployment's deletes met this: "sandbox … not
+// found" for a sandbox the delete had just removed.)
+func TestSharedStoreDeleteRacesSync(t *testing.T) {
+	a, b, p, st, _ := replicas(t)
+	ctx := context.Background()
+	ref, err := a.Create(ctx, Caller{}, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	synced := false
+	p.OnDelete = func(id string) {
+		if err := st.DeleteSandbox(ctx, id); err != nil {
+			t.Error(err)
+		}
+		if err := b.syncShared(ctx); err != nil {
+			t.Error(err)
+		}
+		synced = true
+	}
+	if err := b.Delete(ctx, lease(ref.Token), ref.SandboxID); err != nil || !synced {
+		t.Fatalf("delete on B with its sync meanwhile: %v (synced %v)", err, synced)
+	}
+	_, err = b.Get(ctx, lease(ref.Token), ref.SandboxID)
+	wantKind(t, err, providers.ErrNotFound)
+	// Two deletes at once still answer one 404: the second finds the
+	// sandbox being removed by the first, or gone.
+	ref, err = a.Create(ctx, Caller{}, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	p.OnDelete = func(string) {
+		p.OnDelete = nil
+		second <- b.Delete(ctx, lease(ref.Token), ref.SandboxID)
+	}
+	first := b.Delete(ctx, lease(ref.Token), ref.SandboxID)
+	errs := []error{first, <-second}
+	if (errs[0] == nil) == (errs[1] == nil) {
+		t.Fatalf("two deletes at once: %v, %v; want one success and one not found", errs[0], errs[1])
+	}
+	for _, err := range errs {
+		if err != nil {
+			wantKind(t, err, providers.ErrNotFound)
+		}
+	}
+	if list, _ := a.List(ctx, Caller{}, ListFilter{}); len(list) != 0 || len(st.recs) != 0 {
+		t.Fatalf("left: listed %v, records %v", list, st.recs)
+	}
+}
+
 // Activity on one replica keeps the sandbox from being reaped as idle by
 // the other, and is written at most every activityEvery.
 func TestSharedStoreIdleCountsEveryReplica(t *testing.T) {

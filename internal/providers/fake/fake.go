@@ -33,6 +33,11 @@ type Provider struct {
 	CreateCheck func(spec providers.CreateSpec) error
 	// PingErr, when set, makes Ping fail with it.
 	PingErr error
+	// OnDelete, when set, is called (unlocked) by every Delete that
+	// removed a sandbox, before it returns: what happens meanwhile
+	// elsewhere (a cluster's garbage collector removing what the sandbox
+	// owned, another replica's sync).
+	OnDelete func(id string)
 
 	mu    sync.Mutex
 	boxes map[string]*sandbox
@@ -259,6 +264,9 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 	h := p.drop(id)
 	p.mu.Unlock()
 	endAgents(h)
+	if p.OnDelete != nil {
+		p.OnDelete(id)
+	}
 	return nil
 }
 
