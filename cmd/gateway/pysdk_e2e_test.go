@@ -88,7 +88,7 @@ func runPythonSDK(t *testing.T, g *proc, site, provider, image string) {
 	spec, _ := filepath.Abs(filepath.Join("..", "..", "api", "openapi.yaml"))
 	readme, _ := filepath.Abs(filepath.Join("..", "..", "README.md"))
 	ctx := testkit.Context(t, 5*time.Minute)
-	cmd := exec.CommandContext(ctx, sdkPython, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", tests)
+	cmd := exec.CommandContext(ctx, sdkPython, "-m", "pytest", "-q", "-rfEs", "--durations=6", "-p", "no:cacheprovider", tests)
 	cmd.Dir = t.TempDir()
 	cmd.Env = append(os.Environ(),
 		"PYTHONPATH="+site,
@@ -111,7 +111,7 @@ func runPythonSDK(t *testing.T, g *proc, site, provider, image string) {
 		t.Fatal(err)
 	}
 	summary := lastLine(out)
-	t.Logf("pytest on %s in %s: %s", provider, time.Since(start).Round(time.Millisecond), summary)
+	t.Logf("pytest on %s in %s: %s\n%s", provider, time.Since(start).Round(time.Millisecond), summary, slowest(out))
 	passed := regexp.MustCompile(`(\d+) passed`).FindStringSubmatch(summary)
 	if passed == nil || passed[1] == "0" {
 		t.Fatalf("pytest on %s passed nothing:\n%s", provider, out)
@@ -119,6 +119,16 @@ func runPythonSDK(t *testing.T, g *proc, site, provider, image string) {
 	if strings.Contains(summary, "skipped") && testkit.CI() {
 		t.Fatalf("pytest on %s skipped tests in CI:\n%s", provider, out)
 	}
+}
+
+// slowest returns pytest's --durations table from its output.
+func slowest(out []byte) string {
+	_, table, ok := strings.Cut(string(out), "slowest ")
+	if !ok {
+		return ""
+	}
+	table, _, _ = strings.Cut(table, "\n\n")
+	return "slowest " + table
 }
 
 func lastLine(b []byte) string {
