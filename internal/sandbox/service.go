@@ -344,6 +344,16 @@ func (s *Service) reconcile(ctx context.Context) error {
 	s.restoreEgress(ctx)
 	s.restoreGroups(ctx)
 	for id := range have {
+		if s.shared != nil {
+			// Another replica's create that began after the Load above:
+			// its record came before its sandbox, so it is there now.
+			if _, _, err := s.shared.Sandbox(ctx, id); !errors.Is(err, providers.ErrNotFound) {
+				if err != nil {
+					s.log.Warn("read the record of a sandbox without one", "sandbox", id, "err", err)
+				}
+				continue
+			}
+		}
 		s.log.Info("deleting orphan sandbox with no record", "sandbox", id)
 		if err := s.p.Delete(ctx, id); err != nil && !errors.Is(err, providers.ErrNotFound) {
 			s.log.Warn("delete orphan", "sandbox", id, "err", err)

@@ -22,6 +22,8 @@ type memShared struct {
 	active  map[string]time.Time
 	touches int
 	puts    []Record // every PutRecord, in order
+	// afterLoad, when set, runs after the next Load (unlocked).
+	afterLoad func()
 }
 
 func newMemShared() *memShared {
@@ -30,6 +32,11 @@ func newMemShared() *memShared {
 
 func (m *memShared) Load(context.Context) ([]Record, []Lease, error) {
 	m.mu.Lock()
+	after := m.afterLoad
+	m.afterLoad = nil
+	if after != nil {
+		defer after()
+	}
 	defer m.mu.Unlock()
 	var rs []Record
 	var ls []Lease
@@ -190,6 +197,35 @@ func TestSharedStoreCreateOrder(t *testing.T) {
 	}
 	if len(st.recs) != 1 {
 		t.Fatalf("a failed create left its record: %v", st.recs)
+	}
+}
+
+// A replica starting while another creates: the create's record and
+// sandbox made between the starting replica's read of the records and
+// its list of the provider's sandboxes. The sandbox is not an orphan: it
+// is left alone, and the new replica serves it.
+func TestSharedStoreReconcileRacesCreate(t *testing.T) {
+	a, _, p, st, clock := replicas(t)
+	ctx := context.Background()
+	var ref Ref
+	st.mu.Lock()
+	st.afterLoad = func() {
+		var err error
+		if ref, err = a.Create(ctx, Caller{}, CreateRequest{}); err != nil {
+			t.Error(err)
+		}
+	}
+	st.mu.Unlock()
+	c, err := New(ctx, Options{Provider: p, StateDir: t.TempDir(), Store: st, LeaseSecret: "shared-secret-for-both-replicas", AllowAnonymous: true, Clock: clock, ReapInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if ref.SandboxID == "" {
+		t.Fatal("no create ran between the load and the list")
+	}
+	if _, err := c.Exec(ctx, lease(ref.Token), ref.SandboxID, ExecRequest{Command: "true"}); err != nil {
+		t.Fatalf("the sandbox made meanwhile, on the new replica: %v", err)
 	}
 }
 
