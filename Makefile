@@ -90,13 +90,15 @@ vet: web
 # rehearsals then failed a timing-bound test: not before they are fixed.
 # The fuzz targets run beside the suite (their packages need no root or
 # daemon; each runs a fixed time, so they fill the waits of the suite's
-# end-to-end tests): FUZZTIME 10s each there, their output after the
-# suite's.
+# end-to-end tests): FUZZTIME 10s each there with one worker (two would
+# take both cores from the suite for the whole time), their output after
+# the suite's. The test phase's time is printed at its end.
 test: web e2b-sdk check-generated vet k8s-up
-	@log=$$(mktemp); trap 'rm -f $$log' EXIT; \
-	  $(MAKE) --no-print-directory fuzz FUZZTIME=10s >$$log 2>&1 & fuzz=$$!; \
+	@log=$$(mktemp); trap 'rm -f $$log' EXIT; start=$$(date +%s); \
+	  $(MAKE) --no-print-directory fuzz FUZZTIME=10s FUZZPARALLEL=1 >$$log 2>&1 & fuzz=$$!; \
 	  CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m ./...; rc=$$?; \
 	  wait $$fuzz; frc=$$?; cat $$log; \
+	  echo "make test: go test and fuzzing took $$(( $$(date +%s) - start )) s"; \
 	  [ $$rc -eq 0 ] && [ $$frc -eq 0 ] || { echo "make test: go test exit $$rc, fuzz exit $$frc"; exit 1; }
 	@# Stop and restart the shared docker daemon and the cluster's API
 	@# server (each test fails every other user of its daemon): after the
@@ -121,7 +123,7 @@ FUZZ = ./internal/wire:FuzzDecodeClient ./internal/wire:FuzzReplayFrame \
 	./internal/sandbox:FuzzLeaseToken ./internal/sandbox:FuzzFilePath ./internal/sandbox:FuzzCreateValidation \
 	./internal/handlers:FuzzParseSince ./internal/rootfs:FuzzUnpack
 fuzz:
-	@GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh $(FUZZ)
+	@GO=$(GO) FUZZTIME=$(FUZZTIME) FUZZPARALLEL=$(FUZZPARALLEL) scripts/fuzz.sh $(FUZZ)
 
 # The benchmark harness (bench/): the gateway against its baselines on the
 # local and docker providers; table on stdout, JSON and SVG in bench/results.
