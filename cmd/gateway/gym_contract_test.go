@@ -74,8 +74,15 @@ var gymDocker = gymBackend{
 	},
 }
 
-func TestGymContractLocal(t *testing.T)  { gymContract(t, gymLocal) }
-func TestGymContractDocker(t *testing.T) { gymContract(t, gymDocker) }
+func TestGymContractLocal(t *testing.T) {
+	t.Parallel()
+	gymContract(t, gymLocal)
+}
+
+func TestGymContractDocker(t *testing.T) {
+	t.Parallel()
+	gymContract(t, gymDocker)
+}
 
 // gymCreateBody is the create body Gym's RemoteSandboxProvider sends,
 // with image (JSON) and provider_options (a JSON object).
@@ -250,14 +257,17 @@ func quotaSnapshots(t *testing.T, g *proc, auth []string) int {
 }
 
 func TestGymShmSizeLocal(t *testing.T) {
+	t.Parallel()
 	gymShmSize(t, startGateway(t, t.TempDir(), nil, "--api-key", "gym-k1"), "null")
 }
 
 func TestGymShmSizeDocker(t *testing.T) {
+	t.Parallel()
 	gymShmSize(t, startDockerGateway(t, t.TempDir(), "--api-key", "gym-k1"), `"`+dockertest.ImageRef+`"`)
 }
 
 func TestGymShmSizeKubernetes(t *testing.T) {
+	t.Parallel()
 	k8stest.Require(t)
 	instance, secret := "k8sshm-"+strings.ToLower(rand.Text()[:8]), rand.Text()
 	g := startK8sGateway(t, t.TempDir(), instance, secret, "--api-key", "gym-k1")

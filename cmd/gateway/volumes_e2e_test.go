@@ -54,6 +54,7 @@ func removeVolumesAfter(t *testing.T, volumesDir string) {
 // mounted volume's delete is 409, also after a gateway restart; once its
 // sandboxes are gone it is deleted and its storage with it.
 func TestLocalVolumes(t *testing.T) {
+	t.Parallel()
 	volumes(t, "local", func(state string, args ...string) *proc { return startGateway(t, state, nil, args...) }, "")
 }
 
@@ -61,6 +62,7 @@ func TestLocalVolumes(t *testing.T) {
 // volume is a docker volume bound to the same kind of filesystem, the
 // sub_path and host_path mounts binds of staged mounts.
 func TestDockerVolumes(t *testing.T) {
+	t.Parallel()
 	volumes(t, "docker-volumes", func(state string, args ...string) *proc { return startDockerGateway(t, state, args...) },
 		`"image":"`+dockertest.ImageRef+`",`)
 }
@@ -281,6 +283,7 @@ func volumes(t *testing.T, subdir string, startIn func(state string, args ...str
 // has no provisioner: the pod cannot be scheduled), and a delete removes
 // the claim.
 func TestKubernetesVolumes(t *testing.T) {
+	t.Parallel()
 	k8stest.Require(t)
 	instance, secret := "k8svol-"+strings.ToLower(rand.Text()[:8]), rand.Text()
 	state := t.TempDir()
