@@ -2,6 +2,7 @@ package point_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"os/exec"
@@ -44,8 +45,14 @@ func BenchmarkForwardDesign(b *testing.B) {
 	fwd := forwardBox(b, in, 0, false)
 	fwdq := forwardBox(b, in, 1, true)
 
-	// The queued path decides for real: a first flight naming another
-	// host is dropped (a built path would reset it).
+	// Both paths decide for real: an address not in the set is dropped at
+	// its SYN, and the queued path drops a first flight naming another host
+	// (a built path would reset both).
+	ctx, cancel := context.WithTimeout(b.Context(), time.Second)
+	defer cancel()
+	if c, err := fwd.box.dial(ctx, egresstest.B.String()+":80"); !isTimeout(err) {
+		b.Fatalf("b.test's address, never admitted: %v, %v; want the dial to time out", c, err)
+	}
 	c, err := fwdq.box.dial(b.Context(), a)
 	if err != nil {
 		b.Fatal(err)
