@@ -24,39 +24,44 @@ func directBox(b *testing.B, in *egresstest.Internet) *box {
 		b.Fatal(err)
 	}
 	defer inNS.Close()
-	h, err := netlink.NewHandleAt(sb.ns)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer h.Close()
-	ih, err := netlink.NewHandleAt(inNS)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ih.Close()
+	h, ih := handleAt(b, sb.ns), handleAt(b, inNS)
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "d0"}, PeerName: "d1", PeerNamespace: netlink.NsFd(int(inNS))}
 	if err := h.LinkAdd(veth); err != nil {
 		b.Fatal(err)
 	}
-	up := func(h *netlink.Handle, name, addr string) {
-		l, err := h.LinkByName(name)
-		if err == nil {
-			a, _ := netlink.ParseAddr(addr)
+	linkUp(b, h, "d0", "10.99.0.1/30")
+	linkUp(b, ih, "d1", "10.99.0.2/30")
+	linkUp(b, h, "lo", "")
+	return sb
+}
+
+// handleAt is a netlink handle in ns, closed when b ends.
+func handleAt(b *testing.B, ns netns.NsHandle) *netlink.Handle {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(h.Close)
+	return h
+}
+
+// linkUp gives h's link name the address addr (a CIDR; "" for none) and
+// sets it up.
+func linkUp(b *testing.B, h *netlink.Handle, name, addr string) netlink.Link {
+	l, err := h.LinkByName(name)
+	if err == nil && addr != "" {
+		var a *netlink.Addr
+		if a, err = netlink.ParseAddr(addr); err == nil {
 			err = h.AddrAdd(l, a)
 		}
-		if err == nil {
-			err = h.LinkSetUp(l)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
 	}
-	up(h, "d0", "10.99.0.1/30")
-	up(ih, "d1", "10.99.0.2/30")
-	if lo, err := h.LinkByName("lo"); err == nil {
-		_ = h.LinkSetUp(lo)
+	if err == nil {
+		err = h.LinkSetUp(l)
 	}
-	return sb
+	if err != nil {
+		b.Fatalf("link %s: %v", name, err)
+	}
+	return l
 }
 
 // roundTrip opens a connection to addr from sb, asks for path and reads
@@ -70,81 +75,109 @@ func roundTrip(sb *box, addr, path string) (int64, error) {
 	return egresstest.FetchOn(c, path)
 }
 
-// BenchmarkEgress compares a connection's setup (a fresh connection's
-// first request and answer) and a 1 GiB download through the egress point
-// against the same over a plain veth between two namespaces. Each iteration
-// runs both paths back to back (in alternating order), so the load of a
-// shared machine weighs on both alike; the ratios are reported as metrics:
-// setup's point/direct (median over the iterations; the target is ≤ 1.5)
-// and the download's point/direct throughput (over the total; ≥ 0.8). The
-// point admits a.test by name, so port 80's Host is checked. Run:
-//
-//	go test -run '^$' -bench BenchmarkEgress -benchtime 3x ./internal/egress/point/
-func BenchmarkEgress(b *testing.B) {
-	in := egresstest.Start(b)
+// benchPath is one way to the internet's a.test server: the box dialling
+// and the address it dials.
+type benchPath struct {
+	name string
+	box  *box
+	addr string
+}
+
+// alternate runs a round trip for path on each of paths once, the order
+// rotating with i, and returns their durations (in paths' order); want ≥ 0
+// is the body size each must get.
+func alternate(b *testing.B, paths []benchPath, i int, path string, want int64) []time.Duration {
+	d := make([]time.Duration, len(paths))
+	for k := range paths {
+		j := (i + k) % len(paths)
+		start := time.Now()
+		n, err := roundTrip(paths[j].box, paths[j].addr, path)
+		d[j] = time.Since(start)
+		if err != nil || (want >= 0 && n != want) {
+			b.Fatalf("path %s: %d bytes, %v", paths[j].name, n, err)
+		}
+	}
+	return d
+}
+
+// benchPaths runs the two sub-benchmarks of BenchmarkEgress over paths,
+// paths[0] the baseline: "setup", a fresh connection's first request and
+// answer (median per path), and "download1GiB" (throughput over the
+// total). Each iteration runs every path back to back, in rotating order,
+// so the load of a shared machine weighs on all alike; each path's
+// figures and its ratio to the baseline ("name/baseline") are reported as
+// metrics.
+func benchPaths(b *testing.B, paths []benchPath) {
+	base := paths[0].name
+	b.Run("setup", func(b *testing.B) {
+		// An iteration is setupsPerOp connections each way, so that one
+		// -benchtime (say 3x) suits both sub-benchmarks.
+		const setupsPerOp = 100
+		ds := make([][]time.Duration, len(paths))
+		for i := 0; b.Loop(); i++ {
+			for k := range setupsPerOp {
+				for j, d := range alternate(b, paths, i*setupsPerOp+k, "/who", -1) {
+					ds[j] = append(ds[j], d)
+				}
+			}
+		}
+		m0 := median(ds[0])
+		for j, p := range paths {
+			m := median(ds[j])
+			b.ReportMetric(float64(m.Microseconds()), p.name+"-µs")
+			if j > 0 {
+				b.ReportMetric(float64(m)/float64(m0), p.name+"/"+base)
+			}
+		}
+	})
+	const size = 1 << 30
+	b.Run("download1GiB", func(b *testing.B) {
+		total := make([]time.Duration, len(paths))
+		for i := 0; b.Loop(); i++ {
+			for j, d := range alternate(b, paths, i, fmt.Sprintf("/bytes?n=%d", size), size) {
+				total[j] += d
+			}
+		}
+		for j, p := range paths {
+			b.ReportMetric(float64(b.N)*size/total[j].Seconds()/1e6, p.name+"-MB/s")
+			if j > 0 {
+				b.ReportMetric(float64(total[0])/float64(total[j]), p.name+"/"+base)
+			}
+		}
+	})
+}
+
+// pointBox is a box attached to a new egress point (dialling from in's
+// namespace) under a policy admitting a.test by name, which it has
+// resolved: so port 80's Host is checked.
+func pointBox(b *testing.B, in *egresstest.Internet) *box {
 	p, err := point.New(point.Options{Resolve: egresstest.Resolve(), EgressNetns: in.NetnsPath})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = p.Close() })
-	viaPoint := newBox(b)
+	sb := newBox(b)
 	pol, _ := egress.NewRules([]string{"a.test"}, nil)
-	if _, err := p.Attach("sbx-bench", viaPoint.path, pol); err != nil {
+	if _, err := p.Attach("sbx-bench", sb.path, pol); err != nil {
 		b.Fatal(err)
 	}
-	if rc, _ := viaPoint.resolve(b, "a.test"); rc != 0 {
+	if rc, _ := sb.resolve(b, "a.test"); rc != 0 {
 		b.Fatalf("resolve a.test: %d", rc)
 	}
-	direct := directBox(b, in)
-	paths := [2]struct {
-		box  *box
-		addr string
-	}{
-		{direct, "10.99.0.2:80"},
-		{viaPoint, egresstest.A.String() + ":80"},
-	}
-	// both runs the two paths once each, the order alternating with i, and
-	// returns their durations (direct, point).
-	both := func(b *testing.B, i int, path string, want int64) (d [2]time.Duration) {
-		for k := range 2 {
-			j := (i + k) % 2
-			start := time.Now()
-			n, err := roundTrip(paths[j].box, paths[j].addr, path)
-			d[j] = time.Since(start)
-			if err != nil || (want >= 0 && n != want) {
-				b.Fatalf("path %d: %d bytes, %v", j, n, err)
-			}
-		}
-		return d
-	}
-	b.Run("setup", func(b *testing.B) {
-		// An iteration is setupsPerOp connections each way, so that one
-		// -benchtime (say 3x) suits both sub-benchmarks.
-		const setupsPerOp = 100
-		var direct, point []time.Duration
-		for i := 0; b.Loop(); i++ {
-			for k := range setupsPerOp {
-				d := both(b, i*setupsPerOp+k, "/who", -1)
-				direct, point = append(direct, d[0]), append(point, d[1])
-			}
-		}
-		md, mp := median(direct), median(point)
-		b.ReportMetric(float64(md.Microseconds()), "direct-µs")
-		b.ReportMetric(float64(mp.Microseconds()), "point-µs")
-		b.ReportMetric(float64(mp)/float64(md), "point/direct")
-	})
-	const size = 1 << 30
-	b.Run("download1GiB", func(b *testing.B) {
-		var total [2]time.Duration
-		for i := 0; b.Loop(); i++ {
-			d := both(b, i, fmt.Sprintf("/bytes?n=%d", size), size)
-			total[0] += d[0]
-			total[1] += d[1]
-		}
-		mbps := func(d time.Duration) float64 { return float64(b.N) * size / d.Seconds() / 1e6 }
-		b.ReportMetric(mbps(total[0]), "direct-MB/s")
-		b.ReportMetric(mbps(total[1]), "point-MB/s")
-		b.ReportMetric(float64(total[0])/float64(total[1]), "point/direct")
+	return sb
+}
+
+// BenchmarkEgress compares a connection's setup and a 1 GiB download
+// through the egress point against the same over a plain veth between two
+// namespaces (benchPaths): the targets are setup's point/direct ≤ 1.5 and
+// the download's point/direct ≥ 0.8. Run:
+//
+//	go test -run '^$' -bench BenchmarkEgress -benchtime 3x ./internal/egress/point/
+func BenchmarkEgress(b *testing.B) {
+	in := egresstest.Start(b)
+	benchPaths(b, []benchPath{
+		{"direct", directBox(b, in), "10.99.0.2:80"},
+		{"point", pointBox(b, in), egresstest.A.String() + ":80"},
 	})
 }
 
