@@ -127,11 +127,15 @@ func setNetwork(t *testing.T, g *proc, sb dkBox, body string, hdr ...string) (in
 // TestEgressLocal: a local sandbox's egress policy through the gateway's
 // API, against a test internet in a namespace of its own, from a sandbox
 // whose root tries to get around it.
-func TestEgressLocal(t *testing.T) { testEgress(t, localEgress) }
+func TestEgressLocal(t *testing.T) {
+	t.Parallel()
+	testEgress(t, localEgress)
+}
 
 // TestEgressDocker: the same on the docker provider, whose sandboxes the
 // provider's own egress point serves.
 func TestEgressDocker(t *testing.T) {
+	t.Parallel()
 	dockertest.Require(t)
 	testEgress(t, dockerEgress)
 }

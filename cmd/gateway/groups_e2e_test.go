@@ -320,6 +320,7 @@ func testGroups(t *testing.T, g *proc, image string, restart func() *proc) {
 // TestGroupsLocal: testGroups on local sandboxes (the host's view), with
 // a gateway restart; the host's links are the same after.
 func TestGroupsLocal(t *testing.T) {
+	t.Parallel()
 	before := egresstest.Links(t)
 	dir := t.TempDir()
 	args := []string{"--api-key", "gk-a,gk-b", "--cap-add-allow", "NET_ADMIN"}
@@ -344,6 +345,7 @@ func TestGroupsLocal(t *testing.T) {
 // resolve them, a member deleted leaves the others' /etc/hosts, and
 // membership survives a gateway restart.
 func TestGroupsDocker(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	args := []string{"--api-key", "gk-a,gk-b"}
 	g := startDockerGateway(t, dir, args...)
