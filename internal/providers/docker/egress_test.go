@@ -2,7 +2,6 @@ package docker
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -417,11 +416,8 @@ func TestEgressPorts(t *testing.T) {
 		t.Errorf("b.test reached: %q", got)
 	}
 	port, accepted := hostListener(t)
-	for _, host := range append([]string{"100.64.0.1", "127.0.0.1"}, hostIPv4s(t)...) {
-		res := run(t, p, id, fmt.Sprintf("nc -w 3 %s %d </dev/null", host, port))
-		if strings.Contains(string(res.Stdout), "host-listener") {
-			t.Errorf("the sandbox reached the host listener at %s:%d", host, port)
-		}
+	if hosts, out, ok := reachesHost(t, p, id, port, "100.64.0.1", "127.0.0.1"); ok {
+		t.Errorf("the sandbox reached the host listener at one of %v, port %d: %s", hosts, port, out)
 	}
 	if n := accepted.Load(); n != 0 {
 		t.Errorf("the host listener accepted %d connections from the sandbox", n)

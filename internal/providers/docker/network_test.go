@@ -109,6 +109,20 @@ func hostIPv4s(t *testing.T) []string {
 	return out
 }
 
+// reachesHost connects from sandbox id to port on each of the host's IPv4
+// addresses and the extra ones, all at once (a refusal is nc's 3 s wait),
+// and reports whether the host listener's greeting came back.
+func reachesHost(t *testing.T, p *Docker, id string, port int, extra ...string) (hosts []string, out string, ok bool) {
+	t.Helper()
+	hosts = append(extra, hostIPv4s(t)...)
+	var probes strings.Builder
+	for _, host := range hosts {
+		fmt.Fprintf(&probes, "nc -w 3 %s %d </dev/null & ", host, port)
+	}
+	res := run(t, p, id, probes.String()+"wait")
+	return hosts, string(res.Stdout), strings.Contains(string(res.Stdout), "host-listener")
+}
+
 // TestSandboxNetworkIsolation: two sandboxes with ports, each on a network
 // of its own. A reaches neither B's service at B's container address nor a
 // host listener on 0.0.0.0 (through its bridge's gateway address or any
@@ -163,14 +177,8 @@ func TestSandboxNetworkIsolation(t *testing.T) {
 	if res := run(t, p, a, get(bIP)); strings.Contains(string(res.Stdout), "service-B") {
 		t.Errorf("A reached B's service at %s: %+v", bIP, res)
 	}
-	// Every host address at once (each refusal is a 3 s wait).
-	hosts := append([]string{aGateway}, hostIPv4s(t)...)
-	var probes strings.Builder
-	for _, host := range hosts {
-		fmt.Fprintf(&probes, "nc -w 3 %s %d </dev/null & ", host, port)
-	}
-	if res := run(t, p, a, probes.String()+"wait"); strings.Contains(string(res.Stdout), "host-listener") {
-		t.Errorf("A reached the host listener at one of %v, port %d: %+v", hosts, port, res)
+	if hosts, out, ok := reachesHost(t, p, a, port, aGateway); ok {
+		t.Errorf("A reached the host listener at one of %v, port %d: %s", hosts, port, out)
 	}
 	if n := accepted.Load(); n != 0 {
 		t.Errorf("the host listener accepted %d connections from the sandbox", n)
