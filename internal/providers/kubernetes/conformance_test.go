@@ -10,6 +10,7 @@ import (
 )
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	providertest.Run(t, p, providers.CreateSpec{Image: k8stest.ImageRef})
 }
@@ -17,6 +18,7 @@ func TestConformance(t *testing.T) {
 // TestTerminals: the terminal-session suite through the gateway's stack,
 // sessions held by the pods' agents.
 func TestTerminals(t *testing.T) {
+	t.Parallel()
 	k8stest.Require(t)
 	terminals.Run(t, newProvider(t), map[string]any{"image": k8stest.ImageRef})
 }

@@ -83,6 +83,7 @@ func egressShapes(t *testing.T) []struct {
 // Each policy shape becomes exactly its rule: allowed CIDRs as ipBlocks,
 // denied and reserved prefixes as their excepts.
 func TestEgressRules(t *testing.T) {
+	t.Parallel()
 	for _, tc := range egressShapes(t) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := egressRules(tc.pol)
@@ -128,6 +129,7 @@ func getPolicy(t *testing.T, id string) *networkingv1.NetworkPolicy {
 // CNI (a plain bridge) does not enforce NetworkPolicy: these are the
 // objects, not traffic.
 func TestSetEgress(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{})
 	ctx := ctxT(t, 2*time.Minute)
@@ -175,6 +177,7 @@ func TestSetEgress(t *testing.T) {
 // With NoNetworkPolicy, none is fine (what the pod has) and any other
 // policy or a group is unsupported.
 func TestEgressNoNetworkPolicy(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, func(o *Options) { o.NoNetworkPolicy = true })
 	id := create(t, p, providers.CreateSpec{})
 	ctx := ctxT(t, time.Minute)
@@ -221,6 +224,7 @@ func selects(t *testing.T, peer networkingv1.NetworkPolicyPeer, pods []corev1.Po
 // neither "members reach each other" nor "others do not" can be seen by
 // exec here. These are the objects a NetworkPolicy-capable CNI enforces.
 func TestGroups(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	a := create(t, p, providers.CreateSpec{})
 	b := create(t, p, providers.CreateSpec{})
@@ -304,6 +308,7 @@ func TestGroups(t *testing.T) {
 
 // groupLabel is a valid label value for any group id, and tells ids apart.
 func TestGroupLabel(t *testing.T) {
+	t.Parallel()
 	seen := map[string]bool{}
 	for _, g := range []string{"", "a", "key/with spaces and ünïcode", strings.Repeat("x", 300), "A"} {
 		l := groupLabel(g)
@@ -332,6 +337,7 @@ func capBit(t *testing.T, mask string, n uint) bool {
 // security context as before, and the agent's sidecar unchanged; inside,
 // the processes have them. Without them: "sandbox" and the defaults.
 func TestHostnameCapAdd(t *testing.T) {
+	t.Parallel()
 	const netAdmin, netRaw, mknod = 12, 13, 27
 	p := newProvider(t)
 	ctx := ctxT(t, 2*time.Minute)
@@ -387,6 +393,7 @@ func TestHostnameCapAdd(t *testing.T) {
 // A Role without patch on pods (an older README's) makes JoinGroup
 // unavailable, saying what the gateway needs.
 func TestJoinGroupRefused(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{})
 	limited := newProvider(t, func(o *Options) {
@@ -410,6 +417,7 @@ func TestJoinGroupRefused(t *testing.T) {
 // policy; one with a domain rule is unsupported and leaves no pod and no
 // policy behind.
 func TestCreateWithEgress(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	svc, err := sandbox.New(ctxT(t, time.Minute), sandbox.Options{
 		Provider: p, Store: p.Store(), StateDir: t.TempDir(), AllowAnonymous: true, ReapInterval: time.Hour,
@@ -450,6 +458,7 @@ func TestCreateWithEgress(t *testing.T) {
 // restore of a new gateway (SetEgress and JoinGroup again) finds them as
 // they were and changes nothing.
 func TestEgressAcrossRestart(t *testing.T) {
+	t.Parallel()
 	before := newProvider(t)
 	id := create(t, before, providers.CreateSpec{})
 	ctx := ctxT(t, 2*time.Minute)

@@ -47,6 +47,7 @@ func create(t testing.TB, p *Kubernetes, spec providers.CreateSpec) string {
 // A pod deleted behind the gateway's back: the sandbox is gone (404), and
 // calls on it answer at once instead of hanging on the broken stream.
 func TestPodDeletedBehindBack(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{})
 	ctx := ctxT(t, time.Minute)
@@ -76,6 +77,7 @@ func TestPodDeletedBehindBack(t *testing.T) {
 // A pod that cannot be scheduled fails the create within its ready
 // timeout, naming the pod's condition, and leaves no pod behind.
 func TestUnschedulable(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	disk := 1e6 // GiB: its request (the limit) fits no node
 	id := providertest.NewID()
@@ -91,6 +93,7 @@ func TestUnschedulable(t *testing.T) {
 // An image the node does not have fails the create at once (this
 // cluster has no registry), naming the image error.
 func TestMissingImage(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	id := providertest.NewID()
 	start := time.Now()
@@ -109,6 +112,7 @@ func TestMissingImage(t *testing.T) {
 // A sandbox whose main process goes over memory_mib is in error, and its
 // reason says OOMKilled.
 func TestOOMKilled(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	mem := int64(64)
 	// tail of an endless line holds it all: it grows until the limit.
@@ -264,6 +268,7 @@ func poll(ctx context.Context, d time.Duration) {
 // With RunAsNonRoot every process of the sandbox is nobody, who owns its
 // workdir; root's files stay out of reach.
 func TestRunAsNonRoot(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, func(o *Options) { o.RunAsNonRoot = true })
 	id := create(t, p, providers.CreateSpec{Workdir: "/work"})
 	ctx := ctxT(t, time.Minute)

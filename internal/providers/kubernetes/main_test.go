@@ -47,6 +47,7 @@ func newProvider(t testing.TB, mod ...func(*Options)) *Kubernetes {
 
 // The label k8stest cleans up by is the provider's.
 func TestLabelsMatchK8stest(t *testing.T) {
+	t.Parallel()
 	if LabelInstance != k8stest.LabelInstance {
 		t.Fatalf("LabelInstance %q, k8stest.LabelInstance %q", LabelInstance, k8stest.LabelInstance)
 	}

@@ -37,6 +37,7 @@ import (
 // and no other. The test cluster's CNI (a plain bridge) does not enforce
 // NetworkPolicy: this checks the objects, not traffic.
 func TestNetworkPolicy(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	a := create(t, p, providers.CreateSpec{Ports: []int{8080}})
 	b := create(t, p, providers.CreateSpec{})
@@ -103,6 +104,7 @@ func TestNetworkPolicy(t *testing.T) {
 
 // With NoNetworkPolicy the pod gets none (the operator isolates pods).
 func TestNoNetworkPolicy(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, func(o *Options) { o.NoNetworkPolicy = true })
 	id := create(t, p, providers.CreateSpec{})
 	ctx := ctxT(t, time.Minute)
@@ -146,6 +148,7 @@ func policyExists(t *testing.T, name string) bool {
 // Sweep removes this instance's policies whose pod is gone and keeps a
 // live sandbox's and another instance's.
 func TestSweepNetworkPolicies(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	live := create(t, p, providers.CreateSpec{})
 	orphan := leftoverPolicy(t, p.opts.InstanceID)
@@ -167,6 +170,7 @@ func TestSweepNetworkPolicies(t *testing.T) {
 // A gateway that starts sweeps: an orphan policy of its instance is gone
 // once the service is up (and a pod with no record goes with its policy).
 func TestNetworkPolicySweptAtStart(t *testing.T) {
+	t.Parallel()
 	before := newProvider(t)
 	unrecorded := create(t, before, providers.CreateSpec{})
 	orphan := leftoverPolicy(t, before.opts.InstanceID)
@@ -279,6 +283,7 @@ func asRole(t *testing.T, rules []rbacv1.PolicyRule) *rest.Config {
 // service with its records in the cluster (create with its policy, exec,
 // a port's endpoint, an egress policy, a group, delete).
 func TestGatewayRole(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t, func(o *Options) { o.RestConfig = asRole(t, gatewayRole) })
 	svc, err := sandbox.New(ctxT(t, time.Minute), sandbox.Options{
 		Provider: p, Store: p.Store(), StateDir: t.TempDir(), AllowAnonymous: true, ReapInterval: time.Hour,
@@ -327,6 +332,7 @@ func TestGatewayRole(t *testing.T) {
 // saying what the gateway needs; without pods the policy made first is
 // removed.
 func TestCreateRefused(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		rules   []rbacv1.PolicyRule

@@ -13,6 +13,7 @@ import (
 // port-forward (never the pod's address), again after the forward's
 // server restarts, and not at all after the delete.
 func TestPortForward(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	id := create(t, p, providers.CreateSpec{Ports: []int{8080}})
 	ctx := ctxT(t, 2*time.Minute)

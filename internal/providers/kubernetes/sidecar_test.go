@@ -67,6 +67,7 @@ func hostAddrs(t *testing.T) (node, other netip.Addr) {
 // within a second; root in the sandbox changing resolv.conf and routes
 // gains nothing; a sandbox holding NET_ADMIN gets no policy.
 func TestEgressSidecar(t *testing.T) {
+	t.Parallel()
 	k8stest.Require(t)
 	aAddr, bAddr := hostAddrs(t)
 	p := newProvider(t, func(o *Options) {
@@ -248,6 +249,7 @@ func pointPeers(t *testing.T, p *Kubernetes, id string) []string {
 // own; the sandbox's container as without it. Domain rules pass CheckEgress; the NetworkPolicy
 // of a policy naming domains lets everything out, one of CIDRs those.
 func TestEgressSidecarPod(t *testing.T) {
+	t.Parallel()
 	k := &Kubernetes{opts: Options{AgentImage: "agent:1", EgressSidecar: true,
 		EgressResolve: map[string][]netip.Addr{"b.test": {netip.MustParseAddr("192.0.2.2")}, "a.test": {netip.MustParseAddr("192.0.2.1")}}}, ns: "ns"}
 	plain := &Kubernetes{opts: Options{AgentImage: "agent:1"}, ns: "ns"}
@@ -308,6 +310,7 @@ func TestEgressSidecarPod(t *testing.T) {
 // it in force when create returns (its point answers a.test, not b.test);
 // one adding NET_ADMIN with a policy is unsupported and leaves no pod.
 func TestCreateWithEgressSidecar(t *testing.T) {
+	t.Parallel()
 	k8stest.Require(t)
 	p := newProvider(t, func(o *Options) {
 		o.EgressSidecar = true

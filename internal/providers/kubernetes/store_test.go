@@ -16,6 +16,7 @@ import (
 // the same instance id) reads it; activity never goes back; deletes
 // remove what they name.
 func TestStoreRecords(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	other := newProvider(t, func(o *Options) { o.InstanceID = p.opts.InstanceID })
 	a, b := p.Store(), other.Store()
@@ -62,6 +63,7 @@ func TestStoreRecords(t *testing.T) {
 // TestStoreCancelled: a call whose context is done makes no API call that
 // changes anything, and says why it stopped.
 func TestStoreCancelled(t *testing.T) {
+	t.Parallel()
 	st := newProvider(t).Store()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

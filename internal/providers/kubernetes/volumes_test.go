@@ -25,6 +25,7 @@ import (
 // and a read-only reader of a sub_path share it, the reader's writes fail
 // with EROFS, a host_path is refused, and a delete removes the claim.
 func TestVolumes(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	cs := k8stest.Client(t)
 	ctx := ctxT(t, 5*time.Minute)
