@@ -90,6 +90,8 @@ type Request struct {
 	// MaxReplay (attach) bounds the replay to the last MaxReplay bytes
 	// from Since: the gateway takes a longer one for a lie.
 	MaxReplay int64 `json:"max_replay,omitempty"`
+	// Watch is what OpWatch watches.
+	Watch *WatchRequest `json:"watch,omitempty"`
 }
 
 // reply is the agent's first message on a stream; Error set means the op
