@@ -103,10 +103,9 @@ const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOV
 // sender under mu.
 type watch struct {
 	s         *Server
-	path      string   // as asked, for messages
+	path      string   // the watched directory, as asked
 	recursive bool     //
-	root      *os.File // the watched directory
-	rootFD    int      // root's descriptor
+	dev, ino  uint64   // the watched directory's (it is opened anew: is it still the one?)
 	fd        int      // the inotify instance; closed after the reader ended
 	f         *os.File // fd, for reads the poller can stop (SetReadDeadline)
 
@@ -166,21 +165,15 @@ func (s *Server) newWatch(req agentwire.WatchRequest) (*watch, error) {
 	if err := s.wl.takeWatch(); err != nil {
 		return nil, err
 	}
-	root, err := s.openDir(req.Path)
-	if err != nil {
-		s.wl.release(1, 0)
-		return nil, err
-	}
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
-		root.Close()
 		s.wl.release(1, 0)
 		if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOMEM) {
 			return nil, providers.Errorf(providers.ErrTooMany, "the kernel's limit on inotify instances (per user, shared with the sandbox's processes) is reached")
 		}
 		return nil, fmt.Errorf("inotify: %w", err)
 	}
-	w := &watch{s: s, path: req.Path, recursive: req.Recursive, root: root, rootFD: int(root.Fd()), fd: fd,
+	w := &watch{s: s, path: req.Path, recursive: req.Recursive, fd: fd,
 		f: os.NewFile(uintptr(fd), "inotify"), dirs: map[int32]string{}, rootWD: -1, wake: make(chan struct{}, 1)}
 	if _, err := w.addTree(""); err != nil {
 		w.close()
@@ -189,11 +182,10 @@ func (s *Server) newWatch(req agentwire.WatchRequest) (*watch, error) {
 	return w, nil
 }
 
-// close closes the inotify instance (which drops its watches) and the
-// directory, and gives the watch's counts back. The reader has ended.
+// close closes the inotify instance (which drops its watches) and gives
+// the watch's counts back. The reader has ended.
 func (w *watch) close() {
 	w.f.Close()
-	w.root.Close()
 	w.s.wl.release(1, len(w.dirs))
 }
 
@@ -223,17 +215,37 @@ func (s *Server) openDir(p string) (f *os.File, err error) {
 
 // addTree watches the directory rel (relative to the root; "" the root)
 // and, for a recursive watch, every directory under it, on the fork
-// thread as the other file ops run. A directory that vanished meanwhile,
+// thread as the other file ops run. The root is opened anew each time
+// (as any path is) and closed after: a descriptor held open would keep
+// its removal from being reported (IN_DELETE_SELF comes when the last
+// reference goes). A directory that vanished meanwhile,
 // is a symlink, lies on another filesystem or cannot be read is skipped
 // (the root is an error); a cap reached is an error. It returns the
 // paths it found under rel (recursive only): what appeared in a new
 // directory before its watch was in place, which inotify cannot report.
 func (w *watch) addTree(rel string) (found []string, err error) {
-	w.s.opts.ForkOn(func() { found, err = w.addTreeHere(rel) })
+	root, err := w.s.openDir(w.path)
+	if err != nil {
+		if rel != "" {
+			return nil, nil // the root went meanwhile: its own event ends the watch
+		}
+		return nil, err
+	}
+	defer root.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(root.Fd()), &st); err != nil {
+		return nil, fileError(w.path, err)
+	}
+	if rel == "" {
+		w.dev, w.ino = st.Dev, st.Ino
+	} else if st.Dev != w.dev || st.Ino != w.ino {
+		return nil, nil // another directory took the root's place: the root's own event ends the watch
+	}
+	w.s.opts.ForkOn(func() { found, err = w.addTreeHere(int(root.Fd()), rel) })
 	return found, err
 }
 
-func (w *watch) addTreeHere(rel string) ([]string, error) {
+func (w *watch) addTreeHere(rootFD int, rel string) ([]string, error) {
 	var found []string
 	todo := []string{rel}
 	for len(todo) > 0 {
@@ -243,7 +255,7 @@ func (w *watch) addTreeHere(rel string) ([]string, error) {
 		if name == "" {
 			name = "."
 		}
-		fd, err := unix.Openat2(w.rootFD, name, &unix.OpenHow{
+		fd, err := unix.Openat2(rootFD, name, &unix.OpenHow{
 			Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
 			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
 		})

@@ -177,6 +177,30 @@ func TestWatchSymlinksStayInside(t *testing.T) {
 	}
 }
 
+// TestWatchRootRemoved: removing the watched directory ends the watch
+// with ErrNotFound, after the events of what was in it.
+func TestWatchRootRemoved(t *testing.T) {
+	t.Parallel()
+	_, c := pair(t)
+	dir := filepath.Join(t.TempDir(), "w")
+	must(t, os.MkdirAll(filepath.Join(dir, "sub"), 0o755))
+	must(t, os.WriteFile(filepath.Join(dir, "sub", "f"), nil, 0o644))
+	w := startWatch(t, c, agentwire.WatchRequest{Path: dir, Recursive: true}, nil)
+	must(t, os.RemoveAll(dir))
+	select {
+	case err := <-w.done:
+		w.done <- err
+		if providers.Kind(err) != providers.ErrNotFound || !strings.Contains(err.Error(), "was removed") {
+			t.Errorf("a watch of a removed directory ended with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the watch of a removed directory did not end")
+	}
+	if evs := w.seen(); !slices.Contains(evs, ev("sub/f", agentwire.WatchRemove)) || !slices.Contains(evs, ev("sub", agentwire.WatchRemove)) {
+		t.Errorf("events before the end: %v", evs)
+	}
+}
+
 // TestWatchCancel: the gateway closing the watch ends it in the agent:
 // its inotify instance closed, its goroutines gone (goleak), its counts
 // given back.
@@ -282,8 +306,8 @@ func TestWatchOverflow(t *testing.T) {
 	w := startWatch(t, c, agentwire.WatchRequest{Path: dir}, gate)
 	// Long names fill the stream's window (1 MiB) while the client is
 	// stuck in its first batch; then the agent's queue.
-	long := strings.Repeat("n", 200)
-	for i := range 8000 {
+	long := strings.Repeat("n", 240)
+	for i := range 3000 {
 		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s%05d", long, i)))
 		must(t, err)
 		f.Close()

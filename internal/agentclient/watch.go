@@ -14,6 +14,9 @@ import (
 // WatchEvent is one change under a watched directory.
 type WatchEvent = agentwire.WatchEvent
 
+// WatchRequest is what Watch watches.
+type WatchRequest = agentwire.WatchRequest
+
 // Watch watches the directory req.Path in the sandbox (recursive: and the
 // directories under it, as they appear). It calls started once the watch
 // is in place, then events with each batch of changes in the order they
@@ -24,7 +27,7 @@ type WatchEvent = agentwire.WatchEvent
 // Errors before started: ErrNotFound, ErrInvalid (not a directory, not
 // absolute, escapes the sandbox), ErrTooMany (a cap). An event named
 // absolute or with "..", or of an unknown kind, is a lie.
-func (c *Client) Watch(ctx context.Context, req agentwire.WatchRequest, started func() error, events func([]WatchEvent) error) error {
+func (c *Client) Watch(ctx context.Context, req WatchRequest, started func() error, events func([]WatchEvent) error) error {
 	_, st, err := c.call(ctx, agentwire.Request{Op: agentwire.OpWatch, Watch: &req})
 	if err != nil {
 		return err
