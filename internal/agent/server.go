@@ -175,6 +175,7 @@ func (s *Server) Close() {
 		c.stop()
 		s.drop(c)
 	}
+	s.closeWatchers()
 	if s.own {
 		s.reaper.Close()
 	}
@@ -310,6 +311,8 @@ func (s *Server) handle(st io.ReadWriteCloser, uc *net.UnixConn, shutdown func()
 		s.commandOp(st, req)
 	case agentwire.OpWatch:
 		s.watchDir(st, req)
+	case agentwire.OpWatcherCreate, agentwire.OpWatcherEvents, agentwire.OpWatcherRemove:
+		agentwire.WriteMsg(st, s.watcherOp(req))
 	case agentwire.OpOpen:
 		s.open(st, uc, req)
 	case agentwire.OpSpawn:

@@ -47,21 +47,27 @@ const (
 	// gateway that takes them slower than they come: past it the watch
 	// ends with an overflow (too_many), as inotify's own queue does.
 	DefaultMaxWatchQueue = 4096
+	// DefaultWatcherIdle is how long a watcher (agentwire's
+	// OpWatcherCreate) lives without being read: its client went away.
+	DefaultWatcherIdle = 10 * time.Minute
 )
 
 // watchLimits counts a server's watches and the directories they watch,
 // against its caps (the defaults above; tests lower them).
 type watchLimits struct {
 	maxWatches, maxDirs, maxEach, maxQueue int
+	idle                                   time.Duration // a watcher's (see DefaultWatcherIdle)
 
-	mu      sync.Mutex // guards watches and dirs
-	watches int
-	dirs    int
+	mu       sync.Mutex // guards watches, dirs and watchers
+	watches  int
+	dirs     int
+	watchers map[string]*watch // by id (watchers.go)
 }
 
 func defaultWatchLimits() watchLimits {
 	return watchLimits{maxWatches: DefaultMaxWatches, maxDirs: DefaultMaxSandboxWatchDirs,
-		maxEach: DefaultMaxWatchDirs, maxQueue: DefaultMaxWatchQueue}
+		maxEach: DefaultMaxWatchDirs, maxQueue: DefaultMaxWatchQueue, idle: DefaultWatcherIdle,
+		watchers: map[string]*watch{}}
 }
 
 func (l *watchLimits) takeWatch() error {
@@ -120,6 +126,10 @@ type watch struct {
 	queue []agentwire.WatchEvent
 	end   *agentwire.WatchEnd
 	wake  chan struct{} // a token when queue or end changed
+
+	// A watcher's (watchers.go): its reader's end, and its idle timer.
+	readDone chan struct{}
+	idle     *time.Timer
 }
 
 // watchDir serves OpWatch on st: a reply, then event frames until the
@@ -388,26 +398,27 @@ func (w *watch) handle(buf []byte) bool {
 			continue
 		}
 		rel := path.Join(dir, name)
-		if w.push(agentwire.WatchEvent{Name: rel, Op: op}) {
-			return true
-		}
-		if !w.recursive || mask&unix.IN_ISDIR == 0 {
-			continue
-		}
+		// A directory that appeared is watched before its event is
+		// queued: a client that saw the event sees what happens in it.
 		var found []string
 		var err error
-		switch {
-		case mask&unix.IN_MOVED_FROM != 0:
-			w.moved = &movedDir{cookie: cookie, rel: rel}
-		case mask&unix.IN_MOVED_TO != 0:
-			if m := w.moved; m != nil {
-				w.renameDirs(m.rel, rel)
-				w.moved = nil
-			} else {
-				found, err = w.addTree(rel) // moved in from outside
+		if w.recursive && mask&unix.IN_ISDIR != 0 {
+			switch {
+			case mask&unix.IN_MOVED_FROM != 0:
+				w.moved = &movedDir{cookie: cookie, rel: rel}
+			case mask&unix.IN_MOVED_TO != 0:
+				if m := w.moved; m != nil {
+					w.renameDirs(m.rel, rel)
+					w.moved = nil
+				} else {
+					found, err = w.addTree(rel) // moved in from outside
+				}
+			case mask&unix.IN_CREATE != 0:
+				found, err = w.addTree(rel)
 			}
-		case mask&unix.IN_CREATE != 0:
-			found, err = w.addTree(rel)
+		}
+		if w.push(agentwire.WatchEvent{Name: rel, Op: op}) {
+			return true
 		}
 		for _, p := range found {
 			if w.push(agentwire.WatchEvent{Name: p, Op: agentwire.WatchCreate}) {
@@ -520,11 +531,7 @@ func (w *watch) send(st io.Writer, gone <-chan struct{}) {
 		w.queue = nil
 		w.mu.Unlock()
 		for len(evs) > 0 {
-			n, size := 0, 0
-			for n < len(evs) && n < agentwire.MaxWatchBatch && size < agentwire.MaxFrame/2 {
-				size += len(evs[n].Name) + 32
-				n++
-			}
+			n := min(fitEvents(evs, agentwire.MaxFrame), agentwire.MaxWatchBatch)
 			b, _ := json.Marshal(evs[:n])
 			if agentwire.WriteFrame(st, agentwire.FrameEvents, b) != nil {
 				return
@@ -544,4 +551,19 @@ func (l *watchLimits) counts() [2]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return [2]int{l.watches, l.dirs}
+}
+
+// fitEvents is how many of evs (at least one) surely fit a message of
+// limit bytes as JSON: each name counted as if every byte were escaped
+// (\u00XX), the rest of an event's JSON under 32 bytes.
+func fitEvents(evs []agentwire.WatchEvent, limit int) int {
+	n, size := 0, 0
+	for n < len(evs) {
+		size += 6*len(evs[n].Name) + 32
+		if n > 0 && size > limit-64 {
+			break
+		}
+		n++
+	}
+	return n
 }

@@ -88,3 +88,67 @@ func checkEvent(ev WatchEvent) error {
 	}
 	return nil
 }
+
+// CreateWatcher starts a watcher of req (see agentwire.OpWatcherCreate),
+// which the agent holds until it is removed, and returns its id. Errors
+// as Watch's before it starts.
+func (c *Client) CreateWatcher(ctx context.Context, req WatchRequest) (string, error) {
+	rep, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpWatcherCreate, Watch: &req})
+	if err != nil {
+		return "", err
+	}
+	if !ValidWatcherID(rep.Watcher) {
+		return "", c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("a watcher id %q", rep.Watcher)})
+	}
+	return rep.Watcher, nil
+}
+
+// WatcherEvents takes watcher id's queued events, oldest first (none:
+// nothing happened since). Once the watcher ended and everything was
+// taken, it returns its end as Watch does (ErrTooMany, ErrNotFound) and
+// the watcher is gone; ErrNotFound too for a watcher the agent does not
+// hold.
+func (c *Client) WatcherEvents(ctx context.Context, id string) ([]WatchEvent, error) {
+	rep, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpWatcherEvents, ID: id})
+	if err != nil {
+		return nil, err
+	}
+	if rep.WatchEnd != nil {
+		if rep.WatchEnd.Error == "" || len(rep.Events) > 0 {
+			return nil, c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("watcher %s: an end without a reason, or with events", id)})
+		}
+		return nil, agentwire.RemoteError(rep.WatchEnd.Error, rep.WatchEnd.Kind)
+	}
+	for _, ev := range rep.Events {
+		if err := checkEvent(ev); err != nil {
+			return nil, c.violate(&agentwire.ProtocolError{What: fmt.Sprintf("watcher %s: %v", id, err)})
+		}
+	}
+	return rep.Events, nil
+}
+
+// RemoveWatcher stops watcher id: ErrNotFound if the agent holds none.
+func (c *Client) RemoveWatcher(ctx context.Context, id string) error {
+	_, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpWatcherRemove, ID: id})
+	return err
+}
+
+// ValidWatcherID reports whether id is shaped as the agent makes them.
+func ValidWatcherID(id string) bool {
+	return ValidID(id, agentwire.WatcherPrefix, agentwire.WatcherHex)
+}
+
+// ValidID reports whether id is prefix and n lowercase hex characters:
+// the shape of the ids the gateway and the agent make.
+func ValidID(id, prefix string, n int) bool {
+	h, ok := strings.CutPrefix(id, prefix)
+	if !ok || len(h) != n {
+		return false
+	}
+	for _, r := range h {
+		if (r < '0' || r > '9') && (r < 'a' || r > 'f') {
+			return false
+		}
+	}
+	return true
+}

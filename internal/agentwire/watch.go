@@ -9,6 +9,24 @@ package agentwire
 // OpWatch watches a directory (Request.Watch): Reply, then frames.
 const OpWatch = "fs.watch"
 
+// A watcher is a watch the agent holds between calls, its events queued
+// until they are taken (envd's CreateWatcher, GetWatcherEvents and
+// RemoveWatcher): it outlives the connection that made it, so it
+// survives a gateway restart, until it is removed, ends and is read to
+// its end, or is not read for the agent's idle bound.
+const (
+	OpWatcherCreate = "fs.watcher.create" // Watch → Watcher (its id)
+	OpWatcherEvents = "fs.watcher.events" // ID → Events, or WatchEnd once it ended and all was taken
+	OpWatcherRemove = "fs.watcher.remove" // ID
+)
+
+// WatcherPrefix starts a watcher's id, followed by WatcherHex lowercase
+// hex characters.
+const (
+	WatcherPrefix = "wch-"
+	WatcherHex    = 16
+)
+
 // WatchRequest is what OpWatch watches.
 type WatchRequest struct {
 	Path string `json:"path"` // absolute, a directory

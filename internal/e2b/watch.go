@@ -89,3 +89,55 @@ func (f *filesystemServer) WatchDir(ctx context.Context, req *connect.Request[fi
 	}
 	return f.s.connectErr(err)
 }
+
+// CreateWatcher starts a watcher of a directory (the Python SDK's
+// synchronous watch_dir): the sandbox's agent holds it, its events queued
+// (bounded: an overflow ends it) until GetWatcherEvents takes them, also
+// across a gateway restart, until RemoveWatcher or ten minutes unread.
+// Errors as WatchDir's.
+func (f *filesystemServer) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
+	t, err := f.s.target(ctx, req.Header())
+	if err != nil {
+		return nil, f.s.connectErr(err)
+	}
+	if err := checkWatch(req.Msg.Path, req.Msg.IncludeEntry); err != nil {
+		return nil, err
+	}
+	wid, err := f.s.svc.CreateWatcher(ctx, t.c, t.id, req.Msg.Path, req.Msg.Recursive)
+	if err != nil {
+		return nil, f.s.connectErr(err)
+	}
+	return connect.NewResponse(&filesystem.CreateWatcherResponse{WatcherId: wid}), nil
+}
+
+// GetWatcherEvents takes a watcher's events since the last call. Once
+// the watcher ended (an overflow: ResourceExhausted; its directory
+// removed: NotFound) and its events were taken, the call answers that
+// error and the watcher is gone.
+func (f *filesystemServer) GetWatcherEvents(ctx context.Context, req *connect.Request[filesystem.GetWatcherEventsRequest]) (*connect.Response[filesystem.GetWatcherEventsResponse], error) {
+	t, err := f.s.target(ctx, req.Header())
+	if err != nil {
+		return nil, f.s.connectErr(err)
+	}
+	evs, err := f.s.svc.WatcherEvents(ctx, t.c, t.id, req.Msg.WatcherId)
+	if err != nil {
+		return nil, f.s.connectErr(err)
+	}
+	res := &filesystem.GetWatcherEventsResponse{Events: make([]*filesystem.FilesystemEvent, 0, len(evs))}
+	for _, e := range evs {
+		res.Events = append(res.Events, fsEvent(e))
+	}
+	return connect.NewResponse(res), nil
+}
+
+// RemoveWatcher stops a watcher: NotFound if there is none.
+func (f *filesystemServer) RemoveWatcher(ctx context.Context, req *connect.Request[filesystem.RemoveWatcherRequest]) (*connect.Response[filesystem.RemoveWatcherResponse], error) {
+	t, err := f.s.target(ctx, req.Header())
+	if err != nil {
+		return nil, f.s.connectErr(err)
+	}
+	if err := f.s.svc.RemoveWatcher(ctx, t.c, t.id, req.Msg.WatcherId); err != nil {
+		return nil, f.s.connectErr(err)
+	}
+	return connect.NewResponse(&filesystem.RemoveWatcherResponse{}), nil
+}

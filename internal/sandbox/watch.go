@@ -5,6 +5,7 @@ import (
 
 	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/wire"
 )
 
 // WatchEvent is one change under a watched directory: its path relative
@@ -44,11 +45,78 @@ func (s *Service) WatchDir(ctx context.Context, c Caller, id, p string, recursiv
 		return err
 	})
 	if err != nil && !theirs {
-		switch providers.Kind(err) {
-		case providers.ErrNotFound, providers.ErrInvalid, providers.ErrTooMany, providers.ErrForbidden:
-			return fileErr("watch", p, err)
-		}
-		return s.commandFailed(ctx, b, err)
+		return s.watchFailed(ctx, b, err)
 	}
 	return err
+}
+
+// CreateWatcher starts a watcher of the directory p of sandbox id (see
+// WatchDir): the sandbox's agent holds it and queues its events until
+// WatcherEvents takes them, across gateway restarts, until RemoveWatcher,
+// or until it is not read for the agent's idle bound (ten minutes). It
+// returns the watcher's id. Errors as WatchDir's before it starts.
+func (s *Service) CreateWatcher(ctx context.Context, c Caller, id, p string, recursive bool) (string, error) {
+	if err := checkPath(p); err != nil {
+		return "", providers.InvalidFields{{Field: "path", Message: err.Error()}}
+	}
+	ag, b, end, err := s.agentHost(ctx, c, id, "directory watches", nil)
+	if err != nil {
+		return "", err
+	}
+	defer end()
+	wid, err := ag.CreateWatcher(ctx, agentclient.WatchRequest{Path: resolve(b.rec.Workdir, p), Recursive: recursive})
+	if err != nil {
+		return "", s.watchFailed(ctx, b, err)
+	}
+	return wid, nil
+}
+
+// WatcherEvents takes the events watcher wid of sandbox id queued, oldest
+// first (none: nothing happened since). Once the watcher ended and all
+// was taken it returns the end (as WatchDir's) and the watcher is gone;
+// ErrNotFound for an unknown watcher.
+func (s *Service) WatcherEvents(ctx context.Context, c Caller, id, wid string) ([]WatchEvent, error) {
+	ag, b, end, err := s.watcherHost(ctx, c, id, wid)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	evs, err := ag.WatcherEvents(ctx, wid)
+	if err != nil {
+		return nil, s.watchFailed(ctx, b, err)
+	}
+	return evs, nil
+}
+
+// RemoveWatcher stops watcher wid of sandbox id: ErrNotFound if unknown.
+func (s *Service) RemoveWatcher(ctx context.Context, c Caller, id, wid string) error {
+	ag, b, end, err := s.watcherHost(ctx, c, id, wid)
+	if err != nil {
+		return err
+	}
+	defer end()
+	if err := ag.RemoveWatcher(ctx, wid); err != nil {
+		return s.watchFailed(ctx, b, err)
+	}
+	return nil
+}
+
+func (s *Service) watcherHost(ctx context.Context, c Caller, id, wid string) (*agentclient.Client, *box, func(), error) {
+	return s.agentHost(ctx, c, id, "directory watches", func() error {
+		if !agentclient.ValidWatcherID(wid) {
+			return providers.Errorf(providers.ErrNotFound, "sandbox %s has no watcher %q", id, wire.Truncate(wid, 40))
+		}
+		return nil
+	})
+}
+
+// watchFailed is err, from sandbox b's agent about a watch, as the client
+// gets it: the agent's refusals and a watch's end pass through as they
+// are; anything else as commandFailed says.
+func (s *Service) watchFailed(ctx context.Context, b *box, err error) error {
+	switch providers.Kind(err) {
+	case providers.ErrNotFound, providers.ErrInvalid, providers.ErrTooMany, providers.ErrForbidden:
+		return err
+	}
+	return s.commandFailed(ctx, b, err)
 }
