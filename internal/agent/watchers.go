@@ -114,4 +114,3 @@ func (s *Server) watcherOp(req agentwire.Request) agentwire.Reply {
 	}
 	return rep
 }
-
