@@ -201,7 +201,8 @@ func TestWatchRootRemoved(t *testing.T) {
 	}
 }
 
-// TestWatchCancel: the gateway closing the watch ends it in the agent:
+// TestWatchCancel: the gateway closing the watch, or its connection,
+// ends it in the agent:
 // its inotify instance closed, its goroutines gone (goleak), its counts
 // given back.
 func TestWatchCancel(t *testing.T) {
@@ -220,6 +221,12 @@ func TestWatchCancel(t *testing.T) {
 	w.done <- nil // for the cleanup
 	testkit.Eventually(t, "the agent ended the watch", 10*time.Second, func() bool { return srv.wl.counts() == [2]int{} })
 	testkit.Eventually(t, "the descriptors closed", 10*time.Second, func() bool { return openFDs(t) <= before })
+
+	// The gateway gone (its connection closed, as when it is killed):
+	// the watch ends too.
+	startWatch(t, c, agentwire.WatchRequest{Path: dir}, nil)
+	c.Close()
+	testkit.Eventually(t, "the agent ended the watch of a closed connection", 10*time.Second, func() bool { return srv.wl.counts() == [2]int{} })
 }
 
 // TestWatchBadInput: a missing path, a file, a relative path: each a

@@ -20,6 +20,7 @@ import (
 // codes the SDKs turn into their errors. (The fake provider's agent
 // serves host paths: the directories here are the test's own.)
 func TestWatchRPCs(t *testing.T) {
+	t.Parallel()
 	f := newFace(t)
 	ctx := testkit.Context(t, time.Minute)
 	ref, err := f.svc.Create(ctx, sandbox.Caller{Bearer: testKey}, sandbox.CreateRequest{})

@@ -3,6 +3,9 @@
 // and sets E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY).
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
 import {
   Sandbox, CommandExitError, AuthenticationError, SandboxNotFoundError, NotFoundError, TimeoutError,
   SandboxError, ALL_TRAFFIC, Volume, InvalidArgumentError,
@@ -272,6 +275,20 @@ test('files.watchDir: each kind of event, recursive, stop; bad paths raise the S
       assert.ok(err instanceof InvalidArgumentError, `got ${err}`)
       return true
     })
+    // A link to a directory of the host (this test's own, outside the
+    // sandbox) leads to that path inside the sandbox, where it is not.
+    const host = fs.mkdtempSync(path.join(os.tmpdir(), 'e2b-watch-host-'))
+    try {
+      await sbx.commands.run(`ln -s ${host} ${dir}/host-link && ln -s ../../../../..${host} ${dir}/host-up`)
+      for (const link of ['host-link', 'host-up']) {
+        await assert.rejects(sbx.files.watchDir(`${dir}/${link}`, () => {}), (err) => {
+          assert.ok(err instanceof NotFoundError, `${link}: got ${err}`)
+          return true
+        })
+      }
+    } finally {
+      fs.rmSync(host, { recursive: true })
+    }
   }
 
   // The watched directory removed: the watch ends and onExit says why.
