@@ -80,6 +80,19 @@ func (w *watching) waitFor(t *testing.T, want ...agentwire.WatchEvent) {
 	})
 }
 
+// ended waits for the watch to end by itself and returns its error.
+func (w *watching) ended(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-w.done:
+		w.done <- err // for the cleanup
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatal("the watch did not end")
+		return nil
+	}
+}
+
 func (w *watching) seen() []agentwire.WatchEvent {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -187,14 +200,8 @@ func TestWatchRootRemoved(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(dir, "sub", "f"), nil, 0o644))
 	w := startWatch(t, c, agentwire.WatchRequest{Path: dir, Recursive: true}, nil)
 	must(t, os.RemoveAll(dir))
-	select {
-	case err := <-w.done:
-		w.done <- err
-		if providers.Kind(err) != providers.ErrNotFound || !strings.Contains(err.Error(), "was removed") {
-			t.Errorf("a watch of a removed directory ended with %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the watch of a removed directory did not end")
+	if err := w.ended(t); providers.Kind(err) != providers.ErrNotFound || !strings.Contains(err.Error(), "was removed") {
+		t.Errorf("a watch of a removed directory ended with %v", err)
 	}
 	if evs := w.seen(); !slices.Contains(evs, ev("sub/f", agentwire.WatchRemove)) || !slices.Contains(evs, ev("sub", agentwire.WatchRemove)) {
 		t.Errorf("events before the end: %v", evs)
@@ -287,14 +294,8 @@ func TestWatchCaps(t *testing.T) {
 
 	must(t, os.Mkdir(filepath.Join(small, "b"), 0o755)) // the third directory: watched
 	must(t, os.Mkdir(filepath.Join(small, "c"), 0o755)) // the fourth: the watch ends
-	select {
-	case err := <-w.done:
-		w.done <- err
-		if providers.Kind(err) != providers.ErrTooMany || !strings.Contains(err.Error(), "more than 3 directories") {
-			t.Errorf("a watch that grew past its cap ended with %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("a watch that grew past its cap did not end")
+	if err := w.ended(t); providers.Kind(err) != providers.ErrTooMany || !strings.Contains(err.Error(), "more than 3 directories") {
+		t.Errorf("a watch that grew past its cap ended with %v", err)
 	}
 	if evs := w.seen(); !slices.Contains(evs, ev("c", agentwire.WatchCreate)) {
 		t.Errorf("the event of the directory past the cap was not sent before the end: %v", evs)
@@ -328,14 +329,8 @@ func TestWatchOverflow(t *testing.T) {
 		}
 	}
 	close(gate)
-	select {
-	case err := <-w.done:
-		w.done <- err
-		if providers.Kind(err) != providers.ErrTooMany || !strings.Contains(err.Error(), "events were lost") {
-			t.Errorf("an overflowed watch ended with %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("a watch whose client fell behind did not end")
+	if err := w.ended(t); providers.Kind(err) != providers.ErrTooMany || !strings.Contains(err.Error(), "events were lost") {
+		t.Errorf("an overflowed watch ended with %v", err)
 	}
 	testkit.Eventually(t, "the overflowed watch released", 10*time.Second, func() bool { return srv.wl.counts() == [2]int{} })
 }
