@@ -58,10 +58,11 @@ type watchLimits struct {
 	maxWatches, maxDirs, maxEach, maxQueue int
 	idle                                   time.Duration // a watcher's (see DefaultWatcherIdle)
 
-	mu       sync.Mutex // guards watches, dirs and watchers
-	watches  int
-	dirs     int
-	watchers map[string]*watch // by id (watchers.go)
+	mu        sync.Mutex // guards watches, dirs, overflows and watchers
+	watches   int
+	dirs      int
+	overflows int               // watches ended by their queue's bound
+	watchers  map[string]*watch // by id (watchers.go)
 }
 
 func defaultWatchLimits() watchLimits {
@@ -486,6 +487,7 @@ func (w *watch) push(ev agentwire.WatchEvent) bool {
 		return true
 	}
 	if len(w.queue) >= w.s.wl.maxQueue {
+		w.s.wl.overflowed()
 		w.endLocked(providers.Errorf(providers.ErrTooMany, "more than %d events for %s were waiting for the client: events were lost", w.s.wl.maxQueue, w.path))
 		return true
 	}
@@ -547,6 +549,12 @@ func (w *watch) send(st io.Writer, gone <-chan struct{}) {
 }
 
 // counts is the watches and directories held (tests).
+func (l *watchLimits) overflowed() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.overflows++
+}
+
 func (l *watchLimits) counts() [2]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -302,37 +304,75 @@ func TestWatchCaps(t *testing.T) {
 	}
 }
 
-// TestWatchOverflow: a client that stops taking events while they keep
-// coming gets its watch ended with an overflow (ErrTooMany, "events were
-// lost"), not an agent buffering without bound.
+// TestWatchOverflow: a client that stops taking a stream's events while
+// more come than the agent's queue holds gets its watch ended with an
+// overflow (ErrTooMany, "events were lost") after the events before it,
+// none lost among those: the agent does not buffer without bound. The
+// stream is a pipe the test reads (or not) itself.
 func TestWatchOverflow(t *testing.T) {
 	t.Parallel()
-	srv, c := pair(t)
+	srv := NewServer(true)
+	t.Cleanup(srv.Close)
 	srv.wl.maxQueue = 16
 	dir := t.TempDir()
-	gate := make(chan struct{})
-	w := startWatch(t, c, agentwire.WatchRequest{Path: dir}, gate)
-	// Long names fill the stream's window (1 MiB) while the client is
-	// stuck in its first batch; then the agent's queue.
-	long := strings.Repeat("n", 240)
-	for i := range 3000 {
-		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s%05d", long, i)))
+	a, b := net.Pipe() // unbuffered: the agent's writes wait for the test's reads
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.watchDir(a, agentwire.Request{Op: agentwire.OpWatch, Watch: &agentwire.WatchRequest{Path: dir}})
+	}()
+	defer func() {
+		b.Close()
+		<-served
+	}()
+	var rep agentwire.Reply
+	if err := agentwire.ReadMsg(b, &rep, agentwire.MaxReply); err != nil || rep.Error != "" {
+		t.Fatalf("the watch's reply: %+v %v", rep, err)
+	}
+	for i := range 100 {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("f%05d", i)))
 		must(t, err)
 		f.Close()
-		if i%500 == 0 {
-			select {
-			case err := <-w.done:
-				w.done <- err
-				t.Fatalf("the watch ended early: %v", err)
-			default:
+	}
+	testkit.Eventually(t, "the queue's overflow", 10*time.Second, func() bool {
+		srv.wl.mu.Lock()
+		defer srv.wl.mu.Unlock()
+		return srv.wl.overflows == 1
+	})
+	var evs []agentwire.WatchEvent
+	first := -1 // the events of the frame the agent was stuck writing
+	for {
+		typ, p, err := agentwire.ReadFrame(b, nil)
+		if err != nil {
+			t.Fatalf("after %d events: %v", len(evs), err)
+		}
+		if typ == agentwire.FrameWatchEnd {
+			var end agentwire.WatchEnd
+			json.Unmarshal(p, &end)
+			if end.Kind != "too_many" || !strings.Contains(end.Error, "events were lost") {
+				t.Errorf("the end of an overflowed watch: %+v", end)
 			}
+			break
+		}
+		var batch []agentwire.WatchEvent
+		must(t, json.Unmarshal(p, &batch))
+		evs = append(evs, batch...)
+		if first < 0 {
+			first = len(batch)
 		}
 	}
-	close(gate)
-	if err := w.ended(t); providers.Kind(err) != providers.ErrTooMany || !strings.Contains(err.Error(), "events were lost") {
-		t.Errorf("an overflowed watch ended with %v", err)
+	if len(evs) == 0 || len(evs) > first+16 {
+		t.Errorf("%d events before the overflow: more than the frame the client stopped at (%d) and a queue of 16", len(evs), first)
 	}
-	testkit.Eventually(t, "the overflowed watch released", 10*time.Second, func() bool { return srv.wl.counts() == [2]int{} })
+	for i, e := range evs {
+		if e != ev(fmt.Sprintf("f%05d", i), agentwire.WatchCreate) {
+			t.Fatalf("event %d before the overflow: %v (none may be lost before it)", i, e)
+		}
+	}
+	<-served
+	if n := srv.wl.counts(); n != [2]int{} {
+		t.Errorf("after the overflow: %v held", n)
+	}
 }
 
 func must(t *testing.T, err error) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -135,5 +136,52 @@ func TestWatcherEnds(t *testing.T) {
 	})
 	if _, err := c.WatcherEvents(ctx, idle); providers.Kind(err) != providers.ErrNotFound {
 		t.Errorf("an expired watcher: %v", err)
+	}
+}
+
+// TestWatcherOverflow: a watcher nobody reads while more events come
+// than its queue holds ends with an overflow: the next read gets the
+// queued events, the one after the overflow (ErrTooMany, "events were
+// lost"), and the watcher is gone.
+func TestWatcherOverflow(t *testing.T) {
+	t.Parallel()
+	srv, c := pair(t)
+	srv.wl.maxQueue = 300 // more than one read of inotify's (64 KiB) holds
+	ctx := testkit.Context(t, time.Minute)
+	dir := t.TempDir()
+	id, err := c.CreateWatcher(ctx, agentwire.WatchRequest{Path: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 400 {
+		f, err := os.Create(filepath.Join(dir, strings.Repeat("n", 200)+strconv.Itoa(i)))
+		must(t, err)
+		f.Close()
+	}
+	testkit.Eventually(t, "the agent's queue overflowed", 10*time.Second, func() bool {
+		srv.wl.mu.Lock()
+		w := srv.wl.watchers[id]
+		srv.wl.mu.Unlock()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.end != nil
+	})
+	var got int
+	testkit.Eventually(t, "the overflow", 10*time.Second, func() bool {
+		evs, err := c.WatcherEvents(ctx, id)
+		got += len(evs)
+		if err != nil {
+			if providers.Kind(err) != providers.ErrTooMany || !strings.Contains(err.Error(), "events were lost") {
+				t.Fatalf("an overflowed watcher: %v", err)
+			}
+			return true
+		}
+		return false
+	})
+	if got != 300 {
+		t.Errorf("%d events before the overflow, want the 300 queued", got)
+	}
+	if n := srv.wl.counts(); n != [2]int{} {
+		t.Errorf("after the overflow: %v held", n)
 	}
 }
