@@ -66,23 +66,25 @@ func defaultWatchLimits() watchLimits {
 		watchers: map[string]*watch{}}
 }
 
+// takeWatch counts one more watch, or refuses it at the cap.
 func (l *watchLimits) takeWatch() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.watches >= l.maxWatches {
-		return providers.Errorf(providers.ErrTooMany, "the sandbox has %d directory watches already (its cap): stop one first", l.watches)
-	}
-	l.watches++
-	return nil
+	return l.take(&l.watches, l.maxWatches, "the sandbox has %d directory watches already (its cap): stop one first")
 }
 
+// takeDir counts one more watched directory, or refuses it at the cap.
 func (l *watchLimits) takeDir() error {
+	return l.take(&l.dirs, l.maxDirs, "the sandbox's watches watch %d directories already (its cap)")
+}
+
+// take adds one to *n (a field l.mu guards) unless it is at limit: then
+// ErrTooMany, refused's format given *n.
+func (l *watchLimits) take(n *int, limit int, refused string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.dirs >= l.maxDirs {
-		return providers.Errorf(providers.ErrTooMany, "the sandbox's watches watch %d directories already (its cap)", l.dirs)
+	if *n >= limit {
+		return providers.Errorf(providers.ErrTooMany, refused, *n)
 	}
-	l.dirs++
+	*n++
 	return nil
 }
 
