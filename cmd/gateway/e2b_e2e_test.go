@@ -83,23 +83,26 @@ func runE2BSDK(t *testing.T, g *proc, template string, env ...string) {
 
 // TestE2BSDKRestart: a background command started through the SDK runs
 // on while its gateway is SIGKILLed and started again; the SDK then
-// connects to it by pid and reads the rest of its output and its exit.
+// connects to it by pid and reads the rest of its output and its exit. A
+// directory watcher (CreateWatcher) made before the restart reports a
+// change made after it.
 func TestE2BSDKRestart(t *testing.T) {
 	t.Parallel()
 	state := t.TempDir()
 	g := startGateway(t, state, nil, "--e2b", "--api-key", e2bKey)
 	out := runE2BScript(t, g, "restart.mjs", "start")
 	var started struct {
-		ID  string `json:"id"`
-		PID int    `json:"pid"`
+		ID      string `json:"id"`
+		PID     int    `json:"pid"`
+		Watcher string `json:"watcher"`
 	}
-	if err := json.Unmarshal(bytes.TrimSpace(out), &started); err != nil || started.ID == "" || started.PID <= 0 {
+	if err := json.Unmarshal(bytes.TrimSpace(out), &started); err != nil || started.ID == "" || started.PID <= 0 || started.Watcher == "" {
 		t.Fatalf("phase start: %v\n%s", err, out)
 	}
 	g.stop(syscall.SIGKILL)
 	g2 := startGateway(t, state, nil, "--e2b", "--api-key", e2bKey)
 	out = runE2BScript(t, g2, "restart.mjs", "follow",
-		"E2B_RESTART_SANDBOX="+started.ID, "E2B_RESTART_PID="+strconv.Itoa(started.PID))
+		"E2B_RESTART_SANDBOX="+started.ID, "E2B_RESTART_PID="+strconv.Itoa(started.PID), "E2B_RESTART_WATCHER="+started.Watcher)
 	if !bytes.Contains(out, []byte("followed")) {
 		t.Fatalf("phase follow: %s", out)
 	}

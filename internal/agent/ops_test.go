@@ -41,6 +41,8 @@ func (d dirFiles) Stat(p string) (providers.FileInfo, error) {
 
 func (d dirFiles) Spill() (*os.File, error) { return SpillFile(d.dir) }
 
+func (d dirFiles) Dir(p string) (*os.File, error) { return os.Open(filepath.Join(d.dir, p)) }
+
 func (d dirFiles) List(p string) ([]providers.FileInfo, bool, error) {
 	return listPath(filepath.Join(d.dir, p))
 }

@@ -42,6 +42,8 @@ type Server struct {
 	sessions map[string]*session
 	commands map[string]*command // the durable ones, by id
 	cmdSeq   int64
+
+	wl watchLimits // the directory watches (watch.go)
 }
 
 // Options adapt a server to the process it runs in.
@@ -89,6 +91,9 @@ type Files interface {
 	Stat(p string) (providers.FileInfo, error)
 	// List describes the entries of the directory p (see ReadDir).
 	List(p string) ([]providers.FileInfo, bool, error)
+	// Dir opens the directory at the absolute path p for reading (a
+	// watch's root): ErrInvalid if it is not a directory.
+	Dir(p string) (*os.File, error)
 	// Spill opens an unlinked file on the sandbox's disk for reading and
 	// writing (see SpillFile): where a command's output overflows.
 	Spill() (*os.File, error)
@@ -119,7 +124,7 @@ func NewServerWith(r *Reaper, o Options) *Server {
 			}
 		}
 	}
-	return &Server{version: agentwire.Version, reaper: r, opts: o, sessions: map[string]*session{}, commands: map[string]*command{}}
+	return &Server{version: agentwire.Version, reaper: r, opts: o, sessions: map[string]*session{}, commands: map[string]*command{}, wl: defaultWatchLimits()}
 }
 
 // spawn starts cmd with start (cmd.Start, or what wraps it) on the fork
@@ -170,6 +175,7 @@ func (s *Server) Close() {
 		c.stop()
 		s.drop(c)
 	}
+	s.closeWatchers()
 	if s.own {
 		s.reaper.Close()
 	}
@@ -303,6 +309,10 @@ func (s *Server) handle(st io.ReadWriteCloser, uc *net.UnixConn, shutdown func()
 	case agentwire.OpCmdStart, agentwire.OpCmdList, agentwire.OpCmdGet, agentwire.OpCmdWait,
 		agentwire.OpCmdRead, agentwire.OpCmdSignal, agentwire.OpCmdDelete:
 		s.commandOp(st, req)
+	case agentwire.OpWatch:
+		s.watchDir(st, req)
+	case agentwire.OpWatcherCreate, agentwire.OpWatcherEvents, agentwire.OpWatcherRemove:
+		agentwire.WriteMsg(st, s.watcherOp(req))
 	case agentwire.OpOpen:
 		s.open(st, uc, req)
 	case agentwire.OpSpawn:

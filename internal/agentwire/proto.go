@@ -90,6 +90,8 @@ type Request struct {
 	// MaxReplay (attach) bounds the replay to the last MaxReplay bytes
 	// from Since: the gateway takes a longer one for a lie.
 	MaxReplay int64 `json:"max_replay,omitempty"`
+	// Watch is what OpWatch watches.
+	Watch *WatchRequest `json:"watch,omitempty"`
 }
 
 // reply is the agent's first message on a stream; Error set means the op
@@ -115,6 +117,10 @@ type Reply struct {
 
 	Command  *CommandInfo  `json:"command,omitempty"`  // command.*, and exec: the command it started
 	Commands []CommandInfo `json:"commands,omitempty"` // command.list, oldest first
+
+	Watcher  string       `json:"watcher,omitempty"`   // fs.watcher.create: its id
+	Events   []WatchEvent `json:"events,omitempty"`    // fs.watcher.events, oldest first
+	WatchEnd *WatchEnd    `json:"watch_end,omitempty"` // fs.watcher.events: it ended (the watcher is gone)
 }
 
 // execRequest is providers.ExecRequest on the wire.

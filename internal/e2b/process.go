@@ -114,14 +114,21 @@ type processServer struct {
 	s *server
 }
 
-// eventSender sends a stream's events one at a time (the keepalives come
-// from another goroutine).
-type eventSender struct {
-	mu   sync.Mutex
-	send func(*process.ProcessEvent) error
+// eventSender sends a stream's events (E: a process's or a watch's) one
+// at a time (the keepalives come from another goroutine).
+type eventSender[E any] struct {
+	mu    sync.Mutex
+	send  func(E) error
+	alive E // the keepalive event
 }
 
-func (e *eventSender) event(ev *process.ProcessEvent) error {
+// processEvents sends a process's events.
+type processEvents = eventSender[*process.ProcessEvent]
+
+// processAlive is a process stream's keepalive event.
+var processAlive = &process.ProcessEvent{Event: &process.ProcessEvent_Keepalive{Keepalive: &process.ProcessEvent_KeepAlive{}}}
+
+func (e *eventSender[E]) event(ev E) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.send(ev)
@@ -129,7 +136,7 @@ func (e *eventSender) event(ev *process.ProcessEvent) error {
 
 // keepalive sends a keepalive event every interval the client asked for
 // (Keepalive-Ping-Interval, seconds) until stop is called.
-func (e *eventSender) keepalive(h http.Header) (stop func()) {
+func (e *eventSender[E]) keepalive(h http.Header) (stop func()) {
 	sec, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval"))
 	if err != nil || sec <= 0 {
 		return func() {}
@@ -143,7 +150,7 @@ func (e *eventSender) keepalive(h http.Header) (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-				if e.event(&process.ProcessEvent{Event: &process.ProcessEvent_Keepalive{Keepalive: &process.ProcessEvent_KeepAlive{}}}) != nil {
+				if e.event(e.alive) != nil {
 					return
 				}
 			}
@@ -162,7 +169,7 @@ func startEvent(pid uint32) *process.ProcessEvent {
 
 // follow streams command cid's output from offsets since until it ends,
 // then its end event.
-func (p *processServer) follow(ctx context.Context, t target, cid string, since [2]int64, ev *eventSender) error {
+func (p *processServer) follow(ctx context.Context, t target, cid string, since [2]int64, ev *processEvents) error {
 	cmd, err := p.s.svc.ReadCommand(ctx, t.c, t.id, cid, since, true, func(sandbox.Command) error { return nil },
 		func(o sandbox.Output) error {
 			data := &process.ProcessEvent_DataEvent{}
@@ -220,7 +227,7 @@ func (p *processServer) Start(ctx context.Context, req *connect.Request[process.
 	if err != nil {
 		return p.s.connectErr(err)
 	}
-	ev := &eventSender{send: func(e *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: e}) }}
+	ev := &processEvents{send: func(e *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: e}) }, alive: processAlive}
 	if err := ev.event(startEvent(pidOf(cmd.ID))); err != nil {
 		return err
 	}
@@ -303,7 +310,7 @@ func (p *processServer) Connect(ctx context.Context, req *connect.Request[proces
 	if err != nil {
 		return p.s.connectErr(err)
 	}
-	ev := &eventSender{send: func(e *process.ProcessEvent) error { return st.Send(&process.ConnectResponse{Event: e}) }}
+	ev := &processEvents{send: func(e *process.ProcessEvent) error { return st.Send(&process.ConnectResponse{Event: e}) }, alive: processAlive}
 	if err := ev.event(startEvent(pidOf(x.id()))); err != nil {
 		return err
 	}

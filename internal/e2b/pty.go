@@ -60,7 +60,7 @@ func (p *processServer) startSession(ctx context.Context, t target, tty bool, re
 	if err != nil {
 		return p.s.connectErr(err)
 	}
-	ev := &eventSender{send: func(e *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: e}) }}
+	ev := &processEvents{send: func(e *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: e}) }, alive: processAlive}
 	if err := ev.event(startEvent(pidOf(info.ID))); err != nil {
 		return err
 	}
@@ -83,7 +83,7 @@ func (p *processServer) attach(ctx context.Context, t target, sid string, since 
 // events (pty, else stdout and stderr) until it exits, then its end
 // event. since -1: the session was created to start at this attach, in
 // mode tty, and is followed from its start.
-func (p *processServer) followSession(ctx context.Context, t target, sid string, tty bool, since int64, ev *eventSender) error {
+func (p *processServer) followSession(ctx context.Context, t target, sid string, tty bool, since int64, ev *processEvents) error {
 	var mode *bool
 	if since < 0 {
 		since, mode = 0, &tty

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/agentclient"
@@ -56,16 +55,7 @@ func newCommandID() string {
 
 // validCommandID reports whether cid is shaped as newCommandID makes ids.
 func validCommandID(cid string) bool {
-	h, ok := strings.CutPrefix(cid, commandPrefix)
-	if !ok || len(h) != commandHex {
-		return false
-	}
-	for _, c := range h {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
+	return agentclient.ValidID(cid, commandPrefix, commandHex)
 }
 
 // StartCommand starts a durable command in sandbox id and returns it,

@@ -3,9 +3,12 @@
 // and sets E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY).
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
 import {
   Sandbox, CommandExitError, AuthenticationError, SandboxNotFoundError, NotFoundError, TimeoutError,
-  SandboxError, ALL_TRAFFIC, Volume,
+  SandboxError, ALL_TRAFFIC, Volume, InvalidArgumentError,
 } from 'e2b'
 
 for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
@@ -224,6 +227,78 @@ test('files: write, read, list, exists, makeDir, rename, remove', async () => {
     assert.ok(err instanceof NotFoundError, `got ${err}`)
     return true
   })
+})
+
+test('files.watchDir: each kind of event, recursive, stop; bad paths raise the SDK\'s errors', async () => {
+  const dir = '/tmp/e2b-watch'
+  await sbx.files.makeDir(dir + '/sub')
+  const seen = []
+  let flat = []
+  let exited
+  const handle = await sbx.files.watchDir(dir, (e) => seen.push(`${e.type} ${e.name}`), {
+    recursive: true, onExit: (err) => { exited = err ?? 'stopped' },
+  })
+  const shallow = await sbx.files.watchDir(dir, (e) => flat.push(e.name))
+  await sbx.files.write(dir + '/a.txt', 'x')
+  await sbx.commands.run(`cd ${dir} && chmod 600 a.txt && mv a.txt b.txt && rm b.txt && mkdir sub/new && echo y > sub/new/c.txt`)
+  const want = ['create a.txt', 'write a.txt', 'chmod a.txt', 'rename a.txt', 'create b.txt', 'remove b.txt',
+    'create sub/new', 'create sub/new/c.txt']
+  await until(`events ${want} (seen ${seen})`, () => want.every((e) => seen.includes(e)))
+  await until('the shallow watch saw b.txt', () => flat.includes('b.txt'))
+  assert.deepEqual(flat.filter((n) => n.startsWith('sub/')), [], 'a watch that is not recursive saw a subdirectory')
+  await handle.stop()
+  await shallow.stop()
+  const count = seen.length
+  await sbx.files.write(dir + '/after-stop', 'z')
+  // A new watch sees a later write: by then a live one would have seen
+  // after-stop.
+  const again = []
+  const probe = await sbx.files.watchDir(dir, (e) => again.push(e.name))
+  await sbx.files.write(dir + '/probe', 'p')
+  await until('the probe', () => again.includes('probe'))
+  await probe.stop()
+  assert.equal(seen.length, count, `a stopped watch got events: ${seen.slice(count)}`)
+
+  await assert.rejects(sbx.files.watchDir('/tmp/e2b-watch-missing', () => {}), (err) => {
+    assert.ok(err instanceof NotFoundError, `got ${err}`)
+    return true
+  })
+  await assert.rejects(sbx.files.watchDir(dir + '/after-stop', () => {}), (err) => {
+    assert.ok(err instanceof InvalidArgumentError, `got ${err}`)
+    return true
+  })
+  if (!template) {
+    // The local provider resolves inside the sandbox's root and refuses
+    // the kernel's filesystems, whatever link leads there.
+    await sbx.commands.run(`ln -s /proc ${dir}/proc-link`)
+    await assert.rejects(sbx.files.watchDir(dir + '/proc-link', () => {}), (err) => {
+      assert.ok(err instanceof InvalidArgumentError, `got ${err}`)
+      return true
+    })
+    // A link to a directory of the host (this test's own, outside the
+    // sandbox) leads to that path inside the sandbox, where it is not.
+    const host = fs.mkdtempSync(path.join(os.tmpdir(), 'e2b-watch-host-'))
+    try {
+      await sbx.commands.run(`ln -s ${host} ${dir}/host-link && ln -s ../../../../..${host} ${dir}/host-up`)
+      for (const link of ['host-link', 'host-up']) {
+        await assert.rejects(sbx.files.watchDir(`${dir}/${link}`, () => {}), (err) => {
+          assert.ok(err instanceof NotFoundError, `${link}: got ${err}`)
+          return true
+        })
+      }
+    } finally {
+      fs.rmSync(host, { recursive: true })
+    }
+  }
+
+  // The watched directory removed: the watch ends and onExit says why.
+  let ended
+  await sbx.files.makeDir('/tmp/e2b-watch-gone')
+  await sbx.files.watchDir('/tmp/e2b-watch-gone', () => {}, { onExit: (err) => { ended = err ?? 'clean' } })
+  await sbx.files.remove('/tmp/e2b-watch-gone')
+  await until('the watch of a removed directory ended', () => ended)
+  assert.ok(ended instanceof NotFoundError, `onExit got ${ended}`)
+  assert.ok(exited, 'onExit was not called at stop')
 })
 
 test('setTimeout and list with a metadata filter', async () => {

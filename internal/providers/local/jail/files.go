@@ -208,6 +208,20 @@ func listUnder(root *os.File, rel string) ([]providers.FileInfo, bool, error) {
 	return agent.ReadDir(d)
 }
 
+// dirUnder opens the directory rel, resolved inside root, for reading:
+// not on a kernel interface filesystem.
+func dirUnder(root *os.File, rel string) (*os.File, error) {
+	fd, err := openIn(root, rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := onKernelFS(fd); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), "sandbox-dir"), nil
+}
+
 // mkdirParents creates the missing parent directories of rel, each one
 // resolved inside root.
 func mkdirParents(root *os.File, rel string) error {

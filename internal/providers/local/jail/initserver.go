@@ -236,6 +236,17 @@ func (f sandboxFiles) Stat(p string) (fi providers.FileInfo, err error) {
 	return fi, err
 }
 
+func (f sandboxFiles) Dir(p string) (dir *os.File, err error) {
+	err = f.in(p, func(root *os.File, rel string) (err error) {
+		dir, err = dirUnder(root, rel)
+		return err
+	})
+	if errors.Is(err, unix.ENOTDIR) {
+		err = providers.Wrap(providers.ErrInvalid, err, p+" is not a directory")
+	}
+	return dir, err
+}
+
 func (f sandboxFiles) List(p string) (entries []providers.FileInfo, truncated bool, err error) {
 	err = f.in(p, func(root *os.File, rel string) (err error) {
 		entries, truncated, err = listUnder(root, rel)
