@@ -47,6 +47,7 @@ const (
 	OpAttach   = "session.attach"
 	OpDelete   = "session.delete"
 	OpShutdown = "shutdown" // tests: the agent exits
+	OpMetrics  = "metrics"  // → Metrics: the sandbox's resource use (see providers.Metrics)
 
 	// Durable commands (see CommandInfo): started, then watched, waited
 	// for and read by offset from any connection, until forgotten.
@@ -115,6 +116,8 @@ type Reply struct {
 
 	Command  *CommandInfo  `json:"command,omitempty"`  // command.*, and exec: the command it started
 	Commands []CommandInfo `json:"commands,omitempty"` // command.list, oldest first
+
+	Metrics []providers.Metrics `json:"metrics,omitempty"` // metrics: oldest first, at most providers.MaxMetrics
 }
 
 // execRequest is providers.ExecRequest on the wire.

@@ -33,6 +33,7 @@ func (s *server) controlRoutes(mux *http.ServeMux) {
 	}
 	mux.HandleFunc("GET /sandboxes/{id}", s.get)
 	mux.HandleFunc("DELETE /sandboxes/{id}", s.kill)
+	mux.HandleFunc("GET /sandboxes/{id}/metrics", s.metrics)
 	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
 	mux.HandleFunc("POST /sandboxes/{id}/refreshes", s.refresh)
 	mux.HandleFunc("POST /sandboxes/{id}/pause", s.pause)

@@ -226,6 +226,25 @@ test('files: write, read, list, exists, makeDir, rename, remove', async () => {
   })
 })
 
+test('getMetrics: CPU, memory and disk from inside the sandbox, a spinning process seen', async () => {
+  const first = await sbx.getMetrics()
+  assert.ok(first.length >= 1, 'no sample')
+  const m = first.at(-1)
+  assert.ok(m.timestamp instanceof Date && Math.abs(Date.now() - m.timestamp.getTime()) < 60_000, `timestamp ${m.timestamp}`)
+  assert.ok(m.cpuCount >= 1 && m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, JSON.stringify(m))
+  assert.ok(m.memUsed > 0 && m.memUsed <= m.memTotal && m.diskUsed > 0 && m.diskUsed <= m.diskTotal, JSON.stringify(m))
+  const h = await sbx.commands.run('while :; do :; done', { background: true })
+  try {
+    await until('cpuUsedPct shows a spinning process', async () => (await sbx.getMetrics()).at(-1).cpuUsedPct >= 25 / m.cpuCount)
+  } finally {
+    await h.kill()
+  }
+  const all = await Sandbox.getMetrics(sbx.sandboxId)
+  assert.ok(all.length >= 2 && all.every((x, i) => i === 0 || x.timestamp >= all[i - 1].timestamp), 'a series in time order')
+  assert.deepEqual(await Sandbox.getMetrics(sbx.sandboxId, { start: new Date(Date.now() + 3_600_000) }), [])
+  await assert.rejects(Sandbox.getMetrics('sbx-doesnotexist0000000'), SandboxNotFoundError)
+})
+
 test('setTimeout and list with a metadata filter', async () => {
   const before = (await sbx.getInfo()).endAt.getTime()
   await sbx.setTimeout(600_000)
