@@ -11,8 +11,9 @@ import (
 // TestE2BSDKKubernetes: the E2B face on the kubernetes provider, through
 // a part of the SDK's test file (one sandbox pod; the rest of the file
 // runs on local and docker): create, commands.run, a background command
-// streamed, a PTY, files, getMetrics, kill. What a pod cannot do (pause,
-// snapshots) is refused with E2B's errors; see the README.
+// streamed, a PTY, files, getMetrics, kill; and what a pod cannot do
+// (pause, snapshots, pausing at the timeout) raises the SDK's
+// SandboxError (see the README's "Using the E2B SDKs").
 func TestE2BSDKKubernetes(t *testing.T) {
 	t.Parallel()
 	k8stest.Require(t)
@@ -24,6 +25,7 @@ func TestE2BSDKKubernetes(t *testing.T) {
 		"^a PTY: input",
 		"^files: write, read",
 		"^getMetrics",
+		"^no pause:",
 		"^connect gives a working handle",
-	})
+	}, "E2B_TEST_NO_PAUSE=1")
 }

@@ -403,6 +403,21 @@ if (process.env.E2B_TEST_EGRESS) {
   })
 }
 
+// On a provider that cannot pause (kubernetes; E2B_TEST_NO_PAUSE=1), what
+// needs it raises the SDK's SandboxError naming why, and the sandbox runs on.
+if (process.env.E2B_TEST_NO_PAUSE) {
+  test('no pause: pause, createSnapshot and onTimeout pause raise SandboxError', async () => {
+    const refused = (re) => (err) => {
+      assert.ok(err instanceof SandboxError && re.test(err.message), `got ${err}`)
+      return true
+    }
+    await assert.rejects(sbx.pause(), refused(/pause and resume are not supported/))
+    await assert.rejects(sbx.createSnapshot(), refused(/cannot snapshot/))
+    await assert.rejects(create({ lifecycle: { onTimeout: 'pause' } }), refused(/pausing at expiry is not supported/))
+    assert.equal((await sbx.getInfo()).state, 'running')
+  })
+}
+
 test('connect gives a working handle; kill ends the sandbox', async () => {
   const again = await Sandbox.connect(sbx.sandboxId)
   assert.equal((await again.commands.run('echo reconnected')).stdout, 'reconnected\n')
