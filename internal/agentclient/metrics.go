@@ -14,6 +14,9 @@ import (
 // ErrUnsupported.
 func (c *Client) Metrics(ctx context.Context) ([]providers.Metrics, error) {
 	rep, err := c.simple(ctx, agentwire.Request{Op: agentwire.OpMetrics})
+	if providers.Kind(err) == providers.ErrUnsupported {
+		return nil, providers.Wrap(providers.ErrUnsupported, err, "this sandbox's agent is of an older build, which cannot report metrics (a sandbox created by this release can)")
+	}
 	if err != nil {
 		return nil, err
 	}

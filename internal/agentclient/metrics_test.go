@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,13 @@ func TestMetricsLies(t *testing.T) {
 				t.Fatalf("%s: got %v, %v; want a violation", name, got, err)
 			}
 		})
+	}
+	// An agent that predates the op says so; the gateway says what it means.
+	old := dialLiar(t, func(req agentwire.Request, st net.Conn) {
+		agentwire.WriteMsg(st, agentwire.Reply{Error: `unknown op "metrics"`, Kind: "unsupported"})
+	})
+	if _, err := old.Metrics(context.Background()); !errors.Is(err, providers.ErrUnsupported) || !strings.Contains(providers.Message(err), "older build") {
+		t.Fatalf("an agent without the op: %v", err)
 	}
 	c := dialLiar(t, func(req agentwire.Request, st net.Conn) {
 		agentwire.WriteMsg(st, agentwire.Reply{Metrics: []providers.Metrics{good, good}})
