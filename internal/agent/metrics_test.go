@@ -134,3 +134,35 @@ func TestMetricsCgroupV2(t *testing.T) {
 		t.Fatalf("sample: %+v (want %.2f%% CPU, host memory %d)", m, want, host.total)
 	}
 }
+
+// BenchmarkMetrics: one metrics call that takes a sample (the agent's
+// own cgroup, statfs), beside one answered from the last sample (within
+// the gap), and a stat call for scale.
+func BenchmarkMetrics(b *testing.B) {
+	srv, c := pair(b)
+	ctx := context.Background()
+	b.Run("sample", func(b *testing.B) {
+		for b.Loop() {
+			srv.meter.mu.Lock()
+			srv.meter.ring = srv.meter.ring[:0]
+			srv.meter.mu.Unlock()
+			if _, err := c.Metrics(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("cached", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := c.Metrics(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("stat", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := c.StatFile(ctx, "/"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
