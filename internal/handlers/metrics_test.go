@@ -16,9 +16,9 @@ func TestSandboxMetrics(t *testing.T) {
 	base := "/v1/sandboxes/" + a.SandboxID + "/metrics"
 	var got struct {
 		Samples []struct {
-			Time                                            time.Time
-			CPUCount                                        int     `json:"cpu_count"`
-			CPUUsedPct                                      float64 `json:"cpu_used_pct"`
+			Time                                             time.Time
+			CPUCount                                         int     `json:"cpu_count"`
+			CPUUsedPct                                       float64 `json:"cpu_used_pct"`
 			MemUsed, MemTotal, MemCache, DiskUsed, DiskTotal int64
 		}
 	}
