@@ -51,7 +51,9 @@ func (s *suite) testMetrics(t *testing.T, mr providers.MetricsReader, id string)
 	pid := strings.TrimSpace(string(s.run(t, id, providers.ExecRequest{PreserveBackground: true, Command: fmt.Sprintf(
 		"(head -c %d /dev/zero; %s) | tail -c %d >/dev/null 2>&1 & sh -c 'while :; do :; done' >/dev/null 2>&1 & echo $!",
 		size, mk.sleep(), size)}).Stdout))
-	t.Cleanup(func() { s.run(t, id, providers.ExecRequest{Command: "kill -9 " + pid + "; rm -f /workspace/metrics.bin; " + mk.kill()}) })
+	t.Cleanup(func() {
+		s.run(t, id, providers.ExecRequest{Command: "kill -9 " + pid + "; rm -f /workspace/metrics.bin; " + mk.kill()})
+	})
 	// A tenth of a CPU: the spinner's share on a loaded machine.
 	eventually(t, "memory used grows by the 64 MiB a process holds, CPU used while a process spins", func() (bool, string) {
 		m := last()
