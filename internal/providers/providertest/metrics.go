@@ -60,6 +60,7 @@ func (s *suite) testMetrics(t *testing.T, mr providers.MetricsReader, id string)
 		return m.MemUsed >= m0.MemUsed+size*3/4 && m.CPUUsedPct >= 10/float64(m.CPUCount),
 			fmt.Sprintf("memory %d then %d, CPU %.2f%% of %d", m0.MemUsed, m.MemUsed, m.CPUUsedPct, m.CPUCount)
 	})
+	s.sh(t, id, "kill -9 "+pid+"; "+mk.kill())
 	prev := last()
 	testkit.EventuallyNil(t, "disk used moves with a 64 MiB file", pollTimeout, func() error {
 		a := next(prev)
