@@ -51,6 +51,14 @@ var e2bPass = regexp.MustCompile(`(?m)^# pass (\d+)$`)
 // with env added to its environment.
 func runE2BSDK(t *testing.T, g *proc, template string, env ...string) {
 	t.Helper()
+	runE2BSDKTests(t, g, template, nil, env...)
+}
+
+// runE2BSDKTests is runE2BSDK for the tests named in only (each a
+// regular expression; all of them when only is empty): every one of them
+// must run and pass.
+func runE2BSDKTests(t *testing.T, g *proc, template string, only []string, env ...string) {
+	t.Helper()
 	node, err := exec.LookPath("node")
 	testkit.Need(t, "node (apt-get install nodejs)", err)
 	dir := filepath.Join("..", "..", "internal", "e2b", "testdata", "sdk")
@@ -60,7 +68,11 @@ func runE2BSDK(t *testing.T, g *proc, template string, env ...string) {
 	// Catches a hang only.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=tap", "e2b.test.mjs")
+	args := []string{"--test", "--test-reporter=tap"}
+	for _, p := range only {
+		args = append(args, "--test-name-pattern="+p)
+	}
+	cmd := exec.CommandContext(ctx, node, append(args, "e2b.test.mjs")...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		"E2B_API_URL="+g.URL+"/e2b/api",
@@ -74,8 +86,13 @@ func runE2BSDK(t *testing.T, g *proc, template string, env ...string) {
 		t.Fatalf("node --test e2b.test.mjs: %v\n%s\ngateway:\n%s", err, out, g.stderr)
 	}
 	m := e2bPass.FindSubmatch(out)
-	if m == nil || string(m[1]) == "0" || !regexp.MustCompile(`(?m)^# fail 0$`).Match(out) ||
-		!regexp.MustCompile(`(?m)^# skipped 0$`).Match(out) {
+	ok := m != nil && string(m[1]) != "0" && regexp.MustCompile(`(?m)^# fail 0$`).Match(out)
+	if len(only) == 0 {
+		ok = ok && regexp.MustCompile(`(?m)^# skipped 0$`).Match(out)
+	} else {
+		ok = ok && string(m[1]) == strconv.Itoa(len(only)) // the others are skipped by name
+	}
+	if !ok {
 		t.Fatalf("the SDK's tests did not all pass:\n%s", out)
 	}
 	t.Logf("E2B SDK: %s tests passed", m[1])

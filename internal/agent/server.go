@@ -22,6 +22,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/yamux"
 
@@ -37,6 +38,8 @@ type Server struct {
 	reaper  *Reaper
 	own     bool // the reaper is the server's: Close stops it
 	opts    Options
+
+	meter *meter // the metrics op's samples
 
 	mu       sync.Mutex // guards sessions, commands and cmdSeq
 	sessions map[string]*session
@@ -78,6 +81,10 @@ type Options struct {
 	// kill(-1) reaches the sandbox's processes and nothing else: the
 	// signal_all op needs it.
 	PIDNamespace bool
+	// Cgroup is the sandbox's cgroup the metrics op reads, which the
+	// server then owns (nil: what the agent sees at /sys/fs/cgroup,
+	// opened at the first metrics op).
+	Cgroup *Cgroup
 }
 
 // Files is a sandbox's filesystem as a local sandbox's init serves it
@@ -124,7 +131,11 @@ func NewServerWith(r *Reaper, o Options) *Server {
 			}
 		}
 	}
-	return &Server{version: agentwire.Version, reaper: r, opts: o, sessions: map[string]*session{}, commands: map[string]*command{}, wl: defaultWatchLimits()}
+	m := &meter{start: time.Now(), root: "/", open: openOwnCgroup, cg: o.Cgroup}
+	if o.Root != "" {
+		m.root = o.Root
+	}
+	return &Server{version: agentwire.Version, reaper: r, opts: o, meter: m, sessions: map[string]*session{}, commands: map[string]*command{}, wl: defaultWatchLimits()}
 }
 
 // spawn starts cmd with start (cmd.Start, or what wraps it) on the fork
@@ -179,6 +190,7 @@ func (s *Server) Close() {
 	if s.own {
 		s.reaper.Close()
 	}
+	s.meter.close()
 }
 
 // build describes this agent.
@@ -331,6 +343,8 @@ func (s *Server) handle(st io.ReadWriteCloser, uc *net.UnixConn, shutdown func()
 			return
 		}
 		agentwire.WriteMsg(st, agentwire.Reply{})
+	case agentwire.OpMetrics:
+		agentwire.WriteMsg(st, agentwire.Reply{Metrics: s.meter.sample()})
 	case agentwire.OpKillAll:
 		killDescendants(os.Getpid())
 		agentwire.WriteMsg(st, agentwire.Reply{})

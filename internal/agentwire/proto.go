@@ -47,6 +47,7 @@ const (
 	OpAttach   = "session.attach"
 	OpDelete   = "session.delete"
 	OpShutdown = "shutdown" // tests: the agent exits
+	OpMetrics  = "metrics"  // → Metrics: the sandbox's resource use (see providers.Metrics)
 
 	// Durable commands (see CommandInfo): started, then watched, waited
 	// for and read by offset from any connection, until forgotten.
@@ -118,9 +119,10 @@ type Reply struct {
 	Command  *CommandInfo  `json:"command,omitempty"`  // command.*, and exec: the command it started
 	Commands []CommandInfo `json:"commands,omitempty"` // command.list, oldest first
 
-	Watcher  string       `json:"watcher,omitempty"`   // fs.watcher.create: its id
-	Events   []WatchEvent `json:"events,omitempty"`    // fs.watcher.events, oldest first
-	WatchEnd *WatchEnd    `json:"watch_end,omitempty"` // fs.watcher.events: it ended (the watcher is gone)
+	Watcher  string              `json:"watcher,omitempty"`   // fs.watcher.create: its id
+	Events   []WatchEvent        `json:"events,omitempty"`    // fs.watcher.events, oldest first
+	WatchEnd *WatchEnd           `json:"watch_end,omitempty"` // fs.watcher.events: it ended (the watcher is gone)
+	Metrics  []providers.Metrics `json:"metrics,omitempty"`   // metrics: oldest first, at most providers.MaxMetrics
 }
 
 // execRequest is providers.ExecRequest on the wire.

@@ -535,6 +535,29 @@ type LeaseRequest struct {
 // LeaseScope `owner`: everything. `operate`: exec, files, PTY, status, endpoints; never delete, pause, renew, mint owner, list or revoke leases.
 type LeaseScope string
 
+// MetricSample defines model for MetricSample.
+type MetricSample struct {
+	// CPUCount The CPUs the sandbox may use (its CPU limit rounded up, else the host's).
+	CPUCount int `json:"cpu_count"`
+
+	// CPUUsedPct The share of cpu_count's CPU time used since the sample before, 0 to 100.
+	CPUUsedPct float64 `json:"cpu_used_pct"`
+	DiskTotal  int64   `json:"disk_total"`
+
+	// DiskUsed Bytes used on the filesystem of the sandbox's `/`.
+	DiskUsed int64 `json:"disk_used"`
+
+	// MemCache Bytes of page cache.
+	MemCache int64 `json:"mem_cache"`
+
+	// MemTotal The memory limit in bytes, else the host's memory.
+	MemTotal int64 `json:"mem_total"`
+
+	// MemUsed Bytes of memory in use, the inactive page cache left out.
+	MemUsed int64     `json:"mem_used"`
+	Time    time.Time `json:"time"`
+}
+
 // Network defines model for Network.
 type Network struct {
 	// Egress Where the sandbox may connect: `"none"` (the default: loopback only), `"all"`, or `{"allow": [...], "deny": [...]}` whose entries are domains (`pypi.example`, `*.example.org` for every name under it) or CIDRs (v4 or v6; a bare address is its /32 or /128); deny wins over allow, `"*"` in allow means everything else. Names resolve only when allowed; HTTPS (SNI) and HTTP (Host) to an address allowed by a domain must name an allowed domain. A bad entry is 400, each one listed.
@@ -727,6 +750,11 @@ type SandboxInfo struct {
 // SandboxList defines model for SandboxList.
 type SandboxList struct {
 	Sandboxes []SandboxInfo `json:"sandboxes"`
+}
+
+// SandboxMetrics defines model for SandboxMetrics.
+type SandboxMetrics struct {
+	Samples []MetricSample `json:"samples"`
 }
 
 // SandboxRef What create and mint return; NeMo Gym parses it.
@@ -960,6 +988,15 @@ type StatFileParams struct {
 type ListFilesParams struct {
 	// Path Path inside the sandbox; relative paths are relative to the workdir.
 	Path FilePath `form:"path" json:"path"`
+}
+
+// GetSandboxMetricsParams defines parameters for GetSandboxMetrics.
+type GetSandboxMetricsParams struct {
+	// Start Only samples taken at or after this time.
+	Start *time.Time `form:"start,omitempty" json:"start,omitempty"`
+
+	// End Only samples taken at or before this time.
+	End *time.Time `form:"end,omitempty" json:"end,omitempty"`
 }
 
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
@@ -1657,6 +1694,18 @@ type ClientInterface interface {
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
 	RevokeLease(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetSandboxMetrics The sandbox's resource use
+	//
+	// CPU, memory and disk use as the sandbox's agent reads them inside it (its cgroup, and the
+	// filesystem of `/`): the samples it retains (at most 60, taken when asked, at least a second
+	// apart; nothing runs in the background), oldest first, the last one taken now. A sample's
+	// `cpu_used_pct` is the average since the sample before. Asking is not activity (an idle
+	// sandbox is not kept alive by it). `start` and `end` keep the samples taken within them.
+	// 409 unless the sandbox is running.
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+	GetSandboxMetrics(ctx context.Context, id SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// SetSandboxNetworkWithBody Replace a sandbox's egress policy (owner)
 	//
@@ -2595,6 +2644,28 @@ func (c *Client) ReleaseLease(ctx context.Context, id SandboxID, reqEditors ...R
 // Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
 func (c *Client) RevokeLease(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewRevokeLeaseRequest(c.Server, id, leaseID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetSandboxMetrics The sandbox's resource use
+//
+// CPU, memory and disk use as the sandbox's agent reads them inside it (its cgroup, and the
+// filesystem of `/`): the samples it retains (at most 60, taken when asked, at least a second
+// apart; nothing runs in the background), oldest first, the last one taken now. A sample's
+// `cpu_used_pct` is the average since the sample before. Asking is not activity (an idle
+// sandbox is not kept alive by it). `start` and `end` keep the samples taken within them.
+// 409 unless the sandbox is running.
+//
+// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+func (c *Client) GetSandboxMetrics(ctx context.Context, id SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetSandboxMetricsRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -4212,6 +4283,79 @@ func NewRevokeLeaseRequest(server string, id SandboxID, leaseID LeaseID) (*http.
 	return req, nil
 }
 
+// NewGetSandboxMetricsRequest constructs an http.Request for the GetSandboxMetrics method
+func NewGetSandboxMetricsRequest(server string, id SandboxID, params *GetSandboxMetricsParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sandboxes/%s/metrics", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Start != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "start", *params.Start, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "date-time"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.End != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "end", *params.End, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "date-time"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewSetSandboxNetworkRequest calls the generic SetSandboxNetwork builder with application/json body
 func NewSetSandboxNetworkRequest(server string, id SandboxID, body SetSandboxNetworkJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -5369,6 +5513,20 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with DELETE /v1/sandboxes/{id}/leases/{lease_id} (the `RevokeLease` operationId).
 	RevokeLeaseWithResponse(ctx context.Context, id SandboxID, leaseID LeaseID, reqEditors ...RequestEditorFn) (*RevokeLeaseResponse, error)
+
+	// GetSandboxMetricsWithResponse The sandbox's resource use
+	//
+	// CPU, memory and disk use as the sandbox's agent reads them inside it (its cgroup, and the
+	// filesystem of `/`): the samples it retains (at most 60, taken when asked, at least a second
+	// apart; nothing runs in the background), oldest first, the last one taken now. A sample's
+	// `cpu_used_pct` is the average since the sample before. Asking is not activity (an idle
+	// sandbox is not kept alive by it). `start` and `end` keep the samples taken within them.
+	// 409 unless the sandbox is running.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+	GetSandboxMetricsWithResponse(ctx context.Context, id SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*GetSandboxMetricsResponse, error)
 
 	// SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy (owner)
 	//
@@ -7622,6 +7780,82 @@ func (r RevokeLeaseResponse) ContentType() string {
 	return ""
 }
 
+type GetSandboxMetricsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SandboxMetrics
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetSandboxMetricsResponse) GetJSON200() *SandboxMetrics {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r GetSandboxMetricsResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetBody returns the raw response body bytes
+func (r GetSandboxMetricsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetSandboxMetricsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetSandboxMetricsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetSandboxMetricsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // SetSandboxNetworkResponse503Headers the declared response headers of an HTTP 503 response for SetSandboxNetwork
 type SetSandboxNetworkResponse503Headers struct {
 	RetryAfter *int
@@ -9513,6 +9747,26 @@ func (c *ClientWithResponses) RevokeLeaseWithResponse(ctx context.Context, id Sa
 		return nil, err
 	}
 	return ParseRevokeLeaseResponse(rsp)
+}
+
+// GetSandboxMetricsWithResponse The sandbox's resource use
+//
+// CPU, memory and disk use as the sandbox's agent reads them inside it (its cgroup, and the
+// filesystem of `/`): the samples it retains (at most 60, taken when asked, at least a second
+// apart; nothing runs in the background), oldest first, the last one taken now. A sample's
+// `cpu_used_pct` is the average since the sample before. Asking is not activity (an idle
+// sandbox is not kept alive by it). `start` and `end` keep the samples taken within them.
+// 409 unless the sandbox is running.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/sandboxes/{id}/metrics (the `GetSandboxMetrics` operationId).
+func (c *ClientWithResponses) GetSandboxMetricsWithResponse(ctx context.Context, id SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*GetSandboxMetricsResponse, error) {
+	rsp, err := c.GetSandboxMetrics(ctx, id, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetSandboxMetricsResponse(rsp)
 }
 
 // SetSandboxNetworkWithBodyWithResponse Replace a sandbox's egress policy (owner)
@@ -11619,6 +11873,67 @@ func ParseRevokeLeaseResponse(rsp *http.Response) (*RevokeLeaseResponse, error) 
 	return response, nil
 }
 
+// ParseGetSandboxMetricsResponse parses an HTTP response from a GetSandboxMetricsWithResponse call
+func ParseGetSandboxMetricsResponse(rsp *http.Response) (*GetSandboxMetricsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetSandboxMetricsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SandboxMetrics
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseSetSandboxNetworkResponse parses an HTTP response from a SetSandboxNetworkWithResponse call
 func ParseSetSandboxNetworkResponse(rsp *http.Response) (*SetSandboxNetworkResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -12732,6 +13047,9 @@ type ServerInterface interface {
 	// RevokeLease Revoke a lease and every lease minted from it (owner)
 	// (DELETE /v1/sandboxes/{id}/leases/{lease_id})
 	RevokeLease(w http.ResponseWriter, r *http.Request, id SandboxID, leaseID LeaseID)
+	// GetSandboxMetrics The sandbox's resource use
+	// (GET /v1/sandboxes/{id}/metrics)
+	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxID, params GetSandboxMetricsParams)
 	// SetSandboxNetwork Replace a sandbox's egress policy (owner)
 	// (PUT /v1/sandboxes/{id}/network)
 	SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID)
@@ -12939,6 +13257,12 @@ func (_ Unimplemented) ReleaseLease(w http.ResponseWriter, r *http.Request, id S
 // RevokeLease Revoke a lease and every lease minted from it (owner)
 // (DELETE /v1/sandboxes/{id}/leases/{lease_id})
 func (_ Unimplemented) RevokeLease(w http.ResponseWriter, r *http.Request, id SandboxID, leaseID LeaseID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetSandboxMetrics The sandbox's resource use
+// (GET /v1/sandboxes/{id}/metrics)
+func (_ Unimplemented) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxID, params GetSandboxMetricsParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -13843,6 +14167,61 @@ func (siw *ServerInterfaceWrapper) RevokeLease(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// GetSandboxMetrics operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxMetrics(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "id" -------------
+	var id SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "id", chi.URLParam(r, "id"), &id, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetSandboxMetricsParams
+
+	// ------------- Optional query parameter "start" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "start", r.URL.Query(), &params.Start, runtime.BindQueryParameterOptions{Type: "string", Format: "date-time"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "start"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "start", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "end" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "end", r.URL.Query(), &params.End, runtime.BindQueryParameterOptions{Type: "string", Format: "date-time"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "end"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "end", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxMetrics(w, r, id, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // SetSandboxNetwork operation middleware
 func (siw *ServerInterfaceWrapper) SetSandboxNetwork(w http.ResponseWriter, r *http.Request) {
 
@@ -14420,6 +14799,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/sandboxes/{id}/status", wrapper.GetSandboxStatus)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/sandboxes/{id}/metrics", wrapper.GetSandboxMetrics)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/sandboxes/{id}/exec", wrapper.ExecCommand)
@@ -17240,6 +17622,109 @@ func (response RevokeLease404ApplicationProblemPlusJSONResponse) VisitRevokeLeas
 	return err
 }
 
+type GetSandboxMetricsRequestObject struct {
+	ID     SandboxID `json:"id"`
+	Params GetSandboxMetricsParams
+}
+
+type GetSandboxMetricsResponseObject interface {
+	VisitGetSandboxMetricsResponse(w http.ResponseWriter) error
+}
+
+type GetSandboxMetrics200JSONResponse SandboxMetrics
+
+func (response GetSandboxMetrics200JSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics400ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics401ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics403ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics404ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetSandboxMetrics409ApplicationProblemPlusJSONResponse struct {
+	ConflictApplicationProblemPlusJSONResponse
+}
+
+func (response GetSandboxMetrics409ApplicationProblemPlusJSONResponse) VisitGetSandboxMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type SetSandboxNetworkRequestObject struct {
 	ID   SandboxID `json:"id"`
 	Body *SetSandboxNetworkJSONRequestBody
@@ -18856,6 +19341,9 @@ type StrictServerInterface interface {
 	// RevokeLease Revoke a lease and every lease minted from it (owner)
 	// (DELETE /v1/sandboxes/{id}/leases/{lease_id})
 	RevokeLease(ctx context.Context, request RevokeLeaseRequestObject) (RevokeLeaseResponseObject, error)
+	// GetSandboxMetrics The sandbox's resource use
+	// (GET /v1/sandboxes/{id}/metrics)
+	GetSandboxMetrics(ctx context.Context, request GetSandboxMetricsRequestObject) (GetSandboxMetricsResponseObject, error)
 	// SetSandboxNetwork Replace a sandbox's egress policy (owner)
 	// (PUT /v1/sandboxes/{id}/network)
 	SetSandboxNetwork(ctx context.Context, request SetSandboxNetworkRequestObject) (SetSandboxNetworkResponseObject, error)
@@ -19664,6 +20152,33 @@ func (sh *strictHandler) RevokeLease(w http.ResponseWriter, r *http.Request, id 
 	}
 }
 
+// GetSandboxMetrics operation middleware
+func (sh *strictHandler) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id SandboxID, params GetSandboxMetricsParams) {
+	var request GetSandboxMetricsRequestObject
+
+	request.ID = id
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetSandboxMetrics(ctx, request.(GetSandboxMetricsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetSandboxMetrics")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetSandboxMetricsResponseObject); ok {
+		if err := validResponse.VisitGetSandboxMetricsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // SetSandboxNetwork operation middleware
 func (sh *strictHandler) SetSandboxNetwork(w http.ResponseWriter, r *http.Request, id SandboxID) {
 	var request SetSandboxNetworkRequestObject
@@ -20184,312 +20699,321 @@ func (sh *strictHandler) GetVolume(w http.ResponseWriter, r *http.Request, volum
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L39cttGti/6Kl3cp8qkB6QoRfEkVKV2ObacaI8/dCx5Z0+FPkITaIo9AruR7oYoxlHVeYhbdd/gvsh9",
-	"k/Mkp3qt7gZAAiSlWEr2jP+YiUUA/d3re/3Wp04i57kUTBjdGX3qzBhNmYJ/vpDzORXpyUv7R8p0onhu",
-	"uBSdUed8xghPiZwSM2MkLRSdZIwk+AExM2qIKoSGp4r9UjBtSFczRmJtqDKu5bg36EQdnczYnNo+2A2d",
-	"5xnrjDrJPO0P9w++Ovz62V+/+ZZOkpRNO1HHLHP7VBvFxWXn9jbqvGdGLZ9PDVPrgzxjiRSpJtQ+JosZ",
-	"T2YwoCTjTBgyp0ui7Of1Qcy54PNi3hkNQ39cGHbJVOfW9phTRefMbF+j56vr8kQTnkYktpOLiV2o/Wck",
-	"kwumEqoZmbEbksyoooltnHSpWBJpZkzZleaaHA4PYb24bTynZtaJOoLOYbl42ok6dqG5YmlnZFTB7rSw",
-	"cy5eM3FpZp3RftMyv+IZO7Vdrs3S/kq40DxlsLiainQib46IYhk1/JoRO1RNqGLlT0bCuwuprlKuwqR+",
-	"KZhalrNyc2yf1rZRv2ZUs+atyewj3I5MN+3GhGr21UFtQ2L46IKnMeGCUBKf4Vzfs2n8RJOY3RhF47Y9",
-	"8h/vuFGZ7uPuXM5wt66yjj18xjBlG/9fme7/TPu/HvT/+vHT/rPb/9F4PU6lMk3Tz6UyDbsWkZQlGVUs",
-	"tTOM7Vs6JtSQRDFqWMvM7Gub94ne4JV69vXXX30dlVdsv+GKRR23rG10x40VN09PbtzuHQw37V7L0Hfe",
-	"DtuP3w/+D78jc1HfE/tW2JSDYcumnDGtuRRt8zs9/zvR+ArhacvA9ZaRb7saZ4LmeiYNDqIyT5G3zfMe",
-	"o6gujci3Ls2tbUvnUmgGxPV5phhNly+kECwxtgPLrYRhAg41zfOMJ9Qu3V6u5CRj87/8Q9t1/FQZw/9Q",
-	"bNoZdf5tr+Rze/hU753iV9j1yh0RSHsds5jJLEV25rfGnrnY0Csmr5mKyYJqIqQhmhnSjROZstgS7fj5",
-	"6/fHz1/+/eLFu7dvj1+cH7+0BOI26nxP0/fIGB9zVifimmaWnYi8MEckZkpJpWOScW00YddMLYnrFEbp",
-	"2NtbaV7JQjzqBnwQV0IuREmapCKF+60rFeFZ1p9KNWcpPJpKdSmNYaIXxBB7eWAOYprx5FHXuUantCWm",
-	"wO+UFJdEG2qYHS8xM65L8YgNLgckp4VmqZ2QNjLPWYqn5ZVUE56mTDzqFSBGXjEBQ6XuOlR3gxKdyNxy",
-	"c2lJb2VKsrDM4jbq/AkODhyWKc8YjNnyKlzSU7rMJE3PpXxN1SV77NPht30i06U9IpkdhF0/KgjNLCfD",
-	"0/s/C2no8U3CWPq4BLA6yIUsspRYYocCNM0ypp5o8vz0hFyxJbEkkFDyix1rjfrBLxfMDT8+Gos4ZYby",
-	"LCaWhSBFhZdGfr+YjsiczaVaRiTl+ioi2vEqDdfC/UEmS8N0b0DOGBuL+Ifjc7J3vb8HbcWDsWVYFVUG",
-	"1IR+0BOalsS9vVfRKG6RW6trnrAPgl5Tnll5/jF34Z1d2YTmNOFmCSfYrtiEJldMgFZQCMVoMrPjGnzG",
-	"OQOP+7OR/apkVD1lL969PT/+r/OLt+/OL169+/DW89gPghZmJhX/9XGvzhuuNReXEZnTzLModpNbGclO",
+	"7L39cttGti/6Kl3cp8qkB6QoR/EkVKV2ObKcaI8/dCx5Z0+FPkITaIo9AruR7oYoxlHVeYhbdd/gvsh9",
+	"k/Mkp3qt7gZAAiSlWEr2jP+YiUUA/d3re/3Wp04i57kUTBjdGX3qzBhNmYJ/Hsn5nIr05KX9I2U6UTw3",
+	"XIrOqHM+Y4SnRE6JmTGSFopOMkYS/ICYGTVEFULDU8V+KZg2pKsZI7E2VBnXctwbdKKOTmZsTm0f7IbO",
+	"84x1Rp1knvaH+8++Ovj6+V+/+ZZOkpRNO1HHLHP7VBvFxWXn9jbqvGdGLV9MDVPrgzxjiRSpJtQ+JosZ",
+	"T2YwoCTjTBgyp0ui7Of1Qcy54PNi3hkNQ39cGHbJVOfW9phTRefMbF+jF6vr8kQTnkYktpOLiV2o/eck",
+	"kwumEqoZmbEbksyoooltnHSpWBJpZkzZleaaHAwPYL24bTynZtaJOoLOYbl42ok6dqG5YmlnZFTB7rSw",
+	"cy5eM3FpZp3RftMyv+IZO7Vdrs3S/kq40DxlsLiainQibw6JYhk1/JoRO1RNqGLlT0bCuwuprlKuwqR+",
+	"KZhalrNyc2yf1rZRv2ZUs+atyewj3I5MN+3GhGr21bPahsTw0QVPY8IFoSQ+w7m+Z9P4iSYxuzGKxm17",
+	"5D/ecaMy3cfduZzhbl1lHXv4jGHKNv6/Mt3/mfZ/fdb/68dP+89v/0fj9TiVyjRNP5fKNOxaRFKWZFSx",
+	"1M4wtm/pmFBDEsWoYS0zs69t3id6g1fq+ddff/V1VF6x/YYrFnXcsrbRHTdW3Dw9uXG792y4afdahr7z",
+	"dth+/H7wf/gdmYv6nti3wqY8G7ZsyhnTmkvRNr/T878Tja8QnrYMXG8Z+barcSZormfS4CAq8xR52zzv",
+	"MYrq0oh869Lc2rZ0LoVmQFxfZIrRdHkkhWCJsR1YbiUME3CoaZ5nPKF26fZyJScZm//lH9qu46fKGP6H",
+	"YtPOqPNveyWf28Oneu8Uv8KuV+6IQNrrmMVMZimyM7819szFhl4xec1UTBZUEyEN0cyQbpzIlMWWaMcv",
+	"Xr8/fvHy7xdH796+PT46P35pCcRt1Pmepu+RMT7mrE7ENc0sOxF5YQ5JzJSSSsck49powq6ZWhLXKYzS",
+	"sbe30ryShXjUDfggroRciJI0SUUK91tXKsKzrD+Vas5SeDSV6lIaw0QviCH28sAcxDTjyaOuc41OaUtM",
+	"gd8pKS6JNtQwO15iZlyX4hEbXA5ITgvNUjshbWSesxRPyyupJjxNmXjUK0CMvGIChkrddajuBiU6kbnl",
+	"5tKS3sqUZGGZxW3U+RMcHDgsU54xGLPlVbikp3SZSZqeS/maqkv22KfDb/tEpkt7RDI7CLt+VBCaWU6G",
+	"p/d/FtLQ45uEsfRxCWB1kAtZZCmxxA4FaJplTD3R5MXpCbliS2JJIKHkFzvWGvWDXy6YG358OBZxygzl",
+	"WUwsC0GKCi+N/H4xHZE5m0u1jEjK9VVEtONVGq6F+4NMlobp3oCcMTYW8Q/H52Tven8P2ooHY8uwKqoM",
+	"qAn9oCc0LYl7e6+iUdwit1bXPGEfBL2mPLPy/GPuwju7sgnNacLNEk6wXbEJTa6YAK2gEIrRZGbHNfiM",
+	"cwYe92cj+1XJqHrKjt69PT/+r/OLt+/OL169+/DW89gPghZmJhX/9XGvzhuuNReXEZnTzLModpNbGclO",
 	"R7FrecVSK1SnTBhOM+2GmyuZMK3tZh4Lw83yj7rw11xm1Lj7id9ulRZuveQHp+97apLZK8qzQsGFyZXM",
 	"mTIcJTsuUnazLv7+BDq6syrEiSyEiZ3uoUl32LdifQoK1qraEHXcQHZfgKrg+rMbUdnMx9CHnPyDJaYi",
-	"Da1PJykfrMi0kX9mNb97mDiiTpIXF4bP2YVeX68Xpx+IfUa6hWaK/IXopTZs3vNL6CUhNMow4s4X04Qb",
-	"sqDcsNRy7SMyJIsZzxhRhRBcXNoVtgeXms6ok8rCEr0wNFHMJ7jkaaHgLF7MG8b2o1yQzMo73BBFBelq",
-	"SaZURfWeepbYU12gyrmqj9bGwYV5dti49XAuL/D3Tx2aZe+mndHPm8/B8Q1Lju135/az24+rtyG26yoL",
-	"E5PFjAk/CVkYWFtYc260X1FyqWSRgxJwxbOMpb0jwjLNiCiyzM7C/hd5h9WR7JhvuLmwJGx95d4WWVZf",
-	"pSOyf/DNX97iULADMlkSzS8Fzchb+/jrME47uNSOdL3fpsWbcsH1jKUX1OwylPrRoIb1bX/tPZUHWcr5",
+	"Da1PJykfrMi0kX9mNb97mDiiTpIXF4bP2YVeX6+j0w/EPiPdQjNF/kL0Uhs27/kl9JIQGmUYceeLacIN",
+	"WVBuWGq59iEZksWMZ4yoQgguLu0K24NLTWfUSWVhiV4YmijmE1zytFBwFi/mDWP7US5IZuUdboiignS1",
+	"JFOqonpPPUvsqS5Q5VzVR2vj4MI8P2jcejiXF/j7pw7NsnfTzujnzefg+IYlx/a7c/vZ7cfV2xDbdZWF",
+	"iclixoSfhCwMrC2sOTfaryi5VLLIQQm44lnG0t4hYZlmRBRZZmdh/4u8w+pIdsw33FxYEra+cm+LLKuv",
+	"0iHZf/bNX97iULADMlkSzS8Fzchb+/jrME47uNSOdL3fpsWbcsH1jKUX1OwylPrRoIb1bX/tPZUHWcr5",
 	"BY69ck8mUmaMCrjAjF5dIOe/mPNJg6mJ0SuimD0kwjgZYfWkOwYJ0pQ2YXs+y3F3bzePHuyaYRUbV2ht",
 	"RbRJmVIXmv/Kah+1n3RtUlmY8EV9fb63EpFdEHyLXLHcELx1pGtXxYoMcjq1Kmp4q7fjHTOqEAl1Sviq",
-	"nqCNYnROQBJhKYnn9OZCFiYvzAWIafGRswRbWZJqK9clVKUsrZDysJYrhLlCPwMx7ZSbUb1JNUpQ25L6",
+	"nqCNYnROQBJhKYnn9OZCFiYvzAWIafGhswRbWZJqK9clVKUsrZDysJYrhLlCPwMx7ZSbUb1JNUpQ25L6",
 	"Ma9TrhqJXT+GtYNb34H6DlbXaAP3eM1R5W/kIMgcDUOCuol+eV50G3qiStFl2/LpTUOqGCJomnK7MDQ7",
 	"rYxvSjPNmuSF2JJR93lMppxlqSbdSWFIbFfsQooLu9dowIl7gRHh4bCC7QB5bjMzrXf4vhCW6sV6RvpJ",
 	"TLoTqmdI9XLFNBN4ljdavqJOsmho+SWb0iIzq0bprSSNiev2RWuQBVoaLDdk9eK0XXK42uVNB8oHfzGl",
-	"iL2FeOHhwvHKfYtIHA5pTDQzvSOSusk/OyRv+PcRoYbMpTZkn/zAv2+kDsGeuz/861d/Pdz/5uCwbtTd",
-	"znVgx9Q1u7CqjGWeIr3QqGk1TPo5mFBqh23D/tSocsrFxeTZYYN3yFCRUuVsYRGYjJ8d9pmwpCTdafud",
-	"iNAkmXnf04RNpWJVFvVkVWjgXmawfEkqEBnId/DJJTVsQZdPdNik7v43w14zv6o6rlqGXvIyKy+uj/qD",
-	"lSKtYg5aF99lFZrJTTO1AUHeWfe3Eps6UaAZp7rpaLwqFBim0JzQffn2jGR0wjLdqwqST/xiW0USxIHJ",
-	"8ogIxlJNYngCBypQ3rWtntObE3y4/6x1TRwFjjpgwLnIqbLKXYOaw83MqzcRuWIsr46VaTKnKUPKBlY3",
-	"TaaUZ6TrDwGsUG+3G5DQ/IKmDTTvNRfFDZgWJjzjdp1XFqxUFmCETjq3Qq/VxWG9c5rYRQfLZfz2+Pzi",
-	"+cs3J29jYiRJpJjyy0JVvmDG0tYjEr94fnoRW6I95TcE9ZMlAb8NTRKWG6vjkXciWxIzkxpvjz0M1EiF",
-	"xjFNFrCG/X5C8z5N0z78HJdrJKRgvSNScaJqcjgc2nFzcQlNOjMbkYLpAXnL3kjyw3JONLMXlxtCNYlz",
-	"Ja95ytSFhHXTA7eeMRJYTefsiFzyaztNIkWC29J+jradHDgU65v1Bk1v3B4NsaycFBB/SysyyllU6AXO",
+	"iL2FeOHhwvHKfYtIHA5pTDQzvUOSusk/PyBv+PcRoYbMpTZkn/zAv2+kDsGeuz/861d/Pdj/5tlB3ai7",
+	"nevAjqlrdmFVGcs8RXqhUdNqmPQLMKHUDtuG/alR5ZSLi8nzgwbvkKEipcrZwiIwGT8/6DNhSUm60/Y7",
+	"EaFJMvO+pwmbSsWqLOrJqtDAvcxg+ZJUIDKQ7+CTS2rYgi6f6LBJ3f1vhr1mflV1XLUMveRlVl5cH/UH",
+	"K0VaxRy0Lr7LKjSTm2ZqA4K8s+5vJTZ1okAzTnXT0XhVKDBMoTmh+/LtGcnohGW6VxUkn/jFtookiAOT",
+	"5SERjKWaxPAEDlSgvGtbPac3J/hw/3nrmjgKHHXAgHORU2WVuwY1h5uZV28icsVYXh0r02ROU4aUDaxu",
+	"mkwpz0jXHwJYod5uNyCh+QVNG2jeay6KGzAtTHjG7TqvLFipLMAInXRuhV6ri8N65zSxiw6Wy/jt8fnF",
+	"i5dvTt7GxEiSSDHll4WqfMGMpa2HJD56cXoRW6I95TcE9ZMlAb8NTRKWG6vjkXciWxIzkxpvjz0M1EiF",
+	"xjFNFrCG/X5C8z5N0z78HJdrJKRgvUNScaJqcjAc2nFzcQlNOjMbkYLpAXnL3kjyw3JONLMXlxtCNYlz",
+	"Ja95ytSFhHXTA7eeMRJYTefskFzyaztNIkWC29J+jradHDgU65v1Bk1v3B4NsaycFBB/SysyyllU6AXO",
 	"uHRSgj4Oh7z0xt2ZajNh1DKXHId4/1l+dr455ZmjE7s2uUJF7Pf22C4UN8xTbbQ8EMVMoYSOwJNN+uNi",
-	"OPyKkQ/nr/rfEMNuNulZ5QiByDToNIWpXjv0FHBPrbxys2pv7VISCN0RMQtpf9VP8Cs4FFIwJOSCXTNF",
-	"5oyZ3giu4pxZHqBRWEdZAS8IhZFwRWJ3U+05V0zrmEjhrT1SobSRK2lkIjPSPX9xGpEPL08jcvLizWkv",
-	"gseTJfbehfaxyyeaxHvMJHszqY32BmBsF0dQvmdfsc9jUojMKXAcCZS74NhP7PhC3DsiQsKsQe1GTQQ+",
-	"mA/IcxyMvaaCmAVPGDrwA/89HH4LzQlpZpY6cCTB9ktPADCoJaFCSEOcQFu5h3jlsKVYSHOhi9wuFkvj",
-	"ATm+tMtIJmwpnfwbetaGZxmau9yqxySXGU8s068Ts51EEr9wG13nTzSx77ktqpylyAopuff/gzsd6HJF",
-	"SoxdG3HkImq4tisPTVUWtYv7ijtKZtTu4G4z4GnGLjZJVkbmLqQHbgrYmIAbCEnYDUsi8PZYCeb0/O/E",
-	"KDqd8sRtL6HGoI5qn6Fv9zNIU3xOLxuW/IUUhnJhSbF9gXS9pGTvRyqTK6Z6A5LJhGYjOAMoek0JFe4L",
-	"5zgs5UB42T1MuWKJkWpJunG/D0/68ETHvRGhRElpYC3QKli+77x3MQ6BaHrNYvvTuxcnJKNLq1EYqiY0",
-	"y0gX+R7NsiWJ7fAGhqqRYrkcGXoZ1zgsngFLWabgxIRNWeG5OD77T8VgT2ZyYekuTYEPky5OEKlWXmSZ",
-	"7g3I84nV7rxsjEuVWA2epeSas4Wnk/ZQ73TG5szQlBr6OzjGe2AKLLVSAtdHpACrvf0LLjNcJ6sRZ/ag",
-	"uvFlXO/GLBwp2GYDeOtes/qUVKbhspzan+36spscJSkli8sZCf6yQMH2PvH0do+JFNi73vtkW7yNB+R8",
-	"xpYQvSUkWdBlMIGW5GTkzjIQWCtzeGYGBwBGRqgX/+y3XiKUVsQDMRd2FLktNiIYhzNVUkUhlRfVSRda",
-	"xlci+JghiYXBk7yYZFx7+h8Fq4Mfl5VnNYwikFocCk6vLsLdJXhpi+QTdQrBfymY0yScJXhVxGw/lNjk",
-	"yg67r/s6Zwm3lM41cxTcZlY2cPF3/4A4msabecWWAxJ79+oFT+OIxHo2B+MWhljFQfi1rXlZncBdNlKS",
-	"rpehn2hiKSrae+aM4gYbmfczds0yZygakDMJ/rtrmRVzpiGs7l3OxFlgU3pGc0a6QHniCCiEloVKgEqC",
-	"lDAin6xYdgsELM6vkxH5lGSUz9/SObuN/Qztl+7UXjG74a7PiMRzK3KfUjOzE1aMplbzwObsFLV+I1M2",
-	"Iu/f/fb+J1iTYgJvWxqbpiz10Yzl9MKESq3iifZHFKZk76T0HBQWyB/0Ab4Wky6sHV1CVNEEzAcTLvzm",
-	"cSvOBUENj3FMuvEnx6efJ/YQjFDH+S1lYhm5AYzIz59ow1ND1SUz9i7PKRe/vTh5+f72462z2cVOV7rA",
-	"p9qug/8p4amCHyaZJQO1d/xP+A7poucQTFWWrOreTuQQosA2yQTB12QleMqNC0Upb7yRZMISOQfJMF1+",
-	"BpavGB5EvbvL6X345PZjg0fI37UGkYf/ylZoLgjTKbve07O5PSvEzPOpPnKU2D7t9/Vs3ofLG5EXdjSa",
-	"2d/Dle6NMIbCx/LAjthu4Fc8ZlQQLwCQCRdULUkhuCHdeNw5ePbN4VdfH379bNyxWz3uPDuc+3/uX/p/",
-	"fb1/8IZ/P+7EvQHZJ2/493Yvnh2SH/j3qPo7a2McFnRQGt9jzx0oiP8owKPfDcQIqtjKouC3vSOgbiCW",
-	"LLhmXoQYeS8okMyqWQ3FDm8CdfzM/3lVTJgSzPvDVSHsWXzSfHqlYO4srHGHNaHio932kuI2GimVIVMl",
-	"5yjshuiXriVoNd0Q4nAWQjs1D+S+CP6J6/pEeylUSxLDP2OgLxNGaE3AiqwUUyFcimlj1WFvGNlNjjcm",
-	"a7qqr/mUgfuUC6KdkRTmB+wfIjv8pux/MxwekSH5DiX7nFvJNQiXXmxwsjHoGJScn78mCeMZhF/E/f6c",
-	"3vSNyeIIRG7X8MEhmX0OI6oj8w3mGstSrJhfWn89JQKnlB6Q42r0hL11TmGyX9qzbvf3cDiMGvXSqnyy",
-	"ieL8JwwQRnN3I6ZzhDRrkvahHVFFB0H5LSV8SuYYANPbzX7cYijGwd/RTtys+34AsYvQuSyFnVIGOCIV",
-	"FdiSAh9FnjFjmNIRSfklN/a/1EqVMK0ykMMqEpqZRgcv/5VdXDb5sk/svbRknQsghd2pQqasvVnyyJLG",
-	"jFFtyHAwfHbwdeToUb37/R1c1ys2elijyuCabPUvWcYMe890kTV4K1M2ZUo1+YLPylg9kS1HqzZtR8lY",
-	"ScjQAMJuuDYR0RIJlpEKtF9LGhhLxyLc9syuB7LCOeqac3nN0lJHDCQfQgDX7eEpTKwxBGFlmfybjcsj",
-	"FyKTNG1bIBezpZtdT/YCWfr8RHsOvO582uZmqbTfNMBjp8idiKlcH55X8+oRSTNj8tHe3v7BXwfDwXCw",
-	"Pzr8dv/rr5rOdSXKcGf1eWWIKxMKIyobb5xWLWqnIX5sWYsGSTnQTsux0SdhZ2rfPUIvmw+ZSdHVxYSl",
-	"/D97v569I85Z9bFhESreyDsSqX9lD/d6WMD6YGHRghzQG9UjfAqTOTtDZgVHl6DhGgMBYspMMgNKouB+",
-	"kslyLJw/HLJLrBz8X30X/dA/SePeEbHjHYVGy9bsgJ2xoOq2Rfqy3f92N0f32sxLJ1x1DTI2tTrhjFsB",
-	"WjEfEhYi1dBhcTQWOCkzY0t04vmApx0H/8V9/idynyO9aeE3Dx8kGlUk9sBuF2j7qShV3kViWJaRrjdy",
-	"f8540uqYFRWjTQGkEUocKFRYVcqghMFuuIlaRu+UQR/B6Sy6Xs3QdEG4edTA1DVLQT2Scl228KtThqOC",
-	"QWRBBchOLnKy26Q5k4zPuekdeZVw8wYPGkWszxHICUYJbzbfFMwJx/IN//6BjiSS0pZAXbvW9iQR+xiD",
-	"cKUgjqw5q4pT+6YYCT9oi+pkqomenL/qf2MniEl7aJdRLM9o0igk+ujEz9HSneM92Q1LXOxa7DrwZzDB",
-	"WOQt8rYbe1iO+uKvxHbWAzg3B16+4ixL4UqtE06wRK9P8T/O3r1Fd787g3I6ZSK1Gi98ERGMeQHnxs/7",
-	"H2NnRAvgAMAGGhd2zrR23sLNvACHVn7QPLWMNYv488YTa9XOnCnQz6UgE9BqwdKnmSl4Gtn/XnJkBtrw",
-	"5GoJF0wmhmYu0GfcGT47PBx34ApVMnx/Hvb/+vHTYVNmb2SHw6f8jvHR7Y5sUANZxuZMBG8UbFd33Nkb",
-	"d4L9V0lpeo3bkDeiGVQ0MzrRMiuMa7c5N6FR4d+s7OPN6FKil/OMi6snGhJEjXYG+CeaZCDc7xqY7dq5",
-	"wM8bb2voCd8B+95CcWOYaL77LcoVNRiHcURi0LNjDDFKmZVmI/Lq5NU7SNGzFNZUFSq7pPbScnur3XA6",
-	"UQcaadCtVi5CNefcvetWOsJjXj9ebfekOfCaCaN8UtIuJrVw427XLWbtZyqYye57sDaQ41r7LlF9bqVm",
-	"NzXMKV0w5SOZdgq7d4vul2c7jc3YT3ik1te4fV1gCcrTSLphcdbXpXeHG4dR0pUzvvUiNU8fWm+cr1RX",
-	"91X+Q4Qf6CSgxLfG5DUMs2UszYpBsL/tfMBLUJOtuQVl401L9ANKzM9Tx22aT4CTq/sLu9vUv0tQArOE",
-	"MsvAgd1bTxRIub66mBTpJTPNRlYIeYJs+5SrSiTME0eO////l8T9vm2mL6+ZsqInN3FwOWDTu+oudjBu",
-	"FDu8biWm2t6sE3YnQbsJNgrSP0od5GeczI7zaGcnm+T2N9gTtm8wjMnuT8avK9HLO3b0S8GKmh22ytM2",
-	"rczKIayvZPXb0EdtVpWtalrjaO1YNZ3tHxnNkKatXDdDTaHrZlV5tdWc6z5r7Elqc8eQkB9DbJ+PVT05",
-	"vT60nPnk9PoZcVGdtWiNWDNz4eIyJzJd9gbkP2lWYICxx36wYwNz00rkCEQFV4jzyuDf0Px3xFnVwxbl",
-	"QmDoouNLUX2ebmqNYzmZ08sWWblZzgR5h9bDkqj2rtNWZtSWuHPuo9889SkVVRfSYvVT3WZc2B6cja2s",
-	"dxwH4SBGSyr6uite8JVwwiMfGejed97wlLK5FE/QPcOq4l340t4eeHm7UOedUDjoj20b1potl2fMNEz2",
-	"FRhQg7uoZtdRhfDxhzyE8mY8QNMJaVjca7Zp4Hc7M9HysDWIibYfOHbbDKQhMswf0C1ycu31MOaoXK6m",
-	"ZUaQNHcvVsAnBEPajmhpXYzKBF1FXjHRwJKdD/hOWh4iI+j2/OPvSOYvHxgAaS1TBQOlMCZEeRfJ/TKU",
-	"A0TbDkhsDQql7b0xigM0VljCBeazAKzOnEOMAMR1SMGcS8prrriSoA1CYgxY/alm2n/n43NcTsBOFnfA",
-	"69l2duFAnMGbqyesgmGHTVWnHVV3v7atrceu+XbjPHe+a+UB3iavuoZbh3M/gT4s6m723eryAuqA0wI6",
-	"mOHENsXOwFHIXATNkXd1NN+LAXnuQqvqrpBKhMzvdoTctq3kmV+TFVYkFwLYCgS7QEzLgMRu4vbnEL6v",
-	"I3J6/veIoGQUkRCYfORiw9E7HyFgVkQUE2wRwd0g0EmElD3ArbjbU2Vb8F4nCgvf5OR9W0Zir67Fih0B",
-	"giubpAi2EgE0p0vvXxyReNwRUrBxxyWUueMwIpmU+YQmVxBH0YNQOpplEFUnFYk/jTHJcNwZkZ8Hg8HH",
-	"iIw7KRPL8MNt7KiNNwNYyc2FZpJunC9zPnBELo5I/NT/MZDqMgYyhBFJIGAVIgXK37Odvzh5+V6TLoqU",
-	"18+OCCUTCAh2gqWzZ+19dWBf2Ns/+AbyR8SSLGzfCBZlBw+zemrnzh3oFcTC6srxAB/MgLyFXCHFtMyu",
-	"WSVuPMTK/Hh+fnpGumdvTzBg1f5Nulb+7EF6gQij81l/Vndx60HmhZeYS/Qt92xAnpMJTVHIdUmEkUub",
-	"EhjSD0hdTVfhtISkWQUXJO9fvSDfHn791xAChrhYTenwTYbcNzSZccH6itHUHkpvkHYWfrujQpqLqSwE",
-	"/LEOkRQ1YRM2SrU4skZZHRGB7mA8C5b4BrmoVJ4a4Ce4ydiGuJJ1q+eH9ydEsSlTTCSMgKuJT5deZ/Gr",
-	"DjpNN6YTWZjRJKPiysWchpSrzTKXs0bi8MIUwppFuH1NHOfULDHO7b5mpGxresJ2naE1EsU509CPbj+A",
-	"8DSr5s/AiwaRKXzq41Ii9JXq2W6xoS5E5fGjT3KE1KrP1b5r2ShyHAzB+I7kPGeadCsICw5egeZUmV7k",
-	"0k+IQxkhFPN/j1aCacl3JLFkGAJ7DLgXlDYuD41043/PzfK7YTzC/tw6wlB6UWjbzNCKuT1iQ8nFZzgW",
-	"PrzhHrGb4Vg3wGQ57DYnI28xiZTvttyeN44wenZu9zbq2GVs5OSnZulg7dYH5rMCm6F97qfU3AHeaTeg",
-	"Ju/R24hu5pblNuo4GBHE+2nQSaShmfNGyakHZMmVTIuEpTXYIMFuEG6x6rzAdnd1Um2GTrrfsahiANUn",
-	"W8cEci6isMe1DW05W+6kNOsnbgy7s73K0dtqUvdtNw0MsEDXx+Nk+22jWLPHW42Xz7nZOn7o9zW+CtTB",
-	"+a+3fvMB3lxTw7Al31AUJtA659dhmA0mOiuG+cR4K1vPZJbiwS2VnrjfB2TQ/tOYTDN6qXtHZIjwmTAa",
-	"dIk1uBfuYNGvGc53cdxWjdyrSRJVg7rz0Jdx62jW9sCILTElPq0kmCN3GZKP3t7B7l61s7eZ18v21gbU",
-	"utcf/Olq342V0Faur+o+iXKlNngmdt3J7S6QnbprX3Sp8hkVLL2415atfd1wnN5Ny8ROHUcOVQW1Q2d7",
-	"roBVX0rREqdUumzW7Vu4AB6rc0G5gYQV4RB+WdEW+7TrLaikb+564tdGyZUPuG8J/cMQMTCQ+yywntVv",
-	"W1AgCmE0Ge4aqNG+QWXWhJuhS1HuUquIQ4yIFcEFzcrECY548wmmGrWAomKGS6t3lCtwRSBqjL1hDsLZ",
-	"zYwbB7PjL1+84w1qTYzCnJ6VaQ62u+Pv5NTbQHUa70v7FSxnUlvKJtr1nmVoQmz2wyt83CJhKjan3Ioy",
-	"F6Xtc8uKhAYbvm4en2CL+6mawRr52W2F72tJtLtDD/rvMFoVErhA15LKa18QPOesSc05nw2WlrxojJ7W",
-	"DdlZnyOIfAtLg7ltyg9zwCEhTcylh1Xj4LluC4SP+333bwyAsLe7BCOhVdyQtcxjuRBHEFxjSXxuu+YG",
-	"Ilxd1vDx23dnpy98CI9VnQ/3vwrYE8bF2GGZAD1wdHZEmJhKlWAeg7eZukywVPFrH51tlWFXbGcASwgL",
-	"hUjgvon4c+zPJZ6HHb6pUNzLvAgB3zvgkFQljbt01HybruXVBgoEqOPNgfWAKla6+jRhImVOii4dUBBG",
-	"X0yMYqy3A9H2PTaRoyoqWUNULuWNwe0InFdD14ujirtMI3/Gz3fOkq1BlTfZJR8nhiry096wXs3xCxVw",
-	"xHZMtjWkuTZgwBdVSEC75S4CAsEuugjbZe+5LIzD8qvlC6DtdDMM3tpgHsJvHKIAvHA7gxo9LpX8/m5i",
-	"ID3bQnJ2BYA792hgT7TzQOgaGg4FaMFavmK5wA8BBxYAvjz0WmU09g3AaWqOxZz5WKVNdyPEBDVifa2T",
-	"7K1kOqPaXIB1mpvlnU7QvWCg2sCaPFreJhdgFeZOeyQkTGNDOD5u6mFZq0h8vepBsOJ/Cbk2ICdY0zCZ",
-	"UXHpYmBoyFtSDBOgHJiDLmHodjpIAV9q9U5XfTSr4dBbwlcCZW22/FUdQjsQ2zN8OXx2oRjVTVGnPkm4",
-	"Xp8Ji1vELsfB7gu9BIJWhfSnq0nmnU3AFzsoShWMhS12z3KlKl6m1Ygf31x7KIYf3trda7hHlQviD4An",
-	"fp6cVShMFNjQ+pXwpGEDZ2sxtd6X9e4UD7I5frnCxJsNj54vihTjDjC6/qhEks2pwjTKdV1jJx7SjHQ8",
-	"pYnR3t9bbm0ckbJAZWMEJD6F4KMGG1FOfykYmTCqmKoU/kLYmQ2ZCWu3vBI5ZZWJxjjJ2r3fqcri749l",
-	"ijqQiK0uCpVtjEV/ogm7ceaWD+9fEy6SrIDcr3jvej+uo3+sgSZ8M/xmuHe93zTk3W97OdCofvWre7h+",
-	"/31QVkkH8JxtON5ngcY2xKzxKUuWSeaj6OW0zGisBtIAZ0FHTOmSwUp2QK2gkJ3P4AMUPACma3TTnUFN",
-	"k3tGYsG3zXGMckrOTn44eXse2f+eH79/A//428nr1/CP//nhBB/9+OEUau+W4Scu6mMF9sW1sj22GwfV",
-	"uAVurl5hu4MF5Hm2oEtN4k+3DXc96tz0L2W/HFeRmE+3nUrZz4aQ2ntI4Dvy9Q2lEZG/GmqpjZySrgPE",
-	"Q1Sqy1ZBc1OcNZDmGsQMpkQ59F3L2SEwdosNGDZ+2LujbXedorXXU91ybCotrtCAKn6Pt1NucWn6fW/h",
-	"slXL9G5c1p+jrSw2NL1pWPe77s2KjQN7trwrZzLPGOL8exhFROB0OOgBRuXgm52CG5BYtuZaPb64upNI",
-	"unuyyYccQY3uF5D0mSGPog6mq1749MFtNY1rcVmVT6PtcEl+4o9HiUt0s99Ph+foA7qYLDeSW28ecxhz",
-	"hgi5uJuZpp3gV4DOdvYPrRHLa5ndj1iW7UVr6GYrulBlrZoOAm5LM5mseLXugL63lUT6ZtuH88anjN7h",
-	"WFqZBzcapDZcgyPCbmhisqXHw3VItQ7e1yppcGXidYUlPGuiuGA+KnOQMVq4ArlbC8TALvtKShNr0k1m",
-	"LLliqYN0xxBfK3m5NHFEkYgHg/ioJHIojpG30hApKvCcg9bb0TJ0NM1wQ2ieM6pCpWZ3Y45CvFME/CPe",
-	"iz0eo31zL1cyicheyq4h0lkvdV1G3HPK89qYFKPphRTZsmk17cM+xDjjBnapK0tRdbG8f/fqrIejomQu",
-	"U9act6SLScvU3+DhwCorUCPKb18l9Rr3akQUy6jh17AMbjMCgoFdCW6QtGSMproKEY4NNKHCN+7VdaCK",
-	"jRJ8DfA0IDj7YhNSuXr5m4lF5Tx8bIKl0ywpFDfLM3uNnYE9539jy8Y4bh95RDWJn7tqsxTRlb9HXRpy",
-	"E5MrtsQkRQCFZg43umJCyLg2R4RmWhIEaZFiLFzVDab6nv2D06ymiQVnuqNzCO4FRAgOA4yiXBWrsAZr",
-	"AA6x6RCi1wftANvmBm/52e3c94+A87et72AOxdIUhk8yRhAiEHHa7Sf4tyf+o85/9e1X/R+W874Tt/pg",
-	"CShH4na0PpaDLYPZ0N+Wbuy54o05dnYTLXkEKA2BeQveZmtlWCsd9dkNSwpAoyuDi4i9E15x6QtWGEUz",
-	"OI6YYDEWrpSCL9RE/kF5FhFKXmI+JxOXXDDErflbiXCcZIU2TI3I++OzcxhCMAMAAHvfCuxjYYcE5xYc",
-	"xUfkJzY5A9wP7b65ZsQwNeeCZqR7ev73ni/drF3kkQs5BdIAZTIQdSahYiwmDNGJloExUKKYy5oZjMVY",
-	"vADYP12pMxWXVhPyHXF2mR/fnZ2PTt+9P9+73o+PXEpL/S5BFGDK1FjEn8ombldKI0AlBI64yt6tbsVK",
-	"RRMHK/2DhGwCZFjQtCJcjEXsY3f2aM4ROv+SCYblKxw8WVmjIOCM2ZFgGSrjyjXInAma88GSzrMYFuHf",
-	"/o3Ye8mEcVWh7Y9PydOnjio9fUr+z//+f3YnTO99fZI6aTISk6nKwzcWhPyNLe3yzx2qa9zv05z3r9gy",
-	"JnskPnv+9uUPz8+PL56fnlz87fjvZzHpQrZBX7OcwuR7A/KTq9sC5MvvZGpbr64FVhqwCyvFci6LUO5K",
-	"V1KBOObyMmF/LNOnulIRVQhkm7bhuN/nAmg86wvZp4WZxb0BqZJyS4MXUl3pSuGjzSSYG9t0SYDtHrwu",
-	"CYfbB1WpGRJXLHmY/xRKdb1n05h0J8vqFkyWMPbTd2eNdTvQax9D2bT1sWqA7gbsHgHNtNFH3COgsjzj",
-	"BvLOVmibyz9rPFExnIvvlVxo8G/lTFhJjpbEwZc8cBF0mhlHy3UUxugcoOEb26YuJqHiVOxJ5gBmPVjn",
-	"Qb4K8C8FbF3A5MI1j2F/PGFH2PCnT8F0+vTpiLgcRVfBCKyAUcUEXMs73FNMF/OQfmhHOucCwmKgFRdN",
-	"gbmIsBSWNLBrCdjZ+BBS6kIOJOm25kDa1kMaZFR2hF/6wA3swf4B8ZdGs2y6Q84khYNRGXRL/iTelFqf",
-	"YDTDDuTEEnKoGlC2BMv9GkdndUNCiVEMhUo3TN8LnhYXcGJvIfbtq4ThA5f/7CknEAtFheZWQM2WSEqp",
-	"f83lXftwBfB+xa4avy4Dqx2XB/UYP+QGBn5uzxUmT0pwkQzIjuX94USOyNOnh8P9p08H5HnpVbFj9qga",
-	"AakS8QLtMYRiKplcVGDMCsOwqa+gKRGKu0i/rWkox2Nbt68ePn1qNxnLkCGl9HWzvHRlT/+EMUGumQIA",
-	"LcTgTrW/oRNMlWOppSwJs2IFqZqifN+4QaXbyN7jUBLt0DMrSP3T9g+EvwcjFgRu0TzPHA/bc7l5f/mH",
-	"liImXZ8p2XPBqJbJxhGJIecOCrLA/YijsYgx7S4m3VkxpyJkRx6RV1Sb56cnfW2WGXOYwVADL4WsVqxu",
-	"I1N7AeeNqZXAx5tzKy3jynhi7pBnaa8RlqhQ5PDgYCywMApbLQqAoMXA63yCWWn90ygE/EbQlkh+I28Y",
-	"BYr721j81u/34X/2BdvTbwH9ERB7R+XpJf9x9u5tRBYK0FWXkIbmjxdW6okgBRYtdvhve6giADyEC0QN",
-	"YTrBwjYVW6XrfJ/85ksCgJLmxpEoBlmZNNP+za/Ib5VD1HRF6hfEfXZIfgsjLpFfud07qFjoasE5AdR/",
-	"9S35zU0a3Vvo+gfBVgqYGyistlN0YVXMAtAezaCaTCgq13Mt79tpTGS6xHFSdcnck4MD8htB+xC55jLD",
-	"ihfumR0PtWJQUijFROLAWCPPztbKQKKg72K2uzH894LdJKBexpHH6OHmiADAiS/6BS/GvSOSUAWp4fF7",
-	"ZtSy/9xShxiH8zXsRUJzmnCztEOw4pRl0YWg15RneK82tjCECU2KyyOSyctLu4AgX/c1T5mL20P07ktm",
-	"sHDYlBGHd2kbGYvnREjR/5UpiUirWBwP9SGWBqRbwCEUUs1p5stE6yKzNxIZk9es4N6ggpzxhAnNSkdC",
-	"53lud7F/MBh2og44iUFh1aO9vcViMaDweCDV5Z77Vu+9Pnlx/PbsGL4ps5SDUteJOtdMYc5hZzjYx7ec",
-	"HN8Zdb4aDAdfIYrmDAwNe53Rp9uoszcDfKlf3V9zZhRPtPurqga4n+AY+rev9/dKtJpGSMjgIivtcmtA",
-	"OZ5j5kWGxVRcoguG/wVYJEMte7YkycEi+Qji4GerYR96LIJujAHcMamgE/XgSIgKRtEq8pChcIociE/X",
-	"wxQB+/VcziXYFpr1fARbqI6I77siid+B3TQu448hCaKxq0HFxjgiixk1AQlHyJQBt4SVCkUxV/CFYg/B",
-	"E2N+ceTQhoimS020BFMGSlVcipO0M+rYD088go8Hroc9PRgOKw4XtE+V3PMfzouEVGYnoCIwd4ONogWy",
-	"qjSyDewBPhzut7UbBrr3QVCnI7DUfvT18KvtH50hMv6HksTUTHIAruKNcT9/vP0YdXQxn1O1rI22PJ5Q",
-	"P83hhtJLvRL0c+uuyy8+r7LxtmAkxJwb3V6Pd0i+K1MJfRFmr6zi66gwuhs3Fv5+QXE+V+/nii1RFFk4",
-	"qNVC2/NWzyorZVYH/IeFLvQVwPyPBaamQeg2V5WyWnHgI+u5ELoXhQhqTK9BKTp4b0H/hKwgp42aSlri",
-	"tmQy0o1Dgs3T+AhlRgfEMHd6efzy+PXx+THqtr7XvU+ap7cxFIHRrjgx7FVvQGK3krFz75tWLMmxcGCS",
-	"VuZy58LydB8eANLLQhZZCtQsmFNr3DUIswffjsUqp62C4cEj5DD1+3zJDObvPuBtxg5abnK1UhgkkUpD",
-	"UV+EPNz73uy7XM8whNXON9/PWhSgu6PrxPKsEkkfdH4NY1p1JmTVEuq+5DYIgcHEC7aD0sIbQi5324gV",
-	"J/9ttGUMeH1iH28Zg2JmD2F8FeM1u6ZZwUh8HUeuDB7VJL767jpuGzFUs6oNuPRLGUbn30FwWRW/+399",
-	"9/Ev3w2eNuB32518sENbDQBtObqVVGguykpxUqVMuXM73H5uvy9DGx72qL+uGUtbznbUyaVuYDcvHB0u",
-	"jYto0oGSLk4DNEFMo/XyHZZ+Ye4W6VqhkAuoims1+F40FlI5H6KDk4NKu662HJaTGZAYTE9op/awzJUy",
-	"LH5tBuQdZmShgjAWXVdtL8yxZDirjAryiMLZdwyrUh29QroRh7VXU4QXFITLSmoxaItFTowkMVL4C/i9",
-	"jG+Oy7KCz4ZDuxYganqybrUdtC5U9Rgofux64NounSI0UVIHzq8hVU4xq9pk0pBLCaVdsdqQT4K29zgw",
-	"7Slb2DlkKxn+dm0gAwCJs1VkPUOmUHpRXUOBE7uH9tCXrAwzkoF9oa4z5Sjc49JVzDDDEqMGq0eu8b2x",
-	"WGV8Eeilawyv26RP4nIFI3dpXwWdfSycZRWMFpjJBRJFbM/zHPQItL9RsVxP+9Z0vm4KwXOP86NjEVez",
-	"ymIobwuZkO6Ed6kvw+HMVig1SOGr01WbC1A9YwFKYw9O86IhAa3eCG4lwKfZ7cSULlhvPLQpgws9Ft7K",
-	"07X6LNjBSl+GsO8vKLbYgwWrxycj97NSjFWcHZyfJl3AtvB1L5/Wq16mTPFrbzj15dJ7YyFFS/HVqPp7",
-	"khf1H0JOeBSsql0M/IAqnGPhRkXiYRxVK3iWsQCo8JUgNDETlr/Zf5WcEGp+TT1ZGguXgGZ/vkaIYp8C",
-	"j62hsFf5BHfEF8Ydi3i14PYg56l2WaT2YvlThvdALNE1a48FS+EaeWs+7LAuktlYYL6xK80cdoR0Y4CW",
-	"m7BQ5/btKjSJe7Vn1d+mWp8NoiTefHfYOxjdwLT5XqbLz8aVX9T6uK0HUbg6RCsiwf6dOi/r5O6cSbnT",
-	"q5hSevuxQZRwwFSOodJ0aUlCnWiUSYP+FFgC5ghV7xFljahzuL+DwnxKl5mk6bmUr6m6hGCzw4ODXTpz",
-	"1ZSsjn0sjBVp4Ntvt38LWsax4wWPotq/cI5QzxZ2VBfAN4oSVjNa9JmRuXeZzeX1ivUaeLJIIeMebnXF",
-	"xVYxJ+sBOUnZPJcGgAdQ5hkL9IBxQdh0ClCf1FVPc8yn6h/xZsqvh8Om+44fVO/7A4nitaqvDRcIn6f3",
-	"NwId7nJSXkk14WnKBH5xuP2Lt9K8koVoENFrkUY/f7Q0pB7wU/nNB0PhT21n8aXbvRJ/Gna61yrmNyqs",
-	"l8w8wn7WkuE2qlb/4ltqV2WyncCsGRaa5lC+Etb/JZZ6bwjccNpbu60eHaVeyavjcGCGKtq/uj40C5wj",
-	"VgmRVmTNUsvDQJBtNjG/8AN4wGPo+tik4ft1+BOfQ/vBDtzxhfMGf1bG+PnPPNgo6scpLZTtPexF5RKE",
-	"n37fHWizeZxBUXwrZkE3MRi39uxBjp2GWtP0UPuLqtVKA5QmqZymseCazKxgPlk2XR0Mn3bPfLCZd7aC",
-	"Y/KJrpQCBqfWWLi4xa536XjDw5zeuPqHmJUVkxzgYRWj84hcsRxixiu2ELBASIHiQr3GiVWuIq/YEHpJ",
-	"uQCUHY0GFCzSGTBZXJVjqARsuymE4dlYxP2+W4i+YvYWc4in8PrgPpn1XEAINwj4AjoufI2F3kJ4h1sU",
-	"N8ixYFgEViwhTJMndCXSvwxfjDCQxwdxrsARDMgrCbjfDmpsLOLBYLC3oByiKey/XUlJ9xdmU9q/0GFQ",
-	"tSY8hzDBETHsxuyxayZMH1c/dlhCVJkQZzmFfiHgSIH67gX+Ee4HHjZ0LB8MhwTa84Uv0VyLjkZ8AOBD",
-	"9l8j7MeOkKcjMoys9htbVXYUY8uOGh7h/vuEDCikcw1RKVZ1/eH4nFRmj5rl2dkxau+Ic0qGpIvPo7G4",
-	"YiynUCcjIjG74VZbISfOdoKj5lCJM2ppPFTXjzlcwLGIX1Nt+sewkCcvY4LBbpDP7iJ5qoZBt7yKlboy",
-	"LXFiIJpqjQHBN249HkqPxdaDMraLIrvK+dYOVL37VWP5GoM7Qxhnbxpy+PLg/6ifq647w3b9r1zVXo4g",
-	"u5WS+9XK5W3Td6/76Vvqa8d1VyV9h5XdMOHHVZf/hPz/j1Dh/8QyxxmSiFVBo1nO2Cwv731Ktuj2f4O6",
-	"/c2V441ijPCp5Tra8CyDCHEXfTKVCqKRuAn8FenkoEUvr9KvL3r5yl2ApflnlaHtEfPmfnC17Hay200C",
-	"j3CUNlDtiuT85SQ97kmqWCB2PEL3VsKirS9XZIaPu1BhJ0dipd8/z6hKNJhHGlWrdgtGZJCRYUhWW2zm",
-	"Sw7I7XnF3kNNCDNGTE6H++y9hutcCTt5WKm6jtJzL6H693fexg3PmDD/DKLn56B5/6ySJF6kzyhKgs2h",
-	"PWIaQk6coacSVBKqNfr7Ku0tHZBje1VH5OnTg+Hw6dPSL1yNTQdH8Fh4O5ee0ZwdkRgLDjlEBiw5hME4",
-	"aOlxmbLOCIUjMivYZSwJVqqE5hGJQ+32GFLuwMcJJeIXVJc1X6QC81FvUJtiTrW2qihX2ozGwk7pwE/J",
-	"dhy/8Ea7buyMcCNiSUCMgQtPn/7IqDITRs3Tp6PSv1oaWCw5QwpnG4VUyClbOG+ZXvGXg1lr5luMoxDe",
-	"cEC0iwDAWD2ScQFhO4CPQ3XYjGrwiBSMQHL0WKBe7nNwagP4j7N3b/sZu6QZABxwcUkWM24wrbrnDGbl",
-	"nCCHCmoG3CzHAuNzCqtRpHBQvTlRO6cfPPPxQpb42/8i5cdweD5niKlQiU0Ziw3rjrFR1JCD4XBAfKY0",
-	"4FpB6tdCkolMoSZgbjWyyZL4JuKx6IaaXnCiVQF539nSJan6bns16ymu+YD85GKeUomhZYDwTyiGJYMR",
-	"N+PXbERoZZbAHhlVGfjjM6lNZZV6Pk6Nm2DjbbAk2dZKlrcx/PPMbauRMIbyBH01jEKYxlcIUNEUWFnF",
-	"zCwZVgPWuC/B9dVwWEceX0XG/73RlbuFUpSkZ2soRVASPm5WEzxMOBU1ygaxUlGw+YbbGlW0bQi9CEcY",
-	"46r8GYRDh8EWB8ODx1B9GghexbRZm+0XyeJPr01ZIoQJhKvyAelCpdxcZlnvT6lZpXIhMknTVknkvQsE",
-	"NiuAaqt4auQFhZTFMuzVV4cotOUePnZzpX8X/AsQHpC3CD9YruQTOD0ABqb1rtvE3ARe8Yxto8Sn1IpF",
-	"JdpQSK/0cEOQXooRsOEnJ+84iNM2Iq3YXBrm8d/qukmVbG/GlHvIsPeXbqHa9ZgKZp4HsPtiUb+XRf3h",
-	"Sc57RlMfeU/9ZVxB08A0/t6jxZYEsIi9T7lU5nYrTaEAdwwyGcDRM01i+2XccEkdzIJYegAPQn0yL4S8",
-	"aiZSzHIDfyHkuwCGOElZklEF0ezYvI5JBU1bMcjm1Cx1gG94/1vIzSUzx26aD2k19X1siqTyy/0vfkcf",
-	"/q79KBeWC2DFBIoZ/uFQhZP0+a/Zdv5+KpVpv443LPld1shWA+N7K0+XwTMoTOsZ6Sexq9QMWrfT63q1",
-	"hKKKf4usJttzPRYhrR6DTABgyAnLK0bMxUxmrG7KtHICFk8IcRcuVsU2HeMYLhB3Y//g68gBW0ABpThY",
-	"IeJKAUxn1sDytGWAg0c7sqr43CrzkOVU6892QPZIWd4ktInIu0COvL2lK5WlOHuHw2+DxSLE6MCsAGvC",
-	"SDJhHh2iNyDHkBBQRlugCEYNBgfZA3DhYy5QaPPS2VjsP7Pi2VHNVmM1dg04l1XgBJIymoJxA9ExzMyq",
-	"X1UFJis0VAUBu0bOFJdpyCGpISasSceQ1lONyoh7o5BzVqlGHdLAnuixcPaW7sFwWMYkxdUohdgxCZfL",
-	"JEwthktErhwyqvgaYObGAkHr7mqOqRpfSN32MhYtxheK6Vh2f6oYBP7Er5jjwVzxS8GTq2wJwBWY7eWD",
-	"sDIpWDiYDVFkduXBxlHVLLHco9N/7bGCa7kQY+Hv2mqslwg2QLumU2aSGVYj5SnphgifBhsn4ORUon+O",
-	"MGYMAJMKy4AD3B50tKAQBcavmQKco0wz0hhY1ovGwuMt2Dt/IcVFyrWbOJRng0LrYM6TmVWwZ/Say8Ij",
-	"L4R3gWQgZXLUZCyAnPRC3BFg76xHH4GxCfPE/aE8HA4jDLE/HH4L2WwR+Xr4Va9JmLAH4GH9Jmgk+UO8",
-	"JlXzz2ajjqKCdGsgF8ANLJn+jKFIX7SYL3FBXnkqBFjiK14UF1xrD+cdcn3QfNGq55wBZy5tJ8CZEe+6",
-	"2cBxZHlkiYusPW7xmg7irB13uLwyMaw5nDBYkidcULBpbA0wXEXXX7mlL3AIfW/p2ADOr/mvgDAWmmkY",
-	"ly+D0WDSLktB3n5Rgh7T4ECJogvYNSd//hHqj70Fp9TMUFUpttxAn2AJQGlcOLte/V5CJR5XozpOCpWR",
-	"/nnswWqw+qxiwoyFv6U8QGDmGU0QctOyL0zYtY1jhgB26qVAyBEog/NBk2kSEPKivOm7CAe/85I/nnBg",
-	"Z/UTgj000Rf36Iv18U9qffwJygM4agAZArvSgw1sdM8DljfyUh+x1sRNEd/YSuAxOIJH1WIBVp3AT1P0",
-	"IIeA+C6k12DlFsCO4tdM9O7ge7A93p0T3/2mbLICAon5YgF8tHDJKe73H8nrNt2hzFWS2eEOeWxEl0lV",
-	"yp0VboihMkmhNGAd9yKiEffQwfNFmLhjb24c7pl2yzQgz110w9fRcDgswRinbMFUsHNx5UEeFSOZFJe9",
-	"o7GohRDRJYxYMbKw/zeXilVv6YrEfBh5ynTYnN5u1+gVCO4PfG83JaA2oFR+ucaPkYNa0bD+nPdYqquH",
-	"Mds/LzEIZd2OHVjiZBlAkjwcVFkxooZuNHJ4Q1JdgUVWmQpSJGL2PMHqFdqyZ9+hGwB686DKECBrWW0c",
-	"Yg7FNddQcgXF87HwLjlU08vGnfHb9g+QKc6AWQWCR9NfGItD00ilncJYLOyXUhBufBiffxFhZGGA6PQn",
-	"XQ/Z6q2iTFxzJcUcwtbAnunnPhYwZ9emD4YIMEbQwvn5a1yACbP0TtdnVuJ8ourg1wyyi31tjxHhDv2r",
-	"nkxp16OJ5tnfHxbA55VUVxVT4++F69neVZtp0T79kgv43xmW5/NTfnsmNkOolHVDW3QUrCj+ewlzk5Gi",
-	"WoBfM3MBPXVnVKQZi8gnKxyNiCttftuL0X0BBoU5zTUWw0MJqptKU9a7IS/fnhGA5dQRVrNyURCW1iuS",
-	"UM16lvScnF4fWsp+cnr9zPcDGIFOejv4+lkQUSxFWjprB1vBOMgVu+ayKFG3IWKjAusIRhdw1u0xk+CK",
-	"xqSLHiBAzLY/RYGWl8hr9hdwyTzRZM4AXbdXi5i0zMm5mL2DCYETVwAA9AAqZ1bxl+YDgqAnE5qGwm5u",
-	"GTxS8hoKWxcB2KCEoXYlYey3riLMCrZaMqPi0q1eOIQeqc174bqHw2/LkoMO3TCgRCzEyrLV6wEJcMDK",
-	"Ig+ogfAasAnFHKOFODbwmoN4bAXw4HIJH8N3bsQNyT4BR+hHuA8Pw0uw7cdO89kOXhQONogqK8e/3Jx/",
-	"ed7zZ/b9ONJFSR0BBaho0FA3Qmw18wcUL7fgKoHfH4XTugheh06KygwewDKNWmsGjUU3Rpv0BVSKEUWW",
-	"QTStpVoAMlrW9ZLKfwet01CBrIyiQMzMgatCNBb2oCONCDCr1fSYlbQLS0x7A3LsahOF4lMenBUvDkjf",
-	"UDotbdPOsXrTQ6rn0MMm/bzcKf0vjVXWgNtUWZqtYHQPEHwWgkdr9evwSBPBFvVSd4ga5Cp50aWvPlap",
-	"gAbPjsYCC1aJUJDN6ZA+4857gMKdqbdW+QY5tx0JNoFhbcmMZ2m1okMoyUaqV7g3cuhI2hvIsMytdkVt",
-	"4Z/Vul/RWGA5VwTXBguaj9LihnQ9WC5QBivZQAH3kVXKITeBroNQVkY4FtBhr+LFsvOeMCLnVqjDZJxa",
-	"fbZeO4Ssr1b6EDIDtP1ICmgVJXadfLwBIvtPJwTcW598eCL1Bq5h5crB3b8H+95zF2wT0Mt7VyOwZMkI",
-	"z+VqF5f1USF0kYfioQ50fVNlwWpdQWS0KK7rYmIUY72j2lWtBfENSKzYnHL77wtXnhMB3fQq4FuVfoPu",
-	"taAq1QPygkLk7IpwQLqWqLhV9QSoVym4NxaHw2+b7rx7t7z0D8TL32M/7RYh90I6+GItX71UK7IxVN5c",
-	"Y1CPlkHiLuEnZOBbAJeOPcqFq9+5+XKRbXcrConaZSF0DzYIhgy0J3g7wpFzXRlXrxOzyw+H+wHvXhAp",
-	"4FYCm/aXEYN3q1fQB/mydBCqxHIX++vBN9YUB65LYxYMdixwwtFqFcMnOgqIHl4al8oXEO1VYaGxHjba",
-	"KrztwspPHlx6Tn0TwUTjBB5fTun//O//b4WSxi7ym0+nzMo4vrYo2CWAkOKKrEhEgebwlMypwdwg32Sv",
-	"mdrY1h6B2NhuNtEaWOJ/Lu7/GGo5HCu602V+OK1ju/8ODtgGEiaYWXwOD16TofgYkN0tJbAavpV2qgkG",
-	"ds1evj0jcJZc3XuXWVA1j5KuzJmofakNXfa2mU2fk1xmPFnWskCEFCx21Ut9RUdMgsBqhExMpcJsDvDN",
-	"f4ulbHWRY/3EmHSNTOly5AowotlD+0KltvnIUo9qXUagiAhjW0EhQctxeNUTx6AWGvT3TT3lGoVcwJDK",
-	"NVlW6kzaSVzSa6vHcZhw7NqIiZCKxGAvdcXJ1wp8+Fd9KRArlxFVZAwqvJe1HX35RrdMmrw4efnevVg6",
-	"U4Pg9habPYV96G0yzro3H0jV8q3/+Qy07oiCo9QVQvhijP3vZYxll+B4cTt5H0ss1FH+XCEUKwG5tuk/",
-	"vpDCKVSK/oJd/1jeY8XYrwwDYKa1w+qsHfd0GUDSoEuW3/uUUzO7fWD4QEwYjpoSMhSUoELz5If3ryMr",
-	"YyyoShE5GqDvqZl5xltZAqnMEZZUW0JtCKIzqmdWru/GrZP+ZvjNcI/mfI8bNtf//st3+7G3k2gSrzxx",
-	"8j7gbjiEDQe7sRVvYw1ho2UnzHJjrc9Tszxz1Xce8tqX3WysTunrAH3xS9ROomFqzgXNwgJVLqPd4Ifx",
-	"R2AtgNwsY+8Snsh0GREXE1etGeENDE4oPT3/O+nGDkLNu+1znuPVwWrhEHHrM29B/XFRD1QsCTWGJjP0",
-	"Czicvm6IBNsnb/j3lXp8kSt4QCdaZoXBMngO2V/3BuQnh5yPU+lSTd7lTLgVgFzl9Il2Ccbai8l+pTHc",
-	"beytv37yruw7Fi74iU3OrHBu3Lgjv15zmTqB202I6isNKk43/vfcLL8bxqOxgIU5KgMkcAF7RyUcnqNM",
-	"OCRIewYno8MncKUycMIxGQ7GolL/wzlF6gcKgu0oalx6xrLMoRvwKQmYdZCgrGcrDpKxKD0k7e6Q8ro/",
-	"kKB+apZYyuyR/CKhvy8o/f+CGKkObX+VDK9R4VYWjPXXdwPZd42vghlHJMkkFs3z9JGlHiiohE6vtdEG",
-	"tL9yPb9g7a8cMliax+T56/j3W89aO/b94+xupZfN0tyX/a2lWe2wsQ+oJrm5bzDzBmq1t9APrLNtH4xi",
-	"gi0eJmfkzNNKjAwjRhIhF+QvZQ3meBiPynLLR2txJnWRKikUJlC779sDSwbkeegEKiPX7b3n568rVY+H",
-	"VvhOsiKFeBhv91bMxe/20Al1OBwSQecAeTNj/vNmZ5Jgi4fNl3hvu9golz2aOQmG8kUw+1OHuBzfGCbS",
-	"mvEp41Nm+Jzdy/aExdUexkqKbf/xZtL3LrIe6hl+sZY+kh5wPqMLQgmYytMdqxY3n9EyKedBeNsLmptC",
-	"1Ytw+5zFpTZsTiCvEIMwFhtjr9xJCwYQhtW9uKrW31zzu7poaJLgQNJRJaMDYrd9KMlYhMxNZ1mZKqZn",
-	"FfOz9I5ebMnDKFfzBwEKwQHwoZd3LFbdvDjOhWChhKmPAkOvritoX12JLhVSLOeygEHQsk1fivGKLbXL",
-	"h3HxaNX6omF0vxTSUE268I5LjwTMwgUwcm9eQh9zQgWgFfpiCK5uaK34Z3WQXJNLKdgIJQmKnQE621jE",
-	"8McFc5lsscvcqa3bFcvNgJy67nXNxx3eCzFAttG6m7vdBnTmvn6owjmu+ccKjPWzaTL/uGdfTECPn5z5",
-	"CNafcAuaSel9Ui4RU7HVMVPWtD/DFx9S0oAeNuMZ2uGyf2mnzHmNkcJ6PFrsaJH7OgYP4OMp8ydTBvUO",
-	"SOwh8i8mzw5jrNMESEIXDjple00BxCBIuVoHGCMVfLE6gFiyuczC6Ye7lFlo4Eq4jHdCHbvbTfqQYxWC",
-	"PwSU1Hfedo2/AI/9UYChfwRo2T2qJnjaU9VMWqMGzsJbD8mZXCcbIwb8QEI0KFNPNMj1cgEA2JXk0/ty",
-	"sNUd3Oq5D+PQlXXaJB34n7b7iU5SNs+lwapimlQRFvCTC99YTNhNzhKDoHFB5Ecdxy5QSHGdySwdi24h",
-	"AIu9DKoPuodUIfb+ii2fhOhOrknGpg6quwy4PxgOnUvejSkdEXT6D8hPgE8eDl5dGyyHCUCTHmnGNuEK",
-	"XukisZKfHgsXcjCqf+dKnLkpPkFPeUQumYkC7o/VgurK2Vh0Qxkf+CH2yDlhnJAGbLkaF5dRyCrWRip6",
-	"CcbYqWIsLQOTIVJBTiEFYI6BDHN5jfwNlqSSqnAEC2xW7MCC3Til2BXYBgBxAMufMdE7wuwCp5oBklic",
-	"silToG5D7MWA1IGRSh3cp2BcQtk+Yz+uqZsDSH1aC2muh0N7NTic3sYqRtBgTRf8Y92NYOXv+oOJFdY8",
-	"BhsNySFWkMFXfo/Y+7vyntp9SXAfyjvdQlvaHYSPsRub9OUq4f49y/u7dIQdXHVbF/iO8rj7tirqX8us",
-	"mLPNzPY/3TsPuFvYxSZG6wb652Sz12GF/D75X2CXGjWfN/QKeAFh89wsXROWSsaa/8ouLvkkrtsLQ28h",
-	"fbRuH/SkG2s1BfvggJwFJgJBqBQekLkshIFk01CxqRu7Ycchmx4eAImynH4sHKtfy8sIH2JIWH6dDJKM",
-	"8vlbOmexdw1y04N4VlkYTKoH3uTy4oN580mZCrjCFMhzBLYjOfU2Tv4rI1giBjo+fvvu7PTFgHxPkyuA",
-	"0oPkl4hQBx6HFpMyV4V0KdE5VZohNl1EMinzPqwNS3tHLuklIhTwi1K/TROoWgHKJjVjoemcVUwyR7VE",
-	"FEpOmdJc21uC5/yFXRnSxUb87maFNrC9sLaaS8FUbzAWJ36aKybeUsRIub5COaICbuL3/Ak81s4+y02L",
-	"aRZKBtlZeOHMy2AFhvz4TMZv2+2tOLcH0m1fVLvYSbXd/8zEqYkwuZC8R1Zq72wR/f1WzTZS+MKVenP3",
-	"opEA1jnN3if8x+1mIIApuLjgOGPlJoClLn04eBe48eIsMYAUAPS/1xZ2Vjmh/31Dzh43+X2rEOgI4opC",
-	"0sIJ2wTCh9+Y9jtcChfRWmagzyH3vPLPLCxuuIFbireWK2C1PgfTxy27rercfqdd4jzUbRo0545cVzlB",
-	"S7VWeuNrmDw7bCjXum0FoIgaTqZQWWfU2QMjs5v7WqyVIxsZn7JkmWRQB531nabPkgiZdxSwO7BENNbc",
-	"HJQTK+1V65k+r0r5ojQKuZDKq1ojQYRfb8SJ2qgsT/kNS4H3R6UkWMKHRHg2K6YMOKVBnBusbkhThy/r",
-	"deN0hBU0fC344HGgl2DxWVAO2eJSRVDo376Icf9o1eCXAqFOsHSBWFa88pXxhCrNzQlTLikDzIW4FCvl",
-	"7SKoiSAVOTs7Jl0nrdmxzBD7N5Q4vWSCIWInNKZ61X3ACiZNY/Ahkt3T87/bbnKes15IyXCoNG6UtRyR",
-	"tcQO4i2gGav2nYPDsWnuq7kc1VWwo/FJGPed9YJNNLTfmqxmLxbzZfdkYLlY8vW+3UJzDV3+yGhmZniY",
-	"uGBaR2TOjOIJhHlwbQXwYu5DzCEHSMmFZqqMY+0CMQgjqvYqc21V3f8bAAD//w==",
+	"OPyKkQ/nr/rfEMNuNulZ5QiByDToNIWpXjv0FHBPrbxys2pv7VISCN0hMQtpf9VP8Cs4FFIwJOSCXTNF",
+	"5oyZ3giu4pxZHqBRWEdZAS8IhZFwRWJ3U+05V0zrmEjhrT1SobSRK2lkIjPSPT86jciHl6cROTl6c9qL",
+	"4PFkib13oX3s8okm8R4zyd5MaqO9ARjbxRGU79lX7POYFCJzChxHAuUuOPYTO74Q9w6JkDBrULtRE4EP",
+	"5gPyAgdjr6kgZsEThg78wH8Pht9Cc0KamaUOHEmw/dITAAxqSagQ0hAn0FbuIV45bCkW0lzoIreLxdJ4",
+	"QI4v7TKSCVtKJ/+GnrXhWYbmLrfqMcllxhPL9OvEbCeRxC/cRtf5E03se26LKmcpskJK7v3/4E4HulyR",
+	"EmPXRhy5iBqu7cpDU5VF7eK+4o6SGbU7uNsMeJqxi02SlZG5C+mBmwI2JuAGQhJ2w5IIvD1Wgjk9/zsx",
+	"ik6nPHHbS6gxqKPaZ+jb/QzSFJ/Ty4YlP5LCUC4sKbYvkK6XlOz9SGVyxVRvQDKZ0GwEZwBFrymhwn3h",
+	"HIelHAgvu4cpVywxUi1JN+734Ukfnui4NyKUKCkNrAVaBcv3nfcuxiEQTa9ZbH96d3RCMrq0GoWhakKz",
+	"jHSR79EsW5LYDm9gqBoplsuRoZdxjcPiGbCUZQpOTNiUFZ6L47P/VAz2ZCYXlu7SFPgw6eIEkWrlRZbp",
+	"3oC8mFjtzsvGuFSJ1eBZSq45W3g6aQ/1TmdszgxNqaG/g2O8B6bAUislcH1ICrDa27/gMsN1shpxZg+q",
+	"G1/G9W7MwpGCbTaAt+41q09JZRouy6n92a4vu8lRklKyuJyR4C8LFGzvE09v95hIgb3rvU+2xdt4QM5n",
+	"bAnRW0KSBV0GE2hJTkbuLAOBtTKHZ2ZwAGBkhHrxz37rJUJpRTwQc2FHkdtiI4JxOFMlVRRSeVGddKFl",
+	"fCWCjxmSWBg8yYtJxrWn/1GwOvhxWXlWwygCqcWh4PTqItxdgpe2SD5RpxD8l4I5TcJZgldFzPZDiU2u",
+	"7LD7uq9zlnBL6Vwzh8FtZmUDF3/3D4ijabyZV2w5ILF3r17wNI5IrGdzMG5hiFUchF/bmpfVCdxlIyXp",
+	"ehn6iSaWoqK9Z84obrCReT9j1yxzhqIBOZPgv7uWWTFnGsLq3uVMnAU2pWc0Z6QLlCeOgEJoWagEqCRI",
+	"CSPyyYplt0DA4vw6GZFPSUb5/C2ds9vYz9B+6U7tFbMb7vqMSDy3IvcpNTM7YcVoajUPbM5OUes3MmUj",
+	"8v7db+9/gjUpJvC2pbFpylIfzVhOL0yo1CqeaH9EYUr2TkrPQWGB/EEf4Gsx6cLa0SVEFU3AfDDhwm8e",
+	"t+JcENTwGMekG39yfPpFYg/BCHWc31ImlpEbwIj8/Ik2PDVUXTJj7/KccvHb0cnL97cfb53NLna60gU+",
+	"1XYd/E8JTxX8MMksGai943/Cd0gXPYdgqrJkVfd2IocQBbZJJgi+JivBU25cKEp5440kE5bIOUiG6fIz",
+	"sHzF8CDq3V1O78Mntx8bPEL+rjWIPPxXtkJzQZhO2fWens3tWSFmnk/1oaPE9mm/r2fzPlzeiBzZ0Whm",
+	"fw9XujfCGAofywM7YruBX/GYUUG8AEAmXFC1JIXghnTjcefZ828Ovvr64Ovn447d6nHn+cHc/3P/0v/r",
+	"6/1nb/j3407cG5B98oZ/b/fi+QH5gX+Pqr+zNsZhQQel8T323IGC+I8CPPrdQIygiq0sCn7bOwTqBmLJ",
+	"gmvmRYiR94ICyaya1VDs8CZQx8/8n1fFhCnBvD9cFcKexSfNp1cK5s7CGndYEyo+2m0vKW6jkVIZMlVy",
+	"jsJuiH7pWoJW0w0hDmchtFPzQO6L4J+4rk+0l0K1JDH8Mwb6MmGE1gSsyEoxFcKlmDZWHfaGkd3keGOy",
+	"pqv6mk8ZuE+5INoZSWF+wP4hssNvyv43w+EhGZLvULLPuZVcg3DpxQYnG4OOQcn5+WuSMJ5B+EXc78/p",
+	"Td+YLI5A5HYNPzsgs89hRHVkvsFcY1mKFfNL66+nROCU0gNyXI2esLfOKUz2S3vW7f4eDIdRo15alU82",
+	"UZz/hAHCaO5uxHSOkGZN0j60I6roICi/pYRPyRwDYHq72Y9bDMU4+DvaiZt13w8gdhE6l6WwU8oAh6Si",
+	"AltS4KPIM2YMUzoiKb/kxv6XWqkSplUGclhFQjPT6ODlv7KLyyZf9om9l5ascwGksDtVyJS1N0seWtKY",
+	"MaoNGQ6Gz599HTl6VO9+fwfX9YqNHtaoMrgmW/1LljHD3jNdZA3eypRNmVJNvuCzMlZPZMvRqk3bUTJW",
+	"EjI0gLAbrk1EtESCZaQC7deSBsbSsQi3PbPrgaxwjrrmXF6ztNQRA8mHEMB1e3gKE2sMQVhZJv9m4/LI",
+	"hcgkTdsWyMVs6WbXk71Alj4/0Z4DrzuftrlZKu03DfDYKXInYirXh+fVvHpE0syYfLS3t//sr4PhYDjY",
+	"Hx18u//1V03nuhJluLP6vDLElQmFEZWNN06rFrXTED+2rEWDpBxop+XY6JOwM7XvHqKXzYfMpOjqYsJS",
+	"/p+9X8/eEees+tiwCBVv5B2J1L+yh3s9LGB9sLBoQQ7ojeoRPoXJnJ0hs4KjS9BwjYEAMWUmmQElUXA/",
+	"yWQ5Fs4fDtklVg7+r76LfuifpHHvkNjxjkKjZWt2wM5YUHXbIn3Z7n+7m6N7bealE666BhmbWp1wxq0A",
+	"rZgPCQuRauiwOBwLnJSZsSU68XzA046D/+I+/xO5z5HetPCbhw8SjSoSe2C3C7T9VJQq7yIxLMtI1xu5",
+	"P2c8aXXMiorRpgDSCCUOFCqsKmVQwmA33EQto3fKoI/gdBZdr2ZouiDcPGpg6pqloB5JuS5b+NUpw1HB",
+	"ILKgAmQnFznZbdKcScbn3PQOvUq4eYMHjSLW5wjkBKOEN5tvCuaEY/mGf/9ARxJJaUugrl1re5KIfYxB",
+	"uFIQR9acVcWpfVOMhB+0RXUy1URPzl/1v7ETxKQ9tMsolmc0aRQSfXTi52jpzvGe7IYlLnYtdh34M5hg",
+	"LPIWeduNPSxHffFXYjvrAZybAy9fcZalcKXWCSdYoten+B9n796iu9+dQTmdMpFajRe+iAjGvIBz4+f9",
+	"j7EzogVwAGADjQs7Z1o7b+FmXoBDKz9onlrGmkX8eeOJtWpnzhTo51KQCWi1YOnTzBQ8jex/LzkyA214",
+	"crWECyYTQzMX6DPuDJ8fHIw7cIUqGb4/D/t//fjpoCmzN7LD4VN+x/jodkc2qIEsY3MmgjcKtqs77uyN",
+	"O8H+q6Q0vcZtyBvRDCqaGZ1omRXGtducm9Co8G9W9vFmdCnRy3nGxdUTDQmiRjsD/BNNMhDudw3Mdu1c",
+	"4OeNtzX0hO+AfW+huDFMNN/9FuWKGozDOCQx6NkxhhilzEqzEXl18uodpOhZCmuqCpVdUntpub3Vbjid",
+	"qAONNOhWKxehmnPu3nUrHeExrx+vtnvSHHjNhFE+KWkXk1q4cbfrFrP2MxXMZPc9WBvIca19l6g+t1Kz",
+	"mxrmlC6Y8pFMO4Xdu0X3y7OdxmbsJzxS62vcvi6wBOVpJN2wOOvr0rvDjcMo6coZ33qRmqcPrTfOV6qr",
+	"+yr/IcIPdBJQ4ltj8hqG2TKWZsUg2N92PuAlqMnW3IKy8aYl+gEl5hep4zbNJ8DJ1f2F3W3q3yUogVlC",
+	"mWXgwO6tJwqkXF9dTIr0kplmIyuEPEG2fcpVJRLmiSPH////S+J+3zbTl9dMWdGTmzi4HLDpXXUXOxg3",
+	"ih1etxJTbW/WCbuToN0EGwXpH6UO8jNOZsd5tLOTTXL7G+wJ2zcYxmT3J+PXlejlHTv6pWBFzQ5b5Wmb",
+	"VmblENZXsvpt6KM2q8pWNa1xtHasms72j4xmSNNWrpuhptB1s6q82mrOdZ819iS1uWNIyI8hts/Hqp6c",
+	"Xh9Yznxyev2cuKjOWrRGrJm5cHGZE5kuewPynzQrMMDYYz/YsYG5aSVyBKKCK8R5ZfBvaP474qzqYYty",
+	"ITB00fGlqD5PN7XGsZzM6WWLrNwsZ4K8Q+thSVR712krM2pL3Dn30W+e+pSKqgtpsfqpbjMubA/OxlbW",
+	"O46DcBCjJRV93RUv+Eo44aGPDHTvO294StlciifonmFV8S58aW8PvLxdqPNOKBz0x7YNa82WyzNmGib7",
+	"CgyowV1Us+uoQvj4Qx5CeTMeoOmENCzuNds08LudmWh52BrERNsPHLttBtIQGeYP6BY5ufZ6GHNULlfT",
+	"MiNImrsXK+ATgiFtR7S0LkZlgq4ir5hoYMnOB3wnLQ+REXR7/vF3JPOXDwyAtJapgoFSGBOivIvkfhnK",
+	"AaJtByS2BoXS9t4YxQEaKyzhAvNZAFZnziFGAOI6pGDOJeU1V1xJ0AYhMQas/lQz7b/z8TkuJ2Anizvg",
+	"9Ww7u3AgzuDN1RNWwbDDpqrTjqq7X9vW1mPXfLtxnjvftfIAb5NXXcOtw7mfQB8WdTf7bnV5AXXAaQEd",
+	"zHBim2Jn4ChkLoLm0Ls6mu/FgLxwoVV1V0glQuZ3O0Ju21byzK/JCiuSCwFsBYJdIKZlQGI3cftzCN/X",
+	"ETk9/3tEUDKKSAhMPnSx4eidjxAwKyKKCbaI4G4Q6CRCyh7gVtztqbIteK8ThYVvcvK+YUbx5MzRgia3",
+	"S0vGlr3zR6cf6qRqTpek0A464uj0A1rbCXgFWUqKPEKfgw9mdyFm67zedlxoll7kSUvfemYlNTklYYxP",
+	"sEtwBUEIleYi8Rq2nZ/ztkVkSIwk+8PhXVQfIw2mOu4g+sMHdghtijtioCELryQwNIRAxrurNRcJTWab",
+	"YBNyKwXBS3doNMx7fQuqHpVg+lvbYffaHbrctHKle4cLAjcDsi4ETRwWq58i+pAdSsgu+A98znbl6Stk",
+	"171UXpaV81uZVXWjqutbPTO1A9dEy9+W2ROr9GvF9gcB0U2SP1uJ2rMX18UEjEg87ggp2LjjkkAdCR+R",
+	"TMp8QpMriH3qQfgrzTKIhJWKxJ/GmBg87ozIz4PB4GNExp2UiWX44TZ2EoI33dk77MKpSTfOlzkfOMEk",
+	"jkj81P8xkOoyBtEBowhBKbI0xUprPdv50cnL95p0UQ28fn5IKJlAEL9TBp0Neu+rZ/aFvf1n30DOl1iS",
+	"he0bAd7s4GFWT+3cuQOqg/h1XSHpcMIH5C3k9ymmZXbNKrkeIb7tx/Pz0zPSPXt7gkHm9m/StTpjD1KC",
+	"RBidz9SdLAl160HmhddyS8Q892xAXpAJTVExdYm/kUt1FJiGA+h6TezrtISRWgUEJe9fHZFvD77+awjb",
+	"RCy7JgiLJufLG5rMuGB9xWhqD6V3IjmvnN1RIc3F1HID+8c6rFnUhCfaqIniyBr1a0TxuoPBO3jPGnSZ",
+	"0uDRRDJMxjbEgq17Kj68PyGKTZliljOBe5hPl97O4Fcd7BDdmE5kYUaTjIorFyce0iS30CP0IODwwhTC",
+	"mkW4fU2U5dQsMTb1vqbfbGtK0XY9vzV6zDnAv3Mk3zDlqL6egecbosn41MeSOU6kZ7vFc7uwssePGMsR",
+	"Bq8+V/uuFX1RSsSwqe9IznOmSbeCiuIgUWhOlelFLmWMOGQgQjFn/3AlAJ58RxJLhiEYD2UQpY3LHSXd",
+	"+N9zs/xuGI+wP7eOMJReFNo2M/Q8bI+yUnLxGY6FD0m6R7x1ONYN0HYOb9HptVvMmOW7LbfnjSOMXgS3",
+	"ext17DI2St+nZumgKNcH5jN5m+G47meIuAMk227gat4LvxGR0C3LbdRx0D+I0dUgVFqRx3mQ5dSDKOVK",
+	"pkVi5fkK1JdgNwiRWnU4Yru7OpY3w53d71hUcbvqk63jeDm3btjj2oa2nC13UpptCm4Mu7O9ytHb6gbz",
+	"bTcNDPB718fj9PFto1jzod1GHdAnto4f+n2NrwJ1cDEnW7/5AG+umU6wJd9QFCbQOufXYZgNZnUrhnkw",
+	"Cytbz2SW4sEtDRVxvw9ovv2nMZlm9FL3DskQIW9hNOjGbnAJ3sELV3N27RJsUXVMrSY2VZ1gLqqmzDVB",
+	"V5QHM22JA/OpYMGFsMuQfMbFDr6yqm+szSVWtrc2oNa9/uBPV/turISjc31V9yOWK7XBm7jrTm53W+7U",
+	"XfuiS5XPqGDpxb22bO3rhuP0blomY+s4ckhIqB06f1EFYP5SipbYwtLNum6gwAXw+LoLyg0kmQmHys2K",
+	"tnjFXW9BJeV61xO/NkquvOGkJVwXwzrBqeUzN3tWv21BbimE0WS4a3BV+waVmU5uhg5WoEutIg5xXVYE",
+	"FzQrk5041ohIMD2wxbaHWWmtEQ1cgfsQkZ7sDXOw625m3DhoLH/54h1vUGsyI+bhrUxzsD2E5k6O+A1U",
+	"p/G+tF/Bcia1pWyiXe9Zhmb/5tgZhY9bJEzF5pRbUeai9FdsWZHQYMPXzeMTbHE/VTN4ED67ff99LfF9",
+	"d7hQ/x3aQyHpEnQtqbz2BQGvzprUnKfdYGnJi8aMB92QUfk5Ej+2sLRg623L6XRgPyG106V0VnNXuG5L",
+	"Xon7ffdvDFqyt7sEEKIbTeVyIQ4hIM6S+Nx2zQ1EpbtM/+O3785Oj3zYnVWdD/a/Cngx3hCPpT30wNHZ",
+	"EWFiKlWCuUfeZuqyN1PFr31GhVWGXYGsASwhLBSi9/sm4s+xP5d4Hnb4pkJxL/MiJGnsgB1UlTTu0lHz",
+	"bbqWVxsoEFQKaE6GASTA0j2vCQMnEkjRpdMYUl+KiVGM9XYg2r7HJnJURRJsiKSnvDEhBcEua4iYcVRx",
+	"cWvkz/j5zpnttfICTXbJx4l7jPy0N6xXc8xRBdC0HUdxDR2yDczzqArjabfcRS0hQE0XofbsPZeFcfib",
+	"tRwftJ1uhq5cG8xDxHqEyB0v3M6grpaDf7h/aAeQnm1hdLuCNp57BL8n2nkgdA3BigIcaC3HuFzgh4Dw",
+	"C6B8Hi6xMhr7BmCrNcdPz3x84aa7EeL4GvH51kn2VjKdUW0uwDrNzfJOJ+he0G1tAGse4XKTC7AKTak9",
+	"ehmmniKEJjf1UMpV9Mxe9SBY8b+ESRyQE6xDmsyouHRxazTkGiqGSYsOgEWX0JE7HaSACbd6p6s+mtUU",
+	"hi0hZ4GyNlv+qg6hHYjtGb4cPrtQjOqmSHGf2F+vqYYFaWKXl2T3hV4CQauW4aCrwBCdTWA1OyhKFVyU",
+	"LXbPcqUqXqbVKD3fXHv4lB/e2t1ruEeVC+IPgCd+npxVKEwU2ND6lfCkYQNnazG13pf17hTDtTnnwLWE",
+	"UTu6aWzzPLvDyGrhP9uHho1vGJiVLpotop5hixSDmDBV57CEpc6pwpzsdSVoJ+bWDJs+pYnR3hFdnrk4",
+	"ImW128ZwanwKkYwNxquc/lIwMmFUMVWpIogYVhvSnNbITyUM02o5jUHXNYK0U8nW3x8YGXUA1UFdFCrb",
+	"mNjyRBN24+xAH96/JlwkWQGJpPHe9X5chxJaQ2D5ZvjNcO96v2nIu5OhcqBRnSZV93CdMPkIz5JA4Tnb",
+	"cLzPAvFvCIDlU5Ysk8yn5MhpmR5djcoDloceotJXhGUxgYxCVUyfDgyQmoBy2eg/PIMCSfcM64Rvm4Oi",
+	"5ZScnfxw8vY8sv89P37/Bv7xt5PXr+Ef//PDCT768cMpFPIu42JcOMoKhpRrZXuiCA6qcQvcXL0meQfT",
+	"zItsQZeaxJ9uG+561LnpX8p+Oa4iMZ9uO5Uawg1xkfdQDXYUODbUWUXGb6ilNnJKug5dEyHuLlsl4E1J",
+	"G0Caa3hVmF/poLytyAFR9luM07Dxw94djc7rFK29OPOWY1NpcYUGVMHAvAF1i6/V73sL+6+azHdj//4c",
+	"bWWwoelNw7rfdW/WuBxyvOVdOZN5xrBoiMdkRThfV1QhYDI9+2anqAsklq2Jm48vR+8kK++eufYhR4S0",
+	"+0VKfWb8tKiDue8XPhd5W4H0WsBY5dNoO/aan/jjUeISKvH30+E5OqcuJsuN5Nbb7RxgpSFCLu5mP2on",
+	"+BXUxJ0dV2vE8lpm9yOWZXvRGlTiipJWWaumg4Db0kwmK+62O0B5biWRvtn24bzx+Qp3OJZW5sGNBqkN",
+	"1+CQsBuamGzpwbUd7LXDCrfaI1yZeF1hCc+aKC7YtUpAAwxjruB31yJEsMu+ktLEmnSTGUuuWOrqQ2Ds",
+	"sZW8HOYEQtLEg0F8WBI5FMfIW2mIFBWs30Hr7WgZOtqMuCE0zxlVoey7uzGHIRArAv4R78Ue3NW+uZcr",
+	"mURkL2XXEIKtl7ouI+45rX5tTIrR9EKKbNm0mvZhH4KvcQO71NW4qfp+3r97ddbDUVEylylrToLUxaRl",
+	"6m/wcGDJJig457evguOAezUiimXU8GtYBrcZAQ7FrgQ3SFoyRlNdrTeADTSVmGjcq+tAFRsl+Bp6coCD",
+	"95VrpCJ8ByDOynn42IRxqVlSKG6WZ/YaO8t/zv/Glo0B5j4kimoSv3ClqylCtX+PujQkOidXbIkZz4Aw",
+	"zxwIfcWEkHFtDgnNtCSI+CTFWLgSPkz1PfsHb15NEwtefkfnECkQiBAcBhhFuSpWYQ3WABxi0yFEdxTa",
+	"AbbNDd7ys9u57x8BNHRb38FOi3VuDJ9kjCDeKBZ9sJ/g3574jzr/1bdf9X9YzvtO3OqDJaAcidvR+lie",
+	"bRnMhv62dGPPFW9M2LWbaMkj4PIITKjwxmQrw1rpqM9uWFIAtGUZ9UTsnfCKS1+wwiiawXHEzI+xcHVZ",
+	"fNU38g/Ks4hQ8hKTw5m45IIhCNbfSrj0JCu0YWpE3h+fncMQghkAqjn0rcA+FnZIcG7Bg31IfmKTMwAR",
+	"0u6ba0YMU3MuaEa6p+d/7/k68NqFRLlYWCANUHMHIawSKsZiwhDqbBkYAyWKuXSewViMxRFgiOpK0bq4",
+	"tJqQ74izy/z47ux8dPru/fne9X586HJt6ncJwhNTpsYi/lQ2cbtSZwXKqnAEaff+fitWKpo4jPofJKQ5",
+	"IMOCphXhYixiH1S0R3OOdTgumWBYC8dhHZYFTwJooR0J1rQzrvaLzJmgOR8s6TyLYRH+7d+IvZdMGFdi",
+	"3v74lDx96qjS06fk//zv/2d3wvTeFzuqkyYjMTOzPHxjQcjf2NIu/9xBRMf9Ps15/4otY7JH4rMXb1/+",
+	"8OL8+OLF6cnF347/fhaTLqRB9DXLKUy+NyA/uSJQQL78Tqa29epaYNkSu7BSLOeyCLXzdCVHiSMwABP2",
+	"xzKvqysVUYVAtmkbjvt9LoDGs76QfVqYWdwbkCoptzR4IdWVrlRR20yCubFNlwTY7sHrknC4fVCVAkRx",
+	"xZKHiVmh7t97No1Jd7KsbsFkCWM/fXfWWAQIwwliqMG4PlYNdQAACExAM230EfcIqCzPuIGEuBXa5hLj",
+	"Gk9UDOfieyUXGhxvORNWkqMlcfD1U1xon2bG0XIdhTE6z2z4xrapi0koXxd7kjmAWQ/WeZAvKf5LAVsX",
+	"AP5wzWPYH0/YsQbB06dgOn36dERcwrMrhwZWwKhiAq4lMe8ppot5yGW2I51zAfE60IoL88DEZlgKSxrY",
+	"tQQgfnwIuX4hoZp0WxOqbeshpzoqO8IvfUQJ9mD/gMBQo1k23SEBm8LBqAy6JRkbb0qtTzCaYQdyYgk5",
+	"lCApW4Llfo2js7ohocQohkKlG6bvBU+Li4SxtxD79iUH8YEDU/CUE4iFokJzK6BmSySl1L/mQBx8HAW4",
+	"5WLi3CZlxLfj8qAe44fcwMDP7bnCrE4JLpIBeYOlEiIyp5mdEEsj12BarleKN39Enj49GO4/fTogL0qv",
+	"ih2zh+gJsLcIPmqPIVRmyuSigolYGIZNfQVNiVApSvptTUNtL9u6ffXg6VO7yVjTECmlL8LnpSt7+ieM",
+	"CXLNFKDxIaB/qv0NnWAOH0stZUmYFStI1RTl+8YNKt1G9h6H+ooHnllBTqK2f2AtDTBiQUQZzfPM8bA9",
+	"lzT4l39oKWLS9SmcPRcla5lsHJEYkgGhuhPcjzgaixjzAWPSnRVzKkLa5iF5RbV5cXrS12aZMQdADgU1",
+	"U0i3xVJZMrUXcN6Y8wl8vDnp0zKujCfmDgmg9hphvRtFDp49GwusssRWK4wgAjrwOp/5Vlr/NAoBvxG0",
+	"JZLfyBtGgeL+Nha/9ft9+J99wfb0W4CSBfjvUXl6yX+cvXsbkYUCqOYl5Mf544VlvyLIzUWLHf7bHqoI",
+	"0FPhAlFDmE6wSlbFVuk63ye/+foioKS5cSSKQboozbR/8yvyW+UQNV2R+gVxnx2Q38KISxhpbvcOyp+6",
+	"wpJOAPVffUt+c5NG9xbGJIBgKwXMDUENFHEurIpZANqjGZSmChUqe67lfTuNiUyXOE6qLpl78uwZ+Y2g",
+	"fYhcc5lh+Rz3zI6HWjEoKZRiInE4BJFnZ2s1ZVHQd8Hk3Rj+e8FuElAv48gDfnFzSAAtyVcQhBfj3iFJ",
+	"qIKc9fg9M2rZf2GpQ4zD+Rr2IqE5TbhZ2iFYccqy6ELQa8ozvFcbWxjChCbF5SHJ5OWlXUCQr/uapw7m",
+	"wJUCuGQGqxBOGXHgubaRsXhBhBT9X5mSCNuMlTZRH2JpgM0GUFMh1Zxmvua8LjJ7I5Exec0K7g0qyBlP",
+	"mNCsdCR0XuR2F/vPBsNO1AEnMSiserS3t1gsBhQeD6S63HPf6r3XJ0fHb8+O4ZsyfToodZ2oc80UJkN2",
+	"hoN9fMvJ8Z1R56vBcPAVQvLOwNCw1xl9uo06ezMAq/vV/TUPsRH2r6oa4H6CY+jfvt7fK6GvGvFlg4us",
+	"tMutoW55jpkXGVZmchk4GJcYMNYMtezZkiSHseZDm4OfrQak6kESujFGlsekAnXWgyMhKoBnqzBmhsIp",
+	"cohgXY95BuzXczmX+Vto1vOhdaHUKr7vKq5+B3bTuAyMhuyMxq4GFRvjiCxm1ARYLSFTBtwSVipU2F0B",
+	"K4s9nleMic+Rgy4jmi410RJMGShVcSlO0s6oYz888XBgvgoG7Omz4bDicEH7VMk9/+G8SEhldkI9A3M3",
+	"2Cha8O9KI9vAHuCD4X5bu2Ggex8EdToCS+1HXw+/2v7RGZbZ+FCSmJpJDpCavDHu54+3H6OOLuZzqpa1",
+	"0ZbHE4oxOhBieqlXopFu3XX5xSd8Nt4WjISYc6Pbi3sPyXdljqOv6O6VVXwdFUZ348bC3y+o9OmKh12x",
+	"JYoiC4fbXGh73urpbqXM6lBjsGqOvoKaIWOBOXMQU85VpUZfHPjIepKG7kUhtBvzflCKDt5b0D8hXclp",
+	"o6aSL7kty41045D58zQ+RJnRIUTMnV4evzx+fXx+jLqt73Xvk+bpbQwVpbSrdA571RuQ2K1k7Nz7phWY",
+	"diwcMq2Vudy5sDzdhweA9LKQRZYCNQvm1Bp3DcLss2/HYpXTVpE14RFymPp9vmQGE4sf8DZjBy03uVp2",
+	"ELJbpaGoL0KC8H1v9l2uZxjCaueb72ctPNHd0XVieVYJ8Q86v4YxrToTsmXlPvn6/SAEBhMv2A5KC2+I",
+	"Bd1tI1ac/LfRljHg9Yl9IGgMipk9hPFVjNfsmmYFI/F1HLmamlST+Oq767htxFAarzbg0i9lGJ1/B8Fl",
+	"1WIA/+u7j3/5bvC0oRiA3ckHO7TVyNSWo1vJ0eaiLDspVcqUO7fD7ef2+zK04WGP+uuasbTlbEedXOoG",
+	"dnPk6HBpXESTDtSHchqgCWIardcCsvQLk8pI1wqFXECJbavB96KxkMr5EB02JZTtdoUqsTbVgMRgekI7",
+	"tcd4r9R08mszIO8wVQwVhLHoutKdYY4lw1llVJDgFM6+Y1guPgtYZ0m6EdS5V1OEFxSEy0rOM2iLRU6M",
+	"JDFS+Av4vQy8jssapc+HQ7sWIGp6sm61HbQuVPUYqKTueuDaLp0iNFFSB86vIYdPMavaZNKQSwl1orF0",
+	"mc/Otvc4MO0pW9g5ZCvQA3ZtIDUBibNVZD1DplDHVV1DtSS7h/bQl6wMU6WBfaGuM+Uo3OPSVcwwwxI8",
+	"B0vRrvG9sVhlfBHopWsMr9ukT+JyBSN3aV8FnX0snGUVjBaYYgYSRWzP8xz0CLS/UbFcz0fXdL5uCsFz",
+	"j/OjYxFX091iqJUNKZruhHepr+njzFYoNUjhS11WmwsYQmMBSmMPTvOiITOu3ghuJeC62e3EXDNYbzy0",
+	"KYMLPRbeytO1+izYwUpfhrDvLyi22IMFq8cnI/ezUoxVnB02qCZdAN3wRXSf1kvopkzxa2849WCGvbGQ",
+	"oqWSc1T9PcmL+g8hWT0KVtUuBn5ASd+xcKMi8TCOquWAy1gAVPhKdJyYCcvf7L9KTggFBKeeLI2Fy4yz",
+	"P18j3rnPzcfWUNirfII74qtsj0W8Wr1/kPNUu/RWe7H8KcN7IJbomrXHgqVwjbw1H3ZYF8lsLDAR2tV5",
+	"DztCujFg3k1YKJr9dhUzxb3as+pvU+HgBlESb7477B2MbmDafC/T5Wfjyke1Pm7rQRSuqNmKSLB/p87L",
+	"ots7p3ju9Crmut5+bBAlHGKWY6g0XVqSUCcaZTajPwWWgDlC1XtEWSPqHOzvoDCf0mUmaXou5WuqLiHY",
+	"7ODZs106c6XZrI59LIwVaeDbb7d/C1rGseMFj6LaHzlHqGcLO6oL4BtFCasZev7MyNy7zObyesV6DTxZ",
+	"pAAFALe64mKrmJP1gJykbJ5LA4gIKPOMBXrAuCBsOgUMUupKMTrmU/WPeDPl18Nh033HD6r3/YFE8VoJ",
+	"6YYLhM/T+xuBDnY5Ka+kmvA0ZQK/ONj+xVtpXslCNIjotUijnz9aGlIP+Kn85oOh8Ke2s/jS7V4JZg87",
+	"3WsV8xsV1ktmHmE/a1l6G1Wrf/Ettasy2U5g1gwLTXMoXwnr/9LyoybitOe0t3ZbPTpKvZJXBwjB1Fm0",
+	"f3V9aBY4R6wSIq3ImqWWh4Eg22xiPvIDeMBj6PrYpOH7dfgTn0P7wQ7c8ch5gz8rY/z8Zx5sFPXjlBbK",
+	"9h72onIJwk+/7w602TzODFUGxCzoJgbj1p49yLHTUGuaHmp/UbX0ccD4JJXTNBZck5kVzCfLpquD4dPu",
+	"mQ82885WcEw+0ZW64uDUGgsXt9j1Lh1veJjTG1dMFbOyYpIDbq1idB6RK5ZDzHjFFgIWCITMH4t6wSSr",
+	"XEVesSH0knIB8D8aDShY8TeAxbiS6VBW3HZTCMOzsYj7fbcQfcXsLeYQT+H1wX0y67mAEG4QiQZ0XPga",
+	"q0aG8A63KG6QY8GworRYQpgmT+hKpH8ZvhhhII8P4lzBSRiQVxIAyR0G2ljEg8Fgb0E5RFPYf7v6tO4v",
+	"zKa0f6HDoGpNeAFhgiNi2I3ZY9dMmD6ufuxAjqgyIc5yCv1CwJEC9d0L/CPcDzxs6Fh+NhwSaM9X0UVz",
+	"LToa8QGgItl/jbAfO0KejsgwstpvbFXZUYwtO2p4iPvvEzKgKtc1RKVY1fWH43NSmT1qlmdnx6i9IwAr",
+	"GZIuPo/G4oqxnELRnYjE7IZbbYWcONsJjppDWd+opXHja7TGHC7gWMSvqTb9Y1jIk5cxwWA3yGd3kTxV",
+	"w6BbXsVKXZmWADYQTbXGgOAbtx4Ppcdi60EZ20WRXeV8aweq3v2qsXyNwZ0hvrQ3DTnge/B/1M9V151h",
+	"u/5XrgQ4R/RfFyZp+/uvvptU/yRtm7573U/fUl87rrsq6Tus7IYJP666/Cfk/3+ECv8nljnOkESsChrN",
+	"csZmeXnvU7JFt/8bzzJdrU+PUS4gLBjFGOFTy3W04VkGEeIu+mQqFUQjcRP4K9LJQYteXqVfX/TylbsA",
+	"S/PPKkPbI+bN/eBq2e1kt5sEHuEobaDaFcn5y0l63JNUsUDseITurYRFW1+uyAwfd6HCTo7EsuF/nlGV",
+	"aDCPNKpW7RaMyCAjw5CsttjMlxzC3IuKvYeaEGaMYKEOkNp7Dde5EnbysFJ1HaXnXkL17++8jRueMWH+",
+	"GUTPz0Hz/lklSbxIn1GUBJtDe8Q0hJw4Q08lqCSUfvX3VdpbOiDH9qqOyNOnz4bDp09Lv3A1Nh0cwWPh",
+	"7Vx6RnN2SGKshOQQGbAWEgbjoKXHZco6IxSOyKxgl7EkWKkSmkckNqoQCTUsjSHlDnycc6u4L6gui9FI",
+	"Beaj3qA2xZxqbVVRrrQZjYWd0jM/JdtxfOSNdt3YGeFGxJKAGAMXnj79kVFlJoyap09HpX+1NLBYcoYU",
+	"zjYKqZBTtnDeMr3iLwez1sy3GEchvOEZ0S4CAGP1SMYFhO0APg7VYTOqwSNSMALJ0WOBernPwakN4D/O",
+	"3r3tZ+ySZgBwwMUlWcy4wbTqnjOYlXOCHCooZnCzHAuMzymsRpHCQfXmRO2cfvDMxwtZ4m//i5Qfw+H5",
+	"nCGmQiU2ZSw2rDvGRlFDng2HA+IzpQHXClK/FpJMZArFCnOrkU2WxDcRj0U3FBuDE60KyPvOli5J1Xfb",
+	"q1lPcc0H5CcX85RKDC2D0gOEYlgyGHEzfs1GhFZmCeyRUZWBPz6T2lRWqefj1LgJNt4GS5JtrWR5G8M/",
+	"z9y2GgljKE/QV8MohGl8hQAVTYGVVTDPkmE1gKD72mBfDYd1SPRVyP7fG125WyhFSXq2hlIEJeHjZjXB",
+	"45dTUaNsECsVBZtvuK1RRduG0ItwhDGuyp9BOHQYbPFs+OwxVJ8GglcxbdZm+0Wy+NNrU5YIYQLhqnxA",
+	"ulB2O5dZ1vtTalapXIhM0rRVEnnvAoHNCqDaKp4aOaKQsliGvfqyFYW23MPHbq7074J/AcID8hbhB8uV",
+	"fAKnB8DAtN51m5ibwCuesW2U+JRasahEGwrplR5uCNJLMQI2/OTkHQdx2kakFZtLwzz+W103qZLtzZhy",
+	"Dxn2/tItVLseU8HM8wB2Xyzq97KoPzzJec9o6iPvqb+MK2gamMbfe7TYkgAWsfcpl8rcbqUpFOCOQSYD",
+	"nHymSWy/jBsuqYNZEEsP4EGoT+aFkFfNRIpZbuAvhHwXADcnKUsyqiCaHZvXMamgaSsG2ZyapQ7wDe9/",
+	"C7m5ZObYTfMhraa+j02RVH65/8Xv6MPftR/lwnIBLOVAMcM/HKpwkj7/NdvO30+lMu3X8YYlv8sa2Wpg",
+	"fG/l6TJ4BoVpPSP9JHYlpEHrdnpdr5ZQVPFvkdVke67HIqTVY5AJAAw5YXnFiLmYyYzVTZlWTsCqDiHu",
+	"wsWq2KZjHMMF4m7sP/s6csAWUNkpDlaIuFKZ05k1sG5uGeDg0Y6sKj63yjxkOdX6sx2QPVLWXQltIvIu",
+	"kCNvb+lKZSnO3sHw22CxCDE6MCvAmjCSTJhHh+gNyDEkBJTRFiiCUYPBQfYAXPiYCxTavHQ2FvvPrXh2",
+	"WLPVWI1dA85lFTiBpIymYNxAdAwzs+pXVYHJCg3lSsCukTPFZRpySGqICWvSMaT1VKMy4t4o5JxVymSH",
+	"NLAneiycvaX7bDgsY5LiapRC7JiEy2USphbDJSJXpxlVfA0wc2OBoHV3NcdUjS+kbnsZixbjC8V0LLs/",
+	"VQwCf+JXzPFgrvil4MlVtgTgCsz28kFYmRQsHMyGKDK78mDjqGqWWIfS6b/2WMG1XIix8HdtNdZLBBug",
+	"XdMpM8kMy6TylHRDhE+DjRNwcirRP4cYMwaASYVlwAFuDzpaUIgC49dMAc5RphlpDCzrRWPh8Rbsnb+Q",
+	"4iLl2k0c6sZBBXgw58nMKtgzes1l4ZEXwrtAMpAyOWoyFkBOeiHuCLB31qOPwNiEeeL+UB4MhxGG2B8M",
+	"v4Vstoh8Pfyq1yRM2APwsH4TNJL8IV6Tqvlns1FHUUG6NZAL4AaWTH/GUKQvWsyXuCCvPBUCLPEVL4oL",
+	"rrWH8w65Pmi+aNVzzoAzl7YT4MyId91s4Di0PLLERdYet3hNB3HWjjtcXpkY1hxOGCzJEy4o2DS2Bhiu",
+	"ouuv3NIjHELfWzo2gPNr/isgjIVmGsbly2A0mLTLGpW3X5SgxzQ4UKLoAnbNyZ9/hPpjb8EpNTNUVYot",
+	"N9AnWAJQGhfOrle/l1CJxxXPjpNCZaR/HnuwGiyLq5gwY+FvKQ8QmHlGE4TctOwLE3Zt45ghgJ16KRBy",
+	"BMrgfNBkmgSEvChv+i7Cwe+85I8nHNhZ/YRgD030xT36Yn38k1off4LyAI4aQIbArvRgAxvd84DljbzU",
+	"R6w1cVPEN7YSeAyO4FG1WIBVJ/DTFD3IISC+C+k1WLkFsKP4NRO9O/gebI9358R3vymbrIBAYr5YAB8t",
+	"XHKK+/1H8rpNdyhzlWR2uEMeG9FlUpVyZ4UbYqhMUigNWMe9iGjEPXTwfBEm7tibG4d7pt0yDcgLF93w",
+	"dTQcDkswxilbMBXsXFx5kEfFSCbFZe9wLGohRHQJI1aMLOz/zaVi1Vu6IjEfRJ4yHTSnt9s1egWC+wPf",
+	"200JqA0olV+u8WPkoFY0rD/nPZbq6mHM9i9KDEJZt2MHljhZBpAkDwdVVoyooRuNHN6QVFdgkVWmghSJ",
+	"mD1PsHqFtuzZd+gGgN48qDIEyFpWG4eYQ3HNNZRcQfF8LLxLDtX0snFn/Lb9A2SKM2BWgeDR9BfG4tA0",
+	"UmmnMBYL+6UUhBsfxudfRBhZGCA6/UnXQ7Z6qygT11xJMYewNbBn+rmPBczZtemDIQKMEbRwfv4aF2DC",
+	"LL3T9ZmVOJ+oOvg1g+xiX9tjRLhD/6onU9r1aKJ59veHBfB5JdVVxdT4e+F6tnfVZlq0T7/kAv53huX5",
+	"/JTfnonNECpl3dAWHQVLnf9ewtxkpPAVp55oEmtmLqCn7oyKNGMR+WSFoxFxNddvezG6L8CgMKe5xmJ4",
+	"KEF1U2nKejfk5dszArCcOsJqVi4KwtJ6RRKqWc+SnpPT6wNL2U9Or5/7fgAj0Elvz75+HkQUS5GWztrB",
+	"VjAOcsWuuSxK1G2I2KjAOoLRBZx1e8wkuKIx6aIHCBCz7U9RoOUl8pr9BVwyTzSZM0DX7dUiJi1zci5m",
+	"72BC4MQVAAA9gMqZVfyl+YAg6MmEpqGwm1sGj5S8hsLWRQA2KGGoXUkY+62rCLOCrZbMqLh0qxcOoUdq",
+	"81647sHw27LkoEM3DCgRC7GybPV6QAIcsLLIA2ogvAZsQjHHaCGODbzmIB5bATy4XMLH8J0bcUOyT8AR",
+	"+hHuw8PwEmz7sdN8toMXhYMNosrK8S8351+e9/yZfT+OdFFSR0ABKho01I0QW838AcXLLbhK4PdH4bQu",
+	"gtehk6IygwewTKPWmkFj0Y3RJn0BlWJEkWUQTWupFoCMlnW9pPLfQes0VCAroygQM3PgqhCNhT3oSCMC",
+	"zGo1PWYl7cIS096AHLvaRKH4lAdnxYsD0jeUTkvbtHOs3vSQ6jn0sEk/L3dK/0tjlTXgNlWWZisY3QME",
+	"n4Xg0Vr9OjzSRLBFvdQdoga5Sl506auPVSqgwbPDscCCVSIUZHM6pM+48x6gcGfqrVW+Qc5tR4JNYFhb",
+	"MuNZWq3oEEqykeoV7o0cOpL2BjIsc6tdUVv4Z7XuVzQWWM4VwbXBguajtLghXQ+WC5TBSjZQwH1klXLI",
+	"TaDrIJSVEY4FdNireLHsvCeMyLkV6jAZp1afrdcOIeurlT6EzABtP5ICWkWJXScfb4DI/tMJAffWJx+e",
+	"SL2Ba1i5cnD378G+99wF2wT08t7VCCxZMsJzudrFZX1UCF3koXioA13fVFmwWlcQGS2K67qYGMVY77B2",
+	"VWtBfAMSKzan3P77wpXnREA3vQr4VqXfoHstqEr1gBxRiJxdEQ5I1xIVt6qeAPUqBffG4mD4bdOdd++W",
+	"l/6BePl77KfdIuReSAdfrOWrl2pFNobKm2sM6tEySNwl/IQMfAvg0rFHuXD1OzdfLrLtbkUhUbsshO7B",
+	"BsGQgfYEb0c4dK4r4+p1Ynb5wXA/4N0LIgXcSmDT/jJi8G71CvogX5YOQpVY7mJ/PfjGmuLAdWnMgsGO",
+	"BU44Wq1i+ERHAdHDS+NS+QKivSosNNbDRluFt11Y+cmDS8+pbyKYaJzA48sp/Z///f+tUNLYRX7z6ZRZ",
+	"GcfXFgW7BBBSXJEViSjQHJ6SOTWYG+Sb7DVTG9vaIxAb280mWgNL/M/F/R9DLYdjRXe6zA+ndWz338EB",
+	"20DCytqJzXaAo9MP0VqBmkKzFTk8oC3bi4tmSp8UZ+cPNR/AZBcquTvH01IbLOUa71ldwpUyyTOHaAB4",
+	"Hpp0vW33+TCCaiwCtQ2AgQRKaNfdBAz5sQDkhsNg0YSUemcCm9Dkyo5FpL1VM0bwS0EBGOhHyIWlczgo",
+	"wNdI8uKi0Cy9yH3c/owRes0UvWREcxEMzfYLZ/UdkBf6ypWtAAqZGH7NzRLUEUy+qGTPoIUiN4gGAVkL",
+	"ADuC0KkIfcJEGgczRlgztzaIEwLGYhB3fKXHqjjG9SbAiBKA/Y07IbtVDasOg0JlWV9T2S4Un2+qIKZM",
+	"C2QENaxvv20IA4x2Hkcwv28ZCIPshjsO4xEKgPl9aAWqhyl/Ccp4YMp/XiN63lFuSeKjiZ2CmcXniLpo",
+	"cu4dQzUOS3WmUoGGWk0Ks5Tn5dszAscGfgl4RVWXFunKnInal9rQZW+bq+sFyWXGk2Utc09IwWJXcdpX",
+	"4cXENawgy8RUKszAg3iqb7H8uC5yrHkbk66RKV2OXNFcNFVrX1zaNh9Zia9aSxcoMEKPV5Cj0NsXXvWE",
+	"NJjyDMZoTL20OQr52yH9drKs1Aa2k7ik14wIxmHCsWsjJkIqEgPDxDJx60WZ/Ku+fJPVpYkqLNWTolKP",
+	"15fcdcukydHJy/fuxTIAJhzot9jsKexDb5NDzb35QOYx3/qfz6nmjigEt7jiNV8caP+9HGjsEpzlbifv",
+	"4z2D2vefK+xtJYnCNv3HF785her+X+qNPFbEj2LsV4ZBi9PaYXUW6nu6eSHR2wGc7H3KqZndPjDkK4I8",
+	"RE1JdArKBqJL6cP715GVMRZUpYj2D+VKqJl5xltZAml1OSiDuYR6PkRnVM+YHotu3Drpb4bfDPdozve4",
+	"YXP97798tx9727Ym8coTZ6MBhcChIjl9YCtG0pou0LITZrmxPvOpWZ65imkPee3LbjZWFPa12774kmsn",
+	"0TA154JmYYEql9Fu8MP4kLF+S26WcbBhyHQZERfHXK3z443CTig9Pf876cYO9tKHWuU8x6szpZmG4C8t",
+	"PVoCmKycqkzFklBjaDJDX67DVu0GK8k+ecO/r9RQjVyRGjrRMisMli511Vh0b0B+ctVOcCpdqsm7nAm3",
+	"AoAvkT7RDhRCezHZrzSGKI+9x85PHmFAXbGZn9jkzArnxo078us1l6kTuN2EqL7SoOJ043/PzfK7YTwa",
+	"C1iYwzKoDRewd1hCmDrKhEMCqAoIDHGYMq68EU44JsPBWFRqNjlHdv1AQYA0RY1Lz1iWOUQaPiUBZxRA",
+	"JfRsxak9FqVXu92FXV73BxLUT80Sy08+ki879Pelssq/IK61q5CySobXqHArC977pHcujOIaXwWgj0iS",
+	"SSx06ukjSz24W1nuotZGW3GUlev5pT7KyiGDpXlMnr9es2TrWWuvV/I4u1vpZbM092V/a6mxO2zsA6pJ",
+	"bu4bzLyBWu0t9APrbNsHo5hgi4fJ8zvztBKjeYmRRMgF+UtZNz8exqOyRP7hWmxgXaRKCoWgF+779mDA",
+	"AXkROoFq9nV77/n560ql+qEVvpOsSCGG0du9FXM5Fz0MHDgYDomgc4ApmzH/eXMAgGCLh81xe2+72CiX",
+	"PZo5CYbyRTD7U4clHt8YJtKa8SnjU2b4nN3L9oQFMR/GSopt//Fm0vcuGwpq0H6xlj6SHnA+owtCCZjK",
+	"0x0rzTef0TKR8kF42xHNTaHYaqxMJfQFcsEx6GOxMV7WnbRgAGFYkZGranjOmt/VZbCQBAeSjipZeJBv",
+	"48P/xiJk2zvLylQxPauYn6V39GJLHvq+mvMN8DUONBW9vGOx6ubFcS4EC2WnfeQuenVRua+tRJcKKZZz",
+	"WcAgaNmmL597xZba5TC6GOJqTegwul8KaagmXXjHpbQDzuwCGLk3L6GPOaECEGZ9ARtX67lWsHklnuZS",
+	"CjZCSYJiZ4CoORYx/HHBXPZx7LIta+t2xXIzIKeue13zcYf3QtymbbTu5m63AZ25rx+q2Jlr/rGSGfxs",
+	"msw/7tkXE9DjJ9Q/gvUn3IJmUnqfNHnEwW11zJRhcGf44kNKGtDDZgxaO1z2L+2UqcdfwXo8WuBVkfva",
+	"Mw/g4ylz3lMGNWpI7MuaXEyeH8RYWw/Q3y4c3NX2OjCIG5NytQ4KSSqYkHXQx2RzaZzTD3cpjdPAlXAZ",
+	"74QUebeb9CHHyjF/CJC077ztGn8Bi/yjQJ7/CKDJe1S68bSnqpm0Rg2chbcekjO5TjZGDPiBhGhQpp5o",
+	"kOvlAooWVCLt78vBVndwq+c+jENX1mmTdOB/2u4nOknZPJcGK0FqUkXFwU8ufGMxYTc5SwwCfQaRH3Uc",
+	"u0ABlmAms3QsuoWA+hllIlTQPaQK+VJXbPkkRHdyTTI2deUVyiSpZ8Ohc8m7MaUjgk7/AfkJakqEg1fX",
+	"BsthAjiwRwezTbgihbpIrOSnx8KFHIzq37mylG6KT9BTHpFLZqKA1Wa1oLpyNhbdUHoNfog92lkYJ+Q8",
+	"WK7GxWUUkCC0kZB/wUFvZWkZmIz5HFNI25pjIMNcXiN/gyWppJcdwgKbFTuwYDdOKSZ8arV1KPoABU5m",
+	"TPQOMSPMqWaA/hinbMoUqNsQewEZJBUwu1IH92lzl1Bq1diPa+qmy99YDWmuh0N7NTic3sbKc9BgTRf8",
+	"Y92NYOXv+oOJVTE9biYNCX1WkMFXfo/Y+7uSCNp9SXAfyjvdQlvaHYSPsRub9OUq4f49y/u7dIQdXHVb",
+	"F/iO8rj7tirqX8usmLPNzPY/3TsPuFvYxSZG6wb652Sz12GF/D75X2CXGjWfN/QKeAFh89wsXROQEqj5",
+	"r+zikk/iur0w9BZS/uv2QU+6sb5esA8OyFlgIhCESuEBmctCGAAICFX2urEbdhwQUOABkCjL6cfCsfq1",
+	"vIzwIYaE5dfJIMkon7+lcxZ71yA3PYhnlYVBIBTgTSEzsmQ9wWhaZwrkBYKRkpx6Gyf/lREs6wUdH799",
+	"d3Z6NCDf0+QK4E8h+SUidDXv0mdGdynROVWaIZ5oRDIp8z6sDUt7hy7pJSIUMOdSv00TqDQEyiY1Y6Hp",
+	"nFVMMoe1RBRKTpnSXNtbguf8yK4M6WIjfnezQhvYXlhbzaVgqjcYixM/zRUTbyliQHIqiA0VQCq/50/g",
+	"sXb2WW5aTLNQ5s3OwgtnXgYrMOTHZ59/225vxbk9kG57VO1iJ9V2/zMTpybC5ELyHlmpvbNF9PdbNdtI",
+	"4ZErz+nuRSMBrHOavU/4j9vN4C1TcHHBccZqe1BKoPTh4F3gxouzxAC6C9D/XlvYWeWE/vcNOXvcTNKt",
+	"QqAjiCsKSQsnbBMIH35j2u9wKVxEa5mBHvfD88o/s7C44QZuyWEvV8BqfQ5alVt2W9W5/U67RH2otTdo",
+	"zh25rnKClgrb9MbXnXp+0JBYvm0FoPAlTqZQWWfU2QMjs5v7WqyVIxsZn7JkmWQMikn2nabPkgiZdxTw",
+	"lrCsP9ZJHlSy9YO9aj3T51UpX5RGIRdSeVVrJIjw6404URuV5Sm/YSnw/qiUBEvIpwjPZsWUAac0iHOD",
+	"1Q1p6vBlvdanjrDqkRNKVmAuIrKgHBA+pIoA88K+iHH/aNXglwLhqbDcjFhWvPKV8YTK+s0JUy4pA8yF",
+	"uBQrJUkjqGMjFTk7OyZdJ63ZscwQrz2Upb5kgiHKMjSmetV9wKpTTWPwIZLd0/O/225ynrNeSMlwSGJu",
+	"lLUckbXEDuItoBmr9p2Dw7Fp7qu5HNVVsKPxSRj3nfWCTTS035qsZi8W86VSZWC5WKb7vt1Ccw1d/sho",
+	"ZmZ4mLhgWkfEYbNEiFmRyqSY+xBzyAFScqGZKuNYu0AMwoiqvcpcW1X3/wYAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -25,7 +25,7 @@ var excludedTags = []string{"websocket", "proxy", "ops", "streams"}
 // operationIDs are the names handlers and clients code against.
 var operationIDs = []string{
 	// sandboxes
-	"createSandbox", "listSandboxes", "getSandbox", "getSandboxStatus", "execCommand",
+	"createSandbox", "listSandboxes", "getSandbox", "getSandboxStatus", "getSandboxMetrics", "execCommand",
 	"uploadFile", "downloadFile", "putFile", "getFile", "statFile", "listFiles", "createLease", "listLeases", "releaseLease", "revokeLease", "createSnapshot", "forkSandbox", "listSnapshots", "listImages", "getSnapshot", "deleteSnapshot", "createVolume", "listVolumes", "getVolume", "deleteVolume", "setSandboxNetwork", "setSandboxHosts", "getQuota",
 	"renewSandbox", "pauseSandbox", "resumeSandbox", "getEndpoint", "deleteSandbox",
 	// pty

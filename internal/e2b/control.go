@@ -33,6 +33,7 @@ func (s *server) controlRoutes(mux *http.ServeMux) {
 	}
 	mux.HandleFunc("GET /sandboxes/{id}", s.get)
 	mux.HandleFunc("DELETE /sandboxes/{id}", s.kill)
+	mux.HandleFunc("GET /sandboxes/{id}/metrics", s.metrics)
 	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
 	mux.HandleFunc("POST /sandboxes/{id}/refreshes", s.refresh)
 	mux.HandleFunc("POST /sandboxes/{id}/pause", s.pause)
@@ -374,7 +375,8 @@ func (s *server) refresh(w http.ResponseWriter, r *http.Request) {
 }
 
 // pause pauses a running sandbox: 409 when it is already paused (the SDK
-// then says false).
+// then says false), 501 when the provider cannot pause (the SDK raises
+// SandboxError).
 func (s *server) pause(w http.ResponseWriter, r *http.Request) {
 	c, id := apiCaller(r), r.PathValue("id")
 	info, err := s.svc.Get(r.Context(), c, id)
@@ -383,6 +385,12 @@ func (s *server) pause(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil {
 		_, err = s.svc.Pause(r.Context(), c, id)
+	}
+	if providers.Kind(err) == providers.ErrUnsupported {
+		// Not 409, which the SDKs take for "already paused" (pause
+		// answers false): a provider that cannot pause is an error.
+		writeJSON(w, http.StatusNotImplemented, apiError{Code: http.StatusNotImplemented, Message: messageOf(err)})
+		return
 	}
 	if err != nil {
 		s.writeError(w, r, err)

@@ -154,6 +154,9 @@ func TestControlRefusals(t *testing.T) {
 		{"POST", "/v2/sandboxes/" + id + "/connect", `{"timeout":-1}`, "timeout"},
 		{"POST", "/sandboxes/" + id + "/snapshots", `{"name":"` + strings.Repeat("n", 129) + `"}`, "name"},
 		{"POST", "/sandboxes/" + id + "/snapshots", `{"name":7}`, "body"},
+		{"GET", "/sandboxes/" + id + "/metrics?start=yesterday", "", "start"},
+		{"GET", "/sandboxes/" + id + "/metrics?end=-5", "", "end"},
+		{"GET", "/sandboxes/" + id + "/metrics?start=2000000000&end=1000000000", "", "end"},
 	} {
 		st, e := f.call(c.method, c.path, c.body)
 		if st != http.StatusBadRequest || !strings.Contains(e.Message, c.field) {

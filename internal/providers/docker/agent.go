@@ -25,6 +25,9 @@ import (
 	"github.com/sandgate/sandgate/internal/providers"
 )
 
+// Metrics come from the agent (agentclient.Via).
+var _ providers.MetricsReader = (*Docker)(nil)
+
 // Every container runs sandgate's agent (package agent): the binary sits
 // in a named volume, sandgate-agent-<hash of the binary>, mounted
 // read-only at agentDir in every sandbox, so the gateway need not share a

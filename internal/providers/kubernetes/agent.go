@@ -13,7 +13,11 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 
 	"github.com/sandgate/sandgate/internal/agentclient"
+	"github.com/sandgate/sandgate/internal/providers"
 )
+
+// Metrics come from the agent (agentclient.Via).
+var _ providers.MetricsReader = (*Kubernetes)(nil)
 
 // openAgent opens a connection to sandbox id's agent (agentclient.Links.Open):
 // one exec of the agent's bridge through the pod's exec subresource,

@@ -37,7 +37,9 @@ const (
 	cfsPeriod    = 100000 // µs
 )
 
-var cgroupControllers = []string{"memory", "cpu", "pids", "freezer"}
+// cpuacct: a sandbox's CPU time, for its metrics (where cpu and cpuacct
+// are one hierarchy, the same directory twice).
+var cgroupControllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer"}
 
 // ownCgroups maps each v1 controller to the gateway's cgroup path in it.
 func ownCgroups() map[string]string {
@@ -110,6 +112,9 @@ func createCgroups(id string, res providers.Resources, pidsMax int64) (map[strin
 			skipped = append(skipped, ctrl)
 			continue
 		}
+		if ctrl == "cpuacct" && sameFile(base, cgroupRoot+"/cpu") {
+			continue // one hierarchy with cpu: its directory has cpuacct's files
+		}
 		parent := base + strings.TrimSuffix(own[ctrl], "/")
 		if ctrl == "pids" {
 			if _, err := os.Stat(parent + "/" + pidsParent); err == nil {
@@ -131,6 +136,17 @@ func createCgroups(id string, res providers.Resources, pidsMax int64) (map[strin
 		}
 	}
 	return paths, skipped, nil
+}
+
+// sameFile says a and b are one file (one hierarchy mounted as two
+// controllers' directories).
+func sameFile(a, b string) bool {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(b)
+	return err == nil && os.SameFile(fa, fb)
 }
 
 // limitWithoutCgroup applies a memory limit as RLIMIT_AS on init (which

@@ -73,6 +73,9 @@ func Run(t *testing.T, p providers.Provider, base providers.CreateSpec) {
 		t.Run("Processes", func(t *testing.T) { s.testProcessIsolation(t, a, b) })
 		t.Run("Loopback", func(t *testing.T) { s.testLoopback(t, a, b) })
 	})
+	if mr, ok := p.(providers.MetricsReader); ok {
+		t.Run("Metrics", func(t *testing.T) { s.testMetrics(t, mr, a) })
+	}
 	t.Run("Status", func(t *testing.T) { s.testStatus(t, a) })
 	t.Run("List", func(t *testing.T) { s.testList(t, a, b) })
 	t.Run("CreateErrors", func(t *testing.T) { s.testCreateErrors(t, a) })

@@ -301,6 +301,25 @@ test('files.watchDir: each kind of event, recursive, stop; bad paths raise the S
   assert.ok(exited, 'onExit was not called at stop')
 })
 
+test('getMetrics: CPU, memory and disk from inside the sandbox, a spinning process seen', async () => {
+  const first = await sbx.getMetrics()
+  assert.ok(first.length >= 1, 'no sample')
+  const m = first.at(-1)
+  assert.ok(m.timestamp instanceof Date && Math.abs(Date.now() - m.timestamp.getTime()) < 60_000, `timestamp ${m.timestamp}`)
+  assert.ok(m.cpuCount >= 1 && m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, JSON.stringify(m))
+  assert.ok(m.memUsed > 0 && m.memUsed <= m.memTotal && m.diskUsed > 0 && m.diskUsed <= m.diskTotal, JSON.stringify(m))
+  const h = await sbx.commands.run('while :; do :; done', { background: true })
+  try {
+    await until('cpuUsedPct shows a spinning process', async () => (await sbx.getMetrics()).at(-1).cpuUsedPct >= 25 / m.cpuCount)
+  } finally {
+    await h.kill()
+  }
+  const all = await Sandbox.getMetrics(sbx.sandboxId)
+  assert.ok(all.length >= 2 && all.every((x, i) => i === 0 || x.timestamp >= all[i - 1].timestamp), 'a series in time order')
+  assert.deepEqual(await Sandbox.getMetrics(sbx.sandboxId, { start: new Date(Date.now() + 3_600_000) }), [])
+  await assert.rejects(Sandbox.getMetrics('sbx-doesnotexist0000000'), SandboxNotFoundError)
+})
+
 test('setTimeout and list with a metadata filter', async () => {
   const before = (await sbx.getInfo()).endAt.getTime()
   await sbx.setTimeout(600_000)
@@ -456,6 +475,21 @@ if (process.env.E2B_TEST_EGRESS) {
     } finally {
       for (const b of boxes) await b.kill()
     }
+  })
+}
+
+// On a provider that cannot pause (kubernetes; E2B_TEST_NO_PAUSE=1), what
+// needs it raises the SDK's SandboxError naming why, and the sandbox runs on.
+if (process.env.E2B_TEST_NO_PAUSE) {
+  test('no pause: pause, createSnapshot and onTimeout pause raise SandboxError', async () => {
+    const refused = (re) => (err) => {
+      assert.ok(err instanceof SandboxError && re.test(err.message), `got ${err}`)
+      return true
+    }
+    await assert.rejects(sbx.pause(), refused(/pause and resume are not supported/))
+    await assert.rejects(sbx.createSnapshot(), refused(/cannot snapshot/))
+    await assert.rejects(create({ lifecycle: { onTimeout: 'pause' } }), refused(/pausing at expiry is not supported/))
+    assert.equal((await sbx.getInfo()).state, 'running')
   })
 }
 

@@ -33,7 +33,8 @@ type initServer struct {
 	// the gateway moves that thread alone into the sandbox's pids cgroup.
 	forkerTid int
 
-	mem memoryCgroup // the sandbox's memory cgroup, for OOM accounting
+	mem memoryCgroup  // the sandbox's memory cgroup, for OOM accounting
+	cg  *agent.Cgroup // the sandbox's cgroups, for the agent's metrics
 }
 
 // memoryCgroup is a sandbox's cgroup v1 memory controller as init keeps
@@ -159,6 +160,7 @@ func (a *initServer) serve(l net.Listener) {
 		PIDNamespace: a.cfg.Isolation == IsolationNamespaces,
 		OOMKills:     a.mem.oomKills,
 		MemoryLimit:  a.mem.limit,
+		Cgroup:       a.cg,
 	}
 	if a.cfg.Isolation == IsolationNone {
 		o.Root = a.cfg.Dir + "/fs"

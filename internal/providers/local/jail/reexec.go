@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/agent"
 )
 
 // The hidden subcommands. The gateway executes its init binary
@@ -364,6 +366,8 @@ func runInit() int {
 	// The memory cgroup's files are the host's: opened before the pivot
 	// hides them, kept (close-on-exec) for the agent's OOM accounting.
 	mem := openMemoryCgroup(cfg.Cgroups["memory"])
+	// So are those the agent's metrics read (memory, cpu, cpuacct).
+	cg := agent.OpenCgroupV1(cfg.Cgroups)
 	if cfg.Isolation == IsolationNamespaces {
 		if err := setupRoot(cfg); err != nil {
 			return fail(err)
@@ -389,7 +393,7 @@ func runInit() int {
 		return fail(fmt.Errorf("agent socket: %w", err))
 	}
 	a := newInitServer(cfg)
-	a.mem = mem
+	a.mem, a.cg = mem, cg
 	if err := a.start(); err != nil {
 		return fail(err)
 	}
