@@ -27,21 +27,22 @@ const e2bKey = "e2b_sandgate_test_key_0123456789"
 
 // TestE2BSDKLocal: the SDK's test file on the local provider (its
 // default image: template "base"), its egress test included, against the
-// test internet.
+// test internet; one snapshot per key, so that a second raises the SDK's
+// RateLimitError (as on docker).
 func TestE2BSDKLocal(t *testing.T) {
 	t.Parallel()
 	in := egresstest.Start(t)
-	g := startGateway(t, t.TempDir(), nil, "--e2b", "--api-key", e2bKey,
+	g := startGateway(t, t.TempDir(), nil, "--e2b", "--api-key", e2bKey, "--quota-snapshots", "1",
 		"--egress-netns", in.NetnsPath, "--egress-resolve", egresstest.ResolveFlag())
-	runE2BSDK(t, g, "", "E2B_TEST_EGRESS=1")
+	runE2BSDK(t, g, "", "E2B_TEST_EGRESS=1", "E2B_TEST_SNAPSHOT_QUOTA=1")
 }
 
 // TestE2BSDKDocker: the same on the docker provider, the template naming
 // the test image (busybox: E2B's /bin/bash falls back to /bin/sh).
 func TestE2BSDKDocker(t *testing.T) {
 	t.Parallel()
-	g := startDockerGateway(t, t.TempDir(), "--e2b", "--api-key", e2bKey)
-	runE2BSDK(t, g, dockertest.ImageRef)
+	g := startDockerGateway(t, t.TempDir(), "--e2b", "--api-key", e2bKey, "--quota-snapshots", "1")
+	runE2BSDK(t, g, dockertest.ImageRef, "E2B_TEST_SNAPSHOT_QUOTA=1")
 }
 
 // e2bPass is the TAP summary line of the passed tests.

@@ -8,7 +8,7 @@ import os from 'node:os'
 import path from 'node:path'
 import {
   Sandbox, CommandExitError, AuthenticationError, SandboxNotFoundError, NotFoundError, TimeoutError,
-  SandboxError, ALL_TRAFFIC, Volume, InvalidArgumentError,
+  SandboxError, ALL_TRAFFIC, Volume, InvalidArgumentError, RateLimitError,
 } from 'e2b'
 
 for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
@@ -355,6 +355,11 @@ test('snapshots: create, start from, list, delete', async () => {
   assert.match(snap.snapshotId, /^snp-/)
   const listed = await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems()
   assert.deepEqual(listed.map((x) => x.snapshotId), [snap.snapshotId])
+  if (process.env.E2B_TEST_SNAPSHOT_QUOTA) {
+    // The gateway keeps one snapshot per API key (--quota-snapshots 1): a
+    // second is sandgate's 429, the SDK's RateLimitError.
+    await assert.rejects(sbx.createSnapshot(), RateLimitError)
+  }
   const child = await Sandbox.create(snap.snapshotId)
   try {
     assert.equal(await child.files.read('/tmp/snap.txt'), 'in the snapshot')
