@@ -203,6 +203,10 @@ func (d *Docker) startAgent(ctx context.Context, id string) error {
 	}
 	if st.ExitCode != 0 {
 		why := strings.TrimSpace(stderr.String())
+		if strings.HasPrefix(why, "exec "+agentBin+":") {
+			// The runtime's words (runc: "exec PATH: ERR"): the agent never ran.
+			return providers.Wrap(providers.ErrUnavailable, fmt.Errorf("%w: %s", errAgentCannotRun, why), fmt.Sprintf("sandbox %s cannot run sandgate's agent", id))
+		}
 		if why == "" {
 			why = fmt.Sprintf("the bridge exited %d", st.ExitCode)
 		}
@@ -210,6 +214,12 @@ func (d *Docker) startAgent(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// errAgentCannotRun marks an agent binary that the container runtime
+// could not execute in a sandbox (a dynamically linked build, one for
+// another architecture): no retry makes it run, so a create fails at
+// once instead of at its ready timeout.
+var errAgentCannotRun = errors.New("the container runtime cannot execute the agent binary (it must be static and built for the host's architecture)")
 
 // openExec opens a connection to sandbox id's agent through one exec of
 // the agent's bridge (with start, the bridge starts the daemon).

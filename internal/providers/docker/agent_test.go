@@ -2,6 +2,8 @@ package docker
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -99,4 +101,35 @@ func TestAgentCrashReason(t *testing.T) {
 		t.Fatalf("status %q %v, reason %q", st, err, why)
 	}
 	t.Logf("reason: %s", why)
+}
+
+// TestAgentUnrunnable: an agent binary the sandbox cannot run (here a
+// script whose interpreter is missing; a dynamically linked build, or one
+// of another architecture, fails the same way) fails the create at once,
+// saying why, instead of retrying until the ready timeout; nothing is left
+// behind.
+func TestAgentUnrunnable(t *testing.T) {
+	dockertest.Require(t)
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "sandgate-agent")
+	if err := os.WriteFile(bin, []byte("#!/nonexistent/interpreter\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := newProvider(t, func(o *Options) { o.AgentBinary = bin })
+	ctx := ctxFor(t, time.Minute)
+	start := time.Now()
+	_, err := p.Create(ctx, providers.CreateSpec{ID: providertest.NewID(), Image: dockertest.ImageRef, ReadyTimeout: 45 * time.Second})
+	took := time.Since(start)
+	t.Logf("after %v: %v", took, err)
+	if !errors.Is(err, providers.ErrUnavailable) || !strings.Contains(providers.Message(err), "cannot run sandgate's agent") ||
+		!strings.Contains(err.Error(), "no such file or directory") {
+		t.Fatalf("create with an agent that cannot run: %v, want ErrUnavailable saying so, with the runtime's reason", err)
+	}
+	if took > 30*time.Second {
+		t.Errorf("the create failed after %v: it waited for the ready timeout", took)
+	}
+	owned, err := p.List(ctx)
+	if err != nil || len(owned) != 0 {
+		t.Fatalf("left behind: %v %v", owned, err)
+	}
 }

@@ -324,7 +324,7 @@ func (d *Docker) waitReady(ctx context.Context, id, workdir string, timeout time
 			if last == nil {
 				return nil
 			}
-			if providers.Kind(last) == providers.ErrInvalid {
+			if providers.Kind(last) == providers.ErrInvalid || errors.Is(last, errAgentCannotRun) {
 				return last
 			}
 			if why := d.StateReason(id); why != "" {
