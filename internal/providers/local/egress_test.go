@@ -62,6 +62,7 @@ func TestSetEgress(t *testing.T) {
 // sandbox serves there; the sandbox with a policy still reaches only what
 // it allows; isolation none publishes nothing.
 func TestEndpoint(t *testing.T) {
+	t.Parallel()
 	in := egresstest.Start(t)
 	l := newLocal(t, Options{Egress: point.Options{Resolve: egresstest.Resolve(), EgressNetns: in.NetnsPath}})
 	var pol egress.Policy

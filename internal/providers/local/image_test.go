@@ -71,6 +71,7 @@ func busyboxLayer(t *testing.T, extra map[string]string) []byte {
 // (and sees nothing of the host's system directories). Paths outside the
 // directory and names that are no image there are refused.
 func TestImages(t *testing.T) {
+	t.Parallel()
 	images := t.TempDir()
 	// A root filesystem directory.
 	dir := filepath.Join(images, "bb-dir")
@@ -204,6 +205,7 @@ func TestImageWithoutDirectory(t *testing.T) {
 // for a name both have; a name neither has is the clear refusal naming
 // both; a name that is no image reference never reaches the daemon.
 func TestDockerStoreImage(t *testing.T) {
+	t.Parallel()
 	ref := dockertest.Image(t)
 	d, err := dockerimages.Open("")
 	if err != nil {

@@ -522,6 +522,7 @@ func TestPauseWithoutFreezer(t *testing.T) {
 
 // TestFilesStream checks that files pass through in bounded memory.
 func TestFilesStream(t *testing.T) {
+	t.Parallel()
 	l := newLocal(t, Options{})
 	id := create(t, l, providers.CreateSpec{})
 	const size = 256 << 20
@@ -554,6 +555,7 @@ func (zeroReader) Read(p []byte) (int, error) {
 }
 
 func TestEntrypoint(t *testing.T) {
+	t.Parallel()
 	l := newLocal(t, Options{})
 	id := create(t, l, providers.CreateSpec{Entrypoint: []string{"sleep", "3535.5"}})
 	if got, _ := sh(t, l, id, "pgrep -fc 'slee[p] 3535.5'"); got != "1\n" {
@@ -678,6 +680,7 @@ func startSession(t *testing.T, c *agentclient.Client, id, command string) *agen
 // the sandbox: CPU time, peak memory, how long it ran, and whether it was
 // killed for want of memory.
 func TestExecUsage(t *testing.T) {
+	t.Parallel()
 	l := newLocal(t, Options{})
 	mem := int64(256)
 	id := create(t, l, providers.CreateSpec{Resources: providers.Resources{MemoryMiB: &mem}})

@@ -18,6 +18,7 @@ import (
 // the provider, a fork's snapshot carries its own layers, and the layers
 // go with their last user.
 func TestSnapshotLayers(t *testing.T) {
+	t.Parallel()
 	stateDir := t.TempDir()
 	l := newLocal(t, Options{StateDir: stateDir})
 	if l.diskFS != jail.FSBtrfs {
@@ -136,6 +137,7 @@ func TestSnapshotLayers(t *testing.T) {
 // TestSnapshotUnsupported: without a btrfs disk of its own a sandbox
 // cannot be snapshotted, and says why.
 func TestSnapshotUnsupported(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		opts Options
