@@ -19,8 +19,11 @@ type noise struct{ r *rand.ChaCha8 }
 
 func (n noise) Read(p []byte) (int, error) { return n.r.Read(p) }
 
-// heapPeak samples the heap until stop is called and returns the peak.
+// heapPeak samples the heap until stop is called and returns the peak,
+// from a collected heap: the tests before may have left garbage, and a
+// next collection far away, that would be counted with the caller's.
 func heapPeak() (stop func() uint64) {
+	runtime.GC()
 	var peak uint64
 	done := make(chan struct{})
 	var wg sync.WaitGroup

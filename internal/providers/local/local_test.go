@@ -522,7 +522,7 @@ func TestPauseWithoutFreezer(t *testing.T) {
 
 // TestFilesStream checks that files pass through in bounded memory.
 func TestFilesStream(t *testing.T) {
-	t.Parallel()
+	// Serial: what it counts is the test binary's allocations, every test's.
 	l := newLocal(t, Options{})
 	id := create(t, l, providers.CreateSpec{})
 	const size = 256 << 20
