@@ -55,6 +55,7 @@ func allow(t *testing.T, entries ...string) egress.Policy {
 // root that holds NET_ADMIN and NET_RAW (cap_add) and uses them to get
 // around it; the hostname and capabilities a create asks for.
 func TestEgress(t *testing.T) {
+	t.Parallel()
 	dockertest.Require(t)
 	in := egresstest.Start(t)
 	p := egressProvider(t, in)
@@ -371,6 +372,7 @@ func TestEgressPidReuse(t *testing.T) {
 // listener, no other address, no link but lo and eth0), and a new
 // provider (a gateway restart) publishes and plumbs it again.
 func TestEgressPorts(t *testing.T) {
+	t.Parallel()
 	dockertest.Require(t)
 	in := egresstest.Start(t)
 	p := egressProvider(t, in)

@@ -18,6 +18,7 @@ import (
 // defaults; Options change them; <0 turns one off; a request's resources
 // override them.
 func TestDefaultLimits(t *testing.T) {
+	t.Parallel()
 	ncpu := func(p *Docker) int64 {
 		f, err := p.daemonFacts(ctxFor(t, time.Minute))
 		if err != nil {

@@ -130,6 +130,7 @@ func reachesHost(t *testing.T, p *Docker, id string, port int, extra ...string) 
 // Deleting them removes their networks and bridges; closing the provider
 // removes its firewall rules.
 func TestSandboxNetworkIsolation(t *testing.T) {
+	t.Parallel()
 	fw := testFirewall(t)
 	p := newProvider(t, func(o *Options) { o.Firewall = fw })
 	if p.fw == nil {
@@ -244,6 +245,7 @@ func TestSandboxWithoutPortsHasNoNetwork(t *testing.T) {
 // with ports is refused naming ports and leaves nothing behind, unless
 // Options.UnisolatedNetworks allows it.
 func TestPortsWithoutFirewall(t *testing.T) {
+	t.Parallel()
 	file := filepath.Join(t.TempDir(), "file")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 // source's files as of the snapshot, each with its own writes; the image
 // cannot go while one of them lives, and goes after.
 func TestSnapshotAndCreateFrom(t *testing.T) {
+	t.Parallel()
 	p := newProvider(t)
 	t.Cleanup(func() { dockertest.RemoveInstance(t, p.instance) })
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
