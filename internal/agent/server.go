@@ -22,6 +22,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/yamux"
 
@@ -42,6 +43,8 @@ type Server struct {
 	sessions map[string]*session
 	commands map[string]*command // the durable ones, by id
 	cmdSeq   int64
+
+	grownPipes atomic.Int32 // sessions' output pipes grown to streamPipe now (see growPipe)
 }
 
 // Options adapt a server to the process it runs in.
