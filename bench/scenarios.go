@@ -211,7 +211,9 @@ func (b *bench) throughput(ctx context.Context, ptyMode bool) (Result, error) {
 	defer b.g.delete(ctx, sb)
 	size := b.o.streamBytes
 	var gw, bl []float64
+	var gwCPU time.Duration // the gateway's, over the rounds through it
 	for range b.o.rounds {
+		cpu0, _ := b.g.usage()
 		n, d, err := b.session(ctx, sb, outputCmd(size), ptyMode)
 		if err != nil {
 			return Result{}, err
@@ -219,6 +221,8 @@ func (b *bench) throughput(ctx context.Context, ptyMode bool) (Result, error) {
 		if n != int64(size) {
 			return Result{}, fmt.Errorf("session output %d bytes, want %d", n, size)
 		}
+		cpu, _ := b.g.usage()
+		gwCPU += cpu - cpu0
 		gw = append(gw, mbps(n, d))
 		n, d, err = direct(outputCmd(size), ptyMode)
 		if err != nil {
@@ -232,6 +236,9 @@ func (b *bench) throughput(ctx context.Context, ptyMode bool) (Result, error) {
 	}
 	bs := series(label, bl)
 	r := compare(mode+" output throughput", b.g.provider, "MB/s", series("gateway", gw), &bs)
+	// CPU per byte moves less with other load on the machine than the
+	// rate does (in clock ticks: only over many MB does it say much).
+	r.Extra = map[string]float64{"gateway CPU ms/MB": float64(gwCPU.Milliseconds()) / (float64(size) * float64(b.o.rounds) / 1e6)}
 	// Issue 24's bounds: docker's bytes cross three more processes.
 	bound := map[[2]bool]float64{{true, false}: 0.9, {true, true}: 0.8, {false, false}: 0.7, {false, true}: 0.5}[[2]bool{ptyMode, b.g.provider == "docker"}]
 	r.atLeast(fmt.Sprintf("≥ %gx direct", bound), r.Ratio, bound)

@@ -5,17 +5,20 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/internal/agentclient"
 	"github.com/sandgate/sandgate/internal/agentwire"
@@ -390,5 +393,87 @@ func TestListingFitsTheReply(t *testing.T) {
 	small := fitReply(agentwire.Reply{Files: files[:10]})
 	if small.Truncated || len(small.Files) != 10 {
 		t.Fatalf("a small listing was cut: %d, %v", len(small.Files), small.Truncated)
+	}
+}
+
+// A pipe-mode session whose output streams reads it in large pieces: its
+// stdout pipe is grown to streamPipe, and every byte arrives in order.
+func TestSessionPipeStreamGrowsPipe(t *testing.T) {
+	t.Parallel()
+	srv, c := pairDirect(t)
+	ctx := context.Background()
+	const size = 1 << 20
+	if _, err := c.StartSession(ctx, "big", providers.ProcessSpec{Command: fmt.Sprintf("head -c %d /dev/zero | tr '\\0' x; cat >/dev/null", size)}, false, 0); err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.Attach(ctx, "big", 0, nil, agentwire.DefaultRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	got := len(a.Replay)
+	for got < size {
+		ev, err := a.Next()
+		if err != nil || ev.Exited {
+			t.Fatalf("after %d bytes: %+v %v", got, ev, err)
+		}
+		if i := bytes.IndexFunc(ev.Data, func(r rune) bool { return r != 'x' }); i >= 0 {
+			t.Fatalf("byte %d is %q", got+i, ev.Data[i])
+		}
+		got += len(ev.Data)
+	}
+	srv.mu.Lock()
+	ss := srv.sessions["big"]
+	srv.mu.Unlock()
+	var pipeSize int
+	if err := control(ss.started().outR, func(fd int) (err error) {
+		pipeSize, err = unix.FcntlInt(uintptr(fd), unix.F_GETPIPE_SZ, 0)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if pipeSize != streamPipe || srv.grownPipes.Load() != 1 {
+		t.Fatalf("stdout pipe of %d bytes after %d of streaming output, %d grown; want %d, 1", pipeSize, size, srv.grownPipes.Load(), streamPipe)
+	}
+	a.CloseStdin()
+	if _, ev := collect(t, a, "\x00never"); ev == nil || ev.Code != 0 || got != size {
+		t.Fatalf("exit %+v after %d bytes", ev, got)
+	}
+	// The exit comes once the readers are done: the pipe no longer counts.
+	if n := srv.grownPipes.Load(); n != 0 {
+		t.Fatalf("%d pipes still counted as grown after the exit", n)
+	}
+}
+
+// growPipe grows no more than maxGrownPipes pipes at once, and nothing
+// that is not a pipe; a refusal leaves the pipe and the count as they were.
+func TestGrowPipeBounded(t *testing.T) {
+	t.Parallel()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	size := func() int {
+		var n int
+		control(r, func(fd int) (err error) {
+			n, err = unix.FcntlInt(uintptr(fd), unix.F_GETPIPE_SZ, 0)
+			return err
+		})
+		return n
+	}
+	before := size()
+	var grown atomic.Int32
+	grown.Store(maxGrownPipes)
+	if growPipe(r, &grown) || size() != before || grown.Load() != maxGrownPipes {
+		t.Fatalf("over the bound: pipe %d bytes (was %d), %d grown", size(), before, grown.Load())
+	}
+	if growPipe(strings.NewReader("not a pipe"), &grown) || grown.Load() != maxGrownPipes {
+		t.Fatalf("a reader that is no pipe counted: %d grown", grown.Load())
+	}
+	grown.Store(maxGrownPipes - 1)
+	if !growPipe(r, &grown) || size() != streamPipe || grown.Load() != maxGrownPipes {
+		t.Fatalf("under the bound: pipe %d bytes, %d grown", size(), grown.Load())
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -46,7 +47,8 @@ type Server struct {
 	commands map[string]*command // the durable ones, by id
 	cmdSeq   int64
 
-	wl watchLimits // the directory watches (watch.go)
+	wl         watchLimits  // the directory watches (watch.go)
+	grownPipes atomic.Int32 // sessions' output pipes grown to streamPipe now (see growPipe)
 }
 
 // Options adapt a server to the process it runs in.
