@@ -106,10 +106,12 @@ test: web e2b-sdk check-generated vet k8s-up
 	  CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m $(SLOW_TESTS) \
 	    $$($(GO) list ./... | grep -vE '$(SLOW_TESTS_RE)'); rc=$$?; \
 	  wait $$fuzz; frc=$$?; cat $$log; \
-	  [ $$rc -eq 0 ] && [ $$frc -eq 0 ] || { echo "make test: go test exit $$rc, fuzz exit $$frc"; exit 1; }; \
+	  took() { echo "make test: $$1 after $$(( $$(date +%s) - start )) s"; }; \
+	  [ $$rc -eq 0 ] && [ $$frc -eq 0 ] || { took "go test exit $$rc, fuzz exit $$frc"; exit 1; }; \
 	  SANDGATE_DOCKER_RESTART_TEST=1 SANDGATE_K8S_RESTART_TEST=1 CGO_ENABLED=1 $(GO) test -race -count=1 \
-	    -run '^(TestRealDaemonRestart|TestAPIServerRestart)$$' ./internal/providers/docker/ ./internal/providers/kubernetes/ || exit 1; \
-	  echo "make test: go test, fuzzing and the restart tests took $$(( $$(date +%s) - start )) s"
+	    -run '^(TestRealDaemonRestart|TestAPIServerRestart)$$' ./internal/providers/docker/ ./internal/providers/kubernetes/ || \
+	    { took "a restart test failed"; exit 1; }; \
+	  took "go test, fuzzing and the restart tests passed"
 
 # Quick feedback (under 2 minutes): gofmt, vet, the generated code, and
 # the tests of every package that needs no root, docker daemon, cluster

@@ -272,6 +272,12 @@ class SandboxOps:
         """The sandbox's state, e.g. ``"running"``."""
         return self._call(Req("GET", self._p("status"), parse=lambda r: r.json()["status"]))
 
+    def metrics(self, start: Optional[str] = None, end: Optional[str] = None):
+        """CPU, memory and disk samples taken inside the sandbox (MetricSample, oldest
+        first, the last one taken now), optionally between start and end (RFC 3339)."""
+        params = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
+        return self._call(Req("GET", self._p("metrics"), params=params, parse=items(models.MetricSample, "samples")))
+
     def renew(self, ttl_s: Optional[float] = None):
         """Sets the expiry to now + ttl_s (owner; None: the sandbox's ttl_s). SandboxInfo."""
         return self._call(Req("POST", self._p("renew"), json=body(models.RenewRequest, ttl_s=ttl_s),

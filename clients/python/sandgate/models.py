@@ -307,6 +307,25 @@ class StatusResult(Model):
 
 
 @_model
+class MetricSample(Model):
+    SCHEMA = "MetricSample"
+    time: Optional[str] = None
+    cpu_count: Optional[int] = None
+    cpu_used_pct: Optional[float] = None
+    mem_used: Optional[int] = None
+    mem_cache: Optional[int] = None
+    mem_total: Optional[int] = None
+    disk_used: Optional[int] = None
+    disk_total: Optional[int] = None
+
+
+@_model
+class SandboxMetrics(Model):
+    SCHEMA = "SandboxMetrics"
+    samples: Optional[list] = _nested("MetricSample", many=True)
+
+
+@_model
 class ExecResult(Model):
     SCHEMA = "ExecResult"
     stdout: Optional[str] = None

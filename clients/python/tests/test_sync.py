@@ -40,6 +40,9 @@ def test_lifecycle_every_create_field(client, make, tag, provider):
     assert info.ttl_s == 600 and info.idle_timeout_s == 300 and info.provider_name == provider
     assert sb.info().workdir == "/tmp/work"
     assert sb.status() == "running"
+    m = sb.metrics()
+    assert m and m[-1].cpu_count >= 1 and 0 < m[-1].mem_used <= m[-1].mem_total, m
+    assert 0 < m[-1].disk_used <= m[-1].disk_total and sb.metrics(start="2100-01-01T00:00:00Z") == [], m
 
     other = make(metadata={"suite": tag + "-other"})
     listed = [i.sandbox_id for i in client.list(label=f"suite={tag}")]
