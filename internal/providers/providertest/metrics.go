@@ -45,7 +45,9 @@ func (s *suite) testMetrics(t *testing.T, mr providers.MetricsReader, id string)
 	// a 64 MiB file, written and removed, seen in the samples before,
 	// between and after (the disk may be the host's, shared with others
 	// who write and remove too: a try that others' changes blur is
-	// tried again).
+	// tried again, for up to a minute and a half: a rehearsal's cold
+	// build, writing its cache beside docker's sandboxes, blurred every
+	// try of 20 s).
 	const size = 64 << 20
 	mk := newMarker()
 	pid := strings.TrimSpace(string(s.run(t, id, providers.ExecRequest{PreserveBackground: true, Command: fmt.Sprintf(
@@ -62,7 +64,7 @@ func (s *suite) testMetrics(t *testing.T, mr providers.MetricsReader, id string)
 	})
 	s.sh(t, id, "kill -9 "+pid+"; "+mk.kill())
 	prev := last()
-	testkit.EventuallyNil(t, "disk used moves with a 64 MiB file", pollTimeout, func() error {
+	testkit.EventuallyNil(t, "disk used moves with a 64 MiB file", 90*time.Second, func() error {
 		a := next(prev)
 		s.sh(t, id, fmt.Sprintf("head -c %d /dev/zero > /workspace/metrics.bin && sync", size))
 		b := next(a)
