@@ -21,7 +21,9 @@ import (
 // Made a subreaper (tests, where no init reaps), it also reaps orphans,
 // as it does in a local sandbox's init (its PID 1). In a container the
 // agent is not one: orphans go to the sandbox's init (docker-init), whose
-// reaping keeps up with a fork bomb.
+// reaping keeps up with a fork bomb. It waits for any child, so a process
+// has one: a second would take the first's children (tests that start
+// processes do not run beside other servers).
 type Reaper struct {
 	mu       sync.Mutex // held across a start and its registration, and while reaping
 	waiters  map[int]waiter
