@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // TestCLIBadUsage: every malformed command line is a usage error (exit
@@ -159,9 +161,7 @@ func TestTryLine(t *testing.T) {
 // sandbox namespaces, the gateway refuses and names both ways on: root,
 // or --local-isolation none.
 func TestNonRootNamesTheWayOut(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to start the gateway as another user")
-	}
+	testkit.RequireRoot(t) // to start the gateway as another user
 	// Not t.TempDir: its parent is private to root.
 	dir, err := os.MkdirTemp("", "sandgate-nonroot-")
 	if err != nil {

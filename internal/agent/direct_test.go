@@ -18,9 +18,8 @@ import (
 // TestDirectCommandChoice: only a lone simple command of plain words
 // that names a program skips bash.
 func TestDirectCommandChoice(t *testing.T) {
-	if _, err := os.Stat("/bin/bash"); err != nil {
-		t.Skip("no /bin/bash")
-	}
+	_, err := os.Stat("/bin/bash")
+	testkit.Need(t, "/bin/bash", err)
 	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root"}
 	sh := func(line string, extra ...string) *exec.Cmd {
 		cmd, err := newCommand([]string{"/bin/bash", "-c", line}, "", "/", "", nil, append(slices.Clone(env), extra...))
@@ -91,9 +90,8 @@ func sameFile(a, b string) bool {
 // program alike): the program sees the same argv, environment (but for
 // each command's own marker) and directory, and the result is the same.
 func TestDirectExecIsBashs(t *testing.T) {
-	if _, err := os.Stat("/bin/bash"); err != nil {
-		t.Skip("no /bin/bash")
-	}
+	_, err := os.Stat("/bin/bash")
+	testkit.Need(t, "/bin/bash", err)
 	srv := NewServerWith(NewReaper(true), Options{Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root", "LANG=C"}})
 	srv.own = true
 	t.Cleanup(srv.Close)

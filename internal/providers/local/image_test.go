@@ -21,6 +21,7 @@ import (
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
 	"github.com/sandgate/sandgate/internal/providers/providertest"
+	"github.com/sandgate/sandgate/internal/testkit"
 )
 
 // busybox is the static busybox of Debian's busybox-static (what the
@@ -28,12 +29,7 @@ import (
 func busybox(t *testing.T) []byte {
 	t.Helper()
 	b, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("busybox-static is needed: %v", err)
-		}
-		t.Skipf("no /bin/busybox: %v", err)
-	}
+	testkit.Need(t, "/bin/busybox (busybox-static)", err)
 	return b
 }
 

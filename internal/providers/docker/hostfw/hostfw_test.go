@@ -3,11 +3,11 @@ package hostfw
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 
+	"github.com/sandgate/sandgate/internal/testkit"
 	"go.uber.org/goleak"
 )
 
@@ -19,12 +19,9 @@ func TestMain(m *testing.M) {
 // iptables (a skip outside CI, a failure in CI).
 func testConfig(t *testing.T) Config {
 	t.Helper()
-	if _, err := findTool(); err != nil || os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the firewall tests need root and iptables in CI: %v", err)
-		}
-		t.Skipf("needs root and iptables: %v", err)
-	}
+	testkit.RequireRoot(t)
+	_, err := findTool()
+	testkit.Need(t, "iptables", err)
 	b := make([]byte, 2)
 	rand.Read(b)
 	n := hex.EncodeToString(b)
