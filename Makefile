@@ -99,7 +99,9 @@ vet: web
 # own containerd). The whole phase's time is printed at its end.
 SLOW_TESTS = ./cmd/gateway ./internal/providers/docker ./internal/providers/local \
 	./internal/providers/kubernetes ./bench ./internal/handlers
-SLOW_TESTS_RE = /(cmd/gateway|internal/providers/(docker|local|kubernetes)|bench|internal/handlers)$$
+empty :=
+space := $(empty) $(empty)
+SLOW_TESTS_RE = /($(subst $(space),|,$(strip $(patsubst ./%,%,$(SLOW_TESTS)))))$$
 test: web e2b-sdk check-generated vet k8s-up
 	@log=$$(mktemp); trap 'rm -f $$log' EXIT; start=$$(date +%s); \
 	  $(MAKE) --no-print-directory fuzz FUZZTIME=10s FUZZPARALLEL=1 >$$log 2>&1 & fuzz=$$!; \
