@@ -23,8 +23,13 @@ const (
 	// maxTexts caps the text frames (pongs, errors) waiting to be written:
 	// a client that floods pings but never reads is too slow.
 	maxTexts = 64
-	// keepSpare is the largest queue buffer kept for reuse after a burst.
-	keepSpare = 1 << 20
+	// keepSpare is the largest queue buffer a client keeps while it has
+	// waited releaseAfter for output: a streaming client reuses its two
+	// buffers at whatever size the stream needs (growing them anew for
+	// each batch cost the gateway a fifth of its CPU in copies and
+	// garbage collection), an idle one holds little.
+	keepSpare    = 64 << 10
+	releaseAfter = time.Second
 )
 
 // queue is a client's outgoing output, frame after frame in one buffer:
@@ -217,12 +222,34 @@ func (c *client) writeLoop(ctx context.Context) error {
 	if err := c.write(ctx, websocket.MessageText, wire.ConnectedFrame(c.sid, c.mode)); err != nil {
 		return err
 	}
+	var release *time.Timer // while the queue's buffers are large
+	defer func() {
+		if release != nil {
+			release.Stop()
+		}
+	}()
 	for {
 		c.mu.Lock()
 		for c.cause == nil && c.exit == nil && len(c.q.ends) == 0 && len(c.texts) == 0 {
+			var released <-chan time.Time
+			if cap(c.q.buf) > keepSpare || cap(c.spare.buf) > keepSpare {
+				if release == nil {
+					release = time.NewTimer(c.m.releaseAfter)
+				} else {
+					release.Reset(c.m.releaseAfter)
+				}
+				released = release.C
+			}
 			c.mu.Unlock()
 			select {
 			case <-c.wake:
+			case <-released:
+				c.mu.Lock()
+				if len(c.q.ends) == 0 {
+					c.q = queue{}
+				}
+				c.spare = queue{}
+				c.mu.Unlock()
 			case <-ctx.Done():
 				return context.Cause(ctx)
 			}
@@ -259,9 +286,6 @@ func (c *client) writeLoop(ctx context.Context) error {
 			return c.closeConn(ctx, causeExited)
 		}
 		q.reset()
-		if cap(q.buf) > keepSpare {
-			q = queue{}
-		}
 		c.mu.Lock()
 		c.spare = q
 		c.mu.Unlock()

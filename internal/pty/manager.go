@@ -120,6 +120,9 @@ type Manager struct {
 	met  *metrics.Metrics
 	out  prometheus.Counter // bytes of process output
 	in   prometheus.Counter // bytes of client input
+	// releaseAfter is how long a client's writer waits for output before
+	// it lets large queue buffers go (see keepSpare); tests change it.
+	releaseAfter time.Duration
 
 	mu      sync.Mutex           // guards everything below
 	holders map[skey]*client     // the client attached to a running session
@@ -155,6 +158,8 @@ func NewManager(svc Service, opts Options) *Manager {
 		counts:   map[string]int{},
 		clients:  map[*client]struct{}{},
 		starting: map[string]int{},
+
+		releaseAfter: releaseAfter,
 	}
 	svc.OnRemove(m.removeSandbox)
 	return m

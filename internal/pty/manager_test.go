@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -314,4 +315,63 @@ func TestSessionLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.session("cat")
+}
+
+// A client's queue buffers grow to what a stream needs and are reused
+// while it streams; once its writer has waited releaseAfter for output,
+// buffers over keepSpare are let go.
+func TestQueueBuffersKeptWhileStreaming(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		release time.Duration
+	}{{"kept", time.Hour}, {"released", 10 * time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, Options{})
+			e.m.releaseAfter = tc.release
+			const size = 16 << 20
+			sid := e.session(fmt.Sprintf("stty raw -echo; read go; head -c %d /dev/zero | tr '\\0' x; exec cat", size))
+			ctx := testkit.Context(t, time.Minute)
+			ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(e.srv.URL, "http")+"/?session="+sid, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ws.CloseNow()
+			ws.SetReadLimit(-1)
+			if err := ws.Write(ctx, websocket.MessageBinary, []byte{wire.ChanStdin, '\n'}); err != nil {
+				t.Fatal(err)
+			}
+			// Nothing is read until the queue holds more than keepSpare.
+			testkit.Eventually(t, "a queue over keepSpare", 30*time.Second, func() bool { return e.queueCap() > keepSpare })
+			for got := 0; got < size; {
+				typ, b, err := ws.Read(ctx)
+				if err != nil {
+					t.Fatalf("after %d bytes: %v", got, err)
+				}
+				if typ == websocket.MessageBinary && b[0] == wire.ChanOutput {
+					got += bytes.Count(b[1:], []byte("x"))
+				}
+			}
+			if tc.release == time.Hour {
+				if n := e.queueCap(); n <= keepSpare {
+					t.Fatalf("after the stream the client holds %d bytes of buffers, want the stream's (over %d)", n, keepSpare)
+				}
+				return
+			}
+			testkit.Eventually(t, "the buffers let go", 30*time.Second, func() bool { return e.queueCap() <= keepSpare })
+		})
+	}
+}
+
+// queueCap is the capacity of the one attached client's queue buffers,
+// the larger of the two.
+func (e *ptyEnv) queueCap() int {
+	e.m.mu.Lock()
+	defer e.m.mu.Unlock()
+	n := 0
+	for cl := range e.m.clients {
+		cl.mu.Lock()
+		n = max(n, cap(cl.q.buf), cap(cl.spare.buf))
+		cl.mu.Unlock()
+	}
+	return n
 }
