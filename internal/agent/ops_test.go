@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandgate/sandgate/internal/agentclient"
+	"github.com/sandgate/sandgate/internal/agentwire"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/testkit"
 )
@@ -238,5 +241,70 @@ func TestSignalAllNeedsPIDNamespace(t *testing.T) {
 		if err := c.SignalAll(ctx, sig); providers.Kind(err) != providers.ErrInvalid {
 			t.Errorf("signal_all %d: %v, want invalid", sig, err)
 		}
+	}
+}
+
+// A direct connection's send buffer is raised to directSendBuffer (within
+// the kernel's net.core.wmem_max), so that a frame of output leaves in
+// one write.
+func TestDirectSendBuffer(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second descriptor of the agent's end: Serve closes its own.
+	probe, err := unix.Dup(fds[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(probe)
+	conns := make([]*net.UnixConn, 2)
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "pair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c.(*net.UnixConn)
+		defer c.Close()
+	}
+	sndbuf := func() int {
+		n, err := unix.GetsockoptInt(probe, unix.SOL_SOCKET, unix.SO_SNDBUF)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := sndbuf()
+	srv := NewServer(true)
+	defer srv.Close()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.Serve(conns[0], nil)
+	}()
+	if _, err := conns[1].Write([]byte(agentwire.DirectMagic)); err != nil {
+		t.Fatal(err)
+	}
+	if err := agentwire.WriteMsg(conns[1], agentwire.Request{Op: agentwire.OpList}); err != nil {
+		t.Fatal(err)
+	}
+	var rep agentwire.Reply
+	if err := agentwire.ReadMsg(conns[1], &rep, agentwire.MaxReply); err != nil || rep.Error != "" {
+		t.Fatalf("list: %+v %v", rep, err)
+	}
+	<-served
+	b, err := os.ReadFile("/proc/sys/net/core/wmem_max")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The kernel doubles what it is given, for its bookkeeping.
+	if want := 2 * min(directSendBuffer, limit); sndbuf() < want {
+		t.Fatalf("send buffer %d after a direct call (%d before), want at least %d", sndbuf(), before, want)
 	}
 }

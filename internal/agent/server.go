@@ -208,6 +208,16 @@ func (s *Server) Serve(conn io.ReadWriteCloser, shutdown func()) error {
 		// A direct connection: one call, no multiplexing (see WithDirect).
 		br.Discard(len(agentwire.DirectMagic))
 		uc, _ := conn.(*net.UnixConn)
+		if uc != nil {
+			// A direct connection carries one call, most often a terminal
+			// attachment's output or a file. With the default send buffer
+			// (~200 KiB) a pipe's frame (up to 1 MiB) went out in pieces,
+			// each a wake-up of both ends; measured on the bench's 1 GiB
+			// pipe stream, local, this took the ratio to direct from
+			// 0.62-0.68 to 0.67-0.72. It is a bound, not an allocation;
+			// the kernel caps it at net.core.wmem_max.
+			uc.SetWriteBuffer(directSendBuffer)
+		}
 		s.handle(joined{br, conn}, uc, shutdown)
 		return nil
 	}
@@ -230,6 +240,9 @@ func (s *Server) Serve(conn io.ReadWriteCloser, shutdown func()) error {
 		}()
 	}
 }
+
+// directSendBuffer is a direct connection's send buffer.
+const directSendBuffer = 1 << 20
 
 // joined reads through r and writes and closes c.
 type joined struct {
