@@ -612,10 +612,10 @@ func (b *bench) idleSessions(ctx context.Context) (Result, error) {
 	return r, nil
 }
 
-// streaming runs many sessions that each write streamBytes at once and
-// reports their aggregate throughput.
+// streaming runs many sessions that each write a quarter of streamBytes
+// (at most 8 MiB) at once and reports their aggregate throughput.
 func (b *bench) streaming(ctx context.Context) (Result, error) {
-	n, size := b.o.streams, b.o.streamBytes/4
+	n, size := b.o.streams, min(b.o.streamBytes/4, 8<<20)
 	const perBox = 25
 	var boxes []ref
 	for range (n + perBox - 1) / perBox {
