@@ -224,7 +224,7 @@ func (b *bench) throughput(ctx context.Context, ptyMode bool) (Result, error) {
 		cpu, _ := b.g.usage()
 		gwCPU += cpu - cpu0
 		gw = append(gw, mbps(n, d))
-		n, d, err = direct(outputCmd(size), ptyMode)
+		n, d, err = direct(b.hostShell(), outputCmd(size), ptyMode)
 		if err != nil {
 			return Result{}, err
 		}
@@ -291,10 +291,22 @@ func (b *bench) session(ctx context.Context, sb ref, command string, ptyMode boo
 	return out.n.Load(), time.Since(t0), nil
 }
 
-// direct runs command on the host and reads its output from a PTY or a
-// pipe.
-func direct(command string, ptyMode bool) (int64, time.Duration, error) {
-	cmd := exec.Command("/bin/sh", "-c", command)
+// hostShell is the shell a baseline runs its command with on the host, so
+// that it runs the programs the sandbox runs: a local sandbox sees the
+// host's own; a docker sandbox runs the test image's busybox applets,
+// which are the host's static busybox (busybox's sh prefers its applets),
+// and busybox's tr alone is 2-3x slower than GNU's.
+func (b *bench) hostShell() []string {
+	if b.g.provider == "docker" {
+		return []string{testimage.Busybox, "sh", "-c"}
+	}
+	return []string{"/bin/sh", "-c"}
+}
+
+// direct runs command with shell on the host and reads its output from a
+// PTY or a pipe.
+func direct(shell []string, command string, ptyMode bool) (int64, time.Duration, error) {
+	cmd := exec.Command(shell[0], append(shell[1:], command)...)
 	t0 := time.Now()
 	var r io.Reader
 	if ptyMode {
@@ -365,14 +377,14 @@ func typeKey(send func([]byte) error, recv func() (byte, error)) (time.Duration,
 // PTY of the host, each once it printed echoReady (its terminal set up:
 // a key typed before would be echoed twice); it returns a key's round
 // trip through each. stop ends both.
-func echoPair(ctx context.Context, c *client.Client, sb ref, command string) (viaGateway, onHost func() (time.Duration, error), stop func(), err error) {
+func echoPair(ctx context.Context, c *client.Client, sb ref, shell []string, command string) (viaGateway, onHost func() (time.Duration, error), stop func(), err error) {
 	command = strings.Replace(command, "; exec", "; echo "+echoReady+"; exec", 1)
 	yes := true
 	id, err := c.CreateSession(ctx, sb.ID, api.PtyCreateRequest{Command: &command, Pty: &yes})
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	host := exec.Command("/bin/sh", "-c", command)
+	host := exec.Command(shell[0], append(shell[1:], command)...)
 	f, err := pty.Start(host)
 	if err != nil {
 		return nil, nil, nil, err
@@ -452,7 +464,7 @@ func (b *bench) echo(ctx context.Context) (Result, error) {
 	var samples [4][]time.Duration // program: gateway, host; kernel: gateway, host
 	var steps []func() (time.Duration, error)
 	for _, command := range []string{echoByProgram, echoByKernel} {
-		gw, host, stop, err := echoPair(ctx, c, sb, command)
+		gw, host, stop, err := echoPair(ctx, c, sb, b.hostShell(), command)
 		if err != nil {
 			return Result{}, err
 		}

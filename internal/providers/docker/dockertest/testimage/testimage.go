@@ -21,6 +21,9 @@ import (
 // nobody.
 const Ref = "sandgate-test/busybox:1"
 
+// Busybox is the host's static busybox, the image's /bin/busybox.
+const Busybox = "/bin/busybox"
+
 const dockerfile = `FROM scratch
 COPY busybox /bin/busybox
 RUN ["/bin/busybox", "--install", "-s", "/bin"]
@@ -33,9 +36,9 @@ func Ensure(ctx context.Context, cli *client.Client) error {
 	if _, err := cli.ImageInspect(ctx, Ref); err == nil {
 		return nil
 	}
-	bb, err := os.ReadFile("/bin/busybox")
+	bb, err := os.ReadFile(Busybox)
 	if err != nil {
-		return errors.New("building the test image needs /bin/busybox from busybox-static")
+		return errors.New("building the test image needs " + Busybox + " from busybox-static")
 	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
