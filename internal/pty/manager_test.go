@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -331,7 +332,14 @@ func TestQueueBuffersKeptWhileStreaming(t *testing.T) {
 			const size = 16 << 20
 			sid := e.session(fmt.Sprintf("stty raw -echo; read go; head -c %d /dev/zero | tr '\\0' x; exec cat", size))
 			ctx := testkit.Context(t, time.Minute)
-			ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(e.srv.URL, "http")+"/?session="+sid, nil)
+			// A small receive buffer, so that the connection holds little
+			// of what the client does not read and the queue fills.
+			small := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+				return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 16<<10) })
+			}}
+			hc := &http.Client{Transport: &http.Transport{DialContext: small.DialContext}}
+			defer hc.CloseIdleConnections()
+			ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(e.srv.URL, "http")+"/?session="+sid, &websocket.DialOptions{HTTPClient: hc})
 			if err != nil {
 				t.Fatal(err)
 			}
