@@ -115,6 +115,27 @@ func (l *Local) JoinGroup(ctx context.Context, id, group string) (netip.Addr, er
 	return pt.JoinGroup(id, fmt.Sprintf("/proc/%d/ns/net", sb.st.Pid), group)
 }
 
+// joinEarly starts joining sandbox id, whose init is pid, to group
+// (JoinGroup's work, done while init starts) and returns a channel that
+// gets its outcome: nil at once when there is no group or no namespace.
+// Create detaches what a failed join left; JoinGroup then tries again and
+// reports the failure.
+func (l *Local) joinEarly(id, group string, pid int) <-chan error {
+	done := make(chan error, 1)
+	if group == "" || l.isolation != IsolationNamespaces {
+		done <- nil
+		return done
+	}
+	go func() {
+		pt, err := l.point()
+		if err == nil {
+			_, err = pt.JoinGroup(id, fmt.Sprintf("/proc/%d/ns/net", pid), group)
+		}
+		done <- err
+	}()
+	return done
+}
+
 // EgressStats are sandbox id's connection counts through the egress point.
 func (l *Local) EgressStats(id string) egress.Stats {
 	if pt := l.egress.Made(); pt != nil {
