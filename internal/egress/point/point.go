@@ -376,6 +376,15 @@ func plumb(router, sbns netns.NsHandle, name string, rAddr, sAddr netip.Addr) er
 	if err != nil {
 		return err
 	}
+	// An eth0 already there is a former point's (a gateway restarted: the
+	// kernel tears the old router namespace down, and with it the old
+	// pair, some time after its last holder exits) or the sandbox's own
+	// making. Either way this pair replaces it.
+	if old, err := sh.LinkByName("eth0"); err == nil {
+		if err := sh.LinkDel(old); err != nil {
+			return fmt.Errorf("remove the eth0 there: %w", err)
+		}
+	}
 	if err := sh.LinkSetName(pl, "eth0"); err != nil {
 		return fmt.Errorf("rename: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/sandgate/sandgate/internal/egress"
 	"github.com/sandgate/sandgate/internal/egress/egresstest"
 	"github.com/sandgate/sandgate/internal/egress/point"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"go.uber.org/goleak"
 )
@@ -152,4 +153,40 @@ func counter(t *testing.T, reg *prometheus.Registry, result string) prometheus.C
 	}
 	t.Fatalf("no %s counter", result)
 	return nil
+}
+
+// A sandbox that already has an eth0 (a former point's, whose namespace
+// the kernel has not torn down yet after a gateway restart, or one the
+// sandbox made itself) is attached all the same: the new pair replaces
+// it.
+func TestAttachReplacesEth0(t *testing.T) {
+	in := egresstest.Start(t)
+	p, err := point.New(point.Options{Resolve: egresstest.Resolve(), EgressNetns: in.NetnsPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	sb := newBox(t)
+	h, err := netlink.NewHandleAt(sb.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	// A veth pair of its own (this kernel has no dummy links).
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "own0"}); err != nil {
+		t.Fatal(err)
+	}
+	addr, err := p.Attach("sbx-1", sb.path, mustRules(t, []string{"a.test"}, nil))
+	if err != nil {
+		t.Fatalf("attach over an eth0: %v", err)
+	}
+	if _, err := h.LinkByName("own0"); err == nil {
+		t.Fatal("the old eth0's pair is still there")
+	}
+	if rc, _ := sb.resolve(t, "a.test"); rc != dns.RcodeSuccess {
+		t.Fatalf("a.test from %s: rcode %d", addr, rc)
+	}
+	if got, err := sb.get("http://a.test/who", egresstest.A.String()); err != nil || got != "a.test 198.51.100.1:80" {
+		t.Fatalf("http a.test from %s: %q %v", addr, got, err)
+	}
 }
