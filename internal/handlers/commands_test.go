@@ -147,7 +147,10 @@ func TestCommandWait(t *testing.T) {
 		running       bool
 	}{
 		{"heartbeat, still running", "sleep 30", true},
-		{"heartbeat, then ended", "sleep 0.6; echo done", false},
+		// It ends well after the first wait's 0.5 s: the second wait
+		// beats every 50 ms for about a second (0.6 s left ~0.1 s, one
+		// beat when the machine was loaded).
+		{"heartbeat, then ended", "sleep 1.5; echo done", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := newGatewayOpts(t, Options{Heartbeat: 50 * time.Millisecond})
