@@ -26,7 +26,13 @@ import (
 	"github.com/sandgate/sandgate/internal/testkit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(echoHelperEnv) == "1" {
+		echoHelper() // BenchmarkIdleWake's other process
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // pair serves a fresh server on one end of a pipe and dials the other.
 // The server is the test process's subreaper, as the agent is the
