@@ -170,12 +170,12 @@ func echo(c net.Conn) {
 }
 
 // fileConn is descriptor fd as a net.Conn (the descriptor is its own).
-func fileConn(b *testing.B, fd int) net.Conn {
+func fileConn(t testing.TB, fd int) net.Conn {
 	f := os.NewFile(uintptr(fd), "socket")
 	defer f.Close()
 	c, err := net.FileConn(f)
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 	return c
 }

@@ -258,15 +258,8 @@ func TestDirectSendBuffer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(probe)
-	conns := make([]*net.UnixConn, 2)
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "pair")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns[i] = c.(*net.UnixConn)
+	conns := []net.Conn{fileConn(t, fds[0]), fileConn(t, fds[1])}
+	for _, c := range conns {
 		defer c.Close()
 	}
 	sndbuf := func() int {
