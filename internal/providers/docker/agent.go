@@ -122,7 +122,16 @@ func (d *Docker) Agent(ctx context.Context, id string) (*agentclient.Client, err
 	paused := d.paused[id]
 	d.pausedMu.Unlock()
 	if paused {
-		return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is paused", id)
+		// The flag may be a moment stale (settlePaused): ask the daemon
+		// before refusing, so no refusal outlives the pause.
+		info, err := d.cli.ContainerInspect(ctx, id)
+		if err != nil {
+			return nil, d.kind(err, "sandbox %s", id)
+		}
+		if info.State == nil || info.State.Paused {
+			return nil, providers.Errorf(providers.ErrConflict, "sandbox %s is paused", id)
+		}
+		d.setPaused(id, false)
 	}
 	return d.links.Get(ctx, id)
 }

@@ -400,7 +400,7 @@ func (d *Docker) Pause(ctx context.Context, id string) error {
 		return d.kind(err, "pause sandbox %s", id)
 	}
 	d.setPaused(id, true)
-	return nil
+	return d.settlePaused(ctx, id, true)
 }
 
 // Resume thaws a paused sandbox. ErrConflict if it is not paused.
@@ -409,7 +409,53 @@ func (d *Docker) Resume(ctx context.Context, id string) error {
 		return d.kind(err, "resume sandbox %s", id)
 	}
 	d.setPaused(id, false)
-	return nil
+	return d.settlePaused(ctx, id, false)
+}
+
+// How Pause and Resume wait for the daemon's record to agree with what
+// they did: polled every settlePoll, it must hold for settleHold, and
+// they give up waiting (but still succeed) after settleWait.
+const (
+	settlePoll = 10 * time.Millisecond
+	settleHold = 50 * time.Millisecond
+	settleWait = 5 * time.Second
+)
+
+// settlePaused waits until the daemon has reported the container paused
+// (or not) for settleHold. dockerd sets its flag when the pause or
+// unpause call returns and again when containerd's event for it arrives,
+// so the event of a pause, late on a loaded machine, can mark a container
+// that was just resumed as paused until the resume's own event arrives
+// (and the other way round); a Status or Exec in that moment would see
+// the wrong state. If the record has not settled within settleWait the
+// call still succeeds: the container did what was asked, and Status and
+// Agent read the daemon again.
+func (d *Docker) settlePaused(ctx context.Context, id string, paused bool) error {
+	ctx, cancel := context.WithTimeout(ctx, settleWait)
+	defer cancel()
+	tick := time.NewTicker(settlePoll)
+	defer tick.Stop()
+	var since time.Time
+	for {
+		info, err := d.cli.ContainerInspect(ctx, id)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			return d.kind(err, "sandbox %s", id)
+		case err == nil && info.State != nil && info.State.Paused == paused:
+			if since.IsZero() {
+				since = time.Now()
+			} else if time.Since(since) >= settleHold {
+				return nil
+			}
+		default:
+			since = time.Time{}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
 }
 
 // Endpoint returns http://127.0.0.1:<host port> for a port declared at

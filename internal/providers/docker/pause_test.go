@@ -1,0 +1,165 @@
+package docker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/providers"
+	"github.com/sandgate/sandgate/internal/providers/docker/dockertest"
+)
+
+// stalePauseDaemon is the real daemon behind a proxy that plays dockerd's
+// late pause event: containerd's event for a pause can reach dockerd after
+// the unpause that followed it, and dockerd then marks the running
+// container paused until the resume's event arrives. After each unpause
+// the proxy answers the next `stale` inspections of that container with
+// State.Paused set.
+type stalePauseDaemon struct {
+	host string
+
+	mu      sync.Mutex
+	pending int // stale answers still to give
+	served  int // stale answers given
+}
+
+var (
+	unpausePath = regexp.MustCompile(`^(/v[0-9.]+)?/containers/[^/]+/unpause$`)
+	inspectPath = regexp.MustCompile(`^(/v[0-9.]+)?/containers/[^/]+/json$`)
+)
+
+func newStalePauseDaemon(t *testing.T, stale int) *stalePauseDaemon {
+	t.Helper()
+	dockertest.Require(t)
+	real := dockertest.NewProxy(t) // the daemon's socket, found as the tests find it
+	s := &stalePauseDaemon{}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(&url.URL{Scheme: "http", Host: "docker"}) },
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", real.Addr())
+		}},
+		ModifyResponse: s.modify,
+	}
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && unpausePath.MatchString(r.URL.Path) {
+			rw := &statusWriter{ResponseWriter: w}
+			rp.ServeHTTP(rw, r)
+			if rw.code/100 == 2 {
+				s.mu.Lock()
+				s.pending = stale
+				s.mu.Unlock()
+			}
+			return
+		}
+		rp.ServeHTTP(w, r)
+	})}
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close(); <-done })
+	s.host = "unix://" + sock
+	return s
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) { w.code = code; w.ResponseWriter.WriteHeader(code) }
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (s *stalePauseDaemon) modify(resp *http.Response) error {
+	if resp.Request.Method != http.MethodGet || !inspectPath.MatchString(resp.Request.URL.Path) || resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pending == 0 {
+		return nil
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return err
+	}
+	if st, ok := doc["State"].(map[string]any); ok {
+		st["Paused"], st["Status"] = true, "paused"
+		s.pending--
+		s.served++
+	}
+	if body, err = json.Marshal(doc); err != nil {
+		return err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	return nil
+}
+
+func (s *stalePauseDaemon) staleServed() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.served
+}
+
+// A sandbox just resumed is running, whatever a late event of its pause
+// makes the daemon report for a moment; and a stale "paused" never makes
+// the gateway refuse work on a running sandbox.
+func TestResumeOutlivesLatePauseEvent(t *testing.T) {
+	t.Parallel()
+	const stale = 3
+	daemon := newStalePauseDaemon(t, stale)
+	p := newProvider(t, func(o *Options) { o.Host = daemon.host })
+	id := create(t, p, providers.CreateSpec{})
+	ctx := ctxFor(t, time.Minute)
+
+	if err := p.Pause(ctx, id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	if err := p.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if st, err := p.Status(ctx, id); err != nil || st != providers.StateRunning {
+		t.Errorf("Status right after Resume: %q %v, want running", st, err)
+	}
+	if n := daemon.staleServed(); n != stale {
+		t.Errorf("the proxy gave %d stale answers, want %d (the test did not test the race)", n, stale)
+	}
+	if r := run(t, p, id, "echo ok"); string(r.Stdout) != "ok\n" {
+		t.Errorf("exec after Resume: %q", r.Stdout)
+	}
+
+	// A Status that read a stale "paused" marks the sandbox so; the next
+	// exec asks the daemon before refusing.
+	p.setPaused(id, true)
+	if r := run(t, p, id, "echo again"); string(r.Stdout) != "again\n" {
+		t.Errorf("exec with a stale paused mark: %q", r.Stdout)
+	}
+}
