@@ -80,8 +80,9 @@ type client struct {
 
 	// mu guards the fields below. Lock order: Manager.mu, then client.mu.
 	mu     sync.Mutex
-	q      queue       // output not yet written
+	q      queue       // output not yet taken by the writer
 	spare  queue       // the writer's recycled buffer
+	held   int         // bytes the writer took and has not written yet
 	texts  [][]byte    // text frames (pong, error) not yet written
 	replay []byte      // the replay frame, written first; nil = none
 	exit   *int        // the process exited; all its output is in q
@@ -109,39 +110,43 @@ func (c *client) signal() {
 
 // push queues output, waiting while the queue is full: the session's host
 // holds the output meanwhile and slows the process to the client's pace.
-// A client that takes nothing for stallAfter is too slow: it is closed
-// with 1008 (it re-attaches with since). It returns false once the
-// connection is closing.
+// The queue counts what the writer took and has not written yet, so room
+// is made frame by frame as the client takes them, and output flows on
+// at the client's pace however slow (the session's host sees progress
+// too, and keeps the client). A client that takes nothing for stallAfter
+// is too slow: it is closed with 1008 (it re-attaches with since). It
+// returns false once the connection is closing.
 func (c *client) push(ch byte, p []byte) bool {
-	var deadline <-chan time.Time
+	var stall *time.Timer
 	for {
 		c.mu.Lock()
 		if c.cause != nil || c.left {
 			c.mu.Unlock()
 			return false
 		}
-		if len(c.q.buf) == 0 || len(c.q.buf)+1+len(p) <= c.maxQueue {
+		if len(c.q.buf) == 0 || c.held+len(c.q.buf)+1+len(p) <= c.maxQueue {
 			c.q.push(ch, p)
 			c.signal()
 			c.mu.Unlock()
 			return true
 		}
 		c.mu.Unlock()
-		if deadline == nil {
-			t := time.NewTimer(stallAfter)
-			defer t.Stop()
-			deadline = t.C
+		if stall == nil {
+			stall = time.NewTimer(c.m.stallAfter)
+			defer stall.Stop()
 		}
 		select {
 		case <-c.room:
-		case <-deadline:
+			stall.Reset(c.m.stallAfter)
+		case <-stall.C:
 			c.closeWith(causeSlow)
 			return false
 		}
 	}
 }
 
-// stallAfter is how long a client's queue may stay full.
+// stallAfter is how long a client may take nothing while its queue is
+// full (Manager.stallAfter).
 const stallAfter = 2 * time.Second
 
 // roomMade wakes a push waiting for room in the queue.
@@ -261,6 +266,7 @@ func (c *client) writeLoop(ctx context.Context) error {
 		}
 		q := c.q
 		c.q, c.spare = c.spare, queue{}
+		c.held = len(q.buf)
 		c.roomMade()
 		texts := c.texts
 		c.texts = nil
@@ -277,6 +283,10 @@ func (c *client) writeLoop(ctx context.Context) error {
 			if err := c.write(ctx, websocket.MessageBinary, q.buf[start:end]); err != nil {
 				return err
 			}
+			c.mu.Lock()
+			c.held -= end - start
+			c.mu.Unlock()
+			c.roomMade()
 			start = end
 		}
 		if exit != nil {

@@ -54,7 +54,7 @@ type Options struct {
 	// the gateway's own: patterns matched with path.Match against the
 	// Origin's host, or against scheme://host when the pattern has "://".
 	AllowedOrigins []string
-	QueueBytes     int           // a client's outgoing queue; default 4 MiB; full for 2 s = close 1008
+	QueueBytes     int           // a client's outgoing queue; default 4 MiB; full while the client takes nothing for 2 s = close 1008
 	MaxFrame       int           // largest client frame; default 64 KiB; larger ones get an error frame
 	PingInterval   time.Duration // default 20 s
 	IdleTimeout    time.Duration // a client silent this long is dropped; default 60 s
@@ -121,8 +121,11 @@ type Manager struct {
 	out  prometheus.Counter // bytes of process output
 	in   prometheus.Counter // bytes of client input
 	// releaseAfter is how long a client's writer waits for output before
-	// it lets large queue buffers go (see keepSpare); tests change it.
+	// it lets large queue buffers go (see keepSpare); stallAfter is how long
+	// a client may take nothing before it is closed as too slow (see push).
+	// Tests change them.
 	releaseAfter time.Duration
+	stallAfter   time.Duration
 
 	mu      sync.Mutex           // guards everything below
 	holders map[skey]*client     // the client attached to a running session
@@ -160,6 +163,7 @@ func NewManager(svc Service, opts Options) *Manager {
 		starting: map[string]int{},
 
 		releaseAfter: releaseAfter,
+		stallAfter:   stallAfter,
 	}
 	svc.OnRemove(m.removeSandbox)
 	return m

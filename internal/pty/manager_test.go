@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -64,6 +65,13 @@ type ptyEnv struct {
 // newEnv starts an agent server and a manager of options o over it.
 func newEnv(t *testing.T, o Options) *ptyEnv {
 	t.Helper()
+	return newEnvWith(t, o, nil)
+}
+
+// newEnvWith is newEnv with the routes' listener wrapped by wrap (nil:
+// as it is).
+func newEnvWith(t *testing.T, o Options, wrap func(net.Listener) net.Listener) *ptyEnv {
+	t.Helper()
 	srv := agent.NewServer(false)
 	a, b := net.Pipe()
 	served := make(chan struct{})
@@ -76,7 +84,7 @@ func newEnv(t *testing.T, o Options) *ptyEnv {
 		t.Fatal(err)
 	}
 	m := NewManager(&hostSvc{host: host}, o)
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		since, _ := strconv.ParseInt(q.Get("since"), 10, 64)
 		err := m.Attach(w, r, sandbox.Caller{}, AttachRequest{SandboxID: "sb", SessionID: q.Get("session"), Since: since, Takeover: q.Get("takeover") == "1"})
@@ -91,6 +99,10 @@ func newEnv(t *testing.T, o Options) *ptyEnv {
 			http.Error(w, err.Error(), status)
 		}
 	}))
+	if wrap != nil {
+		hs.Listener = wrap(hs.Listener)
+	}
+	hs.Start()
 	t.Cleanup(func() {
 		m.Close()
 		hs.Close()
@@ -332,19 +344,7 @@ func TestQueueBuffersKeptWhileStreaming(t *testing.T) {
 			const size = 16 << 20
 			sid := e.session(fmt.Sprintf("stty raw -echo; read go; head -c %d /dev/zero | tr '\\0' x; exec cat", size))
 			ctx := testkit.Context(t, time.Minute)
-			// A small receive buffer, so that the connection holds little
-			// of what the client does not read and the queue fills.
-			small := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-				return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 16<<10) })
-			}}
-			hc := &http.Client{Transport: &http.Transport{DialContext: small.DialContext}}
-			defer hc.CloseIdleConnections()
-			ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(e.srv.URL, "http")+"/?session="+sid, &websocket.DialOptions{HTTPClient: hc})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ws.CloseNow()
-			ws.SetReadLimit(-1)
+			ws := e.dialSmall(ctx, sid)
 			if err := ws.Write(ctx, websocket.MessageBinary, []byte{wire.ChanStdin, '\n'}); err != nil {
 				t.Fatal(err)
 			}
@@ -368,6 +368,96 @@ func TestQueueBuffersKeptWhileStreaming(t *testing.T) {
 			testkit.Eventually(t, "the buffers let go", 30*time.Second, func() bool { return e.queueCap() <= keepSpare })
 		})
 	}
+}
+
+// dialSmall attaches to session sid over a connection with a small
+// receive buffer, so that it holds little of what the client does not read
+// and the client's queue fills.
+func (e *ptyEnv) dialSmall(ctx context.Context, sid string) *websocket.Conn {
+	e.t.Helper()
+	small := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 16<<10) })
+	}}
+	hc := &http.Client{Transport: &http.Transport{DialContext: small.DialContext}}
+	e.t.Cleanup(hc.CloseIdleConnections)
+	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(e.srv.URL, "http")+"/?session="+sid, &websocket.DialOptions{HTTPClient: hc})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { ws.CloseNow() })
+	ws.SetReadLimit(-1)
+	return ws
+}
+
+// smallSendBuffers gives every connection ln accepts a small send buffer,
+// so that the kernel holds little of what the gateway writes.
+func smallSendBuffers(ln net.Listener) net.Listener { return smallSendListener{ln} }
+
+type smallSendListener struct{ net.Listener }
+
+func (l smallSendListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		err = tc.SetWriteBuffer(16 << 10)
+	}
+	return c, err
+}
+
+// A client reading slowly but steadily is slow, not stuck: it is kept, and
+// the process paced to it, even when a queue's worth of its frames takes
+// longer than stallAfter to write. (One that takes nothing for stallAfter
+// is closed with 1008: the terminal suite's testPTYSlowClientDropped.)
+func TestSteadySlowClientKept(t *testing.T) {
+	const queue, size, rate = 2 << 20, 5 << 20, 2 << 20 // bytes, bytes, bytes/s
+	e := newEnvWith(t, Options{QueueBytes: queue}, smallSendBuffers)
+	e.m.stallAfter = 500 * time.Millisecond
+	sid := e.session(fmt.Sprintf("stty raw -echo; read go; head -c %d /dev/zero | tr '\\0' x; exec cat", size))
+	ctx := testkit.Context(t, time.Minute)
+	ws := e.dialSmall(ctx, sid)
+	if err := ws.Write(ctx, websocket.MessageBinary, []byte{wire.ChanStdin, '\n'}); err != nil {
+		t.Fatal(err)
+	}
+	// The client reads nothing until its queue is nearly full; then it
+	// reads at rate: a frame (at most 256 KiB) comes every 128 ms or less,
+	// far within stallAfter, a queue's worth takes 1 s, beyond it, while
+	// the session has output ready to fill the queue again at once.
+	testkit.Eventually(t, "a full queue", 30*time.Second, func() bool { return e.queueLen() >= queue-(256<<10) })
+	buf := make([]byte, 8<<10)
+	start := time.Now()
+	for got := 0; got < size; {
+		typ, r, err := ws.Reader(ctx)
+		if err != nil {
+			t.Fatalf("after %d of %d bytes: %v", got, size, err)
+		}
+		for {
+			n, err := r.Read(buf)
+			if typ == websocket.MessageBinary {
+				got += bytes.Count(buf[:n], []byte("x"))
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("after %d of %d bytes: %v", got, size, err)
+			}
+			if ahead := time.Duration(got)*time.Second/rate - time.Since(start); ahead > 0 {
+				time.Sleep(ahead) // the slow client's pace
+			}
+		}
+	}
+}
+
+// queueLen is how much output the one attached client has queued.
+func (e *ptyEnv) queueLen() int {
+	e.m.mu.Lock()
+	defer e.m.mu.Unlock()
+	n := 0
+	for cl := range e.m.clients {
+		cl.mu.Lock()
+		n += len(cl.q.buf)
+		cl.mu.Unlock()
+	}
+	return n
 }
 
 // queueCap is the capacity of the one attached client's queue buffers,
