@@ -354,6 +354,73 @@ func TestAttachHoldsDuringReplay(t *testing.T) {
 	}
 }
 
+// A subscriber taking its output slowly but steadily holds the process
+// back and is kept, even when one frame (up to a ring, as its replay is)
+// takes it longer than stallAfter: it never gets the slow frame.
+func TestSteadySlowSubscriberKept(t *testing.T) {
+	srv := NewServer(true)
+	defer srv.Close()
+	srv.stallAfter = 400 * time.Millisecond
+	// A progressChunk every 125 ms, far within stallAfter; the replay, a
+	// full ring, takes 0.5 s.
+	const ring, rate, want = 1 << 20, 2 << 20, 5 << 19 // bytes, bytes/s, bytes
+	if _, err := srv.startSession(context.Background(), agentwire.StartRequest{ID: "y", Spec: providers.ProcessSpec{Command: "yes"}, RingBytes: ring}); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.deleteSession("y")
+	srv.mu.Lock()
+	ss := srv.sessions["y"]
+	srv.mu.Unlock()
+	waitUntil(t, "a full ring", func() bool {
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		return ss.ring.Total() > ring
+	})
+
+	a, b := net.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.attach(a, agentwire.Request{Op: agentwire.OpAttach, Session: "y"})
+	}()
+	defer func() { b.Close(); <-done }()
+	var rep agentwire.Reply
+	if err := agentwire.ReadMsg(b, &rep, agentwire.MaxReply); err != nil || rep.Error != "" {
+		t.Fatalf("attach: %+v %v", rep, err)
+	}
+	slow := &pacedReader{r: b, rate: rate, start: time.Now()}
+	for got := 0; got < want; {
+		typ, p, err := agentwire.ReadFrameMax(slow, nil, ring)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch typ {
+		case agentwire.FrameSlow:
+			t.Fatalf("slow frame after %d bytes", got)
+		case agentwire.FrameReplay, agentwire.FrameStdout:
+			got += len(p)
+		}
+	}
+}
+
+// pacedReader reads from r, 16 KiB at most at a time, at no more than
+// rate bytes a second: a slow client.
+type pacedReader struct {
+	r     io.Reader
+	rate  int
+	start time.Time
+	n     int
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	if ahead := time.Duration(p.n)*time.Second/time.Duration(p.rate) - time.Since(p.start); ahead > 0 {
+		time.Sleep(ahead) // the slow client's pace
+	}
+	n, err := p.r.Read(b[:min(len(b), 16<<10)])
+	p.n += n
+	return n, err
+}
+
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

@@ -47,8 +47,9 @@ type Server struct {
 	commands map[string]*command // the durable ones, by id
 	cmdSeq   int64
 
-	wl         watchLimits  // the directory watches (watch.go)
-	grownPipes atomic.Int32 // sessions' output pipes grown to streamPipe now (see growPipe)
+	wl         watchLimits   // the directory watches (watch.go)
+	grownPipes atomic.Int32  // sessions' output pipes grown to streamPipe now (see growPipe)
+	stallAfter time.Duration // of the sessions started from now (see throttle); tests change it
 }
 
 // Options adapt a server to the process it runs in.
@@ -137,7 +138,7 @@ func NewServerWith(r *Reaper, o Options) *Server {
 	if o.Root != "" {
 		m.root = o.Root
 	}
-	return &Server{version: agentwire.Version, reaper: r, opts: o, meter: m, sessions: map[string]*session{}, commands: map[string]*command{}, wl: defaultWatchLimits()}
+	return &Server{version: agentwire.Version, reaper: r, opts: o, meter: m, sessions: map[string]*session{}, commands: map[string]*command{}, wl: defaultWatchLimits(), stallAfter: stallAfter}
 }
 
 // spawn starts cmd with start (cmd.Start, or what wraps it) on the fork

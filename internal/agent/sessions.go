@@ -28,6 +28,7 @@ type session struct {
 	spec    providers.ProcessSpec
 	created time.Time
 	ringMax int
+	stall   time.Duration // a subscriber's stallAfter
 
 	mu     sync.Mutex
 	cond   *sync.Cond // broadcast on output, exit and removal
@@ -78,7 +79,7 @@ func (s *Server) startSession(ctx context.Context, req agentwire.StartRequest) (
 		ringMax = agentwire.DefaultRing
 	}
 	ss := &session{
-		id: req.ID, spec: req.Spec, created: time.Now().UTC(), ringMax: ringMax,
+		id: req.ID, spec: req.Spec, created: time.Now().UTC(), ringMax: ringMax, stall: s.stallAfter,
 		tty: req.Spec.TTY, ring: ring.New(ringMax),
 	}
 	ss.cond = sync.NewCond(&ss.mu)
@@ -227,16 +228,36 @@ func growPipe(r io.Reader, grown *atomic.Int32) bool {
 
 // sub is one subscriber, as the readers see it.
 type sub struct {
-	cursor    int64     // what it has sent on
-	last      time.Time // when it last sent something (or attached)
-	dropped   bool      // stalled: it no longer holds the readers back
-	gathering bool      // waiting for more output before it sends
+	cursor    int64        // what it has sent on
+	last      atomic.Int64 // unix nanoseconds: when it last sent something (or attached)
+	dropped   bool         // stalled: it no longer holds the readers back
+	gathering bool         // waiting for more output before it sends
 	gathered  chan struct{}
 }
 
 // stallAfter is how long a subscriber may make no progress while the
-// readers wait for it before they stop waiting.
-const stallAfter = 2 * time.Second
+// readers wait for it before they stop waiting (Server.stallAfter).
+// Progress is counted every progressChunk sent: a frame can hold a whole
+// ring, which a client reading slowly but steadily (one of a hundred
+// streams on two cores) takes longer than stallAfter to take.
+const (
+	stallAfter    = 2 * time.Second
+	progressChunk = 256 << 10
+)
+
+// send writes frame f to st, progressChunk at a time, noting the
+// subscriber's progress after each.
+func (me *sub) send(st io.Writer, f []byte) error {
+	for len(f) > 0 {
+		n := min(len(f), progressChunk)
+		if _, err := st.Write(f[:n]); err != nil {
+			return err
+		}
+		me.last.Store(time.Now().UnixNano())
+		f = f[n:]
+	}
+	return nil
+}
 
 // throttle holds the reader back while an attached subscriber is more
 // than half a ring behind and making progress: a client that reads
@@ -255,7 +276,7 @@ func (ss *session) throttle() {
 		if laggard == nil || ss.ring.Total()-laggard.cursor <= int64(ss.ringMax/2) || ss.gone {
 			return
 		}
-		wait := stallAfter - time.Since(laggard.last)
+		wait := ss.stall - time.Since(time.Unix(0, laggard.last.Load()))
 		if wait <= 0 {
 			laggard.dropped = true
 			continue
@@ -402,7 +423,8 @@ func (s *Server) attach(st io.ReadWriteCloser, req agentwire.Request) {
 	// The subscriber counts from now, while its replay is being sent:
 	// the readers wait for it rather than overwrite what it has not
 	// sent yet.
-	me := &sub{cursor: cursor, last: time.Now(), gathered: make(chan struct{}, 1)}
+	me := &sub{cursor: cursor, gathered: make(chan struct{}, 1)}
+	me.last.Store(time.Now().UnixNano())
 	ss.subs[me] = struct{}{}
 	ss.mu.Unlock()
 	defer func() {
@@ -411,12 +433,10 @@ func (s *Server) attach(st io.ReadWriteCloser, req agentwire.Request) {
 		ss.cond.Broadcast()
 		ss.mu.Unlock()
 	}()
-	if agentwire.WriteMsg(st, agentwire.Reply{Replay: from, Session: &info}) != nil || agentwire.WriteFrame(st, agentwire.FrameReplay, replay) != nil {
+	if agentwire.WriteMsg(st, agentwire.Reply{Replay: from, Session: &info}) != nil || me.send(st, replayFrame(replay)) != nil {
 		return
 	}
-	ss.mu.Lock()
-	me.last = time.Now()
-	ss.mu.Unlock()
+	me.last.Store(time.Now().UnixNano())
 	left := make(chan struct{})
 	go func() {
 		defer close(left)
@@ -469,14 +489,15 @@ func (s *Server) attach(st io.ReadWriteCloser, req agentwire.Request) {
 			return
 		}
 		for _, f := range frames {
-			if _, err := st.Write(f); err != nil {
+			if me.send(st, f) != nil {
 				return
 			}
 		}
 		if len(frames) > 0 {
 			lastSent = time.Now()
 			ss.mu.Lock()
-			me.cursor, me.last, me.dropped = cursor, lastSent, false
+			me.cursor, me.dropped = cursor, false
+			me.last.Store(lastSent.UnixNano())
 			ss.cond.Broadcast()
 			ss.mu.Unlock()
 		}
@@ -486,6 +507,14 @@ func (s *Server) attach(st io.ReadWriteCloser, req agentwire.Request) {
 			return
 		}
 	}
+}
+
+// replayFrame is the replay frame of p.
+func replayFrame(p []byte) []byte {
+	f := make([]byte, 5, 5+len(p))
+	f[0] = agentwire.FrameReplay
+	binary.BigEndian.PutUint32(f[1:], uint32(len(p)))
+	return append(f, p...)
 }
 
 // A subscriber with from bulk to coalesce bytes pending, whose last frame
