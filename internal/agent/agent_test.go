@@ -360,10 +360,10 @@ func TestAttachHoldsDuringReplay(t *testing.T) {
 func TestSteadySlowSubscriberKept(t *testing.T) {
 	srv := NewServer(true)
 	defer srv.Close()
-	srv.stallAfter = 400 * time.Millisecond
-	// A progressChunk every 125 ms, far within stallAfter; the replay, a
-	// full ring, takes 0.5 s.
-	const ring, rate, want = 1 << 20, 2 << 20, 5 << 19 // bytes, bytes/s, bytes
+	srv.stallAfter = time.Second
+	// A progressChunk every 250 ms, far within stallAfter; the replay, a
+	// full ring, takes 2 s.
+	const ring, rate, want = 2 << 20, 1 << 20, 5 << 19 // bytes, bytes/s, bytes
 	if _, err := srv.startSession(context.Background(), agentwire.StartRequest{ID: "y", Spec: providers.ProcessSpec{Command: "yes"}, RingBytes: ring}); err != nil {
 		t.Fatal(err)
 	}

@@ -408,9 +408,9 @@ func (l smallSendListener) Accept() (net.Conn, error) {
 // longer than stallAfter to write. (One that takes nothing for stallAfter
 // is closed with 1008: the terminal suite's testPTYSlowClientDropped.)
 func TestSteadySlowClientKept(t *testing.T) {
-	const queue, size, rate = 2 << 20, 5 << 20, 2 << 20 // bytes, bytes, bytes/s
+	const queue, size, rate = 2 << 20, 5 << 20, 1 << 20 // bytes, bytes, bytes/s
 	e := newEnvWith(t, Options{QueueBytes: queue}, smallSendBuffers)
-	e.m.stallAfter = 500 * time.Millisecond
+	e.m.stallAfter = time.Second
 	sid := e.session(fmt.Sprintf("stty raw -echo; read go; head -c %d /dev/zero | tr '\\0' x; exec cat", size))
 	ctx := testkit.Context(t, time.Minute)
 	ws := e.dialSmall(ctx, sid)
@@ -418,9 +418,10 @@ func TestSteadySlowClientKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The client reads nothing until its queue is nearly full; then it
-	// reads at rate: a frame (at most 256 KiB) comes every 128 ms or less,
-	// far within stallAfter, a queue's worth takes 1 s, beyond it, while
-	// the session has output ready to fill the queue again at once.
+	// reads at rate: a frame (at most 256 KiB) comes every 250 ms or less,
+	// far within stallAfter, a queue's worth takes 2 s, beyond it, while
+	// the session has output ready to fill the queue again in well under
+	// a second.
 	testkit.Eventually(t, "a full queue", 30*time.Second, func() bool { return e.queueLen() >= queue-(256<<10) })
 	buf := make([]byte, 8<<10)
 	start := time.Now()
