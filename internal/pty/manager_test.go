@@ -448,14 +448,15 @@ func TestSteadySlowClientKept(t *testing.T) {
 	}
 }
 
-// queueLen is how much output the one attached client has queued.
+// queueLen is how much output the one attached client has queued, with
+// what its writer took and has not written yet.
 func (e *ptyEnv) queueLen() int {
 	e.m.mu.Lock()
 	defer e.m.mu.Unlock()
 	n := 0
 	for cl := range e.m.clients {
 		cl.mu.Lock()
-		n += len(cl.q.buf)
+		n += len(cl.q.buf) + cl.held
 		cl.mu.Unlock()
 	}
 	return n
