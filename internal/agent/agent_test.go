@@ -310,38 +310,39 @@ func TestSessionPipeDeferred(t *testing.T) {
 // and get the slow frame at once when the process wrote a ring meanwhile).
 func TestAttachHoldsDuringReplay(t *testing.T) {
 	srv := NewServer(true)
-	defer srv.Close()
+	t.Cleanup(srv.Close)
 	const ring = 256 << 10
-	if _, err := srv.startSession(context.Background(), agentwire.StartRequest{ID: "y", Spec: providers.ProcessSpec{Command: "yes"}, RingBytes: ring}); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.deleteSession("y")
-	srv.mu.Lock()
-	ss := srv.sessions["y"]
-	srv.mu.Unlock()
+	ss, b, rep := yesAttached(t, srv, ring)
 	total := func() int64 {
 		ss.mu.Lock()
 		defer ss.mu.Unlock()
 		return ss.ring.Total()
 	}
-	waitUntil(t, "a full ring", func() bool { return total() > ring })
-
-	a, b := net.Pipe()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.attach(a, agentwire.Request{Op: agentwire.OpAttach, Session: "y"})
-	}()
-	defer func() { b.Close(); <-done }()
-	var rep agentwire.Reply
-	if err := agentwire.ReadMsg(b, &rep, agentwire.MaxReply); err != nil || rep.Error != "" {
-		t.Fatalf("attach: %+v %v", rep, err)
-	}
 	// The replay waits in the pipe; the process runs on to half a ring.
 	waitUntil(t, "half a ring more output", func() bool { return total() >= rep.Replay+ring+ring/2 })
-	got := 0
-	for got < 4*ring {
-		typ, p, err := agentwire.ReadFrameMax(b, nil, ring)
+	readWithoutSlow(t, b, ring, 4*ring)
+}
+
+// A subscriber taking its output slowly but steadily holds the process
+// back and is kept, even when one frame (up to a ring, as its replay is)
+// takes it longer than stallAfter: it never gets the slow frame.
+func TestSteadySlowSubscriberKept(t *testing.T) {
+	srv := NewServer(true)
+	t.Cleanup(srv.Close)
+	srv.stallAfter = time.Second
+	// A progressChunk every 250 ms, far within stallAfter; the replay, a
+	// full ring, takes 2 s.
+	const ring, rate, want = 2 << 20, 1 << 20, 5 << 19 // bytes, bytes/s, bytes
+	_, b, _ := yesAttached(t, srv, ring)
+	readWithoutSlow(t, &pacedReader{r: b, rate: rate, start: time.Now()}, ring, want)
+}
+
+// readWithoutSlow reads an attachment's frames (of at most ring bytes)
+// from r until want bytes of output came, failing on the slow frame.
+func readWithoutSlow(t *testing.T, r io.Reader, ring, want int) {
+	t.Helper()
+	for got := 0; got < want; {
+		typ, p, err := agentwire.ReadFrameMax(r, nil, uint32(ring))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -354,53 +355,36 @@ func TestAttachHoldsDuringReplay(t *testing.T) {
 	}
 }
 
-// A subscriber taking its output slowly but steadily holds the process
-// back and is kept, even when one frame (up to a ring, as its replay is)
-// takes it longer than stallAfter: it never gets the slow frame.
-func TestSteadySlowSubscriberKept(t *testing.T) {
-	srv := NewServer(true)
-	defer srv.Close()
-	srv.stallAfter = time.Second
-	// A progressChunk every 250 ms, far within stallAfter; the replay, a
-	// full ring, takes 2 s.
-	const ring, rate, want = 2 << 20, 1 << 20, 5 << 19 // bytes, bytes/s, bytes
+// yesAttached starts `yes` as session "y" of srv with a ring of ring
+// bytes, waits until it has written more than the ring, and attaches to it
+// over a pipe; it returns the session, the client's end of the pipe, and
+// the attach reply. All of it ends with t.
+func yesAttached(t *testing.T, srv *Server, ring int) (*session, net.Conn, agentwire.Reply) {
+	t.Helper()
 	if _, err := srv.startSession(context.Background(), agentwire.StartRequest{ID: "y", Spec: providers.ProcessSpec{Command: "yes"}, RingBytes: ring}); err != nil {
 		t.Fatal(err)
 	}
-	defer srv.deleteSession("y")
+	t.Cleanup(func() { srv.deleteSession("y") })
 	srv.mu.Lock()
 	ss := srv.sessions["y"]
 	srv.mu.Unlock()
 	waitUntil(t, "a full ring", func() bool {
 		ss.mu.Lock()
 		defer ss.mu.Unlock()
-		return ss.ring.Total() > ring
+		return ss.ring.Total() > int64(ring)
 	})
-
 	a, b := net.Pipe()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		srv.attach(a, agentwire.Request{Op: agentwire.OpAttach, Session: "y"})
 	}()
-	defer func() { b.Close(); <-done }()
+	t.Cleanup(func() { b.Close(); <-done })
 	var rep agentwire.Reply
 	if err := agentwire.ReadMsg(b, &rep, agentwire.MaxReply); err != nil || rep.Error != "" {
 		t.Fatalf("attach: %+v %v", rep, err)
 	}
-	slow := &pacedReader{r: b, rate: rate, start: time.Now()}
-	for got := 0; got < want; {
-		typ, p, err := agentwire.ReadFrameMax(slow, nil, ring)
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch typ {
-		case agentwire.FrameSlow:
-			t.Fatalf("slow frame after %d bytes", got)
-		case agentwire.FrameReplay, agentwire.FrameStdout:
-			got += len(p)
-		}
-	}
+	return ss, b, rep
 }
 
 // pacedReader reads from r, 16 KiB at most at a time, at no more than

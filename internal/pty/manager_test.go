@@ -450,28 +450,25 @@ func TestSteadySlowClientKept(t *testing.T) {
 
 // queueLen is how much output the one attached client has queued, with
 // what its writer took and has not written yet.
-func (e *ptyEnv) queueLen() int {
-	e.m.mu.Lock()
-	defer e.m.mu.Unlock()
-	n := 0
-	for cl := range e.m.clients {
-		cl.mu.Lock()
-		n += len(cl.q.buf) + cl.held
-		cl.mu.Unlock()
-	}
+func (e *ptyEnv) queueLen() (n int) {
+	e.eachClient(func(cl *client) { n += len(cl.q.buf) + cl.held })
 	return n
 }
 
 // queueCap is the capacity of the one attached client's queue buffers,
 // the larger of the two.
-func (e *ptyEnv) queueCap() int {
+func (e *ptyEnv) queueCap() (n int) {
+	e.eachClient(func(cl *client) { n = max(n, cap(cl.q.buf), cap(cl.spare.buf)) })
+	return n
+}
+
+// eachClient calls f with each attached client, locked.
+func (e *ptyEnv) eachClient(f func(cl *client)) {
 	e.m.mu.Lock()
 	defer e.m.mu.Unlock()
-	n := 0
 	for cl := range e.m.clients {
 		cl.mu.Lock()
-		n = max(n, cap(cl.q.buf), cap(cl.spare.buf))
+		f(cl)
 		cl.mu.Unlock()
 	}
-	return n
 }
