@@ -143,7 +143,8 @@ type Docker struct {
 	links           agentclient.Links
 	direct          direct // the direct path to agents (direct.go)
 	pausedMu        sync.Mutex
-	paused          map[string]bool // a paused sandbox's agent is frozen
+	paused          map[string]bool      // a paused sandbox's agent is frozen
+	pausedChanged   map[string]time.Time // when Pause or Resume last acted on a sandbox (settlePaused)
 
 	volMu     sync.Mutex // guards volReady
 	volReady  bool
@@ -220,7 +221,7 @@ func New(opts Options) (*Docker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker: %w", err)
 	}
-	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}, fwConfig: opts.Firewall, egress: point.NewLazy(opts.Egress)}
+	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}, pausedChanged: map[string]time.Time{}, fwConfig: opts.Firewall, egress: point.NewLazy(opts.Egress)}
 	d.links.Open, d.links.Running, d.links.Options = d.openAgent, d.requireRunning, d.directOptions
 	d.direct = direct{off: directOff(cli.DaemonHost(), opts.AgentTransport), proc: "/proc", sock: strings.TrimPrefix(agentSocket, "/"), targets: map[string]target{}, transport: map[string]string{}}
 	d.Via = agentclient.Via{Connect: d.Agent, Links: &d.links}
@@ -303,6 +304,14 @@ func (d *Docker) setPaused(id string, paused bool) {
 	}
 }
 
+// forgetPause drops what the provider keeps about sandbox id's pauses.
+func (d *Docker) forgetPause(id string) {
+	d.pausedMu.Lock()
+	defer d.pausedMu.Unlock()
+	delete(d.paused, id)
+	delete(d.pausedChanged, id)
+}
+
 func stateOf(s *container.State) (providers.State, error) {
 	if s == nil {
 		return providers.StateUnknown, nil
@@ -375,7 +384,7 @@ func (d *Docker) Delete(ctx context.Context, id string) error {
 	// After the container is gone: an attach racing this delete either
 	// finished before (and is undone here) or finds no container.
 	defer d.detachEgress(id)
-	d.setPaused(id, false)
+	d.forgetPause(id)
 	err := d.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	switch {
 	case err != nil && cerrdefs.IsConflict(err) && strings.Contains(err.Error(), "already in progress"):
@@ -396,41 +405,59 @@ func (d *Docker) Delete(ctx context.Context, id string) error {
 // Pause freezes every process of the sandbox. ErrConflict if it is not
 // running (already paused, or stopped).
 func (d *Docker) Pause(ctx context.Context, id string) error {
+	prev := d.pauseChanging(id)
 	if err := d.cli.ContainerPause(ctx, id); err != nil {
 		return d.kind(err, "pause sandbox %s", id)
 	}
 	d.setPaused(id, true)
-	return d.settlePaused(ctx, id, true)
+	return d.settlePaused(ctx, id, true, prev)
 }
 
 // Resume thaws a paused sandbox. ErrConflict if it is not paused.
 func (d *Docker) Resume(ctx context.Context, id string) error {
+	prev := d.pauseChanging(id)
 	if err := d.cli.ContainerUnpause(ctx, id); err != nil {
 		return d.kind(err, "resume sandbox %s", id)
 	}
 	d.setPaused(id, false)
-	return d.settlePaused(ctx, id, false)
+	return d.settlePaused(ctx, id, false, prev)
+}
+
+// pauseChanging notes that Pause or Resume acts on sandbox id now and
+// returns when one last did (zero: never, here).
+func (d *Docker) pauseChanging(id string) time.Time {
+	d.pausedMu.Lock()
+	defer d.pausedMu.Unlock()
+	prev := d.pausedChanged[id]
+	d.pausedChanged[id] = time.Now()
+	return prev
 }
 
 // How Pause and Resume wait for the daemon's record to agree with what
 // they did: polled every settlePoll, it must hold for settleHold, and
-// they give up waiting (but still succeed) after settleWait.
+// for settleAfterLast since the Pause or Resume before (whose event may
+// be the late one); they give up waiting (but still succeed) after
+// settleWait.
 const (
-	settlePoll = 10 * time.Millisecond
-	settleHold = 50 * time.Millisecond
-	settleWait = 5 * time.Second
+	settlePoll      = 10 * time.Millisecond
+	settleHold      = 50 * time.Millisecond
+	settleAfterLast = 500 * time.Millisecond
+	settleWait      = 5 * time.Second
 )
 
 // settlePaused waits until the daemon has reported the container paused
-// (or not) for settleHold. dockerd sets its flag when the pause or
+// (or not) for settleHold, and for settleAfterLast since prev, the
+// previous Pause or Resume. dockerd sets its flag when the pause or
 // unpause call returns and again when containerd's event for it arrives,
 // so the event of a pause, late on a loaded machine, can mark a container
 // that was just resumed as paused until the resume's own event arrives
 // (and the other way round); a Status or Exec in that moment would see
-// the wrong state. If the record has not settled within settleWait the
-// call still succeeds: the container did what was asked, and Status and
-// Agent read the daemon again.
-func (d *Docker) settlePaused(ctx context.Context, id string, paused bool) error {
+// the wrong state. Only a quick succession needs the second wait: a
+// sandbox resumed seconds after its pause had that pause's event long
+// before. If the record has not settled within settleWait the call still
+// succeeds: the container did what was asked, and Status and Agent read
+// the daemon again.
+func (d *Docker) settlePaused(ctx context.Context, id string, paused bool, prev time.Time) error {
 	ctx, cancel := context.WithTimeout(ctx, settleWait)
 	defer cancel()
 	tick := time.NewTicker(settlePoll)
@@ -444,7 +471,7 @@ func (d *Docker) settlePaused(ctx context.Context, id string, paused bool) error
 		case err == nil && info.State != nil && info.State.Paused == paused:
 			if since.IsZero() {
 				since = time.Now()
-			} else if time.Since(since) >= settleHold {
+			} else if time.Since(since) >= settleHold && time.Since(prev) >= settleAfterLast {
 				return nil
 			}
 		default:

@@ -24,14 +24,15 @@ import (
 // late pause event: containerd's event for a pause can reach dockerd after
 // the unpause that followed it, and dockerd then marks the running
 // container paused until the resume's event arrives. After each unpause
-// the proxy answers the next `stale` inspections of that container with
-// State.Paused set.
+// the proxy answers the from-th to the to-th inspection (counting from 1)
+// with State.Paused set.
 type stalePauseDaemon struct {
-	host string
+	host     string
+	from, to int
 
-	mu      sync.Mutex
-	pending int // stale answers still to give
-	served  int // stale answers given
+	mu     sync.Mutex
+	seen   int // inspections since the last unpause; -1 before one
+	served int // stale answers given
 }
 
 var (
@@ -39,11 +40,11 @@ var (
 	inspectPath = regexp.MustCompile(`^(/v[0-9.]+)?/containers/[^/]+/json$`)
 )
 
-func newStalePauseDaemon(t *testing.T, stale int) *stalePauseDaemon {
+func newStalePauseDaemon(t *testing.T, from, to int) *stalePauseDaemon {
 	t.Helper()
 	dockertest.Require(t)
 	real := dockertest.NewProxy(t) // the daemon's socket, found as the tests find it
-	s := &stalePauseDaemon{}
+	s := &stalePauseDaemon{from: from, to: to, seen: -1}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(&url.URL{Scheme: "http", Host: "docker"}) },
 		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -63,7 +64,7 @@ func newStalePauseDaemon(t *testing.T, stale int) *stalePauseDaemon {
 			rp.ServeHTTP(rw, r)
 			if rw.code/100 == 2 {
 				s.mu.Lock()
-				s.pending = stale
+				s.seen = 0
 				s.mu.Unlock()
 			}
 			return
@@ -97,7 +98,11 @@ func (s *stalePauseDaemon) modify(resp *http.Response) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.pending == 0 {
+	if s.seen < 0 {
+		return nil
+	}
+	s.seen++
+	if s.seen < s.from || s.seen > s.to {
 		return nil
 	}
 	body, err := io.ReadAll(resp.Body)
@@ -111,7 +116,6 @@ func (s *stalePauseDaemon) modify(resp *http.Response) error {
 	}
 	if st, ok := doc["State"].(map[string]any); ok {
 		st["Paused"], st["Status"] = true, "paused"
-		s.pending--
 		s.served++
 	}
 	if body, err = json.Marshal(doc); err != nil {
@@ -135,7 +139,7 @@ func (s *stalePauseDaemon) staleServed() int {
 func TestResumeOutlivesLatePauseEvent(t *testing.T) {
 	t.Parallel()
 	const stale = 3
-	daemon := newStalePauseDaemon(t, stale)
+	daemon := newStalePauseDaemon(t, 1, stale)
 	p := newProvider(t, func(o *Options) { o.Host = daemon.host })
 	id := create(t, p, providers.CreateSpec{})
 	ctx := ctxFor(t, time.Minute)
@@ -161,5 +165,34 @@ func TestResumeOutlivesLatePauseEvent(t *testing.T) {
 	p.setPaused(id, true)
 	if r := run(t, p, id, "echo again"); string(r.Stdout) != "again\n" {
 		t.Errorf("exec with a stale paused mark: %q", r.Stdout)
+	}
+}
+
+// A pause's event can come later still, after the daemon has reported the
+// resumed sandbox running for a while (settleHold): a Resume right after
+// a Pause waits out settleAfterLast, so no Status after it sees "paused".
+// Here the stale answers are the 8th to the 12th inspection after the
+// unpause: Resume would have returned after about 6 (50 ms of polls).
+func TestResumeOutlivesLaterPauseEvent(t *testing.T) {
+	t.Parallel()
+	const from, to = 8, 12
+	daemon := newStalePauseDaemon(t, from, to)
+	p := newProvider(t, func(o *Options) { o.Host = daemon.host })
+	id := create(t, p, providers.CreateSpec{})
+	ctx := ctxFor(t, time.Minute)
+
+	if err := p.Pause(ctx, id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	if err := p.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	for i := range to {
+		if st, err := p.Status(ctx, id); err != nil || st != providers.StateRunning {
+			t.Fatalf("Status %d after Resume: %q %v, want running", i+1, st, err)
+		}
+	}
+	if n := daemon.staleServed(); n != to-from+1 {
+		t.Errorf("the proxy gave %d stale answers, want %d (the test did not test the race)", n, to-from+1)
 	}
 }
