@@ -133,23 +133,31 @@ func (s *stalePauseDaemon) staleServed() int {
 	return s.served
 }
 
-// A sandbox just resumed is running, whatever a late event of its pause
-// makes the daemon report for a moment; and a stale "paused" never makes
-// the gateway refuse work on a running sandbox.
-func TestResumeOutlivesLatePauseEvent(t *testing.T) {
-	t.Parallel()
-	const stale = 3
-	daemon := newStalePauseDaemon(t, 1, stale)
+// pauseResume makes a sandbox through a stalePauseDaemon of stale answers
+// from to to, pauses it and resumes it at once; it returns the daemon, the
+// provider, the sandbox and a context for the rest of the test.
+func pauseResume(t *testing.T, from, to int) (*stalePauseDaemon, *Docker, string, context.Context) {
+	t.Helper()
+	daemon := newStalePauseDaemon(t, from, to)
 	p := newProvider(t, func(o *Options) { o.Host = daemon.host })
 	id := create(t, p, providers.CreateSpec{})
 	ctx := ctxFor(t, time.Minute)
-
 	if err := p.Pause(ctx, id); err != nil {
 		t.Fatalf("Pause: %v", err)
 	}
 	if err := p.Resume(ctx, id); err != nil {
 		t.Fatalf("Resume: %v", err)
 	}
+	return daemon, p, id, ctx
+}
+
+// A sandbox just resumed is running, whatever a late event of its pause
+// makes the daemon report for a moment; and a stale "paused" never makes
+// the gateway refuse work on a running sandbox.
+func TestResumeOutlivesLatePauseEvent(t *testing.T) {
+	t.Parallel()
+	const stale = 3
+	daemon, p, id, ctx := pauseResume(t, 1, stale)
 	if st, err := p.Status(ctx, id); err != nil || st != providers.StateRunning {
 		t.Errorf("Status right after Resume: %q %v, want running", st, err)
 	}
@@ -176,17 +184,7 @@ func TestResumeOutlivesLatePauseEvent(t *testing.T) {
 func TestResumeOutlivesLaterPauseEvent(t *testing.T) {
 	t.Parallel()
 	const from, to = 8, 12
-	daemon := newStalePauseDaemon(t, from, to)
-	p := newProvider(t, func(o *Options) { o.Host = daemon.host })
-	id := create(t, p, providers.CreateSpec{})
-	ctx := ctxFor(t, time.Minute)
-
-	if err := p.Pause(ctx, id); err != nil {
-		t.Fatalf("Pause: %v", err)
-	}
-	if err := p.Resume(ctx, id); err != nil {
-		t.Fatalf("Resume: %v", err)
-	}
+	daemon, p, id, ctx := pauseResume(t, from, to)
 	for i := range to {
 		if st, err := p.Status(ctx, id); err != nil || st != providers.StateRunning {
 			t.Fatalf("Status %d after Resume: %q %v, want running", i+1, st, err)
