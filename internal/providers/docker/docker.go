@@ -405,27 +405,25 @@ func (d *Docker) Delete(ctx context.Context, id string) error {
 // Pause freezes every process of the sandbox. ErrConflict if it is not
 // running (already paused, or stopped).
 func (d *Docker) Pause(ctx context.Context, id string) error {
-	prev := d.pauseChanging(id)
 	if err := d.cli.ContainerPause(ctx, id); err != nil {
 		return d.kind(err, "pause sandbox %s", id)
 	}
-	d.setPaused(id, true)
-	return d.settlePaused(ctx, id, true, prev)
+	return d.settlePaused(ctx, id, true, d.pauseChanged(id, true))
 }
 
 // Resume thaws a paused sandbox. ErrConflict if it is not paused.
 func (d *Docker) Resume(ctx context.Context, id string) error {
-	prev := d.pauseChanging(id)
 	if err := d.cli.ContainerUnpause(ctx, id); err != nil {
 		return d.kind(err, "resume sandbox %s", id)
 	}
-	d.setPaused(id, false)
-	return d.settlePaused(ctx, id, false, prev)
+	return d.settlePaused(ctx, id, false, d.pauseChanged(id, false))
 }
 
-// pauseChanging notes that Pause or Resume acts on sandbox id now and
-// returns when one last did (zero: never, here).
-func (d *Docker) pauseChanging(id string) time.Time {
+// pauseChanged marks sandbox id paused (or not) after a Pause (or Resume)
+// that did it, notes when, and returns when one last did before (zero:
+// never, here). A refused call changes nothing and is not noted.
+func (d *Docker) pauseChanged(id string, paused bool) time.Time {
+	d.setPaused(id, paused)
 	d.pausedMu.Lock()
 	defer d.pausedMu.Unlock()
 	prev := d.pausedChanged[id]
