@@ -206,6 +206,9 @@ func procTree() map[int][]int {
 // and inherited by everything it starts, also by what leaves its session
 // with setsid), with its descendants, repeating until a pass finds
 // nothing, so a process that forks during a pass is caught by the next.
+// A process caught inside an execve shows no environment yet (see
+// marked): the sweep looks again until it shows one, for up to
+// execPatience.
 //
 // The whole sandbox is searched (orphans are re-parented to its init,
 // which reaps them): a sweep costs a kill and one read of /proc/<pid>/stat
@@ -215,14 +218,16 @@ func (r *Reaper) sweep(pgid int, marker string) {
 		r.KillGroup(pgid)
 	}
 	want := []byte(marker + "\x00")
-	for pass := 0; pass < 20; pass++ {
+	patience := time.Now().Add(execPatience)
+	for pass := 0; ; pass++ {
 		tree := procTree()
-		found := false
+		found, unsure := false, false
 		var walk func(pid int, doomed bool)
 		walk = func(pid int, doomed bool) {
 			if !doomed {
-				env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
-				doomed = err == nil && bytes.Contains(env, want)
+				var unknown bool
+				doomed, unknown = marked(pid, want)
+				unsure = unsure || unknown
 			}
 			if doomed && unix.Kill(pid, unix.SIGKILL) == nil && !zombie(pid) {
 				found = true
@@ -236,10 +241,37 @@ func (r *Reaper) sweep(pgid int, marker string) {
 		for _, pid := range tree[0] {
 			walk(pid, false)
 		}
-		if !found {
+		switch {
+		case found && pass < 20:
+		case unsure && time.Now().Before(patience):
+			time.Sleep(time.Millisecond) // let the execve lay out the new stack
+		default:
 			return
 		}
 	}
+}
+
+// execPatience bounds how long a sweep waits for a process inside an
+// execve to show its environment: an execve takes microseconds, but a
+// preempted one on a loaded machine can take many milliseconds.
+const execPatience = time.Second
+
+// marked reports whether pid's environment holds want, or that it cannot
+// tell yet: a process inside an execve shows an empty environment until
+// the kernel has laid out its new stack (procfs.Stat.Execing), and may
+// carry the marker into the program it is starting; and an empty read
+// beside a stat that shows an environment means the layout ended between
+// the two reads.
+func marked(pid int, want []byte) (yes, unknown bool) {
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		return false, false
+	}
+	if len(env) > 0 {
+		return bytes.Contains(env, want), false
+	}
+	st, err := procfs.ReadStat("/proc", pid)
+	return false, err == nil && (st.Execing || st.EnvBytes > 0)
 }
 
 // zombie reports whether pid has exited and awaits its reaping.

@@ -20,6 +20,13 @@ type Stat struct {
 	// ExitCode is a zombie's wait status (field 52, Linux 3.5+; shown to
 	// a reader allowed to ptrace the process), -1 if absent.
 	ExitCode int
+	// Execing reports a process inside an execve, between its new
+	// address space and the layout of its stack: a user process, alive,
+	// whose environment's end (field 51, shown as ExitCode is) is not set.
+	// Its environ and cmdline read empty until the layout.
+	Execing bool
+	// EnvBytes is the size of the environment block (fields 50 and 51).
+	EnvBytes uint64
 }
 
 // Dead reports a process that has exited (a zombie awaiting its reaping,
@@ -37,6 +44,10 @@ func ReadStat(proc string, pid int) (Stat, error) {
 	return ParseStat(b)
 }
 
+// pfKthread is the kernel's PF_KTHREAD task flag (field 9): a kernel
+// thread has no address space of its own.
+const pfKthread = 0x00200000
+
 // ParseStat parses the contents of a /proc/<pid>/stat file.
 func ParseStat(b []byte) (Stat, error) {
 	i := bytes.LastIndexByte(b, ')')
@@ -50,11 +61,18 @@ func ParseStat(b []byte) (Stat, error) {
 	}
 	atoi := func(b []byte) int { n, _ := strconv.Atoi(string(b)); return n }
 	start, _ := strconv.ParseUint(string(f[19]), 10, 64)
-	exit := -1
+	st := Stat{State: f[0][0], PPid: atoi(f[1]), PGid: atoi(f[2]), Sid: atoi(f[3]), TPGid: atoi(f[5]), StartTime: start, ExitCode: -1}
 	if len(f) > 49 {
-		exit = atoi(f[49])
+		st.ExitCode = atoi(f[49])
+		flags, _ := strconv.ParseUint(string(f[6]), 10, 64)
+		envStart, _ := strconv.ParseUint(string(f[47]), 10, 64)
+		envEnd, _ := strconv.ParseUint(string(f[48]), 10, 64)
+		st.Execing = flags&pfKthread == 0 && envEnd == 0 && !st.Dead()
+		if envEnd > envStart {
+			st.EnvBytes = envEnd - envStart
+		}
 	}
-	return Stat{State: f[0][0], PPid: atoi(f[1]), PGid: atoi(f[2]), Sid: atoi(f[3]), TPGid: atoi(f[5]), StartTime: start, ExitCode: exit}, nil
+	return st, nil
 }
 
 // OOMKills is the oom_kill count of a memory cgroup's flat keyed file
