@@ -151,7 +151,7 @@ func TestContainerImage(t *testing.T) {
 		"-v", "/var/run/docker.sock:/var/run/docker.sock", "--group-add", strconv.Itoa(int(st.Gid)),
 		"-e", "SANDGATE_API_KEYS=k-image", "-p", "127.0.0.1::8080", image)
 	t.Cleanup(func() {
-		exec.Command("docker", "rm", "-f", name).Run()
+		exec.Command("docker", "rm", "-f", "-v", name).Run() // -v: the image's VOLUME /data
 	})
 	addr := dockerCLI(t, nil, "port", name, "8080/tcp")
 	base := "http://" + strings.Split(addr, "\n")[0]
