@@ -202,6 +202,9 @@ func TestBrowserTerminal(t *testing.T) {
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
 		chromedp.UserDataDir(t.TempDir()),
+		// Chromium keeps its singleton socket in a directory of its own
+		// under TMPDIR, which a killed browser leaves behind.
+		chromedp.Env("TMPDIR="+t.TempDir()),
 		chromedp.WindowSize(1100, 750),
 	)
 	defer acancel()
