@@ -145,6 +145,7 @@ type Docker struct {
 	pausedMu        sync.Mutex
 	paused          map[string]bool      // a paused sandbox's agent is frozen
 	pausedChanged   map[string]time.Time // when Pause or Resume last acted on a sandbox (settlePaused)
+	afterLast       time.Duration        // settleAfterLast; tests lengthen it
 
 	volMu     sync.Mutex // guards volReady
 	volReady  bool
@@ -221,7 +222,7 @@ func New(opts Options) (*Docker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker: %w", err)
 	}
-	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}, pausedChanged: map[string]time.Time{}, fwConfig: opts.Firewall, egress: point.NewLazy(opts.Egress)}
+	d := &Docker{cli: cli, log: opts.Logger, instance: opts.InstanceID, opts: opts, paused: map[string]bool{}, pausedChanged: map[string]time.Time{}, afterLast: settleAfterLast, fwConfig: opts.Firewall, egress: point.NewLazy(opts.Egress)}
 	d.links.Open, d.links.Running, d.links.Options = d.openAgent, d.requireRunning, d.directOptions
 	d.direct = direct{off: directOff(cli.DaemonHost(), opts.AgentTransport), proc: "/proc", sock: strings.TrimPrefix(agentSocket, "/"), targets: map[string]target{}, transport: map[string]string{}}
 	d.Via = agentclient.Via{Connect: d.Agent, Links: &d.links}
@@ -469,7 +470,7 @@ func (d *Docker) settlePaused(ctx context.Context, id string, paused bool, prev 
 		case err == nil && info.State != nil && info.State.Paused == paused:
 			if since.IsZero() {
 				since = time.Now()
-			} else if time.Since(since) >= settleHold && time.Since(prev) >= settleAfterLast {
+			} else if time.Since(since) >= settleHold && time.Since(prev) >= d.afterLast {
 				return nil
 			}
 		default:

@@ -134,12 +134,16 @@ func (s *stalePauseDaemon) staleServed() int {
 }
 
 // pauseResume makes a sandbox through a stalePauseDaemon of stale answers
-// from to to, pauses it and resumes it at once; it returns the daemon, the
+// from to to, pauses it and resumes it at once, with afterLast as the
+// provider's settleAfterLast (0: the default); it returns the daemon, the
 // provider, the sandbox and a context for the rest of the test.
-func pauseResume(t *testing.T, from, to int) (*stalePauseDaemon, *Docker, string, context.Context) {
+func pauseResume(t *testing.T, from, to int, afterLast time.Duration) (*stalePauseDaemon, *Docker, string, context.Context) {
 	t.Helper()
 	daemon := newStalePauseDaemon(t, from, to)
 	p := newProvider(t, func(o *Options) { o.Host = daemon.host })
+	if afterLast > 0 {
+		p.afterLast = afterLast
+	}
 	id := create(t, p, providers.CreateSpec{})
 	ctx := ctxFor(t, time.Minute)
 	if err := p.Pause(ctx, id); err != nil {
@@ -157,7 +161,7 @@ func pauseResume(t *testing.T, from, to int) (*stalePauseDaemon, *Docker, string
 func TestResumeOutlivesLatePauseEvent(t *testing.T) {
 	t.Parallel()
 	const stale = 3
-	daemon, p, id, ctx := pauseResume(t, 1, stale)
+	daemon, p, id, ctx := pauseResume(t, 1, stale, 0)
 	if st, err := p.Status(ctx, id); err != nil || st != providers.StateRunning {
 		t.Errorf("Status right after Resume: %q %v, want running", st, err)
 	}
@@ -181,10 +185,14 @@ func TestResumeOutlivesLatePauseEvent(t *testing.T) {
 // a Pause waits out settleAfterLast, so no Status after it sees "paused".
 // Here the stale answers are the 8th to the 12th inspection after the
 // unpause: Resume would have returned after about 6 (50 ms of polls).
+// The proxy counts inspections, not time, so settleAfterLast is 3 s here:
+// a Pause and an unpause that took over 500 ms on a loaded machine would
+// have let Resume return after its 50 ms hold, before the 8th (the product
+// times the late event from the Pause; the test cannot).
 func TestResumeOutlivesLaterPauseEvent(t *testing.T) {
 	t.Parallel()
 	const from, to = 8, 12
-	daemon, p, id, ctx := pauseResume(t, from, to)
+	daemon, p, id, ctx := pauseResume(t, from, to, 3*time.Second)
 	for i := range to {
 		if st, err := p.Status(ctx, id); err != nil || st != providers.StateRunning {
 			t.Fatalf("Status %d after Resume: %q %v, want running", i+1, st, err)
