@@ -94,14 +94,27 @@ func waitGatewayImage() (string, error) {
 
 // stopGatewayImage cancels a build still running and waits for it to end
 // (TestMain, after the tests: a -skip or a failed test may leave it
-// unclaimed). A no-op if it never started.
+// unclaimed), then removes the images it made. A no-op if it never
+// started.
 func stopGatewayImage() {
 	if gatewayImage.done == nil {
 		return
 	}
 	gatewayImage.cancel()
 	<-gatewayImage.done
+	// The builders stay (made once per Go version and go.sum); the
+	// build stage (the toolchain, the source and its build: ~1.9 GB) and
+	// the image would otherwise be left to each run, dangling once the
+	// next run took their tags.
+	exec.Command("docker", "rmi", gatewayImageTag, gatewayBuildStageTag).Run()
 }
+
+// The tags of the test's gateway image and of its Dockerfile's build
+// stage, which is tagged too so that removing it removes its layers.
+const (
+	gatewayImageTag      = "sandgate-test/gateway:test"
+	gatewayBuildStageTag = "sandgate-test/gateway-build:test"
+)
 
 // buildGatewayImage builds the Dockerfile from locally made base images
 // (no registry is reachable): a builder made of this machine's Go
@@ -124,9 +137,17 @@ func buildGatewayImage(ctx context.Context) (string, error) {
 	if builder, err = warmBuilder(ctx, builder, ctxDir); err != nil {
 		return "", err
 	}
-	image := "sandgate-test/gateway:test"
-	_, err = dockerRun(ctx, nil, "build", "-q", "--build-arg", "BUILDER="+builder, "--build-arg", "RUNTIME=scratch", "-t", image, ctxDir)
-	return image, err
+	build := func(tag string, more ...string) error {
+		args := []string{"build", "-q", "--build-arg", "BUILDER=" + builder, "--build-arg", "RUNTIME=scratch", "-t", tag}
+		_, err := dockerRun(ctx, nil, append(append(args, more...), ctxDir)...)
+		return err
+	}
+	// The build stage first, under a tag (the second build takes it from
+	// the cache): untagged, it would be a dangling image after the build.
+	if err := build(gatewayBuildStageTag, "--target", "build"); err != nil {
+		return "", err
+	}
+	return gatewayImageTag, build(gatewayImageTag)
 }
 
 // TestContainerImage runs the Dockerfile's image (gatewayImage) against
