@@ -317,7 +317,7 @@ func (p *processServer) Connect(ctx context.Context, req *connect.Request[proces
 	stop := ev.keepalive(req.Header())
 	defer stop()
 	if x.sid != "" {
-		return p.followSession(ctx, t, x.sid, x.tty, x.off, ev)
+		return p.followSession(ctx, t, x.sid, x.tty, x.off, ev, nil)
 	}
 	return p.follow(ctx, t, x.cmd.ID, [2]int64{x.cmd.StdoutSize, x.cmd.StderrSize}, ev)
 }

@@ -61,12 +61,19 @@ func (p *processServer) startSession(ctx context.Context, t target, tty bool, re
 		return p.s.connectErr(err)
 	}
 	ev := &processEvents{send: func(e *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: e}) }, alive: processAlive}
-	if err := ev.event(startEvent(pidOf(info.ID))); err != nil {
-		return err
-	}
-	stop := ev.keepalive(req.Header())
-	defer stop()
-	return p.followSession(ctx, t, info.ID, tty, -1, ev)
+	// The start event (the pid a client then sends input or a signal to)
+	// goes out once the attach has started the process in its mode: an
+	// input that came first would attach without one and start it in a
+	// PTY.
+	stop := func() {}
+	defer func() { stop() }()
+	return p.followSession(ctx, t, info.ID, tty, -1, ev, func() error {
+		if err := ev.event(startEvent(pidOf(info.ID))); err != nil {
+			return err
+		}
+		stop = ev.keepalive(req.Header())
+		return nil
+	})
 }
 
 // attach attaches to session sid of t's sandbox from offset since
@@ -81,18 +88,27 @@ func (p *processServer) attach(ctx context.Context, t target, sid string, since 
 
 // followSession streams session sid's output from offset since as data
 // events (pty, else stdout and stderr) until it exits, then its end
-// event. since -1: the session was created to start at this attach, in
-// mode tty, and is followed from its start.
-func (p *processServer) followSession(ctx context.Context, t target, sid string, tty bool, since int64, ev *processEvents) error {
+// event; attached (if not nil) is called once the attach is in place,
+// before any of them. since -1: the session was created to start at this
+// attach, in mode tty, and is followed from its start.
+func (p *processServer) followSession(ctx context.Context, t target, sid string, tty bool, since int64, ev *processEvents, attached func() error) error {
 	var mode *bool
 	if since < 0 {
 		since, mode = 0, &tty
+		if testHookBeforeStart != nil {
+			testHookBeforeStart()
+		}
 	}
 	a, err := p.attach(ctx, t, sid, since, mode)
 	if err != nil {
 		return p.s.connectErr(err)
 	}
 	defer a.Close()
+	if attached != nil {
+		if err := attached(); err != nil {
+			return err
+		}
+	}
 	stop := context.AfterFunc(ctx, func() { a.Close() })
 	defer stop()
 	send := func(b []byte, stderr bool) error {
@@ -139,6 +155,10 @@ func (p *processServer) followSession(ctx context.Context, t target, sid string,
 		}
 	}
 }
+
+// testHookBeforeStart, if set, is called before the attach that starts a
+// session created by Start (tests widen the moment before it).
+var testHookBeforeStart func()
 
 // withSession attaches to session sid (replaying nothing), calls f with
 // the attachment, and detaches.
