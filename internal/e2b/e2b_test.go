@@ -20,6 +20,7 @@ import (
 	"github.com/sandgate/sandgate/internal/e2b/envd/process/processconnect"
 	"github.com/sandgate/sandgate/internal/providers"
 	"github.com/sandgate/sandgate/internal/providers/fake"
+	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
 	"github.com/sandgate/sandgate/internal/testkit"
 )
@@ -39,7 +40,11 @@ type face struct {
 	svc *sandbox.Service
 }
 
-func newFace(t *testing.T) *face {
+func newFace(t *testing.T) *face { return newFaceWith(t, false) }
+
+// newFaceWith is newFace, with terminal sessions (PTY processes and
+// processes with stdin) when terminals is set.
+func newFaceWith(t *testing.T, terminals bool) *face {
 	t.Helper()
 	p := fake.New()
 	svc, err := sandbox.New(context.Background(), sandbox.Options{
@@ -49,9 +54,16 @@ func newFace(t *testing.T) *face {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(New(Options{Service: svc}))
+	o := Options{Service: svc}
+	if terminals {
+		o.PTY = pty.NewManager(svc, pty.Options{})
+	}
+	srv := httptest.NewServer(New(o))
 	t.Cleanup(func() {
 		srv.Close()
+		if o.PTY != nil {
+			o.PTY.Close()
+		}
 		svc.Close()
 		p.Close()
 	})

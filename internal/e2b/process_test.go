@@ -1,16 +1,12 @@
 package e2b
 
 import (
-	"context"
-	"net/http/httptest"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/sandgate/sandgate/internal/e2b/envd/process"
-	"github.com/sandgate/sandgate/internal/providers/fake"
-	"github.com/sandgate/sandgate/internal/pty"
 	"github.com/sandgate/sandgate/internal/sandbox"
 	"github.com/sandgate/sandgate/internal/testkit"
 )
@@ -23,25 +19,9 @@ import (
 // an input sent at once started it in a PTY. Here the attach is held back
 // (up to a bound, so that the fixed order does not wait for the test).
 func TestStdinReadyAtStart(t *testing.T) {
-	p := fake.New()
-	svc, err := sandbox.New(context.Background(), sandbox.Options{
-		Provider: p, StateDir: t.TempDir(), APIKeys: []string{testKey},
-		Clock: testkit.NewClock(time.Unix(1_800_000_000, 0)), ReapInterval: time.Hour,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mgr := pty.NewManager(svc, pty.Options{})
-	srv := httptest.NewServer(New(Options{Service: svc, PTY: mgr}))
-	f := &face{t: t, srv: srv, svc: svc}
-	t.Cleanup(func() {
-		srv.Close()
-		mgr.Close()
-		svc.Close()
-		p.Close()
-	})
+	f := newFaceWith(t, true)
 	ctx := testkit.Context(t, time.Minute)
-	ref, err := svc.Create(ctx, sandbox.Caller{Bearer: testKey}, sandbox.CreateRequest{})
+	ref, err := f.svc.Create(ctx, sandbox.Caller{Bearer: testKey}, sandbox.CreateRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
