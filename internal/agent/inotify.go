@@ -102,13 +102,12 @@ func (w *watch) addTreeHere(rootFD int, rel string) ([]string, error) {
 			}
 			continue
 		}
-		f := os.NewFile(uintptr(fd), "/proc/self/fd/"+strconv.Itoa(fd))
 		err = w.add(fd, d)
 		var entries []os.DirEntry
 		if err == nil && w.recursive {
-			entries, _ = f.ReadDir(-1)
+			entries = listAfterWatch(fd)
 		}
-		f.Close()
+		unix.Close(fd)
 		if err != nil {
 			return nil, err
 		}
@@ -121,6 +120,22 @@ func (w *watch) addTreeHere(rootFD int, rel string) ([]string, error) {
 		}
 	}
 	return found, nil
+}
+
+// listAfterWatch lists the directory open as fd through a new opening of
+// it, made after its watch. On a local sandbox's overlay root, a listing
+// through the opening made before the watch missed a file created between
+// that open and the watch, whose create came before the watch too: the
+// file was neither listed nor reported, only its later writes.
+func listAfterWatch(fd int) []os.DirEntry {
+	dfd, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	f := os.NewFile(uintptr(dfd), "/proc/self/fd/"+strconv.Itoa(dfd))
+	defer f.Close()
+	entries, _ := f.ReadDir(-1)
+	return entries
 }
 
 // add watches the directory open as fd, rel to the root.
