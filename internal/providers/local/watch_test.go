@@ -54,6 +54,7 @@ func TestWatchNewDirectories(t *testing.T) {
 	select {
 	case <-started:
 	case err := <-done:
+		done <- err // for the deferred wait
 		t.Fatalf("watch: %v", err)
 	}
 	const n = 300
